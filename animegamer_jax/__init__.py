@@ -1,0 +1,22 @@
+"""animegamer-jax: a JAX/Flax NNX reimplementation of AnimeGamer (arXiv 2504.01014).
+
+Subpackages (see ../shared/docs/design.md for who may import whom):
+  models/     pure networks (Mistral MLLM, CogVideoX DiT and VAE, CLIP, T5, shot encoder)
+  diffusion/  schedules, losses and samplers that take a denoise function
+  data/       films -> clips -> labels -> ArrayRecord -> Grain loaders
+  train/      the three training phases
+  game/       game play and batch generation, writers
+  convert/    PyTorch / SAT / HF checkpoints -> our orbax layout
+  eval/       metrics and benchmark runner
+  parallel/   mesh, logical axis rules, multi-host start
+"""
+
+__version__ = "0.1.0"
+
+# Parameters carry logical axis names; shardings are applied explicitly by
+# animegamer_jax.parallel (create_sharded_model / shard_params), which drops mesh axes that do
+# not divide a dimension. Flax's eager sharding would instead demand a mesh at every module
+# construction (even a 1-CPU test), so it is turned off for the whole package.
+from flax import nnx as _nnx
+
+_nnx.use_eager_sharding(False)

@@ -1,0 +1,1 @@
+"""animegamer_jax.convert (see the package docstring)."""

@@ -1,0 +1,1 @@
+"""animegamer_jax.data (see the package docstring)."""

@@ -1,0 +1,1 @@
+"""animegamer_jax.diffusion (see the package docstring)."""

@@ -1,0 +1,1 @@
+"""animegamer_jax.eval (see the package docstring)."""

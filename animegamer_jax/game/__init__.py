@@ -1,0 +1,1 @@
+"""animegamer_jax.game (see the package docstring)."""

@@ -1,0 +1,1 @@
+"""animegamer_jax.models (see the package docstring)."""

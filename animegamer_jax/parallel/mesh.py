@@ -1,0 +1,325 @@
+"""Device mesh, logical axis rules and sharding helpers.
+
+One code path for 1 CPU, 8 GPUs and a TPU pod (maxtext / big_vision habit): networks annotate
+parameters with *logical* axis names (``nnx.with_partitioning(init, ("embed", "mlp"))``) and
+activations with :func:`constrain`; the config maps logical names to the physical mesh axes
+``data``, ``fsdp``, ``tensor`` and ``context`` (``config.sharding_rules``).
+
+Logical axis names used across the models (parameters):
+  ``embed`` model width, ``mlp`` MLP inner width, ``heads`` / ``kv_heads`` attention heads,
+  ``head_dim``, ``vocab``, ``layers`` (stacked scan axis), ``lora`` (LoRA rank),
+  ``conv_in`` / ``conv_out`` (conv channels), ``norm`` (norm scales/biases).
+Activations use the ``act_*`` names: ``act_batch``, ``act_length`` (sequence, context
+parallelism), ``act_embed``, ``act_heads``, ``act_kv_heads``, ``act_mlp``, ``act_vocab``,
+``act_frames``, ``act_height``, ``act_width``, ``act_channels``.
+A logical name missing from the rules is replicated.
+
+Nothing here knows any model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from flax.core import spmd as core_spmd
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+DATA = "data"
+FSDP = "fsdp"
+TENSOR = "tensor"
+CONTEXT = "context"
+MESH_AXES: tuple[str, ...] = (DATA, FSDP, TENSOR, CONTEXT)
+
+LogicalRules = Sequence[tuple[str, Any]]
+
+#: Default logical -> mesh rules (maxtext-style FSDP + tensor + context parallelism).
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    # parameters
+    ("embed", FSDP),
+    ("mlp", TENSOR),
+    ("heads", TENSOR),
+    ("kv_heads", TENSOR),
+    ("head_dim", None),
+    ("vocab", TENSOR),
+    ("layers", None),
+    ("lora", None),
+    ("conv_in", None),
+    ("conv_out", TENSOR),
+    ("norm", None),
+    # activations
+    ("act_batch", (DATA, FSDP)),
+    ("act_length", CONTEXT),
+    ("act_embed", None),
+    ("act_heads", TENSOR),
+    ("act_kv_heads", TENSOR),
+    ("act_mlp", TENSOR),
+    ("act_vocab", TENSOR),
+    ("act_frames", None),
+    ("act_height", None),
+    ("act_width", None),
+    ("act_channels", None),
+)
+
+
+class ShardingConfigError(ValueError):
+    """A mesh or batch setting that cannot work on the devices at hand."""
+
+
+def resolve_mesh_shape(
+    shape: Sequence[int], num_devices: int, axes: Sequence[str] = MESH_AXES
+) -> tuple[int, ...]:
+    """Resolves one ``-1`` entry of a mesh shape to "the rest of the devices".
+
+    Args:
+      shape: one int per mesh axis; at most one may be -1.
+      num_devices: devices available (``jax.device_count()``).
+      axes: axis names, only for error messages.
+
+    Returns:
+      The concrete shape, whose product equals ``num_devices``.
+
+    Raises:
+      ShardingConfigError: more than one -1, a non-positive size, or sizes whose product does
+        not divide / equal the device count (the message names the axes and both numbers).
+    """
+    shape = [int(s) for s in shape]
+    if len(shape) != len(axes):
+        raise ShardingConfigError(
+            f"mesh shape {tuple(shape)} has {len(shape)} entries but the mesh has axes {tuple(axes)}"
+        )
+    if shape.count(-1) > 1:
+        raise ShardingConfigError(f"mesh shape {tuple(shape)}: at most one axis may be -1")
+    for a, s in zip(axes, shape):
+        if s == 0 or s < -1:
+            raise ShardingConfigError(f"mesh axis {a!r} has size {s}; use a positive size or -1")
+    fixed = math.prod(s for s in shape if s != -1)
+    if -1 in shape:
+        if num_devices % fixed:
+            raise ShardingConfigError(
+                f"mesh shape {dict(zip(axes, shape))}: fixed axes use {fixed} devices, which does "
+                f"not divide the {num_devices} devices available"
+            )
+        shape[shape.index(-1)] = num_devices // fixed
+    elif fixed != num_devices:
+        raise ShardingConfigError(
+            f"mesh shape {dict(zip(axes, shape))} needs {fixed} devices but {num_devices} are "
+            f"available; set one axis to -1 to use the rest"
+        )
+    return tuple(shape)
+
+
+def make_mesh(
+    shape: Sequence[int] = (-1, 1, 1, 1),
+    axes: Sequence[str] = MESH_AXES,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
+    """Builds a named device mesh (Auto axis types, so plain ``jax.jit`` propagates shardings).
+
+    Args:
+      shape: sizes of ``axes``; one may be -1 (the rest of the devices).
+      axes: mesh axis names, default ``("data", "fsdp", "tensor", "context")``.
+      devices: devices to use, default all of ``jax.devices()`` (all processes).
+
+    Returns:
+      A ``jax.sharding.Mesh``.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    concrete = resolve_mesh_shape(shape, len(devices), axes)
+    try:
+        dev_array = jax.experimental.mesh_utils.create_device_mesh(concrete, devices=devices)
+    except Exception:  # non-TPU topologies the helper does not know: plain reshape
+        dev_array = np.asarray(devices, dtype=object).reshape(concrete)
+    return Mesh(dev_array, tuple(axes))
+
+
+def mesh_from_config(config: Any, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """Builds the mesh named by ``config.mesh.shape`` / ``config.mesh.axes``."""
+    return make_mesh(tuple(config.mesh.shape), tuple(config.mesh.axes), devices)
+
+
+def rules_from_config(config: Any) -> tuple[tuple[str, Any], ...]:
+    """Returns ``config.sharding_rules`` as a tuple of (logical, mesh axes) pairs."""
+    return tuple((str(k), _as_mesh_axes(v)) for k, v in config.sharding_rules)
+
+
+def _as_mesh_axes(v: Any) -> Any:
+    if v is None or isinstance(v, str):
+        return v
+    return tuple(v)
+
+
+@contextlib.contextmanager
+def sharding_context(mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> Iterator[Mesh]:
+    """Activates ``mesh`` (``jax.set_mesh``) and the logical axis ``rules`` together.
+
+    Inside it, :func:`constrain` applies sharding constraints and ``nnx.get_partition_spec``
+    resolves logical names to mesh axes.
+    """
+    with jax.set_mesh(mesh), core_spmd.logical_axis_rules(tuple(rules)):
+        yield mesh
+
+
+def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | None = None) -> PartitionSpec:
+    """Maps logical axis names to a ``PartitionSpec`` with the given (or the active) rules.
+
+    A mesh axis already used by an earlier dimension is dropped (replicated) for later ones,
+    so e.g. ``("act_batch", "act_length")`` stays valid when both map to overlapping axes.
+    """
+    rules = core_spmd.get_logical_axis_rules() if rules is None else rules
+    table = {k: v for k, v in rules}
+    used: set[str] = set()
+    out = []
+    for name in logical_axes:
+        mesh_axes = table.get(name) if name is not None else None
+        if mesh_axes is None:
+            out.append(None)
+            continue
+        axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+        axes = tuple(a for a in axes if a not in used)
+        used.update(axes)
+        out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*out)
+
+
+def _active_mesh() -> Any:
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh is None or mesh.empty else mesh
+
+
+def _fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Any) -> PartitionSpec:
+    """Drops mesh axes from dimensions they do not divide (e.g. a batch of 1 on 8 devices)."""
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    out = []
+    for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+        if entry is None:
+            out.append(None)
+            continue
+        axes = (entry,) if isinstance(entry, str) else tuple(entry)
+        kept, prod = [], 1
+        for a in axes:
+            if dim % (prod * sizes[a]) == 0:
+                kept.append(a)
+                prod *= sizes[a]
+        out.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    return PartitionSpec(*out)
+
+
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """Sharding constraint on an activation by logical axis names; a no-op without a mesh.
+
+    Args:
+      x: any array of rank ``len(logical_axes)``.
+      logical_axes: one logical name (or None) per dimension, e.g.
+        ``("act_batch", "act_length", "act_embed")`` for [B, L, D].
+
+    Returns:
+      ``x`` with ``jax.lax.with_sharding_constraint`` applied when a mesh is active
+      (:func:`sharding_context`); mesh axes that do not divide a dimension are dropped.
+    """
+    if len(logical_axes) != x.ndim:
+        raise ValueError(f"constrain: {len(logical_axes)} logical axes {tuple(logical_axes)} for an array of rank {x.ndim}")
+    mesh = _active_mesh()
+    if mesh is None or not core_spmd.get_logical_axis_rules():
+        return x
+    spec = _fit_spec(logical_to_spec(logical_axes), x.shape, mesh)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def param_shardings(state: Any, mesh: Mesh, rules: LogicalRules | None = None) -> Any:
+    """NamedShardings for every Variable of an NNX state (or module), from its logical names.
+
+    Mesh axes that do not divide a dimension are dropped for that dimension, so tiny configs
+    run on any mesh while full-size parameters shard as annotated.
+    """
+    if isinstance(state, nnx.Module):
+        state = nnx.state(state)
+    rules = core_spmd.get_logical_axis_rules() if rules is None else rules
+
+    def to_sharding(x: Any) -> Any:
+        if isinstance(x, nnx.Variable):
+            with core_spmd.logical_axis_rules(tuple(rules)):
+                spec = nnx.spmd.get_var_pspec(x) or PartitionSpec()
+            shape = x.get_raw_value().shape
+        else:
+            spec, shape = PartitionSpec(), np.shape(x)
+        return NamedSharding(mesh, _fit_spec(spec, shape, mesh))
+
+    return jax.tree.map(to_sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def create_sharded_model(
+    model_fn: Callable[[], nnx.Module], mesh: Mesh, rules: LogicalRules = DEFAULT_RULES
+) -> nnx.Module:
+    """Creates an NNX module with every parameter born sharded (no host-side full copy).
+
+    ``model_fn`` builds the module (e.g. ``lambda: Mistral(cfg, rngs=nnx.Rngs(0))``); it is run
+    once abstractly to read the logical annotations, then under ``jax.jit`` with the resolved
+    ``out_shardings``, which is how 7B parameters are initialized across an FSDP mesh.
+    """
+    abstract = nnx.eval_shape(model_fn)
+    graphdef, abs_state = nnx.split(abstract)
+    shardings = param_shardings(abs_state, mesh, rules)
+
+    init_state = jax.jit(lambda: nnx.state(model_fn()), out_shardings=shardings)
+    with sharding_context(mesh, rules):
+        state = init_state()
+    return nnx.merge(graphdef, state)
+
+
+def shard_params(model: nnx.Module, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> nnx.Module:
+    """Moves an existing module's state onto ``mesh`` by its logical annotations (in place)."""
+    state = nnx.state(model)
+    shardings = param_shardings(state, mesh, rules)
+    nnx.update(model, jax.device_put(state, shardings))
+    return model
+
+
+def batch_sharding(
+    mesh: Mesh, ndim: int, rules: LogicalRules = DEFAULT_RULES, batch_axis: str = "act_batch"
+) -> NamedSharding:
+    """NamedSharding that splits dimension 0 of an ``ndim``-rank batch array over the data axes."""
+    spec = logical_to_spec((batch_axis,) + (None,) * (ndim - 1), rules)
+    return NamedSharding(mesh, spec)
+
+
+def data_parallel_size(mesh: Mesh, rules: LogicalRules = DEFAULT_RULES, batch_axis: str = "act_batch") -> int:
+    """Number of shards the batch dimension is split into on ``mesh``."""
+    entry = logical_to_spec((batch_axis,), rules)[0]
+    if entry is None:
+        return 1
+    axes = (entry,) if isinstance(entry, str) else entry
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def check_global_batch(global_batch: int, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> None:
+    """Raises a config error naming both numbers when the batch does not divide the data axes."""
+    n = data_parallel_size(mesh, rules)
+    if global_batch % n:
+        raise ShardingConfigError(
+            f"global batch size {global_batch} does not divide the {n} data-parallel shards of mesh "
+            f"{dict(mesh.shape)}; use a multiple of {n} (e.g. {max(n, (global_batch // n + 1) * n)}) "
+            f"or change config.mesh.shape"
+        )
+
+
+def shard_batch(batch: Any, mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> Any:
+    """Places a pytree of host arrays (global batch on every process) split over the data axes.
+
+    Raises:
+      ShardingConfigError: a leading dimension that does not divide the data-parallel shards.
+    """
+    def put(x: Any) -> jax.Array:
+        x = np.asarray(x)
+        if x.ndim == 0:
+            return jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+        check_global_batch(x.shape[0], mesh, rules)
+        sharding = batch_sharding(mesh, x.ndim, rules)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree.map(put, batch)

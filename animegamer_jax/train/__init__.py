@@ -1,0 +1,1 @@
+"""animegamer_jax.train (see the package docstring)."""

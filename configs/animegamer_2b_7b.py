@@ -1,0 +1,223 @@
+"""AnimeGamer at paper size: CogVideoX-2B DiT + 3D VAE, Mistral-7B-Instruct-v0.1, ViT-B/16, T5-v1.1-XXL.
+
+Numbers follow ../shared/docs/architecture.md (the paper, arXiv 2504.01014, and the released
+TencentARC/AnimeGamer inference code); section numbers in comments refer to that file.
+
+Use:
+  python -m animegamer_jax.train --config=configs/animegamer_2b_7b.py --config.train.phase=b \
+      --workdir=/ckpt/run1
+  python -m animegamer_jax.play --config=configs/animegamer_2b_7b.py --checkpoint=/ckpt/system \
+      data/games/bunny.txt
+Cost: one game turn is ~3 PFLOP of DiT work (50 steps x 2 CFG halves x 6976 tokens); the paper
+reports 24 s/turn (hardware not stated). Training phase (b) needs an FSDP mesh of >= 8 x 80 GB.
+Full-size shapes, shardings and compiled memory are proven on fake CPU devices by the tests and
+benchmarks/aot_memory.py; nothing here downloads weights (convert them with
+``python -m animegamer_jax.convert``).
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """Returns the paper-size configuration."""
+    c = ml_collections.ConfigDict()
+    c.name = "animegamer_2b_7b"  # run name, used in output folders and logs
+    c.seed = 0  # global PRNG seed (init, data order, sampling noise)
+
+    # ---- device mesh and logical sharding rules (animegamer_jax/parallel) ----
+    c.mesh = ml_collections.ConfigDict()
+    c.mesh.axes = ("data", "fsdp", "tensor", "context")  # physical mesh axis names
+    c.mesh.shape = (1, -1, 1, 1)  # sizes per axis; -1 = the remaining devices (FSDP by default)
+    # logical axis -> mesh axis (or tuple of axes, or None = replicated); see parallel/mesh.py
+    c.sharding_rules = (
+        ("embed", "fsdp"),
+        ("mlp", "tensor"),
+        ("heads", "tensor"),
+        ("kv_heads", "tensor"),
+        ("head_dim", None),
+        ("vocab", "tensor"),
+        ("layers", None),
+        ("lora", None),
+        ("conv_in", None),
+        ("conv_out", "tensor"),
+        ("norm", None),
+        ("act_batch", ("data", "fsdp")),
+        ("act_length", "context"),
+        ("act_embed", None),
+        ("act_heads", "tensor"),
+        ("act_kv_heads", "tensor"),
+        ("act_mlp", "tensor"),
+        ("act_vocab", "tensor"),
+        ("act_frames", None),
+        ("act_height", None),
+        ("act_width", None),
+        ("act_channels", None),
+    )
+
+    # ---- action-aware representation s_a (§3) ----
+    c.rep = ml_collections.ConfigDict()
+    c.rep.dim = 1920  # width of s_a (= DiT hidden size)
+    c.rep.num_text_tokens = 30  # T5 tokens of the action text (§3.2, max_length 30)
+    c.rep.num_image_tokens = 196  # CLIP ViT-B/16 patch tokens of the first frame (14x14)
+    # total query/representation tokens = 30 + 196 = 226 (text first)
+
+    # ---- shot encoder E_a (§3.3) ----
+    c.shot_encoder = ml_collections.ConfigDict()
+    c.shot_encoder.text_dim = 4096  # T5-v1.1-XXL width (f_md)
+    c.shot_encoder.image_dim = 768  # CLIP ViT-B/16 width (f_v)
+    c.shot_encoder.layer_norm_eps = 1e-5  # txt/ip_mix_layer_norm eps (nn.LayerNorm default)
+
+    # ---- CLIP ViT-B/16 (OpenCLIP laion2b_s34b_b88k), frozen (§3.1) ----
+    c.clip = ml_collections.ConfigDict()
+    c.clip.image_size = 224  # input resolution after the no-crop bicubic resize
+    c.clip.patch_size = 16  # ViT patch size
+    c.clip.vision_width = 768  # vision tower width
+    c.clip.vision_layers = 12  # vision blocks (features read after block 11 = penultimate)
+    c.clip.vision_heads = 12  # vision attention heads
+    c.clip.vision_mlp_dim = 3072  # vision MLP inner width
+    c.clip.text_width = 512  # text tower width (for CLIP-T metrics)
+    c.clip.text_layers = 12  # text blocks
+    c.clip.text_heads = 8  # text attention heads
+    c.clip.text_mlp_dim = 2048  # text MLP inner width
+    c.clip.text_vocab_size = 49408  # CLIP BPE vocabulary
+    c.clip.text_context_length = 77  # CLIP text length
+    c.clip.embed_dim = 512  # joint image/text embedding width
+    c.clip.hidden_act = "gelu"  # OpenCLIP laion2b uses exact GELU; OpenAI CLIP uses quick_gelu
+    c.clip.layer_norm_eps = 1e-5  # LayerNorm eps
+    c.clip.dtype = "bfloat16"  # compute dtype (release runs fp16)
+
+    # ---- T5-v1.1-XXL encoder, frozen (§3.2) ----
+    c.t5 = ml_collections.ConfigDict()
+    c.t5.vocab_size = 32128  # T5 sentencepiece vocabulary (+ extra ids)
+    c.t5.d_model = 4096  # width
+    c.t5.d_kv = 64  # per-head width
+    c.t5.d_ff = 10240  # gated-GELU inner width
+    c.t5.num_layers = 24  # encoder blocks
+    c.t5.num_heads = 64  # attention heads
+    c.t5.relative_attention_num_buckets = 32  # relative position buckets
+    c.t5.relative_attention_max_distance = 128  # relative position max distance
+    c.t5.layer_norm_eps = 1e-6  # T5 RMS norm eps
+    c.t5.max_length = 30  # tokens per action text (padded/truncated; §3.2 is_plan_3)
+    c.t5.dtype = "float32"  # fp32: bf16 without a mask blows up the residual stream
+    c.t5.spiece_model = ""  # path to the user's T5 spiece.model (shipped with the T5 weights)
+
+    # ---- MLLM: Mistral-7B-Instruct-v0.1 + LoRA + resamplers (§2) ----
+    c.mllm = ml_collections.ConfigDict()
+    c.mllm.vocab_size = 32284  # 32000 sentencepiece + 284 AnimeGamer tokens (§1.2)
+    c.mllm.hidden_size = 4096  # model width
+    c.mllm.intermediate_size = 14336  # SwiGLU inner width
+    c.mllm.num_layers = 32  # decoder layers (scanned)
+    c.mllm.num_heads = 32  # query heads
+    c.mllm.num_kv_heads = 8  # key/value heads (GQA x4)
+    c.mllm.head_dim = 128  # per-head width
+    c.mllm.rope_theta = 10000.0  # RoPE base (v0.1)
+    c.mllm.rms_norm_eps = 1e-5  # RMSNorm eps
+    c.mllm.sliding_window = 4096  # Mistral sliding-window attention span (0 = none)
+    c.mllm.max_position_embeddings = 32768  # RoPE table limit
+    c.mllm.dtype = "bfloat16"  # activation dtype (release: bf16)
+    c.mllm.param_dtype = "bfloat16"  # weight dtype at inference; training keeps fp32 masters
+    c.mllm.lora_rank = 32  # LoRA rank r (§2.3)
+    c.mllm.lora_alpha = 32.0  # LoRA alpha (scaling alpha/r = 1)
+    c.mllm.lora_dropout = 0.05  # LoRA dropout during training
+    c.mllm.lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA modules
+    c.mllm.history_window = 3  # W: turns the MLLM sees, current included (release: 1)
+    c.mllm.readout = "query"  # "query" = hidden states at the 226 query positions; "last" = release's [-226:]
+    c.mllm.lm_loss_scale = 1.0  # CE weight (§2.4)
+    c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (§2.4)
+    c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
+    c.mllm.max_new_tokens = 12  # state tokens decoded per turn (ML..</ST>: 12 constrained tokens)
+
+    # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
+    c.dit = ml_collections.ConfigDict()
+    c.dit.hidden_size = 1920  # width (30 heads x 64)
+    c.dit.num_layers = 30  # transformer blocks (scanned)
+    c.dit.num_heads = 30  # attention heads
+    c.dit.head_dim = 64  # per-head width
+    c.dit.mlp_ratio = 4.0  # MLP inner = 7680, GELU(tanh)
+    c.dit.time_embed_dim = 512  # timestep/flow embedding width
+    c.dit.in_channels = 16  # latent channels in
+    c.dit.out_channels = 16  # latent channels out (v-prediction)
+    c.dit.patch_size = 2  # spatial patch (none in time)
+    c.dit.sample_height = 60  # latent height (480 / 8)
+    c.dit.sample_width = 90  # latent width (720 / 8)
+    c.dit.num_latent_frames = 5  # latent frames (17 video frames)
+    c.dit.spatial_interpolation_scale = 1.875  # 3-D sin-cos position scale (h, w)
+    c.dit.temporal_interpolation_scale = 1.0  # 3-D sin-cos position scale (t)
+    c.dit.norm_eps = 1e-5  # block / final_layernorm eps (SAT default)
+    c.dit.qk_norm_eps = 1e-6  # q/k LayerNorm and final-layer norm eps
+    c.dit.lora_rank = 64  # LoRA rank on attention (§4.6)
+    c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (§4.6, UNCERTAIN upstream)
+    c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
+    c.dit.param_dtype = "float32"  # master weights
+    c.dit.remat = True  # rematerialize each block in training
+    # motion level (1..5) -> flow value fed to flow_embed (§4.8, inference_Decoder.py table)
+    c.dit.flow_table = (0.5, 2.5, 10.0, 15.0, 40.0)
+
+    # ---- 3D causal VAE (§6) ----
+    c.vae = ml_collections.ConfigDict()
+    c.vae.in_channels = 3  # RGB
+    c.vae.latent_channels = 16  # latent channels
+    c.vae.block_out_channels = (128, 256, 256, 512)  # channels per level
+    c.vae.layers_per_block = 3  # encoder resnets per level (decoder: +1)
+    c.vae.norm_num_groups = 32  # GroupNorm groups
+    c.vae.norm_eps = 1e-6  # GroupNorm eps
+    c.vae.temporal_compression_ratio = 4  # 17 frames -> 5 latents
+    c.vae.scaling_factor = 1.15258426  # latent scale (§5.6)
+    c.vae.decode_chunks = (3, 2)  # latent frames per decode chunk (release plan [0:3], [3:5])
+    c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
+    c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
+    c.vae.dtype = "bfloat16"  # activations (release fp16)
+
+    # ---- diffusion (§5) ----
+    c.diffusion = ml_collections.ConfigDict()
+    c.diffusion.num_train_timesteps = 1000  # DDPM steps
+    c.diffusion.beta_start = 0.00085  # scaled_linear start
+    c.diffusion.beta_end = 0.012  # scaled_linear end
+    c.diffusion.snr_shift_scale = 3.0  # SNR shift s: abar / (s + (1 - s) abar)
+    c.diffusion.num_sampling_steps = 50  # DPM++ 2M steps
+    c.diffusion.sampler = "dpmpp_2m"  # "dpmpp_2m" (release) or "ddim"
+    c.diffusion.cfg_scale = 6.0  # DynamicCFG max scale
+    c.diffusion.cfg_exp = 5.0  # DynamicCFG exponent
+    c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (§5.5 table)
+    c.diffusion.text_dropout = 0.05  # training CFG dropout of the text branch
+    c.diffusion.image_dropout = 0.05  # training CFG dropout of the image branch
+
+    # ---- data pipeline (§8.1) ----
+    c.data = ml_collections.ConfigDict()
+    c.data.height = 480  # clip height (px)
+    c.data.width = 720  # clip width (px)
+    c.data.num_frames = 17  # frames per clip (4k+1 for the causal VAE)
+    c.data.fps = 8.0  # frames sampled per second (17 frames ~ 2.1 s)
+    c.data.clip_seconds = 2.0  # fixed segment length after scene cuts
+    c.data.scene_threshold = 27.0  # PySceneDetect ContentDetector threshold
+    c.data.flow_threshold = 0.2  # r: background filter on normalized flow magnitude (see data/motion.py)
+    c.data.motion_bins = (0.5, 1.5, 3.0, 6.0)  # flow edges between levels 1|2|3|4|5 (px/frame at 480p)
+    c.data.max_turns = 5  # multi-turn examples have 1..max_turns consecutive clips
+    c.data.dataset_dir = "data/prepared/animegamer_samples"  # prepared ArrayRecord dataset
+    c.data.num_workers = 0  # grain worker processes (0 = in-process)
+
+    # ---- training (§8.2, Appendix C.1) ----
+    c.train = ml_collections.ConfigDict()
+    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation
+    c.train.global_batch_size = 16  # examples per step across all devices
+    c.train.grad_accum_steps = 1  # micro-batches per optimizer step
+    c.train.learning_rate = 2e-4  # peak LR (a1/a2: 2e-4; b and c: 5e-5)
+    c.train.warmup_steps = 500  # linear warm-up
+    c.train.num_steps = 80000  # steps (a1 10k, a2 80k, b 15k, c 10k)
+    c.train.weight_decay = 0.0  # AdamW decay
+    c.train.grad_clip = 1.0  # global-norm clip
+    c.train.log_every = 50  # steps between TensorBoard summaries
+    c.train.checkpoint_every = 1000  # steps between checkpoints
+    c.train.keep_checkpoints = 3  # checkpoints kept
+    c.train.sample_every = 5000  # steps between sample videos (0 = never)
+    c.train.init_checkpoint = ""  # converted weights (system checkpoint dir) to start from
+
+    # ---- game generation (§0, §1) ----
+    c.game = ml_collections.ConfigDict()
+    c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
+    c.game.seed = 0  # sampling seed of turn 0 (turn k uses seed + k)
+    c.game.fps = 8  # output video fps
+    c.game.write_gif = True  # also write a GIF per turn
+    c.game.meter_start = 50  # character meters start value (app.py)
+    c.game.meter_step = 5  # meter change per unit of state change
+    return c

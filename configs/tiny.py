@@ -1,0 +1,101 @@
+"""Every AnimeGamer component at a size that trains and plays on 2 CPU cores.
+
+Same structure as configs/animegamer_2b_7b.py (which documents every field); only sizes differ.
+The tokenizer and vocabulary stay real (Mistral v0.1 sentencepiece + the 284 AnimeGamer tokens),
+so token layouts match the paper model except for the number of query tokens (8 + 16 = 24).
+
+Use:
+  make demo                      # plays data/games/bunny.txt on the shipped tiny checkpoint
+  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny
+Cost: seconds per step / per turn on this 2-core CPU.
+"""
+
+import ml_collections
+
+from configs import animegamer_2b_7b
+
+
+def get_config() -> ml_collections.ConfigDict:
+    """Returns the tiny configuration (full structure, toy sizes)."""
+    c = animegamer_2b_7b.get_config()
+    c.name = "tiny"
+    c.mesh.shape = (-1, 1, 1, 1)  # pure data parallelism over whatever devices exist
+
+    c.rep.dim = 64
+    c.rep.num_text_tokens = 8
+    c.rep.num_image_tokens = 16  # 32 px / patch 8 = 4x4
+
+    c.shot_encoder.text_dim = 32  # = t5.d_model
+    c.shot_encoder.image_dim = 32  # = clip.vision_width
+
+    c.clip.image_size = 32
+    c.clip.patch_size = 8
+    c.clip.vision_width = 32
+    c.clip.vision_layers = 3  # penultimate = after block 2
+    c.clip.vision_heads = 2
+    c.clip.vision_mlp_dim = 64
+    c.clip.text_width = 32
+    c.clip.text_layers = 2
+    c.clip.text_heads = 2
+    c.clip.text_mlp_dim = 64
+    c.clip.text_vocab_size = 1000
+    c.clip.text_context_length = 16
+    c.clip.embed_dim = 32
+    c.clip.dtype = "float32"
+
+    c.t5.vocab_size = 1000
+    c.t5.d_model = 32
+    c.t5.d_kv = 16
+    c.t5.d_ff = 64
+    c.t5.num_layers = 2
+    c.t5.num_heads = 2
+    c.t5.max_length = 8
+    c.t5.spiece_model = "data/tiny_t5_spiece.model"  # small sentencepiece trained on data/ labels
+
+    c.mllm.hidden_size = 64
+    c.mllm.intermediate_size = 128
+    c.mllm.num_layers = 2
+    c.mllm.num_heads = 4
+    c.mllm.num_kv_heads = 2
+    c.mllm.head_dim = 16
+    c.mllm.sliding_window = 0
+    c.mllm.max_position_embeddings = 4096
+    c.mllm.dtype = "float32"
+    c.mllm.param_dtype = "float32"
+    c.mllm.lora_rank = 4
+    c.mllm.lora_alpha = 4.0
+    c.mllm.history_window = 3
+
+    c.dit.hidden_size = 64
+    c.dit.num_layers = 2
+    c.dit.num_heads = 2
+    c.dit.head_dim = 32
+    c.dit.time_embed_dim = 32
+    c.dit.in_channels = 4
+    c.dit.out_channels = 4
+    c.dit.sample_height = 8  # 64 px / 8
+    c.dit.sample_width = 12  # 96 px / 8
+    c.dit.lora_rank = 4
+    c.dit.dtype = "float32"
+    c.dit.remat = False
+
+    c.vae.latent_channels = 4
+    c.vae.block_out_channels = (8, 16, 16, 32)
+    c.vae.layers_per_block = 1
+    c.vae.norm_num_groups = 4
+    c.vae.dtype = "float32"
+
+    c.diffusion.num_sampling_steps = 8
+
+    c.data.height = 64
+    c.data.width = 96
+    c.data.dataset_dir = "data/prepared/tiny"
+
+    c.train.global_batch_size = 2
+    c.train.learning_rate = 1e-3
+    c.train.warmup_steps = 10
+    c.train.num_steps = 200
+    c.train.log_every = 10
+    c.train.checkpoint_every = 50
+    c.train.sample_every = 0
+    return c
