@@ -18,11 +18,15 @@ Substitutions and decisions (documented here; evaluation's ACC-F / MAE-F reuse t
   "how fast the moving part moves". A pair with no motion at all (max = 0) scores 0.
 - Scope = mean over frame pairs of the per-pair mean over kept pixels.
 - Levels: level = 1 + number of bin edges <= scope (edges ascending, 4 edges -> levels 1..5).
-  The paper gives no edges. `derive_bins` returns the 20/40/60/80 % quantiles of the scopes of a
-  dataset (equal-count levels); `python -m animegamer_jax.data.prepare` prints them after a build so
-  a user can copy them into `config.data.motion_bins`. The config default (0.5, 1.5, 3.0, 6.0) is
-  a hand-set geometric spread checked against the sample footage (a still shot scores ~0 -> level 1,
-  bunny's slow animation ~ level 2-3, the panning bikes shots level 4-5), not a fit to anime films.
+  The paper gives no edges. Default edges (config.data.motion_bins = (1.118, 5.0, 12.247, 24.495)):
+  the geometric midpoints between the release's per-level representative flow values
+  (inference_Decoder.py `cuculate_level`: 0.5, 2.5, 10, 15, 40; architecture.md Sec. 4.8), i.e. a
+  scope is given the level whose representative value is nearest in log scale. Those values are what
+  the decoder's flow embedding sees per level at inference, so training clips binned this way carry
+  consistent conditioning. On the sample footage (prepared at 240x360) this spreads the 7 clips over
+  levels 2..5; a still shot scores ~0 (level 1). For a real corpus, `derive_bins` returns the 20/40/60/80 %
+  quantiles of its scopes (equal-count levels); `python -m animegamer_jax.data.prepare` prints them
+  after a build so a user can copy them into `config.data.motion_bins`.
 """
 
 from __future__ import annotations
