@@ -218,9 +218,13 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
-    c.game.seed = 0  # sampling seed of turn 0 (turn k uses seed + k)
+    c.game.seed = 0  # game seed when a script gives none (turn k samples with fold_in(PRNGKey(seed), k))
     c.game.fps = 8  # output video fps
     c.game.write_gif = True  # also write a GIF per turn
     c.game.meter_start = 50  # character meters start value (app.py)
     c.game.meter_step = 5  # meter change per unit of state change
+    c.game.max_instruction_tokens = 48  # per-turn instruction budget; sequences are padded to it (one compile)
+    c.game.checkpoint = ""  # system checkpoint directory (train/system_checkpoint.py layout) to play
+    c.game.out_dir = "outputs/games"  # where game folders are written
+    c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet
     return c

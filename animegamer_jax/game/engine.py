@@ -1,0 +1,279 @@
+"""The game engine: a batch of games advanced turn by turn through three jitted stages.
+
+One turn (architecture.md §0, paper §3.2 "Inference"):
+
+1. **MLLM** (``system.mllm``): token layout of the last W turns (game/state.py) + history
+   representations -> predicted states ``[ML, SC, ET, ST]`` (constrained greedy decoding) and the
+   representation s_a ``[Q, D]``.
+2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``, §4.8) ->
+   DPM++ 2M with dynamic CFG (uncond = E_a's unconditional embedding, §3.4/§5.5) -> latents.
+3. **VAE** (``system.decode``): latents -> frames float ``[F, H, W, 3]`` in [0, 1] (§5.6).
+4. **Writing** (game/writers.py): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
+
+The three stages are ``jax.jit`` functions of (params, inputs) whose input shapes depend only on
+the game shape (batch B = the mesh's data-parallel size, padded sequence length L, Q, D), so each
+compiles once; compilation time is measured from JAX's own compile events and reported apart from
+run time. Games in a batch are independent rows: their noise comes from their own keys, so a game
+gives the same output alone or in a batch. Turn k of a game samples with
+``fold_in(PRNGKey(game_seed), k)``.
+
+A system is any :class:`GameSystem`: the real one is built from a system checkpoint
+(game/system.py); tests use small random stand-ins (game/standin.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+from animegamer_jax import parallel
+from animegamer_jax import tokenizer as tk
+from animegamer_jax.game.script import Game
+from animegamer_jax.game.state import GameRun, Meters, WindowSpec, encode_instruction, stack_inputs
+
+STAGES = ("mllm", "sampling", "vae")
+
+
+@dataclasses.dataclass
+class GameSystem:
+    """The three per-turn functions of a playable system and their parameters.
+
+    Attributes:
+      params: pytree with the arrays each stage needs (``params["mllm"]``, ... or any layout
+        the functions agree on); passed as a jit argument, never baked in as constants.
+      mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
+        :func:`animegamer_jax.game.state.stack_inputs` output (ids, attention_mask, cmp_mask,
+        gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
+      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2]) -> latents
+        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise.
+      decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
+      label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
+    """
+
+    params: Any
+    mllm: Callable[..., tuple[jax.Array, jax.Array]]
+    sample: Callable[..., jax.Array]
+    decode: Callable[..., jax.Array]
+    label: str
+
+
+def apply_mode(config):
+    """A copy of ``config`` with ``game.mode`` applied to the model sections.
+
+    ``reference`` (the release, architecture.md table at the top): ``mllm.history_window = 1``,
+    ``mllm.readout = "last"``, ``diffusion.cfg_schedule = "release"``.
+
+    Raises:
+      ValueError: unknown ``game.mode``.
+    """
+    config = copy.deepcopy(config)
+    if config.game.mode == "reference":
+        config.mllm.history_window = 1
+        config.mllm.readout = "last"
+        config.diffusion.cfg_schedule = "release"
+    elif config.game.mode != "default":
+        raise ValueError(f"game.mode must be 'default' or 'reference', got {config.game.mode!r}")
+    return config
+
+
+def flow_value(ml: jax.Array, table: Sequence[float]) -> jax.Array:
+    """Motion level -> flow value (``cuculate_level``, architecture.md §4.8).
+
+    ``ml`` int ``[B]``; levels 1..len(table)-1 index the table, anything else (the top level, 0,
+    negative, a parse failure) takes the last entry, as the release does.
+    """
+    t = jnp.asarray(table, jnp.float32)
+    n = t.shape[0]
+    inside = (ml >= 1) & (ml <= n - 1)
+    return jnp.where(inside, t[jnp.clip(ml - 1, 0, n - 1)], t[-1])
+
+
+def turn_key(game_seed: int, turn: int) -> np.ndarray:
+    """The raw uint32[2] PRNG key of turn ``turn`` of a game: ``fold_in(PRNGKey(seed), turn)``."""
+    return np.asarray(jax.random.fold_in(jax.random.PRNGKey(game_seed), turn))
+
+
+class _CompileTimer:
+    """Sums JAX compile-event durations (trace + lower + backend compile) seen on this thread."""
+
+    _lock = threading.Lock()
+    _installed = False
+    _active: list["_CompileTimer"] = []
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.count = 0
+
+    @classmethod
+    def _listener(cls, name: str, secs: float, **_: Any) -> None:
+        if not name.startswith("/jax/core/compile/"):
+            return
+        for t in list(cls._active):
+            t.seconds += secs
+            if name.endswith("backend_compile_duration"):
+                t.count += 1
+
+    @contextlib.contextmanager
+    def measure(self):
+        with _CompileTimer._lock:
+            if not _CompileTimer._installed:
+                jax.monitoring.register_event_duration_secs_listener(_CompileTimer._listener)
+                _CompileTimer._installed = True
+        _CompileTimer._active.append(self)
+        try:
+            yield self
+        finally:
+            _CompileTimer._active.remove(self)
+
+
+@dataclasses.dataclass
+class TurnResult:
+    """One game's output for one turn."""
+
+    states: tuple[int, int, int, int]
+    rep: np.ndarray
+    frames: np.ndarray
+    meters: dict[str, int]
+
+
+class GameEngine:
+    """Plays batches of games with a :class:`GameSystem` on a mesh.
+
+    Args:
+      config: the run config (``game.mode`` already applied or not: applied here).
+      system: the per-turn functions and params.
+      mesh: the device mesh; the batch is split over its data axes (default: from config).
+    """
+
+    def __init__(self, config, system: GameSystem, mesh=None):
+        self.config = apply_mode(config)
+        self.system = system
+        self.mesh = mesh if mesh is not None else parallel.mesh_from_config(self.config)
+        self.rules = parallel.rules_from_config(self.config)
+        self.spec = WindowSpec.from_config(self.config)
+        self.rep_dim = self.config.rep.dim
+        self.batch_size = parallel.data_parallel_size(self.mesh, self.rules)
+        self.tok = tk.get_tokenizer()
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.params = jax.device_put(system.params, replicated)
+        self.mllm_fn = jax.jit(system.mllm)
+        self.sample_fn = jax.jit(system.sample)
+        self.decode_fn = jax.jit(system.decode)
+        self.compile_s = dict.fromkeys(STAGES, 0.0)
+        self.compiles = dict.fromkeys(STAGES, 0)
+
+    def cache_sizes(self) -> dict[str, int]:
+        """Compiled executables held by each stage's jit (1 each once warmed up on one game shape)."""
+        return {"mllm": self.mllm_fn._cache_size(), "sampling": self.sample_fn._cache_size(),
+                "vae": self.decode_fn._cache_size()}
+
+    def _timed(self, stage: str, fn, *args):
+        timer = _CompileTimer()
+        t0 = time.perf_counter()
+        with timer.measure():
+            out = fn(*args)
+            out = jax.block_until_ready(out)
+        wall = time.perf_counter() - t0
+        self.compile_s[stage] += timer.seconds
+        self.compiles[stage] += timer.count
+        return out, max(0.0, wall - timer.seconds), timer.seconds
+
+    def _shard(self, tree):
+        return parallel.shard_batch(tree, self.mesh, self.rules)
+
+    def game_seed(self, game: Game) -> int:
+        return int(game.seed) if game.seed is not None else int(self.config.game.seed)
+
+    def play(self, games: Sequence[Game], on_turn: Callable[[int, list], None] | None = None) -> list[dict]:
+        """Plays up to ``batch_size`` games together; returns one result dict per game.
+
+        Each result: ``{"game": Game, "seed": int, "turns": [TurnResult...], "timings": {...}}``
+        with per-turn stage timings (seconds, wall of the batched call, compile excluded) and
+        the compile seconds of this call.
+
+        Raises:
+          ValueError: more games than the batch size, or no game.
+          InstructionTooLongError: an instruction over ``game.max_instruction_tokens``.
+        """
+        if not games or len(games) > self.batch_size:
+            raise ValueError(f"play takes 1..{self.batch_size} games, got {len(games)}")
+        rows = list(games) + [games[0]] * (self.batch_size - len(games))
+        text_ids = [[encode_instruction(t.text, self.spec, self.tok) for t in g.turns] for g in rows]
+        start = Meters(*(int(self.config.game.meter_start),) * 3)
+        runs = [GameRun(self.spec, self.rep_dim, start) for _ in rows]
+        seeds = [self.game_seed(g) for g in rows]
+        results = [{"game": g, "seed": s, "turns": [], "timings": []} for g, s in zip(games, seeds)]
+        n_turns = max(len(g.turns) for g in games)
+        compile_before = dict(self.compile_s)
+        for k in range(n_turns):
+            # A finished game repeats its last turn as a filler row; its outputs are dropped.
+            ks = [min(k, len(ids) - 1) for ids in text_ids]
+            inputs = [run.next_input(ids[kk]) for run, ids, kk in zip(runs, text_ids, ks)]
+            batch = self._shard(stack_inputs(inputs))
+            (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
+            keys = self._shard(np.stack([turn_key(s, kk) for s, kk in zip(seeds, ks)]))
+            latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys)
+            frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
+            states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
+            timing = {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae, "batch": len(games)}
+            for b, g in enumerate(games):
+                if k >= len(g.turns):
+                    continue
+                st = tuple(int(v) for v in states_np[b])
+                meters = runs[b].finish_turn(text_ids[b][k], st, rep_np[b], int(self.config.game.meter_step))
+                results[b]["turns"].append(TurnResult(st, rep_np[b], frames_np[b], meters.as_dict()))
+                results[b]["timings"].append(dict(timing))
+            for b in range(len(games), len(rows)):
+                runs[b].finish_turn(text_ids[b][ks[b]], tuple(int(v) for v in states_np[b]), rep_np[b])
+            if on_turn is not None:
+                on_turn(k, results)
+        compile_now = {s: self.compile_s[s] - compile_before[s] for s in STAGES}
+        for r in results:
+            r["compile_s"] = compile_now
+        return results
+
+
+def game_record(config, result: dict, system_label: str, write_s: float | None = None) -> dict:
+    """The game.json content of a played game (see game/writers.py)."""
+    game: Game = result["game"]
+    turns = []
+    for k, (turn, tr, tm) in enumerate(zip(game.turns, result["turns"], result["timings"])):
+        turns.append({
+            "turn": k,
+            "instruction": turn.text,
+            "states": dict(zip(tk.STATE_FIELDS, tr.states)),
+            "meters": tr.meters,
+            "turn_seed": {"game_seed": result["seed"], "turn": k,
+                          "key": [int(v) for v in turn_key(result["seed"], k)]},
+            "timings_s": tm,
+        })
+    cfg = apply_mode(config)
+    totals = {s: float(sum(t[f"{s}_s"] for t in result["timings"])) for s in STAGES}
+    if write_s is not None:
+        totals["writing"] = write_s
+    return {
+        "game_id": game.game_id,
+        "config": cfg.name,
+        "mode": cfg.game.mode,
+        "history_window": cfg.mllm.history_window,
+        "readout": cfg.mllm.readout,
+        "cfg_schedule": cfg.diffusion.cfg_schedule,
+        "system": system_label,
+        "seed": result["seed"],
+        "fps": cfg.game.fps,
+        "instructions": [t.text for t in game.turns],
+        "states": [list(tr.states) for tr in result["turns"]],
+        "meters": [tr.meters for tr in result["turns"]],
+        "turns": turns,
+        "timings_s": {"run": totals, "compile": result.get("compile_s", {})},
+    }
