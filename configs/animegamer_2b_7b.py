@@ -227,4 +227,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.game.checkpoint = ""  # system checkpoint directory (train/system_checkpoint.py layout) to play
     c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet
+
+    # ---- evaluation: Table 1 metrics and the benchmark runner (§9; animegamer_jax/eval) ----
+    c.eval = ml_collections.ConfigDict()
+    c.eval.benchmark = "data/benchmark/benchmark.json"  # benchmark file (eval/benchmark_file.py format)
+    c.eval.out_dir = "outputs/eval"  # report.md / report.json (+ games/ with the generated games)
+    c.eval.clip = ""  # local HF CLIPModel folder for CLIP-I/T/T^E; "" = labelled random stand-in
+    c.eval.dreamsim = ""  # local DreamSim embedder folder; "" = DreamSim not computed
+    c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
+    c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
     return c

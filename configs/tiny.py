@@ -98,4 +98,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0
+
+    c.eval.out_dir = "outputs/eval_tiny"  # keep tiny reports apart from full-size ones
+    c.eval.clip_frames = 4  # fewer CLIP calls per turn on CPU
     return c

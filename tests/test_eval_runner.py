@@ -1,0 +1,88 @@
+"""The benchmark runner end to end on the random stand-in system (tiny config, 2 short games)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from animegamer_jax.config import load_config
+from animegamer_jax.eval import __main__ as cli
+from animegamer_jax.eval import benchmark, metrics
+from animegamer_jax.eval.benchmark_file import BenchmarkError
+
+
+def _small_benchmark(tmp_path):
+    src = json.load(open("data/benchmark/benchmark.json"))
+    src["characters"] = {k: os.path.abspath(os.path.join("data/benchmark", v)) for k, v in src["characters"].items()}
+    src["games"] = [dict(g, rounds=g["rounds"][:2]) for g in src["games"][:2]]
+    p = tmp_path / "bench.json"
+    p.write_text(json.dumps(src))
+    return str(p), src
+
+
+def _cheap_system(config):
+    """A minimal GameSystem (cheaper to compile than game/standin.py): states from the ids, noise frames."""
+    import jax
+    import jax.numpy as jnp
+
+    from animegamer_jax.game.engine import GameSystem
+
+    q, d = config.rep.num_text_tokens + config.rep.num_image_tokens, config.rep.dim
+    t_lat, c = config.dit.num_latent_frames, config.vae.latent_channels
+    h, w = config.dit.sample_height, config.dit.sample_width
+
+    def mllm(p, batch):
+        s = jnp.sum(batch["ids"], axis=1)
+        states = jnp.stack([1 + s % 5, s % 11 - 5, s % 7 - 3, s % 3 - 1], axis=1).astype(jnp.int32)
+        return states, jnp.zeros((s.shape[0], q, d), jnp.float32) + p["bias"]
+
+    def sample(p, rep, ml, keys):
+        return jax.vmap(lambda k: jax.random.normal(k, (t_lat, c, h, w)))(keys)
+
+    def decode(p, lat):
+        x = jnp.repeat(jnp.repeat(lat[:, :, :3], 8, axis=3), 8, axis=4)  # [B, T, 3, H, W]
+        x = jnp.concatenate([x[:, :1]] + [x[:, 1:]] * 4, axis=1)  # 1 + 4 (T - 1) frames
+        return jax.nn.sigmoid(jnp.moveaxis(x, 2, -1))
+
+    return GameSystem({"bias": np.float32(0.0)}, mllm, sample, decode, "test system (noise)")
+
+
+def test_runner_writes_report_with_table1_columns(tmp_path):
+    path, src = _small_benchmark(tmp_path)
+    config = load_config("configs/tiny.py", ["game.write_gif=False"])
+    out = str(tmp_path / "eval")
+    report = benchmark.run_benchmark(config, path, out, system=_cheap_system(config), write_games=True,
+                                     log=lambda *_: None)
+    on_disk = json.load(open(os.path.join(out, "report.json")))
+    assert on_disk["metrics"] == pytest.approx(report["metrics"])
+    md = open(os.path.join(out, "report.md")).read()
+    for col in metrics.TABLE1_COLUMNS:
+        assert f" {col} |" in md
+    assert "test system (noise)" in md and "random-feature stand-in" in md and "paper AnimeGamer" in md
+    m = report["metrics"]
+    assert m["turns"] == 4 and report["benchmark"]["rounds"] == 4
+    assert set(report["per_game"]) == {"bunny-day", "rider-city"}
+    # ACC-S / MAE-S recomputed from the stored predictions and the benchmark's ground truth
+    pred = np.array([s for gid in ("bunny-day", "rider-city") for s in report["predictions"][gid]])
+    gt = np.array([[r["states"][f] for f in metrics.STATE_FIELDS] for g in src["games"] for r in g["rounds"]])
+    acc, mae = metrics.state_metrics(pred, gt)
+    assert m["ACC-S"] == pytest.approx(acc) and m["MAE-S"] == pytest.approx(mae)
+    assert 0.0 <= m["ACC-F"] <= 1.0 and m["MAE-F"] >= 0.0
+    assert -1.0 <= m["CLIP-I"] <= 1.0 and m["DreamSim"] is None
+    assert m["s/turn"] > 0.0
+    # every game was also written through the game writers
+    assert os.path.exists(os.path.join(out, "games", "bunny-day", "game.json"))
+
+
+def test_cli_reports_a_bad_benchmark_before_generating(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x", "characters": {}, "games": []}')
+    rc = cli.main(["--standin", "--benchmark", str(bad), "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert "'characters' must map each character name" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "o" / "report.json")
+    with pytest.raises(BenchmarkError):
+        benchmark.run_benchmark(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
+    rc = cli.main(["--standin", "--config.eval.nope=1"])
+    assert rc == 2 and "unknown config key" in capsys.readouterr().err
