@@ -28,7 +28,8 @@ H head dim, F MLP width, V vocab.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
@@ -378,3 +379,92 @@ def trainable_filter(path: Sequence[Any], value: Any) -> bool:
         & {"input_layernorm", "post_attention_layernorm", "norm", "embed_tokens", "lm_head",
            "input_resampler", "output_resampler"}
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Jitted prefill / decode. The model is passed as (graphdef, state) so one compiled executable
+# serves every step: shapes are fixed by the cache size, hence no per-token recompilation.
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(4,))
+def _prefill(graphdef: Any, state: Any, input_ids: Any, inputs_embeds: Any, cache: KVCache):
+    model = nnx.merge(graphdef, state)
+    out = model(input_ids, inputs_embeds=inputs_embeds, cache=cache)
+    return out.logits[:, -1], out.cache
+
+
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(3,))
+def _decode_step(graphdef: Any, state: Any, token: jax.Array, cache: KVCache, allowed: jax.Array):
+    model = nnx.merge(graphdef, state)
+    out = model(token[:, None], cache=cache)
+    logits = out.logits[:, -1]
+    nxt = jnp.argmax(jnp.where(allowed, logits, -jnp.inf), axis=-1).astype(jnp.int32)
+    return nxt, logits, out.cache
+
+
+def prefill(
+    model: Mistral,
+    cache: KVCache,
+    input_ids: jax.Array | None = None,
+    inputs_embeds: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
+    """Jitted prompt pass. ids [B, L] or embeds [B, L, D] -> (last logits [B, V] fp32, cache).
+
+    ``cache`` is donated (do not reuse it). Compiles once per prompt length.
+    """
+    graphdef, state = nnx.split(model)
+    return _prefill(graphdef, state, input_ids, inputs_embeds, cache)
+
+
+def decode_step(
+    model: Mistral, token: jax.Array, cache: KVCache, allowed: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array, KVCache]:
+    """One jitted greedy step. token int [B] -> (next token int32 [B], logits [B, V] fp32, cache).
+
+    ``allowed``: bool [B, V] tokens the argmax may pick (constrained decoding); None = all.
+    The cache is donated. Compiles once per (cache shape, batch) pair.
+    """
+    graphdef, state = nnx.split(model)
+    if allowed is None:
+        allowed = jnp.ones((token.shape[0], model.cfg.vocab_size), bool)
+    return _decode_step(graphdef, state, token.astype(jnp.int32), cache, allowed)
+
+
+def greedy_generate(
+    model: Mistral,
+    max_new_tokens: int,
+    *,
+    input_ids: jax.Array | None = None,
+    inputs_embeds: jax.Array | None = None,
+    cache_len: int | None = None,
+    allowed_fn: Callable[[int, jax.Array], jax.Array] | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Greedy decoding with the KV cache (HF ``generate(do_sample=False)``).
+
+    Args:
+      max_new_tokens: tokens to generate T.
+      input_ids [B, L] or inputs_embeds [B, L, D]: the prompt.
+      cache_len: cache size S_max (default L + T).
+      allowed_fn: ``(step, previous_tokens [B]) -> bool [B, V]`` legal-token mask per step
+        (constrained decoding); None = unconstrained.
+
+    Returns:
+      (tokens int32 [B, T], logits fp32 [B, T, V]) where logits[:, t] produced tokens[:, t].
+    """
+    x = input_ids if input_ids is not None else inputs_embeds
+    b, l = x.shape[:2]
+    s = cache_len or l + max_new_tokens
+    dt = model.cfg.dtype
+    cache = KVCache.init(model.cfg, b, s, dt)
+    logits, cache = prefill(model, cache, input_ids, inputs_embeds)
+    toks, outs = [], []
+    allowed = allowed_fn(0, None) if allowed_fn else jnp.ones((b, model.cfg.vocab_size), bool)
+    tok = jnp.argmax(jnp.where(allowed, logits, -jnp.inf), axis=-1).astype(jnp.int32)
+    toks.append(tok)
+    outs.append(logits)
+    for t in range(1, max_new_tokens):
+        allowed = allowed_fn(t, tok) if allowed_fn else None
+        tok, logits, cache = decode_step(model, tok, cache, allowed)
+        toks.append(tok)
+        outs.append(logits)
+    return jnp.stack(toks, axis=1), jnp.stack(outs, axis=1)
