@@ -314,11 +314,24 @@ def config_from_open_clip(model_cfg: Mapping[str, Any], **overrides: Any) -> CLI
 
 
 def load_state_dict(path: str | os.PathLike) -> dict[str, Any]:
-    """Reads a ``.safetensors`` file (numpy) or a torch ``.bin`` / ``.pt`` / ``.pth`` file.
+    """Reads a ``.safetensors`` file (numpy) or a torch ``.bin`` / ``.pt`` / ``.pth`` file; a folder
+    is read as the union of its ``*.safetensors`` files (HF shards), else of its ``*.bin`` files.
 
     A torch file holding ``{"state_dict": ...}`` is unwrapped.
+
+    Raises:
+      FileNotFoundError: a folder without weight files.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        names = sorted(os.listdir(path))
+        files = [n for n in names if n.endswith(".safetensors")] or [n for n in names if n.endswith(".bin")]
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors or *.bin weight files in {path}")
+        out: dict[str, Any] = {}
+        for n in files:
+            out.update(load_state_dict(os.path.join(path, n)))
+        return out
     if path.endswith(".safetensors"):
         from safetensors.numpy import load_file
 
