@@ -66,6 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.shot_encoder.text_dim = 4096  # T5-v1.1-XXL width (f_md)
     c.shot_encoder.image_dim = 768  # CLIP ViT-B/16 width (f_v)
     c.shot_encoder.layer_norm_eps = 1e-5  # txt/ip_mix_layer_norm eps (nn.LayerNorm default)
+    c.shot_encoder.dtype = "float32"  # E_a compute dtype (226 tokens: cheap; keeps MLLM regression targets exact)
 
     # ---- CLIP ViT-B/16 (OpenCLIP laion2b_s34b_b88k), frozen (§3.1) ----
     c.clip = ml_collections.ConfigDict()
