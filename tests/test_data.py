@@ -282,6 +282,22 @@ def test_loader_checkpoint_resume(dataset, mode):
     assert orders != [b["index"].ravel().tolist() for b in _take(iter(loader.make_loader(dataset, **kw)), 3)]
 
 
+def test_loader_state_in_orbax_checkpoint(dataset, tmp_path):
+    import grain
+    import orbax.checkpoint as ocp
+
+    kw = dict(mode="turns", batch_size=2, seed=3, shard_index=0, shard_count=1)
+    it = iter(loader.make_loader(dataset, **kw))
+    _take(it, 2)
+    mgr = ocp.CheckpointManager(str(tmp_path / "ckpt"), item_names=("data_iter",))
+    mgr.save(5, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointSave(it)))
+    mgr.wait_until_finished()
+    expected = _take(it, 3)
+    resumed = iter(loader.make_loader(dataset, **kw))
+    mgr.restore(5, args=ocp.args.Composite(data_iter=grain.checkpoint.CheckpointRestore(resumed)))
+    _assert_same_batches(expected, _take(resumed, 3))
+
+
 def test_turns_are_consecutive_clips_of_one_film(dataset):
     src = loader.ClipSource(dataset)
     lengths = set()

@@ -25,7 +25,9 @@ to max_turns-1 clips past its shard's end.
 Shuffling: a seeded global shuffle per epoch. Workers: `worker_count` grain worker processes (spawned;
 every transform here is a top-level class). Checkpointing: `it = iter(loader)`; `it.get_state()` returns
 bytes to save beside the training checkpoint; `it.set_state(state)` on a fresh iterator of an identically
-built loader resumes exactly at the next batch.
+built loader resumes exactly at the next batch. In an orbax CheckpointManager the iterator is one more
+item: `args=ocp.args.Composite(..., data_iter=grain.checkpoint.CheckpointSave(it))` to save and
+`grain.checkpoint.CheckpointRestore(it)` to restore (one JSON file per process).
 """
 
 from __future__ import annotations
