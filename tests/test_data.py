@@ -361,3 +361,19 @@ def test_two_processes_read_disjoint_shards(dataset):
     assert len(seen[0]) == len(seen[1]) == 3  # 7 clips, drop_remainder: 3 each
     assert set(seen[0]).isdisjoint(seen[1])
     assert set(seen[0]) == {0, 1, 2} and set(seen[1]) == {3, 4, 5}  # grain shards contiguous index ranges
+
+
+def test_prepare_cli(film, tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "cli_ds"
+    garbage = tmp_path / "bad.mp4"
+    garbage.write_bytes(b"junk" * 10)
+    cmd = [sys.executable, "-m", "animegamer_jax.data.prepare", "--config=configs/tiny.py",
+           f"--film=sample_film={film}", f"--film={garbage}", f"--labels={LABELS}", f"--out={out}",
+           "--num_shards=3", "--skip_bad"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"wrote 7 clips of 1 film(s) to {out}" in res.stdout
+    assert f"skipped film 'bad' ({garbage}): {garbage}: cannot open as a video" in res.stdout
+    assert [s["num_records"] for s in storage.read_index(str(out))["shards"]] == [2, 3, 2]
