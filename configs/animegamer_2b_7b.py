@@ -206,18 +206,26 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- training (§8.2, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
     c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation
-    c.train.global_batch_size = 16  # examples per step across all devices
-    c.train.grad_accum_steps = 1  # micro-batches per optimizer step
-    c.train.learning_rate = 2e-4  # peak LR (a1/a2: 2e-4; b and c: 5e-5)
-    c.train.warmup_steps = 500  # linear warm-up
-    c.train.num_steps = 80000  # steps (a1 10k, a2 80k, b 15k, c 10k)
+    c.train.global_batch_size = 16  # examples per optimizer step across all devices
+    c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)
+    c.train.learning_rate = 0.0  # peak LR; 0 = the paper's per phase (a1/a2 2e-4, b/c 5e-5)
+    c.train.warmup_steps = 500  # linear warm-up (optimizer steps)
+    c.train.num_steps = 0  # optimizer steps; 0 = the paper's per phase (a1 10k, a2 80k, b 15k, c 10k)
+    c.train.end_lr_factor = 0.0  # cosine decays to peak * this
+    c.train.adam_b1 = 0.9  # AdamW beta1
+    c.train.adam_b2 = 0.999  # AdamW beta2
+    c.train.adam_eps = 1e-8  # AdamW epsilon
     c.train.weight_decay = 0.0  # AdamW decay
-    c.train.grad_clip = 1.0  # global-norm clip
+    c.train.grad_clip = 1.0  # global-norm clip (0 = off)
     c.train.log_every = 50  # steps between TensorBoard summaries
     c.train.checkpoint_every = 1000  # steps between checkpoints
     c.train.keep_checkpoints = 3  # checkpoints kept
+    c.train.async_checkpoint = True  # orbax async saves (training continues while writing)
     c.train.sample_every = 5000  # steps between sample videos (0 = never)
-    c.train.init_checkpoint = ""  # converted weights (system checkpoint dir) to start from
+    c.train.init_checkpoint = ""  # system checkpoint dir (converted weights or an earlier phase) to start from
+    c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
+    c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
+    c.train.progress = True  # tqdm progress bar with ETA on process 0
 
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()

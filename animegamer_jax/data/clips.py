@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-import cv2
 import numpy as np
 
 from animegamer_jax.data import scenes as scenes_lib

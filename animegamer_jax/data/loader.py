@@ -25,7 +25,9 @@ to max_turns-1 clips past its shard's end.
 Shuffling: a seeded global shuffle per epoch. Workers: `worker_count` grain worker processes (spawned;
 every transform here is a top-level class). Checkpointing: `it = iter(loader)`; `it.get_state()` returns
 bytes to save beside the training checkpoint; `it.set_state(state)` on a fresh iterator of an identically
-built loader resumes exactly at the next batch.
+built loader resumes exactly at the next batch. In an orbax CheckpointManager the iterator is one more
+item: `args=ocp.args.Composite(..., data_iter=grain.checkpoint.CheckpointSave(it))` to save and
+`grain.checkpoint.CheckpointRestore(it)` to restore (one JSON file per process).
 """
 
 from __future__ import annotations
@@ -160,7 +162,8 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
                 shuffle: bool = True, num_epochs: int | None = None, shard_index: int | None = None,
                 shard_count: int | None = None, worker_count: int = 0, max_turns: int = 5,
                 include_frames: bool | None = None, drop_remainder: bool = True,
-                extra_operations: Sequence = ()) -> grain.DataLoader:
+                extra_operations: Sequence = (), read_threads: int = 2,
+                prefetch: int = 16) -> grain.DataLoader:
     """Builds a grain DataLoader over a prepared dataset.
 
     Args:
@@ -176,6 +179,8 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
       include_frames: "turns" mode: also return frames (default False); "clips" mode: frames always.
       drop_remainder: drop the last incomplete batch.
       extra_operations: grain transforms applied per example before batching (e.g. TokenizeTurns).
+      read_threads, prefetch: grain ReadOptions (threads reading records, examples read ahead); grain's
+        defaults (16, 500) would decode hundreds of clips ahead of need.
 
     Raises:
       storage.DatasetError: not a prepared dataset; ValueError: bad mode / shard arguments.
@@ -194,7 +199,9 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
         ops.append(grain.transforms.Batch(batch_size, drop_remainder=drop_remainder))
     sampler = grain.samplers.IndexSampler(len(source), shard_options=shard, shuffle=shuffle,
                                           num_epochs=num_epochs, seed=seed)
-    return grain.DataLoader(data_source=source, sampler=sampler, operations=ops, worker_count=worker_count)
+    read = grain.ReadOptions(num_threads=read_threads, prefetch_buffer_size=prefetch)
+    return grain.DataLoader(data_source=source, sampler=sampler, operations=ops, worker_count=worker_count,
+                            read_options=read)
 
 
 def make_loader_from_config(cfg, *, mode: str, batch_size: int | None, **kwargs) -> grain.DataLoader:
@@ -204,3 +211,44 @@ def make_loader_from_config(cfg, *, mode: str, batch_size: int | None, **kwargs)
     kwargs.setdefault("worker_count", int(d.num_workers))
     kwargs.setdefault("max_turns", int(d.max_turns))
     return make_loader(d.dataset_dir, mode=mode, batch_size=batch_size, **kwargs)
+
+
+@dataclasses.dataclass
+class TokenizeTurns(grain.transforms.Map):
+    """Adds token ids to a "turns" example (thin: the MLLM module assembles the full sequence).
+
+    Added fields (padding turns are all PAD_ID = 0, length 0):
+      turn_ids int32 [max_turns, max_text_tokens]: `<TURN>` + the instruction's tokens, exactly as the
+        release tokenizes "<TURN>" + instruction (architecture.md Sec. 1.1 / 1.3), PAD_ID padded.
+      turn_len int32 [max_turns]: valid length of each row of turn_ids.
+      world_ids int32 [max_turns, 14]: the turn's state string
+        `<ML><S_ml></ML><SC><S_sc></SC><ET><S_et></ET><ST><S_st></ST></ST></TURN>` built from its
+        labelled states [ML, SC, ET, ST] (tokenizer.world_ids): the CE targets of the predicted turn and
+        the true-state history of earlier turns.
+
+    Args:
+      max_text_tokens: row length of turn_ids; a longer instruction raises ValueError naming it.
+      model_path: sentencepiece model (default: Mistral v0.1's from mistral-common).
+    """
+
+    max_text_tokens: int = 64
+    model_path: str | None = None
+
+    def map(self, element: dict) -> dict:
+        from animegamer_jax import tokenizer as tok_lib
+
+        tok = tok_lib.get_tokenizer(self.model_path)
+        m = element["turn_mask"].shape[0]
+        turn_ids = np.full((m, self.max_text_tokens), tok_lib.PAD_ID, np.int32)
+        turn_len = np.zeros(m, np.int32)
+        world = np.full((m, 14), tok_lib.PAD_ID, np.int32)
+        for k in range(int(element["num_turns"])):
+            text = str(element["instruction"][k])
+            ids = [tok_lib.TURN_ID, *tok.encode_plain(text)]
+            if len(ids) > self.max_text_tokens:
+                raise ValueError(f"instruction of dataset clip {int(element['index'][k])} has {len(ids)} "
+                                 f"tokens > max_text_tokens={self.max_text_tokens}: {text!r}")
+            turn_ids[k, :len(ids)] = ids
+            turn_len[k] = len(ids)
+            world[k] = tok.world_ids(*(int(v) for v in element["states"][k]))
+        return {**element, "turn_ids": turn_ids, "turn_len": turn_len, "world_ids": world}
