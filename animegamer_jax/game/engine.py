@@ -14,8 +14,8 @@ The three stages are ``jax.jit`` functions of (params, inputs) whose input shape
 the game shape (batch B = the mesh's data-parallel size, padded sequence length L, Q, D), so each
 compiles once; compilation time is measured from JAX's own compile events and reported apart from
 run time. Games in a batch are independent rows: their noise comes from their own keys, so a game
-gives the same output alone or in a batch. Turn k of a game samples with
-``fold_in(PRNGKey(game_seed), k)``.
+gives the same output alone or in a batch. Turn k of a game samples with the key
+:func:`turn_key` ``(game_seed, k)``.
 
 A system is any :class:`GameSystem`: the real one is built from a system checkpoint
 (game/system.py); tests use small random stand-ins (game/standin.py).
@@ -98,9 +98,22 @@ def flow_value(ml: jax.Array, table: Sequence[float]) -> jax.Array:
     return jnp.where(inside, t[jnp.clip(ml - 1, 0, n - 1)], t[-1])
 
 
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
 def turn_key(game_seed: int, turn: int) -> np.ndarray:
-    """The raw uint32[2] PRNG key of turn ``turn`` of a game: ``fold_in(PRNGKey(seed), turn)``."""
-    return np.asarray(jax.random.fold_in(jax.random.PRNGKey(game_seed), turn))
+    """The raw uint32[2] PRNG key (threefry key data) of turn ``turn`` of a game.
+
+    ``splitmix64(splitmix64(seed) ^ turn)`` split into two 32-bit words: computed on the host in
+    pure Python because any eager ``jax.random`` call compiles threefry, which takes ~20 s on a
+    loaded CPU with ``jax_threefry_partitionable`` (this JAX's default).
+    """
+    x = _splitmix64(_splitmix64(int(game_seed) & 0xFFFFFFFFFFFFFFFF) ^ int(turn))
+    return np.asarray([x >> 32, x & 0xFFFFFFFF], np.uint32)
 
 
 class _CompileTimer:
@@ -194,6 +207,33 @@ class GameEngine:
     def game_seed(self, game: Game) -> int:
         return int(game.seed) if game.seed is not None else int(self.config.game.seed)
 
+    def new_run(self) -> GameRun:
+        """The empty running state of one game (meters at ``game.meter_start``)."""
+        return GameRun(self.spec, self.rep_dim, Meters(*(int(self.config.game.meter_start),) * 3))
+
+    def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
+             turn_index: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+        """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
+
+        Args:
+          runs: per row, the game's running state (its window supplies the history).
+          seeds: per row, the game seed.
+          current_ids: per row, the current instruction ids.
+          turn_index: per row, the turn number k (selects the PRNG key).
+
+        Returns:
+          states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
+          and stage timings ``{"mllm_s", "sampling_s", "vae_s"}`` (run time, compile excluded).
+        """
+        inputs = [run.next_input(ids) for run, ids in zip(runs, current_ids)]
+        batch = self._shard(stack_inputs(inputs))
+        (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
+        keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
+        latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys)
+        frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
+        states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
+        return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae}
+
     def play(self, games: Sequence[Game], on_turn: Callable[[int, list], None] | None = None) -> list[dict]:
         """Plays up to ``batch_size`` games together; returns one result dict per game.
 
@@ -209,8 +249,7 @@ class GameEngine:
             raise ValueError(f"play takes 1..{self.batch_size} games, got {len(games)}")
         rows = list(games) + [games[0]] * (self.batch_size - len(games))
         text_ids = [[encode_instruction(t.text, self.spec, self.tok) for t in g.turns] for g in rows]
-        start = Meters(*(int(self.config.game.meter_start),) * 3)
-        runs = [GameRun(self.spec, self.rep_dim, start) for _ in rows]
+        runs = [self.new_run() for _ in rows]
         seeds = [self.game_seed(g) for g in rows]
         results = [{"game": g, "seed": s, "turns": [], "timings": []} for g, s in zip(games, seeds)]
         n_turns = max(len(g.turns) for g in games)
@@ -218,14 +257,9 @@ class GameEngine:
         for k in range(n_turns):
             # A finished game repeats its last turn as a filler row; its outputs are dropped.
             ks = [min(k, len(ids) - 1) for ids in text_ids]
-            inputs = [run.next_input(ids[kk]) for run, ids, kk in zip(runs, text_ids, ks)]
-            batch = self._shard(stack_inputs(inputs))
-            (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
-            keys = self._shard(np.stack([turn_key(s, kk) for s, kk in zip(seeds, ks)]))
-            latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys)
-            frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
-            states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
-            timing = {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae, "batch": len(games)}
+            cur = [ids[kk] for ids, kk in zip(text_ids, ks)]
+            states_np, rep_np, frames_np, timing = self.step(runs, seeds, cur, ks)
+            timing["batch"] = len(games)
             for b, g in enumerate(games):
                 if k >= len(g.turns):
                     continue
@@ -233,8 +267,6 @@ class GameEngine:
                 meters = runs[b].finish_turn(text_ids[b][k], st, rep_np[b], int(self.config.game.meter_step))
                 results[b]["turns"].append(TurnResult(st, rep_np[b], frames_np[b], meters.as_dict()))
                 results[b]["timings"].append(dict(timing))
-            for b in range(len(games), len(rows)):
-                runs[b].finish_turn(text_ids[b][ks[b]], tuple(int(v) for v in states_np[b]), rep_np[b])
             if on_turn is not None:
                 on_turn(k, results)
         compile_now = {s: self.compile_s[s] - compile_before[s] for s in STAGES}

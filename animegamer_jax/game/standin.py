@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.game.engine import GameSystem, flow_value
@@ -38,6 +39,21 @@ def attention_bias(attention_mask: jax.Array) -> jax.Array:
     return jnp.where(allowed, 0.0, -1e9)
 
 
+def hash_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """Cheap deterministic pseudo-noise in [-1.7, 1.7] from a uint32[2] key (stand-in only).
+
+    Not ``jax.random``: threefry takes ~20 s to compile on a loaded CPU, too slow for tests of a
+    stand-in whose noise only has to be a deterministic, key-dependent function.
+    """
+    n = 1
+    for d in shape:
+        n *= d
+    i = jnp.arange(n, dtype=jnp.float32)
+    k = key.astype(jnp.float32)
+    x = jnp.sin(i * (12.9898 + k[0] * 1e-9) + k[1] * 1e-6 + 78.233 * jnp.cos(i * 0.618 + k[0] * 1e-7))
+    return (jnp.mod(x * 43758.5453, 1.0) * 2.0 - 1.0).reshape(shape) * 1.7
+
+
 def build_standin(config, seed: int = 0, width: int = 16) -> GameSystem:
     """A random stand-in :class:`GameSystem` for ``config`` (clearly labelled, not the real model)."""
     d = config.rep.dim
@@ -45,16 +61,21 @@ def build_standin(config, seed: int = 0, width: int = 16) -> GameSystem:
     h, w = config.dit.sample_height, config.dit.sample_width
     steps = config.diffusion.num_sampling_steps
     table = tuple(config.dit.flow_table)
-    ks = jax.random.split(jax.random.PRNGKey(seed), 8)
-    s = 1.0 / jnp.sqrt(width)
+    rng = np.random.default_rng(seed)  # numpy: no threefry compile for a stand-in
+    ks = range(8)
+    s = 1.0 / np.sqrt(width)
+
+    def normal(_, shape):
+        return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
     params = {
-        "embed": jax.random.normal(ks[0], (tk.VOCAB_SIZE, width)),
-        "in_res": jax.random.normal(ks[1], (d, width)) / jnp.sqrt(d),
-        "qkv": jax.random.normal(ks[2], (3, width, width)) * s,
-        "out_res": jax.random.normal(ks[3], (width, d)) * s,
-        "state_head": jax.random.normal(ks[4], (4, width, 11)) * s * 3.0,
-        "cond": jax.random.normal(ks[5], (d, c)) / jnp.sqrt(d),
-        "rgb": jax.random.normal(ks[6], (c, 3)),
+        "embed": normal(ks[0], (tk.VOCAB_SIZE, width)),
+        "in_res": normal(ks[1], (d, width)) / jnp.sqrt(d),
+        "qkv": normal(ks[2], (3, width, width)) * s,
+        "out_res": normal(ks[3], (width, d)) * s,
+        "state_head": normal(ks[4], (4, width, 11)) * s * 3.0,
+        "cond": normal(ks[5], (d, c)) / jnp.sqrt(d),
+        "rgb": normal(ks[6], (c, 3)),
     }
 
     def mllm(p, batch):
@@ -77,7 +98,7 @@ def build_standin(config, seed: int = 0, width: int = 16) -> GameSystem:
     def sample(p, rep, ml, keys):
         flow = flow_value(ml, table)
         cond = jnp.tanh(jnp.einsum("bqd,dc->bc", rep, p["cond"]) / rep.shape[1])
-        noise = jax.vmap(lambda key: jax.random.normal(key, (t_lat, c, h, w)))(keys)
+        noise = jax.vmap(lambda key: hash_noise(key, (t_lat, c, h, w)))(keys)
         target = cond[:, None, :, None, None] * (1.0 + jnp.log1p(flow))[:, None, None, None, None]
 
         def body(i, x):

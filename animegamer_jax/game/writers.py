@@ -257,6 +257,14 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     return final
 
 
+def update_json(game_dir: str, record: Mapping[str, Any]) -> None:
+    """Replaces ``game_dir/game.json`` atomically (temp file + ``os.replace``)."""
+    tmp = os.path.join(game_dir, f".{GAME_JSON}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+    os.replace(tmp, os.path.join(game_dir, GAME_JSON))
+
+
 def read_video(path: str) -> np.ndarray:
     """Decodes a video file to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
     with av.open(path) as c:

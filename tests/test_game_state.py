@@ -1,0 +1,146 @@
+"""Game state: meters, the sliding window, and the MLLM token layout vs the release's (§1.3-1.6)."""
+
+import numpy as np
+import pytest
+
+from animegamer_jax import tokenizer as tk
+from animegamer_jax.config import load_config
+from animegamer_jax.game.state import (GameRun, InstructionTooLongError, Meters, WindowSpec, build_turn_input,
+                                       encode_instruction)
+
+TEXTS = [
+    "Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
+    "Character: Bunny; Motion: happily stretch in the sun; Background: day meadow.",
+    "Character: Bunny; Motion: quickly chase a butterfly; Background: day forest.",
+    "Character: Qiqi and Jiji; Motion: gently fly; Background: night sky.",
+    "Character: Bunny; Motion: gently sit under a tree; Background: evening meadow.",
+]
+
+
+def video_string(nq):
+    return "<img><frame>" + "".join(f"<frame_{i:05d}>" for i in range(nq)) + "</frame></img>"
+
+
+def world_string(ml, sc, et, st):
+    return (f"<ML><Strength_{ml}></ML><SC><Strength_{sc}></SC><ET><Strength_{et}></ET>"
+            f"<ST><Strength_{st}></ST></ST></TURN>")
+
+
+def release_layout(history, current, nq, window):
+    """The release's prompt (inference_MLLM.py as described in §1.3-1.4), built from strings.
+
+    ``history``: list of (text, states); the release puts ``<Strength_0>`` in every history field.
+    """
+    tok = tk.get_tokenizer()
+    ids, att, cmp, gen = [tk.BOS_ID], [1], [False], [False]
+    for text, _ in history[len(history) - (window - 1):] if window > 1 else []:
+        head = tok.encode("<TURN>" + text)
+        vid = tok.encode(video_string(nq))
+        world = tok.encode(world_string(0, 0, 0, 0))
+        ids += head + vid + world
+        att += [1] * (len(head) + len(vid) + len(world))
+        cmp += [False] * len(head) + [False, False] + [True] * nq + [False, False] + [False] * len(world)
+        gen += [False] * (len(head) + len(vid) + len(world))
+    head = tok.encode("<TURN>" + current)
+    vid = tok.encode(video_string(nq))
+    ml = tok.encode("<ML>")
+    ids += head + vid + ml
+    att += [1] * len(head) + [1, 1] + [-1] * nq + [1, 1] + [1]
+    cmp += [False] * (len(head) + len(vid) + 1)
+    gen += [False] * len(head) + [False, False] + [True] * nq + [False, False] + [False]
+    return np.array(ids), np.array(att), np.array(cmp), np.array(gen)
+
+
+def test_meters_app_semantics():
+    m = Meters()
+    m = m.update([3, 5, -2, 1])
+    assert m.as_dict() == {"social": 75, "entertainment": 40, "stamina": 55}
+    for _ in range(10):
+        m = m.update([1, 5, -5, 0])
+    assert m.as_dict() == {"social": 100, "entertainment": 0, "stamina": 55}
+
+
+def test_reference_layout_equals_release_paper_size():
+    cfg = load_config("configs/animegamer_2b_7b.py", ["game.mode=reference"])
+    spec = WindowSpec.from_config(cfg)
+    assert (spec.window, spec.readout, spec.history_states, spec.num_queries) == (1, "last", "zero", 226)
+    run = GameRun(spec, rep_dim=8)
+    for k, text in enumerate(TEXTS[:3]):
+        ids_cur = encode_instruction(text, spec)
+        inp = run.next_input(ids_cur)
+        r_ids, r_att, r_cmp, r_gen = release_layout([], text, 226, 1)
+        n = inp.length
+        assert n == len(r_ids) == 1 + 1 + len(ids_cur) + 230 + 1
+        np.testing.assert_array_equal(inp.ids[:n], r_ids)
+        np.testing.assert_array_equal(inp.attention_mask[:n], r_att)
+        np.testing.assert_array_equal(inp.cmp_mask[:n], r_cmp)
+        np.testing.assert_array_equal(inp.gen_mask[:n], r_gen)
+        assert not inp.ids[n:].any() and not inp.attention_mask[n:].any()
+        # release read-out: the last 226 positions (off by 3 vs the queries, §1.7)
+        np.testing.assert_array_equal(inp.read_idx, np.arange(n - 226, n))
+        assert inp.ids[inp.last_idx] == tk.ML_ID
+        run.finish_turn(ids_cur, (k + 1, 2, -1, 3), np.full((226, 8), k, np.float32))
+
+
+def test_release_history_layout_with_zero_states():
+    cfg = load_config("configs/tiny.py")
+    spec = WindowSpec(3, 24, cfg.game.max_instruction_tokens, "last", "zero")
+    run = GameRun(spec, rep_dim=4)
+    hist = []
+    for k, text in enumerate(TEXTS):
+        ids_cur = encode_instruction(text, spec)
+        inp = run.next_input(ids_cur)
+        r = release_layout(hist, text, 24, 3)
+        n = inp.length
+        for got, want in zip((inp.ids, inp.attention_mask, inp.cmp_mask, inp.gen_mask), r):
+            np.testing.assert_array_equal(got[:n], want)
+        states = (k % 5, k - 2, 1, -k)
+        run.finish_turn(ids_cur, states, np.full((24, 4), k, np.float32))
+        hist.append((text, states))
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_window_holds_exactly_last_turns_with_own_states(window):
+    spec = WindowSpec(window, 24, 48, "query", "own")
+    run = GameRun(spec, rep_dim=4)
+    tok = tk.get_tokenizer()
+    for k, text in enumerate(TEXTS):
+        ids_cur = encode_instruction(text, spec)
+        inp = run.next_input(ids_cur)
+        first = max(0, k - (window - 1))
+        used = list(range(first, k))
+        # representations: slot j <- turn used[j], invalid slots zero
+        for j in range(window - 1):
+            if j < len(used):
+                assert inp.hist_valid[j]
+                np.testing.assert_array_equal(inp.hist_reps[j], np.full((24, 4), used[j] + 1.0))
+                # the slot's positions are exactly that turn's query positions (cmp mask)
+                assert inp.cmp_mask[inp.hist_pos[j]].all()
+                np.testing.assert_array_equal(inp.ids[inp.hist_pos[j]], np.arange(tk.FRAME_BASE_ID, tk.FRAME_BASE_ID + 24))
+            else:
+                assert not inp.hist_valid[j] and not inp.hist_reps[j].any()
+        assert inp.cmp_mask.sum() == 24 * len(used)
+        # each history turn carries its own predicted states
+        want = [tk.BOS_ID]
+        for t in used:
+            want += [tk.TURN_ID, *tok.encode_plain(TEXTS[t]), *tok.video_block_ids(24),
+                     *tok.world_ids(*((t % 5) + 1, t - 2, 1, -t))]
+        want += [tk.TURN_ID, *ids_cur, *tok.video_block_ids(24), tk.ML_ID]
+        np.testing.assert_array_equal(inp.ids[: inp.length], want)
+        # query read-out: the current turn's 24 query slots
+        assert inp.gen_mask[inp.read_idx].all() and inp.gen_mask.sum() == 24
+        assert (inp.attention_mask[inp.read_idx] == -1).all()
+        run.finish_turn(ids_cur, ((k % 5) + 1, k - 2, 1, -k), np.full((24, 4), k + 1.0, np.float32))
+        assert inp.ids.shape == (spec.seq_len,)
+
+
+def test_instruction_too_long_names_fix():
+    spec = WindowSpec(1, 24, 8, "query", "own")
+    with pytest.raises(InstructionTooLongError, match="max_instruction_tokens=8"):
+        encode_instruction(TEXTS[0], spec)
+
+
+def test_bad_mode():
+    cfg = load_config("configs/tiny.py", ["game.mode=fancy"])
+    with pytest.raises(ValueError, match="game.mode"):
+        WindowSpec.from_config(cfg)
