@@ -1,0 +1,332 @@
+"""The compute of one AnimeGamer game turn and of the (a2) / (b) train steps, as pure jit-able functions.
+
+Shared by the speed and memory benchmarks (benchmarks/gpu_bench.py, benchmarks/aot_full_size.py);
+never imported by the package. Each piece is ``(fn, args)`` where ``fn`` is a pure function of
+``(params_state, *inputs)`` and ``args`` are either real arrays (``abstract=False``: random weights,
+random inputs) or ``jax.ShapeDtypeStruct`` with shardings (``abstract=True``: nothing allocated,
+for ahead-of-time lowering). Inference pieces use bf16 weights with LoRA merged (``lora_rank=0``),
+as play does; train pieces keep the config's parameter dtype and LoRA.
+
+Turn pieces (architecture.md §0):
+  mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
+  mllm_decode   pass A: one greedy step on the cache (run max_new_tokens - 1 times)
+  mllm_pass_b   pass B: one forward without logits (the 226-query read-out)
+  dit_sampling  num_sampling_steps of DPM++ 2M with CFG (batch 2) through the DiT (one lax.scan)
+  vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (release chunk plan)
+Train pieces (the models' real losses are in train/; here the standard objectives with the same
+compute): dit_train_step (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
+mllm_train_step (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from animegamer_jax import parallel
+
+
+def num_queries(cfg) -> int:
+    return int(cfg.rep.num_text_tokens + cfg.rep.num_image_tokens)
+
+
+def turn_length(cfg, text_tokens: int = 25) -> int:
+    """MLLM sequence length of a turn with a full window (history turns 1+text+230+14, current 1+text+230+1, BOS)."""
+    q = num_queries(cfg)
+    w = max(1, int(cfg.mllm.history_window))
+    return 1 + (w - 1) * (1 + text_tokens + q + 4 + 14) + (1 + text_tokens + q + 4 + 1)
+
+
+# ---------------------------------------------------------------- module builders
+
+def dit_module_config(cfg, inference: bool):
+    from animegamer_jax.models.cogvideox_dit import DiTConfig
+
+    dc = DiTConfig.from_config(cfg.dit, text_length=num_queries(cfg))
+    if inference:
+        dc = dataclasses.replace(dc, lora_rank=0, param_dtype=cfg.dit.dtype, remat=False)
+    return dc
+
+
+def build_dit(cfg, inference: bool, seed: int = 0):
+    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT
+
+    return CogVideoXDiT(dit_module_config(cfg, inference), rngs=nnx.Rngs(seed))
+
+
+def build_vae(cfg, seed: int = 0):
+    from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+
+    return CogVideoXVAE.from_config(cfg.vae, rngs=nnx.Rngs(seed))
+
+
+def build_mistral(cfg, inference: bool, seed: int = 0):
+    from animegamer_jax.models.mistral import Mistral
+
+    over = {"lora_rank": 0} if inference else {"remat": True}
+    return Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
+
+
+# ---------------------------------------------------------------- abstract / concrete helpers
+
+@dataclasses.dataclass
+class Piece:
+    """A pure function and its arguments (concrete arrays or sharded ShapeDtypeStructs)."""
+
+    name: str
+    fn: Any
+    args: tuple
+    donate: tuple[int, ...] = ()
+    note: str = ""
+
+
+class Builder:
+    """Makes module states and inputs either real (random) or abstract (sharded shapes) on a mesh."""
+
+    def __init__(self, cfg, mesh, abstract: bool, seed: int = 0):
+        self.cfg, self.mesh, self.abstract = cfg, mesh, abstract
+        self.rules = parallel.rules_from_config(cfg)
+        self.key = jax.random.PRNGKey(seed)
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self.modules: dict[str, Any] = {}
+
+    def module(self, make):
+        """(graphdef, state) of ``make()``; abstract: sharded ShapeDtypeStructs, nothing allocated."""
+        with parallel.sharding_context(self.mesh, self.rules):
+            abs_mod = nnx.eval_shape(make)
+        graphdef, abs_state = nnx.split(abs_mod)
+        shardings = parallel.param_shardings(abs_state, self.mesh, self.rules)
+        if self.abstract:
+            state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                                 abs_state, shardings)
+            return graphdef, state
+        init = jax.jit(lambda: nnx.split(make())[1], out_shardings=shardings)
+        with parallel.sharding_context(self.mesh, self.rules):
+            return graphdef, init()
+
+    def array(self, shape, dtype, batch_axis: bool = True, kind: str = "normal"):
+        """An input: batch-sharded over the data axes (``act_batch``) when ``batch_axis``."""
+        sharding = (parallel.batch_sharding(self.mesh, len(shape), self.rules)
+                    if batch_axis and len(shape) else self.replicated)
+        if self.abstract:
+            return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
+        self.key, k = jax.random.split(self.key)
+        if kind == "ids":
+            x = jax.random.randint(k, shape, 3, 32000, jnp.int32)
+        elif kind == "timesteps":
+            x = jax.random.randint(k, shape, 0, 1000, jnp.int32)
+        else:
+            x = jax.random.normal(k, shape, jnp.float32).astype(dtype)
+        return jax.device_put(x, sharding)
+
+
+# ---------------------------------------------------------------- turn pieces
+
+TURN_PIECES = ("mllm_prefill", "mllm_decode", "mllm_pass_b", "dit_sampling", "vae_decode")
+TRAIN_PIECES = ("train_a2_dit", "train_b_mllm")
+
+
+def _cached(b: Builder, key: str, make):
+    if key not in b.modules:
+        b.modules[key] = b.module(make)
+    return b.modules[key]
+
+
+def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int = 25) -> Piece:
+    """One inference piece of a turn for ``batch`` games (modules are built once per Builder).
+
+    Raises:
+      KeyError: unknown piece name (see TURN_PIECES).
+    """
+    q, d = num_queries(cfg), int(cfg.rep.dim)
+    if name.startswith("mllm_"):
+        from animegamer_jax.models import mistral as mst
+
+        m_graph, m_state = _cached(b, "mistral_inference", lambda: build_mistral(cfg, inference=True))
+        length = turn_length(cfg, text_tokens)
+        new = int(cfg.mllm.max_new_tokens)
+        mcfg = mst.MistralConfig.from_config(cfg.mllm, lora_rank=0)
+        cache_len = length + new
+        shape = (mcfg.num_layers, batch, cache_len, mcfg.num_kv_heads, mcfg.head_dim)
+        dt = jnp.dtype(mcfg.dtype)
+        if b.abstract:
+            # the cache is laid out like activations: batch over the data axes
+            s = NamedSharding(b.mesh, parallel.logical_to_spec((None, "act_batch", None, None, None), b.rules))
+            cache = mst.KVCache(jax.ShapeDtypeStruct(shape, dt, sharding=s), jax.ShapeDtypeStruct(shape, dt, sharding=s),
+                                jax.ShapeDtypeStruct((), jnp.int32, sharding=b.replicated))
+        else:
+            cache = mst.KVCache.init(mcfg, batch, cache_len, dt)
+        ids = b.array((batch, length), jnp.int32, kind="ids")
+        if name == "mllm_prefill":
+            def prefill(state, ids, cache):
+                out = nnx.merge(m_graph, state)(ids, cache=cache)
+                return jnp.argmax(out.logits[:, -1], -1).astype(jnp.int32), out.cache
+
+            return Piece(name, prefill, (m_state, ids, cache), donate=(2,), note=f"L={length}, cache {cache_len}")
+        if name == "mllm_decode":
+            def decode(state, tok, cache):
+                out = nnx.merge(m_graph, state)(tok[:, None], cache=cache)
+                return jnp.argmax(out.logits[:, -1], -1).astype(jnp.int32), out.cache
+
+            return Piece(name, decode, (m_state, b.array((batch,), jnp.int32, kind="ids"), cache), donate=(2,),
+                         note=f"x{new - 1} per turn, cache {cache_len}")
+        if name == "mllm_pass_b":
+            def pass_b(state, ids):
+                return nnx.merge(m_graph, state)(ids, return_logits=False).hidden[:, -q:]
+
+            return Piece(name, pass_b, (m_state, ids), note=f"L={length}, no logits")
+    lat_shape = (batch, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
+                 int(cfg.dit.sample_width))
+    if name == "dit_sampling":
+        from animegamer_jax.diffusion import samplers
+
+        d_graph, d_state = _cached(b, "dit_inference", lambda: build_dit(cfg, inference=True))
+        plan = samplers.plan_from_config(cfg.diffusion)
+        table = jnp.asarray(cfg.dit.flow_table, jnp.float32)
+
+        def sampling(state, noise, rep, uncond, ml, key):
+            def denoise(x, t, c):
+                return nnx.merge(d_graph, state)(x, c["cond"], t, c["flow"])
+
+            flow = table[jnp.clip(ml - 1, 0, table.shape[0] - 1)]
+            return samplers.sample(denoise, noise, {"cond": rep, "flow": flow}, {"cond": uncond, "flow": flow},
+                                   key, plan)
+
+        if b.abstract:
+            key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=b.replicated)
+            ml = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=parallel.batch_sharding(b.mesh, 1, b.rules))
+        else:
+            key = jax.device_put(jax.random.PRNGKey(1), b.replicated)
+            ml = jax.device_put(jnp.full((batch,), 3, jnp.int32), parallel.batch_sharding(b.mesh, 1, b.rules))
+        return Piece(name, sampling, (d_state, b.array(lat_shape, jnp.float32), b.array((batch, q, d), jnp.float32),
+                                      b.array((batch, q, d), jnp.float32), ml, key),
+                     note=f"{plan.num_steps} steps x CFG batch {2 * batch}")
+    if name == "vae_decode":
+        v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
+        scale = float(cfg.vae.scaling_factor)
+
+        def vae_decode(state, latents):
+            return nnx.merge(v_graph, state).decode(latents / scale)
+
+        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)),
+                     note=f"chunks {tuple(cfg.vae.decode_chunks)}")
+    raise KeyError(f"unknown turn piece {name!r}; known: {TURN_PIECES}")
+
+
+# ---------------------------------------------------------------- train pieces
+
+def _adamw_step(graphdef, loss_fn, lr: float):
+    """A jit-able (params, rest, opt_state, batch) -> (params, opt_state, loss) AdamW step."""
+    tx = optax.adamw(lr)
+
+    def step(params, rest, opt_state, batch):
+        def loss_of(p):
+            return loss_fn(nnx.merge(graphdef, p, rest), batch)
+
+        loss, grads = jax.value_and_grad(loss_of)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return tx, step
+
+
+def _split_train(b: Builder, make, trainable):
+    graphdef, state = b.module(make)
+    params = nnx.filter_state(state, trainable)
+    rest = nnx.filter_state(state, nnx.Not(trainable))
+    return graphdef, params, rest
+
+
+def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns: int = 5,
+                     tokens_per_turn: int = 300) -> Piece:
+    """Phase (a2) DiT or phase (b) MLLM train step (global batch default ``cfg.train.global_batch_size``).
+
+    Raises:
+      KeyError: unknown piece name (see TRAIN_PIECES).
+    """
+    n = batch or int(cfg.train.global_batch_size)
+    q, d = num_queries(cfg), int(cfg.rep.dim)
+    if name == "train_a2_dit":
+        from animegamer_jax.diffusion import losses
+        from animegamer_jax.models import cogvideox_dit as dit_lib
+
+        # trained set = LoRA + flow embedding + block adaLN (models/cogvideox_dit.py "joint")
+        graphdef, params, rest = _split_train(b, lambda: build_dit(cfg, inference=False),
+                                              dit_lib.trainable_filter("joint"))
+
+        def dit_loss(model, batch):
+            a = losses.a_of(batch["t"])
+            x_t = losses.add_noise(batch["x0"], batch["noise"], a)
+            v = model(x_t, batch["cond"], batch["t"], batch["flow"])
+            return losses.v_prediction_loss(v.astype(jnp.float32), batch["x0"], batch["noise"], a)
+
+        tx, step = _adamw_step(graphdef, dit_loss, 2e-4)
+        lat = (n, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
+               int(cfg.dit.sample_width))
+        data = {"x0": b.array(lat, jnp.float32), "noise": b.array(lat, jnp.float32),
+                "cond": b.array((n, q, d), jnp.float32), "t": b.array((n,), jnp.int32, kind="timesteps"),
+                "flow": b.array((n,), jnp.float32)}
+        return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
+                     note=f"global batch {n}, remat {bool(cfg.dit.remat)}")
+    if name == "train_b_mllm":
+        from animegamer_jax.models import mistral as mst
+
+        # trained set = LoRA + RMSNorms + embeddings (models/mistral.py trainable_filter)
+        graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False), mst.trainable_filter)
+
+        def mllm_loss(model, batch):
+            logits = model(batch["ids"]).logits[:, :-1]
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["ids"][:, 1:]).mean()
+
+        tx, step = _adamw_step(graphdef, mllm_loss, 5e-5)
+        data = {"ids": b.array((n, turns * tokens_per_turn), jnp.int32, kind="ids")}
+        return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
+                     note=f"global batch {n} x {turns * tokens_per_turn} tokens")
+    raise KeyError(f"unknown train piece {name!r}; known: {TRAIN_PIECES}")
+
+
+def _opt_state(b: Builder, tx, params):
+    """AdamW moments shaped and sharded like ``params`` (abstract or zeros).
+
+    Abstract: every optimizer leaf whose tree path ends with a parameter's path (``mu``/``nu``) takes
+    that parameter's sharding; the rest (step counts) are replicated.
+    """
+    if not b.abstract:
+        return jax.jit(tx.init)(params)
+    flat_p = jax.tree_util.tree_flatten_with_path(params)[0]
+    by_path = {tuple(path): leaf.sharding for path, leaf in flat_p}
+    abs_opt = jax.eval_shape(tx.init, params)
+
+    def shard(path, leaf):
+        path = tuple(path)
+        for n in range(len(path)):
+            s = by_path.get(path[n:])
+            if s is not None:
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s)
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=b.replicated)
+
+    return jax.tree_util.tree_map_with_path(shard, abs_opt)
+
+
+# ---------------------------------------------------------------- running
+
+def jit_piece(p: Piece):
+    return jax.jit(p.fn, donate_argnums=p.donate)
+
+
+def lower_piece(p: Piece, b: Builder):
+    """``jax.jit(fn).lower(*args)`` under the mesh and logical rules (activation constraints apply)."""
+    with parallel.sharding_context(b.mesh, b.rules):
+        return jit_piece(p).lower(*p.args)
+
+
+def count_bytes(tree) -> int:
+    return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)
+                   if hasattr(x, "shape")))
