@@ -122,8 +122,10 @@ def test_full_config_eval_shape():
     n_ref = sum(p.numel() for p in ref.parameters())
     print(f"full VAE params: {n:,} (diffusers {n_ref:,})")
     assert n == n_ref
-    abstract = nnx.eval_shape(lambda: CogVideoXVAE(cfg, rngs=nnx.Rngs(0)))
-    out = jax.eval_shape(lambda z: abstract.decode(z), jax.ShapeDtypeStruct((1, 5, 16, 60, 90), np.float32))
-    assert out.shape == (1, 17, 480, 720, 3)
-    post = jax.eval_shape(lambda x: abstract.encode(x).mean, jax.ShapeDtypeStruct((1, 17, 480, 720, 3), np.float32))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: CogVideoXVAE(cfg, rngs=nnx.Rngs(0))))
+    z = jax.ShapeDtypeStruct((1, 5, 16, 60, 90), np.float32)
+    out = jax.eval_shape(lambda st, z: nnx.merge(graphdef, st).decode(z), state, z)
+    assert out.shape == (1, 17, 480, 720, 3) and out.dtype == np.float32
+    x = jax.ShapeDtypeStruct((1, 17, 480, 720, 3), np.float32)
+    post = jax.eval_shape(lambda st, x: nnx.merge(graphdef, st).encode(x).mean, state, x)
     assert post.shape == (1, 5, 16, 60, 90)
