@@ -92,25 +92,22 @@ def bench_dit(cfg, repeats, tmp):
 def bench_vae(cfg, repeats, tmp):
     from diffusers import AutoencoderKLCogVideoX
 
-    from animegamer_jax.convert import cogvideox_vae as vconv  # noqa: F401  (fails loudly if absent)
+    from animegamer_jax.convert import cogvideox_vae as vconv
+    from animegamer_jax.models.cogvideox_vae import VAEConfig, diffusers_plan
 
     v = cfg.vae
     torch.manual_seed(0)
-    tm = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, latent_channels=v.latent_channels,
-                                block_out_channels=tuple(v.block_out_channels), layers_per_block=v.layers_per_block,
-                                norm_num_groups=v.norm_num_groups, norm_eps=v.norm_eps,
-                                temporal_compression_ratio=v.temporal_compression_ratio,
-                                down_block_types=("CogVideoXDownBlock3D",) * len(v.block_out_channels),
-                                up_block_types=("CogVideoXUpBlock3D",) * len(v.block_out_channels),
-                                sample_height=cfg.data.height, sample_width=cfg.data.width).eval()
+    tm = AutoencoderKLCogVideoX(latent_channels=v.latent_channels, block_out_channels=tuple(v.block_out_channels),
+                                layers_per_block=v.layers_per_block, norm_num_groups=v.norm_num_groups).eval()
     tm.save_pretrained(os.path.join(tmp, "vae"))
-    ours = vconv.load_diffusers(os.path.join(tmp, "vae"), cfg.vae) if hasattr(vconv, "load_diffusers") else None
-    if ours is None:
-        raise RuntimeError("convert.cogvideox_vae has no load_diffusers(path, cfg.vae); VAE comparison skipped")
+    vcfg = VAEConfig.from_config(cfg.vae)
+    ours = vconv.build_vae(vcfg, vconv.diffusers_to_state(vconv.load_diffusers_state_dict(os.path.join(tmp, "vae")), vcfg))
     z = np.random.RandomState(0).randn(1, cfg.dit.num_latent_frames, v.latent_channels, cfg.dit.sample_height,
                                        cfg.dit.sample_width).astype(np.float32)
     graphdef, state = nnx.split(ours)
-    dec = jax.jit(lambda s, z: nnx.merge(graphdef, s).decode(z))
+    # diffusers' framewise plan (pairs of latents) so both sides compute the same GroupNorm chunks
+    plan = diffusers_plan(z.shape[1], 2)
+    dec = jax.jit(lambda s, z: nnx.merge(graphdef, s).decode(z, plan))
     t0 = time.perf_counter()
     out_j = np.asarray(jax.block_until_ready(dec(state, jnp.asarray(z))))
     compile_s = time.perf_counter() - t0

@@ -80,8 +80,9 @@ def play_benchmark(engine, bench: Benchmark, out_dir: str | None = None,
     Raises:
       KeyError: an unknown game id in ``games``.
     """
-    from animegamer_jax.game import writers
-    from animegamer_jax.game.engine import game_record
+    # the batch-generation path of ``python -m animegamer_jax.generate``: same grouping, same writer
+    from animegamer_jax.generate import batches
+    from animegamer_jax.play import save_game
 
     todo = list(bench.games)
     if games:
@@ -91,20 +92,17 @@ def play_benchmark(engine, bench: Benchmark, out_dir: str | None = None,
             raise KeyError(f"unknown game id(s) {unknown}; the benchmark has {sorted(known)}")
         todo = [g for g in todo if g.game_id in set(games)]
     played = []
-    bs = engine.batch_size
-    for i in range(0, len(todo), bs):
-        chunk = [g.to_game() for g in todo[i:i + bs]]
+    for chunk in batches([g.to_game() for g in todo], engine.batch_size):
         t0 = time.perf_counter()
         results = engine.play(chunk)
         log(f"played {', '.join(g.game_id for g in chunk)} ({sum(len(g.turns) for g in chunk)} turns) "
             f"in {time.perf_counter() - t0:.1f} s")
         for g, r in zip(chunk, results):
             if out_dir is not None:
-                record = game_record(engine.config, r, engine.system.label)
-                writers.write_game(out_dir, g.game_id, record, [t.frames for t in r["turns"]],
-                                   engine.config.game.fps, bool(engine.config.game.write_gif))
+                save_game(engine, r, out_dir)
             played.append(PlayedGame(g.game_id, r, len(chunk)))
-    return played
+    order = {g.game_id: i for i, g in enumerate(todo)}
+    return sorted(played, key=lambda p: order[p.game_id])
 
 
 def turn_results(bench: Benchmark, played: Sequence[PlayedGame]) -> dict[str, list[metrics.TurnResult]]:

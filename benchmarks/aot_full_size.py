@@ -1,0 +1,95 @@
+"""Full-size ahead-of-time compile of one game turn and the (a2) / (b) train steps on 8 fake CPU devices.
+
+    python benchmarks/aot_full_size.py                       # all pieces, paper config, 8 devices
+    python benchmarks/aot_full_size.py --pieces dit_sampling,train_a2_dit --devices 8
+
+Nothing is allocated: every parameter, optimizer moment, KV cache and input is a sharded
+``jax.ShapeDtypeStruct`` (benchmarks/turn_pieces.py with ``abstract=True``); each piece is lowered
+with ``jax.jit(...).lower`` under the config's mesh and logical rules and compiled by XLA:CPU for
+the fake devices. ``compiled.memory_analysis()`` then gives the per-device bytes of arguments,
+outputs, temporaries and aliased (donated) buffers; peak ~ arguments + outputs + temporaries -
+aliased. XLA:CPU schedules differently from XLA:GPU/TPU, so temporaries are indicative (the
+argument sizes, i.e. the sharded weights / moments / caches, are exact).
+
+The turn runs ``data-parallel size`` games at once (one per device slice, as ``generate`` does);
+train steps use ``train.global_batch_size``. Weights: inference bf16 with LoRA merged; training
+with the config's param dtype (DiT fp32 masters, MLLM bf16) and LoRA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+N_DEV = 8
+for i, a in enumerate(sys.argv):
+    if a == "--devices" and i + 1 < len(sys.argv):
+        N_DEV = int(sys.argv[i + 1])
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={N_DEV}"
+os.environ["JAX_PLATFORMS"] = "cpu"
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+
+
+def _gib(x: float) -> str:
+    return f"{x / 2**30:.2f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/animegamer_2b_7b.py")
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument("--pieces", default="", help="comma-separated subset (default: all turn and train pieces)")
+    ap.add_argument("--turn_batch", type=int, default=0, help="games per turn (default: data-parallel size)")
+    args = ap.parse_args(argv)
+
+    from animegamer_jax import parallel
+    from animegamer_jax.config import load_config
+    from benchmarks import turn_pieces as tp
+
+    assert jax.device_count() == args.devices, f"expected {args.devices} fake devices, got {jax.device_count()}"
+    cfg = load_config(args.config)
+    mesh = parallel.mesh_from_config(cfg)
+    rules = parallel.rules_from_config(cfg)
+    dp = parallel.data_parallel_size(mesh, rules)
+    batch = args.turn_batch or dp
+    b = tp.Builder(cfg, mesh, abstract=True)
+    names = [n for n in (args.pieces.split(",") if args.pieces else tp.TURN_PIECES + tp.TRAIN_PIECES) if n]
+    print(f"mesh {dict(mesh.shape)} on {jax.device_count()} fake CPU devices; config {cfg.name}; turn batch {batch}, "
+          f"train global batch {cfg.train.global_batch_size}", flush=True)
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            piece = (tp.make_turn_piece(cfg, b, name, batch=batch) if name in tp.TURN_PIECES
+                     else tp.make_train_piece(cfg, b, name))
+            lowered = tp.lower_piece(piece, b)
+            t1 = time.perf_counter()
+            compiled = lowered.compile()
+            t2 = time.perf_counter()
+            m = compiled.memory_analysis()
+            arg, out, tmp, alias = (m.argument_size_in_bytes, m.output_size_in_bytes, m.temp_size_in_bytes,
+                                    m.alias_size_in_bytes)
+            peak = arg + out + tmp - alias
+            total_args = tp.count_bytes(piece.args)
+            rows.append((name, piece.note, total_args, arg, out, tmp, alias, peak, t1 - t0, t2 - t1, "ok"))
+            print(f"{name}: lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, per-device peak {_gib(peak)} GiB "
+                  f"(args {_gib(arg)}, temp {_gib(tmp)})", flush=True)
+        except Exception as e:  # report and continue with the other pieces
+            msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:200]
+            rows.append((name, "", 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, 0.0, msg))
+            print(f"{name}: FAILED {msg}", flush=True)
+        b.modules.clear()
+    print(f"\n| piece | what | all args GiB (global) | per-device args GiB | outputs | temps | aliased | "
+          f"per-device peak GiB | lower s | compile s | status |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {_gib(r[2])} | {_gib(r[3])} | {_gib(r[4])} | {_gib(r[5])} | {_gib(r[6])} | "
+              f"**{_gib(r[7])}** | {r[8]:.1f} | {r[9]:.1f} | {r[10]} |")
+    return 0 if all(r[10] == "ok" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
