@@ -104,8 +104,13 @@ class Builder:
         graphdef, abs_state = nnx.split(abs_mod)
         shardings = parallel.param_shardings(abs_state, self.mesh, self.rules)
         if self.abstract:
-            state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                                 abs_state, shardings)
+            def sds(x, s):  # same helper as train/loop.py: keep the Variable, swap in a sharded shape
+                if isinstance(x, nnx.Variable):
+                    raw = x.get_raw_value()
+                    return x.replace(jax.ShapeDtypeStruct(raw.shape, raw.dtype, sharding=s))
+                return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+            state = jax.tree.map(sds, abs_state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
             return graphdef, state
         init = jax.jit(lambda: nnx.split(make())[1], out_shardings=shardings)
         with parallel.sharding_context(self.mesh, self.rules):
