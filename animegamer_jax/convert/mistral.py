@@ -303,3 +303,24 @@ def convert_hf_checkpoint(src: str, dst: str | None = None, **overrides: Any) ->
             json.dump({k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
                        for k, v in dataclasses.asdict(cfg).items()}, f, indent=1)
     return cfg, state
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: ``python -m animegamer_jax.convert.mistral SRC_HF_DIR DST [--param_dtype bfloat16] [--vocab_size N]``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="HF Mistral checkpoint -> orbax (animegamer-jax layout)")
+    p.add_argument("src", help="HF model directory (config.json + safetensors / pytorch_model.bin)")
+    p.add_argument("dst", help="output directory (orbax state in DST/params)")
+    p.add_argument("--param_dtype", default="bfloat16")
+    p.add_argument("--vocab_size", type=int, default=None, help="only for an already resized checkpoint")
+    a = p.parse_args(argv)
+    over: dict[str, Any] = {"param_dtype": a.param_dtype, "dtype": a.param_dtype}
+    if a.vocab_size:
+        over["vocab_size"] = a.vocab_size
+    cfg, _ = convert_hf_checkpoint(a.src, a.dst, **over)
+    print(f"wrote {a.dst}/params: {cfg}")
+
+
+if __name__ == "__main__":
+    main()
