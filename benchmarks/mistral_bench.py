@@ -71,7 +71,7 @@ def bench(name: str, prompt: int, steps: int, reps: int, window: int | None) -> 
 
     def torch_prefill():
         with torch.no_grad():
-            out = tm(torch.tensor(ids), past_key_values=DynamicCache(config=hc), use_cache=True)
+            out = tm(torch.tensor(ids), cache=DynamicCache(config=hc), use_cache=True)
         return out
 
     def torch_decode():
@@ -80,7 +80,7 @@ def bench(name: str, prompt: int, steps: int, reps: int, window: int | None) -> 
             cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             t = time.perf_counter()
             for _ in range(steps):
-                out = tm(tok, past_key_values=cache, use_cache=True)
+                out = tm(tok, cache=cache, use_cache=True)
                 cache, tok = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
             return (time.perf_counter() - t) / steps
 

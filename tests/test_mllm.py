@@ -269,3 +269,16 @@ def test_trainable_filter_includes_resamplers():
     assert "input_resampler.fc1.kernel" in names and "output_resampler.fc2.bias" in names
     assert "llm.layers.q_proj.lora_a" in names and "llm.layers.q_proj.kernel" not in names
     assert len(jax.tree.leaves(nnx.state(m, LoRAParam))) == 14
+
+
+def test_from_tiny_config_shapes():
+    from configs import tiny
+
+    c = tiny.get_config()
+    cfg = ml.MLLMConfig.from_config(c)
+    assert cfg.llm.attention_impl is None and cfg.num_queries == c.rep.num_text_tokens + c.rep.num_image_tokens
+    m = nnx.eval_shape(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
+    assert m.llm.layers.q_proj.kernel.shape == (c.mllm.num_layers, c.mllm.hidden_size, c.mllm.num_heads, c.mllm.head_dim)
+    assert m.llm.layers.gate_proj.lora_a.shape == (c.mllm.num_layers, c.mllm.hidden_size, c.mllm.lora_rank)
+    assert m.input_resampler.fc1.kernel.shape == (c.rep.dim, c.mllm.hidden_size)
+    assert m.output_resampler.fc2.kernel.shape == (c.rep.dim, c.rep.dim)
