@@ -257,3 +257,17 @@ def test_full_size_eval_shape_and_fsdp_shardings():
     assert info["unsharded_large"] == []  # no parameter of >= 16M elements replicated
     assert info["per_device_fraction"] < 0.14  # ~1/8 per fsdp device (LoRA B and norms replicated)
     assert "fsdp" in info["q_spec"]
+
+
+def test_load_state_dict_formats(window_pair, tmp_path):
+    """Sharded safetensors with index, pytorch_model.bin and a bare file all load the same tensors."""
+    tm, _ = window_pair
+    ref = {k: v.numpy() for k, v in tm.state_dict().items()}
+    tm.save_pretrained(str(tmp_path / "sharded"), max_shard_size="100KB")
+    assert os.path.exists(tmp_path / "sharded" / "model.safetensors.index.json")
+    torch.save(tm.state_dict(), tmp_path / "pytorch_model.bin")
+    for src in (str(tmp_path / "sharded"), str(tmp_path), str(tmp_path / "pytorch_model.bin")):
+        got = cm.load_state_dict(src)
+        assert sorted(got) == sorted(ref), src
+        for k in ref:
+            np.testing.assert_array_equal(got[k], ref[k], err_msg=f"{src}: {k}")

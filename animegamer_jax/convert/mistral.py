@@ -250,8 +250,7 @@ def fill_state(abstract: nnx.State, pure: Mapping[str, Any]) -> nnx.State:
             f"state does not match the model: missing {missing}; unexpected {extra}; mis-shaped {bad}"
         )
     leaves = {k: jnp.asarray(flat_pure[k], dtype=v.dtype) for k, v in want.items()}
-    state = jax.tree.map(lambda x: x, abstract)
-    flat = [(k, _replace(v, leaves[k])) for k, v in nnx.to_flat_state(state)]
+    flat = [(k, _replace(v, leaves[k])) for k, v in nnx.to_flat_state(abstract)]
     return nnx.from_flat_state(flat)
 
 
