@@ -191,11 +191,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.fps = 8.0  # frames sampled per second (17 frames ~ 2.1 s)
     c.data.clip_seconds = 2.0  # fixed segment length after scene cuts
     c.data.scene_threshold = 27.0  # PySceneDetect ContentDetector threshold
-    c.data.flow_threshold = 0.2  # r: background filter on normalized flow magnitude (see data/motion.py)
-    c.data.motion_bins = (0.5, 1.5, 3.0, 6.0)  # flow edges between levels 1|2|3|4|5 (px/frame at 480p)
+    c.data.flow_threshold = 0.2  # r: relative background filter (pixels < r * max |flow| dropped; data/motion.py)
+    # Scope edges between levels 1|2|3|4|5, in px per sampled frame at 480p (DIS flow): geometric
+    # midpoints of the release's per-level flow values 0.5, 2.5, 10, 15, 40 (see data/motion.py).
+    c.data.motion_bins = (1.118, 5.0, 12.247, 24.495)
     c.data.max_turns = 5  # multi-turn examples have 1..max_turns consecutive clips
     c.data.dataset_dir = "data/prepared/animegamer_samples"  # prepared ArrayRecord dataset
     c.data.num_workers = 0  # grain worker processes (0 = in-process)
+    c.data.shuffle_seed = 0  # grain index-sampler seed (shuffle order, multi-turn lengths)
 
     # ---- training (§8.2, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()

@@ -1,0 +1,48 @@
+"""Both configs load, have the paper numbers, and take command-line style overrides."""
+
+import pytest
+
+from animegamer_jax.config import ConfigError, load_config
+from configs import animegamer_2b_7b, tiny
+
+
+def test_full_config_has_paper_numbers():
+    c = animegamer_2b_7b.get_config()
+    assert c.mllm.vocab_size == 32284 and c.mllm.hidden_size == 4096 and c.mllm.num_layers == 32
+    assert (c.mllm.num_heads, c.mllm.num_kv_heads, c.mllm.head_dim) == (32, 8, 128)
+    assert (c.mllm.lora_rank, c.mllm.lora_alpha) == (32, 32.0)
+    assert c.rep.dim == 1920 and c.rep.num_text_tokens + c.rep.num_image_tokens == 226
+    assert (c.dit.hidden_size, c.dit.num_layers, c.dit.num_heads, c.dit.lora_rank) == (1920, 30, 30, 64)
+    assert c.vae.block_out_channels == (128, 256, 256, 512) and c.vae.scaling_factor == 1.15258426
+    assert (c.clip.vision_width, c.clip.patch_size, c.t5.d_model, c.t5.max_length) == (768, 16, 4096, 30)
+    assert c.diffusion.snr_shift_scale == 3.0 and c.dit.flow_table == (0.5, 2.5, 10.0, 15.0, 40.0)
+
+
+def test_tiny_keeps_structure_and_shrinks():
+    full, small = animegamer_2b_7b.get_config(), tiny.get_config()
+
+    def keys(c, prefix=""):
+        out = set()
+        for k, v in c.items():
+            out.add(prefix + k)
+            if hasattr(v, "items"):
+                out |= keys(v, prefix + k + ".")
+        return out
+
+    assert keys(full) == keys(small)
+    assert small.mllm.vocab_size == 32284  # real tokenizer at every size
+    assert small.dit.hidden_size < 128 and small.mllm.hidden_size < 128
+    assert small.shot_encoder.image_dim == small.clip.vision_width
+    assert small.shot_encoder.text_dim == small.t5.d_model
+    assert small.rep.num_image_tokens == (small.clip.image_size // small.clip.patch_size) ** 2
+
+
+def test_overrides_and_errors():
+    c = load_config("configs/tiny.py", ["train.phase=b", "mesh.shape=[2,-1,1,1]", "train.learning_rate=1"])
+    assert c.train.phase == "b" and c.mesh.shape == (2, -1, 1, 1) and c.train.learning_rate == 1.0
+    with pytest.raises(ConfigError, match="unknown config key 'train.phasee'"):
+        load_config("configs/tiny.py", ["train.phasee=b"])
+    with pytest.raises(ConfigError, match="expects int"):
+        load_config("configs/tiny.py", ["dit.num_layers=two"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/nope.py")

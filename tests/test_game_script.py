@@ -1,0 +1,88 @@
+"""Game-script parsing of good and bad files, with the error text asserted."""
+
+import json
+
+import pytest
+
+from animegamer_jax.game import script
+
+
+def _write(tmp_path, name, content, mode="w"):
+    p = tmp_path / name
+    if mode == "wb":
+        p.write_bytes(content)
+    else:
+        p.write_text(content, encoding="utf-8")
+    return str(p)
+
+
+def test_shipped_script_parses():
+    game = script.load_script("data/games/bunny.txt")
+    assert game.game_id == "bunny"
+    assert len(game.turns) == 4
+    t = game.turns[0]
+    assert t.characters == ("Bunny",) and t.motion == "slowly walk out of the burrow"
+    assert t.background == "day meadow"
+    assert t.text == "Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."
+
+
+def test_paper_example_and_multi_character():
+    t = script.parse_instruction("Character: Qiqi; Motion: gently fly on broomstick; Background: night sky.")
+    assert (t.characters, t.motion, t.background) == (("Qiqi",), "gently fly on broomstick", "night sky")
+    t2 = script.parse_instruction("character: Qiqi and Jiji;  background: day town ; Motion:  run")
+    assert t2.characters == ("Qiqi", "Jiji") and t2.motion == "run" and t2.background == "day town"
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("Character: Qiqi; Motion: run.", "missing field(s) Background"),
+    ("Character: Qiqi; Motion: run; Background: sky; Mood: happy", "unknown field 'Mood'"),
+    ("Character: Qiqi; Motion: ; Background: sky", "field 'Motion' is empty"),
+    ("Character: Qiqi; Motion: run; Motion: walk; Background: sky", "appears twice"),
+    ("Qiqi runs in the sky", "is not a 'Key: value' field"),
+])
+def test_bad_lines_name_file_line_and_fix(tmp_path, line, needle):
+    path = _write(tmp_path, "g.txt", "# comment\n\nCharacter: A; Motion: walk; Background: day.\n" + line + "\n")
+    with pytest.raises(script.GameScriptError) as e:
+        script.load_script(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:4: ")
+    assert needle in msg
+    assert "Fix:" in msg
+
+
+def test_empty_and_non_utf8_files(tmp_path):
+    empty = _write(tmp_path, "empty.txt", "# only a comment\n\n")
+    with pytest.raises(script.GameScriptError, match="has no instructions"):
+        script.load_script(empty)
+    bad = _write(tmp_path, "latin1.txt", "Character: A; Motion: walk; Background: day.\nCharacter: Ren\xe9e".encode("latin-1"), "wb")
+    with pytest.raises(script.GameScriptError, match=r"latin1\.txt:2: not valid UTF-8 .*Fix: save the file as UTF-8"):
+        script.load_script(bad)
+    with pytest.raises(script.GameScriptError, match="file not found"):
+        script.load_script(str(tmp_path / "missing.txt"))
+
+
+def test_jsonl_good_and_bad(tmp_path):
+    games = script.load_jsonl("data/games/demo.jsonl")
+    assert [g.game_id for g in games] == ["bunny-morning", "bunny-chase"]
+    assert games[0].seed == 1 and len(games[1].turns) == 2
+    assert games[1].turns[0].motion == "quickly chase a butterfly"
+
+    good = {"game_id": "g1", "turns": ["Character: A; Motion: walk; Background: day."]}
+    cases = [
+        ({**good, "extra": 1}, "unknown key(s) ['extra']"),
+        ({"turns": good["turns"]}, "missing key 'game_id'"),
+        ({**good, "turns": []}, "'turns' must be a non-empty list"),
+        ({**good, "seed": "x"}, "'seed' must be an integer"),
+        ({**good, "turns": [{"character": "A", "motion": "walk"}]}, "missing field(s) Background"),
+    ]
+    for obj, needle in cases:
+        path = _write(tmp_path, "b.jsonl", json.dumps(good | {"game_id": "g0"}) + "\n" + json.dumps(obj) + "\n")
+        with pytest.raises(script.GameScriptError) as e:
+            script.load_jsonl(path)
+        assert f"b.jsonl:2" in str(e.value) and needle in str(e.value), (needle, str(e.value))
+    dup = _write(tmp_path, "d.jsonl", json.dumps(good) + "\n" + json.dumps(good) + "\n")
+    with pytest.raises(script.GameScriptError, match="already used on line 1"):
+        script.load_jsonl(dup)
+    broken = _write(tmp_path, "x.jsonl", '{"game_id": "g1", "turns": [\n')
+    with pytest.raises(script.GameScriptError, match=r"x\.jsonl:1: invalid JSON"):
+        script.load_jsonl(broken)

@@ -1,0 +1,125 @@
+"""Mesh, logical sharding and multi-host start: 8 fake CPU devices and two local processes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from animegamer_jax import parallel
+from tests.subproc import ROOT, run_python
+
+
+def test_resolve_mesh_shape_and_errors():
+    assert parallel.resolve_mesh_shape((-1, 2, 1, 1), 8) == (4, 2, 1, 1)
+    assert parallel.resolve_mesh_shape((2, 2, 2, 1), 8) == (2, 2, 2, 1)
+    with pytest.raises(parallel.ShardingConfigError, match="does not divide the 8 devices"):
+        parallel.resolve_mesh_shape((-1, 3, 1, 1), 8)
+    with pytest.raises(parallel.ShardingConfigError, match="needs 4 devices but 8 are available"):
+        parallel.resolve_mesh_shape((2, 2, 1, 1), 8)
+    with pytest.raises(parallel.ShardingConfigError, match="at most one axis may be -1"):
+        parallel.resolve_mesh_shape((-1, -1, 1, 1), 8)
+
+
+def test_logical_to_spec_drops_reused_axes():
+    rules = (("act_batch", ("data", "fsdp")), ("act_length", "fsdp"), ("embed", "fsdp"), ("mlp", "tensor"))
+    spec = parallel.logical_to_spec(("act_batch", "act_length", None), rules)
+    assert tuple(spec) == (("data", "fsdp"), None, None)
+    assert tuple(parallel.logical_to_spec(("embed", "mlp", "unknown"), rules)) == ("fsdp", "tensor", None)
+
+
+@pytest.mark.multiprocess
+def test_sharded_jit_on_8_cpu_devices():
+    out = run_python("""
+        import json
+        import jax, jax.numpy as jnp, numpy as np
+        from flax import nnx
+        from animegamer_jax import parallel as P
+        from configs import tiny
+
+        class MLP(nnx.Module):
+            def __init__(self, rngs):
+                init = nnx.initializers.normal(0.5)
+                self.w1 = nnx.Param(nnx.with_partitioning(init, ("embed", "mlp"))(rngs.params(), (16, 32)))
+                self.w2 = nnx.Param(nnx.with_partitioning(init, ("mlp", "embed"))(rngs.params(), (32, 16)))
+            def __call__(self, x):
+                x = P.constrain(x, ("act_batch", "act_embed"))
+                h = P.constrain(jnp.tanh(x @ self.w1[...]), ("act_batch", "act_mlp"))
+                return P.constrain(h @ self.w2[...], ("act_batch", "act_embed"))
+
+        cfg = tiny.get_config(); cfg.mesh.shape = (2, 2, 2, 1)
+        mesh = P.mesh_from_config(cfg)
+        rules = P.rules_from_config(cfg)
+        model = P.create_sharded_model(lambda: MLP(nnx.Rngs(0)), mesh, rules)
+        x = np.random.RandomState(0).randn(8, 16).astype(np.float32)
+        xs = P.shard_batch({"x": x}, mesh, rules)["x"]
+        with P.sharding_context(mesh, rules):
+            y = nnx.jit(lambda m, x: m(x))(model, xs)
+        ref = MLP(nnx.Rngs(0))(x)
+        err = None
+        try:
+            P.shard_batch({"x": x[:6]}, mesh, rules)
+        except P.ShardingConfigError as e:
+            err = str(e)
+        print(json.dumps({
+            "devices": jax.device_count(), "mesh": dict(mesh.shape),
+            "w1": str(model.w1[...].sharding.spec), "x": str(xs.sharding.spec), "y": str(y.sharding.spec),
+            "shards": len(y.addressable_shards), "maxdiff": float(np.abs(np.asarray(y) - np.asarray(ref)).max()),
+            "err": err}))
+    """)
+    r = json.loads(out.strip().splitlines()[-1])
+    assert r["devices"] == 8 and r["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2, "context": 1}
+    assert r["w1"] == "P('fsdp', 'tensor')"
+    for name in ("x", "y"):  # batch split over data x fsdp, features replicated
+        assert r[name] in ("P(('data', 'fsdp'), None)", "P(('data', 'fsdp'),)"), r[name]
+    assert r["shards"] == 8
+    assert r["maxdiff"] < 1e-5
+    assert "global batch size 6 does not divide the 4 data-parallel shards" in r["err"]
+
+
+_WORKER = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from animegamer_jax import parallel as P
+pid, port = int(sys.argv[1]), int(sys.argv[2])
+assert P.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+mesh = P.make_mesh((-1, 1, 1, 1))
+# each process holds its half of the global batch [0..7]
+local = np.arange(4, dtype=np.float32) + 4 * pid
+sharding = P.batch_sharding(mesh, 1)
+garr = jax.make_array_from_process_local_data(sharding, local, (8,))
+total = jax.jit(jnp.sum, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(garr)
+print(json.dumps({"pid": jax.process_index(), "count": jax.process_count(), "devices": jax.device_count(),
+                  "sum": float(total)}))
+jax.distributed.shutdown()
+"""
+
+
+@pytest.mark.multiprocess
+def test_two_process_distributed_global_sum():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for i in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-4000:]
+    results = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+    assert [r["pid"] for r in results] == [0, 1]
+    for r in results:
+        assert r["count"] == 2 and r["devices"] == 4
+        assert r["sum"] == sum(range(8))
+
+
+def test_initialize_is_skipped_for_one_process(monkeypatch):
+    for k in ("JAX_NUM_PROCESSES", "SLURM_NTASKS", "TPU_WORKER_HOSTNAMES", "JAX_COORDINATOR_ADDRESS"):
+        monkeypatch.delenv(k, raising=False)
+    assert parallel.is_multiprocess_launch() is False
+    assert parallel.initialize() is False
+    assert parallel.is_multiprocess_launch({"JAX_NUM_PROCESSES": "4"}) is True
+    assert parallel.is_multiprocess_launch({"SLURM_NTASKS": "2", "SLURM_PROCID": "1"}) is True
