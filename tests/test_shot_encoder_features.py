@@ -20,6 +20,14 @@ from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5 import T5Config, T5Encoder
 from animegamer_jax.t5_tokenizer import T5Tokenizer
 
+def random_model(make, seed=0, scale=0.2):
+    """Module of ``make`` with N(0, scale) params from numpy: no per-op init compiles (CPU tests)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(make))
+    rng = np.random.default_rng(seed)
+    state = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, scale, s.shape), s.dtype), abstract)
+    return nnx.merge(graphdef, state)
+
+
 ACTIONS = ["softly talk", "run forward", "jump over the fence", "turn around", "sit down"]
 
 
@@ -62,8 +70,8 @@ def models():
     from configs import tiny
 
     cfg = tiny.get_config()
-    clip = CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0))
-    t5 = T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(1))
+    clip = random_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0)), 0)
+    t5 = random_model(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
     return clip, t5, T5Tokenizer(cfg.t5.spiece_model, cfg.t5.max_length)
 
 
