@@ -66,6 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.shot_encoder.text_dim = 4096  # T5-v1.1-XXL width (f_md)
     c.shot_encoder.image_dim = 768  # CLIP ViT-B/16 width (f_v)
     c.shot_encoder.layer_norm_eps = 1e-5  # txt/ip_mix_layer_norm eps (nn.LayerNorm default)
+    c.shot_encoder.dtype = "float32"  # E_a compute dtype (226 tokens: cheap; keeps MLLM regression targets exact)
 
     # ---- CLIP ViT-B/16 (OpenCLIP laion2b_s34b_b88k), frozen (§3.1) ----
     c.clip = ml_collections.ConfigDict()
@@ -144,7 +145,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.spatial_interpolation_scale = 1.875  # 3-D sin-cos position scale (h, w)
     c.dit.temporal_interpolation_scale = 1.0  # 3-D sin-cos position scale (t)
     c.dit.norm_eps = 1e-5  # block / final_layernorm eps (SAT default)
-    c.dit.qk_norm_eps = 1e-6  # q/k LayerNorm and final-layer norm eps
+    c.dit.qk_norm_eps = 1e-6  # q/k LayerNorm eps
+    c.dit.final_norm_eps = 1e-6  # final-layer norm_final eps (SAT 1e-6; diffusers uses 1e-5)
+    c.dit.text_length = 226  # conditioning tokens = rep.num_text_tokens + rep.num_image_tokens
+    c.dit.use_flow = True  # motion-scope (flow) embedding added to the timestep embedding (§4.3)
     c.dit.lora_rank = 64  # LoRA rank on attention (§4.6)
     c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (§4.6, UNCERTAIN upstream)
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
@@ -190,27 +194,38 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.fps = 8.0  # frames sampled per second (17 frames ~ 2.1 s)
     c.data.clip_seconds = 2.0  # fixed segment length after scene cuts
     c.data.scene_threshold = 27.0  # PySceneDetect ContentDetector threshold
-    c.data.flow_threshold = 0.2  # r: background filter on normalized flow magnitude (see data/motion.py)
-    c.data.motion_bins = (0.5, 1.5, 3.0, 6.0)  # flow edges between levels 1|2|3|4|5 (px/frame at 480p)
+    c.data.flow_threshold = 0.2  # r: relative background filter (pixels < r * max |flow| dropped; data/motion.py)
+    # Scope edges between levels 1|2|3|4|5, in px per sampled frame at 480p (DIS flow): geometric
+    # midpoints of the release's per-level flow values 0.5, 2.5, 10, 15, 40 (see data/motion.py).
+    c.data.motion_bins = (1.118, 5.0, 12.247, 24.495)
     c.data.max_turns = 5  # multi-turn examples have 1..max_turns consecutive clips
     c.data.dataset_dir = "data/prepared/animegamer_samples"  # prepared ArrayRecord dataset
     c.data.num_workers = 0  # grain worker processes (0 = in-process)
+    c.data.shuffle_seed = 0  # grain index-sampler seed (shuffle order, multi-turn lengths)
 
     # ---- training (§8.2, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
     c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation
-    c.train.global_batch_size = 16  # examples per step across all devices
-    c.train.grad_accum_steps = 1  # micro-batches per optimizer step
-    c.train.learning_rate = 2e-4  # peak LR (a1/a2: 2e-4; b and c: 5e-5)
-    c.train.warmup_steps = 500  # linear warm-up
-    c.train.num_steps = 80000  # steps (a1 10k, a2 80k, b 15k, c 10k)
+    c.train.global_batch_size = 16  # examples per optimizer step across all devices
+    c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)
+    c.train.learning_rate = 0.0  # peak LR; 0 = the paper's per phase (a1/a2 2e-4, b/c 5e-5)
+    c.train.warmup_steps = 500  # linear warm-up (optimizer steps)
+    c.train.num_steps = 0  # optimizer steps; 0 = the paper's per phase (a1 10k, a2 80k, b 15k, c 10k)
+    c.train.end_lr_factor = 0.0  # cosine decays to peak * this
+    c.train.adam_b1 = 0.9  # AdamW beta1
+    c.train.adam_b2 = 0.999  # AdamW beta2
+    c.train.adam_eps = 1e-8  # AdamW epsilon
     c.train.weight_decay = 0.0  # AdamW decay
-    c.train.grad_clip = 1.0  # global-norm clip
+    c.train.grad_clip = 1.0  # global-norm clip (0 = off)
     c.train.log_every = 50  # steps between TensorBoard summaries
     c.train.checkpoint_every = 1000  # steps between checkpoints
     c.train.keep_checkpoints = 3  # checkpoints kept
+    c.train.async_checkpoint = True  # orbax async saves (training continues while writing)
     c.train.sample_every = 5000  # steps between sample videos (0 = never)
-    c.train.init_checkpoint = ""  # converted weights (system checkpoint dir) to start from
+    c.train.init_checkpoint = ""  # system checkpoint dir (converted weights or an earlier phase) to start from
+    c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
+    c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
+    c.train.progress = True  # tqdm progress bar with ETA on process 0
 
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()

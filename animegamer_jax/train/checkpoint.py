@@ -1,0 +1,108 @@
+"""Training checkpoints: orbax ``CheckpointManager`` (async, keep N, atomic) of model + optimizer +
+step + data-iterator state, restorable onto any mesh.
+
+Layout of ``WORKDIR/checkpoints/<step>/``:
+  ``state/``   the pure nested dict of ``nnx.state((model, optimizer))`` (params, LoRA factors,
+               optimizer moments and counters), one orbax PyTree item, sharded as in memory;
+  ``data/``    the Grain iterator state, one JSON file per process (``grain.checkpoint``);
+  ``meta/``    JSON: step, phase, config name, last loss.
+A step directory only appears once every item is written (orbax's atomic rename), so a run killed
+mid-save resumes from the previous complete step. Restore targets are abstract arrays carrying the
+*current* mesh's shardings (from the logical annotations), so a checkpoint written on 8 devices
+restores onto 1 and vice versa.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import grain
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+
+def _pure(state: Any) -> Any:
+    return state.to_pure_dict() if isinstance(state, nnx.State) else state
+
+
+def _is_grain_iterator(it: Any) -> bool:
+    return isinstance(it, (grain.DatasetIterator, grain.DataLoaderIterator))
+
+
+class CheckpointManager:
+    """Thin wrapper of ``ocp.CheckpointManager`` with the items above.
+
+    Args:
+      directory: checkpoint root (``WORKDIR/checkpoints``); created.
+      max_to_keep: newest checkpoints kept (older ones deleted after a successful save).
+      async_save: write in a background thread (``wait()`` blocks until written).
+    """
+
+    def __init__(self, directory: str, max_to_keep: int = 3, async_save: bool = True):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
+        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+
+    def latest_step(self) -> int | None:
+        """Newest complete checkpoint step, or None."""
+        return self._mngr.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._mngr.all_steps())
+
+    def save(self, step: int, state: nnx.State, data_iterator: Any = None, meta: dict | None = None,
+             *, force: bool = False) -> bool:
+        """Starts saving ``state`` (and the iterator state, positioned at the next batch) at ``step``.
+
+        Every process must call this. Returns whether a save was started.
+        """
+        items = {"state": ocp.args.PyTreeSave(_pure(state)),
+                 "meta": ocp.args.JsonSave(dict(meta or {}, step=int(step)))}
+        if data_iterator is not None:
+            items["data"] = _iterator_save_args(data_iterator)
+        return self._mngr.save(int(step), args=ocp.args.Composite(**items), force=force)
+
+    def restore(self, step: int, abstract_state: nnx.State, data_iterator: Any = None) -> tuple[nnx.State, dict]:
+        """Restores ``(state, meta)`` at ``step`` into ``abstract_state``'s shapes, dtypes and shardings.
+
+        Args:
+          step: a step from :meth:`all_steps`.
+          abstract_state: ``nnx.State`` whose leaves are ``jax.ShapeDtypeStruct`` with shardings
+            (:meth:`animegamer_jax.train.loop.Trainer.abstract_state`).
+          data_iterator: a fresh iterator of the identically built loader; its state is set in place.
+        """
+        target = _pure(abstract_state)
+        restore_args = jax.tree.map(
+            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
+        items = {"state": ocp.args.PyTreeRestore(item=target, restore_args=restore_args),
+                 "meta": ocp.args.JsonRestore()}
+        if data_iterator is not None:
+            items["data"] = _iterator_restore_args(data_iterator)
+        out = self._mngr.restore(int(step), args=ocp.args.Composite(**items))
+        state = jax.tree.map(lambda x: x, abstract_state)
+        state.replace_by_pure_dict(out["state"])
+        return state, dict(out["meta"])
+
+    def wait(self) -> None:
+        """Blocks until pending async saves are on disk."""
+        self._mngr.wait_until_finished()
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+
+def _iterator_save_args(it: Any) -> Any:
+    if _is_grain_iterator(it):
+        return grain.checkpoint.CheckpointSave(it)
+    raise TypeError(f"cannot checkpoint a data iterator of type {type(it).__name__}; use a grain iterator "
+                    f"(grain.MapDataset / grain.DataLoader) or pass data_iterator=None")
+
+
+def _iterator_restore_args(it: Any) -> Any:
+    if _is_grain_iterator(it):
+        return grain.checkpoint.CheckpointRestore(it)
+    raise TypeError(f"cannot restore a data iterator of type {type(it).__name__}")

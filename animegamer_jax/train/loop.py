@@ -1,0 +1,314 @@
+"""Generic sharded, resumable training loop (knows no model; phases.py plugs the models in).
+
+:class:`Trainer` owns one jitted train step: ``(state, batch, step) -> (state, metrics)`` where
+``state = nnx.state((model, nnx.Optimizer(model, tx, wrt=trainable)))``. Only the ``trainable``
+filter's variables get gradients and optimizer moments; frozen weights pass through the step
+unchanged (donated, so no copy). In/out shardings come from the logical annotations
+(``parallel.param_shardings``), the batch is split over the data axes (``act_batch``), metrics are
+replicated scalars. Parameters are born sharded (jitted init with ``out_shardings``).
+
+:func:`fit` runs the step with orbax checkpoints (model + optimizer + step + Grain iterator state),
+resumes from the latest one, stops on a non-finite loss keeping the last good checkpoint, and
+writes TensorBoard summaries (loss, lr, grad norm, throughput, MFU) and a tqdm progress bar with
+ETA. Determinism: the step's PRNG key is ``fold_in(key(seed), step)``, so a resumed run draws the
+same noise as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from animegamer_jax import parallel
+from animegamer_jax.train import checkpoint as ckpt_lib
+from animegamer_jax.train import metrics as metrics_lib
+
+LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or inf; the message names the step and the last good checkpoint."""
+
+
+def _abstract(x: Any, sharding: Any) -> Any:
+    if isinstance(x, nnx.Variable):
+        raw = x.get_raw_value()
+        return x.replace(jax.ShapeDtypeStruct(raw.shape, raw.dtype, sharding=sharding))
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
+
+class Trainer:
+    """One phase's jitted, sharded train step.
+
+    Args:
+      model_fn: builds the (possibly composite) model, e.g. ``lambda: PhaseModel(cfg, rngs=nnx.Rngs(0))``.
+      loss_fn: ``loss_fn(model, batch, rng) -> (scalar loss, {name: scalar})``, traced inside jit;
+        ``batch`` holds device arrays with a leading global-batch dimension.
+      tx: optax transformation (``optim.make_optimizer``).
+      trainable: NNX filter selecting trained variables (e.g. ``nnx.All(nnx.Param, lora_filter)``).
+      mesh, rules: device mesh and logical axis rules.
+      schedule: LR schedule, only for the ``lr`` metric (evaluated at the optimizer-update count).
+      grad_accum_steps: micro-batches per optimizer update (the tx must be ``optax.MultiSteps``).
+      seed: base of the per-step PRNG keys.
+    """
+
+    def __init__(self, model_fn: Callable[[], nnx.Module], loss_fn: LossFn, tx: optax.GradientTransformation,
+                 trainable: Any, mesh: Mesh, rules: parallel.mesh.LogicalRules = parallel.DEFAULT_RULES, *,
+                 schedule: optax.Schedule | None = None, grad_accum_steps: int = 1, seed: int = 0):
+        self.model_fn, self.loss_fn, self.tx, self.trainable = model_fn, loss_fn, tx, trainable
+        self.mesh, self.rules = mesh, tuple(rules)
+        self.schedule, self.grad_accum_steps, self.seed = schedule, int(grad_accum_steps), int(seed)
+
+        def init_fn() -> tuple[nnx.Module, nnx.Optimizer]:
+            model = model_fn()
+            return model, nnx.Optimizer(model, tx, wrt=trainable)
+
+        self._init_fn = init_fn
+        with parallel.sharding_context(mesh, self.rules):
+            abstract = nnx.eval_shape(init_fn)
+        self.graphdef, abs_state = nnx.split(abstract)
+        self.state_shardings = parallel.param_shardings(abs_state, mesh, self.rules)
+        self._abstract_state = jax.tree.map(_abstract, abs_state, self.state_shardings,
+                                            is_leaf=lambda x: isinstance(x, nnx.Variable))
+        self.replicated = NamedSharding(mesh, PartitionSpec())
+        self._compiled: dict[Any, Any] = {}
+        self.flops_per_step: float | None = None
+
+    # ---- state ----
+    def abstract_state(self) -> nnx.State:
+        """``nnx.State`` of ShapeDtypeStructs with the target shardings (orbax restore target)."""
+        return self._abstract_state
+
+    def init(self) -> nnx.State:
+        """Fresh sharded train state (model init + zero optimizer state), every array born sharded."""
+        init = jax.jit(lambda: nnx.state(self._init_fn()), out_shardings=self.state_shardings)
+        with parallel.sharding_context(self.mesh, self.rules):
+            return init()
+
+    def split(self, state: nnx.State) -> tuple[nnx.Module, nnx.Optimizer]:
+        """``(model, optimizer)`` views of a train state."""
+        return nnx.merge(self.graphdef, state)
+
+    def model_state(self, state: nnx.State) -> nnx.State:
+        """The model part of a train state (index 0 of the ``(model, optimizer)`` pair)."""
+        return state[0]
+
+    def num_trainable(self) -> tuple[int, int]:
+        """(trainable, total) parameter counts of the model."""
+        model_state = self._abstract_state[0]
+        total = sum(math.prod(x.shape) for x in jax.tree.leaves(model_state))
+        trained = nnx.filter_state(model_state, self.trainable)
+        return sum(math.prod(x.shape) for x in jax.tree.leaves(trained)), total
+
+    # ---- batch placement ----
+    def batch_shardings(self, batch: Any) -> Any:
+        return jax.tree.map(
+            lambda x: parallel.batch_sharding(self.mesh, np.ndim(x), self.rules) if np.ndim(x) else self.replicated,
+            batch)
+
+    def put_batch(self, batch: Mapping[str, Any]) -> Any:
+        """Host batch -> global device arrays split over the data axes.
+
+        One process: ``batch`` is the global batch. Several processes: each passes its local rows
+        (global / process_count) and they are stitched with ``make_array_from_process_local_data``.
+
+        Raises:
+          parallel.ShardingConfigError: the global batch does not divide the data-parallel shards.
+        """
+        if jax.process_count() == 1:
+            return parallel.shard_batch(batch, self.mesh, self.rules)
+        n = jax.process_count()
+
+        def put(x: Any) -> jax.Array:
+            x = np.asarray(x)
+            if x.ndim == 0:
+                return jax.make_array_from_process_local_data(self.replicated, x)
+            global_shape = (x.shape[0] * n,) + x.shape[1:]
+            parallel.check_global_batch(global_shape[0], self.mesh, self.rules)
+            return jax.make_array_from_process_local_data(
+                parallel.batch_sharding(self.mesh, x.ndim, self.rules), x, global_shape)
+
+        return jax.tree.map(put, batch)
+
+    # ---- the step ----
+    def _step_fn(self, state: nnx.State, batch: Any, step: jax.Array) -> tuple[nnx.State, dict]:
+        model, opt = nnx.merge(self.graphdef, state)
+        rng = jax.random.fold_in(jax.random.key(self.seed), step)
+
+        def loss_of(m: nnx.Module) -> tuple[jax.Array, Mapping[str, jax.Array]]:
+            return self.loss_fn(m, batch, rng)
+
+        (loss, aux), grads = nnx.value_and_grad(loss_of, argnums=nnx.DiffState(0, self.trainable),
+                                                has_aux=True)(model)
+        grad_norm = optax.global_norm(grads)
+        opt.update(model, grads)
+        metrics = {"loss": loss.astype(jnp.float32), "grad_norm": grad_norm.astype(jnp.float32)}
+        if self.schedule is not None:
+            metrics["lr"] = jnp.asarray(self.schedule(step // self.grad_accum_steps), jnp.float32)
+        metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in aux.items()})
+        return nnx.state((model, opt)), metrics
+
+    def lower(self, state: Any, batch: Any, step: Any = None) -> Any:
+        """``jax.jit(...).lower`` of the step on (possibly abstract) ``state`` and ``batch``."""
+        step = jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated) if step is None else step
+        jitted = jax.jit(self._step_fn, in_shardings=(self.state_shardings, self.batch_shardings(batch),
+                                                      self.replicated),
+                         out_shardings=(self.state_shardings, self.replicated), donate_argnums=(0,))
+        with parallel.sharding_context(self.mesh, self.rules):
+            return jitted.lower(state, batch, step)
+
+    def step(self, state: nnx.State, batch: Any, step: int) -> tuple[nnx.State, dict]:
+        """Runs one micro-step (compiles on first use per batch shape). ``state`` is donated."""
+        key = tuple((k, x.shape, x.dtype) for k, x in sorted(batch.items()))
+        if key not in self._compiled:
+            compiled = self.lower(self._abstract_state, batch).compile()
+            self._compiled[key] = compiled
+            self.flops_per_step = metrics_lib.compiled_flops(compiled)
+        step_arr = jax.device_put(jnp.asarray(step, jnp.int32), self.replicated)
+        with parallel.sharding_context(self.mesh, self.rules):
+            return self._compiled[key](state, batch, step_arr)
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What :func:`fit` hands back: the final state, per-step losses and the steps it ran."""
+
+    state: nnx.State
+    losses: dict[int, float]
+    start_step: int
+    end_step: int
+    checkpoint_dir: str
+
+
+def fit(
+    trainer: Trainer,
+    data: Iterator[Mapping[str, Any]],
+    *,
+    num_steps: int,
+    workdir: str,
+    global_batch_size: int,
+    checkpoint_every: int = 1000,
+    keep_checkpoints: int = 3,
+    async_checkpoint: bool = True,
+    log_every: int = 50,
+    batch_fn: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None,
+    init_state: Callable[[], nnx.State] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    stop_after: int | None = None,
+    progress: bool = True,
+    peak_tflops_per_device: float = 0.0,
+    hooks: tuple[Callable[[int, nnx.State], None], ...] = (),
+) -> FitResult:
+    """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
+
+    Args:
+      trainer: the phase's :class:`Trainer`.
+      data: an endless iterator of host batches (process-local rows); a Grain iterator is
+        checkpointed and restored with the model.
+      num_steps: total micro-steps (optimizer updates x grad_accum_steps).
+      workdir: run directory (``checkpoints/``, ``tensorboard/``).
+      global_batch_size: examples per micro-step across all processes; checked against the mesh
+        before anything is compiled.
+      checkpoint_every: save every N steps (and at the end).
+      log_every: write averaged metrics every N steps.
+      batch_fn: host-side transform of each batch (e.g. dropping string fields).
+      init_state: builds the fresh state when there is no checkpoint (default ``trainer.init``).
+      meta: JSON-able fields saved with every checkpoint.
+      stop_after: return after this step (a simulated kill; the checkpoint at it is written).
+      hooks: ``hook(step, state)`` called after every step (e.g. periodic sample videos).
+
+    Returns:
+      :class:`FitResult`.
+
+    Raises:
+      parallel.ShardingConfigError: ``global_batch_size`` does not divide the data axes.
+      NonFiniteLossError: NaN/inf loss; no checkpoint is written for that step, so the newest
+        checkpoint on disk is the last good one.
+    """
+    parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
+    ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    mngr = ckpt_lib.CheckpointManager(ckpt_dir, max_to_keep=keep_checkpoints, async_save=async_checkpoint)
+    checkpointable = ckpt_lib._is_grain_iterator(data)
+    writer = metrics_lib.SummaryWriter(os.path.join(os.path.abspath(workdir), "tensorboard"))
+    losses: dict[int, float] = {}
+    try:
+        latest = mngr.latest_step()
+        if latest is not None:
+            state, _ = mngr.restore(latest, trainer.abstract_state(), data if checkpointable else None)
+            start = int(latest)
+            logging.info("resumed from %s at step %d", ckpt_dir, start)
+        else:
+            state = (init_state or trainer.init)()
+            start = 0
+        end = num_steps if stop_after is None else min(num_steps, int(stop_after))
+        averager = metrics_lib.MetricAverager()
+        peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
+        bar = _progress(progress, num_steps, start)
+        t_last, steps_since = None, 0
+        for step in range(start, end):
+            batch = next(data)
+            if batch_fn is not None:
+                batch = batch_fn(batch)
+            batch = trainer.put_batch(batch)
+            state, m = trainer.step(state, batch, step)
+            m = jax.device_get(m)
+            loss = float(m["loss"])
+            if not math.isfinite(loss):
+                mngr.wait()
+                raise NonFiniteLossError(
+                    f"loss is {loss} at step {step + 1}; stopped without saving it. The last good "
+                    f"checkpoint is step {mngr.latest_step()} in {ckpt_dir}; restart resumes from it "
+                    f"(lower train.learning_rate or check the data).")
+            losses[step + 1] = loss
+            averager.update(m)
+            now = time.perf_counter()
+            if t_last is None:  # the first step of a run includes compilation
+                t_last, steps_since = now, 0
+            else:
+                steps_since += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}")
+            if (step + 1) % log_every == 0 or step + 1 == end:
+                scalars = averager.compute_and_reset()
+                if steps_since:
+                    dt = (now - t_last) / steps_since
+                    scalars["steps_per_second"] = 1.0 / dt
+                    scalars["examples_per_second"] = global_batch_size / dt
+                    if trainer.flops_per_step and peak:
+                        scalars["mfu"] = trainer.flops_per_step / (dt * peak)
+                    t_last, steps_since = now, 0
+                writer.write_scalars(step + 1, scalars)
+                logging.info("step %d: %s", step + 1, ", ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())))
+            for hook in hooks:
+                hook(step + 1, state)
+            if (step + 1) % checkpoint_every == 0 or step + 1 == end:
+                mngr.save(step + 1, state, data if checkpointable else None,
+                          dict(meta or {}, loss=loss), force=True)
+        if bar is not None:
+            bar.close()
+        mngr.wait()
+        return FitResult(state=state, losses=losses, start_step=start, end_step=end, checkpoint_dir=ckpt_dir)
+    finally:
+        mngr.close()
+        writer.close()
+
+
+def _progress(enabled: bool, total: int, initial: int) -> Any:
+    if not enabled or jax.process_index() != 0:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)

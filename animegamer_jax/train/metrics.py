@@ -1,0 +1,135 @@
+"""Training observability: clu metric averages, TensorBoard summaries, throughput and MFU.
+
+Decision (environment.md, clu trap): ``clu.metric_writers`` imports TensorFlow, which we do not
+install, so summaries are written with ``tensorboardX`` (pure Python, same event format; open with
+``tensorboard --logdir WORKDIR/tensorboard``). ``clu.metrics`` (no TF) averages the per-step scalars
+between summaries. Only process 0 writes.
+
+MFU = (compiled FLOPs of one train step per device) / (step seconds x peak FLOP/s per device). The
+FLOPs come from XLA's cost analysis of the compiled step (forward + backward + update, including
+rematerialization, so it slightly overstates "model" FLOPs); the peak comes from
+``config.train.peak_tflops_per_device`` or the device kind (dense bf16 figures); unknown kinds
+(CPU) report no MFU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from clu import metrics as clu_metrics
+
+#: dense bf16 peak TFLOP/s per device (vendor figures) by substring of ``device.device_kind``
+PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
+    ("v6", 918.0), ("v5p", 459.0), ("v5 lite", 197.0), ("v5e", 197.0), ("v4", 275.0), ("v3", 123.0),
+    ("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0),
+)
+
+
+def peak_flops_per_device(configured_tflops: float = 0.0, device: jax.Device | None = None) -> float | None:
+    """Peak FLOP/s of one device: the configured value if > 0, else looked up by device kind, else None."""
+    if configured_tflops > 0:
+        return configured_tflops * 1e12
+    kind = (device or jax.devices()[0]).device_kind
+    for key, tflops in PEAK_TFLOPS:
+        if key.lower() in kind.lower():
+            return tflops * 1e12
+    return None
+
+
+def compiled_flops(compiled: Any) -> float | None:
+    """FLOPs of one call of a compiled XLA executable per device (None when XLA gives none)."""
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # some backends do not implement it
+        return None
+    if isinstance(cost, Sequence) and cost and not isinstance(cost, Mapping):
+        cost = cost[0]
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+
+def make_collection(names: Sequence[str]) -> type[clu_metrics.Collection]:
+    """A clu ``Collection`` averaging every named scalar (``Average.from_output(name)``)."""
+    return clu_metrics.Collection.create(**{n: clu_metrics.Average.from_output(n) for n in names})
+
+
+class MetricAverager:
+    """Accumulates per-step scalar dicts with clu ``Average`` metrics and hands out their means."""
+
+    def __init__(self):
+        self._coll = None
+        self._cls = None
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        values = {k: np.asarray(v, np.float32) for k, v in values.items()}
+        if self._cls is None:
+            self._cls = make_collection(sorted(values))
+        single = self._cls.single_from_model_output(**values)
+        self._coll = single if self._coll is None else self._coll.merge(single)
+
+    def compute_and_reset(self) -> dict[str, float]:
+        if self._coll is None:
+            return {}
+        out = {k: float(v) for k, v in self._coll.compute().items()}
+        self._coll = None
+        return out
+
+
+class SummaryWriter:
+    """TensorBoard scalars (and optional videos as files) under ``logdir``; no-op on processes != 0."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._writer = None
+        if jax.process_index() == 0:
+            from tensorboardX import SummaryWriter as _TBWriter
+
+            os.makedirs(logdir, exist_ok=True)
+            self._writer = _TBWriter(logdir=logdir)
+
+    def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
+        if self._writer is None:
+            return
+        for k, v in scalars.items():
+            self._writer.add_scalar(k, float(v), global_step=int(step))
+        self._writer.flush()
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        if self._writer is not None:
+            self._writer.add_text(tag, text, global_step=int(step))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
+    """All scalars of the event files under ``logdir`` as ``{tag: [(step, value), ...]}``.
+
+    Parses the TFRecord framing (u64 length, u32 crc, payload, u32 crc) with tensorboardX's
+    ``Event`` proto, so no TensorFlow / tensorboard install is needed (for tests and tools).
+    """
+    import struct
+
+    from tensorboardX.proto import event_pb2
+
+    out: dict[str, list[tuple[int, float]]] = {}
+    for name in sorted(os.listdir(logdir)):
+        if "tfevents" not in name:
+            continue
+        with open(os.path.join(logdir, name), "rb") as f:
+            data = f.read()
+        pos = 0
+        while pos + 12 <= len(data):
+            (length,) = struct.unpack("<Q", data[pos:pos + 8])
+            payload = data[pos + 12:pos + 12 + length]
+            pos += 12 + length + 4
+            event = event_pb2.Event.FromString(payload)
+            for v in event.summary.value:
+                if v.HasField("simple_value"):
+                    out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
+    return out

@@ -1,0 +1,305 @@
+"""One orbax checkpoint directory holding a whole AnimeGamer system (design.md "One checkpoint
+directory for a whole system").
+
+Layout (an orbax composite checkpoint, written atomically by ``ocp.Checkpointer``)::
+
+    DIR/
+      _CHECKPOINT_METADATA          orbax bookkeeping
+      config/metadata               the ml_collections config used to build every component (JSON)
+      manifest/metadata             {"components": [...], "param_counts": {...}, "format": 1} (JSON)
+      mllm/ dit/ vae/ shot_encoder/ clip/ t5/
+                                    one orbax PyTree item per component: ``nnx.state(module)``
+                                    as a pure nested dict of arrays (every Variable kind: params,
+                                    LoRA factors, norms; no RNG state)
+
+Components present are those passed to :func:`save_system`; any subset may be saved or loaded
+(e.g. a decoder-only checkpoint after phase a2). Converters and the training loop write the same
+layout; the game engine reads it with :func:`load_system`, on any mesh (arrays are restored
+straight into the target shardings computed from the logical annotations, so a checkpoint saved on
+8 devices loads on 1 and vice versa).
+
+How a component is rebuilt: ``COMPONENT_BUILDERS[name](config, rngs) -> nnx.Module`` builds an
+empty module of the right shapes from the config (only its abstract shape is ever evaluated, with
+``nnx.eval_shape``); pass ``builders=`` to override or add kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from animegamer_jax import parallel
+
+COMPONENTS: tuple[str, ...] = ("mllm", "dit", "vae", "shot_encoder", "clip", "t5")
+FORMAT_VERSION = 1
+
+Builder = Callable[[ml_collections.ConfigDict, nnx.Rngs], nnx.Module]
+
+
+class SystemCheckpointError(ValueError):
+    """A system checkpoint that is missing, incomplete, or does not match the requested config."""
+
+
+def _import(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    mod = __import__(module, fromlist=[attr])
+    return getattr(mod, attr)
+
+
+def _build_mllm(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    return _import("animegamer_jax.models.mllm:GameStateMLLM").from_config(config, rngs=rngs)
+
+
+def _build_dit(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    return _import("animegamer_jax.models.cogvideox_dit:CogVideoXDiT").from_config(config, rngs=rngs)
+
+
+def _build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    return _import("animegamer_jax.models.cogvideox_vae:CogVideoXVAE").from_config(config, rngs=rngs)
+
+
+def _build_shot_encoder(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    return _import("animegamer_jax.models.shot_encoder:ShotEncoder").from_config(config, rngs=rngs)
+
+
+def _build_clip(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    return _import("animegamer_jax.models.clip:CLIPVision").from_config(config, rngs=rngs)
+
+
+def _build_t5(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    return _import("animegamer_jax.models.t5:T5Encoder").from_config(config, rngs=rngs)
+
+
+#: component name -> builder(config, rngs) -> module (full config in, each builder picks its sections)
+COMPONENT_BUILDERS: dict[str, Builder] = {
+    "mllm": _build_mllm,
+    "dit": _build_dit,
+    "vae": _build_vae,
+    "shot_encoder": _build_shot_encoder,
+    "clip": _build_clip,
+    "t5": _build_t5,
+}
+
+
+def config_to_json(config: ml_collections.ConfigDict) -> dict:
+    """JSON-safe dict of a config; tuples become lists (restored to tuples by :func:`config_from_json`)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def config_from_json(d: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """Inverse of :func:`config_to_json`: lists become tuples again (every list field of ours is a tuple)."""
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return ml_collections.ConfigDict({k: fix(x) for k, x in v.items()})
+        if isinstance(v, list):
+            return tuple(fix(x) for x in v)
+        return v
+
+    return fix(dict(d))
+
+
+def count_params(state: Any) -> int:
+    """Number of scalars in every array leaf of an NNX state (abstract or concrete)."""
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state) if hasattr(x, "shape")))
+
+
+def _pure(module_or_state: Any) -> dict:
+    state = nnx.state(module_or_state) if isinstance(module_or_state, nnx.Module) else module_or_state
+    state = nnx.filter_state(state, nnx.Not(nnx.RngState)) if isinstance(state, nnx.State) else state
+    return state.to_pure_dict() if isinstance(state, nnx.State) else state
+
+
+def save_system(
+    directory: str,
+    components: Mapping[str, nnx.Module | nnx.State],
+    config: ml_collections.ConfigDict,
+    *,
+    force: bool = False,
+) -> str:
+    """Writes a system checkpoint (one orbax item per component, plus the config and a manifest).
+
+    Args:
+      directory: target directory (absolute or relative; created; must not exist unless ``force``).
+      components: name -> module (or its ``nnx.State``); names from :data:`COMPONENTS` or any
+        name that has a builder at load time. Arrays may live on any mesh; every process calls this
+        (orbax writes each shard once).
+      config: the config every component was built from (saved as JSON).
+      force: overwrite an existing checkpoint.
+
+    Returns:
+      The absolute directory path.
+
+    Raises:
+      SystemCheckpointError: empty ``components``, or the directory exists and ``force`` is False.
+    """
+    if not components:
+        raise SystemCheckpointError("save_system: no components given")
+    directory = os.path.abspath(directory)
+    if os.path.exists(directory) and not force:
+        raise SystemCheckpointError(f"system checkpoint {directory} exists; pass force=True to overwrite")
+    items: dict[str, Any] = {}
+    counts = {}
+    for name, comp in components.items():
+        pure = _pure(comp)
+        counts[name] = count_params(pure)
+        items[name] = ocp.args.PyTreeSave(pure)
+    items["config"] = ocp.args.JsonSave(config_to_json(config))
+    items["manifest"] = ocp.args.JsonSave(
+        {"format": FORMAT_VERSION, "components": sorted(components), "param_counts": counts})
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+        ckptr.save(directory, ocp.args.Composite(**items), force=force)
+    return directory
+
+
+def read_manifest(directory: str) -> dict:
+    """The manifest of a system checkpoint: ``{"format", "components", "param_counts"}``.
+
+    Raises:
+      SystemCheckpointError: no checkpoint (or no manifest) at ``directory``.
+    """
+    path = os.path.join(os.path.abspath(directory), "manifest", "metadata")
+    if not os.path.exists(path):
+        raise SystemCheckpointError(f"{directory} is not a system checkpoint (no manifest/metadata); "
+                                    f"write one with save_system or `python -m animegamer_jax.train ...`")
+    with open(path) as f:
+        return json.load(f)
+
+
+def load_config(directory: str) -> ml_collections.ConfigDict:
+    """The config saved in a system checkpoint."""
+    path = os.path.join(os.path.abspath(directory), "config", "metadata")
+    if not os.path.exists(path):
+        raise SystemCheckpointError(f"{directory}: no saved config (config/metadata)")
+    with open(path) as f:
+        return config_from_json(json.load(f))
+
+
+def abstract_component(
+    name: str,
+    config: ml_collections.ConfigDict,
+    mesh: Mesh,
+    rules: parallel.mesh.LogicalRules = parallel.DEFAULT_RULES,
+    builders: Mapping[str, Builder] | None = None,
+) -> tuple[nnx.GraphDef, nnx.State, Any]:
+    """Graphdef, abstract state (ShapeDtypeStructs with target shardings) and shardings of one component.
+
+    Nothing is allocated: the module is only evaluated with ``nnx.eval_shape``.
+    """
+    table = dict(COMPONENT_BUILDERS, **(builders or {}))
+    if name not in table:
+        raise SystemCheckpointError(f"no builder for component {name!r}; known: {sorted(table)}")
+    build = table[name]
+    abstract = nnx.eval_shape(lambda: build(config, nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    shardings = parallel.param_shardings(state, mesh, rules)
+    target = jax.tree.map(
+        lambda v, s: jax.ShapeDtypeStruct(v.get_raw_value().shape, v.get_raw_value().dtype, sharding=s)
+        if isinstance(v, nnx.Variable) else v,
+        state, shardings, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return graphdef, target, shardings
+
+
+def stored_shapes(directory: str, name: str) -> dict[str, tuple[int, ...]]:
+    """``{"a/b/kernel": shape}`` of one stored component, read from orbax metadata (no array reads)."""
+    handler = ocp.PyTreeCheckpointHandler()
+    md = handler.metadata(epath.Path(os.path.abspath(directory)) / name)
+    tree = getattr(md, "tree", md)
+    return {k: tuple(v.shape) for k, v in zip(_flat_keys(tree), jax.tree.leaves(tree))}
+
+
+def check_component(directory: str, name: str, target_pure: Any) -> None:
+    """Raises :class:`SystemCheckpointError` naming missing / unexpected / mis-shaped keys."""
+    have = stored_shapes(directory, name)
+    want = {k: tuple(v.shape) for k, v in zip(_flat_keys(target_pure), jax.tree.leaves(target_pure))}
+    missing = sorted(set(want) - set(have))
+    unexpected = sorted(set(have) - set(want))
+    misshaped = sorted(f"{k}: stored {have[k]} vs config {want[k]}" for k in set(want) & set(have)
+                       if have[k] != want[k])
+    if missing or unexpected or misshaped:
+        raise SystemCheckpointError(
+            f"component {name!r} in {directory} does not match the module built from the config: "
+            f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}")
+
+
+def _restore_into(graphdef: nnx.GraphDef, target: nnx.State, pure: dict, name: str) -> nnx.Module:
+    state = nnx.State(target)
+    state.replace_by_pure_dict(pure)
+    return nnx.merge(graphdef, state)
+
+
+def _flat_keys(tree: Any) -> list[str]:
+    out = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        out.append("/".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path))
+    return out
+
+
+def load_system(
+    directory: str,
+    config: ml_collections.ConfigDict | None = None,
+    mesh: Mesh | None = None,
+    *,
+    names: Iterable[str] | None = None,
+    rules: parallel.mesh.LogicalRules | None = None,
+    builders: Mapping[str, Builder] | None = None,
+) -> dict[str, nnx.Module]:
+    """Loads components of a system checkpoint as NNX modules placed on ``mesh``.
+
+    Args:
+      directory: a directory written by :func:`save_system`.
+      config: the config to build modules from; default the one saved in the checkpoint. Shapes
+        must match the saved arrays (the error names mismatching keys); dtypes follow the config
+        (arrays are cast on restore, e.g. fp32 training masters -> bf16 inference weights).
+      mesh: target mesh; default a 1-device mesh on ``jax.devices()[0]``.
+      names: components to load; default all in the manifest.
+      rules: logical rules; default ``config.sharding_rules``.
+      builders: extra/overriding ``name -> builder(config, rngs)``.
+
+    Returns:
+      ``{name: module}`` for every requested component.
+
+    Raises:
+      SystemCheckpointError: no checkpoint, a requested component absent from it, no builder,
+        or key/shape mismatch.
+    """
+    directory = os.path.abspath(directory)
+    manifest = read_manifest(directory)
+    if config is None:
+        config = load_config(directory)
+    names = list(manifest["components"] if names is None else names)
+    absent = [n for n in names if n not in manifest["components"]]
+    if absent:
+        raise SystemCheckpointError(f"{directory} has no component(s) {absent}; it holds {manifest['components']}")
+    if mesh is None:
+        mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+    if rules is None:
+        rules = parallel.rules_from_config(config) if "sharding_rules" in config else parallel.DEFAULT_RULES
+    targets, graphdefs = {}, {}
+    for name in names:
+        graphdefs[name], targets[name], _ = abstract_component(name, config, mesh, rules, builders)
+    for n in names:
+        check_component(directory, n, _pure(targets[n]))
+    args = {n: ocp.args.PyTreeRestore(item=_pure(targets[n]),
+                                      restore_args=jax.tree.map(_restore_arg, _pure(targets[n])))
+            for n in names}
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+        restored = ckptr.restore(directory, ocp.args.Composite(**args))
+    return {n: _restore_into(graphdefs[n], targets[n], restored[n], n) for n in names}
+
+
+def _restore_arg(x: Any) -> ocp.ArrayRestoreArgs:
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, NamedSharding):
+        sharding = NamedSharding(parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]), PartitionSpec())
+    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape, dtype=x.dtype)

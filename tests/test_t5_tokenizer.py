@@ -1,0 +1,60 @@
+"""T5 tokenization: a sentencepiece model trained on the fly, pad/truncate with EOS; the committed
+tiny model is regenerated bit for bit by its script and fits configs/tiny.py."""
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from animegamer_jax import t5_tokenizer as tt
+
+TEXTS = ["softly talk", "run forward quickly", "the witch flies over the sea", "jump", "turn around and wave"] * 20
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("spm") / "t5.model"
+    path.write_bytes(tt.train_spiece(TEXTS, vocab_size=60))
+    return path
+
+
+def test_pad_truncate_eos(model_file):
+    tok = tt.T5Tokenizer(model_file, max_length=6)
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    assert (sp.pad_id(), sp.eos_id(), sp.unk_id(), sp.bos_id()) == (0, 1, 2, -1)
+    texts = ["jump", "the witch flies over the sea"]
+    ids = tok(texts)
+    assert ids.shape == (2, 6) and ids.dtype == np.int32
+    short = sp.encode("jump")
+    assert len(short) < 5
+    np.testing.assert_array_equal(ids[0], short + [1] + [0] * (5 - len(short)))
+    long = sp.encode(texts[1])
+    assert len(long) > 5  # truncated: 5 pieces kept, EOS last
+    np.testing.assert_array_equal(ids[1], long[:5] + [1])
+    assert tok.encode("jump") == short + [1]
+    assert tok.decode(ids[0]) == "jump"
+    np.testing.assert_array_equal(tok("jump"), ids[:1])
+    assert tok(texts, max_length=30).shape == (2, 30)
+
+
+def test_rejects_non_t5_special_ids(tmp_path):
+    import io
+
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXTS), model_writer=buf, vocab_size=40,
+                                   hard_vocab_limit=False, minloglevel=2)  # default: unk 0, bos 1, eos 2
+    (tmp_path / "m.model").write_bytes(buf.getvalue())
+    with pytest.raises(ValueError, match="pad/eos ids"):
+        tt.T5Tokenizer(tmp_path / "m.model")
+
+
+def test_committed_tiny_model_is_reproducible_and_fits_tiny_config(tmp_path):
+    from configs import tiny
+
+    cfg = tiny.get_config()
+    committed = open(cfg.t5.spiece_model, "rb").read()
+    assert tt.train_tiny_spiece(tmp_path / "t.model") and (tmp_path / "t.model").read_bytes() == committed
+    tok = tt.T5Tokenizer(cfg.t5.spiece_model, cfg.t5.max_length)
+    assert tok.vocab_size <= cfg.t5.vocab_size
+    ids = tok(["the girl softly talk in the forest", "sit down"])
+    assert ids.shape == (2, cfg.t5.max_length) and ids.max() < tok.vocab_size
+    assert tok.decode(ids[1]) == "sit down"

@@ -1,0 +1,258 @@
+"""Generic training machinery on a toy NNX model: optimizer, loop, checkpoints, sharding, failures."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from animegamer_jax import parallel
+from animegamer_jax.train import loop, metrics, optim, system_checkpoint
+from configs import tiny
+from tests.subproc import ROOT, run_python
+
+# Shared by this process and the subprocesses (8 fake devices, two jax.distributed processes).
+TOY = r'''
+import grain, jax, jax.numpy as jnp, numpy as np
+from flax import nnx
+
+class Toy(nnx.Module):
+    """x [B, 8] -> frozen [8, 8] -> w1 [8, 16] (tanh) -> w2 [16, 4]; only w1/w2 train."""
+    def __init__(self, rngs):
+        init = nnx.initializers.normal(0.5)
+        self.frozen = nnx.Param(nnx.with_partitioning(init, ("embed", None))(rngs.params(), (8, 8)))
+        self.w1 = nnx.Param(nnx.with_partitioning(init, ("embed", "mlp"))(rngs.params(), (8, 16)))
+        self.w2 = nnx.Param(nnx.with_partitioning(init, ("mlp", "embed"))(rngs.params(), (16, 4)))
+    def __call__(self, x):
+        return jnp.tanh((x @ self.frozen[...]) @ self.w1[...]) @ self.w2[...]
+
+def toy_trainable(path, v):
+    return isinstance(v, nnx.Param) and path[-1] in ("w1", "w2")
+
+def toy_loss(model, batch, rng):
+    # The noise term makes the loss depend on the per-step key (resume must reproduce it).
+    y = model(batch["x"]) + 0.01 * jax.random.normal(rng, batch["y"].shape)
+    mse = jnp.mean((y - batch["y"]) ** 2)
+    return mse, {"mse": mse}
+
+_rs = np.random.RandomState(0)
+TOY_X = _rs.randn(64, 8).astype(np.float32)
+TOY_Y = _rs.randn(64, 4).astype(np.float32)
+
+def _example(i):
+    return {"x": TOY_X[i], "y": TOY_Y[i]}
+
+def toy_data(batch, seed=0, shard=0, num_shards=1):
+    ds = grain.MapDataset.range(64).shuffle(seed=seed).repeat()
+    ds = ds[shard::num_shards].map(_example).batch(batch)
+    return iter(ds)
+'''
+exec(TOY)  # noqa: S102  (defines Toy, toy_trainable, toy_loss, toy_data, TOY_X, TOY_Y)
+
+
+def _train_cfg(**kw):
+    c = tiny.get_config().train
+    c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
+    for k, v in kw.items():
+        c[k] = v
+    return c
+
+
+def _one_device_mesh():
+    return parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+
+
+def test_schedule_and_paper_defaults():
+    c = _train_cfg(learning_rate=0.0, num_steps=0, warmup_steps=100, end_lr_factor=0.1, phase="b")
+    assert optim.phase_lr_and_steps(c) == (5e-5, 15_000)
+    s = optim.make_schedule(c)
+    assert float(s(0)) == 0.0
+    np.testing.assert_allclose(float(s(50)), 2.5e-5, rtol=1e-6)
+    np.testing.assert_allclose(float(s(100)), 5e-5, rtol=1e-6)
+    np.testing.assert_allclose(float(s(15_000)), 5e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="unknown training phase 'z'"):
+        optim.phase_lr_and_steps(_train_cfg(phase="z"))
+
+
+def test_grad_accumulation_matches_full_batch():
+    """Two micro-batches of 2 with MultiSteps == one batch of 4 (mean losses, equal sizes)."""
+    model = Toy(nnx.Rngs(0))
+    x, y = jnp.asarray(TOY_X[:4]), jnp.asarray(TOY_Y[:4])
+
+    def run(accum):
+        tx, _ = optim.make_optimizer(_train_cfg(grad_accum_steps=accum, grad_clip=0.0))
+        m = nnx.clone(model)
+        opt = nnx.Optimizer(m, tx, wrt=toy_trainable)
+        loss = lambda mm, xb, yb: jnp.mean((mm(xb) - yb) ** 2)
+        for i in range(accum * 3):
+            sl = slice(None) if accum == 1 else slice(2 * (i % 2), 2 * (i % 2) + 2)
+            grads = nnx.grad(loss, argnums=nnx.DiffState(0, toy_trainable))(m, x[sl], y[sl])
+            opt.update(m, grads)
+        return m
+
+    a, b = run(1), run(2)
+    np.testing.assert_allclose(np.asarray(a.w1[...]), np.asarray(b.w1[...]), atol=1e-5)
+    assert not np.allclose(np.asarray(a.w1[...]), np.asarray(model.w1[...]))
+
+
+def test_loss_decreases_frozen_untouched_and_no_frozen_optimizer_state(tmp_path):
+    cfg = _train_cfg(learning_rate=3e-2)
+    tx, sched = optim.make_optimizer(cfg)
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    assert tr.num_trainable() == (8 * 16 + 16 * 4, 8 * 8 + 8 * 16 + 16 * 4)
+    fixed = {"x": TOY_X[:8], "y": TOY_Y[:8]}
+    r = loop.fit(tr, iter(lambda: fixed, None), num_steps=30, workdir=str(tmp_path), global_batch_size=8,
+                 checkpoint_every=1000, log_every=10, progress=False)
+    assert r.losses[30] < 0.5 * r.losses[1], r.losses
+    model, opt = tr.split(r.state)
+    np.testing.assert_array_equal(np.asarray(model.frozen[...]), np.asarray(Toy(nnx.Rngs(0)).frozen[...]))
+    opt_paths = {"/".join(map(str, p)) for p, _ in jax.tree_util.tree_flatten_with_path(nnx.state(opt).to_pure_dict())[0]}
+    assert any("w1" in p for p in opt_paths) and not any("frozen" in p for p in opt_paths)
+    tb = metrics.read_scalars(os.path.join(str(tmp_path), "tensorboard"))
+    for tag in ("loss", "lr", "grad_norm", "mse", "steps_per_second", "examples_per_second"):
+        assert [s for s, _ in tb[tag]] == [10, 20, 30], tag
+    np.testing.assert_allclose(tb["loss"][-1][1], np.mean([r.losses[s] for s in range(21, 31)]), rtol=1e-5)
+    np.testing.assert_allclose(tb["lr"][0][1], np.mean([float(sched(s)) for s in range(10)]), rtol=1e-5)
+
+
+def test_killed_and_resumed_equals_uninterrupted(tmp_path):
+    tx, sched = optim.make_optimizer(_train_cfg(grad_accum_steps=2))
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched,
+                      grad_accum_steps=2)
+    kw = dict(num_steps=12, global_batch_size=4, checkpoint_every=3, keep_checkpoints=2, log_every=4, progress=False)
+    killed = loop.fit(tr, toy_data(4), workdir=str(tmp_path / "a"), stop_after=7, **kw)
+    assert (killed.start_step, killed.end_step) == (0, 7)
+    steps = sorted(int(d) for d in os.listdir(tmp_path / "a" / "checkpoints") if d.isdigit())
+    assert steps == [6, 7]  # keep 2; the stop step is saved
+    resumed = loop.fit(tr, toy_data(4), workdir=str(tmp_path / "a"), **kw)
+    assert resumed.start_step == 7
+    full = loop.fit(tr, toy_data(4), workdir=str(tmp_path / "b"), **kw)
+    assert {**killed.losses, **resumed.losses} == full.losses
+    for a, b in zip(jax.tree.leaves(resumed.state), jax.tree.leaves(full.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+    tx, _ = optim.make_optimizer(_train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh())
+    good = {"x": TOY_X[:4], "y": TOY_Y[:4]}
+    bad = {"x": TOY_X[:4], "y": np.full_like(TOY_Y[:4], np.nan)}
+    data = iter([good] * 4 + [bad] * 4)
+    with pytest.raises(loop.NonFiniteLossError, match=r"loss is nan at step 5; .*last good checkpoint is step 4"):
+        loop.fit(tr, data, num_steps=8, workdir=str(tmp_path), global_batch_size=4, checkpoint_every=2,
+                 progress=False)
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())[-1] == 4
+
+
+def test_system_checkpoint_roundtrip_and_mismatch(tmp_path):
+    cfg = tiny.get_config()
+    builders = {"dit": lambda c, r: Toy(r), "vae": lambda c, r: Toy(r)}
+    comps = {"dit": Toy(nnx.Rngs(1)), "vae": Toy(nnx.Rngs(2))}
+    d = system_checkpoint.save_system(str(tmp_path / "sys"), comps, cfg)
+    with pytest.raises(system_checkpoint.SystemCheckpointError, match="exists"):
+        system_checkpoint.save_system(d, comps, cfg)
+    man = system_checkpoint.read_manifest(d)
+    assert man["components"] == ["dit", "vae"] and man["param_counts"]["dit"] == 64 + 128 + 64
+    assert system_checkpoint.load_config(d).dit.hidden_size == cfg.dit.hidden_size
+    assert system_checkpoint.load_config(d).sharding_rules == cfg.sharding_rules
+    out = system_checkpoint.load_system(d, builders=builders)
+    for name in comps:
+        np.testing.assert_array_equal(np.asarray(out[name].w1[...]), np.asarray(comps[name].w1[...]))
+
+    class Wider(Toy):
+        def __init__(self, rngs):
+            super().__init__(rngs)
+            self.w2 = nnx.Param(jnp.zeros((16, 5)))
+            self.extra = nnx.Param(jnp.zeros(3))
+
+    with pytest.raises(system_checkpoint.SystemCheckpointError,
+                       match=r"missing keys \['extra'\].*mis-shaped \['w2: stored \(16, 4\) vs config \(16, 5\)'\]"):
+        system_checkpoint.load_system(d, names=["dit"], builders={"dit": lambda c, r: Wider(r)})
+    with pytest.raises(system_checkpoint.SystemCheckpointError, match=r"has no component\(s\) \['mllm'\]"):
+        system_checkpoint.load_system(d, names=["mllm"], builders=builders)
+
+
+_SHARDED = TOY + r'''
+import json
+from animegamer_jax import parallel
+from animegamer_jax.train import loop, optim
+from configs import tiny
+c = tiny.get_config().train
+c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
+tx, sched = optim.make_optimizer(c)
+fixed = {"x": TOY_X[:8], "y": TOY_Y[:8]}
+out = {}
+for name, shape, devs in (("one", (1, 1, 1, 1), jax.devices()[:1]), ("eight", (2, 2, 2, 1), jax.devices())):
+    mesh = parallel.make_mesh(shape, devices=devs)
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, mesh, schedule=sched)
+    r = loop.fit(tr, iter(lambda: fixed, None), num_steps=3, workdir=f"/tmp/_agj_sharded_{name}_{os.getpid()}",
+                 global_batch_size=8, checkpoint_every=100, progress=False)
+    out[name] = {"losses": list(r.losses.values()), "w1": np.asarray(r.state[0]["w1"][...]).tolist(),
+                 "spec": str(r.state[0]["w1"][...].sharding.spec),
+                 "mu_spec": str(jax.tree.leaves(r.state[1]["opt_state"])[1].sharding.spec)}
+    if name == "eight":
+        try:
+            loop.fit(tr, iter(lambda: fixed, None), num_steps=1, workdir=f"/tmp/_agj_bad_{os.getpid()}",
+                     global_batch_size=6, progress=False)
+        except parallel.ShardingConfigError as e:
+            out["err"] = str(e)
+        out["compiled"] = len(tr._compiled)
+print(json.dumps(out))
+'''
+
+
+@pytest.mark.multiprocess
+def test_sharded_step_on_8_devices_matches_single_device():
+    r = json.loads(run_python("import os\n" + _SHARDED).strip().splitlines()[-1])
+    assert r["eight"]["spec"] == "P('fsdp', 'tensor')" and r["one"]["spec"] in ("P('fsdp', 'tensor')", "P()")
+    np.testing.assert_allclose(r["eight"]["losses"], r["one"]["losses"], rtol=1e-5)
+    np.testing.assert_allclose(r["eight"]["w1"], r["one"]["w1"], atol=1e-5)
+    assert "global batch size 6 does not divide the 4 data-parallel shards" in r["err"]
+    assert r["compiled"] == 1  # the bad batch was rejected before a second compilation
+
+
+_WORKER = TOY + r'''
+import json, os, sys
+from animegamer_jax import parallel
+pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+from animegamer_jax.train import loop, optim
+from configs import tiny
+c = tiny.get_config().train
+c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
+tx, sched = optim.make_optimizer(c)
+mesh = parallel.make_mesh((-1, 1, 1, 1))
+tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, mesh, schedule=sched)
+r = loop.fit(tr, toy_data(2, shard=pid, num_shards=2), num_steps=4, workdir=workdir, global_batch_size=4,
+             checkpoint_every=2, progress=False)
+print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "losses": list(r.losses.values())}))
+jax.distributed.shutdown()
+'''
+
+
+@pytest.mark.multiprocess
+def test_two_process_training_agrees(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (_, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-4000:]
+    res = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+    assert [r["devices"] for r in res] == [4, 4]
+    assert len(res[0]["losses"]) == 4 and res[0]["losses"] == res[1]["losses"]
+    assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
+    data_files = sorted(f for f in os.listdir(tmp_path / "checkpoints" / "4" / "data") if f.endswith(".json"))
+    assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]
