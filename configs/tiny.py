@@ -99,4 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0
+
+    c.game.checkpoint = "checkpoints/tiny_system"  # the shipped tiny system (save_system layout)
+    c.game.out_dir = "outputs/games"
     return c
