@@ -126,7 +126,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.lm_loss_scale = 1.0  # CE weight (§2.4)
     c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (§2.4)
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
-    c.mllm.max_new_tokens = 12  # state tokens decoded per turn (ML..</ST>: 12 constrained tokens)
+    c.mllm.max_new_tokens = 11  # state tokens decoded per turn after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (11, §1.5)
+    c.mllm.remat = False  # rematerialize each decoder layer (jax.checkpoint) to save activation memory in training
+    c.mllm.attention_impl = "auto"  # jax.nn.dot_product_attention implementation: "auto" (JAX picks), "xla", "cudnn"
 
     # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
     c.dit = ml_collections.ConfigDict()
@@ -167,7 +169,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.norm_eps = 1e-6  # GroupNorm eps
     c.vae.temporal_compression_ratio = 4  # 17 frames -> 5 latents
     c.vae.scaling_factor = 1.15258426  # latent scale (§5.6)
-    c.vae.decode_chunks = (3, 2)  # latent frames per decode chunk (release plan [0:3], [3:5])
+    c.vae.decode_chunks = (3, 2)  # (first, step) latent frames per decode chunk (release plan [0:3], [3:5])
+    c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
     c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
     c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
     c.vae.dtype = "bfloat16"  # activations (release fp16)
@@ -225,6 +228,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.init_checkpoint = ""  # system checkpoint dir (converted weights or an earlier phase) to start from
     c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
+    c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
+    c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
+    c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
 
     # ---- game generation (§0, §1) ----

@@ -85,8 +85,9 @@ def _ours(model, pixels, ids):
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("act", ["gelu", "quick_gelu"])
-def test_clip_parity_hf_and_open_clip_names(act):
+def test_clip_parity_hf_and_open_clip_names():
+    # exact GELU here (laion2b); the vision-model test below covers quick_gelu (OpenAI CLIP).
+    act = "gelu"
     hf = _hf_clip(act)
     pixels, ids = _inputs()
     with torch.no_grad():

@@ -21,6 +21,21 @@ V, D, REP, Q = 96, 64, 24, 6
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def random_model(model_fn, seed=0, scale=0.1):
+    """Builds the module abstractly and fills it with numpy noise (norm weights near 1).
+
+    Random init through jax.random costs a multi-second XLA compile per shape on a busy CPU;
+    these tests only need some non-trivial weights.
+    """
+    graphdef, state = nnx.split(nnx.eval_shape(model_fn))
+    rng = np.random.RandomState(seed)
+    flat = []
+    for path, v in nnx.to_flat_state(state):
+        base = 1.0 if path[-1] == "weight" else 0.0
+        flat.append((path, v.replace(jnp.asarray(base + scale * rng.standard_normal(v.shape), v.dtype))))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
 def _base_cfg(window=None, vocab=V):
     llm = mst.MistralConfig(vocab_size=vocab, hidden_size=D, intermediate_size=128, num_layers=2, num_heads=4,
                             num_kv_heads=2, head_dim=16, sliding_window=window, dtype="float32",
@@ -215,7 +230,7 @@ def test_predict_states_grammar_and_loss(tok):
     cfg = _base_cfg(vocab=tk.VOCAB_SIZE)
     cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, hidden_size=32, intermediate_size=64,
                                                            head_dim=8), num_queries=8)
-    m = ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0))
+    m = random_model(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)), scale=0.3)
     instr = ["Character: Qiqi; Motion: run; Background: day town.", "Character: Qiqi; Motion: sit; Background: room."]
     s = ml.build_sequence(tok, instr, [(1, 2, 3, 4)], num_queries=8, history_window=2)
     batch = ml.collate([s])
@@ -230,7 +245,8 @@ def test_predict_states_grammar_and_loss(tok):
     b = {k: jnp.asarray(v) for k, v in ml.collate([t]).items()}
     b["history_reps"] = hist
     b["target_reps"] = jnp.asarray(np.random.RandomState(1).normal(size=(1, 8, REP)), jnp.float32)
-    m2 = ml.GameStateMLLM(dataclasses.replace(cfg, rec_loss_scale=0.5, cos_loss_scale=0.5), rngs=nnx.Rngs(0))
+    m2 = random_model(lambda: ml.GameStateMLLM(dataclasses.replace(cfg, rec_loss_scale=0.5, cos_loss_scale=0.5),
+                                                rngs=nnx.Rngs(0)))
     total, parts = m2.loss(b)
     out = m2(b["input_ids"], gen_mask=b["gen_mask"], cmp_mask=b["cmp_mask"], history_reps=hist)
     lg = np.asarray(out.logits)[0]
@@ -247,9 +263,22 @@ def test_predict_states_grammar_and_loss(tok):
 
 
 def test_trainable_filter_includes_resamplers():
-    m = ml.GameStateMLLM(dataclasses.replace(_base_cfg(), llm=dataclasses.replace(_base_cfg().llm, lora_rank=2)),
-                         rngs=nnx.Rngs(0))
+    m = nnx.eval_shape(lambda: ml.GameStateMLLM(
+        dataclasses.replace(_base_cfg(), llm=dataclasses.replace(_base_cfg().llm, lora_rank=2)), rngs=nnx.Rngs(0)))
     names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, ml.trainable_filter))}
     assert "input_resampler.fc1.kernel" in names and "output_resampler.fc2.bias" in names
     assert "llm.layers.q_proj.lora_a" in names and "llm.layers.q_proj.kernel" not in names
     assert len(jax.tree.leaves(nnx.state(m, LoRAParam))) == 14
+
+
+def test_from_tiny_config_shapes():
+    from configs import tiny
+
+    c = tiny.get_config()
+    cfg = ml.MLLMConfig.from_config(c)
+    assert cfg.llm.attention_impl is None and cfg.num_queries == c.rep.num_text_tokens + c.rep.num_image_tokens
+    m = nnx.eval_shape(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
+    assert m.llm.layers.q_proj.kernel.shape == (c.mllm.num_layers, c.mllm.hidden_size, c.mllm.num_heads, c.mllm.head_dim)
+    assert m.llm.layers.gate_proj.lora_a.shape == (c.mllm.num_layers, c.mllm.hidden_size, c.mllm.lora_rank)
+    assert m.input_resampler.fc1.kernel.shape == (c.rep.dim, c.mllm.hidden_size)
+    assert m.output_resampler.fc2.kernel.shape == (c.rep.dim, c.rep.dim)

@@ -1,0 +1,354 @@
+"""The four AnimeGamer training phases (paper §3.2, App. C.1; architecture.md §2.3-2.4, §5.3, §8.2).
+
+Every phase trains one composite :class:`TrainModel` holding the components it needs; an NNX filter
+picks the trained variables, so frozen components take no gradient and no optimizer memory:
+
+| phase | components (frozen in brackets)              | trained                                      | loss |
+|-------|----------------------------------------------|----------------------------------------------|------|
+| a1    | shot_encoder, dit, [t5, clip, vae]           | E_a (all) + DiT ``flow_embed``               | v-MSE |
+| a2    | shot_encoder, dit, [t5, clip, vae]           | E_a + DiT LoRA + ``flow_embed`` + block adaLN | v-MSE |
+| b     | mllm, [shot_encoder, t5, clip]               | MLLM LoRA, RMSNorms, embeddings, lm_head, resamplers | CE + alpha MSE |
+| c     | dit, [mllm, shot_encoder, t5, clip, vae]     | DiT LoRA + ``flow_embed`` + block adaLN      | v-MSE on MLLM reps |
+
+a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
+only; the release code also trains flow and LoRA, §5.3). a2 and c use the DiT module's own
+"joint" / "adaptation" sets (``cogvideox_dit.trainable_filter``), which include its LoRA factors.
+
+Diffusion loss (§5.3): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``, MSE on v (equal
+to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features -> zeros with
+``diffusion.text_dropout``, CLIP features -> zeros with ``diffusion.image_dropout`` (so the learnt
+uncond is E_a of zeros, §3.4); in phase c the MLLM representation is replaced by that uncond with
+``diffusion.text_dropout``.
+
+Phase b targets (§2.4): the target turn's s_a = E_a(T5(action), CLIP(first frame)) from the frozen
+(phase-a-trained) shot encoder; history slots carry the history turns' E_a representations
+(teacher forcing; at play time they are the MLLM's own predictions).
+
+Host batches (numpy, built by :class:`BatchBuilder` from the issue-7 loaders):
+  decoder (a1, a2):  t5_ids int32 [B, Lt], first_frame f32 [B, H, W, 3] in [-1, 1], flow f32 [B],
+                     and frames f32 [B, T, H, W, 3] in [-1, 1] (VAE-encoded in the step) or latents
+                     f32 [B, T_lat, C, h, w] (already scaled; ``train.encode_latents=False``);
+                     with ``train.precomputed_features`` f_md [B, Lt, Dt] / f_v [B, P, Dv] replace
+                     t5_ids / first_frame (the frozen encoders then stay out of the step).
+  mllm (b, c):       input_ids, cmp_mask, gen_mask, labels, padding_mask [B, L] (``mllm.collate``),
+                     turn_t5_ids int32 [B, M, Lt], turn_first_frame f32 [B, M, H, W, 3],
+                     target_turn int32 [B], history_turns int32 [B, W-1] (slot -> turn index)
+                     (or precomputed turn_f_md [B, M, Lt, Dt] / turn_f_v [B, M, P, Dv]);
+                     phase c adds flow [B] and frames / latents of the target turn.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from animegamer_jax.diffusion import guidance, losses, schedules
+
+PHASES: tuple[str, ...] = ("a1", "a2", "b", "c")
+
+#: components held by each phase's TrainModel (frozen or not), in build order
+PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
+    "a1": ("shot_encoder", "dit", "t5", "clip"),
+    "a2": ("shot_encoder", "dit", "t5", "clip"),
+    "b": ("mllm", "shot_encoder", "t5", "clip"),
+    "c": ("mllm", "shot_encoder", "dit", "t5", "clip"),
+}
+
+#: components whose weights each phase changes (written to the system checkpoint after it)
+PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",)}
+
+
+def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The config the train models are built from: fp32 master weights everywhere (activations keep
+    the configured compute dtype), so the optimizer state is fp32 too."""
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        for section in ("mllm", "dit"):
+            if "param_dtype" in c[section]:
+                c[section].param_dtype = "float32"
+    return c
+
+
+def num_queries(config: ml_collections.ConfigDict) -> int:
+    return int(config.rep.num_text_tokens + config.rep.num_image_tokens)
+
+
+def build_component(name: str, config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """One component from the full config (the same builders as the system checkpoint uses)."""
+    from animegamer_jax.train import system_checkpoint
+
+    return system_checkpoint.COMPONENT_BUILDERS[name](config, rngs)
+
+
+class TrainModel(nnx.Module):
+    """Container of the components a phase needs (attributes named as in the system checkpoint)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, components: tuple[str, ...], *, rngs: nnx.Rngs):
+        self.component_names = tuple(components)
+        for name in components:
+            setattr(self, name, build_component(name, config, rngs))
+
+
+def _under(prefix: str, inner: Any = None) -> Any:
+    """Filter: variables under attribute ``prefix`` of the TrainModel (and matching ``inner``)."""
+
+    def f(path: tuple[Any, ...], value: Any) -> bool:
+        if not path or str(path[0]) != prefix:
+            return False
+        if inner is None:
+            return isinstance(value, nnx.Param)
+        return nnx.filterlib.to_predicate(inner)(path[1:], value)
+
+    return f
+
+
+def trainable_filter(phase: str) -> Any:
+    """NNX filter of the variables trained in ``phase`` (paths are relative to :class:`TrainModel`).
+
+    Raises:
+      ValueError: unknown phase.
+    """
+    from animegamer_jax.models import cogvideox_dit, mllm
+
+    if phase == "a1":
+        flow = lambda path, v: isinstance(v, nnx.Param) and "flow_embed" in {str(p) for p in path}  # noqa: E731
+        return nnx.Any(_under("shot_encoder"), _under("dit", flow))
+    if phase == "a2":
+        return nnx.Any(_under("shot_encoder"), _under("dit", cogvideox_dit.trainable_filter("joint")))
+    if phase == "b":
+        return _under("mllm", mllm.trainable_filter)
+    if phase == "c":
+        return _under("dit", cogvideox_dit.trainable_filter("adaptation"))
+    raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Losses (traced inside the jitted step).
+
+
+def _encode_features(model: TrainModel, batch: Mapping[str, jax.Array], prefix: str = ""
+                     ) -> tuple[jax.Array, jax.Array]:
+    """Frozen T5 / CLIP features f_md [..., Lt, Dt] and f_v [..., P, Dv] of a batch.
+
+    Uses precomputed ``{prefix}f_md`` / ``{prefix}f_v`` when the batch has them (data/extract_features),
+    else runs the frozen encoders on ``{prefix}t5_ids`` [..., Lt] and ``{prefix}first_frame``
+    [..., H, W, 3] (leading dims are flattened for the encoders and restored).
+    """
+    if prefix + "f_md" in batch:
+        return batch[prefix + "f_md"], batch[prefix + "f_v"]
+    ids, frames = batch[prefix + "t5_ids"], batch[prefix + "first_frame"]
+    lead = ids.shape[:-1]
+    f_md = model.t5(ids.reshape((-1, ids.shape[-1])))
+    f_v = model.clip.visual.encode_reference(frames.reshape((-1,) + frames.shape[-3:]))
+    f_md = f_md.reshape(lead + f_md.shape[1:])
+    f_v = f_v.reshape(lead + f_v.shape[1:])
+    return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
+
+
+def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict) -> jax.Array:
+    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames (frozen)."""
+    if "latents" in batch:
+        return batch["latents"].astype(jnp.float32)
+    if not hasattr(model, "vae"):
+        raise ValueError("batch has no 'latents' and the train model has no VAE (train.encode_latents=False)")
+    z = model.vae.encode(batch["frames"])
+    return jax.lax.stop_gradient(z.astype(jnp.float32))
+
+
+def _diffusion_loss(model: TrainModel, cond: jax.Array, x0: jax.Array, flow: jax.Array, key: jax.Array,
+                    schedule: schedules.DiffusionSchedule) -> jax.Array:
+    ti = losses.training_inputs(key, x0, schedule)
+    v = model.dit(ti["x_t"], cond, ti["timesteps"], flow)
+    return losses.v_prediction_loss(v, x0, ti["noise"], ti["a"])
+
+
+def decoder_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
+                 config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
+    k_t, k_i, k_n = jax.random.split(rng, 3)
+    f_md, f_v = _encode_features(model, batch)
+    f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
+    f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
+    cond = model.shot_encoder(f_md, f_v)
+    x0 = _latents(model, batch, config)
+    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedules.DiffusionSchedule.from_config(config.diffusion))
+    return loss, {"v_mse": loss, "text_dropped": jnp.mean(drop_t), "image_dropped": jnp.mean(drop_i)}
+
+
+def _turn_reps(model: TrainModel, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """E_a representation of every turn: [B, M, Q, rep_dim] (frozen shot encoder)."""
+    f_md, f_v = _encode_features(model, batch, "turn_")
+    b, m = f_md.shape[:2]
+    reps = model.shot_encoder(f_md.reshape((b * m,) + f_md.shape[2:]), f_v.reshape((b * m,) + f_v.shape[2:]))
+    return jax.lax.stop_gradient(reps.reshape((b, m) + reps.shape[1:]))
+
+
+def _mllm_batch(model: TrainModel, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    reps = _turn_reps(model, batch)
+    take = lambda idx: jnp.take_along_axis(reps, idx.reshape(idx.shape + (1, 1)), axis=1)  # noqa: E731
+    out = {k: batch[k] for k in ("input_ids", "gen_mask", "cmp_mask", "padding_mask", "labels")}
+    out["target_reps"] = take(batch["target_turn"][:, None])[:, 0]
+    out["history_reps"] = take(batch["history_turns"])
+    return out
+
+
+def mllm_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
+              config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase b: ``lm_loss_scale CE + rec_loss_scale MSE (+ cos)`` of the MLLM (§2.4)."""
+    total, parts = model.mllm.loss(_mllm_batch(model, batch), dropout_rng=rng)
+    return total, {k: v for k, v in parts.items() if k != "loss"}
+
+
+def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
+                    config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase c: the frozen MLLM's predicted s_a (query read-out) conditions the DiT; v-prediction MSE."""
+    k_d, k_n = jax.random.split(rng)
+    mb = _mllm_batch(model, batch)
+    out = model.mllm(mb["input_ids"], gen_mask=mb["gen_mask"], cmp_mask=mb["cmp_mask"],
+                     history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False)
+    rep = jax.lax.stop_gradient(out.rep)
+    uncond = jax.lax.stop_gradient(model.shot_encoder.uncond(1)).astype(rep.dtype)
+    cond, dropped = guidance.cfg_dropout(k_d, rep, uncond, config.diffusion.text_dropout)
+    x0 = _latents(model, batch, config)
+    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedules.DiffusionSchedule.from_config(config.diffusion))
+    rep_mse = jnp.mean((rep.astype(jnp.float32) - mb["target_reps"].astype(jnp.float32)) ** 2)
+    return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
+
+
+LOSSES = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss}
+
+
+@dataclasses.dataclass
+class PhaseSpec:
+    """Everything :func:`animegamer_jax.train.loop.Trainer` needs for one phase."""
+
+    phase: str
+    components: tuple[str, ...]
+    model_fn: Any
+    loss_fn: Any
+    trainable: Any
+    outputs: tuple[str, ...]
+
+
+def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed: int | None = None) -> PhaseSpec:
+    """The model builder, loss and trainable filter of ``phase`` (default ``config.train.phase``).
+
+    With ``config.train.encode_latents`` the VAE joins the decoder phases (frames are encoded in the
+    step); otherwise batches must carry ``latents``. With ``config.train.precomputed_features`` T5 and
+    CLIP stay out of the model and batches carry ``f_md`` / ``f_v`` (``turn_f_md`` / ``turn_f_v``).
+    """
+    phase = str(phase or config.train.phase)
+    if phase not in PHASES:
+        raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
+    comps = PHASE_COMPONENTS[phase]
+    if bool(config.train.precomputed_features):
+        comps = tuple(c for c in comps if c not in ("t5", "clip"))
+    if phase in ("a1", "a2", "c") and bool(config.train.encode_latents):
+        comps = comps + ("vae",)
+    tcfg = training_config(config)
+    seed = int(config.seed if seed is None else seed)
+    loss = LOSSES[phase]
+    return PhaseSpec(
+        phase=phase, components=comps,
+        model_fn=lambda: TrainModel(tcfg, comps, rngs=nnx.Rngs(seed)),
+        loss_fn=lambda model, batch, rng: loss(model, batch, rng, config),
+        trainable=trainable_filter(phase), outputs=PHASE_OUTPUTS[phase])
+
+
+# ---------------------------------------------------------------------------------------------
+# Host-side batch construction from the issue-7 loaders.
+
+
+def flow_values(motion_level: np.ndarray, flow_table: Any) -> np.ndarray:
+    """Motion level 1..5 -> flow value (§4.8 table); levels are clipped into the table."""
+    table = np.asarray(flow_table, np.float32)
+    idx = np.clip(np.asarray(motion_level, np.int64) - 1, 0, len(table) - 1)
+    return table[idx]
+
+
+def _to_unit(frames: np.ndarray) -> np.ndarray:
+    """uint8 [..., 3] -> float32 in [-1, 1]."""
+    return np.asarray(frames, np.float32) / 127.5 - 1.0
+
+
+def _strs(x: Any) -> list[str]:
+    return [s.decode() if isinstance(s, bytes) else str(s) for s in np.asarray(x).reshape(-1)]
+
+
+class BatchBuilder:
+    """Turns loader batches (issue-7 ``make_loader`` "clips" / "turns" modes) into model-ready batches.
+
+    Args:
+      config: full config (tokenizer paths, lengths, flow table).
+      phase: "a1" / "a2" (clips) or "b" / "c" (turns).
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, phase: str):
+        from animegamer_jax import t5_tokenizer, tokenizer
+
+        self.config, self.phase = config, phase
+        spiece = config.t5.spiece_model
+        if not spiece or not os.path.exists(spiece):
+            raise FileNotFoundError(f"config.t5.spiece_model {spiece!r} not found (the T5 spiece.model shipped "
+                                    f"with the T5 weights)")
+        self.t5_tok = t5_tokenizer.T5Tokenizer(spiece, max_length=int(config.t5.max_length))
+        self.tok = tokenizer.get_tokenizer() if phase in ("b", "c") else None
+
+    def __call__(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if self.phase in ("a1", "a2"):
+            return self.decoder_batch(ex)
+        return self.mllm_batch(ex)
+
+    def decoder_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        out = {"t5_ids": self.t5_tok(_strs(ex["action"])),
+               "first_frame": _to_unit(ex["first_frame"]),
+               "flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
+        if "latents" in ex:
+            out["latents"] = np.asarray(ex["latents"], np.float32)
+        else:
+            out["frames"] = _to_unit(ex["frames"])
+        return out
+
+    def mllm_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        from animegamer_jax.models import mllm
+
+        cfg = self.config
+        w = int(cfg.mllm.history_window)
+        q = num_queries(cfg)
+        num_turns = np.asarray(ex["num_turns"]).astype(np.int64)
+        b, m = np.asarray(ex["states"]).shape[:2]
+        instr = np.asarray(ex["instruction"]).reshape(b, m)
+        actions = np.asarray(ex["action"]).reshape(b, m) if "action" in ex else instr
+        seqs, target, hist = [], np.zeros(b, np.int32), np.zeros((b, max(w - 1, 1)), np.int32)
+        for i in range(b):
+            n = int(num_turns[i])
+            states = np.asarray(ex["states"][i])
+            seqs.append(mllm.build_sequence(self.tok, _strs(instr[i, :n]), [list(s) for s in states[:n - 1]],
+                                            num_queries=q, history_window=w, target_states=list(states[n - 1])))
+            target[i] = n - 1
+            first = max(0, n - 1 - (w - 1))
+            idx = list(range(first, n - 1))
+            hist[i, :len(idx)] = idx
+        out = mllm.collate(seqs, pad_to=int(cfg.train.max_seq_len))
+        out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
+        out["turn_first_frame"] = _to_unit(ex["first_frame"])
+        out["target_turn"], out["history_turns"] = target, hist
+        if self.phase == "c":
+            levels = np.asarray(ex["motion_level"]) if "motion_level" in ex else np.asarray(ex["states"])[..., 0]
+            levels = levels.reshape(b, m)
+            out["flow"] = flow_values(levels[np.arange(b), target], cfg.dit.flow_table)
+            if "latents" in ex:
+                out["latents"] = np.asarray(ex["latents"], np.float32)[np.arange(b), target]
+            else:
+                out["frames"] = _to_unit(np.asarray(ex["frames"])[np.arange(b), target])
+        return out

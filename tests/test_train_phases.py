@@ -1,0 +1,171 @@
+"""The four training phases at the tiny config: loss goes down, kill + resume == uninterrupted,
+trainable sets, batch building, and phase (b) across two jax.distributed processes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from animegamer_jax import parallel
+from animegamer_jax.train import loop, optim, phases
+from configs import tiny
+from tests.subproc import ROOT
+
+# Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
+SETUP = r'''
+import numpy as np
+from configs import tiny
+
+def test_config(phase):
+    cfg = tiny.get_config()
+    cfg.train.phase = phase
+    cfg.train.precomputed_features = True  # T5 / CLIP features in the batch: keeps compiles small
+    cfg.train.encode_latents = False
+    cfg.train.max_seq_len = 160
+    cfg.train.learning_rate, cfg.train.warmup_steps = 3e-3, 1
+    return cfg
+
+def loader_example(cfg, phase, b=2, m=3, t_lat=2, seed=0):
+    rs = np.random.RandomState(seed)
+    lt, dt = cfg.t5.max_length, cfg.t5.d_model
+    p, dv = cfg.rep.num_image_tokens, cfg.clip.vision_width
+    lat = (t_lat, cfg.dit.in_channels, cfg.dit.sample_height, cfg.dit.sample_width)
+    if phase in ("a1", "a2"):
+        return {"action": np.array(["sit", "run"][:b]), "motion_level": np.array([1, 4][:b]),
+                "f_md": rs.randn(b, lt, dt).astype(np.float32), "f_v": rs.randn(b, p, dv).astype(np.float32),
+                "latents": rs.randn(b, *lat).astype(np.float32)}
+    states = np.array([[[2, 1, -1, 0], [3, 0, 2, -2], [5, -5, 1, 1]]] * b, np.int32)[:, :m]
+    return {"num_turns": np.array([3, 2], np.int32)[:b], "states": states,
+            "instruction": np.array([["Motion: sit.", "Motion: run.", "Motion: jump."][:m]] * b),
+            "turn_f_md": rs.randn(b, m, lt, dt).astype(np.float32),
+            "turn_f_v": rs.randn(b, m, p, dv).astype(np.float32),
+            "latents": rs.randn(b, m, *lat).astype(np.float32)}
+'''
+exec(SETUP)  # noqa: S102  (defines test_config, loader_example)
+test_config.__test__ = False
+
+
+FAST = {"xla_backend_optimization_level": 0}  # CPU compiles ~4x faster; these steps are tiny anyway
+
+
+def _batch(cfg, phase):
+    ex = loader_example(cfg, phase)
+    out = phases.BatchBuilder(cfg, phase)(ex) if phase in ("b", "c") else {
+        "f_md": ex["f_md"], "f_v": ex["f_v"], "latents": ex["latents"],
+        "flow": phases.flow_values(ex["motion_level"], cfg.dit.flow_table)}
+    if phase in ("b", "c"):  # precomputed per-turn features replace ids / frames
+        out.pop("turn_t5_ids"), out.pop("turn_first_frame")
+        out["turn_f_md"], out["turn_f_v"] = ex["turn_f_md"], ex["turn_f_v"]
+    return out
+
+
+def _paths(state):
+    return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in
+            jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
+
+
+@pytest.mark.parametrize("phase", ["a1", "a2", "b", "c"])
+def test_phase_trains_and_resumes(phase, tmp_path):
+    cfg = test_config(phase)
+    spec = phases.phase_spec(cfg)
+    tx, sched = optim.make_optimizer(cfg.train)
+    # A fixed key per step (same noise, timesteps, dropout every step) makes "loss goes down" exact.
+    loss_fn = lambda m, b, rng: spec.loss_fn(m, b, jax.random.key(1))  # noqa: E731
+    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+    tr = loop.Trainer(spec.model_fn, loss_fn, tx, spec.trainable, mesh, schedule=sched, compiler_options=FAST)
+    batch = _batch(cfg, phase)
+    kw = dict(num_steps=6, global_batch_size=2, checkpoint_every=100, log_every=100, progress=False)
+    full = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path / "full"), **kw)
+    losses = list(full.losses.values())
+    assert losses[-1] < losses[0] - 1e-3, losses
+    killed = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path / "run"), stop_after=2, **kw)
+    resumed = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path / "run"), **kw)
+    assert resumed.start_step == 2 and {**killed.losses, **resumed.losses} == full.losses
+    final, init = _paths(full.state[0]), _paths(tr.init()[0])
+    for k, v in _paths(resumed.state[0]).items():
+        np.testing.assert_array_equal(v, final[k], err_msg=k)
+    changed = {k for k in final if not np.array_equal(final[k], init[k])}
+    trained_prefixes = {"a1": ("shot_encoder/", "dit/flow_embed/"), "a2": ("shot_encoder/", "dit/"),
+                        "b": ("mllm/",), "c": ("dit/",)}[phase]
+    assert changed and all(k.startswith(trained_prefixes) for k in changed), sorted(changed)[:5]
+    if phase == "a1":
+        assert not any("lora" in k for k in changed)
+    if phase in ("a2", "c"):
+        assert any("lora" in k for k in changed) and any("adaln" in k for k in changed)
+        assert not any("mlp" in k or "qkv_kernel" in k for k in changed)
+    if phase == "b":
+        assert any("lora" in k for k in changed) and any("output_resampler" in k for k in changed)
+        assert not any(k.endswith("q_proj/kernel") for k in changed)
+
+
+def test_trainable_sets_and_errors():
+    cfg = test_config("b")
+    with pytest.raises(ValueError, match="unknown training phase 'x'"):
+        phases.phase_spec(cfg, "x")
+    assert phases.phase_spec(cfg, "a1").components == ("shot_encoder", "dit")
+    cfg.train.precomputed_features, cfg.train.encode_latents = False, True
+    assert phases.phase_spec(cfg, "c").components == ("mllm", "shot_encoder", "dit", "t5", "clip", "vae")
+    np.testing.assert_array_equal(phases.flow_values(np.array([1, 3, 5, 9]), cfg.dit.flow_table),
+                                  [0.5, 10.0, 40.0, 40.0])
+
+
+def test_mllm_batch_builder_layout():
+    cfg = test_config("c")
+    b = phases.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
+    q = phases.num_queries(cfg)
+    assert b["input_ids"].shape == (2, 160)
+    np.testing.assert_array_equal(b["target_turn"], [2, 1])
+    np.testing.assert_array_equal(b["history_turns"], [[0, 1], [0, 0]])
+    np.testing.assert_array_equal(b["gen_mask"].sum(1), [q, q])
+    np.testing.assert_array_equal(b["cmp_mask"].sum(1), [2 * q, q])
+    assert (b["labels"] != -100).sum() == 2 * 11  # the 11 state-grammar tokens of the target turn
+    np.testing.assert_allclose(b["flow"], [40.0, 10.0])  # ML of the target turns: 5 and 3
+    assert b["latents"].shape == (2, 2, cfg.dit.in_channels, cfg.dit.sample_height, cfg.dit.sample_width)
+
+
+_WORKER = SETUP + r'''
+import json, sys
+import jax
+from animegamer_jax import parallel
+pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+from tests.test_train_phases import _batch
+from animegamer_jax.train import loop, optim, phases
+cfg = test_config("b")
+spec = phases.phase_spec(cfg)
+tx, sched = optim.make_optimizer(cfg.train)
+mesh = parallel.make_mesh((-1, 1, 1, 1))
+tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,
+                  compiler_options={"xla_backend_optimization_level": 0})
+full = _batch(cfg, "b")  # the global batch of 2; each process feeds its own row
+local = {k: v[pid:pid + 1] for k, v in full.items()}
+r = loop.fit(tr, iter(lambda: local, None), num_steps=3, workdir=workdir, global_batch_size=2,
+             checkpoint_every=3, progress=False)
+print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "losses": list(r.losses.values())}))
+jax.distributed.shutdown()
+'''
+
+
+@pytest.mark.multiprocess
+def test_phase_b_two_processes_agree(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port), str(tmp_path)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-4000:]
+    res = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+    assert [r["devices"] for r in res] == [2, 2]
+    assert len(res[0]["losses"]) == 3 and res[0]["losses"] == res[1]["losses"]
+    assert res[0]["losses"][-1] < res[0]["losses"][0]
+    assert os.path.isdir(tmp_path / "checkpoints" / "3" / "state")
