@@ -27,12 +27,12 @@ from tqdm import tqdm
 from animegamer_jax import parallel
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
-from animegamer_jax.game.engine import GameEngine
+from animegamer_jax.game.engine import GameEngine, apply_mode
 from animegamer_jax.game.script import Game, GameScriptError, load_jsonl
 from animegamer_jax.game.state import InstructionTooLongError
 from animegamer_jax.game.system import CheckpointError, resolve_system
 from animegamer_jax.parallel import distributed
-from animegamer_jax.play import common_args, config_from_args, save_game
+from animegamer_jax.play import common_args, config_from_args, save_game, setup_jax
 
 
 def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0,
@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     common_args(ap)
     args, extra = ap.parse_known_args(argv)
     distributed.initialize()
+    setup_jax()
     try:
         config = config_from_args(args, extra)
         out_dir = args.out or config.game.out_dir
@@ -80,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.limit:
             todo = todo[: args.limit]
         mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
-        system = resolve_system(config, args.checkpoint, args.standin, mesh=mesh)
+        system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh,
+                                random_fallback=args.demo)
         engine = GameEngine(config, system, mesh=mesh)
         print(f"system: {system.label}\nprocess {jax.process_index()}/{jax.process_count()}: "
               f"{len(todo)} games to play, {done} already finished, batch {engine.batch_size} on "

@@ -1,1 +1,13 @@
-"""animegamer_jax.game (see the package docstring)."""
+"""Game generation: a game script in, a sequence of game states (videos + character states) out.
+
+Modules:
+  script.py    game scripts (one instruction a line, or JSONL batches) -> Game / Turn
+  state.py     meters, the sliding window of past turns and the MLLM token layout (§1.3-1.6)
+  engine.py    GameEngine: batches of games advanced turn by turn through three jitted stages
+  real.py      the real stages: GameStateMLLM -> CogVideoX DiT + DPM++ 2M (dynamic CFG) -> VAE
+  standin.py   a random stand-in system with the same interfaces (tests; labelled everywhere)
+  system.py    which system a command plays: checkpoint, stand-in, or random tiny fallback
+  writers.py   per-turn MP4/GIF with the meters HUD, game video, game.json, index.html, contact sheet
+Entry points: ``python -m animegamer_jax.play`` (one game) and ``python -m animegamer_jax.generate``
+(many games, resumable).
+"""

@@ -178,7 +178,14 @@ class GameEngine:
         self.batch_size = parallel.data_parallel_size(self.mesh, self.rules)
         self.tok = tk.get_tokenizer()
         replicated = NamedSharding(self.mesh, PartitionSpec())
-        self.params = jax.device_put(system.params, replicated)
+
+        def place(x):
+            # keep arrays already laid out on this mesh (e.g. FSDP-sharded checkpoint weights)
+            if isinstance(getattr(x, "sharding", None), NamedSharding) and x.sharding.mesh == self.mesh:
+                return x
+            return jax.device_put(x, replicated)
+
+        self.params = jax.tree.map(place, system.params)
         self.mllm_fn = jax.jit(system.mllm)
         self.sample_fn = jax.jit(system.sample)
         self.decode_fn = jax.jit(system.decode)

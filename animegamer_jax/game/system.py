@@ -13,15 +13,43 @@ from animegamer_jax.game.engine import GameSystem
 from animegamer_jax.game.standin import build_standin
 
 #: components a game needs from the checkpoint (clip/t5 only build E_a's uncond embedding)
-REQUIRED_COMPONENTS = ("mllm", "dit", "vae", "shot_encoder")
+REQUIRED_COMPONENTS = ("mllm", "dit", "shot_encoder", "vae")
 
 
 class CheckpointError(ValueError):
     """A system checkpoint that is missing, incomplete or does not match the config."""
 
 
-def load_game_system(checkpoint: str, config, mesh=None) -> GameSystem:
+def _builders(config) -> dict:
+    """Builder overrides for load_system: the DiT is built from ``config.dit`` + ``rep`` (the
+    module has no ``from_config`` taking the whole config)."""
+    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+
+    nq = config.rep.num_text_tokens + config.rep.num_image_tokens
+    return {"dit": lambda cfg, rngs: CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=nq), rngs=rngs)}
+
+
+def _standin_decode(config):
+    st = build_standin(config)
+    return lambda latents: st.decode(st.params, latents)
+
+
+def has_vae_module() -> bool:
+    """Whether this build ships the CogVideoX VAE network (models/cogvideox_vae.py)."""
+    import importlib.util
+
+    return importlib.util.find_spec("animegamer_jax.models.cogvideox_vae") is not None
+
+
+def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False) -> GameSystem:
     """Loads every component from ``checkpoint`` and wraps them as per-turn functions.
+
+    Args:
+      checkpoint: a directory written by ``save_system``.
+      config: the run config (component shapes must match the saved arrays).
+      mesh: where to place the weights (default: one device).
+      standin_vae: decode with the random stand-in decoder instead of a ``vae`` component (for
+        builds without the VAE network); the system label says so.
 
     Raises:
       CheckpointError: missing directory, a missing component (named), or no loader in this build.
@@ -30,33 +58,87 @@ def load_game_system(checkpoint: str, config, mesh=None) -> GameSystem:
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or use --standin for a random stand-in)")
     try:
-        # The one-directory loader lives with the trainer that writes it (issue8).
-        from animegamer_jax.train.system_checkpoint import load_system
+        # The one-directory loader lives with the trainer that writes it (train/system_checkpoint.py).
+        from animegamer_jax.train import system_checkpoint as sc
     except ImportError as e:
         raise CheckpointError(f"this build has no system-checkpoint loader ({e}); use --standin") from None
     try:
-        components = load_system(checkpoint, config, mesh=mesh)
-    except (FileNotFoundError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {checkpoint!r} cannot be loaded: {e}") from None
-    missing = [c for c in REQUIRED_COMPONENTS if c not in components or components[c] is None]
+        manifest = sc.read_manifest(checkpoint)
+    except (sc.SystemCheckpointError, FileNotFoundError, OSError) as e:
+        raise CheckpointError(f"{checkpoint!r} is not a system checkpoint: {e}") from None
+    need = [c for c in REQUIRED_COMPONENTS if not (standin_vae and c == "vae")]
+    missing = [c for c in need if c not in manifest["components"]]
     if missing:
-        raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing}; a game needs "
-                              f"{list(REQUIRED_COMPONENTS)}. Fix: save all of them with save_system")
+        raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing} (it holds "
+                              f"{manifest['components']}); a game needs {need}. Fix: save all of them "
+                              f"with save_system")
+    try:
+        components = sc.load_system(checkpoint, config, mesh=mesh, names=need, builders=_builders(config))
+    except sc.SystemCheckpointError as e:
+        raise CheckpointError(f"checkpoint {checkpoint!r} does not match config {config.name!r}: {e}") from None
     from animegamer_jax.game.real import build_real_system
 
-    return build_real_system(components, config, label=f"checkpoint {checkpoint}")
+    label = f"checkpoint {checkpoint}"
+    if standin_vae:
+        label += " (VAE: random stand-in decoder, NOT the CogVideoX VAE)"
+    return build_real_system(components, config, label=label,
+                             decode_fn=_standin_decode(config) if standin_vae else None)
 
 
-def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=None) -> GameSystem:
-    """``--standin`` -> random stand-in; else the checkpoint (argument or ``config.game.checkpoint``).
+def build_random_system(config, seed: int = 0) -> GameSystem:
+    """The real networks at ``config`` sizes, randomly initialised (untrained), in one jitted init.
+
+    The VAE is the real one when this build has it, else the random stand-in decoder. The label
+    says all of this.
+    """
+    import jax
+    from flax import nnx
+
+    from animegamer_jax.game.real import build_real_system
+    from animegamer_jax.models.mllm import GameStateMLLM
+    from animegamer_jax.models.shot_encoder import ShotEncoder
+
+    dit_builder = _builders(config)["dit"]
+
+    @jax.jit
+    def init():
+        # one compiled init instead of one eager PRNG op per parameter
+        mods = {"mllm": GameStateMLLM.from_config(config, rngs=nnx.Rngs(seed)),
+                "dit": dit_builder(config, nnx.Rngs(seed + 1)),
+                "shot_encoder": ShotEncoder.from_config(config, rngs=nnx.Rngs(seed + 2))}
+        return {k: nnx.split(m) for k, m in mods.items()}
+
+    split = init()
+    comps = {k: nnx.merge(g, s) for k, (g, s) in split.items()}
+    vae = "real CogVideoX VAE" if has_vae_module() else "random stand-in decoder, NOT the CogVideoX VAE"
+    decode_fn = None
+    if has_vae_module():
+        from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+
+        comps["vae"] = CogVideoXVAE.from_config(config, rngs=nnx.Rngs(seed + 3))
+    else:
+        decode_fn = _standin_decode(config)
+    label = (f"RANDOMLY INITIALISED {config.name} system (untrained MLLM, DiT and E_a, seed {seed}; VAE: {vae}); "
+             f"no trained checkpoint was found")
+    return build_real_system(comps, config, label=label, decode_fn=decode_fn)
+
+
+def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=None,
+                   random_fallback: bool = False, standin_vae: bool = False) -> GameSystem:
+    """Picks the system a command plays.
+
+    ``standin`` -> the random stand-in; else the checkpoint (argument or ``config.game.checkpoint``);
+    with ``random_fallback`` (the demo) a missing checkpoint gives :func:`build_random_system`.
 
     Raises:
-      CheckpointError: no checkpoint given and no ``--standin``, or a bad checkpoint.
+      CheckpointError: no checkpoint given (and no fallback), or a bad checkpoint.
     """
     if standin:
         return build_standin(config, seed=int(config.seed))
     ckpt = checkpoint or config.game.checkpoint
+    if random_fallback and (not ckpt or not os.path.isdir(ckpt)):
+        return build_random_system(config, seed=int(config.seed))
     if not ckpt:
         raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "
                               "or --standin to play a random, untrained stand-in")
-    return load_game_system(ckpt, config, mesh=mesh)
+    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae or not has_vae_module())

@@ -1,0 +1,161 @@
+"""The real per-turn functions: GameStateMLLM -> CogVideoX DiT + DPM++ 2M (dynamic CFG) -> VAE.
+
+Wraps loaded NNX modules (train/system_checkpoint.py ``load_system``) as a
+:class:`~animegamer_jax.game.engine.GameSystem` whose three functions take the modules' states as
+jit arguments (weights are never baked in as constants):
+
+* **MLLM** (architecture.md §1.3-1.7, models/mllm.py): the history query slots take the projected
+  history representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the
+  padding mask: sequences are right-padded to one length per game shape) and the representation is
+  read at the engine's ``read_idx`` (the query positions, or the release's last 226 valid positions),
+  then ``output_resampler``; pass A is the release's purely causal greedy decoding over the same
+  embeddings, constrained to the state grammar (``AnimeGamerTokenizer.state_grammar``) and run with
+  a KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
+  position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded.
+  States are read from the generated ids at positions 0, 3, 6, 9 (§1.5).
+* **Sampling** (§4.7-4.8, §5.4-5.5, diffusion/samplers.py): ML -> flow value (``dit.flow_table``),
+  cond = s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond, §3.4) with the same flow,
+  one CFG batch per step. The sampler is vmapped over games so each game's noise comes from its own
+  key (``split(key)``: initial latents, SDE noise), which makes a game's output independent of the
+  batch it is played in.
+* **VAE** (§5.6): ``decode(latents / scaling_factor)`` -> frames, mapped from [-1, 1] to [0, 1].
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from animegamer_jax import tokenizer as tk
+from animegamer_jax.diffusion import samplers
+from animegamer_jax.game.engine import GameSystem, flow_value
+from animegamer_jax.models import mistral as mst
+from animegamer_jax.models.mllm import hybrid_mask
+
+#: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
+STATE_TOKENS = 10
+
+
+def mllm_turn(mllm, batch: dict[str, jax.Array], window: int) -> tuple[jax.Array, jax.Array]:
+    """One MLLM turn on a padded batch (see the module docstring).
+
+    Args:
+      mllm: a ``GameStateMLLM``.
+      batch: ``game.state.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
+        hist_reps [B, W-1, Q, D], read_idx [B, Q], last_idx [B]).
+      window: W (static); 1 means no history slots.
+
+    Returns:
+      (states int32 [B, 4] = ML, SC, ET, ST; rep float32 [B, Q, D]).
+    """
+    ids = batch["ids"]
+    b, n = ids.shape
+    valid = batch["attention_mask"] != 0
+    if window > 1:
+        x = mllm.embed_inputs(ids, batch["cmp_mask"], batch["hist_reps"])
+    else:
+        x = mllm.embed_inputs(ids, None, None)
+    # pass B: hybrid mask, representation at read_idx
+    mask = hybrid_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
+    hidden = mllm.llm(inputs_embeds=x, attention_mask=mask, return_logits=False).hidden
+    read = jnp.take_along_axis(hidden, batch["read_idx"][:, :, None], axis=1)
+    rep = mllm.output_resampler(read).astype(jnp.float32)
+    # pass A: causal constrained greedy decoding with a KV cache
+    llm = mllm.llm
+    grammar = tk.AnimeGamerTokenizer.state_grammar()[:STATE_TOKENS]
+    allowed = np.zeros((STATE_TOKENS, llm.cfg.vocab_size), bool)
+    for t, ok in enumerate(grammar):
+        allowed[t, list(ok)] = True
+    allowed = jnp.asarray(allowed)
+    cache = mst.KVCache.init(llm.cfg, b, n + STATE_TOKENS - 1)
+    out = llm(inputs_embeds=x, cache=cache, return_logits=False)
+    last = batch["last_idx"]
+    h_last = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)
+    logits = llm.logits(h_last)[:, 0]
+    tok0 = jnp.argmax(jnp.where(allowed[0], logits, -jnp.inf), axis=-1).astype(jnp.int32)
+    k_pos = jnp.arange(n + STATE_TOKENS - 1)
+    key_ok = (k_pos[None, :] <= last[:, None]) | (k_pos[None, :] >= n)  # drop the padding keys
+
+    def step(carry, xs):
+        tok, cache = carry
+        t, allow = xs
+        o = llm(tok[:, None], positions=(last + t)[:, None], cache=cache, padding_mask=key_ok)
+        nxt = jnp.argmax(jnp.where(allow, o.logits[:, -1], -jnp.inf), axis=-1).astype(jnp.int32)
+        return (nxt, o.cache), nxt
+
+    steps = jnp.arange(1, STATE_TOKENS, dtype=jnp.int32)
+    _, toks = jax.lax.scan(step, (tok0, out.cache), (steps, allowed[1:]))
+    toks = jnp.concatenate([tok0[:, None], toks.T], axis=1)  # [B, 10]
+    states = toks[:, jnp.array([0, 3, 6, 9])] - tk.STRENGTH_BASE_ID + tk.STRENGTH_MIN
+    return states.astype(jnp.int32), rep
+
+
+def build_real_system(components: dict[str, Any], config, label: str, decode_fn=None) -> GameSystem:
+    """Wraps loaded modules as a :class:`GameSystem`.
+
+    Args:
+      components: ``{"mllm": GameStateMLLM, "dit": CogVideoXDiT, "shot_encoder": ShotEncoder,
+        "vae": VAE with ``decode(z)``}``.
+      config: the run config with ``game.mode`` applied (engine.apply_mode).
+      label: shown in outputs.
+      decode_fn: optional ``(latents [B, T, C, h, w]) -> frames [B, F, H, W, 3]`` in [0, 1]
+        replacing the VAE (tests of the other stages); the label should say so.
+    """
+    from animegamer_jax.game.engine import apply_mode
+
+    config = apply_mode(config)
+    window = int(config.mllm.history_window)
+    g_mllm, s_mllm = nnx.split(components["mllm"])
+    g_dit, s_dit = nnx.split(components["dit"])
+    uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a
+    params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
+    plan = samplers.plan_from_config(config.diffusion)
+    table = tuple(config.dit.flow_table)
+    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
+                    config.dit.sample_width)
+    if decode_fn is None:
+        g_vae, s_vae = nnx.split(components["vae"])
+        params["vae"] = s_vae
+        scale = float(config.vae.scaling_factor)
+
+        def decode(p, latents):
+            vae = nnx.merge(g_vae, p["vae"])
+            video = vae.decode(latents / scale)
+            return _to_unit_frames(video, latents.shape)
+    else:
+        def decode(p, latents):
+            return decode_fn(latents)
+
+    def mllm(p, batch):
+        return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window)
+
+    def sample(p, rep, ml, keys):
+        dit = nnx.merge(g_dit, p["dit"])
+        flow = flow_value(ml, table)
+
+        def denoise(x, t, c):
+            return dit(x, c["cond"], t, c["flow"])
+
+        def one(rep_b, flow_b, key_b):
+            k_init, k_sde = jax.random.split(key_b)
+            x = jax.random.normal(k_init, (1, *latent_shape), jnp.float32)
+            cond = {"cond": rep_b[None], "flow": flow_b[None]}
+            unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
+            return samplers.sample(denoise, x, cond, unc, k_sde, plan)[0]
+
+        return jax.vmap(one)(rep, flow, keys)
+
+    return GameSystem(params, mllm, sample, decode, label=label)
+
+
+def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
+    """VAE output in [-1, 1] -> float32 [B, F, H, W, 3] in [0, 1] (§5.6), accepting [B, F, H, W, 3]
+    or the channels-first [B, 3, F, H, W] / [B, F, 3, H, W] layouts."""
+    v = video.astype(jnp.float32)
+    if v.ndim == 5 and v.shape[-1] != 3:
+        v = jnp.moveaxis(v, 1 if v.shape[1] == 3 else 2, -1)
+    return jnp.clip((v + 1.0) / 2.0, 0.0, 1.0)

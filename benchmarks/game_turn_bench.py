@@ -1,0 +1,76 @@
+"""Per-turn time of the demo game, split into MLLM / sampling / VAE / writing, compilation apart.
+
+Usage::
+
+    python benchmarks/game_turn_bench.py [--config configs/tiny.py] [--checkpoint DIR | --standin]
+        [--script data/games/bunny.txt] [--repeat 2] [--config.x.y=v ...]
+
+Without ``--checkpoint`` / ``--standin`` it plays ``config.game.checkpoint`` when that exists, else
+the randomly initialised system of the config's sizes (as ``play --demo``). The game is played
+``--repeat`` times on one engine: the first play includes compilation (reported separately, from
+JAX's compile events), later plays must not compile at all (checked from the jit caches and the
+compile-event counts, printed as "recompiles after turn 1").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from animegamer_jax import parallel  # noqa: E402
+from animegamer_jax.game.engine import STAGES, GameEngine, apply_mode  # noqa: E402
+from animegamer_jax.game.script import load_script  # noqa: E402
+from animegamer_jax.game.system import resolve_system  # noqa: E402
+from animegamer_jax.play import common_args, config_from_args, save_game, setup_jax  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--script", default="data/games/bunny.txt")
+    ap.add_argument("--repeat", type=int, default=2)
+    common_args(ap)
+    args, extra = ap.parse_known_args()
+    setup_jax()
+    import jax
+
+    config = config_from_args(args, extra)
+    mesh = parallel.mesh_from_config(config)
+    t0 = time.perf_counter()
+    system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh, random_fallback=True)
+    t_load = time.perf_counter() - t0
+    engine = GameEngine(config, system, mesh=mesh)
+    game = load_script(args.script, seed=int(config.game.seed))
+    out_dir = args.out or tempfile.mkdtemp(prefix="game_bench_")
+    print(f"system: {system.label}\nconfig {config.name} on {jax.device_count()} {jax.default_backend()} "
+          f"device(s); {len(game.turns)} turns; load/init {t_load:.2f}s")
+    rows = []
+    for rep in range(args.repeat):
+        before_c = dict(engine.compiles)
+        before_s = dict(engine.compile_s)
+        r = engine.play([game])[0]
+        t = time.perf_counter()
+        save_game(engine, r, out_dir)
+        write_s = time.perf_counter() - t
+        n = len(r["turns"])
+        per = {s: [tm[f"{s}_s"] for tm in r["timings"]] for s in STAGES}
+        comp = {s: engine.compile_s[s] - before_s[s] for s in STAGES}
+        recompiles = {s: engine.compiles[s] - before_c[s] for s in STAGES}
+        rows.append({"play": rep, "per_turn_s": per, "writing_s_per_turn": write_s / n, "compile_s": comp,
+                     "compiles": recompiles})
+        print(f"play {rep}: per turn (s, compile excluded): "
+              + ", ".join(f"{s} " + "/".join(f"{v:.3f}" for v in per[s]) for s in STAGES)
+              + f", writing {write_s / n:.3f}; compile " + ", ".join(f"{s} {comp[s]:.2f}s" for s in STAGES)
+              + f"; compilations {recompiles}")
+    later = sum(sum(row["compiles"].values()) for row in rows[1:])
+    print(f"jit cache sizes {engine.cache_sizes()}; recompiles after the first play: {later}")
+    print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
