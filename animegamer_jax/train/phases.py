@@ -310,9 +310,12 @@ class BatchBuilder:
         return self.mllm_batch(ex)
 
     def decoder_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        out = {"t5_ids": self.t5_tok(_strs(ex["action"])),
-               "first_frame": _to_unit(ex["first_frame"]),
-               "flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
+        out = {"flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
+        if "f_md" in ex:  # precomputed T5 / CLIP features
+            out["f_md"], out["f_v"] = np.asarray(ex["f_md"], np.float32), np.asarray(ex["f_v"], np.float32)
+        else:
+            out["t5_ids"] = self.t5_tok(_strs(ex["action"]))
+            out["first_frame"] = _to_unit(ex["first_frame"])
         if "latents" in ex:
             out["latents"] = np.asarray(ex["latents"], np.float32)
         else:
@@ -340,8 +343,12 @@ class BatchBuilder:
             idx = list(range(first, n - 1))
             hist[i, :len(idx)] = idx
         out = mllm.collate(seqs, pad_to=int(cfg.train.max_seq_len))
-        out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
-        out["turn_first_frame"] = _to_unit(ex["first_frame"])
+        if "turn_f_md" in ex:  # precomputed T5 / CLIP features per turn
+            out["turn_f_md"] = np.asarray(ex["turn_f_md"], np.float32)
+            out["turn_f_v"] = np.asarray(ex["turn_f_v"], np.float32)
+        else:
+            out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
+            out["turn_first_frame"] = _to_unit(ex["first_frame"])
         out["target_turn"], out["history_turns"] = target, hist
         if self.phase == "c":
             levels = np.asarray(ex["motion_level"]) if "motion_level" in ex else np.asarray(ex["states"])[..., 0]
