@@ -147,3 +147,51 @@ def convert_animegamer_mllm(
     pure.update(_resampler_pure(rest, cfg, dt))
     state = fill_state(abstract_state(lambda: GameStateMLLM(cfg, rngs=nnx.Rngs(0))), pure)
     return cfg, state
+
+
+def _load_root_config(path: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_agj_cfg", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: ``python -m animegamer_jax.convert.animegamer_mllm BIN DST [--config F] [--merge_lora]``.
+
+    BIN is the release ``MLLM-*/pytorch_model.bin``. If it holds only the trainable subset (no
+    base weights), pass ``--base`` with the HF Mistral-7B-Instruct-v0.1 directory: its weights fill
+    the frozen base keys (the release's embeddings/lm_head, already resized to 32284, win).
+    """
+    import argparse
+    import os
+
+    from animegamer_jax.convert import mistral as cm
+
+    p = argparse.ArgumentParser(description="AnimeGamer MLLM pytorch_model.bin -> orbax")
+    p.add_argument("bin")
+    p.add_argument("dst")
+    p.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "../../configs/animegamer_2b_7b.py"))
+    p.add_argument("--base", default=None, help="HF Mistral dir for base weights missing from BIN")
+    p.add_argument("--merge_lora", action="store_true")
+    p.add_argument("--param_dtype", default="bfloat16")
+    a = p.parse_args(argv)
+    cfg = MLLMConfig.from_config(_load_root_config(a.config), param_dtype=a.param_dtype, dtype=a.param_dtype,
+                                 lora_rank=0)
+    sd = cm.load_state_dict(a.bin)
+    print(f"{len(sd)} keys in {a.bin}; first: {sorted(sd)[:5]}")
+    if a.base:
+        llm_sd, _ = normalize_peft_keys(sd)
+        for k, v in cm.load_state_dict(a.base).items():
+            if k not in llm_sd:
+                sd["llm.base_model.model." + k] = v
+    cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora)
+    os.makedirs(a.dst, exist_ok=True)
+    cm.save_state(state, os.path.join(a.dst, "params"))
+    print(f"wrote {a.dst}/params (lora_rank={cfg.llm.lora_rank}, merged={a.merge_lora})")
+
+
+if __name__ == "__main__":
+    main()

@@ -250,8 +250,7 @@ def fill_state(abstract: nnx.State, pure: Mapping[str, Any]) -> nnx.State:
             f"state does not match the model: missing {missing}; unexpected {extra}; mis-shaped {bad}"
         )
     leaves = {k: jnp.asarray(flat_pure[k], dtype=v.dtype) for k, v in want.items()}
-    state = jax.tree.map(lambda x: x, abstract)
-    flat = [(k, _replace(v, leaves[k])) for k, v in nnx.to_flat_state(state)]
+    flat = [(k, _replace(v, leaves[k])) for k, v in nnx.to_flat_state(abstract)]
     return nnx.from_flat_state(flat)
 
 
@@ -303,3 +302,24 @@ def convert_hf_checkpoint(src: str, dst: str | None = None, **overrides: Any) ->
             json.dump({k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
                        for k, v in dataclasses.asdict(cfg).items()}, f, indent=1)
     return cfg, state
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: ``python -m animegamer_jax.convert.mistral SRC_HF_DIR DST [--param_dtype bfloat16] [--vocab_size N]``."""
+    import argparse
+
+    p = argparse.ArgumentParser(description="HF Mistral checkpoint -> orbax (animegamer-jax layout)")
+    p.add_argument("src", help="HF model directory (config.json + safetensors / pytorch_model.bin)")
+    p.add_argument("dst", help="output directory (orbax state in DST/params)")
+    p.add_argument("--param_dtype", default="bfloat16")
+    p.add_argument("--vocab_size", type=int, default=None, help="only for an already resized checkpoint")
+    a = p.parse_args(argv)
+    over: dict[str, Any] = {"param_dtype": a.param_dtype, "dtype": a.param_dtype}
+    if a.vocab_size:
+        over["vocab_size"] = a.vocab_size
+    cfg, _ = convert_hf_checkpoint(a.src, a.dst, **over)
+    print(f"wrote {a.dst}/params: {cfg}")
+
+
+if __name__ == "__main__":
+    main()

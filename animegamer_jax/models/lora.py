@@ -135,12 +135,11 @@ class LoRAEinsum(nnx.Module):
         """``scaling * A . B`` with the kernel's shape (leading stacked axes kept), in fp32."""
         a = self.lora_a[...].astype(jnp.float32)
         b = self.lora_b[...].astype(jnp.float32)
-        n_in, n_out = len(self.in_features), len(self.out_features)
+        n_in = len(self.in_features)
         lead = a.shape[: a.ndim - n_in - 1]
         a2 = a.reshape(lead + (math.prod(self.in_features), self.rank))
         b2 = b.reshape(lead + (self.rank, math.prod(self.out_features)))
         d = jnp.matmul(a2, b2) * self.scaling
-        del n_out
         return d.reshape(lead + self.in_features + self.out_features)
 
     def merge(self) -> None:

@@ -80,6 +80,8 @@ class MistralConfig:
         kw = {k: c[k] for k in names if k in c}
         if "lora_targets" in kw:
             kw["lora_targets"] = tuple(kw["lora_targets"])
+        if kw.get("attention_impl") in ("auto", ""):
+            kw["attention_impl"] = None
         kw.update(overrides)
         return cls(**kw)
 
@@ -444,7 +446,8 @@ def greedy_generate(
     Args:
       max_new_tokens: tokens to generate T.
       input_ids [B, L] or inputs_embeds [B, L, D]: the prompt.
-      cache_len: cache size S_max (default L + T).
+      cache_len: cache size S_max (default L + T rounded up to a multiple of 64, so turns of
+        similar length share one compiled decode step).
       allowed_fn: ``(step, previous_tokens [B]) -> bool [B, V]`` legal-token mask per step
         (constrained decoding); None = unconstrained.
 
@@ -453,7 +456,7 @@ def greedy_generate(
     """
     x = input_ids if input_ids is not None else inputs_embeds
     b, l = x.shape[:2]
-    s = cache_len or l + max_new_tokens
+    s = cache_len or -(-(l + max_new_tokens) // 64) * 64
     dt = model.cfg.dtype
     cache = KVCache.init(model.cfg, b, s, dt)
     logits, cache = prefill(model, cache, input_ids, inputs_embeds)
