@@ -85,8 +85,9 @@ def _ours(model, pixels, ids):
 
 
 @pytest.mark.parity
-@pytest.mark.parametrize("act", ["gelu", "quick_gelu"])
-def test_clip_parity_hf_and_open_clip_names(act):
+def test_clip_parity_hf_and_open_clip_names():
+    # exact GELU here (laion2b); the vision-model test below covers quick_gelu (OpenAI CLIP).
+    act = "gelu"
     hf = _hf_clip(act)
     pixels, ids = _inputs()
     with torch.no_grad():
@@ -173,28 +174,41 @@ def test_config_from_open_clip_reads_activation():
     assert cc.config_from_open_clip({**vit_b16, "quick_gelu": True}).hidden_act == "quick_gelu"
 
 
-def _torch_preprocess(x: torch.Tensor, size: int) -> torch.Tensor:
-    """Torch reimplementation: antialiased bicubic resize (half-pixel centres), [-1,1] -> CLIP norm."""
-    x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False, antialias=True)
+def _torch_preprocess(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
+    """Torch reimplementation: the release's kornia resize (diffusers keeps a verbatim copy of it)
+    or torch's antialiased bicubic, then [-1, 1] -> [0, 1] -> CLIP mean/std."""
+    if method == "kornia":
+        from diffusers.pipelines.stable_video_diffusion.pipeline_stable_video_diffusion import _resize_with_antialiasing
+
+        x = _resize_with_antialiasing(x, (size, size))
+    else:
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False, antialias=True)
     x = (x + 1.0) / 2.0
     mean = torch.tensor(mc.CLIP_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(mc.CLIP_STD).view(1, 3, 1, 1)
     return (x - mean) / std
 
 
-def test_preprocess_matches_torch_reimplementation():
+@pytest.mark.parametrize("method,hw,size", [("kornia", (480, 720), 224), ("kornia", (30, 20), 32), ("jax", (96, 144), 32)])
+def test_preprocess_matches_torch_reimplementation(method, hw, size):
     rng = np.random.default_rng(1)
-    # Smooth image (like a frame) plus noise, in [-1, 1], at the release's 480x720 aspect (scaled).
-    yy, xx = np.mgrid[0:96, 0:144] / 20.0
+    # Smooth image (like a frame) plus noise, in [-1, 1].
+    yy, xx = np.mgrid[0:hw[0], 0:hw[1]] / (hw[0] / 5)
     img = np.stack([np.sin(xx + c) * np.cos(yy - c) for c in range(3)], -1)[None] * 0.8
     img = np.clip(img + 0.1 * rng.standard_normal(img.shape), -1, 1).astype(np.float32)
-    ours = np.asarray(jax.jit(mc.preprocess, static_argnums=1)(jnp.asarray(img), 32))
-    ref = _torch_preprocess(torch.tensor(img.transpose(0, 3, 1, 2)), 32).numpy().transpose(0, 2, 3, 1)
-    assert ours.shape == (1, 32, 32, 3)
-    assert np.abs(ours - ref).max() <= 1e-3
-    # Normalization constants: a mid-grey frame maps to (0.5 - mean) / std.
+    ours = np.asarray(jax.jit(mc.preprocess, static_argnums=(1, 2))(jnp.asarray(img), size, method))
+    ref = _torch_preprocess(torch.tensor(img.transpose(0, 3, 1, 2)), size, method).numpy().transpose(0, 2, 3, 1)
+    assert ours.shape == (1, size, size, 3)
+    assert np.abs(ours - ref).max() <= 1e-3 * (0.1 if method == "kornia" else 1)
+
+
+def test_preprocess_constants_and_errors():
     grey = np.asarray(mc.preprocess(jnp.zeros((1, 32, 32, 3)), 32))[0, 0, 0]
     np.testing.assert_allclose(grey, (0.5 - np.array(mc.CLIP_MEAN)) / np.array(mc.CLIP_STD), rtol=1e-6)
+    # Each resize row is a partition of unity (a constant image stays constant).
+    np.testing.assert_allclose(mc.kornia_resize_matrix(720, 224).sum(1), 1.0, atol=1e-6)
+    with pytest.raises(ValueError, match="resize method"):
+        mc.preprocess(jnp.zeros((1, 8, 8, 3)), 4, "pil")
 
 
 def test_full_size_eval_shape():

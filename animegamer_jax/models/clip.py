@@ -14,14 +14,17 @@ the config):
 Images are channels-last (B, H, W, 3); the release feeds B x 3 x H x W.
 
 Preprocessing (:func:`preprocess`): the release resizes with kornia
-(``resize(x, (224, 224), interpolation="bicubic", align_corners=True, antialias=True)``), i.e. a
-Gaussian blur (sigma = (scale-1)/2) followed by bicubic (a = -0.75) sampling with corner-aligned
-grid. kornia is not a dependency here; we use ``jax.image.resize(method="bicubic",
-antialias=True)``: a Keys cubic (a = -0.5) kernel stretched by the downscale factor with
-half-pixel centres, which is the same filter as torch ``F.interpolate(mode="bicubic",
-antialias=True, align_corners=False)`` and PIL's bicubic. Both are antialiased bicubic resizes; on
-natural frames their outputs differ by about 1e-2 (in [-1, 1] units), well below CLIP's
-sensitivity, but this is not bit-parity with the release.
+(``resize(x, (224, 224), interpolation="bicubic", align_corners=True, antialias=True)``): a
+separable Gaussian blur (sigma = max((scale - 1) / 2, 0.001) per axis, kernel
+``int(max(4 sigma, 3))`` made odd, reflect borders) followed by torch bicubic sampling
+(a = -0.75, corner-aligned grid, clamped borders). ``resize_method="kornia"`` (default) reproduces it
+exactly as one (out, in) matrix per axis (checked against diffusers' verbatim copy,
+``stable_video_diffusion._resize_with_antialiasing``, to ~1e-6). ``resize_method="jax"`` uses
+``jax.image.resize(method="bicubic", antialias=True)`` instead: a Keys cubic (a = -0.5) kernel
+stretched by the downscale factor with half-pixel centres, i.e. torch ``F.interpolate(mode=
+"bicubic", antialias=True, align_corners=False)`` / PIL bicubic; it differs from the release's
+resize on a 480x720 bigbuckbunny frame by 0.02 mean / 0.3 max (in [-1, 1] units: different
+low-pass filter and grid alignment), so use it only where release parity does not matter.
 
 Repeated blocks are created stacked (``nnx.vmap`` over the init, leading ``layers`` axis) and run
 with ``jax.lax.scan``.
@@ -30,10 +33,12 @@ with ``jax.lax.scan``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from animegamer_jax.parallel import constrain
@@ -213,23 +218,80 @@ def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: jax.Array | None
     return x
 
 
-def preprocess(images: jax.Array, image_size: int = 224) -> jax.Array:
+def _cubic_weights(t: np.ndarray, a: float = -0.75) -> np.ndarray:
+    """torch ``upsample_bicubic2d`` weights for taps -1, 0, 1, 2 at fractional offsets ``t``."""
+
+    def near(x):  # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):  # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)], -1)
+
+
+@functools.lru_cache(maxsize=32)
+def kornia_resize_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) float32 matrix of kornia's antialiased bicubic resize along one axis.
+
+    = bicubic(align_corners=True, a=-0.75, clamped) @ gaussian_blur(reflect); see the module
+    docstring for the constants (kornia ``geometry.transform.resize``).
+    """
+    sigma = max((n_in / n_out - 1.0) / 2.0, 0.001)
+    ks = int(max(2.0 * 2 * sigma, 3))
+    ks += 1 - ks % 2
+    x = np.arange(ks, dtype=np.float64) - ks // 2
+    g = np.exp(-(x**2) / (2 * sigma**2))
+    g /= g.sum()
+    front = (ks - 1) // 2
+    if front >= n_in:
+        raise ValueError(f"kornia resize {n_in}->{n_out}: blur kernel {ks} too wide for reflect padding")
+    blur = np.zeros((n_in, n_in))
+    for i in range(n_in):
+        for j in range(ks):
+            p = i - front + j
+            p = -p if p < 0 else (2 * (n_in - 1) - p if p > n_in - 1 else p)
+            blur[i, p] += g[j]
+    scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    src = np.arange(n_out) * scale
+    i0 = np.floor(src).astype(np.int64)
+    w = _cubic_weights(src - i0)
+    interp = np.zeros((n_out, n_in))
+    for tap in range(4):
+        np.add.at(interp, (np.arange(n_out), np.clip(i0 - 1 + tap, 0, n_in - 1)), w[:, tap])
+    return (interp @ blur).astype(np.float32)
+
+
+def resize(images: jax.Array, size: int, method: str = "kornia") -> jax.Array:
+    """Square antialiased bicubic resize of (B, H, W, C) float images to (B, size, size, C) fp32.
+
+    ``method``: ``"kornia"`` (the release's resize, exact) or ``"jax"`` (``jax.image.resize``
+    bicubic antialias); see the module docstring.
+    """
+    x = images.astype(jnp.float32)
+    b, h, w, c = x.shape
+    if method == "kornia":
+        mh = jnp.asarray(kornia_resize_matrix(h, size))
+        mw = jnp.asarray(kornia_resize_matrix(w, size))
+        return jnp.einsum("oh,bhwc,pw->bopc", mh, x, mw, precision=jax.lax.Precision.HIGHEST)
+    if method == "jax":
+        return jax.image.resize(x, (b, size, size, c), method="bicubic", antialias=True)
+    raise ValueError(f"resize method must be 'kornia' or 'jax', got {method!r}")
+
+
+def preprocess(images: jax.Array, image_size: int = 224, resize_method: str = "kornia") -> jax.Array:
     """The release's CLIP preprocessing of the reference frame (architecture.md §3.1).
 
     Args:
       images: (B, H, W, 3) float in [-1, 1] (any H, W; the release feeds 480 x 720).
       image_size: output side (224 for ViT-B/16).
+      resize_method: ``"kornia"`` (release, default) or ``"jax"``; see :func:`resize`.
 
     Returns:
-      (B, image_size, image_size, 3) float32: bicubic antialiased resize straight to a square
+      (B, image_size, image_size, 3) float32: antialiased bicubic resize straight to a square
       (no crop, no aspect preservation), then ``(x + 1) / 2`` and CLIP mean/std normalization.
-      The resize is ``jax.image.resize(method="bicubic", antialias=True)``; see the module
-      docstring for how it differs from the release's kornia resize.
     """
-    x = images.astype(jnp.float32)
-    b, h, w, c = x.shape
-    if (h, w) != (image_size, image_size):
-        x = jax.image.resize(x, (b, image_size, image_size, c), method="bicubic", antialias=True)
+    x = resize(images, image_size, resize_method)
     x = (x + 1.0) / 2.0
     return (x - jnp.asarray(CLIP_MEAN, jnp.float32)) / jnp.asarray(CLIP_STD, jnp.float32)
 
@@ -281,9 +343,9 @@ class CLIPVisionTransformer(nnx.Module):
         """f_v: penultimate-block patch tokens without CLS and without ln_post, (B, P, D) (§3.1)."""
         return self(pixels, self.cfg.vision_layers - 1)[:, 1:]
 
-    def encode_reference(self, images: jax.Array) -> jax.Array:
+    def encode_reference(self, images: jax.Array, resize_method: str = "kornia") -> jax.Array:
         """f_v from raw frames: (B, H, W, 3) in [-1, 1] -> (B, P, D) (preprocess + patch_tokens)."""
-        return self.patch_tokens(preprocess(images, self.cfg.image_size))
+        return self.patch_tokens(preprocess(images, self.cfg.image_size, resize_method))
 
     def pooled(self, pixels: jax.Array) -> jax.Array:
         """ln_post of the final CLS token, (B, D) (HF ``pooler_output``)."""
