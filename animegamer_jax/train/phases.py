@@ -155,13 +155,15 @@ def _encode_features(model: TrainModel, batch: Mapping[str, jax.Array], prefix: 
     return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
 
 
-def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict) -> jax.Array:
-    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames (frozen)."""
+def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
+             key: jax.Array) -> jax.Array:
+    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames [B, T, H, W, 3]
+    (frozen VAE; ``z = scaling_factor * sample(q(z|x))`` as SAT's ``encode_first_stage``, §5.6)."""
     if "latents" in batch:
         return batch["latents"].astype(jnp.float32)
     if not hasattr(model, "vae"):
         raise ValueError("batch has no 'latents' and the train model has no VAE (train.encode_latents=False)")
-    z = model.vae.encode(batch["frames"])
+    z = model.vae.encode(batch["frames"]).sample(key) * float(config.vae.scaling_factor)
     return jax.lax.stop_gradient(z.astype(jnp.float32))
 
 
@@ -175,12 +177,12 @@ def _diffusion_loss(model: TrainModel, cond: jax.Array, x0: jax.Array, flow: jax
 def decoder_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
                  config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
-    k_t, k_i, k_n = jax.random.split(rng, 3)
+    k_t, k_i, k_n, k_z = jax.random.split(rng, 4)
     f_md, f_v = _encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
     f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
     cond = model.shot_encoder(f_md, f_v)
-    x0 = _latents(model, batch, config)
+    x0 = _latents(model, batch, config, k_z)
     loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedules.DiffusionSchedule.from_config(config.diffusion))
     return loss, {"v_mse": loss, "text_dropped": jnp.mean(drop_t), "image_dropped": jnp.mean(drop_i)}
 
@@ -212,14 +214,14 @@ def mllm_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
 def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
                     config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phase c: the frozen MLLM's predicted s_a (query read-out) conditions the DiT; v-prediction MSE."""
-    k_d, k_n = jax.random.split(rng)
+    k_d, k_n, k_z = jax.random.split(rng, 3)
     mb = _mllm_batch(model, batch)
     out = model.mllm(mb["input_ids"], gen_mask=mb["gen_mask"], cmp_mask=mb["cmp_mask"],
                      history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False)
     rep = jax.lax.stop_gradient(out.rep)
     uncond = jax.lax.stop_gradient(model.shot_encoder.uncond(1)).astype(rep.dtype)
     cond, dropped = guidance.cfg_dropout(k_d, rep, uncond, config.diffusion.text_dropout)
-    x0 = _latents(model, batch, config)
+    x0 = _latents(model, batch, config, k_z)
     loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedules.DiffusionSchedule.from_config(config.diffusion))
     rep_mse = jnp.mean((rep.astype(jnp.float32) - mb["target_reps"].astype(jnp.float32)) ** 2)
     return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
