@@ -70,12 +70,15 @@ PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The config the train models are built from: fp32 master weights everywhere (activations keep
-    the configured compute dtype), so the optimizer state is fp32 too."""
+    the configured compute dtype), so the optimizer state is fp32 too; with ``train.remat`` every
+    scanned block of the MLLM and DiT is rematerialized (``jax.checkpoint``) in the backward pass."""
     c = copy.deepcopy(config)
     with c.unlocked():
         for section in ("mllm", "dit"):
             if "param_dtype" in c[section]:
                 c[section].param_dtype = "float32"
+            if bool(config.train.get("remat", False)):
+                c[section].remat = True
     return c
 
 
