@@ -229,6 +229,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
+    c.train.remat = True  # training: rematerialize every MLLM / DiT block (overrides mllm.remat / dit.remat)
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
