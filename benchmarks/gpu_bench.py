@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/animegamer_2b_7b.py")
     ap.add_argument("--out", default="gpu_check_out")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--budget_s", type=float, default=480.0, help="stop starting new pieces after this")
     ap.add_argument("--chip", default="", help="peak table key (default from the device kind)")
     ap.add_argument("--peak_tflops", type=float, default=0.0)
