@@ -313,3 +313,35 @@ def test_mllm_cli_roundtrip(tmp_path):
     back = cm.restore_state(str(tmp_path / "out" / "params"), state)
     for (p, a), (_, b) in zip(nnx.to_flat_state(state), nnx.to_flat_state(back)):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
+
+
+def test_train_step_updates_only_trainable_set():
+    """Grads flow through the scanned layers; an optimizer on trainable_filter leaves base kernels frozen."""
+    import optax
+
+    cfg = _base_cfg()
+    cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, lora_rank=2))
+    m = random_model(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
+    opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=ml.trainable_filter)
+    rng = np.random.RandomState(0)
+    b, l = 2, 16
+    gen = np.zeros((b, l), bool)
+    gen[:, 4:4 + Q] = True
+    lab = np.full((b, l), ml.IGNORE_INDEX)
+    lab[:, 12:] = rng.randint(3, V, (b, 4))
+    batch = {"input_ids": jnp.asarray(rng.randint(3, V, (b, l))), "gen_mask": jnp.asarray(gen),
+             "labels": jnp.asarray(lab), "target_reps": jnp.asarray(rng.normal(size=(b, Q, REP)), jnp.float32)}
+
+    @nnx.jit
+    def step(model, optimizer):
+        grad_fn = nnx.value_and_grad(lambda mm: mm.loss(batch)[0], argnums=nnx.DiffState(0, ml.trainable_filter))
+        loss, grads = grad_fn(model)
+        optimizer.update(model, grads)
+        return loss
+
+    kernel0 = np.asarray(m.llm.layers.q_proj.kernel[...]).copy()
+    lora0 = np.asarray(m.llm.layers.q_proj.lora_b[...]).copy()
+    losses = [float(step(m, opt)) for _ in range(3)]
+    assert losses[2] < losses[0]
+    np.testing.assert_array_equal(np.asarray(m.llm.layers.q_proj.kernel[...]), kernel0)
+    assert np.abs(np.asarray(m.llm.layers.q_proj.lora_b[...]) - lora0).max() > 1e-4
