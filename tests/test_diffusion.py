@@ -152,7 +152,8 @@ def test_dpmpp_2m_matches_float64_reference():
     out, traj = jax.jit(lambda x, c, u, k: samplers.sample(_toy_v_jax, x, {"c": c}, {"c": u}, k, plan,
                                                             return_trajectory=True))(x_init, cond, uncond, key)
     assert np.all(np.isfinite(np.asarray(traj)))
-    noises = [np.asarray(jax.random.normal(jax.random.fold_in(key, i), x_init.shape), np.float64) for i in range(n)]
+    noises = [np.asarray(jax.random.normal(jax.random.fold_in(key, i), (x_init.size,)), np.float64).reshape(x_init.shape)
+              for i in range(n)]
     ref = _dpmpp_reference(x_init.astype(np.float64), cond, uncond, plan.cfg_scale, noises)
     np.testing.assert_allclose(np.asarray(out), ref, atol=1e-4, rtol=1e-4)
 
