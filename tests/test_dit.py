@@ -21,7 +21,7 @@ from flax import nnx
 
 from animegamer_jax.convert import cogvideox_dit as conv
 from animegamer_jax.diffusion import samplers
-from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig, merge_lora, trainable_filter
+from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig, flow_value, merge_lora, trainable_filter
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
 CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
@@ -203,6 +203,15 @@ def test_flow_embedding_zero_init_and_effect(ref):
     model.flow_embed.linear_2_kernel[...] = jnp.full((16, 16), 0.05)
     moved = _run(model, ref, jnp.array([40.0, 15.0]))
     assert np.abs(moved - base).max() > 1e-3
+
+
+def test_flow_value_table():
+    from configs import animegamer_2b_7b
+
+    table = tuple(animegamer_2b_7b.get_config().dit.flow_table)
+    got = np.asarray(flow_value(np.array([1, 2, 3, 4, 5, 0, -1, 9]), table))
+    np.testing.assert_array_equal(got, [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
+    assert float(flow_value(2, (0.5, 1.0, 5.0, 20.0, 40.0))) == 1.0  # app.py table
 
 
 def test_trainable_filters():
