@@ -10,7 +10,6 @@ Usage (CPU here; pass --device-count nothing else):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import time
 
 import jax

@@ -182,7 +182,8 @@ def from_diffusers(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat,
             "mlp_out_kernel": get(b + "ff.net.2.weight").T, "mlp_out_bias": get(b + "ff.net.2.bias"),
         })
     flat.update(_stack(layers))
-    extras = {"text_proj.weight": sd["patch_embed.text_proj.weight"], "text_proj.bias": sd["patch_embed.text_proj.bias"]}
+    extras = {"text_proj.weight": sd["patch_embed.text_proj.weight"],
+              "text_proj.bias": sd["patch_embed.text_proj.bias"]}
     return {k: np.asarray(v, np.float32) for k, v in flat.items()}, extras
 
 
