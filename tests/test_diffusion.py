@@ -174,6 +174,11 @@ def test_sampler_traces_denoise_once_and_runs_unguided():
     assert np.all(np.isfinite(np.asarray(out))) and np.all(np.isfinite(np.asarray(out_u)))
     with pytest.raises(ValueError, match="unknown sampler"):
         samplers.make_plan(6, "euler")
+    from configs import animegamer_2b_7b
+
+    full = samplers.plan_from_config(animegamer_2b_7b.get_config().diffusion)
+    assert full.method == "dpmpp_2m" and full.num_steps == 50 and full.timesteps[0] == 999
+    np.testing.assert_allclose(full.cfg_scale[[0, -1]], [1.0, 6.8644], atol=1e-4)
 
 
 def test_v_loss_equals_weighted_x0_loss():
