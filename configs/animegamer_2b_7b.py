@@ -164,7 +164,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.norm_eps = 1e-6  # GroupNorm eps
     c.vae.temporal_compression_ratio = 4  # 17 frames -> 5 latents
     c.vae.scaling_factor = 1.15258426  # latent scale (§5.6)
-    c.vae.decode_chunks = (3, 2)  # latent frames per decode chunk (release plan [0:3], [3:5])
+    c.vae.decode_chunks = (3, 2)  # (first, step) latent frames per decode chunk (release plan [0:3], [3:5])
+    c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
     c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
     c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
     c.vae.dtype = "bfloat16"  # activations (release fp16)

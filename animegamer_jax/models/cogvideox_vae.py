@@ -1,0 +1,782 @@
+"""CogVideoX 3-D causal VAE (encoder + decoder) in Flax NNX.
+
+Follows the CogVideoX-2B SAT VAE (`vae_modules/cp_enc_dec.py`, paper §3.2 "3D-VAE from [77]") and
+its diffusers port `AutoencoderKLCogVideoX` (diffusers 0.42 `autoencoder_kl_cogvideox.py`); facts in
+architecture.md §6. Submodule and parameter names mirror the diffusers names so that the checkpoint
+map (animegamer_jax/convert/cogvideox_vae.py) is a short, mechanical table.
+
+Layouts:
+  * Inside, every activation is channels-last ``[B, T, H, W, C]``.
+  * Public video: ``[B, T, H, W, 3]`` float in [-1, 1] (T = 1 + 4k for the causal VAE).
+  * Public latents: ``[B, T_lat, C, h, w]`` (the DiT's layout, architecture.md / design.md),
+    T_lat = 1 + (T - 1) / 4, h = H / 8, w = W / 8 at the paper config.
+
+Not obvious from the reference:
+  * Causal caches are explicit. Every 3x3x3 causal conv takes ``cache`` (the last ``kt - 1 = 2``
+    frames of its time-padded input from the previous chunk, or None = replicate the first frame) and
+    returns the new one; the whole network's cache is a nested dict pytree carried through a
+    ``jax.lax.scan`` over equal-size chunks. No hidden mutable state.
+  * GroupNorm / SpatialNorm statistics are per chunk (as in SAT and diffusers), so the chunk plan
+    changes the numbers; ``decode`` takes the plan explicitly. The release decodes latents [0:3]
+    then [3:5] (architecture.md §6.3), which is also diffusers' plan for an odd latent count.
+  * Odd-frame rule: with odd T > 1 the first frame is special in temporal down/upsampling and in
+    the SpatialNorm latent resize (frame 0 resized alone, the rest together).
+  * The decoder's resnet and output norms are SpatialNorm3D with eps 1e-6 hard-coded (diffusers),
+    the encoder's resnet GroupNorms use ``norm_eps`` and its ``norm_out`` uses 1e-6.
+  * Memory (benchmarks/vae_bench.py, XLA CPU compile, not executed): full config, 5x60x90 latents,
+    bf16, release plan: 83.6 GiB temp untiled, 16.2 GiB with 32-latent tiles; CPU conv workspaces
+    inflate these. Decode memory does not grow with the frame count (the scan carries only the
+    cache): medium config 5 vs 13 latents -> 3.1 vs 1.8 GiB temp.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from animegamer_jax.parallel import constrain
+
+Array = jax.Array
+Cache = dict[str, Any]
+
+_ACT_AXES = ("act_batch", "act_frames", "act_height", "act_width", "act_channels")
+
+
+@dataclasses.dataclass(frozen=True)
+class VAEConfig:
+    """Hyper-parameters of the CogVideoX VAE (architecture.md §6.1, §7.3 diffusers config).
+
+    Attributes:
+      in_channels: video channels (3, RGB).
+      out_channels: decoded channels (3).
+      latent_channels: latent channels C (16).
+      block_out_channels: channels per level (128, 256, 256, 512); spatial factor 2**(levels-1).
+      layers_per_block: encoder resnets per level (decoder uses layers_per_block + 1).
+      norm_num_groups: GroupNorm groups (32).
+      norm_eps: encoder resnet GroupNorm eps (1e-6).
+      temporal_compression_ratio: 4 (log2 = number of levels that also compress time).
+      scaling_factor: latent scale 1.15258426 (architecture.md §5.6).
+      decode_chunks: (first, step): latent frames in the first decode chunk, then per chunk.
+      encode_chunks: (first, step) for encoding; (0, 0) encodes the whole clip at once (SAT
+        training); (8, 8) is diffusers' framewise encoding.
+      tile_size: spatial tile in latent pixels for tiled decode; 0 = untiled.
+      tile_overlap: overlap fraction between neighbouring tiles.
+      dtype: activation dtype name ("float32", "bfloat16"); parameters stay float32.
+    """
+
+    in_channels: int = 3
+    out_channels: int = 3
+    latent_channels: int = 16
+    block_out_channels: tuple[int, ...] = (128, 256, 256, 512)
+    layers_per_block: int = 3
+    norm_num_groups: int = 32
+    norm_eps: float = 1e-6
+    temporal_compression_ratio: int = 4
+    scaling_factor: float = 1.15258426
+    decode_chunks: tuple[int, int] = (3, 2)
+    encode_chunks: tuple[int, int] = (0, 0)
+    tile_size: int = 0
+    tile_overlap: float = 0.25
+    dtype: str = "float32"
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "VAEConfig":
+        """Builds from the ``vae`` ConfigDict section (configs/*.py); unknown fields are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: cfg[k] for k in cfg.keys() if k in names}
+        for k in ("block_out_channels", "decode_chunks", "encode_chunks"):
+            if k in kw:
+                kw[k] = tuple(int(v) for v in kw[k])
+        return cls(**kw)
+
+    @property
+    def spatial_factor(self) -> int:
+        return 2 ** (len(self.block_out_channels) - 1)
+
+    @property
+    def temporal_levels(self) -> int:
+        return int(math.log2(self.temporal_compression_ratio))
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunk plans
+# ----------------------------------------------------------------------------------------------
+
+
+def chunk_plan(num_frames: int, first: int, step: int) -> tuple[int, ...]:
+    """Chunk sizes along time: ``first`` frames, then ``step`` frames per chunk.
+
+    ``first <= 0`` or ``step <= 0`` gives one chunk (the whole clip). The last chunk may be shorter.
+
+    Returns:
+      A tuple of positive sizes summing to ``num_frames``.
+    """
+    if num_frames <= 0:
+        raise ValueError(f"chunk_plan: num_frames must be positive, got {num_frames}")
+    if first <= 0 or step <= 0:
+        return (num_frames,)
+    sizes = [min(first, num_frames)]
+    left = num_frames - sizes[0]
+    while left > 0:
+        sizes.append(min(step, left))
+        left -= sizes[-1]
+    return tuple(sizes)
+
+
+def diffusers_plan(num_frames: int, batch: int) -> tuple[int, ...]:
+    """diffusers' framewise plan (``_encode`` with batch 8, ``_decode`` with batch 2).
+
+    ``max(T // batch, 1)`` chunks; the first takes the ``T % batch`` leftover frames too.
+    For 5 latents and batch 2 this is (3, 2), the SAT release plan (architecture.md §6.3).
+    """
+    n = max(num_frames // batch, 1)
+    if n == 1:
+        return (num_frames,)
+    rem = num_frames % batch
+    return (batch + rem,) + (batch,) * (n - 1)
+
+
+def release_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
+    """The SAT sampling script's decode plan: latents [0:3], then pairs (``loop_num = (T-1)//2``)."""
+    return chunk_plan(num_latent_frames, 3, 2)
+
+
+def _check_plan(plan: Sequence[int], num_frames: int) -> tuple[int, ...]:
+    plan = tuple(int(p) for p in plan)
+    if any(p <= 0 for p in plan) or sum(plan) != num_frames:
+        raise ValueError(f"chunk plan {plan} does not split {num_frames} frames into positive chunks")
+    return plan
+
+
+def run_chunked(
+    fn: Callable[[Array, Cache | None], tuple[Array, Cache]], x: Array, plan: Sequence[int]
+) -> Array:
+    """Runs a causal network over time chunks, carrying its cache through ``jax.lax.scan``.
+
+    The first chunk runs with ``cache=None`` (first-frame replication); each later run of
+    equal-size chunks is one ``lax.scan`` whose carry is the cache pytree, so only one chunk's
+    activations are live at a time.
+
+    Args:
+      fn: ``(x_chunk [B, t, ...], cache) -> (y_chunk [B, t', ...], cache)``.
+      x: ``[B, T, ...]``.
+      plan: chunk sizes along axis 1, summing to T.
+
+    Returns:
+      The outputs concatenated along axis 1.
+    """
+    plan = _check_plan(plan, x.shape[1])
+    y, cache = fn(x[:, : plan[0]], None)
+    outs = [y]
+    start = plan[0]
+    i = 1
+    while i < len(plan):
+        size = plan[i]
+        count = 1
+        while i + count < len(plan) and plan[i + count] == size:
+            count += 1
+        xs = x[:, start : start + size * count]
+        xs = xs.reshape((x.shape[0], count, size) + x.shape[2:]).swapaxes(0, 1)
+
+        def body(c, xc):
+            yc, c = fn(xc, c)
+            return c, yc
+
+        cache, ys = jax.lax.scan(body, cache, xs)
+        ys = ys.swapaxes(0, 1)
+        outs.append(ys.reshape((ys.shape[0], count * ys.shape[2]) + ys.shape[3:]))
+        start += size * count
+        i += count
+    return jnp.concatenate(outs, axis=1) if len(outs) > 1 else outs[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Layers
+# ----------------------------------------------------------------------------------------------
+
+
+def _uniform_fan_in(fan_in: int) -> Callable:
+    """PyTorch's default conv init (kaiming-uniform a=sqrt(5) == U(-1/sqrt(fan_in), 1/sqrt(fan_in)))."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return init
+
+
+class Conv3d(nnx.Module):
+    """Plain 3-D convolution, stride 1, zero spatial padding ``pad``, no time padding.
+
+    Params: ``kernel`` [kt, kh, kw, C_in, C_out] (logical ``conv_in``/``conv_out``), ``bias`` [C_out].
+    Input ``[B, T, H, W, C_in]`` -> ``[B, T - kt + 1, H + 2 pad - kh + 1, ..., C_out]``.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel: tuple[int, int, int], pad: int, *, dtype, rngs: nnx.Rngs):
+        fan_in = cin * int(np.prod(kernel))
+        init = _uniform_fan_in(fan_in)
+        self.kernel = nnx.Param(
+            nnx.with_partitioning(init, (None, None, None, "conv_in", "conv_out"))(rngs.params(), (*kernel, cin, cout))
+        )
+        self.bias = nnx.Param(nnx.with_partitioning(init, ("conv_out",))(rngs.params(), (cout,)))
+        self.pad = pad
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        p = self.pad
+        y = jax.lax.conv_general_dilated(
+            x.astype(self.dtype),
+            self.kernel[...].astype(self.dtype),
+            window_strides=(1, 1, 1),
+            padding=((0, 0), (p, p), (p, p)),
+            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+        )
+        return y + self.bias[...].astype(self.dtype)
+
+
+class Conv2d(nnx.Module):
+    """Per-frame 2-D convolution (``[B, T, H, W, C]``), kernel [kh, kw, C_in, C_out]."""
+
+    def __init__(self, cin: int, cout: int, k: int, stride: int, pad: int, *, dtype, rngs: nnx.Rngs):
+        init = _uniform_fan_in(cin * k * k)
+        self.kernel = nnx.Param(nnx.with_partitioning(init, (None, None, "conv_in", "conv_out"))(rngs.params(), (k, k, cin, cout)))
+        self.bias = nnx.Param(nnx.with_partitioning(init, ("conv_out",))(rngs.params(), (cout,)))
+        self.stride = stride
+        self.pad = pad
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        b, t = x.shape[:2]
+        x = x.reshape((b * t,) + x.shape[2:]).astype(self.dtype)
+        p = self.pad
+        y = jax.lax.conv_general_dilated(
+            x,
+            self.kernel[...].astype(self.dtype),
+            window_strides=(self.stride, self.stride),
+            padding=((p, p), (p, p)),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        y = y + self.bias[...].astype(self.dtype)
+        return y.reshape((b, t) + y.shape[1:])
+
+
+class CausalConv3d(nnx.Module):
+    """Causal 3-D conv (``ContextParallelCausalConv3d`` / ``CogVideoXCausalConv3d``), stride 1.
+
+    Time is padded in front with ``kt - 1`` frames: the cached frames of the previous chunk, or
+    copies of the first frame when ``cache`` is None; space is zero padded by ``(k - 1) // 2``.
+    The new cache is the last ``kt - 1`` frames of the time-padded input (architecture.md §6.2).
+    """
+
+    def __init__(self, cin: int, cout: int, k: int, *, dtype, rngs: nnx.Rngs):
+        self.time_kernel = k
+        self.conv = Conv3d(cin, cout, (k, k, k), (k - 1) // 2, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: Array, cache: Array | None = None) -> tuple[Array, Array | None]:
+        """x: [B, T, H, W, C]; cache: [B, kt-1, H, W, C] or None -> ([B, T, H, W, C_out], new cache)."""
+        kt = self.time_kernel
+        if kt == 1:
+            return self.conv(x), None
+        pad = jnp.repeat(x[:, :1], kt - 1, axis=1) if cache is None else cache.astype(x.dtype)
+        xp = jnp.concatenate([pad, x], axis=1)
+        return self.conv(xp), xp[:, -(kt - 1) :]
+
+
+class GroupNorm(nnx.Module):
+    """GroupNorm over (T, H, W, C/G) per group, statistics in float32; params ``scale``, ``bias``."""
+
+    def __init__(self, channels: int, groups: int, eps: float, *, dtype):
+        if channels % groups:
+            raise ValueError(f"GroupNorm: {channels} channels not divisible by {groups} groups")
+        self.scale = nnx.Param(nnx.with_partitioning(nnx.initializers.ones_init(), ("norm",))(jax.random.key(0), (channels,)))
+        self.bias = nnx.Param(nnx.with_partitioning(nnx.initializers.zeros_init(), ("norm",))(jax.random.key(0), (channels,)))
+        self.groups = groups
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: Array) -> Array:
+        shape = x.shape
+        xg = x.astype(jnp.float32).reshape(shape[:-1] + (self.groups, shape[-1] // self.groups))
+        axes = tuple(range(1, len(shape) - 1)) + (len(shape),)
+        mean = xg.mean(axis=axes, keepdims=True)
+        var = jnp.square(xg - mean).mean(axis=axes, keepdims=True)
+        y = ((xg - mean) * jax.lax.rsqrt(var + self.eps)).reshape(shape)
+        return (y * self.scale[...] + self.bias[...]).astype(self.dtype)
+
+
+def _nearest_index(n_in: int, n_out: int) -> np.ndarray:
+    # PyTorch "nearest": src = floor(dst * in / out).
+    return np.minimum(np.floor(np.arange(n_out) * (n_in / n_out)).astype(np.int32), n_in - 1)
+
+
+def nearest_resize(z: Array, size: tuple[int, int, int]) -> Array:
+    """Nearest resize of ``[B, T, H, W, C]`` to (T', H', W') (``F.interpolate(mode="nearest")``)."""
+    for axis, n_out in zip((1, 2, 3), size):
+        n_in = z.shape[axis]
+        if n_in == n_out:
+            continue
+        if n_out % n_in == 0:
+            z = jnp.repeat(z, n_out // n_in, axis=axis)
+        else:
+            z = jnp.take(z, jnp.asarray(_nearest_index(n_in, n_out)), axis=axis)
+    return z
+
+
+class SpatialNorm3D(nnx.Module):
+    """``GroupNorm(f) * conv_y(zq) + conv_b(zq)`` with zq nearest-resized to f (odd-frame rule).
+
+    ``conv_y``/``conv_b`` are causal 1x1x1 convs (no time cache needed). architecture.md §6.2.
+    """
+
+    def __init__(self, f_channels: int, zq_channels: int, groups: int, *, dtype, rngs: nnx.Rngs):
+        self.norm_layer = GroupNorm(f_channels, groups, 1e-6, dtype=dtype)
+        self.conv_y = CausalConv3d(zq_channels, f_channels, 1, dtype=dtype, rngs=rngs)
+        self.conv_b = CausalConv3d(zq_channels, f_channels, 1, dtype=dtype, rngs=rngs)
+
+    def __call__(self, f: Array, zq: Array) -> Array:
+        t, h, w = f.shape[1:4]
+        if t > 1 and t % 2 == 1:
+            z_first = nearest_resize(zq[:, :1], (1, h, w))
+            z_rest = nearest_resize(zq[:, 1:], (t - 1, h, w))
+            zq = jnp.concatenate([z_first, z_rest], axis=1)
+        else:
+            zq = nearest_resize(zq, (t, h, w))
+        y, _ = self.conv_y(zq)
+        b, _ = self.conv_b(zq)
+        return self.norm_layer(f) * y + b
+
+
+class ResnetBlock3D(nnx.Module):
+    """norm1 -> SiLU -> conv1 -> norm2 -> SiLU -> conv2, plus a 1x1x1 ``conv_shortcut`` when C changes."""
+
+    def __init__(self, cin: int, cout: int, groups: int, eps: float, spatial_norm_dim: int | None, *, dtype, rngs):
+        if spatial_norm_dim is None:
+            self.norm1 = GroupNorm(cin, groups, eps, dtype=dtype)
+            self.norm2 = GroupNorm(cout, groups, eps, dtype=dtype)
+        else:
+            self.norm1 = SpatialNorm3D(cin, spatial_norm_dim, groups, dtype=dtype, rngs=rngs)
+            self.norm2 = SpatialNorm3D(cout, spatial_norm_dim, groups, dtype=dtype, rngs=rngs)
+        self.conv1 = CausalConv3d(cin, cout, 3, dtype=dtype, rngs=rngs)
+        self.conv2 = CausalConv3d(cout, cout, 3, dtype=dtype, rngs=rngs)
+        self.conv_shortcut = Conv3d(cin, cout, (1, 1, 1), 0, dtype=dtype, rngs=rngs) if cin != cout else None
+        self.spatial = spatial_norm_dim is not None
+
+    def __call__(self, x: Array, zq: Array | None, cache: Cache | None) -> tuple[Array, Cache]:
+        cache = cache or {}
+        h = self.norm1(x, zq) if self.spatial else self.norm1(x)
+        h, c1 = self.conv1(jax.nn.silu(h), cache.get("conv1"))
+        h = self.norm2(h, zq) if self.spatial else self.norm2(h)
+        h, c2 = self.conv2(jax.nn.silu(h), cache.get("conv2"))
+        if self.conv_shortcut is not None:
+            x = self.conv_shortcut(x)
+        return constrain(h + x.astype(h.dtype), _ACT_AXES), {"conv1": c1, "conv2": c2}
+
+
+class Downsample3D(nnx.Module):
+    """Optional temporal avg-pool (odd T keeps frame 0), then zero pad (right, bottom) + 3x3 stride-2 conv."""
+
+    def __init__(self, ch: int, compress_time: bool, *, dtype, rngs):
+        self.conv = Conv2d(ch, ch, 3, 2, 0, dtype=dtype, rngs=rngs)
+        self.compress_time = compress_time
+
+    def __call__(self, x: Array) -> Array:
+        if self.compress_time:
+            t = x.shape[1]
+            if t % 2 == 1:
+                rest = x[:, 1:]
+                if rest.shape[1] > 0:
+                    rest = (rest[:, 0::2] + rest[:, 1::2]) * 0.5
+                x = jnp.concatenate([x[:, :1], rest], axis=1)
+            else:
+                x = (x[:, 0::2] + x[:, 1::2]) * 0.5
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, 1), (0, 1), (0, 0)))
+        return self.conv(x)
+
+
+class Upsample3D(nnx.Module):
+    """Nearest x2 upsampling (time too when ``compress_time``; odd T: frame 0 in space only) + 3x3 conv."""
+
+    def __init__(self, ch: int, compress_time: bool, *, dtype, rngs):
+        self.conv = Conv2d(ch, ch, 3, 1, 1, dtype=dtype, rngs=rngs)
+        self.compress_time = compress_time
+
+    def __call__(self, x: Array) -> Array:
+        up2 = lambda a: jnp.repeat(jnp.repeat(a, 2, axis=2), 2, axis=3)  # noqa: E731
+        t = x.shape[1]
+        if self.compress_time and t > 1:
+            if t % 2 == 1:
+                x = jnp.concatenate([up2(x[:, :1]), jnp.repeat(up2(x[:, 1:]), 2, axis=1)], axis=1)
+            else:
+                x = jnp.repeat(up2(x), 2, axis=1)
+        else:
+            x = up2(x)
+        return self.conv(x)
+
+
+class _Level(nnx.Module):
+    """One encoder down level or decoder up level: ``resnets`` then an optional sampler."""
+
+    def _samplers(self):
+        return None
+
+    def run(self, x: Array, zq: Array | None, cache: Cache | None) -> tuple[Array, Cache]:
+        cache = cache or {}
+        new = {}
+        for i, r in enumerate(self.resnets):
+            x, new[f"resnet_{i}"] = r(x, zq, cache.get(f"resnet_{i}"))
+        samplers = self._samplers()
+        if samplers is not None:
+            for s in samplers:
+                x = s(x)
+        return x, new
+
+
+class DownBlock3D(_Level):
+    """diffusers ``CogVideoXDownBlock3D`` (params ``resnets.{i}``, ``downsamplers.0``)."""
+
+    def __init__(self, resnets, downsamplers):
+        self.resnets = nnx.List(resnets)
+        self.downsamplers = nnx.List(downsamplers) if downsamplers else None
+
+    def _samplers(self):
+        return self.downsamplers
+
+
+class UpBlock3D(_Level):
+    """diffusers ``CogVideoXUpBlock3D`` (params ``resnets.{i}``, ``upsamplers.0``)."""
+
+    def __init__(self, resnets, upsamplers):
+        self.resnets = nnx.List(resnets)
+        self.upsamplers = nnx.List(upsamplers) if upsamplers else None
+
+    def _samplers(self):
+        return self.upsamplers
+
+
+class MidBlock3D(_Level):
+    """Two resnets at the lowest resolution (``mid_block.resnets.{0,1}``)."""
+
+    def __init__(self, resnets):
+        self.resnets = nnx.List(resnets)
+
+
+class Encoder3D(nnx.Module):
+    """``conv_in`` -> down levels -> mid -> GroupNorm -> SiLU -> ``conv_out`` (2 x latent channels)."""
+
+    def __init__(self, cfg: VAEConfig, *, rngs: nnx.Rngs):
+        dt = jnp.dtype(cfg.dtype)
+        boc = cfg.block_out_channels
+        g, eps = cfg.norm_num_groups, cfg.norm_eps
+        self.conv_in = CausalConv3d(cfg.in_channels, boc[0], 3, dtype=dt, rngs=rngs)
+        blocks = []
+        out_ch = boc[0]
+        for i, ch in enumerate(boc):
+            in_ch, out_ch = out_ch, ch
+            resnets = [
+                ResnetBlock3D(in_ch if j == 0 else out_ch, out_ch, g, eps, None, dtype=dt, rngs=rngs)
+                for j in range(cfg.layers_per_block)
+            ]
+            down = None
+            if i < len(boc) - 1:
+                down = [Downsample3D(out_ch, i < cfg.temporal_levels, dtype=dt, rngs=rngs)]
+            blocks.append(DownBlock3D(resnets, down))
+        self.down_blocks = nnx.List(blocks)
+        self.mid_block = MidBlock3D([ResnetBlock3D(boc[-1], boc[-1], g, eps, None, dtype=dt, rngs=rngs) for _ in range(2)])
+        self.norm_out = GroupNorm(boc[-1], g, 1e-6, dtype=dt)
+        self.conv_out = CausalConv3d(boc[-1], 2 * cfg.latent_channels, 3, dtype=dt, rngs=rngs)
+
+    def __call__(self, x: Array, cache: Cache | None = None) -> tuple[Array, Cache]:
+        """x: [B, T, H, W, C_in] -> moments [B, T_lat, H/8, W/8, 2 C_lat] and the new cache."""
+        cache = cache or {}
+        new = {}
+        h, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        for i, blk in enumerate(self.down_blocks):
+            h, new[f"down_block_{i}"] = blk.run(h, None, cache.get(f"down_block_{i}"))
+        h, new["mid_block"] = self.mid_block.run(h, None, cache.get("mid_block"))
+        h = jax.nn.silu(self.norm_out(h))
+        h, new["conv_out"] = self.conv_out(h, cache.get("conv_out"))
+        return h, new
+
+
+class Decoder3D(nnx.Module):
+    """``conv_in`` -> mid -> up levels (high to low channels) -> SpatialNorm -> SiLU -> ``conv_out``."""
+
+    def __init__(self, cfg: VAEConfig, *, rngs: nnx.Rngs):
+        dt = jnp.dtype(cfg.dtype)
+        rev = list(reversed(cfg.block_out_channels))
+        g, zc = cfg.norm_num_groups, cfg.latent_channels
+        self.conv_in = CausalConv3d(zc, rev[0], 3, dtype=dt, rngs=rngs)
+        self.mid_block = MidBlock3D([ResnetBlock3D(rev[0], rev[0], g, cfg.norm_eps, zc, dtype=dt, rngs=rngs) for _ in range(2)])
+        blocks = []
+        out_ch = rev[0]
+        for i, ch in enumerate(rev):
+            in_ch, out_ch = out_ch, ch
+            resnets = [
+                ResnetBlock3D(in_ch if j == 0 else out_ch, out_ch, g, cfg.norm_eps, zc, dtype=dt, rngs=rngs)
+                for j in range(cfg.layers_per_block + 1)
+            ]
+            up = None
+            if i < len(rev) - 1:
+                up = [Upsample3D(out_ch, i < cfg.temporal_levels, dtype=dt, rngs=rngs)]
+            blocks.append(UpBlock3D(resnets, up))
+        self.up_blocks = nnx.List(blocks)
+        self.norm_out = SpatialNorm3D(rev[-1], zc, g, dtype=dt, rngs=rngs)
+        self.conv_out = CausalConv3d(rev[-1], cfg.out_channels, 3, dtype=dt, rngs=rngs)
+
+    def __call__(self, z: Array, cache: Cache | None = None) -> tuple[Array, Cache]:
+        """z: [B, t, h, w, C_lat] (unscaled) -> frames [B, T, 8h, 8w, 3] and the new cache."""
+        cache = cache or {}
+        new = {}
+        h, new["conv_in"] = self.conv_in(z, cache.get("conv_in"))
+        h, new["mid_block"] = self.mid_block.run(h, z, cache.get("mid_block"))
+        for i, blk in enumerate(self.up_blocks):
+            h, new[f"up_block_{i}"] = blk.run(h, z, cache.get(f"up_block_{i}"))
+        h = jax.nn.silu(self.norm_out(h, z))
+        h, new["conv_out"] = self.conv_out(h, cache.get("conv_out"))
+        return h, new
+
+
+@dataclasses.dataclass
+class DiagonalGaussian:
+    """Posterior q(z|x) (``DiagonalGaussianRegularizer``): mean and logvar clamped to [-30, 20].
+
+    Both are ``[B, T_lat, C, h, w]`` float32 (the DiT layout), unscaled.
+    """
+
+    mean: Array
+    logvar: Array
+
+    @property
+    def std(self) -> Array:
+        return jnp.exp(0.5 * self.logvar)
+
+    def sample(self, key: Array) -> Array:
+        """mean + std * N(0, 1) with ``jax.random.normal(key)``."""
+        return self.mean + self.std * jax.random.normal(key, self.mean.shape, self.mean.dtype)
+
+    def mode(self) -> Array:
+        return self.mean
+
+
+jax.tree_util.register_dataclass(DiagonalGaussian, data_fields=["mean", "logvar"], meta_fields=[])
+
+
+def tile_layout(n: int, tile: int, overlap: float) -> tuple[int, list[int]]:
+    """Tile starts along one latent axis: equal tiles of ``min(tile, n)`` px, the last ending at ``n``.
+
+    Neighbouring tiles overlap by at least ``tile * overlap`` latent px (starts spread evenly).
+
+    Returns:
+      (tile length, sorted start offsets).
+    """
+    if tile >= n:
+        return n, [0]
+    stride = max(1, int(tile * (1.0 - overlap)))
+    k = -(-(n - tile) // stride) + 1
+    return tile, [round(i * (n - tile) / (k - 1)) for i in range(k)]
+
+
+def tile_weights(length: int, starts: list[int], ramp: int) -> np.ndarray:
+    """Blend windows ``[num_tiles, length]``: linear ramps of ``ramp`` px on the sides that overlap a
+    neighbour (no ramp at the image border), so overlapping tiles cross-fade."""
+    x = np.arange(length, dtype=np.float64) + 0.5
+    out = []
+    for i in range(len(starts)):
+        w = np.ones(length)
+        if ramp > 0 and i > 0:
+            w = np.minimum(w, x / ramp)
+        if ramp > 0 and i < len(starts) - 1:
+            w = np.minimum(w, (length - x) / ramp)
+        out.append(w)
+    return np.stack(out).astype(np.float32)
+
+
+class CogVideoXVAE(nnx.Module):
+    """CogVideoX 3-D causal VAE (``AutoencoderKLCogVideoX``, no quant convs).
+
+    Args:
+      cfg: :class:`VAEConfig`.
+      rngs: parameter init keys.
+
+    Submodules ``encoder``/``decoder`` use diffusers' parameter names (see the converter).
+    """
+
+    def __init__(self, cfg: VAEConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.encoder = Encoder3D(cfg, rngs=rngs)
+        self.decoder = Decoder3D(cfg, rngs=rngs)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, rngs: nnx.Rngs) -> "CogVideoXVAE":
+        """From the ``vae`` ConfigDict section (or a VAEConfig)."""
+        return cls(cfg if isinstance(cfg, VAEConfig) else VAEConfig.from_config(cfg), rngs=rngs)
+
+    # -- encode ---------------------------------------------------------------------------------
+
+    def encode(self, video: Array, plan: Sequence[int] | None = None) -> DiagonalGaussian:
+        """Encodes video to the posterior.
+
+        Args:
+          video: ``[B, T, H, W, 3]`` float in [-1, 1]; T = 1 + 4k (or any T the plan allows),
+            H and W multiples of 8 (spatial_factor).
+          plan: frame chunk sizes; default from ``cfg.encode_chunks`` ((0, 0) = whole clip, as
+            the SAT training ``encode_first_stage``; use ``diffusers_plan(T, 8)`` for diffusers).
+
+        Returns:
+          :class:`DiagonalGaussian` with mean/logvar ``[B, T_lat, C, H/8, W/8]`` float32, unscaled.
+        """
+        if plan is None:
+            plan = chunk_plan(video.shape[1], *self.cfg.encode_chunks)
+        x = constrain(video.astype(jnp.dtype(self.cfg.dtype)), _ACT_AXES)
+        moments = run_chunked(lambda xc, c: self.encoder(xc, c), x, plan).astype(jnp.float32)
+        moments = jnp.moveaxis(moments, -1, 2)
+        mean, logvar = jnp.split(moments, 2, axis=2)
+        return DiagonalGaussian(mean, jnp.clip(logvar, -30.0, 20.0))
+
+    # -- decode ---------------------------------------------------------------------------------
+
+    def decode(self, latents: Array, plan: Sequence[int] | None = None) -> Array:
+        """Decodes unscaled latents with causal caches carried across time chunks.
+
+        Args:
+          latents: ``[B, T_lat, C, h, w]`` (unscaled, i.e. already divided by scaling_factor).
+          plan: latent chunk sizes; default ``chunk_plan(T_lat, *cfg.decode_chunks)`` = the
+            release plan (3, 2, 2, ...). ``diffusers_plan(T_lat, 2)`` is diffusers'.
+
+        Returns:
+          ``[B, T, 8h, 8w, 3]`` float32, roughly in [-1, 1] (not clipped). With the default plan
+          T = 1 + 4 (T_lat - 1).
+        """
+        if plan is None:
+            plan = chunk_plan(latents.shape[1], *self.cfg.decode_chunks)
+        z = jnp.moveaxis(latents, 2, -1).astype(jnp.dtype(self.cfg.dtype))
+        out = run_chunked(lambda zc, c: self.decoder(zc, c), z, plan)
+        return out.astype(jnp.float32)
+
+    def tiled_decode(
+        self,
+        latents: Array,
+        tile_size: int | tuple[int, int] | None = None,
+        overlap: float | None = None,
+        plan: Sequence[int] | None = None,
+        decode_fn: Callable[[Array], Array] | None = None,
+    ) -> Array:
+        """Spatially tiled decode with linear cross-fade blending of overlapping tiles.
+
+        The latent plane is covered by equal tiles (so one compiled decode serves all of them,
+        run one at a time by ``lax.scan``: memory is one tile's activations); tile starts are
+        spread evenly so neighbours overlap by >= ``tile * overlap`` latent px. Each decoded tile
+        is weighted by separable linear ramps over the overlap (8x in output px) and the
+        weighted sum is normalised, so seams cross-fade. Unlike diffusers' ``tiled_decode``
+        (ragged edge tiles, crop-and-blend), every output pixel is a convex mix of tiles.
+
+        Args:
+          latents: ``[B, T_lat, C, h, w]`` unscaled.
+          tile_size: latent tile (th, tw) or one int; default ``cfg.tile_size``.
+          overlap: overlap fraction in [0, 1); default ``cfg.tile_overlap``.
+          plan: decode chunk plan (see :meth:`decode`).
+          decode_fn: ``[B, T_lat, C, th, tw] -> [B, T, sf th, sf tw, 3]``; default :meth:`decode`.
+
+        Returns:
+          ``[B, T, 8h, 8w, 3]`` float32.
+
+        Raises:
+          ValueError: tile size not positive or overlap outside [0, 1).
+        """
+        tile_size = self.cfg.tile_size if tile_size is None else tile_size
+        overlap = self.cfg.tile_overlap if overlap is None else float(overlap)
+        th, tw = (tile_size, tile_size) if isinstance(tile_size, int) else tuple(tile_size)
+        if th <= 0 or tw <= 0 or not 0.0 <= overlap < 1.0:
+            raise ValueError(f"tiled_decode: need tile > 0 and 0 <= overlap < 1, got {(th, tw)}, {overlap}")
+        if decode_fn is None:
+            decode_fn = lambda z: self.decode(z, plan)  # noqa: E731
+        return tiled_apply(decode_fn, latents, (th, tw), overlap, self.cfg.spatial_factor)
+
+
+def tiled_apply(
+    decode_fn: Callable[[Array], Array], latents: Array, tile: tuple[int, int], overlap: float, sf: int
+) -> Array:
+    """Core of :meth:`CogVideoXVAE.tiled_decode` (any tile decoder with spatial factor ``sf``)."""
+    b, t_lat, c, h, w = latents.shape
+    th, starts_h = tile_layout(h, tile[0], overlap)
+    tw, starts_w = tile_layout(w, tile[1], overlap)
+    wh = tile_weights(th * sf, starts_h, int(th * sf * overlap))
+    ww = tile_weights(tw * sf, starts_w, int(tw * sf * overlap))
+    grid = [(i, j) for i in range(len(starts_h)) for j in range(len(starts_w))]
+    ys = jnp.asarray([starts_h[i] for i, _ in grid], jnp.int32)
+    xs = jnp.asarray([starts_w[j] for _, j in grid], jnp.int32)
+    wts = jnp.asarray(np.stack([np.outer(wh[i], ww[j]) for i, j in grid]))
+    out_shape = jax.eval_shape(decode_fn, jax.ShapeDtypeStruct((b, t_lat, c, th, tw), latents.dtype))
+    t_out, ch = out_shape.shape[1], out_shape.shape[-1]
+    acc = jnp.zeros((b, t_out, h * sf, w * sf, ch), jnp.float32)
+    wsum = jnp.zeros((h * sf, w * sf), jnp.float32)
+
+    def body(carry, inp):
+        acc, wsum = carry
+        y0, x0, wt = inp
+        zt = jax.lax.dynamic_slice(latents, (0, 0, 0, y0, x0), (b, t_lat, c, th, tw))
+        dec = decode_fn(zt).astype(jnp.float32) * wt[None, None, :, :, None]
+        oy, ox = y0 * sf, x0 * sf
+        cur = jax.lax.dynamic_slice(acc, (0, 0, oy, ox, 0), dec.shape)
+        acc = jax.lax.dynamic_update_slice(acc, cur + dec, (0, 0, oy, ox, 0))
+        cw = jax.lax.dynamic_slice(wsum, (oy, ox), wt.shape)
+        wsum = jax.lax.dynamic_update_slice(wsum, cw + wt, (oy, ox))
+        return (acc, wsum), None
+
+    (acc, wsum), _ = jax.lax.scan(body, (acc, wsum), (ys, xs, wts))
+    return acc / wsum[None, None, :, :, None]
+
+
+# ----------------------------------------------------------------------------------------------
+# Latent-scale helpers (architecture.md §5.6)
+# ----------------------------------------------------------------------------------------------
+
+
+def encode_video(
+    vae: CogVideoXVAE, video: Array, key: Array | None = None, plan: Sequence[int] | None = None
+) -> Array:
+    """Video -> scaled latents ``z = scaling_factor * sample(q(z|x))`` (mean when ``key`` is None).
+
+    Args:
+      video: ``[B, T, H, W, 3]`` float in [-1, 1].
+      key: PRNG key for the posterior sample (the release samples); None = posterior mean.
+      plan: encode chunk plan (see :meth:`CogVideoXVAE.encode`).
+
+    Returns:
+      ``[B, T_lat, C, H/8, W/8]`` float32, scaled by ``cfg.scaling_factor`` (1.15258426).
+    """
+    post = vae.encode(video, plan)
+    z = post.mean if key is None else post.sample(key)
+    return z * vae.cfg.scaling_factor
+
+
+def decode_latents(
+    vae: CogVideoXVAE, latents: Array, plan: Sequence[int] | None = None, tiled: bool | None = None
+) -> Array:
+    """Scaled latents -> video ``VAE_dec(z / scaling_factor)``, clipped to [-1, 1].
+
+    Args:
+      latents: ``[B, T_lat, C, h, w]`` scaled (as the DiT produces them).
+      plan: decode chunk plan; default the release plan.
+      tiled: spatial tiling; default ``cfg.tile_size > 0``.
+
+    Returns:
+      ``[B, T, 8h, 8w, 3]`` float32 in [-1, 1]; ``video_io.to_uint8`` maps it to uint8 frames.
+    """
+    z = latents / vae.cfg.scaling_factor
+    tiled = vae.cfg.tile_size > 0 if tiled is None else tiled
+    x = vae.tiled_decode(z, plan=plan) if tiled else vae.decode(z, plan)
+    return jnp.clip(x, -1.0, 1.0)
+
+
+def count_params(cfg: VAEConfig) -> int:
+    """Parameter count of the full network via ``nnx.eval_shape`` (no allocation)."""
+    abstract = nnx.eval_shape(lambda: CogVideoXVAE(cfg, rngs=nnx.Rngs(0)))
+    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))))

@@ -1,0 +1,129 @@
+"""Video I/O helpers: float frames <-> uint8, MP4 (H.264 via PyAV) and GIF writing, reading.
+
+Frames are ``[T, H, W, 3]`` (one clip) throughout; the VAE's video range is [-1, 1]
+(architecture.md §5.6: final video ``clamp((x + 1) / 2, 0, 1)``), data clips are uint8.
+"""
+
+from __future__ import annotations
+
+import os
+from fractions import Fraction
+
+import numpy as np
+
+
+def to_uint8(frames, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+    """Float frames -> uint8 ``[..., 3]``: ``round(255 * clip((x - lo) / (hi - lo), 0, 1))``.
+
+    Args:
+      frames: array-like (numpy or jax) of any shape, e.g. ``[T, H, W, 3]``.
+      value_range: (lo, hi) of the input, default the VAE's (-1, 1); (0, 1) for [0, 1] frames.
+
+    Returns:
+      uint8 numpy array of the same shape.
+    """
+    lo, hi = value_range
+    x = (np.asarray(frames, dtype=np.float32) - lo) / (hi - lo)
+    return np.round(np.clip(x, 0.0, 1.0) * 255.0).astype(np.uint8)
+
+
+def from_uint8(frames, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+    """uint8 frames -> float32 in ``value_range`` (default [-1, 1], the VAE encoder's input)."""
+    lo, hi = value_range
+    x = np.asarray(frames)
+    if x.dtype != np.uint8:
+        raise TypeError(f"from_uint8 expects uint8 frames, got {x.dtype}")
+    return x.astype(np.float32) / 255.0 * (hi - lo) + lo
+
+
+def _check_frames(frames) -> np.ndarray:
+    x = np.asarray(frames)
+    if x.dtype != np.uint8:
+        x = to_uint8(x)
+    if x.ndim != 4 or x.shape[-1] != 3:
+        raise ValueError(f"expected frames [T, H, W, 3], got shape {x.shape}")
+    return x
+
+
+def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18) -> None:
+    """Writes an H.264 MP4 (libx264, yuv420p) with PyAV.
+
+    Args:
+      path: output file.
+      frames: ``[T, H, W, 3]`` uint8, or float in [-1, 1] (converted by :func:`to_uint8`).
+        H and W must be even (yuv420p).
+      fps: frames per second (AnimeGamer clips: 8 fps, architecture.md §8.1).
+      crf: x264 constant rate factor (lower = better quality; 0 = lossless luma).
+
+    Raises:
+      ValueError: wrong shape, or odd H / W.
+    """
+    import av
+
+    x = _check_frames(frames)
+    t, h, w, _ = x.shape
+    if h % 2 or w % 2:
+        raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    rate = Fraction(fps).limit_denominator(1001)
+    with av.open(path, mode="w") as container:
+        stream = container.add_stream("libx264", rate=rate)
+        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
+        stream.options = {"crf": str(crf)}
+        for frame in x:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def write_gif(path: str, frames, fps: float = 8.0, loop: int = 0) -> None:
+    """Writes an animated GIF with Pillow (``duration = 1000 / fps`` ms per frame, 10 ms units).
+
+    Args:
+      frames: ``[T, H, W, 3]`` uint8 or float in [-1, 1].
+      fps: frames per second.
+      loop: 0 = loop forever.
+    """
+    from PIL import Image
+
+    x = _check_frames(frames)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    images = [Image.fromarray(f) for f in x]
+    images[0].save(
+        path, save_all=True, append_images=images[1:], duration=int(round(1000.0 / fps)), loop=loop, optimize=False
+    )
+
+
+def write_video(path: str, frames, fps: float = 8.0) -> None:
+    """Writes ``.mp4`` or ``.gif`` by the file suffix (see :func:`write_mp4`, :func:`write_gif`)."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".gif":
+        write_gif(path, frames, fps)
+    elif ext in (".mp4", ".m4v", ".mov"):
+        write_mp4(path, frames, fps)
+    else:
+        raise ValueError(f"unsupported video suffix {ext!r} (use .mp4 or .gif)")
+
+
+def read_video(path: str, max_frames: int | None = None) -> tuple[np.ndarray, float]:
+    """Decodes a video file with PyAV.
+
+    Returns:
+      (uint8 frames ``[T, H, W, 3]`` RGB, fps as float; for GIFs fps comes from the frame duration).
+    """
+    import av
+
+    frames = []
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate) if stream.average_rate else 0.0
+        for frame in container.decode(stream):
+            if not fps and frame.duration and frame.time_base:
+                fps = 1.0 / float(frame.duration * frame.time_base)
+            frames.append(frame.to_ndarray(format="rgb24"))
+            if max_frames is not None and len(frames) >= max_frames:
+                break
+    if not frames:
+        raise ValueError(f"no video frames in {path}")
+    return np.stack(frames), fps
