@@ -126,7 +126,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.lm_loss_scale = 1.0  # CE weight (§2.4)
     c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (§2.4)
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
-    c.mllm.max_new_tokens = 12  # state tokens decoded per turn (ML..</ST>: 12 constrained tokens)
+    c.mllm.max_new_tokens = 11  # state tokens decoded per turn after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (11, §1.5)
+    c.mllm.remat = False  # rematerialize each decoder layer (jax.checkpoint) to save activation memory in training
+    c.mllm.attention_impl = "auto"  # jax.nn.dot_product_attention implementation: "auto" (JAX picks), "xla", "cudnn"
 
     # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
     c.dit = ml_collections.ConfigDict()

@@ -1,0 +1,170 @@
+"""Generic LoRA: a linear / einsum parameter set with optional low-rank adapters.
+
+A :class:`LoRAEinsum` maps ``x[..., *in_features] -> y[..., *out_features]`` with a kernel of shape
+``(*in_features, *out_features)`` (so multi-head projections keep their head axes, gemma style) and,
+when ``rank > 0``, adds the LoRA update of Hu et al. 2021 as implemented by ``peft`` (the reference
+of AnimeGamer's MLLM, architecture.md §2.3)::
+
+    y = x . W  +  (alpha / rank) * (dropout(x) . A) . B
+
+with ``A: (*in_features, rank)`` (peft ``lora_A.weight`` transposed, kaiming-uniform init) and
+``B: (rank, *out_features)`` (peft ``lora_B.weight`` transposed, zero init), so a fresh adapter is
+an exact no-op. :func:`merge_lora` folds ``scaling * A . B`` into ``W`` for inference.
+
+Nothing here knows a model: the DiT uses the same module. Modules created under ``nnx.vmap`` (stacked
+layers) carry leading axes on every parameter; :func:`merge_lora` handles them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Axes = Sequence[str | None]
+
+
+class LoRAParam(nnx.Param):
+    """A LoRA factor (``lora_a`` / ``lora_b``); a Param subclass so optimizers and filters can select it."""
+
+
+def _uniform_fan_in(key: jax.Array, shape: Sequence[int], dtype: Any, fan_in: int) -> jax.Array:
+    # peft / torch nn.Linear default: kaiming_uniform(a=sqrt(5)) == U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+    bound = 1.0 / math.sqrt(fan_in)
+    return jax.random.uniform(key, tuple(shape), dtype, -bound, bound)
+
+
+class LoRAEinsum(nnx.Module):
+    """Linear map over several input / output axes with optional LoRA and bias.
+
+    Args:
+      in_features: contracted trailing input dims, e.g. ``(4096,)``.
+      out_features: output dims, e.g. ``(32, 128)`` for ``heads x head_dim``.
+      in_axes / out_axes: logical axis names for those dims (parallel/mesh.py names).
+      rank: LoRA rank r; 0 disables the adapter (no LoRA params exist).
+      alpha: LoRA alpha; the update is scaled by ``alpha / rank`` (peft, not rsLoRA).
+      dropout: dropout rate on the LoRA branch input (peft ``lora_dropout``), active only when a
+        ``dropout_rng`` is passed to ``__call__``.
+      use_bias: adds a bias of shape ``out_features`` (axes ``out_axes``).
+      dtype: computation dtype (inputs and params are cast to it); param_dtype: storage dtype.
+      rngs: ``nnx.Rngs`` with a ``params`` stream.
+
+    Parameters: ``kernel (*in, *out)``, optional ``bias (*out)``, ``lora_a (*in, r)`` and
+    ``lora_b (r, *out)`` (:class:`LoRAParam`, LoRA rank axis named ``"lora"``).
+    """
+
+    def __init__(
+        self,
+        in_features: Sequence[int],
+        out_features: Sequence[int],
+        *,
+        in_axes: Axes,
+        out_axes: Axes,
+        rank: int = 0,
+        alpha: float = 1.0,
+        dropout: float = 0.0,
+        use_bias: bool = False,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ):
+        self.in_features = tuple(int(d) for d in in_features)
+        self.out_features = tuple(int(d) for d in out_features)
+        if len(in_axes) != len(self.in_features) or len(out_axes) != len(self.out_features):
+            raise ValueError(
+                f"LoRAEinsum: axes {tuple(in_axes)}/{tuple(out_axes)} do not match features "
+                f"{self.in_features}/{self.out_features}"
+            )
+        self.rank = int(rank)
+        self.alpha = float(alpha)
+        self.dropout = float(dropout)
+        self.dtype = dtype
+        fan_in = math.prod(self.in_features)
+        self.kernel = nnx.Param(
+            _uniform_fan_in(rngs.params(), self.in_features + self.out_features, param_dtype, fan_in),
+            out_sharding=tuple(in_axes) + tuple(out_axes),
+        )
+        self.bias = (
+            nnx.Param(jnp.zeros(self.out_features, param_dtype), out_sharding=tuple(out_axes)) if use_bias else None
+        )
+        if self.rank > 0:
+            self.lora_a = LoRAParam(
+                _uniform_fan_in(rngs.params(), self.in_features + (self.rank,), param_dtype, fan_in),
+                out_sharding=tuple(in_axes) + ("lora",),
+            )
+            self.lora_b = LoRAParam(
+                jnp.zeros((self.rank,) + self.out_features, param_dtype), out_sharding=("lora",) + tuple(out_axes)
+            )
+        else:
+            self.lora_a = None
+            self.lora_b = None
+
+    @property
+    def scaling(self) -> float:
+        """``alpha / rank`` (peft's default scaling)."""
+        return self.alpha / self.rank if self.rank else 0.0
+
+    def __call__(self, x: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
+        """``x [..., *in] -> y [..., *out]`` in ``self.dtype``.
+
+        Args:
+          x: input whose trailing dims equal ``in_features``.
+          dropout_rng: PRNG key enabling LoRA dropout (training); None = deterministic.
+        """
+        n_in = len(self.in_features)
+        if tuple(x.shape[x.ndim - n_in :]) != self.in_features:
+            raise ValueError(f"LoRAEinsum: input shape {x.shape} does not end with {self.in_features}")
+        x = x.astype(self.dtype)
+        y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=n_in)
+        if self.lora_a is not None:
+            h = x
+            if dropout_rng is not None and self.dropout > 0.0:
+                keep = jax.random.bernoulli(dropout_rng, 1.0 - self.dropout, h.shape)
+                h = jnp.where(keep, h / (1.0 - self.dropout), 0.0).astype(self.dtype)
+            low = jnp.tensordot(h, self.lora_a[...].astype(self.dtype), axes=n_in)
+            y = y + self.scaling * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
+        if self.bias is not None:
+            y = y + self.bias[...].astype(self.dtype)
+        return y
+
+    def delta(self) -> jax.Array:
+        """``scaling * A . B`` with the kernel's shape (leading stacked axes kept), in fp32."""
+        a = self.lora_a[...].astype(jnp.float32)
+        b = self.lora_b[...].astype(jnp.float32)
+        n_in = len(self.in_features)
+        lead = a.shape[: a.ndim - n_in - 1]
+        a2 = a.reshape(lead + (math.prod(self.in_features), self.rank))
+        b2 = b.reshape(lead + (self.rank, math.prod(self.out_features)))
+        d = jnp.matmul(a2, b2) * self.scaling
+        return d.reshape(lead + self.in_features + self.out_features)
+
+    def merge(self) -> None:
+        """Folds the adapter into ``kernel`` (in place) and removes the LoRA params (rank -> 0)."""
+        if self.lora_a is None:
+            return
+        k = self.kernel[...]
+        self.kernel[...] = (k.astype(jnp.float32) + self.delta()).astype(k.dtype)
+        self.lora_a = None
+        self.lora_b = None
+        self.rank = 0
+
+
+def merge_lora(module: nnx.Module) -> nnx.Module:
+    """Merges every :class:`LoRAEinsum` adapter inside ``module`` into its kernel, in place.
+
+    After merging the module has no :class:`LoRAParam` left and computes ``x . (W + s A B)``
+    (``W = W_base + (alpha/r) B A`` in peft's orientation, architecture.md §7.1). Returns ``module``.
+    """
+    for _, m in nnx.iter_modules(module):
+        if isinstance(m, LoRAEinsum):
+            m.merge()
+    return module
+
+
+def lora_filter(path: tuple[Any, ...], value: Any) -> bool:
+    """nnx filter selecting LoRA factors (``LoRAParam`` variables)."""
+    return isinstance(value, LoRAParam)

@@ -1,0 +1,383 @@
+"""GameStateMLLM: Mistral + LoRA + resamplers, the "game engine" of AnimeGamer (paper §3.2).
+
+Reference: the release's ``ContinuousLVLM_Video`` (architecture.md §1.3-§1.7, §2). One turn:
+
+* the sequence (built by :func:`build_sequence`) is ``<s>``, up to W-1 history turns
+  (``<TURN> text <img><frame> 226 queries </frame></img>`` + 14 world ids with the duplicated
+  ``</ST>``), then the current turn ending in ``<ML>``;
+* history query positions (``cmp_mask``) get their turn's representation s_a [226, 1920] through
+  the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j (§1.6);
+* the current turn's 226 query positions (``gen_mask``) keep the ``<frame_i>`` embeddings and see
+  each other fully (hybrid mask, §1.4); everything else is causal (+ sliding window);
+* the representation is read at the query positions (``readout="query"``, training-exact) or at
+  the last 226 positions (``readout="last"``, the release's off-by-3, §1.7), post final RMSNorm,
+  then the output resampler (4096 -> 1920 -> 1920);
+* states [ML, SC, ET, ST] come from a separate purely causal greedy pass constrained to the legal
+  grammar ``<Strength_a></ML><SC><Strength_b></SC><ET><Strength_c></ET><ST><Strength_d></ST>``,
+  parsed from ids at generated positions 0, 3, 6, 9 (§1.5);
+* training loss ``lm_loss_scale * CE(labels) + rec_loss_scale * MSE + cos_loss_scale * (1 - cos)``
+  (§2.4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from animegamer_jax.models import mistral as mst
+from animegamer_jax.models.lora import LoRAEinsum
+from animegamer_jax.parallel import mesh as pmesh
+
+IGNORE_INDEX = -100
+
+
+@dataclasses.dataclass(frozen=True)
+class MLLMConfig:
+    """GameStateMLLM hyper-parameters: the Mistral config plus the representation/loss fields."""
+
+    llm: mst.MistralConfig
+    rep_dim: int = 1920  # width of s_a (cfg.rep.dim)
+    num_queries: int = 226  # query / representation tokens (30 text + 196 image)
+    history_window: int = 3  # W: turns seen, current included
+    readout: str = "query"  # "query" | "last"
+    lm_loss_scale: float = 1.0
+    rec_loss_scale: float = 1.0
+    cos_loss_scale: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: Any, **llm_overrides: Any) -> "MLLMConfig":
+        """From the root ConfigDict (uses ``cfg.mllm`` and ``cfg.rep``)."""
+        m = cfg.mllm
+        return cls(
+            llm=mst.MistralConfig.from_config(m, **llm_overrides),
+            rep_dim=cfg.rep.dim,
+            num_queries=cfg.rep.num_text_tokens + cfg.rep.num_image_tokens,
+            history_window=m.history_window,
+            readout=m.readout,
+            lm_loss_scale=m.lm_loss_scale,
+            rec_loss_scale=m.rec_loss_scale,
+            cos_loss_scale=m.cos_loss_scale,
+        )
+
+
+class Resampler(nnx.Module):
+    """Release ``ProjectionLayer``: Linear(d_in, d_hidden) -> exact GELU -> Linear(d_hidden, d_out), biases.
+
+    x [..., d_in] -> [..., d_out]. Torch names ``proj.0`` / ``proj.2`` map to ``fc1`` / ``fc2``.
+    """
+
+    def __init__(self, d_in: int, d_hidden: int, d_out: int, *, axes: tuple[Any, Any, Any],
+                 dtype: Any, param_dtype: Any, rngs: nnx.Rngs):
+        self.fc1 = LoRAEinsum((d_in,), (d_hidden,), in_axes=(axes[0],), out_axes=(axes[1],), use_bias=True,
+                              dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.fc2 = LoRAEinsum((d_hidden,), (d_out,), in_axes=(axes[1],), out_axes=(axes[2],), use_bias=True,
+                              dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
+
+
+@flax.struct.dataclass
+class MLLMOutput:
+    """logits [B, L, V] fp32 or None; hidden [B, L, D] (post-norm); rep [B, Q, rep_dim] (s_a)."""
+
+    logits: jax.Array | None
+    hidden: jax.Array
+    rep: jax.Array
+
+
+def hybrid_mask(gen_mask: jax.Array, window: int | None, padding_mask: jax.Array | None = None) -> jax.Array:
+    """Release attention mask (§1.4) as bool [B, L, L] ("may attend").
+
+    Causal (and ``q - k < window``) everywhere, plus the full square ``[first..last] x [first..last]``
+    where first/last are the first and last True of ``gen_mask`` per row (the current turn's
+    queries; rows without any True are purely causal). Padding keys (``padding_mask`` False) are
+    masked.
+    """
+    b, l = gen_mask.shape
+    pos = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    m = mst.causal_window_mask(pos, pos, window)
+    any_q = gen_mask.any(axis=1)
+    first = jnp.where(any_q, jnp.argmax(gen_mask, axis=1), l)
+    last = jnp.where(any_q, l - 1 - jnp.argmax(gen_mask[:, ::-1], axis=1), -1)
+    inside = (pos >= first[:, None]) & (pos <= last[:, None])
+    m = m | (inside[:, :, None] & inside[:, None, :])
+    if padding_mask is not None:
+        m = m & padding_mask.astype(bool)[:, None, :]
+    return m
+
+
+def query_positions(gen_mask: jax.Array, num_queries: int) -> jax.Array:
+    """int32 [B, Q]: the indices of the first Q True entries of ``gen_mask`` [B, L], in order."""
+    order = jnp.argsort(~gen_mask, axis=1, stable=True)
+    return order[:, :num_queries].astype(jnp.int32)
+
+
+class GameStateMLLM(nnx.Module):
+    """Mistral (+LoRA) with input/output resamplers (architecture.md §2).
+
+    Params: ``llm`` (:class:`~animegamer_jax.models.mistral.Mistral`), ``input_resampler``
+    (rep_dim -> D -> D), ``output_resampler`` (D -> rep_dim -> rep_dim).
+    """
+
+    def __init__(self, cfg: MLLMConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        lc = cfg.llm
+        dt, pdt = mst._dtype(lc.dtype), mst._dtype(lc.param_dtype)
+        self.llm = mst.Mistral(lc, rngs=rngs)
+        d, r = lc.hidden_size, cfg.rep_dim
+        self.input_resampler = Resampler(r, d, d, axes=(None, "embed", "mlp"), dtype=dt, param_dtype=pdt, rngs=rngs)
+        self.output_resampler = Resampler(d, r, r, axes=("embed", None, "mlp"), dtype=dt, param_dtype=pdt, rngs=rngs)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, rngs: nnx.Rngs, **llm_overrides: Any) -> "GameStateMLLM":
+        """From the root ConfigDict (``cfg.mllm`` + ``cfg.rep``)."""
+        return cls(MLLMConfig.from_config(cfg, **llm_overrides), rngs=rngs)
+
+    def embed_inputs(self, input_ids: jax.Array, cmp_mask: jax.Array | None,
+                     history_reps: jax.Array | None) -> jax.Array:
+        """Token embeddings with history query positions overwritten (§1.6).
+
+        Args:
+          input_ids: int [B, L].
+          cmp_mask: bool [B, L]; its k-th True position (row-wise) takes token k of the flattened
+            history reps, i.e. run j of Q positions <- slot j.
+          history_reps: float [B, S, Q, rep_dim] (S slots, S*Q >= number of True per row) or None.
+
+        Returns: float [B, L, D].
+        """
+        emb = self.llm.embed(input_ids)
+        if history_reps is None or cmp_mask is None:
+            return emb
+        b, s, q, r = history_reps.shape
+        proj = self.input_resampler(history_reps.reshape(b, s * q, r)).astype(emb.dtype)
+        idx = jnp.clip(jnp.cumsum(cmp_mask.astype(jnp.int32), axis=1) - 1, 0, s * q - 1)
+        gathered = jnp.take_along_axis(proj, idx[:, :, None], axis=1)
+        return pmesh.constrain(jnp.where(cmp_mask[:, :, None], gathered, emb), ("act_batch", "act_length", "act_embed"))
+
+    def readout(self, hidden: jax.Array, gen_mask: jax.Array, mode: str | None = None) -> jax.Array:
+        """hidden [B, L, D] -> s_a [B, Q, rep_dim] via the output resampler.
+
+        ``mode`` "query" (default from config): the Q positions of ``gen_mask``; "last": the last Q
+        positions (release ``hidden[:, -226:]``, §1.7).
+
+        Raises: ValueError for another mode.
+        """
+        mode = mode or self.cfg.readout
+        q = self.cfg.num_queries
+        if mode == "query":
+            h = jnp.take_along_axis(hidden, query_positions(gen_mask, q)[:, :, None], axis=1)
+        elif mode == "last":
+            h = hidden[:, -q:]
+        else:
+            raise ValueError(f"readout must be 'query' or 'last', got {mode!r}")
+        return self.output_resampler(h)
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        *,
+        gen_mask: jax.Array,
+        cmp_mask: jax.Array | None = None,
+        history_reps: jax.Array | None = None,
+        padding_mask: jax.Array | None = None,
+        readout: str | None = None,
+        return_logits: bool = True,
+        dropout_rng: jax.Array | None = None,
+    ) -> MLLMOutput:
+        """Pass B (and training forward): hybrid-mask forward + representation read-out.
+
+        Args:
+          input_ids int [B, L]; gen_mask bool [B, L] current-turn query positions; cmp_mask bool
+          [B, L] history query positions; history_reps [B, S, Q, rep_dim]; padding_mask bool [B, L].
+
+        Returns: :class:`MLLMOutput`.
+        """
+        x = self.embed_inputs(input_ids, cmp_mask, history_reps)
+        mask = hybrid_mask(gen_mask, self.cfg.llm.window, padding_mask)
+        out = self.llm(inputs_embeds=x, attention_mask=mask, return_logits=return_logits, dropout_rng=dropout_rng)
+        return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout))
+
+    def loss(self, batch: dict[str, jax.Array], dropout_rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Training loss (§2.4) on a batch from :func:`collate`.
+
+        batch: input_ids, gen_mask, cmp_mask, history_reps, padding_mask, labels (int [B, L],
+        IGNORE_INDEX = no label, HF-aligned: the logits at i-1 predict labels[i]), target_reps
+        [B, Q, rep_dim].
+
+        Returns: (total scalar, {"ce", "mse", "cos", "loss"}).
+        """
+        c = self.cfg
+        out = self(batch["input_ids"], gen_mask=batch["gen_mask"], cmp_mask=batch.get("cmp_mask"),
+                   history_reps=batch.get("history_reps"), padding_mask=batch.get("padding_mask"),
+                   dropout_rng=dropout_rng)
+        logits = out.logits[:, :-1]
+        labels = batch["labels"][:, 1:]
+        valid = labels != IGNORE_INDEX
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, jnp.where(valid, labels, 0)[..., None], axis=-1)[..., 0]
+        ce = jnp.sum(nll * valid) / jnp.maximum(jnp.sum(valid), 1)
+        rec = out.rep.astype(jnp.float32)
+        tgt = batch["target_reps"].astype(jnp.float32)
+        mse = jnp.mean((rec - tgt) ** 2)
+        cos = jnp.mean(1.0 - jnp.sum(rec * tgt, -1) / (
+            jnp.maximum(jnp.linalg.norm(rec, axis=-1) * jnp.linalg.norm(tgt, axis=-1), 1e-8)))
+        total = c.lm_loss_scale * ce + c.rec_loss_scale * mse + c.cos_loss_scale * cos
+        return total, {"ce": ce, "mse": mse, "cos": cos, "loss": total}
+
+    def predict_states(
+        self,
+        input_ids: jax.Array,
+        *,
+        cmp_mask: jax.Array | None = None,
+        history_reps: jax.Array | None = None,
+        grammar: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Pass A: purely causal greedy decoding constrained to the state grammar (§1.5).
+
+        Args:
+          input_ids: int [B, L], every row ending with ``<ML>`` (no padding: equal lengths).
+          grammar: allowed ids per generated position (default
+            ``AnimeGamerTokenizer.state_grammar()``, 11 positions).
+
+        Returns:
+          (states int32 [B, 4] = [ML, SC, ET, ST], generated ids int32 [B, len(grammar)]).
+        """
+        from animegamer_jax import tokenizer as tk
+
+        grammar = grammar or tk.AnimeGamerTokenizer.state_grammar()
+        b = input_ids.shape[0]
+        v = self.cfg.llm.vocab_size
+        allowed = np.zeros((len(grammar), v), bool)
+        for t, ids in enumerate(grammar):
+            allowed[t, list(ids)] = True
+        allowed_j = jnp.asarray(allowed)
+        x = self.embed_inputs(input_ids, cmp_mask, history_reps)
+        toks, _ = mst.greedy_generate(
+            self.llm, len(grammar), inputs_embeds=x,
+            allowed_fn=lambda t, _prev: jnp.broadcast_to(allowed_j[t], (b, v)),
+        )
+        toks = np.asarray(toks)
+        states = np.asarray([[tk.strength_value(int(r[p])) for p in (0, 3, 6, 9)] for r in toks], np.int32)
+        return states, toks
+
+
+# ---------------------------------------------------------------------------------------------
+# Sequence builder (host side, numpy): the release layout of §1.3 with our sliding window.
+
+
+@dataclasses.dataclass
+class TurnSequence:
+    """One MLLM input row. All arrays have length L.
+
+    input_ids int32; cmp_mask bool (history query positions, in history-slot order);
+    gen_mask bool (current-turn queries); labels int32 (IGNORE_INDEX except the target state
+    tokens when built with ``target_states``); num_history: history turns included.
+    """
+
+    input_ids: np.ndarray
+    cmp_mask: np.ndarray
+    gen_mask: np.ndarray
+    labels: np.ndarray
+    num_history: int
+
+
+def build_sequence(
+    tokenizer: Any,
+    instructions: Sequence[str],
+    history_states: Sequence[Sequence[int]] = (),
+    *,
+    num_queries: int = 226,
+    history_window: int = 3,
+    target_states: Sequence[int] | None = None,
+    release_history_states: bool = False,
+) -> TurnSequence:
+    """Token layout for the last instruction given the earlier ones (architecture.md §1.3-§1.6).
+
+    Args:
+      tokenizer: an ``AnimeGamerTokenizer`` (``encode_plain``, ``video_block_ids``, ``world_ids``).
+      instructions: instruction texts of turns 0..k (the last is the current turn).
+      history_states: [ML, SC, ET, ST] of turns 0..k-1 (their own predicted / labelled states).
+      num_queries: Q query tokens per turn (226).
+      history_window: W; at most W-1 history turns (the latest ones) are included.
+      target_states: when given (training), the 11 state-grammar tokens of the current turn are
+        appended after ``<ML>`` and labelled.
+      release_history_states: True writes ``<Strength_0>`` in every history field (the release's
+        index bug, §1.3) instead of the turn's own states.
+
+    Returns: :class:`TurnSequence` (history slot j of ``history_reps`` belongs to the j-th included
+      history turn, oldest first; e.g. turns ``k-W+1 .. k-1``).
+
+    Raises:
+      ValueError: fewer history_states than history turns, or history_window < 1.
+    """
+    from animegamer_jax import tokenizer as tk
+
+    if history_window < 1:
+        raise ValueError(f"history_window must be >= 1, got {history_window}")
+    k = len(instructions) - 1
+    if k < 0:
+        raise ValueError("need at least one instruction")
+    if len(history_states) < k:
+        raise ValueError(f"{k} history turns need {k} states, got {len(history_states)}")
+    first = max(0, k - history_window + 1)
+    ids: list[int] = [tk.BOS_ID]
+    cmp: list[bool] = [False]
+    gen: list[bool] = [False]
+    block = tokenizer.video_block_ids(num_queries)
+
+    def add(seq: Sequence[int], c: bool = False, g: bool = False) -> None:
+        ids.extend(seq)
+        cmp.extend([c] * len(seq))
+        gen.extend([g] * len(seq))
+
+    for t in range(first, k + 1):
+        add([tk.TURN_ID] + list(tokenizer.encode_plain(instructions[t])))
+        add(block[:2])
+        add(block[2:-2], c=t < k, g=t == k)
+        add(block[-2:])
+        if t < k:
+            st = (0, 0, 0, 0) if release_history_states else tuple(history_states[t])
+            add(tokenizer.world_ids(*st))
+    add([tk.ML_ID])
+    labels = [IGNORE_INDEX] * len(ids)
+    if target_states is not None:
+        ml, sc, et, st = (int(s) for s in target_states)
+        tail = [tk.strength_id(ml), tk.ML_END_ID, tk.SC_ID, tk.strength_id(sc), tk.SC_END_ID, tk.ET_ID,
+                tk.strength_id(et), tk.ET_END_ID, tk.ST_ID, tk.strength_id(st), tk.ST_END_ID]
+        add(tail)
+        labels.extend(tail)
+    return TurnSequence(np.asarray(ids, np.int32), np.asarray(cmp), np.asarray(gen),
+                        np.asarray(labels, np.int32), k - first)
+
+
+def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
+    """Right-pads rows to a common length: input_ids, cmp_mask, gen_mask, labels, padding_mask [B, L].
+
+    Raises: ValueError when a row is longer than ``pad_to``.
+    """
+    n = max(len(s.input_ids) for s in seqs)
+    pad_to = pad_to or n
+    if n > pad_to:
+        raise ValueError(f"a sequence of {n} tokens does not fit pad_to={pad_to}")
+
+    def pad(a: np.ndarray, v: Any) -> np.ndarray:
+        return np.concatenate([a, np.full(pad_to - len(a), v, a.dtype)])
+
+    return {
+        "input_ids": np.stack([pad(s.input_ids, pad_id) for s in seqs]),
+        "cmp_mask": np.stack([pad(s.cmp_mask, False) for s in seqs]),
+        "gen_mask": np.stack([pad(s.gen_mask, False) for s in seqs]),
+        "labels": np.stack([pad(s.labels, IGNORE_INDEX) for s in seqs]),
+        "padding_mask": np.stack([pad(np.ones(len(s.input_ids), bool), False) for s in seqs]),
+    }
+
+#: nnx filter for the paper's trainable set (LoRA, RMSNorms, embeddings, lm_head, resamplers; §2.3).
+trainable_filter = mst.trainable_filter
