@@ -147,7 +147,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.spatial_interpolation_scale = 1.875  # 3-D sin-cos position scale (h, w)
     c.dit.temporal_interpolation_scale = 1.0  # 3-D sin-cos position scale (t)
     c.dit.norm_eps = 1e-5  # block / final_layernorm eps (SAT default)
-    c.dit.qk_norm_eps = 1e-6  # q/k LayerNorm and final-layer norm eps
+    c.dit.qk_norm_eps = 1e-6  # q/k LayerNorm eps
+    c.dit.final_norm_eps = 1e-6  # final-layer norm_final eps (SAT 1e-6; diffusers uses 1e-5)
+    c.dit.text_length = 226  # conditioning tokens = rep.num_text_tokens + rep.num_image_tokens
+    c.dit.use_flow = True  # motion-scope (flow) embedding added to the timestep embedding (§4.3)
     c.dit.lora_rank = 64  # LoRA rank on attention (§4.6)
     c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (§4.6, UNCERTAIN upstream)
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32

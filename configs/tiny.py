@@ -76,6 +76,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.sample_height = 8  # 64 px / 8
     c.dit.sample_width = 12  # 96 px / 8
     c.dit.lora_rank = 4
+    c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
     c.dit.dtype = "float32"
     c.dit.remat = False
 

@@ -1,0 +1,484 @@
+"""CogVideoX-2B diffusion transformer with AnimeGamer conditioning (the decoder D_a), Flax NNX.
+
+Follows the SAT implementation used by AnimeGamer (`VDM_Decoder/dit_video_concat.py`) and is
+weight-compatible with diffusers `CogVideoXTransformer3DModel` (sin-cos, non-RoPE variant); facts in
+shared/docs/architecture.md §4 (numbers, block, output, LoRA) and §7.2 (parameter names).
+
+Architectural notes not obvious from the reference:
+  * The 226 conditioning tokens are the action-aware representation s_a [B, 226, 1920] itself
+    (§4.7 paths 2 and 3). There is no text projection inside this module: diffusers'
+    `patch_embed.text_proj` and AnimeGamer's E_a (`text_proj`/`ip_proj`/mix LayerNorms) live outside,
+    in the shot encoder.
+  * The motion scope ("flow") enters as `flow_embed(sinusoid(flow))` added to the timestep embedding
+    (§4.3); its last Linear is zero-initialized, so an untrained flow branch is exactly a no-op.
+  * Expert adaLN: one Linear(time_embed_dim -> 12*D) per block gives separate shift/scale/gate for the
+    conditioning tokens and for the video tokens (§4.4); stored as [layers, E, 12, D] in SAT chunk order.
+  * LayerNorm eps: block norms and `final_layernorm` use `norm_eps` (1e-5, SAT default), q/k norms use
+    `qk_norm_eps` (1e-6); the final-layer norm uses `final_norm_eps` (SAT 1e-6, diffusers 1e-5).
+  * LoRA with SAT `lora2` semantics (§4.6): separate A/B for q, k and v and for the output projection,
+    `out = W x + b + (alpha / r) * B A x`; `merge_lora` folds it into the base weights for inference.
+  * Blocks have stacked parameters (leading "layers" axis) and run under `jax.lax.scan`
+    (optionally rematerialized), so compile time does not grow with depth.
+  * Norms, softmax and the sinusoids are computed in float32 whatever the activation dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from animegamer_jax.parallel import constrain
+
+Array = jax.Array
+
+BATCH_SEQ_EMBED = ("act_batch", "act_length", "act_embed")
+BATCH_SEQ_HEADS = ("act_batch", "act_length", "act_heads", None)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiTConfig:
+    """Sizes and numerics of the DiT (architecture.md §4.1; defaults are CogVideoX-2B / AnimeGamer).
+
+    Attributes:
+      hidden_size: model width D (1920).
+      num_layers: transformer blocks (30).
+      num_heads: attention heads N (30).
+      head_dim: per-head width (64); num_heads * head_dim must equal hidden_size.
+      mlp_ratio: MLP inner width / D (4.0, GELU tanh).
+      time_embed_dim: width E of the timestep / flow embedding (512).
+      in_channels / out_channels: latent channels (16 / 16).
+      patch_size: spatial patch p (2); no patching in time.
+      text_length: number of conditioning tokens (226 = 30 text + 196 image).
+      spatial_interpolation_scale / temporal_interpolation_scale: 3-D sin-cos scales (1.875 / 1.0).
+      norm_eps: block LayerNorms and `final_layernorm` (1e-5).
+      qk_norm_eps: q/k LayerNorms (1e-6).
+      final_norm_eps: final-layer `norm_final` (SAT 1e-6; diffusers uses 1e-5).
+      lora_rank: LoRA rank r on q/k/v/out (64); 0 builds no LoRA parameters.
+      lora_alpha: LoRA alpha; scaling = alpha / r (SAT lora2 default alpha 1 -> 1/64, §4.6).
+      use_flow: build the motion-scope embedding (AnimeGamer); False gives plain CogVideoX.
+      dtype: activation dtype name ("float32" / "bfloat16").
+      param_dtype: parameter dtype name.
+      remat: rematerialize each block (training memory).
+    """
+
+    hidden_size: int = 1920
+    num_layers: int = 30
+    num_heads: int = 30
+    head_dim: int = 64
+    mlp_ratio: float = 4.0
+    time_embed_dim: int = 512
+    in_channels: int = 16
+    out_channels: int = 16
+    patch_size: int = 2
+    text_length: int = 226
+    spatial_interpolation_scale: float = 1.875
+    temporal_interpolation_scale: float = 1.0
+    norm_eps: float = 1e-5
+    qk_norm_eps: float = 1e-6
+    final_norm_eps: float = 1e-6
+    lora_rank: int = 64
+    lora_alpha: float = 1.0
+    use_flow: bool = True
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: bool = False
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(self.hidden_size * self.mlp_ratio)
+
+    @property
+    def lora_scaling(self) -> float:
+        return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
+    @classmethod
+    def from_config(cls, dit: Any, text_length: int | None = None) -> "DiTConfig":
+        """Builds the config from the `dit` ConfigDict section (configs/animegamer_2b_7b.py).
+
+        Args:
+          dit: the `cfg.dit` section.
+          text_length: conditioning tokens; default `dit.text_length`.
+        """
+        get = lambda k, d: dit.get(k, d) if hasattr(dit, "get") else getattr(dit, k, d)  # noqa: E731
+        return cls(
+            hidden_size=get("hidden_size", 1920),
+            num_layers=get("num_layers", 30),
+            num_heads=get("num_heads", 30),
+            head_dim=get("head_dim", 64),
+            mlp_ratio=get("mlp_ratio", 4.0),
+            time_embed_dim=get("time_embed_dim", 512),
+            in_channels=get("in_channels", 16),
+            out_channels=get("out_channels", 16),
+            patch_size=get("patch_size", 2),
+            text_length=text_length if text_length is not None else get("text_length", 226),
+            spatial_interpolation_scale=get("spatial_interpolation_scale", 1.875),
+            temporal_interpolation_scale=get("temporal_interpolation_scale", 1.0),
+            norm_eps=get("norm_eps", 1e-5),
+            qk_norm_eps=get("qk_norm_eps", 1e-6),
+            final_norm_eps=get("final_norm_eps", 1e-6),
+            lora_rank=get("lora_rank", 64),
+            lora_alpha=get("lora_alpha", 1.0),
+            use_flow=get("use_flow", True),
+            dtype=get("dtype", "float32"),
+            param_dtype=get("param_dtype", "float32"),
+            remat=get("remat", False),
+        )
+
+
+class LoRAParam(nnx.Param):
+    """LoRA factor (`matrix_A` / `matrix_B` in SAT); a Param subclass so optimizers can filter it."""
+
+
+def _param(key: Array, init: Any, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any,
+           cls: type = nnx.Param) -> nnx.Param:
+    return cls(nnx.with_partitioning(init, axes)(key, shape, dtype))
+
+
+def _fan_in_normal(fan_in: int) -> Any:
+    return nnx.initializers.normal(stddev=1.0 / math.sqrt(fan_in))
+
+
+_zeros = nnx.initializers.zeros_init()
+_ones = nnx.initializers.ones_init()
+
+
+def timestep_sinusoid(t: Array, dim: int, max_period: float = 10000.0) -> Array:
+    """Sinusoidal embedding `concat(cos(t f), sin(t f))`, cos first (architecture.md §4.3).
+
+    Args:
+      t: [B] timesteps (integer DDPM index) or flow values (raw float), any numeric dtype.
+      dim: even output width (the model width D).
+
+    Returns:
+      float32 [B, dim] with `f_i = exp(-ln(max_period) i / (dim/2))` (diffusers `Timesteps(flip_sin_to_cos=True,
+      downscale_freq_shift=0)`, SAT `timestep_embedding`).
+    """
+    half = dim // 2
+    freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+    args = t.astype(jnp.float32)[:, None] * freqs[None]
+    return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+
+
+def _sincos_1d(dim: int, pos: np.ndarray) -> np.ndarray:
+    omega = 1.0 / 10000 ** (np.arange(dim // 2, dtype=np.float64) / (dim / 2.0))
+    out = np.outer(pos.reshape(-1), omega)
+    return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+
+def sincos_pos_embed_3d(dim: int, frames: int, height: int, width: int, spatial_scale: float,
+                        temporal_scale: float) -> np.ndarray:
+    """Fixed 3-D sin-cos position table for the video tokens (architecture.md §4.2).
+
+    Args:
+      dim: model width D (divisible by 16).
+      frames, height, width: token grid (latent frames, H/p, W/p).
+      spatial_scale / temporal_scale: interpolation scales (1.875 / 1.0).
+
+    Returns:
+      float64 [frames*height*width, D], tokens in (t, h, w) row-major order; each row is
+      `concat(temporal[D/4], emb1d(3D/8, w/scale), emb1d(3D/8, h/scale))` (diffusers
+      `get_3d_sincos_pos_embed`; the w coordinate comes first, from meshgrid(w, h)).
+    """
+    if dim % 16:
+        raise ValueError(f"3-D sin-cos needs a width divisible by 16, got {dim}")
+    dt, ds = dim // 4, 3 * dim // 4
+    gw, gh = np.meshgrid(np.arange(width) / spatial_scale, np.arange(height) / spatial_scale)
+    spatial = np.concatenate([_sincos_1d(ds // 2, gw), _sincos_1d(ds // 2, gh)], axis=1)  # [h*w, ds]
+    temporal = _sincos_1d(dt, np.arange(frames) / temporal_scale)  # [t, dt]
+    table = np.concatenate(
+        [np.repeat(temporal[:, None], height * width, axis=1),
+         np.repeat(spatial[None], frames, axis=0)], axis=-1)
+    return table.reshape(frames * height * width, dim)
+
+
+def _layer_norm(x: Array, scale: Array | None, bias: Array | None, eps: float) -> Array:
+    """LayerNorm over the last axis in float32, returned in x's dtype."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+class MLPEmbedder(nnx.Module):
+    """Linear(D -> E), SiLU, Linear(E -> E) (SAT `time_embed` / `flow_embed`, diffusers `TimestepEmbedding`)."""
+
+    def __init__(self, in_dim: int, out_dim: int, *, zero_out: bool, param_dtype: Any, rngs: nnx.Rngs):
+        k1, k2 = jax.random.split(rngs.params())
+        self.linear_1_kernel = _param(k1, _fan_in_normal(in_dim), (in_dim, out_dim), ("embed", None), param_dtype)
+        self.linear_1_bias = _param(k1, _zeros, (out_dim,), (None,), param_dtype)
+        init2 = _zeros if zero_out else _fan_in_normal(out_dim)
+        self.linear_2_kernel = _param(k2, init2, (out_dim, out_dim), (None, None), param_dtype)
+        self.linear_2_bias = _param(k2, _zeros, (out_dim,), (None,), param_dtype)
+
+    def __call__(self, x: Array) -> Array:
+        """x: [B, in_dim] -> [B, out_dim] in x's dtype."""
+        dt = x.dtype
+        h = x @ self.linear_1_kernel[...].astype(dt) + self.linear_1_bias[...].astype(dt)
+        h = jax.nn.silu(h)
+        return h @ self.linear_2_kernel[...].astype(dt) + self.linear_2_bias[...].astype(dt)
+
+
+class DiTBlocks(nnx.Module):
+    """All transformer blocks as stacked parameters with a leading "layers" axis (architecture.md §4.4).
+
+    Parameter shapes (L layers, D width, N heads, H head_dim, F mlp, E time_embed_dim, r LoRA rank):
+      norm1_scale/bias, norm2_scale/bias [L, D]; adaln_kernel [L, E, 12, D], adaln_bias [L, 12, D]
+      (SAT chunk order: shift/scale/gate msa, shift/scale/gate mlp, then the same six for the
+      conditioning tokens); qkv_kernel [L, D, 3, N, H], qkv_bias [L, 3, N, H]; q_norm/k_norm
+      scale/bias [L, H]; out_kernel [L, N, H, D], out_bias [L, D]; mlp_in_kernel [L, D, F],
+      mlp_in_bias [L, F], mlp_out_kernel [L, F, D], mlp_out_bias [L, D]; LoRA (r > 0):
+      qkv_lora_a [L, 3, D, r], qkv_lora_b [L, 3, r, N, H], out_lora_a [L, N, H, r], out_lora_b [L, r, D].
+    """
+
+    def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
+        L, D, N, H, F, E = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_dim,
+                            cfg.time_embed_dim)
+        if N * H != D:
+            raise ValueError(f"num_heads * head_dim = {N * H} must equal hidden_size {D}")
+        pd = jnp.dtype(cfg.param_dtype)
+        k = iter(jax.random.split(rngs.params(), 24))
+        self.norm1_scale = _param(next(k), _ones, (L, D), ("layers", "norm"), pd)
+        self.norm1_bias = _param(next(k), _zeros, (L, D), ("layers", "norm"), pd)
+        self.norm2_scale = _param(next(k), _ones, (L, D), ("layers", "norm"), pd)
+        self.norm2_bias = _param(next(k), _zeros, (L, D), ("layers", "norm"), pd)
+        # SAT's `reinit` would zero the adaLN Linear; it is not called at construction, so small random.
+        self.adaln_kernel = _param(next(k), _fan_in_normal(E), (L, E, 12, D), ("layers", None, None, "embed"), pd)
+        self.adaln_bias = _param(next(k), _zeros, (L, 12, D), ("layers", None, "embed"), pd)
+        self.qkv_kernel = _param(next(k), _fan_in_normal(D), (L, D, 3, N, H),
+                                 ("layers", "embed", None, "heads", "head_dim"), pd)
+        self.qkv_bias = _param(next(k), _zeros, (L, 3, N, H), ("layers", None, "heads", "head_dim"), pd)
+        self.q_norm_scale = _param(next(k), _ones, (L, H), ("layers", "norm"), pd)
+        self.q_norm_bias = _param(next(k), _zeros, (L, H), ("layers", "norm"), pd)
+        self.k_norm_scale = _param(next(k), _ones, (L, H), ("layers", "norm"), pd)
+        self.k_norm_bias = _param(next(k), _zeros, (L, H), ("layers", "norm"), pd)
+        self.out_kernel = _param(next(k), _fan_in_normal(D), (L, N, H, D), ("layers", "heads", "head_dim", "embed"), pd)
+        self.out_bias = _param(next(k), _zeros, (L, D), ("layers", "embed"), pd)
+        self.mlp_in_kernel = _param(next(k), _fan_in_normal(D), (L, D, F), ("layers", "embed", "mlp"), pd)
+        self.mlp_in_bias = _param(next(k), _zeros, (L, F), ("layers", "mlp"), pd)
+        self.mlp_out_kernel = _param(next(k), _fan_in_normal(F), (L, F, D), ("layers", "mlp", "embed"), pd)
+        self.mlp_out_bias = _param(next(k), _zeros, (L, D), ("layers", "embed"), pd)
+        r = cfg.lora_rank
+        if r:
+            # SAT lora2: A ~ kaiming-uniform (a=sqrt(5)) i.e. U(+-1/sqrt(fan_in)), B = 0.
+            ka = jax.random.split(next(k), 2)
+            bound = 1.0 / math.sqrt(D)
+            uni = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)  # noqa: E731
+            self.qkv_lora_a = _param(ka[0], uni, (L, 3, D, r), ("layers", None, "embed", "lora"), pd, LoRAParam)
+            self.qkv_lora_b = _param(ka[0], _zeros, (L, 3, r, N, H), ("layers", None, "lora", "heads", "head_dim"),
+                                     pd, LoRAParam)
+            self.out_lora_a = _param(ka[1], uni, (L, N, H, r), ("layers", "heads", "head_dim", "lora"), pd, LoRAParam)
+            self.out_lora_b = _param(ka[1], _zeros, (L, r, D), ("layers", "lora", "embed"), pd, LoRAParam)
+
+    def stacked(self) -> dict[str, Array]:
+        """All stacked parameter arrays by name (leading axis = layer)."""
+        return {name: v[...] for name, v in vars(self).items() if isinstance(v, nnx.Variable)}
+
+
+def _block(cfg: DiTConfig, txt: Array, img: Array, emb: Array, p: dict[str, Array]) -> tuple[Array, Array]:
+    """One CogVideoX block on the split streams (architecture.md §4.4; diffusers `CogVideoXBlock`).
+
+    Args:
+      txt: [B, Lt, D] conditioning tokens; img: [B, Lv, D] video tokens (activation dtype).
+      emb: [B, E] time (+flow) embedding; p: this layer's parameters (no leading layer axis).
+
+    Returns:
+      Updated (txt, img).
+    """
+    dt = img.dtype
+    c = lambda name: p[name].astype(dt)  # noqa: E731
+    lt = txt.shape[1]
+    mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), c("adaln_kernel")) + c("adaln_bias")[None]
+    m = [mod[:, i][:, None, :] for i in range(12)]
+
+    def attn_in(x, norm, shift, scale):
+        return _layer_norm(x, p[norm + "_scale"], p[norm + "_bias"], cfg.norm_eps) * (1 + scale) + shift
+
+    h = jnp.concatenate([attn_in(txt, "norm1", m[6], m[7]), attn_in(img, "norm1", m[0], m[1])], axis=1)
+    h = constrain(h, BATCH_SEQ_EMBED)
+    qkv = jnp.einsum("BLD,DKNH->KBLNH", h, c("qkv_kernel")) + c("qkv_bias")[:, None, None]
+    if cfg.lora_rank:
+        lora = jnp.einsum("BLD,KDR->KBLR", h, c("qkv_lora_a"))
+        qkv = qkv + cfg.lora_scaling * jnp.einsum("KBLR,KRNH->KBLNH", lora, c("qkv_lora_b"))
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    q = _layer_norm(q, p["q_norm_scale"], p["q_norm_bias"], cfg.qk_norm_eps)
+    k = _layer_norm(k, p["k_norm_scale"], p["k_norm_bias"], cfg.qk_norm_eps)
+    q, k, v = (constrain(a, BATCH_SEQ_HEADS) for a in (q, k, v))
+    # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32 (XLA path).
+    o = jax.nn.dot_product_attention(q, k, v)
+    o = constrain(o, BATCH_SEQ_HEADS)
+    out = jnp.einsum("BLNH,NHD->BLD", o, c("out_kernel")) + c("out_bias")
+    if cfg.lora_rank:
+        lora = jnp.einsum("BLNH,NHR->BLR", o, c("out_lora_a"))
+        out = out + cfg.lora_scaling * jnp.einsum("BLR,RD->BLD", lora, c("out_lora_b"))
+    out = constrain(out, BATCH_SEQ_EMBED)
+    txt = txt + m[8] * out[:, :lt]
+    img = img + m[2] * out[:, lt:]
+
+    h = jnp.concatenate([attn_in(txt, "norm2", m[9], m[10]), attn_in(img, "norm2", m[3], m[4])], axis=1)
+    h = constrain(h, BATCH_SEQ_EMBED)
+    f = jnp.einsum("BLD,DF->BLF", h, c("mlp_in_kernel")) + c("mlp_in_bias")
+    f = constrain(jax.nn.gelu(f, approximate=True), ("act_batch", "act_length", "act_mlp"))
+    f = jnp.einsum("BLF,FD->BLD", f, c("mlp_out_kernel")) + c("mlp_out_bias")
+    f = constrain(f, BATCH_SEQ_EMBED)
+    txt = txt + m[11] * f[:, :lt]
+    img = img + m[5] * f[:, lt:]
+    return constrain(txt, BATCH_SEQ_EMBED), constrain(img, BATCH_SEQ_EMBED)
+
+
+class CogVideoXDiT(nnx.Module):
+    """CogVideoX-2B DiT predicting v from noisy latents, s_a conditioning, timestep and motion scope.
+
+    Call: `model(latents, cond, timesteps, flow=None) -> v`
+      latents: [B, T, C_in, H, W] noisy latents (DiT layout, scaled by 1.15258426; §5.6).
+      cond: [B, text_length, D] action-aware representation s_a (or any projected 226-token prefix).
+      timesteps: [B] integer DDPM index 0..999 (float accepted; §4.3).
+      flow: [B] float motion-scope value (§4.8 table), or None for zero flow embedding contribution.
+    Returns:
+      v-prediction [B, T, C_out, H, W] in the activation dtype (§4.5, §5.2).
+    Raises:
+      ValueError: wrong conditioning length or width, or H/W not divisible by the patch size.
+    """
+
+    def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        D, E, p, pd = cfg.hidden_size, cfg.time_embed_dim, cfg.patch_size, jnp.dtype(cfg.param_dtype)
+        kin = cfg.in_channels * p * p
+        kout = cfg.out_channels * p * p
+        k = iter(jax.random.split(rngs.params(), 16))
+        # Patch vector order (c, p, q) equals the flattened Conv2d(k=p, s=p) weight.
+        self.patch_kernel = _param(next(k), _fan_in_normal(kin), (kin, D), ("conv_in", "embed"), pd)
+        self.patch_bias = _param(next(k), _zeros, (D,), ("embed",), pd)
+        self.time_embed = MLPEmbedder(D, E, zero_out=False, param_dtype=pd, rngs=rngs)
+        if cfg.use_flow:
+            self.flow_embed = MLPEmbedder(D, E, zero_out=True, param_dtype=pd, rngs=rngs)
+        self.blocks = DiTBlocks(cfg, rngs=rngs)
+        self.final_norm_scale = _param(next(k), _ones, (D,), ("norm",), pd)
+        self.final_norm_bias = _param(next(k), _zeros, (D,), ("norm",), pd)
+        self.out_adaln_kernel = _param(next(k), _fan_in_normal(E), (E, 2, D), (None, None, "embed"), pd)
+        self.out_adaln_bias = _param(next(k), _zeros, (2, D), (None, "embed"), pd)
+        self.out_norm_scale = _param(next(k), _ones, (D,), ("norm",), pd)
+        self.out_norm_bias = _param(next(k), _zeros, (D,), ("norm",), pd)
+        self.proj_out_kernel = _param(next(k), _fan_in_normal(D), (D, kout), ("embed", "conv_out"), pd)
+        self.proj_out_bias = _param(next(k), _zeros, (kout,), ("conv_out",), pd)
+
+    def embed_time(self, timesteps: Array, flow: Array | None, dtype: Any) -> Array:
+        """[B] timesteps, [B] flow -> [B, E] conditioning embedding in `dtype` (§4.3)."""
+        D = self.cfg.hidden_size
+        emb = self.time_embed(timestep_sinusoid(timesteps, D).astype(dtype))
+        if self.cfg.use_flow and flow is not None:
+            emb = emb + self.flow_embed(timestep_sinusoid(flow, D).astype(dtype))
+        return emb
+
+    def __call__(self, latents: Array, cond: Array, timesteps: Array, flow: Array | None = None) -> Array:
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+        B, T, C, Hh, Ww = latents.shape
+        p = cfg.patch_size
+        if cond.shape[1:] != (cfg.text_length, cfg.hidden_size) or cond.shape[0] != B:
+            raise ValueError(f"cond must be [{B}, {cfg.text_length}, {cfg.hidden_size}], got {cond.shape}")
+        if Hh % p or Ww % p or C != cfg.in_channels:
+            raise ValueError(f"latents {latents.shape}: need C={cfg.in_channels} and H, W divisible by {p}")
+        h, w = Hh // p, Ww // p
+        timesteps = jnp.broadcast_to(jnp.asarray(timesteps), (B,))
+        if flow is not None:
+            flow = jnp.broadcast_to(jnp.asarray(flow), (B,))
+        emb = self.embed_time(timesteps, flow, dt)
+
+        x = latents.astype(dt).reshape(B, T, C, h, p, w, p).transpose(0, 1, 3, 5, 2, 4, 6)
+        x = x.reshape(B, T * h * w, C * p * p)
+        img = x @ self.patch_kernel[...].astype(dt) + self.patch_bias[...].astype(dt)
+        pos = sincos_pos_embed_3d(cfg.hidden_size, T, h, w, cfg.spatial_interpolation_scale,
+                                  cfg.temporal_interpolation_scale)
+        img = constrain(img + jnp.asarray(pos, dt)[None], BATCH_SEQ_EMBED)
+        txt = constrain(cond.astype(dt), BATCH_SEQ_EMBED)
+
+        def body(carry, layer_params):
+            return _block(cfg, carry[0], carry[1], emb, layer_params), None
+
+        if cfg.remat:
+            body = jax.checkpoint(body, prevent_cse=False)
+        (txt, img), _ = jax.lax.scan(body, (txt, img), self.blocks.stacked())
+
+        # The conditioning tokens are dropped after the (per-token) final_layernorm.
+        img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
+        mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), self.out_adaln_kernel[...].astype(dt))
+        mod = mod + self.out_adaln_bias[...].astype(dt)[None]
+        img = _layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)
+        img = img * (1 + mod[:, 1][:, None]) + mod[:, 0][:, None]
+        out = img @ self.proj_out_kernel[...].astype(dt) + self.proj_out_bias[...].astype(dt)
+        co = cfg.out_channels
+        out = out.reshape(B, T, h, w, co, p, p).transpose(0, 1, 4, 2, 5, 3, 6)
+        return out.reshape(B, T, co, Hh, Ww)
+
+
+def flow_value(motion_level: Any, table: tuple[float, ...] = (0.5, 2.5, 10.0, 15.0, 40.0)) -> Array:
+    """Motion level -> flow value fed to `flow_embed` (architecture.md §4.8, `cuculate_level`).
+
+    Args:
+      motion_level: int or int array of levels; 1..len(table)-1 pick `table[level - 1]`, anything
+        else (5, 0, negative, a parse failure encoded as -1) picks the last entry.
+      table: `cfg.dit.flow_table` (default: the `inference_Decoder.py` table; app.py's is (0.5, 1, 5, 20, 40)).
+
+    Returns:
+      float32 array of the level's shape.
+    """
+    lv = jnp.asarray(motion_level, jnp.int32)
+    tab = jnp.asarray(table, jnp.float32)
+    ok = (lv >= 1) & (lv <= tab.shape[0] - 1)
+    return jnp.where(ok, tab[jnp.clip(lv - 1, 0, tab.shape[0] - 1)], tab[-1])
+
+
+def merge_lora(model: CogVideoXDiT) -> CogVideoXDiT:
+    """Returns a LoRA-free copy of `model` with `W += (alpha/r) B A` folded in (architecture.md §4.6).
+
+    The result has `lora_rank=0` and gives the same outputs (up to float rounding); use it for inference.
+    """
+    cfg = model.cfg
+    merged_cfg = dataclasses.replace(cfg, lora_rank=0)
+    new = nnx.eval_shape(lambda: CogVideoXDiT(merged_cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(model, nnx.Param)
+    pure = state.to_pure_dict()
+    if cfg.lora_rank:
+        b = pure["blocks"]
+        s = cfg.lora_scaling
+        b["qkv_kernel"] = b["qkv_kernel"] + s * jnp.einsum("LKDR,LKRNH->LDKNH", b.pop("qkv_lora_a"),
+                                                           b.pop("qkv_lora_b"))
+        b["out_kernel"] = b["out_kernel"] + s * jnp.einsum("LNHR,LRD->LNHD", b.pop("out_lora_a"),
+                                                           b.pop("out_lora_b"))
+    new_state = nnx.state(new, nnx.Param)
+    new_state.replace_by_pure_dict(pure)
+    nnx.update(new, new_state)
+    return new
+
+
+# Trainable parameter sets of the three phases (architecture.md §5.3; matched on our parameter paths).
+# The shot encoder's E_a parameters (ip_proj, text_proj, mix LayerNorms) belong to that module.
+TRAINABLE_SETS: dict[str, tuple[str, ...]] = {
+    "warmup": ("flow_embed",),
+    "joint": ("flow_embed", "adaln_kernel", "adaln_bias"),
+    "adaptation": ("flow_embed", "adaln_kernel", "adaln_bias"),
+}
+
+
+def trainable_filter(phase: str) -> Any:
+    """nnx filter of the DiT parameters trained in `phase` ("warmup", "joint", "adaptation").
+
+    LoRA factors (LoRAParam) are always trainable, as in SAT `disable_untrainable_params`; the
+    block adaLN (`adaLN_modulations`) trains in joint and adaptation phases, the final layer's
+    adaLN does not (its SAT name `adaLN_modulation` does not match). Raises KeyError for other phases.
+    """
+    names = TRAINABLE_SETS[phase]
+
+    def by_path(path: tuple[Any, ...], _value: Any) -> bool:
+        return any(str(part) in names for part in path)
+
+    return nnx.Any(LoRAParam, nnx.All(nnx.Param, by_path))

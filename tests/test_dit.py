@@ -1,0 +1,317 @@
+"""CogVideoX DiT: parity vs diffusers (through the real converters), SAT names, LoRA, bf16, 2B shapes.
+
+How diffusers' text projection is mapped: our DiT takes the already-projected 226-token prefix
+(s_a) as `cond`, while diffusers' `CogVideoXTransformer3DModel` projects raw text embeddings with
+`patch_embed.text_proj` first. The tests apply `patch_embed.text_proj` to the text embeddings on the
+torch side and feed the projected tokens to our model as `cond` (the converter returns text_proj
+among its extras and maps everything else).
+"""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from animegamer_jax.convert import cogvideox_dit as conv
+from animegamer_jax.diffusion import samplers
+from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig, flow_value, merge_lora, trainable_filter
+
+TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
+CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
+                out_channels=4, text_length=TEXT_LEN, final_norm_eps=1e-5, lora_rank=0)
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    """Tiny random diffusers model saved to safetensors, inputs, and its torch output."""
+    import torch
+    from diffusers import CogVideoXTransformer3DModel
+
+    torch.manual_seed(0)
+    tm = CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=16,
+        text_embed_dim=TEXT_DIM, num_layers=2, sample_width=W, sample_height=H,
+        sample_frames=(FRAMES - 1) * 4 + 1, patch_size=2, max_text_seq_length=TEXT_LEN,
+        use_rotary_positional_embeddings=False).eval()
+    with torch.no_grad():
+        for p in tm.parameters():  # move every weight away from its (often zero / one) init
+            p.add_(0.1 * torch.randn_like(p))
+    path = str(tmp_path_factory.mktemp("diffusers_dit"))
+    tm.save_pretrained(path)
+    x = torch.randn(2, FRAMES, 4, H, W)
+    txt = torch.randn(2, TEXT_LEN, TEXT_DIM)
+    t = torch.tensor([999, 37])
+    with torch.no_grad():
+        out = tm(x, txt, t).sample.numpy()
+        cond = tm.patch_embed.text_proj(txt).numpy()
+    sd = {k: v.detach().clone() for k, v in tm.state_dict().items()}
+    return {"path": path, "sd": sd, "x": x.numpy(), "cond": cond, "t": t.numpy(), "out": out}
+
+
+_FORWARD = nnx.jit(lambda model, x, cond, t, flow: model(x, cond, t, flow))
+
+
+def _run(model, ref, flow=None):
+    """Jitted forward (one compile per config; eager calls would re-trace the layer scan)."""
+    return np.asarray(_FORWARD(model, jnp.asarray(ref["x"]), jnp.asarray(ref["cond"]), jnp.asarray(ref["t"]), flow))
+
+
+@pytest.mark.parity
+def test_parity_vs_diffusers_from_saved_file(ref, tmp_path):
+    sd = conv.read_torch_state_dict(ref["path"])
+    params, extras = conv.from_diffusers(sd, CFG)
+    np.testing.assert_array_equal(extras["text_proj.weight"], ref["sd"]["patch_embed.text_proj.weight"].numpy())
+    model = conv.build_model(CFG, params, keep_init=("flow_embed", "lora"))
+    out = _run(model, ref, flow=jnp.array([0.5, 40.0]))
+    err = np.abs(out - ref["out"]).max()
+    print(f"diffusers parity max abs diff {err:.3e} (|ref| max {np.abs(ref['out']).max():.3f})")
+    assert err <= 2e-5
+    # The orbax round trip of the converter CLI path gives the same network.
+    conv.convert("diffusers", ref["path"], str(tmp_path / "ckpt"), CFG)
+    np.testing.assert_array_equal(_run(conv.load_orbax(str(tmp_path / "ckpt")), ref), _run(model, ref))
+
+
+def _to_sat(sd, cfg, rank, rng, scaling):
+    """diffusers state dict -> SAT names (inverse of architecture.md §7.2), with LoRA folded out.
+
+    LoRA matrices are random and the `.original` base weights are W - scaling * B A, so merging
+    them gives back the diffusers weights exactly (up to float rounding).
+    """
+    g = lambda k: sd[k].numpy().astype(np.float64)  # noqa: E731
+    D = cfg.hidden_size
+    P = "model.diffusion_model."
+    out = {
+        "time_embed.0.weight": g("time_embedding.linear_1.weight"), "time_embed.0.bias": g("time_embedding.linear_1.bias"),
+        "time_embed.2.weight": g("time_embedding.linear_2.weight"), "time_embed.2.bias": g("time_embedding.linear_2.bias"),
+        "mixins.patch_embed.proj.weight": g("patch_embed.proj.weight"), "mixins.patch_embed.proj.bias": g("patch_embed.proj.bias"),
+        "transformer.final_layernorm.weight": g("norm_final.weight"), "transformer.final_layernorm.bias": g("norm_final.bias"),
+        "mixins.final_layer.norm_final.weight": g("norm_out.norm.weight"),
+        "mixins.final_layer.norm_final.bias": g("norm_out.norm.bias"),
+        "mixins.final_layer.adaLN_modulation.1.weight": g("norm_out.linear.weight"),
+        "mixins.final_layer.adaLN_modulation.1.bias": g("norm_out.linear.bias"),
+        "mixins.final_layer.linear.weight": g("proj_out.weight"), "mixins.final_layer.linear.bias": g("proj_out.bias"),
+        "mixins.pos_embed.pos_embedding": np.zeros((1, TEXT_LEN + 48, D)),
+        "mixins.patch_embed.text_proj.0.weight": rng.standard_normal((D, TEXT_DIM)),
+        "mixins.patch_embed.ip_proj.0.weight": rng.standard_normal((D, 7)),
+        "mixins.patch_embed.txt_mix_layer_norm.weight": np.ones(D),
+    }
+    for n in (0, 2):
+        out[f"flow_embed.{n}.weight"] = rng.standard_normal((cfg.time_embed_dim, D if n == 0 else cfg.time_embed_dim))
+        out[f"flow_embed.{n}.bias"] = rng.standard_normal(cfg.time_embed_dim)
+    for l in range(cfg.num_layers):
+        b, t, a = f"transformer_blocks.{l}.", f"transformer.layers.{l}.", "mixins.adaln_layer."
+        out[t + "input_layernorm.weight"] = g(b + "norm1.norm.weight")
+        out[t + "input_layernorm.bias"] = g(b + "norm1.norm.bias")
+        out[t + "post_attention_layernorm.weight"] = g(b + "norm2.norm.weight")
+        out[t + "post_attention_layernorm.bias"] = g(b + "norm2.norm.bias")
+        w1, w2 = g(b + "norm1.linear.weight").reshape(2, 3, D, -1), g(b + "norm2.linear.weight").reshape(2, 3, D, -1)
+        b1, b2 = g(b + "norm1.linear.bias").reshape(2, 3, D), g(b + "norm2.linear.bias").reshape(2, 3, D)
+        out[a + f"adaLN_modulations.{l}.1.weight"] = np.concatenate([w1[0], w2[0], w1[1], w2[1]]).reshape(12 * D, -1)
+        out[a + f"adaLN_modulations.{l}.1.bias"] = np.concatenate([b1[0], b2[0], b1[1], b2[1]]).reshape(12 * D)
+        qkv = [g(b + f"attn1.to_{n}.weight") for n in "qkv"]
+        for i in range(3):
+            A, B = rng.standard_normal((rank, D)), rng.standard_normal((D, rank))
+            out[t + f"attention.query_key_value.matrix_A.{i}"], out[t + f"attention.query_key_value.matrix_B.{i}"] = A, B
+            qkv[i] = qkv[i] - scaling * B @ A
+        out[t + "attention.query_key_value.original.weight"] = np.concatenate(qkv)
+        out[t + "attention.query_key_value.original.bias"] = np.concatenate([g(b + f"attn1.to_{n}.bias") for n in "qkv"])
+        A, B = rng.standard_normal((rank, D)), rng.standard_normal((D, rank))
+        out[t + "attention.dense.matrix_A.0"], out[t + "attention.dense.matrix_B.0"] = A, B
+        out[t + "attention.dense.original.weight"] = g(b + "attn1.to_out.0.weight") - scaling * B @ A
+        out[t + "attention.dense.original.bias"] = g(b + "attn1.to_out.0.bias")
+        out[t + "mlp.dense_h_to_4h.weight"] = g(b + "ff.net.0.proj.weight")
+        out[t + "mlp.dense_h_to_4h.bias"] = g(b + "ff.net.0.proj.bias")
+        out[t + "mlp.dense_4h_to_h.weight"] = g(b + "ff.net.2.weight")
+        out[t + "mlp.dense_4h_to_h.bias"] = g(b + "ff.net.2.bias")
+        for ours, theirs in (("query_layernorm_list", "norm_q"), ("key_layernorm_list", "norm_k")):
+            out[a + f"{ours}.{l}.weight"] = g(b + f"attn1.{theirs}.weight")
+            out[a + f"{ours}.{l}.bias"] = g(b + f"attn1.{theirs}.bias")
+    sat = {P + k: v for k, v in out.items()}
+    sat["first_stage_model.encoder.conv_in.conv.weight"] = np.zeros(3)  # other engine parts are ignored
+    return {"module": sat}
+
+
+@pytest.mark.parity
+def test_sat_names_with_lora_convert_to_same_outputs(ref):
+    rank, alpha = 4, 2.0
+    rng = np.random.default_rng(0)
+    sat = _to_sat(ref["sd"], CFG, rank, rng, alpha / rank)
+    merged_cfg = dataclasses.replace(CFG, lora_alpha=alpha)
+    params, extras = conv.from_sat(sat, merged_cfg)
+    assert set(extras) == {"text_proj.0.weight", "ip_proj.0.weight", "txt_mix_layer_norm.weight"}
+    np.testing.assert_allclose(params[("flow_embed", "linear_2_kernel")],
+                               sat["module"]["model.diffusion_model.flow_embed.2.weight"].T, rtol=1e-6)
+    merged = conv.build_model(merged_cfg, params)
+    err_merged = np.abs(_run(merged, ref) - ref["out"]).max()
+
+    lora_cfg = dataclasses.replace(merged_cfg, lora_rank=rank)
+    lora_params, _ = conv.from_sat(sat, lora_cfg)
+    lora_model = conv.build_model(lora_cfg, lora_params)
+    err_lora = np.abs(_run(lora_model, ref) - ref["out"]).max()
+    err_fold = np.abs(_run(merge_lora(lora_model), ref) - ref["out"]).max()
+    print(f"SAT-name max abs diff: merged at conversion {err_merged:.2e}, LoRA kept {err_lora:.2e}, "
+          f"merge_lora {err_fold:.2e}")
+    assert max(err_merged, err_lora, err_fold) <= 2e-5
+    with pytest.raises(conv.ConversionError, match="LoRA rank 4 does not match cfg.lora_rank 8"):
+        conv.from_sat(sat, dataclasses.replace(CFG, lora_rank=8))
+
+
+def test_converters_fail_loudly(ref):
+    sd = dict(ref["sd"])
+    del sd["transformer_blocks.1.attn1.to_k.weight"]
+    sd["transformer_blocks.0.attn1.extra.weight"] = sd["proj_out.bias"]
+    sd["norm_final.weight"] = sd["norm_final.weight"][:5]
+    with pytest.raises(conv.ConversionError) as e:
+        conv.from_diffusers(sd, CFG)
+    msg = str(e.value)
+    assert "missing keys (1): transformer_blocks.1.attn1.to_k.weight" in msg
+    assert "unexpected keys (1): transformer_blocks.0.attn1.extra.weight" in msg
+    assert "norm_final.weight: got (5,), expected (32,)" in msg
+    params, _ = conv.from_diffusers(ref["sd"], CFG)
+    with pytest.raises(conv.ConversionError, match="missing: flow_embed.linear_1_bias"):
+        conv.build_model(CFG, params)
+    with pytest.raises(conv.ConversionError, match="no LoRA"):
+        conv.from_sat({"model.diffusion_model.time_embed.0.weight": np.zeros((16, 32))},
+                      dataclasses.replace(CFG, lora_rank=4))
+
+
+def test_bf16_forward_close_to_fp32(ref):
+    params, _ = conv.from_diffusers(ref["sd"], CFG)
+    f32 = conv.build_model(CFG, params, keep_init=("flow_embed", "lora"))
+    bf16 = conv.build_model(dataclasses.replace(CFG, dtype="bfloat16", param_dtype="bfloat16"), params,
+                            keep_init=("flow_embed", "lora"))
+    o32, o16 = _run(f32, ref), _run(bf16, ref).astype(np.float32)
+    assert np.all(np.isfinite(o16))
+    rel = np.linalg.norm(o16 - o32) / np.linalg.norm(o32)
+    print(f"bf16 vs fp32 relative L2 error {rel:.3e}")
+    assert rel < 3e-2
+
+
+def test_flow_embedding_zero_init_and_effect(ref):
+    params, _ = conv.from_diffusers(ref["sd"], CFG)
+    model = conv.build_model(dataclasses.replace(CFG, lora_rank=2), params, keep_init=("flow_embed", "lora"))
+    base = _run(model, ref, jnp.array([0.5, 0.5]))
+    np.testing.assert_array_equal(base, _run(model, ref, jnp.array([40.0, 15.0])))  # zero-init: no-op
+    np.testing.assert_allclose(base, ref["out"], atol=2e-5)  # LoRA B = 0 at init: no-op
+    model.flow_embed.linear_2_kernel[...] = jnp.full((16, 16), 0.05)
+    moved = _run(model, ref, jnp.array([40.0, 15.0]))
+    assert np.abs(moved - base).max() > 1e-3
+
+
+def test_flow_value_table():
+    from configs import animegamer_2b_7b
+
+    table = tuple(animegamer_2b_7b.get_config().dit.flow_table)
+    got = np.asarray(flow_value(np.array([1, 2, 3, 4, 5, 0, -1, 9]), table))
+    np.testing.assert_array_equal(got, [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
+    assert float(flow_value(2, (0.5, 1.0, 5.0, 20.0, 40.0))) == 1.0  # app.py table
+
+
+def test_trainable_filters():
+    model = CogVideoXDiT(dataclasses.replace(CFG, lora_rank=2), rngs=nnx.Rngs(0))
+
+    def names(phase):
+        st = nnx.state(model, trainable_filter(phase))
+        return {".".join(str(p) for p in path) for path, _ in st.flat_state()}
+
+    lora = {"blocks.qkv_lora_a", "blocks.qkv_lora_b", "blocks.out_lora_a", "blocks.out_lora_b"}
+    flow = {f"flow_embed.linear_{i}_{k}" for i in (1, 2) for k in ("kernel", "bias")}
+    assert names("warmup") == lora | flow
+    assert names("joint") == names("adaptation") == lora | flow | {"blocks.adaln_kernel", "blocks.adaln_bias"}
+
+
+def test_dit_in_jitted_guided_sampler():
+    cfg = dataclasses.replace(CFG, lora_rank=2)
+    model = CogVideoXDiT(cfg, rngs=nnx.Rngs(1))
+    plan = samplers.make_plan(3, "dpmpp_2m", cfg_scale=6.0)
+
+    @nnx.jit
+    def generate(model, x, cond, uncond, flow, key):
+        def denoise_fn(x, t, cb):
+            return model(x, cb["cond"], t, cb["flow"])
+
+        return samplers.sample(denoise_fn, x, {"cond": cond, "flow": flow}, {"cond": uncond, "flow": flow},
+                               key, plan)
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((1, FRAMES, 4, H, W)), jnp.float32)
+    cond = jnp.asarray(rng.standard_normal((1, TEXT_LEN, 32)), jnp.float32)
+    out = generate(model, x, cond, jnp.zeros_like(cond), jnp.array([2.5]), jax.random.key(2))
+    assert out.shape == x.shape and np.all(np.isfinite(np.asarray(out)))
+
+
+_EVAL_SHAPE_SCRIPT = textwrap.dedent("""
+    import os
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp, numpy as np
+    from flax import nnx
+    from animegamer_jax import parallel
+    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+    from configs import animegamer_2b_7b
+    c = animegamer_2b_7b.get_config()
+    cfg = DiTConfig.from_config(c.dit)
+    abstract = nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(abstract, nnx.Param)
+    total = sum(int(np.prod(v.get_raw_value().shape)) for _, v in state.flat_state())
+    lora = sum(int(np.prod(v.get_raw_value().shape)) for p, v in state.flat_state() if "lora" in str(p[-1]))
+    print("PARAMS", total, lora)
+    mesh = parallel.make_mesh((1, 4, 2, 1))
+    sh = parallel.param_shardings(state, mesh, parallel.rules_from_config(c))
+    flat = {".".join(str(getattr(k, "key", k)) for k in path): s
+            for path, s in jax.tree_util.tree_flatten_with_path(sh)[0]}
+    for name in ("blocks.qkv_kernel", "blocks.mlp_in_kernel", "blocks.out_kernel", "blocks.qkv_lora_b", "patch_kernel"):
+        key = [k for k in flat if k.startswith(name)][0]
+        print("SPEC", name, tuple(flat[key].spec))
+    out = jax.eval_shape(lambda m, x, c, t, f: m(x, c, t, f), abstract,
+                         jax.ShapeDtypeStruct((2, 5, 16, 60, 90), jnp.float32),
+                         jax.ShapeDtypeStruct((2, 226, 1920), jnp.float32),
+                         jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.float32))
+    print("OUT", out.shape, out.dtype)
+
+    # cond/uncond halves of one guided batch split over the data axis give the unsharded result.
+    from animegamer_jax.diffusion import samplers
+    fn = lambda x, t, cb: jnp.tanh(x + cb["c"]) * jnp.cos(t / 300.0)[:, None]
+    plan = samplers.make_plan(4, "dpmpp_2m")
+    x, cnd = jnp.ones((1, 6)), jnp.linspace(-1, 1, 6)[None]
+    run = jax.jit(lambda x, c: samplers.sample(fn, x, {"c": c}, {"c": 0 * c}, jax.random.key(0), plan))
+    plain = run(x, cnd)
+    mesh2 = parallel.make_mesh((2, 4, 1, 1))
+    with parallel.sharding_context(mesh2, parallel.rules_from_config(c)):
+        txt = run.lower(x, cnd).as_text()
+        sharded = run(x, cnd)
+    print("SAMPLER_SHARDED", "sharding" in txt and "data" in txt or "devices=[2" in txt,
+          float(jnp.abs(sharded - plain).max()))
+""")
+
+
+def test_eval_shape_2b_params_and_shardings():
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    res = subprocess.run([sys.executable, "-c", _EVAL_SHAPE_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = {ln.split(" ", 1)[0] + (" " + ln.split(" ")[1] if ln.startswith("SPEC") else ""): ln
+             for ln in res.stdout.splitlines()}
+    D, E, F, L, P, r = 1920, 512, 7680, 30, 2, 64
+    per_block = 4 * D + E * 12 * D + 12 * D + D * 3 * D + 3 * D + 4 * 64 + D * D + D + D * F + F + F * D + D
+    embed = 2 * (D * E + E + E * E + E)  # time + flow
+    final = 2 * D + E * 2 * D + 2 * D + 2 * D + D * 16 * P * P + 16 * P * P
+    base = 16 * P * P * D + D + embed + L * per_block + final
+    lora = L * (3 * (D * r + r * D) + D * r + r * D)
+    print(res.stdout)
+    assert lines["PARAMS"] == f"PARAMS {base + lora} {lora}"
+    assert base == 1_687_163_840 and lora == 29_491_200
+    assert lines["SPEC blocks.qkv_kernel"].endswith("(None, 'fsdp', None, 'tensor', None)")
+    assert lines["SPEC blocks.mlp_in_kernel"].endswith("(None, 'fsdp', 'tensor')")
+    assert lines["SPEC blocks.out_kernel"].endswith("(None, 'tensor', None, 'fsdp')")
+    assert lines["SPEC blocks.qkv_lora_b"].endswith("(None, None, None, 'tensor', None)")
+    assert "OUT (2, 5, 16, 60, 90) bfloat16" in res.stdout  # config dtype
+    flag, diff = lines["SAMPLER_SHARDED"].split()[1:]
+    assert flag == "True" and float(diff) < 1e-6
