@@ -1,8 +1,8 @@
 """CogVideoX VAE decode: our jitted JAX decode vs diffusers' torch decode, plus memory analyses.
 
 Run (CPU, a few minutes on 2 cores):
-  python benchmarks/vae_bench.py                       # tiny + medium timing, scan memory check
-  python benchmarks/vae_bench.py --full_memory         # + compiled memory of full 5x60x90 decode
+  python -m benchmarks.vae_bench                       # tiny + medium timing, scan memory check
+  python -m benchmarks.vae_bench --full_memory         # + compiled memory of full 5x60x90 decode
 
 Timing: same weights (moved through our converter), same chunk plan (diffusers' (3, 2) for 5
 latents), fp32, median of ``--reps`` runs after one warm-up (JAX compile excluded).

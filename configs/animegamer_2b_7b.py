@@ -229,6 +229,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
+    c.train.remat = True  # training: rematerialize every MLLM / DiT block (overrides mllm.remat / dit.remat)
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
@@ -236,7 +237,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
-    c.game.seed = 0  # game seed when a script gives none (turn k samples with fold_in(PRNGKey(seed), k))
+    c.game.seed = 0  # game seed when a script gives none (turn k samples with game/engine.py turn_key(seed, k))
     c.game.fps = 8  # output video fps
     c.game.write_gif = True  # also write a GIF per turn
     c.game.meter_start = 50  # character meters start value (app.py)

@@ -99,6 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0
+    c.train.remat = False  # toy sizes: no activation memory to save
     c.train.max_seq_len = 256  # 3 turns of 1 + text + 28 + 14 tokens at 24 queries
 
     c.game.checkpoint = "checkpoints/tiny_system"  # the shipped tiny system (save_system layout)

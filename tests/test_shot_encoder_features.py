@@ -107,3 +107,37 @@ def test_extract_batched_resumable_and_exact(dataset, models, tmp_path):
     assert r4.computed == 2 and np.load(os.path.join(out, "f_v.npy"), mmap_mode="r").dtype == np.float16
     with pytest.raises(KeyError, match="no_such_field"):
         ef.extract_features(ds, str(tmp_path / "x"), enc, tok, batch_size=2, text_field="no_such_field")
+
+
+
+def test_feature_encoder_sharded_over_data_and_fsdp_matches_one_device():
+    from tests.subproc import run_python
+
+    out = run_python("""
+        import jax, jax.numpy as jnp, numpy as np
+        from flax import nnx
+        from animegamer_jax import parallel
+        from animegamer_jax.data.extract_features import FeatureEncoder
+        from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
+        from animegamer_jax.models.t5 import T5Config, T5Encoder
+        from configs import tiny
+        jax.config.update("jax_default_matmul_precision", "highest")
+        cfg = tiny.get_config()
+        def make(fn, seed):
+            g, a = nnx.split(nnx.eval_shape(fn))
+            r = np.random.default_rng(seed)
+            return nnx.merge(g, jax.tree.map(lambda s: np.asarray(r.normal(0, 0.2, s.shape), s.dtype), a))
+        clip = make(lambda: CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0)), 0)
+        t5 = make(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
+        frames = np.random.default_rng(2).integers(0, 256, (4, 40, 60, 3)).astype(np.uint8)
+        ids = np.random.default_rng(3).integers(0, 200, (4, 8)).astype(np.int32)
+        one = FeatureEncoder(clip, t5, parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]))(frames, ids)
+        mesh = parallel.make_mesh((2, 2, 1, 1))
+        parallel.shard_params(clip, mesh)
+        parallel.shard_params(t5, mesh)
+        many = FeatureEncoder(clip, t5, mesh)(frames, ids)
+        print("SPEC", t5.shared[...].sharding.spec, "DIFF", max(float(np.abs(a - b).max()) for a, b in zip(one, many)))
+    """, devices=4)
+    spec, diff = out.split("SPEC")[1].split("DIFF")
+    assert "fsdp" in spec  # the T5 embedding is FSDP-sharded by its logical "embed" axis
+    assert float(diff) <= 1e-5

@@ -55,14 +55,7 @@ FAST = {"xla_backend_optimization_level": 0}  # CPU compiles ~4x faster; these s
 
 
 def _batch(cfg, phase):
-    ex = loader_example(cfg, phase)
-    out = phases.BatchBuilder(cfg, phase)(ex) if phase in ("b", "c") else {
-        "f_md": ex["f_md"], "f_v": ex["f_v"], "latents": ex["latents"],
-        "flow": phases.flow_values(ex["motion_level"], cfg.dit.flow_table)}
-    if phase in ("b", "c"):  # precomputed per-turn features replace ids / frames
-        out.pop("turn_t5_ids"), out.pop("turn_first_frame")
-        out["turn_f_md"], out["turn_f_v"] = ex["turn_f_md"], ex["turn_f_v"]
-    return out
+    return phases.BatchBuilder(cfg, phase)(loader_example(cfg, phase))
 
 
 def _paths(state):

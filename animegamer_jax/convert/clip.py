@@ -375,7 +375,48 @@ def load_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bo
     return nnx.merge(graphdef, jax.tree.map(jnp.asarray, state))
 
 
+def load_config_file(path: str) -> Any:
+    """``get_config()`` of a config file such as ``configs/animegamer_2b_7b.py``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_agj_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m animegamer_jax.convert.clip SRC OUT [--config F] [--vision_only] [--layout L]``.
+
+    SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the
+    activation come from ``--hf_config`` (an HF ``config.json``) if given, else from the config
+    file's ``clip`` section. OUT: orbax directory.
+    """
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("src")
+    p.add_argument("out")
+    p.add_argument("--config", default="configs/animegamer_2b_7b.py")
+    p.add_argument("--hf_config", default="")
+    p.add_argument("--layout", default="auto", choices=["auto", "open_clip", "hf"])
+    p.add_argument("--vision_only", action="store_true")
+    a = p.parse_args(argv)
+    if a.hf_config:
+        with open(a.hf_config, encoding="utf-8") as f:
+            cfg = config_from_hf(json.load(f))
+    else:
+        cfg = CLIPConfig.from_config(load_config_file(a.config).clip)
+    save_state(convert_clip(load_state_dict(a.src), cfg, vision_only=a.vision_only, layout=a.layout), a.out)
+    print(f"wrote {os.path.abspath(a.out)} ({'vision tower' if a.vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+
+
 __all__ = [
     "ConversionError", "StateDictReader", "config_from_hf", "config_from_open_clip", "convert_clip",
-    "detect_layout", "fill_state", "load_clip", "load_state_dict", "restore_state", "save_state", "to_numpy",
+    "detect_layout", "fill_state", "load_clip", "load_config_file", "load_state_dict", "restore_state", "save_state", "to_numpy",
 ]
+
+
+if __name__ == "__main__":
+    main()

@@ -115,4 +115,33 @@ def convert_file(src: str | os.PathLike, cfg: T5Config, out_dir: str | os.PathLi
     save_state(convert_t5(load_state_dict(src), cfg), out_dir)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """``python -m animegamer_jax.convert.t5 SRC OUT [--hf_config config.json | --config F]``.
+
+    SRC: HF T5 safetensors / ``.bin`` file or folder (``google/t5-v1_1-xxl``); OUT: orbax directory.
+    """
+    import argparse
+    import json
+
+    from animegamer_jax.convert.clip import load_config_file
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("src")
+    p.add_argument("out")
+    p.add_argument("--config", default="configs/animegamer_2b_7b.py")
+    p.add_argument("--hf_config", default="")
+    a = p.parse_args(argv)
+    if a.hf_config:
+        with open(a.hf_config, encoding="utf-8") as f:
+            cfg = config_from_hf(json.load(f))
+    else:
+        cfg = T5Config.from_config(load_config_file(a.config).t5)
+    convert_file(a.src, cfg, a.out)
+    print(f"wrote {os.path.abspath(a.out)}")
+
+
 __all__ = ["ConversionError", "config_from_hf", "convert_file", "convert_t5", "load_t5", "restore_state"]
+
+
+if __name__ == "__main__":
+    main()

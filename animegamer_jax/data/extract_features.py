@@ -23,8 +23,10 @@ batch's features are flushed before its ``done`` flags, so after a crash a rerun
 the clips not flagged done; a rerun against a different dataset / config / weights is refused
 unless ``--overwrite``. Read with :func:`load_features`.
 
-Batches are global (the same on every process), sharded over the mesh's data axes
-(``act_batch`` rule); the last batch is padded by repeating its last clip and the pads dropped.
+Batches are global (the same on every process), sharded over the mesh's batch axes
+(``act_batch`` rule: data and fsdp); the last batch is padded by repeating its last clip and the
+pads dropped. The mesh is ``config.mesh`` (``--mesh_shape`` overrides): with the paper config the
+T5-XXL parameters (19 GB in fp32) are FSDP-sharded by their logical axes.
 Weights: an orbax directory written by ``animegamer_jax.convert`` or a raw checkpoint converted on
 the fly (open_clip / HF CLIP file; HF T5 safetensors file or folder).
 """
@@ -276,7 +278,10 @@ def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise SystemExit(f"unexpected arguments {argv[1:]}")
     cfg = FLAGS.config
-    mesh = parallel.make_mesh(tuple(int(s) for s in FLAGS.mesh_shape) if FLAGS.mesh_shape else (-1, 1, 1, 1))
+    if FLAGS.mesh_shape:
+        mesh = parallel.make_mesh(tuple(int(s) for s in FLAGS.mesh_shape), tuple(cfg.mesh.axes))
+    else:
+        mesh = parallel.mesh_from_config(cfg)
     rules = parallel.rules_from_config(cfg)
     clip, t5 = load_models(cfg, mesh, rules, clip_weights=FLAGS.clip_weights, t5_weights=FLAGS.t5_weights,
                            random_init=FLAGS.random_init)
@@ -304,7 +309,7 @@ def _define_flags() -> None:
     flags.DEFINE_string("t5_spiece", "", "T5 spiece.model (default: config.t5.spiece_model).")
     flags.DEFINE_bool("random_init", False, "Random weights where none are given (smoke runs only).")
     flags.DEFINE_integer("batch_size", 8, "Global batch (multiple of the data-parallel size).")
-    flags.DEFINE_list("mesh_shape", None, "Mesh sizes (data, fsdp, tensor, context); default all devices on data.")
+    flags.DEFINE_list("mesh_shape", None, "Mesh sizes (data,fsdp,tensor,context); default config.mesh.shape.")
     flags.DEFINE_string("text_field", "action", "Record field with the action text.")
     flags.DEFINE_enum("dtype", "float32", ["float32", "float16"], "Storage dtype.")
     flags.DEFINE_integer("max_batches", None, "Stop after this many batches (rerun to resume).")

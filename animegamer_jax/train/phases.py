@@ -70,12 +70,15 @@ PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The config the train models are built from: fp32 master weights everywhere (activations keep
-    the configured compute dtype), so the optimizer state is fp32 too."""
+    the configured compute dtype), so the optimizer state is fp32 too; with ``train.remat`` every
+    scanned block of the MLLM and DiT is rematerialized (``jax.checkpoint``) in the backward pass."""
     c = copy.deepcopy(config)
     with c.unlocked():
         for section in ("mllm", "dit"):
             if "param_dtype" in c[section]:
                 c[section].param_dtype = "float32"
+            if bool(config.train.get("remat", False)):
+                c[section].remat = True
     return c
 
 
@@ -155,13 +158,15 @@ def _encode_features(model: TrainModel, batch: Mapping[str, jax.Array], prefix: 
     return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
 
 
-def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict) -> jax.Array:
-    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames (frozen)."""
+def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
+             key: jax.Array) -> jax.Array:
+    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames [B, T, H, W, 3]
+    (frozen VAE; ``z = scaling_factor * sample(q(z|x))`` as SAT's ``encode_first_stage``, §5.6)."""
     if "latents" in batch:
         return batch["latents"].astype(jnp.float32)
     if not hasattr(model, "vae"):
         raise ValueError("batch has no 'latents' and the train model has no VAE (train.encode_latents=False)")
-    z = model.vae.encode(batch["frames"])
+    z = model.vae.encode(batch["frames"]).sample(key) * float(config.vae.scaling_factor)
     return jax.lax.stop_gradient(z.astype(jnp.float32))
 
 
@@ -175,12 +180,12 @@ def _diffusion_loss(model: TrainModel, cond: jax.Array, x0: jax.Array, flow: jax
 def decoder_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
                  config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
-    k_t, k_i, k_n = jax.random.split(rng, 3)
+    k_t, k_i, k_n, k_z = jax.random.split(rng, 4)
     f_md, f_v = _encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
     f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
     cond = model.shot_encoder(f_md, f_v)
-    x0 = _latents(model, batch, config)
+    x0 = _latents(model, batch, config, k_z)
     loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedules.DiffusionSchedule.from_config(config.diffusion))
     return loss, {"v_mse": loss, "text_dropped": jnp.mean(drop_t), "image_dropped": jnp.mean(drop_i)}
 
@@ -212,14 +217,14 @@ def mllm_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
 def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
                     config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phase c: the frozen MLLM's predicted s_a (query read-out) conditions the DiT; v-prediction MSE."""
-    k_d, k_n = jax.random.split(rng)
+    k_d, k_n, k_z = jax.random.split(rng, 3)
     mb = _mllm_batch(model, batch)
     out = model.mllm(mb["input_ids"], gen_mask=mb["gen_mask"], cmp_mask=mb["cmp_mask"],
                      history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False)
     rep = jax.lax.stop_gradient(out.rep)
     uncond = jax.lax.stop_gradient(model.shot_encoder.uncond(1)).astype(rep.dtype)
     cond, dropped = guidance.cfg_dropout(k_d, rep, uncond, config.diffusion.text_dropout)
-    x0 = _latents(model, batch, config)
+    x0 = _latents(model, batch, config, k_z)
     loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedules.DiffusionSchedule.from_config(config.diffusion))
     rep_mse = jnp.mean((rep.astype(jnp.float32) - mb["target_reps"].astype(jnp.float32)) ** 2)
     return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
@@ -310,9 +315,12 @@ class BatchBuilder:
         return self.mllm_batch(ex)
 
     def decoder_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        out = {"t5_ids": self.t5_tok(_strs(ex["action"])),
-               "first_frame": _to_unit(ex["first_frame"]),
-               "flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
+        out = {"flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
+        if "f_md" in ex:  # precomputed T5 / CLIP features
+            out["f_md"], out["f_v"] = np.asarray(ex["f_md"], np.float32), np.asarray(ex["f_v"], np.float32)
+        else:
+            out["t5_ids"] = self.t5_tok(_strs(ex["action"]))
+            out["first_frame"] = _to_unit(ex["first_frame"])
         if "latents" in ex:
             out["latents"] = np.asarray(ex["latents"], np.float32)
         else:
@@ -340,8 +348,12 @@ class BatchBuilder:
             idx = list(range(first, n - 1))
             hist[i, :len(idx)] = idx
         out = mllm.collate(seqs, pad_to=int(cfg.train.max_seq_len))
-        out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
-        out["turn_first_frame"] = _to_unit(ex["first_frame"])
+        if "turn_f_md" in ex:  # precomputed T5 / CLIP features per turn
+            out["turn_f_md"] = np.asarray(ex["turn_f_md"], np.float32)
+            out["turn_f_v"] = np.asarray(ex["turn_f_v"], np.float32)
+        else:
+            out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
+            out["turn_first_frame"] = _to_unit(ex["first_frame"])
         out["target_turn"], out["history_turns"] = target, hist
         if self.phase == "c":
             levels = np.asarray(ex["motion_level"]) if "motion_level" in ex else np.asarray(ex["states"])[..., 0]

@@ -68,7 +68,7 @@ def _build_dit(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
 
 
 def _build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.cogvideox_vae:CogVideoXVAE").from_config(config, rngs=rngs)
+    return _import("animegamer_jax.models.cogvideox_vae:CogVideoXVAE").from_config(config.vae, rngs=rngs)
 
 
 def _build_shot_encoder(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:

@@ -1,0 +1,146 @@
+"""Running training phases end to end: data -> sharded loop -> system checkpoint.
+
+``run_phase(config, workdir)`` trains ``config.train.phase`` from the prepared dataset
+(``config.data.dataset_dir``), starting from the system checkpoint ``config.train.init_checkpoint``
+(converted weights or the previous phase) and resuming from ``WORKDIR/checkpoints`` when present.
+At the end it writes a *system checkpoint* (``train/system_checkpoint.py`` layout) holding every
+component of the phase's model plus the components of the init checkpoint it did not hold, so the
+output of each phase is a complete system for the next one (and for the game engine).
+
+``run_all(config, workdir)`` chains a1 -> a2 -> b -> c in ``WORKDIR/<phase>/`` and leaves the final
+system in ``config.train.system_checkpoint`` (default ``WORKDIR/system``). A phase whose system
+checkpoint exists is skipped, so a killed pipeline resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import time
+from typing import Any
+
+import jax
+import ml_collections
+from absl import logging
+from flax import nnx
+
+from animegamer_jax import parallel
+from animegamer_jax.train import loop, optim, phases, system_checkpoint
+
+
+def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
+    if phase in ("a1", "a2"):
+        return dict(mode="clips", batch_size=local_batch)
+    return dict(mode="turns", batch_size=local_batch, include_frames=True)
+
+
+def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
+    """Endless, checkpointable Grain iterator over the prepared dataset for ``phase``."""
+    from animegamer_jax.data import loader
+
+    return iter(loader.make_loader_from_config(config, **_loader_kwargs(config, phase, local_batch)))
+
+
+def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str,
+                         config: ml_collections.ConfigDict) -> nnx.State:
+    """Overwrites the train state's components with those present in the system checkpoint ``directory``
+    (restored straight onto the trainer's mesh; the optimizer state stays fresh)."""
+    model, opt = trainer.split(state)
+    held = system_checkpoint.read_manifest(directory)["components"]
+    names = [n for n in model.component_names if n in held]
+    if names:
+        comps = system_checkpoint.load_system(directory, phases.training_config(config), trainer.mesh,
+                                              names=names, rules=trainer.rules)
+        for n, m in comps.items():
+            nnx.update(getattr(model, n), nnx.state(m))
+    logging.info("initialized %s from %s", names, directory)
+    return nnx.state((model, opt))
+
+
+def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections.ConfigDict, out_dir: str,
+                 init_checkpoint: str = "") -> str:
+    """System checkpoint of the trained model's components (+ the init checkpoint's other components)."""
+    model, _ = trainer.split(state)
+    comps: dict[str, Any] = {n: getattr(model, n) for n in model.component_names}
+    if init_checkpoint:
+        held = system_checkpoint.read_manifest(init_checkpoint)["components"]
+        rest = [n for n in held if n not in comps]
+        if rest:
+            comps.update(system_checkpoint.load_system(init_checkpoint, phases.training_config(config),
+                                                       trainer.mesh, names=rest, rules=trainer.rules))
+    tmp = out_dir.rstrip("/") + ".tmp"
+    if os.path.exists(tmp) and jax.process_index() == 0:
+        shutil.rmtree(tmp)
+    system_checkpoint.save_system(tmp, comps, config, force=True)
+    if jax.process_index() == 0:
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    return out_dir
+
+
+def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: str = "",
+              data: Any = None, compiler_options: dict | None = None) -> str:
+    """Trains ``config.train.phase``; returns the system checkpoint directory it wrote.
+
+    Raises:
+      parallel.ShardingConfigError: the micro-batch does not divide the mesh's data axes (before
+        anything compiles); ValueError: ``global_batch_size`` not a multiple of ``grad_accum_steps``
+        x process count.
+    """
+    t = config.train
+    phase = str(t.phase)
+    workdir = os.path.abspath(workdir)
+    mesh, rules = parallel.mesh_from_config(config), parallel.rules_from_config(config)
+    accum = int(t.grad_accum_steps)
+    if int(t.global_batch_size) % (accum * jax.process_count()):
+        raise ValueError(f"train.global_batch_size {t.global_batch_size} is not a multiple of grad_accum_steps "
+                         f"{accum} x {jax.process_count()} processes")
+    micro = int(t.global_batch_size) // accum
+    parallel.check_global_batch(micro, mesh, rules)
+    _, steps = optim.phase_lr_and_steps(t)
+    spec = phases.phase_spec(config, phase)
+    tx, sched = optim.make_optimizer(t)
+    trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
+                           grad_accum_steps=accum, seed=int(config.seed), compiler_options=compiler_options)
+    trained, total = trainer.num_trainable()
+    logging.info("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
+                 dict(mesh.shape))
+    init_ckpt = str(t.init_checkpoint)
+
+    def init_state() -> nnx.State:
+        state = trainer.init()
+        return load_init_components(trainer, state, init_ckpt, config) if init_ckpt else state
+
+    if data is None:
+        data = make_data(config, phase, micro // jax.process_count())
+    builder = phases.BatchBuilder(config, phase)
+    result = loop.fit(
+        trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,
+        checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
+        async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
+        init_state=init_state, meta={"phase": phase, "config": str(config.name)}, progress=bool(t.progress),
+        peak_tflops_per_device=float(t.peak_tflops_per_device))
+    out = system_out or str(t.system_checkpoint) or os.path.join(workdir, "system")
+    return write_system(trainer, result.state, config, os.path.abspath(out), init_ckpt)
+
+
+def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options: dict | None = None) -> str:
+    """a1 -> a2 -> b -> c, each starting from the previous phase's system checkpoint; returns the final one."""
+    workdir = os.path.abspath(workdir)
+    final = os.path.abspath(str(config.train.system_checkpoint) or os.path.join(workdir, "system"))
+    prev = str(config.train.init_checkpoint)
+    for phase in phases.PHASES:
+        c = copy.deepcopy(config)
+        c.train.phase, c.train.init_checkpoint = phase, prev
+        out = final if phase == phases.PHASES[-1] else os.path.join(workdir, phase, "system")
+        c.train.system_checkpoint = out
+        if os.path.exists(os.path.join(out, "manifest")):
+            logging.info("phase %s already done (%s)", phase, out)
+        else:
+            t0 = time.time()
+            run_phase(c, os.path.join(workdir, phase), system_out=out, compiler_options=compiler_options)
+            logging.info("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
+        prev = out
+    return final
