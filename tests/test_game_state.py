@@ -5,7 +5,7 @@ import pytest
 
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.config import load_config
-from animegamer_jax.game.state import (GameRun, InstructionTooLongError, Meters, WindowSpec, build_turn_input,
+from animegamer_jax.game.state import (GameRun, InstructionTooLongError, Meters, WindowSpec,
                                        encode_instruction)
 
 TEXTS = [
