@@ -237,7 +237,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
-    c.game.seed = 0  # game seed when a script gives none (turn k samples with fold_in(PRNGKey(seed), k))
+    c.game.seed = 0  # game seed when a script gives none (turn k samples with game/engine.py turn_key(seed, k))
     c.game.fps = 8  # output video fps
     c.game.write_gif = True  # also write a GIF per turn
     c.game.meter_start = 50  # character meters start value (app.py)

@@ -177,13 +177,13 @@ def test_play_script_and_stdin(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("args,needle", [
     (["--config.game.nope=1"], "unknown config key"),
-    ([], "no checkpoint"),
+    (["--config.game.checkpoint="], "no checkpoint"),
     (["--checkpoint", "/nonexistent/ckpt"], "not found"),
 ])
 def test_play_errors(tmp_path, capsys, args, needle):
     script = tmp_path / "s.txt"
     script.write_text(TEXTS[0] + "\n")
-    extra = ["--standin"] if args and args[0].startswith("--config") else []
+    extra = ["--standin"] if args[0].startswith("--config.game.nope") else []
     assert play.main([str(script), "--out", str(tmp_path / "o"), *extra, *args]) == 2
     assert needle in capsys.readouterr().err
     assert not (tmp_path / "o" / "s").exists()

@@ -5,7 +5,7 @@ import pytest
 
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.config import load_config
-from animegamer_jax.game.state import (GameRun, InstructionTooLongError, Meters, WindowSpec, build_turn_input,
+from animegamer_jax.game.state import (GameRun, InstructionTooLongError, Meters, WindowSpec,
                                        encode_instruction)
 
 TEXTS = [
@@ -144,3 +144,31 @@ def test_bad_mode():
     cfg = load_config("configs/tiny.py", ["game.mode=fancy"])
     with pytest.raises(ValueError, match="game.mode"):
         WindowSpec.from_config(cfg)
+
+
+def test_reference_mode_applies_release_settings():
+    from animegamer_jax.game.engine import apply_mode
+
+    cfg = apply_mode(load_config("configs/tiny.py", ["game.mode=reference"]))
+    assert (cfg.mllm.history_window, cfg.mllm.readout, cfg.diffusion.cfg_schedule) == (1, "last", "release")
+    base = apply_mode(load_config("configs/tiny.py"))
+    assert (base.mllm.history_window, base.mllm.readout, base.diffusion.cfg_schedule) == (3, "query", "intended")
+
+
+def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
+    from animegamer_jax.game.script import Game, parse_instruction
+    from animegamer_jax.generate import batches, pending_games
+
+    turn = parse_instruction(TEXTS[0])
+    games = tuple(Game(f"g{i}", (turn,) * (1 + i % 2), i) for i in range(5))
+    (tmp_path / "g2").mkdir()
+    (tmp_path / "g2" / "game.json").write_text("{}")
+    (tmp_path / "g4").mkdir()  # partial: redone
+    (tmp_path / ".tmp-g0-1234abcd").mkdir()
+    p0, done0 = pending_games(games, str(tmp_path), 0, 2)
+    p1, done1 = pending_games(games, str(tmp_path), 1, 2)
+    assert [g.game_id for g in p0] == ["g0", "g4"] and done0 == 1
+    assert [g.game_id for g in p1] == ["g1", "g3"] and done1 == 0
+    assert not (tmp_path / ".tmp-g0-1234abcd").exists()
+    groups = batches(list(games), 2)
+    assert [[g.game_id for g in b] for b in groups] == [["g0", "g2"], ["g4"], ["g1", "g3"]]

@@ -247,3 +247,23 @@ def convert(src: str, dst: str, cfg: VAEConfig, fmt: str = "auto") -> nnx.State:
         raise ValueError(f"unknown VAE checkpoint format {fmt!r}")
     save_state(state, dst)
     return state
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: ``python -m animegamer_jax.convert vae SRC DST [--config configs/animegamer_2b_7b.py] [--format auto]``."""
+    import argparse
+
+    from animegamer_jax.config import load_config
+
+    ap = argparse.ArgumentParser(description="SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX -> orbax")
+    ap.add_argument("src", help="3d-vae.pt, a diffusers vae folder or a .safetensors file")
+    ap.add_argument("dst", help="output orbax directory")
+    ap.add_argument("--config", default="configs/animegamer_2b_7b.py", help="config whose `vae` section describes the model")
+    ap.add_argument("--format", default="auto", choices=("auto", "sat", "diffusers"))
+    args = ap.parse_args(argv)
+    convert(args.src, args.dst, VAEConfig.from_config(load_config(args.config).vae), args.format)
+    print(f"wrote {args.dst}")
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,8 @@ jit arguments (weights are never baked in as constants):
   one CFG batch per step. The sampler is vmapped over games so each game's noise comes from its own
   key (``split(key)``: initial latents, SDE noise), which makes a game's output independent of the
   batch it is played in.
-* **VAE** (§5.6): ``decode(latents / scaling_factor)`` -> frames, mapped from [-1, 1] to [0, 1].
+* **VAE** (§5.6): ``decode(latents / scaling_factor)`` (spatially tiled when ``vae.tile_size`` > 0)
+  -> frames, mapped from [-1, 1] to [0, 1] and clipped.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
         def decode(p, latents):
             vae = nnx.merge(g_vae, p["vae"])
-            video = vae.decode(latents / scale)
+            z = latents / scale
+            video = vae.tiled_decode(z) if vae.cfg.tile_size > 0 else vae.decode(z)
             return _to_unit_frames(video, latents.shape)
     else:
         def decode(p, latents):

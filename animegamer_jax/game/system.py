@@ -21,12 +21,17 @@ class CheckpointError(ValueError):
 
 
 def _builders(config) -> dict:
-    """Builder overrides for load_system: the DiT is built from ``config.dit`` + ``rep`` (the
-    module has no ``from_config`` taking the whole config)."""
+    """Builder overrides for load_system, building each network from its own config section
+    (``CogVideoXDiT`` from ``dit`` + the representation length, ``CogVideoXVAE`` from ``vae``)."""
     from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
 
     nq = config.rep.num_text_tokens + config.rep.num_image_tokens
-    return {"dit": lambda cfg, rngs: CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=nq), rngs=rngs)}
+    out = {"dit": lambda cfg, rngs: CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=nq), rngs=rngs)}
+    if has_vae_module():
+        from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+
+        out["vae"] = lambda cfg, rngs: CogVideoXVAE.from_config(cfg.vae, rngs=rngs)
+    return out
 
 
 def _standin_decode(config):
@@ -98,27 +103,24 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
     from animegamer_jax.models.mllm import GameStateMLLM
     from animegamer_jax.models.shot_encoder import ShotEncoder
 
-    dit_builder = _builders(config)["dit"]
+    builders = _builders(config)
+    with_vae = has_vae_module()
 
     @jax.jit
     def init():
         # one compiled init instead of one eager PRNG op per parameter
         mods = {"mllm": GameStateMLLM.from_config(config, rngs=nnx.Rngs(seed)),
-                "dit": dit_builder(config, nnx.Rngs(seed + 1)),
+                "dit": builders["dit"](config, nnx.Rngs(seed + 1)),
                 "shot_encoder": ShotEncoder.from_config(config, rngs=nnx.Rngs(seed + 2))}
+        if with_vae:
+            mods["vae"] = builders["vae"](config, nnx.Rngs(seed + 3))
         return {k: nnx.split(m) for k, m in mods.items()}
 
     split = init()
     comps = {k: nnx.merge(g, s) for k, (g, s) in split.items()}
-    vae = "real CogVideoX VAE" if has_vae_module() else "random stand-in decoder, NOT the CogVideoX VAE"
-    decode_fn = None
-    if has_vae_module():
-        from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
-
-        comps["vae"] = CogVideoXVAE.from_config(config, rngs=nnx.Rngs(seed + 3))
-    else:
-        decode_fn = _standin_decode(config)
-    label = (f"RANDOMLY INITIALISED {config.name} system (untrained MLLM, DiT and E_a, seed {seed}; VAE: {vae}); "
+    decode_fn = None if with_vae else _standin_decode(config)
+    nets = "MLLM, DiT, E_a and VAE" if with_vae else "MLLM, DiT and E_a; VAE: random stand-in decoder, NOT the CogVideoX VAE"
+    label = (f"RANDOMLY INITIALISED {config.name} system (untrained {nets}; seed {seed}); "
              f"no trained checkpoint was found")
     return build_real_system(comps, config, label=label, decode_fn=decode_fn)
 

@@ -239,7 +239,7 @@ def param_shardings(state: Any, mesh: Mesh, rules: LogicalRules | None = None) -
     """
     if isinstance(state, nnx.Module):
         state = nnx.state(state)
-    rules = core_spmd.get_logical_axis_rules() if rules is None else rules
+    rules = (core_spmd.get_logical_axis_rules() or DEFAULT_RULES) if rules is None else rules
 
     def to_sharding(x: Any) -> Any:
         if isinstance(x, nnx.Variable):
