@@ -18,6 +18,7 @@ from tests.subproc import ROOT
 # Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
 SETUP = r'''
 import numpy as np
+from configs import tiny
 
 def test_config(phase):
     cfg = tiny.get_config()
