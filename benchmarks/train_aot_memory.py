@@ -28,7 +28,6 @@ import time  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.train import loop, metrics, optim, phases  # noqa: E402

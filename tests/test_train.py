@@ -6,11 +6,9 @@ import socket
 import subprocess
 import sys
 
-import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 

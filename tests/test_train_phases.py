@@ -10,11 +10,9 @@ import sys
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
 from animegamer_jax import parallel
 from animegamer_jax.train import loop, optim, phases
-from configs import tiny
 from tests.subproc import ROOT
 
 # Shared with the two-process workers: the tiny config and fixed synthetic loader batches.

@@ -1,1 +1,12 @@
-"""animegamer_jax.train (see the package docstring)."""
+"""Training of AnimeGamer's phases (a1 warm-up, a2 joint, b MLLM, c decoder adaptation).
+
+Modules:
+  optim.py              AdamW + warm-up/cosine + global-norm clip + optax.MultiSteps accumulation
+  loop.py               Trainer (jitted, sharded step; trainable filter) and fit (resume, NaN stop, logs)
+  checkpoint.py         orbax CheckpointManager: model + optimizer + step + Grain iterator state
+  metrics.py            clu averages, tensorboardX summaries, throughput, MFU
+  phases.py             TrainModel per phase, trainable filters, losses, host batch building
+  pipeline.py           run_phase / run_all: data -> loop -> system checkpoint
+  system_checkpoint.py  save_system / load_system: one orbax item per component + config
+  __main__.py           python -m animegamer_jax.train --config=configs/tiny.py --workdir=...
+"""

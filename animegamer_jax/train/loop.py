@@ -216,7 +216,7 @@ def fit(
     stop_after: int | None = None,
     progress: bool = True,
     peak_tflops_per_device: float = 0.0,
-    hooks: tuple[Callable[[int, nnx.State], None], ...] = (),
+    hooks: tuple[Callable[[int, nnx.State, Any], None], ...] = (),
 ) -> FitResult:
     """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
 
@@ -234,7 +234,7 @@ def fit(
       init_state: builds the fresh state when there is no checkpoint (default ``trainer.init``).
       meta: JSON-able fields saved with every checkpoint.
       stop_after: return after this step (a simulated kill; the checkpoint at it is written).
-      hooks: ``hook(step, state)`` called after every step (e.g. periodic sample videos).
+      hooks: ``hook(step, state, device_batch)`` called after every step (e.g. periodic sample videos).
 
     Returns:
       :class:`FitResult`.
@@ -300,7 +300,7 @@ def fit(
                 writer.write_scalars(step + 1, scalars)
                 logging.info("step %d: %s", step + 1, ", ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())))
             for hook in hooks:
-                hook(step + 1, state)
+                hook(step + 1, state, batch)
             if (step + 1) % checkpoint_every == 0 or step + 1 == end:
                 mngr.save(step + 1, state, data if checkpointable else None,
                           dict(meta or {}, loss=loss), force=True)

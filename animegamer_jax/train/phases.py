@@ -364,3 +364,61 @@ class BatchBuilder:
             else:
                 out["frames"] = _to_unit(np.asarray(ex["frames"])[np.arange(b), target])
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Periodic sample videos (decoder phases): what the DiT currently makes of the batch's first clip.
+
+
+def sample_video(model: TrainModel, batch: Mapping[str, jax.Array], key: jax.Array,
+                 config: ml_collections.ConfigDict) -> jax.Array:
+    """One clip [1, T, H, W, 3] in [-1, 1] for the first example of a decoder-phase batch.
+
+    s_a comes from E_a (a1/a2) or the MLLM (c); CFG uses the bias-only uncond (§3.4) with the
+    configured sampler and DynamicCFG; latents are decoded by the frozen VAE (÷ scaling factor).
+    """
+    from animegamer_jax.diffusion import samplers
+
+    first = jax.tree.map(lambda x: x[:1], dict(batch))
+    if "input_ids" in first:
+        mb = _mllm_batch(model, first)
+        cond = model.mllm(mb["input_ids"], gen_mask=mb["gen_mask"], cmp_mask=mb["cmp_mask"],
+                          history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False).rep
+    else:
+        f_md, f_v = _encode_features(model, first)
+        cond = model.shot_encoder(f_md, f_v)
+    uncond = model.shot_encoder.uncond(1).astype(cond.dtype)
+    flow = first["flow"]
+    d = config.dit
+    shape = (1, int(d.num_latent_frames), int(d.in_channels), int(d.sample_height), int(d.sample_width))
+    k_x, k_s = jax.random.split(key)
+    plan = samplers.plan_from_config(config.diffusion)
+
+    def denoise(x, t, c):
+        return model.dit(x, c, t, jnp.broadcast_to(flow, (x.shape[0],)))
+
+    z = samplers.sample(denoise, jax.random.normal(k_x, shape, jnp.float32), cond, uncond, k_s, plan)
+    return model.vae.decode(z / float(config.vae.scaling_factor))
+
+
+def sample_hook(trainer: Any, config: ml_collections.ConfigDict, workdir: str, every: int) -> Any:
+    """``fit`` hook writing ``WORKDIR/samples/step_<n>.mp4`` every ``every`` steps (process 0)."""
+    from animegamer_jax import video_io
+
+    jitted = {}
+
+    def hook(step: int, state: nnx.State, batch: Mapping[str, jax.Array]) -> None:
+        if every <= 0 or step % every:
+            return
+        if "fn" not in jitted:
+            jitted["fn"] = jax.jit(lambda st, b, k: sample_video(trainer.split(st)[0], b, k, config))
+        from animegamer_jax import parallel
+
+        with parallel.sharding_context(trainer.mesh, trainer.rules):
+            video = jitted["fn"](state, batch, jax.random.key(step))
+        if jax.process_index() == 0:
+            os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
+            video_io.write_mp4(os.path.join(workdir, "samples", f"step_{step:07d}.mp4"),
+                               np.asarray(jax.device_get(video))[0], fps=float(config.game.fps))
+
+    return hook

@@ -116,12 +116,15 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
     builder = phases.BatchBuilder(config, phase)
+    hooks = ()
+    if int(t.sample_every) > 0 and phase in ("a1", "a2", "c") and "vae" in spec.components:
+        hooks = (phases.sample_hook(trainer, config, workdir, int(t.sample_every)),)
     result = loop.fit(
         trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
         init_state=init_state, meta={"phase": phase, "config": str(config.name)}, progress=bool(t.progress),
-        peak_tflops_per_device=float(t.peak_tflops_per_device))
+        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks)
     out = system_out or str(t.system_checkpoint) or os.path.join(workdir, "system")
     return write_system(trainer, result.state, config, os.path.abspath(out), init_ckpt)
 
