@@ -15,7 +15,7 @@ def run_python(code: str, devices: int = 8, timeout: int = 300, env: dict | None
     """
     full_env = dict(os.environ)
     full_env.update({"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-                     "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT + os.pathsep + full_env.get("PYTHONPATH", "")})
+                     "JAX_PLATFORMS": "cpu", "JAX_THREEFRY_PARTITIONABLE": "0", "PYTHONPATH": ROOT + os.pathsep + full_env.get("PYTHONPATH", "")})
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=ROOT)
