@@ -16,7 +16,7 @@ $(STAMP): requirements.txt
 
 # The main job on the embedded default (see README).
 demo: $(STAMP)
-	$(PY) -m animegamer_jax.demo data/games/bunny.txt
+	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo
 
 # The whole test suite (what .ci/run runs).
 test: $(STAMP)
