@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     the frozen base keys (the release's embeddings/lm_head, already resized to 32284, win).
     """
     import argparse
+    import json
     import os
 
     from animegamer_jax.convert import mistral as cm
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "../../configs/animegamer_2b_7b.py"))
     p.add_argument("--base", default=None, help="HF Mistral dir for base weights missing from BIN")
     p.add_argument("--merge_lora", action="store_true")
+    p.add_argument("--lora_alpha", type=float, default=None, help="default: config mllm.lora_alpha (release 32)")
     p.add_argument("--param_dtype", default="bfloat16")
     a = p.parse_args(argv)
     cfg = MLLMConfig.from_config(_load_root_config(a.config), param_dtype=a.param_dtype, dtype=a.param_dtype,
@@ -187,9 +189,12 @@ def main(argv: list[str] | None = None) -> None:
         for k, v in cm.load_state_dict(a.base).items():
             if k not in llm_sd:
                 sd["llm.base_model.model." + k] = v
-    cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora)
+    cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora, lora_alpha=a.lora_alpha)
     os.makedirs(a.dst, exist_ok=True)
     cm.save_state(state, os.path.join(a.dst, "params"))
+    with open(os.path.join(a.dst, "mllm_config.json"), "w") as f:
+        json.dump({"lora_rank": cfg.llm.lora_rank, "lora_alpha": cfg.llm.lora_alpha,
+                   "lora_targets": list(cfg.llm.lora_targets), "merged": a.merge_lora}, f)
     print(f"wrote {a.dst}/params (lora_rank={cfg.llm.lora_rank}, merged={a.merge_lora})")
 
 
