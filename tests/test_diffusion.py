@@ -152,7 +152,8 @@ def test_dpmpp_2m_matches_float64_reference():
     out, traj = jax.jit(lambda x, c, u, k: samplers.sample(_toy_v_jax, x, {"c": c}, {"c": u}, k, plan,
                                                             return_trajectory=True))(x_init, cond, uncond, key)
     assert np.all(np.isfinite(np.asarray(traj)))
-    noises = [np.asarray(jax.random.normal(jax.random.fold_in(key, i), x_init.shape), np.float64) for i in range(n)]
+    noises = [np.asarray(jax.random.normal(jax.random.fold_in(key, i), (x_init.size,)), np.float64).reshape(x_init.shape)
+              for i in range(n)]
     ref = _dpmpp_reference(x_init.astype(np.float64), cond, uncond, plan.cfg_scale, noises)
     np.testing.assert_allclose(np.asarray(out), ref, atol=1e-4, rtol=1e-4)
 
@@ -173,6 +174,11 @@ def test_sampler_traces_denoise_once_and_runs_unguided():
     assert np.all(np.isfinite(np.asarray(out))) and np.all(np.isfinite(np.asarray(out_u)))
     with pytest.raises(ValueError, match="unknown sampler"):
         samplers.make_plan(6, "euler")
+    from configs import animegamer_2b_7b
+
+    full = samplers.plan_from_config(animegamer_2b_7b.get_config().diffusion)
+    assert full.method == "dpmpp_2m" and full.num_steps == 50 and full.timesteps[0] == 999
+    np.testing.assert_allclose(full.cfg_scale[[0, -1]], [1.0, 6.8644], atol=1e-4)
 
 
 def test_v_loss_equals_weighted_x0_loss():

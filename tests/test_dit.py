@@ -21,7 +21,7 @@ from flax import nnx
 
 from animegamer_jax.convert import cogvideox_dit as conv
 from animegamer_jax.diffusion import samplers
-from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig, merge_lora, trainable_filter
+from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig, flow_value, merge_lora, trainable_filter
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
 CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
@@ -55,8 +55,12 @@ def ref(tmp_path_factory):
     return {"path": path, "sd": sd, "x": x.numpy(), "cond": cond, "t": t.numpy(), "out": out}
 
 
+_FORWARD = nnx.jit(lambda model, x, cond, t, flow: model(x, cond, t, flow))
+
+
 def _run(model, ref, flow=None):
-    return np.asarray(model(jnp.asarray(ref["x"]), jnp.asarray(ref["cond"]), jnp.asarray(ref["t"]), flow))
+    """Jitted forward (one compile per config; eager calls would re-trace the layer scan)."""
+    return np.asarray(_FORWARD(model, jnp.asarray(ref["x"]), jnp.asarray(ref["cond"]), jnp.asarray(ref["t"]), flow))
 
 
 @pytest.mark.parity
@@ -201,6 +205,15 @@ def test_flow_embedding_zero_init_and_effect(ref):
     assert np.abs(moved - base).max() > 1e-3
 
 
+def test_flow_value_table():
+    from configs import animegamer_2b_7b
+
+    table = tuple(animegamer_2b_7b.get_config().dit.flow_table)
+    got = np.asarray(flow_value(np.array([1, 2, 3, 4, 5, 0, -1, 9]), table))
+    np.testing.assert_array_equal(got, [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
+    assert float(flow_value(2, (0.5, 1.0, 5.0, 20.0, 40.0))) == 1.0  # app.py table
+
+
 def test_trainable_filters():
     model = CogVideoXDiT(dataclasses.replace(CFG, lora_rank=2), rngs=nnx.Rngs(0))
 
@@ -227,8 +240,9 @@ def test_dit_in_jitted_guided_sampler():
         return samplers.sample(denoise_fn, x, {"cond": cond, "flow": flow}, {"cond": uncond, "flow": flow},
                                key, plan)
 
-    x = jax.random.normal(jax.random.key(0), (1, FRAMES, 4, H, W))
-    cond = jax.random.normal(jax.random.key(1), (1, TEXT_LEN, 32))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((1, FRAMES, 4, H, W)), jnp.float32)
+    cond = jnp.asarray(rng.standard_normal((1, TEXT_LEN, 32)), jnp.float32)
     out = generate(model, x, cond, jnp.zeros_like(cond), jnp.array([2.5]), jax.random.key(2))
     assert out.shape == x.shape and np.all(np.isfinite(np.asarray(out)))
 
@@ -261,6 +275,20 @@ _EVAL_SHAPE_SCRIPT = textwrap.dedent("""
                          jax.ShapeDtypeStruct((2, 226, 1920), jnp.float32),
                          jax.ShapeDtypeStruct((2,), jnp.int32), jax.ShapeDtypeStruct((2,), jnp.float32))
     print("OUT", out.shape, out.dtype)
+
+    # cond/uncond halves of one guided batch split over the data axis give the unsharded result.
+    from animegamer_jax.diffusion import samplers
+    fn = lambda x, t, cb: jnp.tanh(x + cb["c"]) * jnp.cos(t / 300.0)[:, None]
+    plan = samplers.make_plan(4, "dpmpp_2m")
+    x, cnd = jnp.ones((1, 6)), jnp.linspace(-1, 1, 6)[None]
+    run = jax.jit(lambda x, c: samplers.sample(fn, x, {"c": c}, {"c": 0 * c}, jax.random.key(0), plan))
+    plain = run(x, cnd)
+    mesh2 = parallel.make_mesh((2, 4, 1, 1))
+    with parallel.sharding_context(mesh2, parallel.rules_from_config(c)):
+        txt = run.lower(x, cnd).as_text()
+        sharded = run(x, cnd)
+    print("SAMPLER_SHARDED", "sharding" in txt and "data" in txt or "devices=[2" in txt,
+          float(jnp.abs(sharded - plain).max()))
 """)
 
 
@@ -285,3 +313,5 @@ def test_eval_shape_2b_params_and_shardings():
     assert lines["SPEC blocks.out_kernel"].endswith("(None, 'tensor', None, 'fsdp')")
     assert lines["SPEC blocks.qkv_lora_b"].endswith("(None, None, None, 'tensor', None)")
     assert "OUT (2, 5, 16, 60, 90) bfloat16" in res.stdout  # config dtype
+    flag, diff = lines["SAMPLER_SHARDED"].split()[1:]
+    assert flag == "True" and float(diff) < 1e-6

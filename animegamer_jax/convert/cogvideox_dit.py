@@ -182,7 +182,8 @@ def from_diffusers(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat,
             "mlp_out_kernel": get(b + "ff.net.2.weight").T, "mlp_out_bias": get(b + "ff.net.2.bias"),
         })
     flat.update(_stack(layers))
-    extras = {"text_proj.weight": sd["patch_embed.text_proj.weight"], "text_proj.bias": sd["patch_embed.text_proj.bias"]}
+    extras = {"text_proj.weight": sd["patch_embed.text_proj.weight"],
+              "text_proj.bias": sd["patch_embed.text_proj.bias"]}
     return {k: np.asarray(v, np.float32) for k, v in flat.items()}, extras
 
 
@@ -448,3 +449,31 @@ def convert(kind: str, src: str, dst: str, cfg: DiTConfig) -> dict[str, np.ndarr
         raise ValueError(f"unknown checkpoint kind {kind!r}; use 'diffusers' or 'sat'")
     save_orbax(model, dst)
     return extras
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: `python -m animegamer_jax.convert.cogvideox_dit --kind sat --src DIR --dst DIR [--config PY]`.
+
+    The DiT sizes come from the config's `dit` section (default configs/animegamer_2b_7b.py); extras
+    (text/ip projections, mix LayerNorms) are saved beside the checkpoint as `dit_extras.npz`.
+    """
+    import argparse
+    import importlib.util
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--kind", choices=("sat", "diffusers"), required=True)
+    ap.add_argument("--src", required=True, help="SAT checkpoint dir / .pt, or diffusers dir / .safetensors")
+    ap.add_argument("--dst", required=True, help="output directory (orbax item `dit` + dit_config.json)")
+    ap.add_argument("--config", default="configs/animegamer_2b_7b.py")
+    args = ap.parse_args(argv)
+    spec = importlib.util.spec_from_file_location("dit_cfg", args.config)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = DiTConfig.from_config(mod.get_config().dit)
+    extras = convert(args.kind, args.src, args.dst, cfg)
+    np.savez(os.path.join(os.path.abspath(args.dst), "dit_extras.npz"), **extras)
+    print(f"wrote {args.dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,1 +1,23 @@
-"""animegamer_jax.diffusion (see the package docstring)."""
+"""Model-agnostic diffusion: zero-SNR DDPM schedule, v-prediction losses, DPM++ 2M / DDIM samplers, CFG.
+
+Samplers take `denoise_fn(x, timesteps, cond_batch) -> v` (see samplers.py); nothing here imports a model.
+"""
+
+from animegamer_jax.diffusion.guidance import cfg_dropout, dynamic_cfg_scales
+from animegamer_jax.diffusion.losses import (
+    a_of,
+    add_noise,
+    sample_timesteps,
+    training_inputs,
+    v_prediction_loss,
+    v_target,
+    x0_from_v,
+)
+from animegamer_jax.diffusion.samplers import SamplerPlan, make_plan, plan_from_config, sample
+from animegamer_jax.diffusion.schedules import DiffusionSchedule
+
+__all__ = [
+    "DiffusionSchedule", "SamplerPlan", "a_of", "add_noise", "cfg_dropout", "dynamic_cfg_scales",
+    "make_plan", "plan_from_config", "sample", "sample_timesteps", "training_inputs", "v_prediction_loss",
+    "v_target", "x0_from_v",
+]

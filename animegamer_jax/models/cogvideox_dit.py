@@ -420,6 +420,23 @@ class CogVideoXDiT(nnx.Module):
         return out.reshape(B, T, co, Hh, Ww)
 
 
+def flow_value(motion_level: Any, table: tuple[float, ...] = (0.5, 2.5, 10.0, 15.0, 40.0)) -> Array:
+    """Motion level -> flow value fed to `flow_embed` (architecture.md §4.8, `cuculate_level`).
+
+    Args:
+      motion_level: int or int array of levels; 1..len(table)-1 pick `table[level - 1]`, anything
+        else (5, 0, negative, a parse failure encoded as -1) picks the last entry.
+      table: `cfg.dit.flow_table` (default: the `inference_Decoder.py` table; app.py's is (0.5, 1, 5, 20, 40)).
+
+    Returns:
+      float32 array of the level's shape.
+    """
+    lv = jnp.asarray(motion_level, jnp.int32)
+    tab = jnp.asarray(table, jnp.float32)
+    ok = (lv >= 1) & (lv <= tab.shape[0] - 1)
+    return jnp.where(ok, tab[jnp.clip(lv - 1, 0, tab.shape[0] - 1)], tab[-1])
+
+
 def merge_lora(model: CogVideoXDiT) -> CogVideoXDiT:
     """Returns a LoRA-free copy of `model` with `W += (alpha/r) B A` folded in (architecture.md §4.6).
 
