@@ -14,13 +14,13 @@ from flax import nnx
 
 from animegamer_jax.convert.cogvideox_vae import build_vae, diffusers_to_state, load_diffusers_state_dict
 from animegamer_jax.models.cogvideox_vae import (
-    CogVideoXVAE,
     VAEConfig,
     chunk_plan,
     decode_latents,
     diffusers_plan,
     encode_video,
     release_decode_plan,
+    run_chunked,
     tile_layout,
     tiled_apply,
 )
@@ -114,7 +114,10 @@ def test_plans():
     assert diffusers_plan(17, 8) == (9, 8) and diffusers_plan(5, 8) == (5,) and diffusers_plan(1, 2) == (1,)
     assert chunk_plan(4, 3, 2) == (3, 1) and chunk_plan(9, 0, 0) == (9,)
     with pytest.raises(ValueError, match="does not split"):
-        CogVideoXVAE(VAEConfig(**TINY), rngs=nnx.Rngs(0)).decode(jnp.zeros((1, 5, 4, 2, 2)), (3, 3))
+        run_chunked(lambda x, c: (x, c), jnp.zeros((1, 5, 2)), (3, 3))
+    # Runs of equal chunks go through lax.scan with the carried cache; outputs keep time order.
+    out = run_chunked(lambda x, c: (x + (0 if c is None else c), x[:, -1:]), jnp.arange(7.0)[None], (3, 2, 2))
+    np.testing.assert_array_equal(np.asarray(out[0]), [0, 1, 2, 5, 6, 9, 10])
 
 
 @pytest.mark.parity
