@@ -111,7 +111,7 @@ def test_extract_batched_resumable_and_exact(dataset, models, tmp_path):
 
 
 def test_feature_encoder_sharded_over_data_and_fsdp_matches_one_device():
-    from subproc import run_python
+    from tests.subproc import run_python
 
     out = run_python("""
         import jax, jax.numpy as jnp, numpy as np
