@@ -208,10 +208,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- training (§8.2, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
-    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation, "vae", or "all"
-    c.train.pipeline = ("a1", "a2", "b", "c")  # phases run by --config.train.phase=all, in order
-    c.train.pipeline_steps = ()  # optimizer steps per pipeline phase (empty: num_steps / the paper's)
-    c.train.vae_kl_weight = 1e-6  # "vae" phase: KL weight of the reconstruction objective
+    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation
     c.train.global_batch_size = 16  # examples per optimizer step across all devices
     c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)
     c.train.learning_rate = 0.0  # peak LR; 0 = the paper's per phase (a1/a2 2e-4, b/c 5e-5)

@@ -96,10 +96,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.learning_rate = 1e-3
     c.train.warmup_steps = 10
     c.train.num_steps = 200
-    # No converted CogVideoX VAE exists at toy size: the pipeline first trains the tiny VAE as an
-    # autoencoder on the sample clips ("vae" phase), then the paper's phases.
-    c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    c.train.pipeline_steps = (300, 40, 300, 300, 100)
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0

@@ -53,7 +53,7 @@ from flax import nnx
 
 from animegamer_jax.diffusion import guidance, losses, schedules
 
-PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c")
+PHASES: tuple[str, ...] = ("a1", "a2", "b", "c")
 
 #: components held by each phase's TrainModel (frozen or not), in build order
 PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -61,12 +61,11 @@ PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
     "a2": ("shot_encoder", "dit", "t5", "clip"),
     "b": ("mllm", "shot_encoder", "t5", "clip"),
     "c": ("mllm", "shot_encoder", "dit", "t5", "clip"),
-    "vae": ("vae",),
 }
 
 #: components whose weights each phase changes (written to the system checkpoint after it)
 PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",), "vae": ("vae",)}
+    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",)}
 
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -133,8 +132,6 @@ def trainable_filter(phase: str) -> Any:
         return _under("mllm", mllm.trainable_filter)
     if phase == "c":
         return _under("dit", cogvideox_dit.trainable_filter("adaptation"))
-    if phase == "vae":
-        return _under("vae")
     raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
 
 
@@ -233,27 +230,7 @@ def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.
     return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
 
 
-def vae_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
-             config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Phase "vae" (not in the paper): the 3D causal VAE as a KL-regularized autoencoder.
-
-    ``L = mean|x - D(z)| + mean (x - D(z))^2 + w_kl * KL(q(z|x) || N(0, I))`` with ``z ~ q(z|x)``,
-    x = frames [B, T, H, W, 3] in [-1, 1] decoded with the release chunk plan; the KL is averaged
-    per latent element and weighted by ``config.train.vae_kl_weight`` (the LDM / CogVideoX recipe
-    without the perceptual and GAN terms, which need pretrained networks).
-    """
-    x = batch["frames"]
-    post = model.vae.encode(x)
-    recon = model.vae.decode(post.sample(rng)).astype(jnp.float32)
-    l1 = jnp.mean(jnp.abs(recon - x))
-    l2 = jnp.mean((recon - x) ** 2)
-    mean, logvar = post.mean.astype(jnp.float32), post.logvar.astype(jnp.float32)
-    kl = 0.5 * jnp.mean(mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
-    loss = l1 + l2 + float(config.train.vae_kl_weight) * kl
-    return loss, {"l1": l1, "mse": l2, "kl": kl}
-
-
-LOSSES = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss, "vae": vae_loss}
+LOSSES = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss}
 
 
 @dataclasses.dataclass
@@ -333,8 +310,6 @@ class BatchBuilder:
         self.tok = tokenizer.get_tokenizer() if phase in ("b", "c") else None
 
     def __call__(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        if self.phase == "vae":
-            return {"frames": _to_unit(ex["frames"])}
         if self.phase in ("a1", "a2"):
             return self.decoder_batch(ex)
         return self.mllm_batch(ex)
