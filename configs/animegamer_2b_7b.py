@@ -243,7 +243,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.game.meter_start = 50  # character meters start value (app.py)
     c.game.meter_step = 5  # meter change per unit of state change
     c.game.max_instruction_tokens = 48  # per-turn instruction budget; sequences are padded to it (one compile)
-    c.game.checkpoint = ""  # system checkpoint directory (train/system_checkpoint.py layout) to play
+    c.game.checkpoint = ""  # system checkpoint directory (animegamer_jax/system_checkpoint.py layout) to play
     c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet
 

@@ -71,7 +71,7 @@ print("ADAPTER_OK")
 def test_real_system_from_checkpoint_seeds_and_compile_once():
     out = run_python(PRELUDE + """
 from flax import nnx
-from animegamer_jax.train.system_checkpoint import save_system
+from animegamer_jax.system_checkpoint import save_system
 cfg = load_config("configs/tiny.py")
 ckpt = os.path.join(tempfile.mkdtemp(), "sys")
 # random tiny modules (all four components), saved through save_system

@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from animegamer_jax import parallel
-from animegamer_jax.train import loop, metrics, optim, system_checkpoint
+from animegamer_jax import system_checkpoint
+from animegamer_jax.train import loop, metrics, optim
 from configs import tiny
 from tests.subproc import ROOT, run_python
 

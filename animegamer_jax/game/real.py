@@ -1,6 +1,6 @@
 """The real per-turn functions: GameStateMLLM -> CogVideoX DiT + DPM++ 2M (dynamic CFG) -> VAE.
 
-Wraps loaded NNX modules (train/system_checkpoint.py ``load_system``) as a
+Wraps loaded NNX modules (animegamer_jax/system_checkpoint.py ``load_system``) as a
 :class:`~animegamer_jax.game.engine.GameSystem` whose three functions take the modules' states as
 jit arguments (weights are never baked in as constants):
 

@@ -1,7 +1,7 @@
 """Builds the :class:`~animegamer_jax.game.engine.GameSystem` a command plays with.
 
 ``--checkpoint DIR``: every component from one system checkpoint directory
-(``train/system_checkpoint.py`` layout, design.md "One checkpoint directory for a whole system").
+(``animegamer_jax/system_checkpoint.py`` layout, design.md "One checkpoint directory for a whole system").
 ``--standin``: the clearly-labelled random stand-in (game/standin.py), for when no checkpoint exists.
 """
 
@@ -63,8 +63,8 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or use --standin for a random stand-in)")
     try:
-        # The one-directory loader lives with the trainer that writes it (train/system_checkpoint.py).
-        from animegamer_jax.train import system_checkpoint as sc
+        # The one-directory loader (written by train/, read here) lives outside both packages.
+        from animegamer_jax import system_checkpoint as sc
     except ImportError as e:
         raise CheckpointError(f"this build has no system-checkpoint loader ({e}); use --standin") from None
     try:

@@ -7,6 +7,6 @@ Modules:
   metrics.py            clu averages, tensorboardX summaries, throughput, MFU
   phases.py             TrainModel per phase, trainable filters, losses, host batch building
   pipeline.py           run_phase / run_all: data -> loop -> system checkpoint
-  system_checkpoint.py  save_system / load_system: one orbax item per component + config
+  (the system checkpoint layout, save_system / load_system, is animegamer_jax/system_checkpoint.py)
   __main__.py           python -m animegamer_jax.train --config=configs/tiny.py --workdir=...
 """

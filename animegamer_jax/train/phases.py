@@ -88,7 +88,7 @@ def num_queries(config: ml_collections.ConfigDict) -> int:
 
 def build_component(name: str, config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
     """One component from the full config (the same builders as the system checkpoint uses)."""
-    from animegamer_jax.train import system_checkpoint
+    from animegamer_jax import system_checkpoint
 
     return system_checkpoint.COMPONENT_BUILDERS[name](config, rngs)
 

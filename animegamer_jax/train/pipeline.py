@@ -3,7 +3,7 @@
 ``run_phase(config, workdir)`` trains ``config.train.phase`` from the prepared dataset
 (``config.data.dataset_dir``), starting from the system checkpoint ``config.train.init_checkpoint``
 (converted weights or the previous phase) and resuming from ``WORKDIR/checkpoints`` when present.
-At the end it writes a *system checkpoint* (``train/system_checkpoint.py`` layout) holding every
+At the end it writes a *system checkpoint* (``animegamer_jax/system_checkpoint.py`` layout) holding every
 component of the phase's model plus the components of the init checkpoint it did not hold, so the
 output of each phase is a complete system for the next one (and for the game engine).
 
@@ -26,7 +26,8 @@ from absl import logging
 from flax import nnx
 
 from animegamer_jax import parallel
-from animegamer_jax.train import loop, optim, phases, system_checkpoint
+from animegamer_jax import system_checkpoint
+from animegamer_jax.train import loop, optim, phases
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
