@@ -39,7 +39,17 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
     spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise ConfigError(f"config file {path!r} defines no get_config()")
-    config = module.get_config()
+    return apply_overrides(module.get_config(), overrides, path)
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str] = (),
+                    source: str = "config") -> ml_collections.ConfigDict:
+    """Applies ``"a.b=value"`` overrides to ``config`` in place (see :func:`load_config`).
+
+    Raises:
+      ConfigError: an unknown key (named, with ``source``) or a value of the wrong type.
+    """
+    path = source
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")

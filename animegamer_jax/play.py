@@ -15,11 +15,12 @@ every turn and the per-stage wall times, compilation apart.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from animegamer_jax import parallel
-from animegamer_jax.config import ConfigError, load_config
+from animegamer_jax.config import ConfigError, apply_overrides, load_config
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
 from animegamer_jax.game.script import Game, GameScriptError, load_script, parse_instruction
@@ -29,7 +30,8 @@ from animegamer_jax.game.system import CheckpointError, resolve_system
 
 def common_args(ap: argparse.ArgumentParser) -> None:
     """Flags shared by play and generate."""
-    ap.add_argument("--config", default="configs/tiny.py", help="config file (default configs/tiny.py)")
+    ap.add_argument("--config", default=None,
+                    help="config file (default: the config saved in --checkpoint, else configs/tiny.py)")
     ap.add_argument("--checkpoint", default="", help="system checkpoint directory (save_system layout)")
     ap.add_argument("--standin", action="store_true",
                     help="play a randomly initialised stand-in system (untrained; labelled in outputs)")
@@ -64,7 +66,20 @@ def config_from_args(args, extra: list[str]):
         if not a.startswith("--config."):
             raise ConfigError(f"unknown argument {a!r}; config overrides look like --config.game.seed=3")
         overrides.append(a[len("--"):])
-    config = load_config(args.config, overrides)
+    if args.config is None and args.checkpoint:
+        # design.md: a system checkpoint carries the config it was built with, so
+        # `play --checkpoint DIR` needs nothing else.
+        from animegamer_jax import system_checkpoint
+
+        if not os.path.isdir(args.checkpoint):
+            raise ConfigError(f"checkpoint directory {args.checkpoint!r} not found. Fix: pass the folder "
+                              f"written by save_system (or --standin for a random stand-in)")
+        try:
+            config = apply_overrides(system_checkpoint.load_config(args.checkpoint), overrides, args.checkpoint)
+        except (system_checkpoint.SystemCheckpointError, OSError) as e:
+            raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
+    else:
+        config = load_config(args.config or "configs/tiny.py", overrides)
     if args.mode:
         config.game.mode = args.mode
     return config

@@ -13,8 +13,9 @@ Layout (an orbax composite checkpoint, written atomically by ``ocp.Checkpointer`
                                     LoRA factors, norms; no RNG state)
 
 Components present are those passed to :func:`save_system`; any subset may be saved or loaded
-(e.g. a decoder-only checkpoint after phase a2). Converters and the training loop write the same
-layout; the game engine reads it with :func:`load_system`, on any mesh (arrays are restored
+(e.g. a decoder-only checkpoint after phase a2). The training pipeline writes this layout (the
+converters write one orbax folder per network, to be assembled with :func:`save_system`); the game
+engine reads it with :func:`load_system`, on any mesh (arrays are restored
 straight into the target shardings computed from the logical annotations, so a checkpoint saved on
 8 devices loads on 1 and vice versa).
 

@@ -186,7 +186,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.cfg_scale = 6.0  # DynamicCFG max scale
     c.diffusion.cfg_exp = 5.0  # DynamicCFG exponent
     c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (§5.5 table)
-    c.diffusion.text_dropout = 0.05  # training CFG dropout of the text branch
+    c.diffusion.text_dropout = 0.05  # training CFG dropout of the text branch (batch text set to '')
+    c.diffusion.text_ucg_rate = 0.1  # independent per-sample zeroing of the T5 features (conditioner ucg_rate, §5.3)
     c.diffusion.image_dropout = 0.05  # training CFG dropout of the image branch
 
     # ---- data pipeline (§8.1) ----

@@ -194,3 +194,17 @@ def test_play_bad_script_line(tmp_path, capsys):
     script.write_text(TEXTS[0] + "\nCharacter: X; Motion: run\n")
     assert play.main([str(script), "--standin", "--out", str(tmp_path / "o")]) == 2
     assert "s.txt:2: missing field(s) Background" in capsys.readouterr().err
+
+
+def test_config_comes_from_the_checkpoint_when_not_given():
+    """design.md: `play --checkpoint DIR` needs nothing else; --config and overrides still win."""
+    import argparse
+
+    from animegamer_jax.play import config_from_args
+
+    args = argparse.Namespace(config=None, checkpoint="checkpoints/tiny_system", mode="reference")
+    cfg = config_from_args(args, ["--config.game.seed=7"])
+    assert cfg.name == "tiny" and cfg.mllm.hidden_size == 64
+    assert cfg.game.seed == 7 and cfg.game.mode == "reference"
+    args = argparse.Namespace(config="configs/animegamer_2b_7b.py", checkpoint="checkpoints/tiny_system", mode=None)
+    assert config_from_args(args, []).mllm.hidden_size == 4096

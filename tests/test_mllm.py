@@ -345,3 +345,24 @@ def test_train_step_updates_only_trainable_set():
     assert losses[2] < losses[0]
     np.testing.assert_array_equal(np.asarray(m.llm.layers.q_proj.kernel[...]), kernel0)
     assert np.abs(np.asarray(m.llm.layers.q_proj.lora_b[...]) - lora0).max() > 1e-4
+
+
+def test_last_readout_skips_right_padding():
+    """readout="last" reads the last Q *valid* positions of each row, never pads (§1.7)."""
+    import types
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from animegamer_jax.models.mllm import GameStateMLLM
+
+    q, length = 3, 8
+    fake = types.SimpleNamespace(cfg=types.SimpleNamespace(readout="last", num_queries=q),
+                                 output_resampler=lambda h: h)
+    hidden = jnp.arange(2 * length, dtype=jnp.float32).reshape(2, length, 1)
+    pad = jnp.asarray([[True] * 8, [True] * 5 + [False] * 3])
+    gen = jnp.zeros((2, length), bool)
+    out = np.asarray(GameStateMLLM.readout(fake, hidden, gen, "last", pad))[..., 0]
+    np.testing.assert_array_equal(out, [[5, 6, 7], [10, 11, 12]])  # row 1: positions 2..4 of 8..15
+    unpadded = np.asarray(GameStateMLLM.readout(fake, hidden, gen, "last"))[..., 0]
+    np.testing.assert_array_equal(unpadded, [[5, 6, 7], [13, 14, 15]])  # the release's hidden[:, -q:]

@@ -102,8 +102,12 @@ def test_trainable_sets_and_errors():
     assert phases.phase_spec(cfg, "a1").components == ("shot_encoder", "dit")
     cfg.train.precomputed_features, cfg.train.encode_latents = False, True
     assert phases.phase_spec(cfg, "c").components == ("mllm", "shot_encoder", "dit", "t5", "clip", "vae")
-    np.testing.assert_array_equal(phases.flow_values(np.array([1, 3, 5, 9]), cfg.dit.flow_table),
-                                  [0.5, 10.0, 40.0, 40.0])
+    levels = np.array([1, 2, 3, 4, 5, 9, 0, -1])
+    np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
+                                  [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
+    from animegamer_jax.models.cogvideox_dit import flow_value  # play uses the same rule
+    np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
+                                  np.asarray(flow_value(levels, tuple(cfg.dit.flow_table))))
 
 
 def test_mllm_batch_builder_layout():

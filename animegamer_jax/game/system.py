@@ -27,23 +27,15 @@ def _builders(config) -> dict:
 
     nq = config.rep.num_text_tokens + config.rep.num_image_tokens
     out = {"dit": lambda cfg, rngs: CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=nq), rngs=rngs)}
-    if has_vae_module():
-        from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+    from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
 
-        out["vae"] = lambda cfg, rngs: CogVideoXVAE.from_config(cfg.vae, rngs=rngs)
+    out["vae"] = lambda cfg, rngs: CogVideoXVAE.from_config(cfg.vae, rngs=rngs)
     return out
 
 
 def _standin_decode(config):
     st = build_standin(config)
     return lambda latents: st.decode(st.params, latents)
-
-
-def has_vae_module() -> bool:
-    """Whether this build ships the CogVideoX VAE network (models/cogvideox_vae.py)."""
-    import importlib.util
-
-    return importlib.util.find_spec("animegamer_jax.models.cogvideox_vae") is not None
 
 
 def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False) -> GameSystem:
@@ -57,16 +49,14 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         builds without the VAE network); the system label says so.
 
     Raises:
-      CheckpointError: missing directory, a missing component (named), or no loader in this build.
+      CheckpointError: missing directory, or a missing component (named).
     """
     if not os.path.isdir(checkpoint):
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or use --standin for a random stand-in)")
-    try:
-        # The one-directory loader (written by train/, read here) lives outside both packages.
-        from animegamer_jax import system_checkpoint as sc
-    except ImportError as e:
-        raise CheckpointError(f"this build has no system-checkpoint loader ({e}); use --standin") from None
+    # The one-directory loader (written by train/, read here) lives outside both packages.
+    from animegamer_jax import system_checkpoint as sc
+
     try:
         manifest = sc.read_manifest(checkpoint)
     except (sc.SystemCheckpointError, FileNotFoundError, OSError) as e:
@@ -104,7 +94,6 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
     from animegamer_jax.models.shot_encoder import ShotEncoder
 
     builders = _builders(config)
-    with_vae = has_vae_module()
 
     @jax.jit
     def init():
@@ -112,8 +101,7 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
         mods = {"mllm": GameStateMLLM.from_config(config, rngs=nnx.Rngs(seed)),
                 "dit": builders["dit"](config, nnx.Rngs(seed + 1)),
                 "shot_encoder": ShotEncoder.from_config(config, rngs=nnx.Rngs(seed + 2))}
-        if with_vae:
-            mods["vae"] = builders["vae"](config, nnx.Rngs(seed + 3))
+        mods["vae"] = builders["vae"](config, nnx.Rngs(seed + 3))
         return {k: nnx.split(m) for k, m in mods.items()}
 
     split = init()
@@ -143,4 +131,4 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
     if not ckpt:
         raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "
                               "or --standin to play a random, untrained stand-in")
-    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae or not has_vae_module())
+    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae)

@@ -162,11 +162,13 @@ class GameStateMLLM(nnx.Module):
         gathered = jnp.take_along_axis(proj, idx[:, :, None], axis=1)
         return pmesh.constrain(jnp.where(cmp_mask[:, :, None], gathered, emb), ("act_batch", "act_length", "act_embed"))
 
-    def readout(self, hidden: jax.Array, gen_mask: jax.Array, mode: str | None = None) -> jax.Array:
+    def readout(self, hidden: jax.Array, gen_mask: jax.Array, mode: str | None = None,
+                padding_mask: jax.Array | None = None) -> jax.Array:
         """hidden [B, L, D] -> s_a [B, Q, rep_dim] via the output resampler.
 
         ``mode`` "query" (default from config): the Q positions of ``gen_mask``; "last": the last Q
-        positions (release ``hidden[:, -226:]``, §1.7).
+        valid positions of each row (release ``hidden[:, -226:]``, §1.7; with right padding the
+        valid length comes from ``padding_mask`` bool [B, L], so pads are never read).
 
         Raises: ValueError for another mode.
         """
@@ -174,8 +176,12 @@ class GameStateMLLM(nnx.Module):
         q = self.cfg.num_queries
         if mode == "query":
             h = jnp.take_along_axis(hidden, query_positions(gen_mask, q)[:, :, None], axis=1)
-        elif mode == "last":
+        elif mode == "last" and padding_mask is None:
             h = hidden[:, -q:]
+        elif mode == "last":
+            end = jnp.sum(padding_mask.astype(jnp.int32), axis=1, keepdims=True)  # [B, 1] valid length
+            idx = jnp.clip(end - q + jnp.arange(q, dtype=jnp.int32)[None, :], 0, hidden.shape[1] - 1)
+            h = jnp.take_along_axis(hidden, idx[:, :, None], axis=1)
         else:
             raise ValueError(f"readout must be 'query' or 'last', got {mode!r}")
         return self.output_resampler(h)
@@ -203,7 +209,7 @@ class GameStateMLLM(nnx.Module):
         x = self.embed_inputs(input_ids, cmp_mask, history_reps)
         mask = hybrid_mask(gen_mask, self.cfg.llm.window, padding_mask)
         out = self.llm(inputs_embeds=x, attention_mask=mask, return_logits=return_logits, dropout_rng=dropout_rng)
-        return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout))
+        return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout, padding_mask))
 
     def loss(self, batch: dict[str, jax.Array], dropout_rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Training loss (§2.4) on a batch from :func:`collate`.

@@ -16,7 +16,7 @@ only; the release code also trains flow and LoRA, §5.3). a2 and c use the DiT m
 
 Diffusion loss (§5.3): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``, MSE on v (equal
 to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features -> zeros with
-``diffusion.text_dropout``, CLIP features -> zeros with ``diffusion.image_dropout`` (so the learnt
+``diffusion.text_dropout`` and, independently, ``diffusion.text_ucg_rate``, CLIP features -> zeros with ``diffusion.image_dropout`` (so the learnt
 uncond is E_a of zeros, §3.4); in phase c the MLLM representation is replaced by that uncond with
 ``diffusion.text_dropout``.
 
@@ -180,9 +180,13 @@ def _diffusion_loss(model: TrainModel, cond: jax.Array, x0: jax.Array, flow: jax
 def decoder_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
                  config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
-    k_t, k_i, k_n, k_z = jax.random.split(rng, 4)
+    k_t, k_i, k_n, k_z, k_u = jax.random.split(rng, 5)
     f_md, f_v = _encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
+    # The release also zeroes T5 features per sample at the conditioner's ucg_rate, independently
+    # (§5.3): about 1 - 0.95 * 0.9 = 14.5% of samples train the text-free branch.
+    f_md, drop_u = guidance.cfg_dropout(k_u, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_ucg_rate)
+    drop_t = drop_t | drop_u
     f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
     cond = model.shot_encoder(f_md, f_v)
     x0 = _latents(model, batch, config, k_z)
@@ -275,10 +279,13 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Any) -> np.ndarray:
-    """Motion level 1..5 -> flow value (§4.8 table); levels are clipped into the table."""
+    """Motion level -> flow value on the host, the same rule as play (``cogvideox_dit.flow_value``,
+    §4.8 ``cuculate_level``): levels 1..len(table)-1 pick ``table[level - 1]``, anything else the
+    last entry."""
     table = np.asarray(flow_table, np.float32)
-    idx = np.clip(np.asarray(motion_level, np.int64) - 1, 0, len(table) - 1)
-    return table[idx]
+    lv = np.asarray(motion_level, np.int64)
+    ok = (lv >= 1) & (lv <= len(table) - 1)
+    return np.where(ok, table[np.clip(lv - 1, 0, len(table) - 1)], table[-1]).astype(np.float32)
 
 
 def _to_unit(frames: np.ndarray) -> np.ndarray:
