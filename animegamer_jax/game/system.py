@@ -106,8 +106,8 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
 
     split = init()
     comps = {k: nnx.merge(g, s) for k, (g, s) in split.items()}
-    decode_fn = None if with_vae else _standin_decode(config)
-    nets = "MLLM, DiT, E_a and VAE" if with_vae else "MLLM, DiT and E_a; VAE: random stand-in decoder, NOT the CogVideoX VAE"
+    decode_fn = None
+    nets = "MLLM, DiT, E_a and VAE"
     label = (f"RANDOMLY INITIALISED {config.name} system (untrained {nets}; seed {seed}); "
              f"no trained checkpoint was found")
     return build_real_system(comps, config, label=label, decode_fn=decode_fn)
