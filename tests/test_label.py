@@ -308,3 +308,19 @@ def test_rule_labels_prepare_and_train(footage, reference_labels, tmp_path):
     losses = [v for k, series in scalars.items() if k.endswith("loss") for _, v in series]
     assert len(losses) >= 2 and all(np.isfinite(losses)), scalars.keys()
     assert os.path.isdir(out) and jax.device_count() >= 1
+
+
+def test_prepare_leaves_out_unlabelled_clips(footage, reference_labels, tmp_path):
+    mixed = tmp_path / "mixed.jsonl"
+    lines = reference_labels.read_text().splitlines()
+    k = next(n for n, x in enumerate(lines) if '"clip_index": 3,' in x)
+    lines[k] = json.dumps({"type": "unlabelled", "film_id": "sample_film", "clip_index": 3,
+                           "start": json.loads(lines[k])["start"], "reason": "no JSON object in the answer"})
+    mixed.write_text("\n".join(lines) + "\n")
+    report = prepare.prepare_dataset([("sample_film", footage["film"])], str(mixed), str(tmp_path / "ds"),
+                                     _cfg().data)
+    assert report.num_clips == 6 and report.unlabelled == [("sample_film", 3, "no JSON object in the answer")]
+    assert "left out 1 clip(s) marked unlabelled" in report.summary()
+    index = json.load(open(tmp_path / "ds" / "dataset.json"))
+    assert [r["clip_index"] for r in index["clips"]] == [0, 1, 2, 4, 5, 6]
+    assert index["unlabelled"] == [{"film_id": "sample_film", "clip_index": 3, "reason": "no JSON object in the answer"}]

@@ -63,6 +63,7 @@ class Captioner(Protocol):
     name: str
 
     def caption(self, requests: Sequence[CaptionRequest]) -> list[str]:
+        """One raw text answer per request, in the same order (any text; data/label.py validates it)."""
         ...
 
 
@@ -174,6 +175,8 @@ class HFCaptioner:
         return [{"role": "user", "content": content}]
 
     def caption(self, requests: Sequence[CaptionRequest]) -> list[str]:
+        """Generates the answers of a batch in one `generate` call (left-padded prompts); returns the
+        decoded new tokens of each, special tokens removed."""
         import torch
 
         if not requests:
@@ -263,6 +266,7 @@ class RuleBasedCaptioner:
                 "reason": f"rule-based: motion level {level}, {len(present)} character(s) matched"}
 
     def caption(self, requests: Sequence[CaptionRequest]) -> list[str]:
+        """The `answer` of each request as JSON text."""
         return [json.dumps(self.answer(r)) for r in requests]
 
 
