@@ -324,3 +324,9 @@ def test_prepare_leaves_out_unlabelled_clips(footage, reference_labels, tmp_path
     index = json.load(open(tmp_path / "ds" / "dataset.json"))
     assert [r["clip_index"] for r in index["clips"]] == [0, 1, 2, 4, 5, 6]
     assert index["unlabelled"] == [{"film_id": "sample_film", "clip_index": 3, "reason": "no JSON object in the answer"}]
+    assert label.films_of_dataset(str(tmp_path / "ds")) == [("sample_film", os.path.abspath(footage["film"]))]
+    films = tmp_path / "films"
+    films.mkdir()
+    os.symlink(footage["film"], films / "my_film.mp4")
+    (films / "notes.txt").write_text("not a film")
+    assert label.list_film_dir(str(films)) == [("my_film", str(films / "my_film.mp4"))]

@@ -1,7 +1,7 @@
 """Label a film's clips automatically with a captioner (paper Sec. 3.3): film -> clips -> labels JSONL.
 
   python -m animegamer_jax.data.label --config=configs/tiny.py \
-      --film=my_film=/films/my_film.mp4 [--film_dir=/films] --characters=CHARS/ \
+      --film=my_film=/films/my_film.mp4 [--film_dir=/films] [--dataset=DIR] --characters=CHARS/ \
       --captioner=hf:/models/InternVL3-8B-hf --out=labels.jsonl [--config.label.batch_size=8]
 
 Clips are planned exactly as `data.prepare` plans them (scene cuts, 2 s segments, `config.data`), so
@@ -80,6 +80,19 @@ def list_film_dir(film_dir: str) -> list[tuple[str, str]]:
     if not films:
         raise FileNotFoundError(f"{film_dir}: no video file ({', '.join(VIDEO_EXTENSIONS)}) in this folder")
     return films
+
+
+def films_of_dataset(dataset_dir: str) -> list[tuple[str, str]]:
+    """(film_id, path) of every film of a prepared dataset (its dataset.json), to label them again.
+
+    Raises FileNotFoundError naming the folder when it holds no dataset.json.
+    """
+    from animegamer_jax.data import storage
+
+    index = epath.Path(dataset_dir) / storage.INDEX_FILE
+    if not index.exists():
+        raise FileNotFoundError(f"{dataset_dir}: no {storage.INDEX_FILE}; not a dataset written by data.prepare")
+    return [(str(f["film_id"]), str(f["path"])) for f in json.loads(index.read_text())["films"]]
 
 
 def load_references(characters_dir: str, max_per_character: int = 2) -> dict[str, tuple[np.ndarray, ...]]:
@@ -494,8 +507,10 @@ def main(argv: Sequence[str]) -> None:
     films = [_parse_film(a) for a in FLAGS.film or []]
     if FLAGS.film_dir:
         films += list_film_dir(FLAGS.film_dir)
+    if FLAGS.dataset:
+        films += films_of_dataset(FLAGS.dataset)
     if not films:
-        raise app.UsageError("give the films to label: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
+        raise app.UsageError("give the films to label: --film=ID=PATH (repeatable), --film_dir=DIR or --dataset=DIR")
     cfg = FLAGS.config
     captioner = captioners_lib.make_captioner(FLAGS.captioner, cfg.label)
     report = label_films(films, captioner, FLAGS.out, cfg, characters_dir=FLAGS.characters,
@@ -512,6 +527,7 @@ def _define_flags() -> None:
                                     "Config file: `data` plans the clips (as prepare does), `label` the captioning.")
     flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.")
     flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).")
+    flags.DEFINE_string("dataset", "", "A dataset written by data.prepare: label its films again.")
     flags.DEFINE_string("characters", "", "Folder CHARS/ with CHARS/<name>/*.png reference images of each character.")
     flags.DEFINE_string("captioner", None, "hf:/local/vlm/folder (transformers VLM, e.g. InternVL), rule "
                         "(rule-based baseline), or py:package.module:factory.")
