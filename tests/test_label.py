@@ -41,7 +41,14 @@ def footage(tmp_path_factory):
 
 
 def _clip_lines(path):
-    return [json.loads(x) for x in open(path, encoding="utf-8") if x.startswith("{") and '"film"' not in x[:20]]
+    """The clip / unlabelled objects of a labels file (complete lines only)."""
+    out = []
+    for line in open(path, encoding="utf-8"):
+        if line.startswith("{") and line.endswith("\n"):
+            obj = json.loads(line)
+            if obj["type"] in ("clip", "unlabelled"):
+                out.append(obj)
+    return out
 
 
 # ----------------------------------------------------------------------------- parser
@@ -228,23 +235,22 @@ def test_rule_based_labels_match_the_footage(reference_labels):
 def test_killed_and_resumed_labels_every_clip_once(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    slow = ["--captioner=py:tests.label_helpers:slow_rule", "--config.label.batch_size=2"]
-    proc = subprocess.Popen(_label_cmd(footage, out, slow), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    flags = ["--captioner=py:tests.label_helpers:stalling_rule", "--config.label.batch_size=2"]
+    proc = subprocess.Popen(_label_cmd(footage, out, flags), cwd=ROOT, env=dict(env, STALL_AFTER_BATCHES="2"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if out.exists() and len(_clip_lines(out)) >= 2:  # at least one batch of two written
-            break
+    while time.time() < deadline and proc.poll() is None and not (out.exists() and len(_clip_lines(out)) >= 4):
         time.sleep(0.05)
-    assert proc.poll() is None, f"finished before it could be killed: {proc.communicate()}"
+    assert proc.poll() is None, f"exited before it could be killed: {proc.communicate()}"
+    time.sleep(0.2)  # it now hangs in the captioner of batch 3
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = _clip_lines(out)
-    assert 2 <= len(before) < 7
+    assert len(before) == 4  # two batches of two
     # Tear the last line as a kill during a write would.
     text = out.read_text()
     out.write_text(text + text.splitlines()[-1][:25])
-    res = subprocess.run(_label_cmd(footage, out, slow), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(_label_cmd(footage, out, flags), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert f"({len(before)} already in the file)" in res.stdout and "holds 7 of 7 clips" in res.stdout
     after = _clip_lines(out)
