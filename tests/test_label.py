@@ -163,6 +163,11 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     cfg = _cfg(max_new_tokens=24, batch_size=4)
     vlm = captioners.make_captioner(f"hf:{model_dir}", cfg.label)
     assert type(vlm.model).__name__ == "InternVLForConditionalGeneration"
+    assert vlm.generate_kwargs == {"max_new_tokens": 24, "do_sample": False,
+                                   "pad_token_id": vlm.processor.tokenizer.pad_token_id}
+    assert str(vlm.device) == "cpu" and next(vlm.model.parameters()).dtype == vlm.dtype
+    with pytest.raises(ValueError, match="unknown captioner 'internvl'"):
+        captioners.make_captioner("internvl", cfg.label)
     calls = []
 
     class Recorder:
@@ -279,6 +284,7 @@ def test_resume_refuses_other_runs_and_user_files(footage, reference_labels, tmp
                           progress=False)
 
 
+@pytest.mark.slow
 def test_rule_labels_prepare_and_train(footage, reference_labels, tmp_path):
     """One pipeline: rule-based labels -> prepare -> a few phase-b (MLLM) steps on the labelled clips."""
     import jax
