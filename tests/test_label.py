@@ -160,10 +160,10 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model_dir = tmp_path / "internvl"
     _tiny_internvl(model_dir)
-    cfg = _cfg(max_new_tokens=24, batch_size=4)
+    cfg = _cfg(max_new_tokens=12, batch_size=4)
     vlm = captioners.make_captioner(f"hf:{model_dir}", cfg.label)
     assert type(vlm.model).__name__ == "InternVLForConditionalGeneration"
-    assert vlm.generate_kwargs == {"max_new_tokens": 24, "do_sample": False,
+    assert vlm.generate_kwargs == {"max_new_tokens": 12, "do_sample": False,
                                    "pad_token_id": vlm.processor.tokenizer.pad_token_id}
     assert str(vlm.device) == "cpu" and next(vlm.model.parameters()).dtype == vlm.dtype
     with pytest.raises(ValueError, match="unknown captioner 'internvl'"):
