@@ -78,7 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.lora_rank = 4
     c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
     c.dit.dtype = "float32"
-    c.dit.remat = False
+    c.dit.remat = "none"
 
     c.vae.latent_channels = 4
     c.vae.block_out_channels = (8, 16, 16, 32)
@@ -99,7 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0
-    c.train.remat = False  # toy sizes: no activation memory to save
+    c.train.remat = "none"  # toy sizes: no activation memory to save
     c.train.max_seq_len = 256  # 3 turns of 1 + text + 28 + 14 tokens at 24 queries
 
     c.game.checkpoint = "checkpoints/tiny_system"  # the shipped tiny system (save_system layout)

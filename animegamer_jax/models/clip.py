@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.parallel import constrain
 
 #: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``), §3.1.
@@ -76,8 +77,10 @@ class CLIPConfig:
     layer_norm_eps: float = 1e-5
     dtype: str = "float32"
     eot_token_id: int | None = None
+    remat: str = "none"  # models/remat.py policy of both towers' block scans
 
     def __post_init__(self):
+        object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
         if self.hidden_act not in _ACTS:
             raise ValueError(f"clip.hidden_act must be one of {_ACTS}, got {self.hidden_act!r}")
         if self.image_size % self.patch_size:
@@ -206,15 +209,15 @@ def _stacked_blocks(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
     return create(rngs)
 
 
-def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: jax.Array | None) -> jax.Array:
-    """Runs the first ``n`` stacked blocks over ``x`` with ``jax.lax.scan``."""
+def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: jax.Array | None, remat: str = "none") -> jax.Array:
+    """Runs the first ``n`` stacked blocks over ``x`` with ``jax.lax.scan`` (``remat``: models/remat.py policy)."""
     graphdef, state = nnx.split(blocks)
     state = jax.tree.map(lambda a: a[:n], state)
 
     def body(h, st):
         return nnx.merge(graphdef, st)(h, mask), None
 
-    x, _ = jax.lax.scan(body, x, state)
+    x, _ = jax.lax.scan(remat_lib.remat(body, remat), x, state)
     return x
 
 
@@ -337,7 +340,7 @@ class CLIPVisionTransformer(nnx.Module):
         n = self.cfg.vision_layers if num_layers is None else num_layers
         if not 0 <= n <= self.cfg.vision_layers:
             raise ValueError(f"num_layers {n} outside [0, {self.cfg.vision_layers}]")
-        return _run_blocks(self.blocks, self.embed(pixels), n, None)
+        return _run_blocks(self.blocks, self.embed(pixels), n, None, self.cfg.remat)
 
     def patch_tokens(self, pixels: jax.Array) -> jax.Array:
         """f_v: penultimate-block patch tokens without CLS and without ln_post, (B, P, D) (§3.1)."""
@@ -376,7 +379,7 @@ class CLIPTextTransformer(nnx.Module):
             raise ValueError(f"text length {length} > context length {self.cfg.text_context_length}")
         x = self.token_embedding[...].astype(dt)[ids] + self.positional_embedding[...].astype(dt)[:length]
         mask = jnp.tril(jnp.ones((length, length), bool))
-        x = _run_blocks(self.blocks, x, self.cfg.text_layers, mask)
+        x = _run_blocks(self.blocks, x, self.cfg.text_layers, mask, self.cfg.remat)
         return self.ln_final(x)
 
     def pooled(self, ids: jax.Array) -> jax.Array:

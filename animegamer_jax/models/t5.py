@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.parallel import constrain
 
 
@@ -45,6 +46,10 @@ class T5Config:
     relative_attention_max_distance: int = 128
     layer_norm_eps: float = 1e-6
     dtype: str = "float32"
+    remat: str = "none"  # models/remat.py policy of the block scan
+
+    def __post_init__(self):
+        object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
 
     @classmethod
     def from_config(cls, cfg: Any) -> "T5Config":
@@ -195,5 +200,5 @@ class T5Encoder(nnx.Module):
         def body(h, st):
             return nnx.merge(graphdef, st)(h, bias), None
 
-        x, _ = jax.lax.scan(body, x, state)
+        x, _ = jax.lax.scan(remat_lib.remat(body, self.cfg.remat), x, state)
         return self.final_layer_norm(x)
