@@ -40,6 +40,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
+from animegamer_jax.convert.common import count_params
 
 COMPONENTS: tuple[str, ...] = ("mllm", "dit", "vae", "shot_encoder", "clip", "t5")
 FORMAT_VERSION = 1
@@ -111,11 +112,6 @@ def config_from_json(d: Mapping[str, Any]) -> ml_collections.ConfigDict:
         return v
 
     return fix(dict(d))
-
-
-def count_params(state: Any) -> int:
-    """Number of scalars in every array leaf of an NNX state (abstract or concrete)."""
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state) if hasattr(x, "shape")))
 
 
 def _pure(module_or_state: Any) -> dict:

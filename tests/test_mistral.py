@@ -16,6 +16,7 @@ from flax import nnx
 
 from animegamer_jax.convert import mistral as cm
 from animegamer_jax.models import mistral as mst
+from animegamer_jax.convert.common import count_params
 from animegamer_jax.models.lora import LoRAParam, merge_lora
 
 VOCAB = 96
@@ -227,10 +228,10 @@ _FULL_SIZE = textwrap.dedent(
             unsharded.append(".".join(map(str, path)))
     from animegamer_jax.models.lora import LoRAParam
     print(json.dumps({
-        "base_v0.1": mst.count_params(nnx.state(m0, nnx.Param)),
-        "mllm_total": mst.count_params(st),
-        "lora": mst.count_params(nnx.state(mm, LoRAParam)),
-        "resamplers": mst.count_params(nnx.state(mm.input_resampler, nnx.Param)) + mst.count_params(nnx.state(mm.output_resampler, nnx.Param)),
+        "base_v0.1": count_params(nnx.state(m0, nnx.Param)),
+        "mllm_total": count_params(st),
+        "lora": count_params(nnx.state(mm, LoRAParam)),
+        "resamplers": count_params(nnx.state(mm.input_resampler, nnx.Param)) + count_params(nnx.state(mm.output_resampler, nnx.Param)),
         "per_device_fraction": per_device / total, "n_params": len(flat), "n_shardings": len(shs), "unsharded_large": unsharded,
         "q_spec": str(shs[("llm", "layers", "q_proj", "kernel")].spec),
     }))

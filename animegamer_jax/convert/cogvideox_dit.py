@@ -29,14 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.convert.common import ConversionError  # noqa: F401 (the one error class, re-exported)
 from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
 
 SAT_PREFIX = "model.diffusion_model."
 Flat = dict[tuple[str, ...], np.ndarray]
-
-
-class ConversionError(ValueError):
-    """A checkpoint does not match the target configuration (message lists every offending key)."""
 
 
 def _np(x: Any) -> np.ndarray:
@@ -493,8 +490,6 @@ def main(argv: list[str] | None = None) -> None:
     extras = convert(args.kind, args.src, args.dst, cfg)
     np.savez(os.path.join(os.path.abspath(args.dst), "dit_extras.npz"), **extras)
     print(f"wrote {args.dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
-
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -361,13 +361,6 @@ class Mistral(nnx.Module):
         return MistralOutput(self.logits(hidden) if return_logits else None, hidden, new_cache)
 
 
-def count_params(state: Any) -> int:
-    """Number of scalar parameters in an (abstract) NNX state or module."""
-    if isinstance(state, nnx.Module):
-        state = nnx.state(state, nnx.Param)
-    return int(sum(x.size for x in jax.tree.leaves(state) if hasattr(x, "size")))
-
-
 def trainable_filter(path: Sequence[Any], value: Any) -> bool:
     """The paper's trainable set (architecture.md §2.3): LoRA factors, every RMSNorm weight,
     ``embed_tokens``, ``lm_head`` and the resamplers. Use as an nnx filter, e.g.
