@@ -45,7 +45,8 @@ def _check_frames(frames) -> np.ndarray:
     return x
 
 
-def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18) -> None:
+def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18, preset: str | None = None,
+              container_format: str | None = None) -> None:
     """Writes an H.264 MP4 (libx264, yuv420p) with PyAV.
 
     Args:
@@ -54,6 +55,9 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18) -> None:
         H and W must be even (yuv420p).
       fps: frames per second (AnimeGamer clips: 8 fps, architecture.md §8.1).
       crf: x264 constant rate factor (lower = better quality; 0 = lossless luma).
+      preset: x264 preset ("veryfast", ...); None = x264's default ("medium").
+      container_format: forced container ("mp4") for paths without a video suffix (temporary
+        files of atomic writes); None = from the suffix.
 
     Raises:
       ValueError: wrong shape, or odd H / W.
@@ -66,10 +70,10 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18) -> None:
         raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     rate = Fraction(fps).limit_denominator(1001)
-    with av.open(path, mode="w") as container:
+    with av.open(path, mode="w", format=container_format) as container:
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        stream.options = {"crf": str(crf)}
+        stream.options = {"crf": str(crf), **({"preset": preset} if preset else {})}
         for frame in x:
             for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
                 container.mux(packet)

@@ -28,10 +28,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from animegamer_jax import video_io
 from animegamer_jax.game.state import METER_NAMES
 
 GAME_JSON = "game.json"
@@ -71,11 +71,12 @@ def _font(size: int) -> ImageFont.ImageFont:
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """float ``[T, H, W, 3]`` in [0, 1] (or uint8) -> uint8 ``[T, H, W, 3]``."""
+    """float ``[T, H, W, 3]`` in [0, 1] (the engine's frame range) or uint8 -> uint8; the one
+    conversion (``video_io.to_uint8``) with the game's range."""
     frames = np.asarray(frames)
     if frames.dtype == np.uint8:
         return frames
-    return np.clip(np.round(frames.astype(np.float32) * 255.0), 0, 255).astype(np.uint8)
+    return video_io.to_uint8(frames, value_range=(0.0, 1.0))
 
 
 def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, turn: int) -> np.ndarray:
@@ -138,25 +139,14 @@ def _even(frames: np.ndarray) -> np.ndarray:
 
 
 def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
-    """H.264 MP4 (yuv420p, crf 18) of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
-    frames = _even(to_uint8(frames))
-    from fractions import Fraction
-    with av.open(path, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast"}
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    """H.264 MP4 (yuv420p, crf 18, preset veryfast) of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at
+    ``fps``, padded to even sizes; written by the one video writer (``video_io.write_mp4``)."""
+    video_io.write_mp4(path, _even(to_uint8(frames)), fps, crf=18, preset="veryfast", container_format="mp4")
 
 
 def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
-    """Looping GIF of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
-    imgs = [Image.fromarray(f) for f in to_uint8(frames)]
-    imgs[0].save(path, save_all=True, append_images=imgs[1:], duration=int(round(1000 / fps)), loop=0)
+    """Looping GIF of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at ``fps`` (``video_io.write_gif``)."""
+    video_io.write_gif(path, to_uint8(frames), fps)
 
 
 def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.ndarray:
@@ -266,6 +256,5 @@ def update_json(game_dir: str, record: Mapping[str, Any]) -> None:
 
 
 def read_video(path: str) -> np.ndarray:
-    """Decodes a video file to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
-    with av.open(path) as c:
-        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    """Decodes a video file to uint8 ``[T, H, W, 3]`` (for tests and tools; ``video_io.read_video``)."""
+    return video_io.read_video(path)[0]
