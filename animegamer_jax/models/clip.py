@@ -42,6 +42,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models.common import param as _param
 from animegamer_jax.parallel import constrain
 
 #: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``), §3.1.
@@ -105,10 +106,6 @@ def _act(name: str, x: jax.Array) -> jax.Array:
     if name == "quick_gelu":
         return x * jax.nn.sigmoid(1.702 * x)
     return jax.nn.gelu(x, approximate=False)
-
-
-def _param(rngs: nnx.Rngs, init, shape, names, dtype=jnp.float32) -> nnx.Param:
-    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, dtype))
 
 
 _normal = jax.nn.initializers.normal(0.02)

@@ -40,6 +40,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models.common import param as _param
 from animegamer_jax.models.lora import LoRAEinsum, LoRAParam
 from animegamer_jax.models.lora import merge_lora as merge_lora_in_place
 from animegamer_jax.parallel import constrain
@@ -142,11 +143,6 @@ class DiTConfig:
             param_dtype=get("param_dtype", "float32"),
             remat=get("remat", "none"),
         )
-
-
-def _param(key: Array, init: Any, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any,
-           cls: type = nnx.Param) -> nnx.Param:
-    return cls(nnx.with_partitioning(init, axes)(key, shape, dtype))
 
 
 def _fan_in_normal(fan_in: int) -> Any:

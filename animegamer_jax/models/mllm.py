@@ -368,21 +368,12 @@ def turn_layout(
                         np.asarray(labels, np.int32), k - first)
 
 
-def build_sequence(
-    tokenizer: Any,
-    instructions: Sequence[str],
-    history_states: Sequence[Sequence[int]] = (),
-    *,
-    num_queries: int = 226,
-    history_window: int = 3,
-    target_states: Sequence[int] | None = None,
-    release_history_states: bool = False,
-) -> TurnSequence:
-    """:func:`turn_layout` of instruction texts (encoded with ``tokenizer.encode_plain``); the
-    training path. Arguments and errors as :func:`turn_layout`."""
-    return turn_layout([tokenizer.encode_plain(t) for t in instructions], history_states,
-                       num_queries=num_queries, history_window=history_window, target_states=target_states,
-                       release_history_states=release_history_states)
+def build_sequence(tokenizer: Any, instructions: Sequence[str], history_states: Sequence[Sequence[int]] = (),
+                   **layout: Any) -> TurnSequence:
+    """:func:`turn_layout` of instruction texts (encoded with ``tokenizer.encode_plain``), the
+    training path; ``layout`` takes :func:`turn_layout`'s keyword arguments (``num_queries``,
+    ``history_window``, ``target_states``, ``release_history_states``). Errors as :func:`turn_layout`."""
+    return turn_layout([tokenizer.encode_plain(t) for t in instructions], history_states, **layout)
 
 
 def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models.common import param
 from animegamer_jax.parallel import constrain
 
 
@@ -80,8 +81,8 @@ def relative_position_buckets(q_len: int, k_len: int, num_buckets: int, max_dist
 
 
 def _param(rngs, shape, names, std=1.0):
-    init = jax.nn.initializers.normal(std)
-    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, jnp.float32))
+    """N(0, std) float32 parameter (``models/common.param``)."""
+    return param(rngs, jax.nn.initializers.normal(std), shape, names)
 
 
 class RMSNorm(nnx.Module):
