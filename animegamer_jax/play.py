@@ -15,6 +15,7 @@ every turn and the per-stage wall times, compilation apart.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -102,7 +103,10 @@ def save_game(engine: GameEngine, result: dict, out_dir: str) -> tuple[str, dict
     folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                 cfg.game.write_gif, cfg.game.contact_sheet_columns)
     write_s = time.perf_counter() - t0
-    # the writing time is known only now: store it in the finished record too (atomic replace)
+    # the writing time is known only now: store it in the finished record too (atomic replace),
+    # starting from the written game.json (it holds the file names write_game added)
+    with open(os.path.join(folder, writers.GAME_JSON), encoding="utf-8") as f:
+        record = json.load(f)
     record["timings_s"]["run"]["writing"] = write_s
     writers.update_json(folder, record)
     return folder, record

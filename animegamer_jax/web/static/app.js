@@ -86,7 +86,7 @@ function render(state, { play = true } = {}) {
     fig.addEventListener("click", show);
     fig.addEventListener("keydown", (e) => { if (e.key === "Enter") show(); });
   }
-  if (hist.lastElementChild) hist.lastElementChild.scrollIntoView({ block: "nearest", inline: "end" });
+  hist.scrollLeft = hist.scrollWidth; // the newest turn in view, without scrolling the page
   $("#caption").textContent = last ? `Turn ${last.turn + 1}: ${last.instruction}` : "";
   if (play) playClip(last ? last.video : null);
   setBusy(state.busy);
