@@ -310,3 +310,38 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
     assert urls and all(u.startswith(http.url) or u.startswith("data:") for u in urls), urls
     errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def test_engine_streams_decode_chunks():
+    """GameEngine.step(on_frames=...) runs system.decode_chunk over decode_plan, the cache carried."""
+    import dataclasses
+
+    import jax.numpy as jnp
+    import numpy as np
+
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.engine import GameEngine
+    from animegamer_jax.game.standin import build_standin
+
+    cfg = load_config("configs/tiny.py")
+
+    def decode(p, z):  # causal in time: frame t depends on latents 0..t
+        return jnp.moveaxis(jnp.cumsum(z[:, :, :3], axis=1), 2, -1)
+
+    def decode_chunk(p, z, cache):
+        x = jnp.cumsum(z[:, :, :3], axis=1) + (0.0 if cache is None else cache)
+        return jnp.moveaxis(x, 2, -1), x[:, -1:]
+
+    system = dataclasses.replace(build_standin(cfg), decode=decode, decode_chunk=decode_chunk, decode_plan=(3, 2))
+    eng = GameEngine(cfg, system)
+    run = eng.new_run()
+    ids = eng.tok.encode_plain("Character: Bunny; Motion: hop; Background: day.")
+    got = []
+    _, _, streamed, timing = eng.step([run], [3], [ids], [0], on_frames=lambda s, f: got.append((s, f.copy())))
+    _, _, whole, _ = eng.step([run], [3], [ids], [0])
+    assert [(s, f.shape[1]) for s, f in got] == [(0, 3), (3, 2)] and timing["vae_s"] > 0
+    np.testing.assert_allclose(streamed, whole, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([f for _, f in got], axis=1), whole, rtol=1e-6, atol=1e-6)
+    bad = GameEngine(cfg, dataclasses.replace(system, decode_plan=(3, 3)))
+    with pytest.raises(ValueError, match=r"decode_plan \(3, 3\) does not split 5"):
+        bad.step([run], [3], [ids], [0], on_frames=lambda s, f: None)
