@@ -195,7 +195,7 @@ def browser(tmp_path):
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
               "--disable-background-networking", "--disable-component-update", "--disable-sync",
               "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
-              "--window-size=1280,1120", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+              "--window-size=1280,1300", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -239,6 +239,8 @@ def _play_turn(driver, k, character, motion, background):
     _wait(driver, f"return window.agj.turnsDone === {k + 1}", TURN_TIMEOUT, f"turn {k + 1}")
     src = f"turn_{k:03d}.mp4"
     _wait(driver, PLAYING.replace("arguments[0]", repr(src)), 30, f"the clip {src} to play")
+    # the streamed frames gave way to the finished clip in its player
+    _wait(driver, "return document.querySelector('#live').hidden", 10, "the live frames to give way to the clip")
     return driver.execute_script("return {click: agj.tClick, first: agj.tFirstFrame, done: agj.tDone, "
                                  "shown: agj.framesShown}")
 

@@ -18,7 +18,7 @@ function metersHtml(meters, deltas) {
     const v = meters[n];
     const d = deltas ? deltas[n] : null;
     const cls = d === null ? "" : d > 0 ? "up" : d < 0 ? "down" : "";
-    const ds = d === null ? "" : (d > 0 ? "+" : "") + d;
+    const ds = d === null ? "" : (d >= 0 ? "+" : "") + d; // as Python's {:+d}
     return `<span class="name">${n}</span><span class="bar" role="meter" aria-valuemin="0" aria-valuemax="100" ` +
       `aria-valuenow="${v}" aria-label="${n}"><span class="fill ${n}" style="width:${Math.max(0, Math.min(100, v))}%">` +
       `</span></span><span class="value" data-meter="${n}">${v}</span><span class="delta ${cls}" data-delta="${n}">${ds}</span>`;
@@ -46,14 +46,18 @@ function setBusy(b) {
   $("#undo").disabled = b || !current || current.turns.length === 0;
 }
 
+function hideLive() { $("#live").hidden = true; liveReset(); }
+
 function playClip(src) {
   const v = $("#clip");
   if (!src) { v.removeAttribute("src"); v.load(); $("#placeholder").hidden = false; return; }
   $("#placeholder").hidden = true;
   if (v.getAttribute("src") !== src) { v.src = src; }
   v.muted = true;
-  const p = v.play();
-  if (p) p.catch(() => {});
+  // the streamed frames give way to the finished clip once it plays (or, if autoplay is
+  // refused, once it can be shown with its controls)
+  v.addEventListener("loadeddata", hideLive, { once: true });
+  v.play().then(hideLive, () => {});
 }
 
 function render(state, { play = true } = {}) {
@@ -117,7 +121,6 @@ function liveAdd(urls, fps) {
     live.timer = setInterval(next, 1000 / (fps || 8));
   }
 }
-$("#clip").addEventListener("playing", () => { $("#live").hidden = true; liveReset(); });
 
 function onEvent(ev) {
   agj.events.push(ev.event);
@@ -145,7 +148,7 @@ function onEvent(ev) {
     case "error":
       showError(ev.message, []);
       setStatus("The turn failed; the game is as it was.");
-      $("#live").hidden = true; liveReset();
+      hideLive();
       break;
   }
 }
@@ -179,6 +182,7 @@ async function generate(e) {
   for (const f of FIELDS) body[f] = $("#" + f).value;
   agj.tClick = performance.now(); agj.tFirstFrame = null; agj.tDone = null;
   liveReset();
+  $("#clip").pause(); // the last clip holds still under the new turn's frames
   setBusy(true);
   setStatus("Sending…");
   try {
@@ -203,7 +207,7 @@ async function simple(path, body) {
   const resp = await postJson(path, body);
   const j = await resp.json();
   if (!resp.ok) { showError(j.error, []); return; }
-  liveReset(); $("#live").hidden = true;
+  hideLive();
   render(j);
   return j;
 }
