@@ -23,7 +23,7 @@ import threading
 import time
 import types
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 FLAGS = flags.FLAGS
@@ -112,6 +112,8 @@ def _config():
 def main(argv: list[str]) -> int:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # not orbax's per-array restore lines; -v 0 shows them
     import uvicorn
 
     from animegamer_jax.config import ConfigError

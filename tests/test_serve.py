@@ -195,7 +195,7 @@ def browser(tmp_path):
     for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
               "--disable-background-networking", "--disable-component-update", "--disable-sync",
               "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
-              "--window-size=1280,1300", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+              "--window-size=1280,1400", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
