@@ -168,6 +168,17 @@ def test_failed_turn_leaves_the_game_as_it_was(served, monkeypatch):
     assert ev[-1]["event"] == "done" and len(ev[-1]["state"]["turns"]) == 1
 
 
+def test_idle_sessions_are_dropped_past_the_cap(served, monkeypatch):
+    server, _ = served
+    monkeypatch.setattr(server, "max_sessions", 2)
+    a, b = server.session(None), server.session(None)
+    time.sleep(0.01)
+    assert server.session(a.id) is a  # seen again: b is now the least recently seen
+    c = server.session(None)
+    assert set(server.sessions) == {a.id, c.id}
+    assert server.session(b.id) is not b  # a dropped session's cookie gets a fresh session
+
+
 def test_cli_reports_a_missing_checkpoint():
     proc = subprocess.run([sys.executable, "-m", "animegamer_jax.serve", "--checkpoint", "/nonexistent/ckpt",
                            "--nowarmup"], capture_output=True, text=True, timeout=120, cwd=ROOT,

@@ -94,7 +94,10 @@ class Job:
     def emit(self, event: str, **data: Any) -> None:
         self.events.append({"event": event, **data})
         if self.notify is not None:
-            self.notify()
+            try:
+                self.notify()
+            except RuntimeError:  # the HTTP loop is gone (server shutting down): nobody listens
+                self.notify = None
 
     @property
     def finished(self) -> bool:
@@ -120,10 +123,13 @@ class GameServer:
       engine: the engine (built once; every session plays with it).
       out_dir: parent folder of the game folders (``config.game.out_dir`` by default in the CLI).
       seed: default game seed (``config.game.seed``).
+      max_sessions: sessions kept in memory (each holds its game's frames); past that the least
+        recently seen idle ones are dropped (their games stay saved on disk).
     """
 
-    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None):
+    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = 64):
         writers.check_writable(out_dir)
+        self.max_sessions = int(max_sessions)
         self.engine = engine
         self.out_dir = out_dir
         self.seed = int(engine.config.game.seed) if seed is None else int(seed)
@@ -177,6 +183,10 @@ class GameServer:
             if s is None:
                 s = Session(secrets.token_urlsafe(18))
                 self.sessions[s.id] = s
+                idle = sorted((x for x in self.sessions.values() if x.job is None and x is not s),
+                              key=lambda x: x.last_seen)
+                for old in idle[: max(0, len(self.sessions) - self.max_sessions)]:
+                    del self.sessions[old.id]
             s.last_seen = time.time()
             return s
 
