@@ -7,6 +7,7 @@ screenshot). The browser is installed by ``make browser`` (run by ``make test`` 
 test is skipped, saying so, only where it could not be installed.
 """
 
+import base64
 import http.cookiejar
 import io
 import json
@@ -14,13 +15,14 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
 import zipfile
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from animegamer_jax import play, system_checkpoint
 from animegamer_jax.game import writers
@@ -131,6 +133,15 @@ def test_two_games_at_once(served):
         rec = json.load(open(os.path.join(server.out_dir, s["game_id"], "game.json")))
         assert rec["instructions"] == [s["turns"][0]["instruction"]] and rec["turns"][0]["video"] == "turn_000.mp4"
         assert rec["states"][0] == list(s["turns"][0]["states"].values())
+    # the streamed frames are the clip's frames (the saved MP4 holds them enlarged above the HUD)
+    streamed = [f for e in ev_a if e["event"] == "frames" for f in e["frames"]]
+    clip = writers.read_video(os.path.join(server.out_dir, sa["game_id"], "turn_000.mp4"))
+    for k in (0, 8, 9, 16):  # first and last frame of both VAE chunks
+        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(streamed[k].split(",", 1)[1]))))
+        h, w, _ = img.shape
+        f = -(-240 // w)
+        saved = clip[k, : h * f : f, : w * f : f]
+        assert img.shape == saved.shape and np.abs(img.astype(int) - saved.astype(int)).mean() < 12
     # files only for their own session
     va, vb = sa["turns"][0]["video"], sb["turns"][0]["video"]
     assert a.request(va).status == 200 and b.request(vb).status == 200
@@ -330,7 +341,6 @@ def test_engine_streams_decode_chunks():
     import dataclasses
 
     import jax.numpy as jnp
-    import numpy as np
 
     from animegamer_jax.config import load_config
     from animegamer_jax.game.engine import GameEngine
