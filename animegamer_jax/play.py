@@ -83,6 +83,10 @@ def config_from_args(args, extra: list[str]):
             raise ConfigError(f"checkpoint directory {args.checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or --standin for a random stand-in)")
         try:
+            system_checkpoint.verify_checkpoint(args.checkpoint, getattr(args, "verify_checkpoint", "fast"))
+        except system_checkpoint.SystemCheckpointError as e:
+            raise ConfigError(str(e)) from None
+        try:
             config = apply_overrides(system_checkpoint.load_config(args.checkpoint), overrides, args.checkpoint)
         except (system_checkpoint.SystemCheckpointError, OSError) as e:
             raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None

@@ -147,6 +147,9 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
         raise ValueError(f"verify mode must be 'fast' or 'full', got {mode!r}")
     directory = os.path.abspath(directory)
     man = _read_integrity(directory)
+    key = (directory, mode, _stamp(directory, man))
+    if key in _VERIFIED:  # checked already by this process and unchanged since (play reads the config, then loads)
+        return man
     sample = man.get("sample", {})
     for rel, want in sorted(man["files"].items()):
         path = fileio.join(directory, rel)
@@ -167,7 +170,25 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
         if not ok:
             raise CheckpointIntegrityError(f"{directory}: file {rel} is damaged (its sha256 differs from the "
                                            f"one saved in {INTEGRITY_FILE}). {_fix(directory)}")
+    if mode == "full":
+        _VERIFIED.add((directory, "fast", key[2]))
+    _VERIFIED.add(key)
     return man
+
+
+_VERIFIED: set[tuple[str, str, str]] = set()
+
+
+def _stamp(directory: str, man: dict) -> str:
+    """The manifest plus every listed file's size and mtime: changes when any of them changes."""
+    stats = []
+    for rel in sorted(man["files"]):
+        try:
+            st = os.stat(fileio.join(directory, rel))
+            stats.append((rel, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append((rel, -1, -1))
+    return json.dumps([man, stats], sort_keys=True)
 
 
 def checkpoint_identity(directory: str) -> str:
