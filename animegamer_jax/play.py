@@ -3,13 +3,17 @@
 Usage::
 
     python -m animegamer_jax.play data/games/bunny.txt --config configs/tiny.py --checkpoint DIR
-    python -m animegamer_jax.play - --standin            # interactive: one instruction a line, EOF ends
+    python -m animegamer_jax.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
     python -m animegamer_jax.play data/games/bunny.txt --standin --seed 3 --config.game.mode=reference
     python -m animegamer_jax.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
 
 Any ``--config.a.b=value`` overrides a config field (unknown keys are errors). Outputs go to
 ``<out>/<game_id>/`` (game/writers.py); the command prints the folder, the states and meters of
-every turn and the per-stage wall times, compilation apart.
+every turn and the per-stage wall times, compilation apart. ``--game-id`` must be a plain folder
+name; a folder of that name that this program did not write is never touched, and a finished game
+of an earlier run is kept unless ``--overwrite``. Every instruction of a script is checked (fields,
+token length, file:line) before the first turn. Interactive play writes the game after every turn
+(same layout) and ends cleanly on Ctrl-D or Ctrl-C; messages give the input line number.
 """
 
 from __future__ import annotations

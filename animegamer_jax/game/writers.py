@@ -359,8 +359,8 @@ def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str
         fp = rec["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"{GAME_JSON} is missing or damaged"
-    if expected is not None and fp.get("sha256") != expected["sha256"]:
-        changes = fingerprint_changes(fp.get("parts", {}), expected["parts"])
+    if expected is not None and (not isinstance(fp, dict) or fp.get("sha256") != expected["sha256"]):
+        changes = fingerprint_changes(fp.get("parts", {}) if isinstance(fp, dict) else {}, expected["parts"])
         return "made differently (" + ("; ".join(changes[:3]) or "fingerprint differs") + ")"
     for name, want in sorted(files.items()):
         path = fileio.join(game_dir, name)
