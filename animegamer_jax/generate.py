@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                                            lambda g: fingerprint(engine, g, seeds[g.game_id]), args.overwrite)
         if args.limit:
             todo = todo[: args.limit]
+            replay = {g.game_id: replay[g.game_id] for g in todo if g.game_id in replay}
         print(f"system: {system.label}\nprocess {jax.process_index()}/{jax.process_count()}: "
               f"{len(todo)} games to play ({len(replay)} replayed), {done} already finished, batch "
               f"{engine.batch_size} on mesh {dict(mesh.shape)}", flush=True)
