@@ -202,7 +202,8 @@ def test_fingerprint_names_mode_and_override_changes():
     b = writers.game_fingerprint(apply_mode(ref), TEXTS[:2], 3, "sys")
     c = writers.game_fingerprint(apply_mode(ref2), TEXTS[:2], 3, "sys")
     changes = writers.fingerprint_changes(a["parts"], b["parts"])
-    assert 'mode "default" -> "reference"' in changes and "config.mllm.history_window 3 -> 1" in changes
+    assert changes[0] == 'mode "default" -> "reference"' and "config.mllm.history_window 3 -> 1" in changes
+    assert not any("game.mode" in c for c in changes)
     assert writers.fingerprint_changes(b["parts"], c["parts"]) == ["config.game.fps 8 -> 12"]  # out_dir ignored
     assert writers.fingerprint_changes(a["parts"], writers.game_fingerprint(
         apply_mode(base), TEXTS[1:3], 3, "sys")["parts"]) == ["instructions changed"]

@@ -297,14 +297,15 @@ def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
     return removed
 
 
-#: config fields left out of a game's fingerprint: where things are, not what is made
-_NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint")
+#: config fields left out of a game's fingerprint: where things are (out_dir, checkpoint path: the
+#: system identity names the weights), or recorded on their own (the game's effective seed and mode)
+_NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode")
 
 
 def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str) -> dict:
     """The :func:`fingerprint` of one game: its instructions, seed, mode, the effective config (every
-    override included; ``game.out_dir`` / ``game.checkpoint`` left out) and the system identity (a
-    checkpoint's content digest, or the stand-in's label)."""
+    override included; :data:`_NOT_FINGERPRINTED` left out) and the system identity (a checkpoint's
+    content digest, or the stand-in's label)."""
     cfg = json.loads(config.to_json_best_effort())
     for key in _NOT_FINGERPRINTED:
         sec, _, name = key.partition(".")
@@ -341,7 +342,7 @@ def fingerprint_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
             out.append(f"{key} changed" if key == "instructions" else f"{key} {_short(a)} -> {_short(b)}")
 
     walk(old, new, "")
-    return out
+    return sorted(out, key=lambda c: c.startswith("config."))  # seed, mode, instructions, system first
 
 
 def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str | None:
@@ -361,7 +362,8 @@ def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str
         return f"{GAME_JSON} is missing or damaged"
     if expected is not None and (not isinstance(fp, dict) or fp.get("sha256") != expected["sha256"]):
         changes = fingerprint_changes(fp.get("parts", {}) if isinstance(fp, dict) else {}, expected["parts"])
-        return "made differently (" + ("; ".join(changes[:3]) or "fingerprint differs") + ")"
+        more = f"; {len(changes) - 3} more" if len(changes) > 3 else ""
+        return "made differently (" + ("; ".join(changes[:3]) or "fingerprint differs") + more + ")"
     for name, want in sorted(files.items()):
         path = fileio.join(game_dir, name)
         if not fileio.isfile(path):
