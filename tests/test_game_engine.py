@@ -340,3 +340,17 @@ def test_config_comes_from_the_checkpoint_when_not_given():
     assert cfg.game.seed == 7 and cfg.game.mode == "reference"
     args = argparse.Namespace(config="configs/animegamer_2b_7b.py", checkpoint="checkpoints/tiny_system", mode=None)
     assert config_from_args(args, []).mllm.hidden_size == 4096
+
+
+def test_play_script_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "s.txt"
+    script.write_text(TEXTS[0] + "\n")
+
+    def interrupted(self, games, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GameEngine, "play", interrupted)
+    assert play.main([str(script), "--standin", "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert err == "interrupted: nothing written for this game (a script's game is written when it ends)\n"
+    assert os.listdir(tmp_path / "o") == []
