@@ -16,7 +16,7 @@ $(STAMP): requirements.txt
 
 # The main job on the embedded default (see README).
 demo: $(STAMP)
-	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo
+	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo --overwrite  # a rerun replaces its own game
 
 # The whole test suite (what .ci/run runs).
 test: $(STAMP)

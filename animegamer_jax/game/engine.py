@@ -58,6 +58,8 @@ class GameSystem:
         [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise.
       decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
+      identity: what the weights are, for output fingerprints (a checkpoint's content digest,
+        system_checkpoint.checkpoint_identity); empty = the label.
     """
 
     params: Any
@@ -65,6 +67,7 @@ class GameSystem:
     sample: Callable[..., jax.Array]
     decode: Callable[..., jax.Array]
     label: str
+    identity: str = ""
 
 
 def apply_mode(config):
