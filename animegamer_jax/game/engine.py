@@ -62,6 +62,8 @@ class GameSystem:
         (frames [B, f, H, W, 3], cache)``: one causal chunk of ``decode`` (the same chunk plan, so
         the frames match ``decode``'s), for showing frames as they are decoded (web server).
       decode_plan: the latent chunk sizes ``decode_chunk`` is run with (sum = T_lat).
+      identity: what the weights are, for output fingerprints (a checkpoint's content digest,
+        system_checkpoint.checkpoint_identity); empty = the label.
     """
 
     params: Any
@@ -71,6 +73,7 @@ class GameSystem:
     label: str
     decode_chunk: Callable[..., tuple[jax.Array, Any]] | None = None
     decode_plan: tuple[int, ...] = ()
+    identity: str = ""
 
 
 def apply_mode(config):

@@ -423,6 +423,9 @@ class GameServer:
     def _save(self, s: Session, game: TurnByTurnGame) -> str:
         from animegamer_jax import play  # the play command's writer (one output layout)
 
-        folder, _ = play.save_game(self.engine, game.result(), self.out_dir)
+        # the first write of a game needs its folder free; later ones replace this game's own folder
+        # (ids are unique per server: web-<time>-<random>)
+        ours = game.game_id in s.games and writers.is_finished(os.path.join(self.out_dir, game.game_id))
+        folder, _ = play.save_game(self.engine, game.result(), self.out_dir, overwrite=ours)
         s.version += 1
         return folder
