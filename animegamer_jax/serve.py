@@ -32,6 +32,8 @@ config_flags.DEFINE_config_file(
     "--config.a.b=v overrides a field.", lock_config=False)
 flags.DEFINE_string("checkpoint", "", "System checkpoint directory (save_system layout); default "
                     "config.game.checkpoint.")
+flags.DEFINE_enum("verify_checkpoint", "fast", ["fast", "full"], "Checkpoint check before loading "
+                  "(play's --verify-checkpoint): fast = manifest and sizes, full = every file's digest.")
 flags.DEFINE_bool("standin", False, "Play a randomly initialised stand-in system (untrained; labelled).")
 flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour.")
 flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).")
@@ -43,7 +45,7 @@ flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn bef
 
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, verify: str = "fast"):
     """The :class:`~animegamer_jax.web.server.GameServer` of a config and a system (worker not started).
 
     Raises:
@@ -56,7 +58,7 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
 
     play.setup_jax()
     mesh = parallel.mesh_from_config(config)
-    system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh)
+    system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify)
     engine = GameEngine(config, system, mesh=mesh)
     return GameServer(engine, out or config.game.out_dir, seed)
 
@@ -105,7 +107,8 @@ def _config():
         if FLAGS.mode:
             config.game.mode = FLAGS.mode
         return config
-    args = types.SimpleNamespace(config=None, checkpoint=FLAGS.checkpoint, mode=FLAGS.mode)
+    args = types.SimpleNamespace(config=None, checkpoint=FLAGS.checkpoint, mode=FLAGS.mode,
+                                 verify_checkpoint=FLAGS.verify_checkpoint)
     return play.config_from_args(args, [])
 
 
@@ -116,15 +119,14 @@ def main(argv: list[str]) -> int:
         logging.set_verbosity(logging.WARNING)  # not orbax's per-array restore lines; -v 0 shows them
     import uvicorn
 
-    from animegamer_jax.config import ConfigError
-    from animegamer_jax.game.system import CheckpointError
-    from animegamer_jax.game.writers import OutputError
+    from animegamer_jax import play
     from animegamer_jax.web.app import create_app
 
     try:
         config = _config()
-        server = build_server(config, FLAGS.checkpoint, FLAGS.standin, FLAGS.out, FLAGS.seed)
-    except (ConfigError, CheckpointError, OutputError) as e:
+        server = build_server(config, FLAGS.checkpoint, FLAGS.standin, FLAGS.out, FLAGS.seed,
+                              FLAGS.verify_checkpoint)
+    except play.CLI_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
