@@ -159,3 +159,22 @@ def test_not_writable_output(tmp_path):
     blocker.write_text("x")
     with pytest.raises(writers.OutputError, match="not writable.*--out"):
         writers.check_writable(str(blocker / "games"))
+
+
+def test_gallery_look_and_turns_of_different_instruction_lengths(tmp_path):
+    rec = record(2)
+    rec["meter_start"] = 50
+    rec["turns"][1]["instruction"] = "Character: B; Motion: " + "run and jump over the hills " * 6 + "; Background: day."
+    folder = writers.write_game(str(tmp_path), "g", rec, frames(2), fps=8, write_gif_files=False)
+    # one frame size for every turn (the HUD panel does not grow with the text): game.mp4 holds both
+    a, b = (writers.read_video(os.path.join(folder, f"turn_{k:03d}.mp4")) for k in range(2))
+    assert a.shape == b.shape and writers.read_video(os.path.join(folder, "game.mp4")).shape[0] == 34
+    page = open(os.path.join(folder, "index.html")).read()
+    assert page.count("<video ") == 2 and page.count(" controls ") == 2
+    assert writers.GALLERY_CSS in page and "--link: #ffd479" in page  # readable links on the dark page
+    assert "http://" not in page and "https://" not in page  # nothing from outside
+    # meters as bars with this turn's change: turn 1 from meter_start 50, turn 2 from turn 1
+    assert page.count('class="meters"') == 2
+    assert 'aria-valuenow="55" aria-label="social"><span class="fill social" style="width:55%">' in page
+    assert '<span class="delta up">+5</span>' in page and '<span class="delta down">-5</span>' in page
+    assert '<span class="delta ">+0</span>' in page and '<span class="delta up">+1</span>' in page

@@ -8,7 +8,8 @@ Layout of one finished game folder ``<out>/<game_id>/``::
     game.json                         instructions, states, meters, seeds, config name, the
                                       fingerprint of what made the game and every file's size/sha256
     timings.json                      wall times per stage (differ run to run, so kept apart)
-    index.html                        gallery playing the turns in order
+    index.html                        gallery playing the turns in order (video controls, meter bars;
+                                      styled by gallery.css, shared with the web app)
     .animegamer-game                  marker: this folder is a finished game of this project
 
 A user's files are never replaced: a target folder is written only when it is missing, empty or
@@ -98,7 +99,8 @@ def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, tu
       turn: 0-based turn index (shown 1-based).
 
     Returns:
-      uint8 ``[T, H' + panel, W', 3]`` with even height and width; frames narrower than 240 px
+      uint8 ``[T, H' + panel, W', 3]`` with even height and width; the panel height depends only
+      on the frame width, so all turns of a game have one size. Frames narrower than 240 px
       are first enlarged by an integer factor (nearest neighbour).
     """
     if frames.shape[2] < 240:
@@ -110,8 +112,11 @@ def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, tu
     fs = max(9, min(14, pw // 30))
     font = _font(fs)
     chars = max(10, int(pw / (fs * 0.55)))
-    lines = textwrap.wrap(f"Turn {turn + 1}: {instruction}", chars)[:4]
-    panel_h = 6 + 3 * (fs + 4) + 4 + len(lines) * (fs + 3) + 4
+    max_lines = 4
+    lines = textwrap.wrap(f"Turn {turn + 1}: {instruction}", chars)[:max_lines]
+    # room for max_lines whatever the instruction: every turn of a game gets the same frame size
+    # (game.mp4 concatenates them)
+    panel_h = 6 + 3 * (fs + 4) + 4 + max_lines * (fs + 3) + 4
     total_h = h + panel_h + ((h + panel_h) % 2)
     total_w = pw + pw % 2
     panel = Image.new("RGB", (total_w, total_h - h), (16, 16, 24))
@@ -196,30 +201,60 @@ def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.nda
     return np.concatenate(rows[:-1], axis=0)
 
 
+#: the stylesheet of the gallery and the web app (animegamer_jax/web): one look for both
+GALLERY_CSS = open(os.path.join(os.path.dirname(__file__), "gallery.css"), encoding="utf-8").read()
+
+
+def meters_html(meters: Mapping[str, int], deltas: Mapping[str, int] | None = None) -> str:
+    """The meters as bars (``gallery.css`` classes; the web app's app.js draws the same markup).
+
+    Args:
+      meters: ``{"social", "entertainment", "stamina"}`` values in 0..100.
+      deltas: optional change of each meter this turn (meter units), shown as ``+5`` / ``-10``.
+    """
+    cells = []
+    for name in METER_NAMES:
+        v = int(meters[name])
+        d = "" if deltas is None else f"{int(deltas[name]):+d}"
+        cls = "" if deltas is None else ("up" if deltas[name] > 0 else "down" if deltas[name] < 0 else "")
+        cells.append(f'<span class="name">{name}</span><span class="bar" role="meter" aria-valuemin="0" '
+                     f'aria-valuemax="100" aria-valuenow="{v}" aria-label="{name}"><span class="fill {name}" '
+                     f'style="width:{max(0, min(100, v))}%"></span></span><span class="value">{v}</span>'
+                     f'<span class="delta {cls}">{d}</span>')
+    return f'<div class="meters">{"".join(cells)}</div>'
+
+
 def _index_html(game_id: str, record: Mapping[str, Any]) -> str:
     items = []
+    start = record.get("meter_start")
+    prev = None if start is None else dict.fromkeys(METER_NAMES, int(start))
     for t in record["turns"]:
-        m = t["meters"]
+        m, st = t["meters"], t["states"]
+        deltas = None if prev is None else {k: int(m[k]) - int(prev[k]) for k in METER_NAMES}
+        prev = m
         items.append(
-            f'<figure><video src="{html.escape(t["video"])}" muted playsinline preload="auto"></video>'
-            f"<figcaption><b>Turn {t['turn'] + 1}</b>: {html.escape(t['instruction'])}<br>"
-            f"ML {t['states']['ML']}, SC {t['states']['SC']:+d}, ET {t['states']['ET']:+d}, "
-            f"ST {t['states']['ST']:+d} | social {m['social']}, entertainment {m['entertainment']}, "
-            f"stamina {m['stamina']}</figcaption></figure>")
+            f'<figure class="turn"><video src="{html.escape(t["video"])}" controls muted playsinline '
+            f'preload="auto" class="pixelated"></video>'
+            f"<figcaption><b>Turn {t['turn'] + 1}</b>: {html.escape(t['instruction'])}"
+            f'<div class="states">ML {st["ML"]} SC {st["SC"]:+d} ET {st["ET"]:+d} ST {st["ST"]:+d}</div>'
+            f"{meters_html(m, deltas)}</figcaption></figure>")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(game_id)}</title>
-<style>body{{font-family:sans-serif;background:#111;color:#eee}}figure{{display:inline-block;margin:8px;vertical-align:top}}
-video{{display:block;max-width:480px}}figure.playing{{outline:3px solid #fc6}}</style></head>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(game_id)}</title>
+<style>
+{GALLERY_CSS}</style></head>
 <body><h1>{html.escape(game_id)}</h1>
-<p>config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.
-<button id="play">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
-<a href="contact_sheet.png">contact sheet</a></p>
+<p class="muted">config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.</p>
+<p><button id="play" class="primary">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
+&middot; <a href="contact_sheet.png">contact sheet</a> &middot; <a href="game.json">game.json</a></p>
+<div class="turns">
 {"".join(items)}
+</div>
 <script>
 const vids=[...document.querySelectorAll('video')];
 function playFrom(i){{vids.forEach(v=>v.parentElement.classList.remove('playing'));
  if(i>=vids.length)return; const v=vids[i]; v.parentElement.classList.add('playing'); v.currentTime=0;
- v.onended=()=>playFrom(i+1); v.play();}}
+ v.onended=()=>playFrom(i+1); v.play().catch(()=>{{}});}}
 document.getElementById('play').onclick=()=>playFrom(0);
 playFrom(0);
 </script></body></html>
