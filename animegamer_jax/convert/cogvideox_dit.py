@@ -561,6 +561,8 @@ def migrate_system_checkpoint(src: str, dst: str) -> str:
     from animegamer_jax import system_checkpoint as sc
 
     manifest = sc.read_manifest(src)
+    if os.path.exists(os.path.join(os.path.abspath(src), sc.INTEGRITY_FILE)):
+        sc.verify_checkpoint(src, "full")  # migrate only what is intact
     if "dit" not in manifest["components"]:
         raise ConversionError(f"{src} has no `dit` component to migrate")
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
@@ -571,7 +573,7 @@ def migrate_system_checkpoint(src: str, dst: str) -> str:
     dit["blocks"] = migrate_legacy_blocks(dit["blocks"])
     config = sc.load_config(src)
     others = [n for n in manifest["components"] if n != "dit"]
-    comps: dict[str, Any] = dict(sc.load_system(src, config, names=others)) if others else {}
+    comps: dict[str, Any] = dict(sc.load_system(src, config, names=others, verify=None)) if others else {}
     graphdef, target, _ = sc.abstract_component("dit", config, sc.parallel.make_mesh(
         (1, 1, 1, 1), devices=jax.devices()[:1]))
     state = nnx.State(target)
