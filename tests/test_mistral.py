@@ -194,6 +194,7 @@ _FULL_SIZE = textwrap.dedent(
     import numpy as np
     from flax import nnx
     from configs import animegamer_2b_7b
+    from animegamer_jax.convert.common import count_params
     from animegamer_jax.models import mistral as mst
     from animegamer_jax.models.mllm import GameStateMLLM
     from animegamer_jax.parallel import mesh as pm
