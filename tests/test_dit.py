@@ -417,5 +417,5 @@ def test_migrate_legacy_blocks_same_arrays_new_nesting():
     assert flat(got).keys() == flat(new).keys()
     for k, v in flat(new).items():
         np.testing.assert_array_equal(flat(got)[k], v, err_msg=k)
-    with pytest.raises(conv.ConversionError, match=r"unknown names \['attn1'\]"):
+    with pytest.raises(conv.ConversionError, match=r"unknown names \['adaln', 'attn1', 'ff', 'norm1', 'norm2'\]"):
         conv.migrate_legacy_blocks(new)
