@@ -407,9 +407,13 @@ def check_component(directory: str, name: str, target_pure: Any) -> None:
     misshaped = sorted(f"{k}: stored {have[k]} vs config {want[k]}" for k in set(want) & set(have)
                        if have[k] != want[k])
     if missing or unexpected or misshaped:
+        hint = ""
+        if name == "dit" and "blocks/qkv_kernel" in unexpected:
+            hint = (". Fix: this DiT has the old flat block layout; rewrite the checkpoint with "
+                    "`python -m animegamer_jax.convert.cogvideox_dit migrate SRC DST`")
         raise SystemCheckpointError(
             f"component {name!r} in {directory} does not match the module built from the config: "
-            f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}")
+            f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}{hint}")
 
 
 def _restore_into(graphdef: nnx.GraphDef, target: nnx.State, pure: dict, name: str) -> nnx.Module:

@@ -392,12 +392,10 @@ def test_eval_shape_2b_params_and_shardings():
     assert flag == "True" and float(diff) < 1e-6
 
 
-def test_migrate_legacy_blocks_same_arrays_new_nesting():
-    """Old flat stacked block dicts (fused q/k/v) map onto the `DiTBlock` nesting array for array."""
-    model = CogVideoXDiT(dataclasses.replace(CFG, lora_rank=2), rngs=nnx.Rngs(3))
-    new = jax.tree.map(np.asarray, nnx.state(model, nnx.Param).to_pure_dict()["blocks"])
+def _legacy_blocks(new):
+    """The pre-NNX-module flat block dict (fused q/k/v) holding the arrays of a new `blocks` dict."""
     a = new["attn1"]
-    legacy = {"norm1_scale": new["norm1"]["scale"], "norm1_bias": new["norm1"]["bias"],
+    return {"norm1_scale": new["norm1"]["scale"], "norm1_bias": new["norm1"]["bias"],
               "norm2_scale": new["norm2"]["scale"], "norm2_bias": new["norm2"]["bias"],
               "adaln_kernel": new["adaln"]["kernel"], "adaln_bias": new["adaln"]["bias"],
               "qkv_kernel": np.stack([a[n]["kernel"] for n in ("to_q", "to_k", "to_v")], axis=2),
@@ -410,6 +408,15 @@ def test_migrate_legacy_blocks_same_arrays_new_nesting():
               "out_lora_a": a["to_out"]["lora_a"], "out_lora_b": a["to_out"]["lora_b"],
               "mlp_in_kernel": new["ff"]["proj_in"]["kernel"], "mlp_in_bias": new["ff"]["proj_in"]["bias"],
               "mlp_out_kernel": new["ff"]["proj_out"]["kernel"], "mlp_out_bias": new["ff"]["proj_out"]["bias"]}
+
+
+def test_migrate_legacy_blocks_same_arrays_new_nesting():
+    """Old flat stacked block dicts (fused q/k/v) map onto the `DiTBlock` nesting array for array."""
+    abstract = nnx.eval_shape(lambda: CogVideoXDiT(dataclasses.replace(CFG, lora_rank=2), rngs=nnx.Rngs(3)))
+    rng = np.random.default_rng(3)
+    new = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32),
+                       nnx.state(abstract, nnx.Param).to_pure_dict()["blocks"])
+    legacy = _legacy_blocks(new)
     assert legacy["qkv_kernel"].shape == (2, 32, 3, 2, 16)  # the old [L, D, 3, N, H]
     assert conv.is_legacy_blocks(legacy) and not conv.is_legacy_blocks(new)
     got = conv.migrate_legacy_blocks(legacy)
@@ -419,3 +426,28 @@ def test_migrate_legacy_blocks_same_arrays_new_nesting():
         np.testing.assert_array_equal(flat(got)[k], v, err_msg=k)
     with pytest.raises(conv.ConversionError, match=r"unknown names \['adaln', 'attn1', 'ff', 'norm1', 'norm2'\]"):
         conv.migrate_legacy_blocks(new)
+
+
+def test_migrate_system_checkpoint_end_to_end(tmp_path):
+    """An old-layout system checkpoint fails to load with the fix named; after migration it loads
+    with the same arrays."""
+    from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax.config import load_config
+
+    config = load_config("configs/tiny.py")
+    _, target, _ = sc.abstract_component("dit", config, sc.parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]))
+    rng = np.random.default_rng(0)
+    pure = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), sc._pure(target))
+    old = dict(pure, blocks=_legacy_blocks(pure["blocks"]))
+    src = sc.save_system(str(tmp_path / "old"), {"dit": old}, config)
+    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*cogvideox_dit migrate"):
+        sc.load_system(src, names=["dit"])
+    dst = conv.migrate_system_checkpoint(src, str(tmp_path / "new"))
+    got = nnx.state(sc.load_system(dst, names=["dit"])["dit"], nnx.Param).to_pure_dict()
+    flat = lambda t: {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
+    want = flat(pure)
+    assert flat(got).keys() == want.keys()
+    for k, v in flat(got).items():
+        np.testing.assert_array_equal(v, want[k], err_msg=k)
+    with pytest.raises(conv.ConversionError, match="already in the NNX module layout"):
+        conv.migrate_system_checkpoint(dst, str(tmp_path / "again"))
