@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import argparse
 import glob
-import os
-import shutil
 import sys
 
 import jax
 from tqdm import tqdm
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, apply_mode
@@ -43,10 +41,11 @@ def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0,
     """
     mine = list(games[process_index::process_count])
     todo = []
+    out = paths.as_path(out_dir)
     for g in mine:
-        for stale in glob.glob(os.path.join(out_dir, f".tmp-{glob.escape(g.game_id)}-*")):
-            shutil.rmtree(stale, ignore_errors=True)
-        if not writers.is_finished(os.path.join(out_dir, g.game_id)):
+        for stale in (out.glob(f".tmp-{glob.escape(g.game_id)}-*") if out.exists() else ()):
+            paths.rmtree(stale)
+        if not writers.is_finished(paths.join(out_dir, g.game_id)):
             todo.append(g)
     return todo, len(mine) - len(todo)
 

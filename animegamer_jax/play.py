@@ -15,11 +15,10 @@ every turn and the per-stage wall times, compilation apart.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax.config import ConfigError, apply_overrides, load_config
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
@@ -71,7 +70,7 @@ def config_from_args(args, extra: list[str]):
         # `play --checkpoint DIR` needs nothing else.
         from animegamer_jax import system_checkpoint
 
-        if not os.path.isdir(args.checkpoint):
+        if not paths.isdir(args.checkpoint):
             raise ConfigError(f"checkpoint directory {args.checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or --standin for a random stand-in)")
         try:

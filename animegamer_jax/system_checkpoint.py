@@ -27,7 +27,6 @@ empty module of the right shapes from the config (only its abstract shape is eve
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -39,7 +38,7 @@ from etils import epath
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 
 COMPONENTS: tuple[str, ...] = ("mllm", "dit", "vae", "shot_encoder", "clip", "t5")
 FORMAT_VERSION = 1
@@ -134,7 +133,8 @@ def save_system(
     """Writes a system checkpoint (one orbax item per component, plus the config and a manifest).
 
     Args:
-      directory: target directory (absolute or relative; created; must not exist unless ``force``).
+      directory: target directory (absolute, relative or a URL such as ``gs://bucket/system``;
+        created; must not exist unless ``force``).
       components: name -> module (or its ``nnx.State``); names from :data:`COMPONENTS` or any
         name that has a builder at load time. Arrays may live on any mesh; every process calls this
         (orbax writes each shard once).
@@ -142,15 +142,16 @@ def save_system(
       force: overwrite an existing checkpoint.
 
     Returns:
-      The absolute directory path.
+      The absolute directory path (or the URL).
 
     Raises:
       SystemCheckpointError: empty ``components``, or the directory exists and ``force`` is False.
     """
     if not components:
         raise SystemCheckpointError("save_system: no components given")
-    directory = os.path.abspath(directory)
-    if os.path.exists(directory) and not force:
+    path = paths.as_path(directory)
+    directory = str(path)
+    if path.exists() and not force:
         raise SystemCheckpointError(f"system checkpoint {directory} exists; pass force=True to overwrite")
     items: dict[str, Any] = {}
     counts = {}
@@ -162,31 +163,41 @@ def save_system(
     items["manifest"] = ocp.args.JsonSave(
         {"format": FORMAT_VERSION, "components": sorted(components), "param_counts": counts})
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        ckptr.save(directory, ocp.args.Composite(**items), force=force)
+        ckptr.save(path, ocp.args.Composite(**items), force=force)
     return directory
+
+
+def is_complete(directory: str) -> bool:
+    """True when ``directory`` holds a finished system checkpoint.
+
+    Locally orbax renames a finished temp folder into place; on object stores (no rename) it
+    writes ``commit_success.txt`` last, so a URL checkpoint counts only once that object exists.
+    """
+    path = paths.as_path(directory)
+    if not (path / "manifest" / "metadata").exists():
+        return False
+    return not paths.is_url(path) or (path / "commit_success.txt").exists()
 
 
 def read_manifest(directory: str) -> dict:
     """The manifest of a system checkpoint: ``{"format", "components", "param_counts"}``.
 
     Raises:
-      SystemCheckpointError: no checkpoint (or no manifest) at ``directory``.
+      SystemCheckpointError: no finished checkpoint (or no manifest) at ``directory``.
     """
-    path = os.path.join(os.path.abspath(directory), "manifest", "metadata")
-    if not os.path.exists(path):
-        raise SystemCheckpointError(f"{directory} is not a system checkpoint (no manifest/metadata); "
+    if not is_complete(directory):
+        raise SystemCheckpointError(f"{directory} is not a (finished) system checkpoint (no manifest/metadata"
+                                    f"{'' if not paths.is_url(directory) else ' or commit_success.txt'}); "
                                     f"write one with save_system or `python -m animegamer_jax.train ...`")
-    with open(path) as f:
-        return json.load(f)
+    return json.loads((paths.as_path(directory) / "manifest" / "metadata").read_text())
 
 
 def load_config(directory: str) -> ml_collections.ConfigDict:
     """The config saved in a system checkpoint."""
-    path = os.path.join(os.path.abspath(directory), "config", "metadata")
-    if not os.path.exists(path):
+    path = paths.as_path(directory) / "config" / "metadata"
+    if not path.exists():
         raise SystemCheckpointError(f"{directory}: no saved config (config/metadata)")
-    with open(path) as f:
-        return config_from_json(json.load(f))
+    return config_from_json(json.loads(path.read_text()))
 
 
 def abstract_component(
@@ -217,7 +228,7 @@ def abstract_component(
 def stored_shapes(directory: str, name: str) -> dict[str, tuple[int, ...]]:
     """``{"a/b/kernel": shape}`` of one stored component, read from orbax metadata (no array reads)."""
     handler = ocp.PyTreeCheckpointHandler()
-    md = handler.metadata(epath.Path(os.path.abspath(directory)) / name)
+    md = handler.metadata(paths.as_path(directory) / name)
     tree = getattr(md, "tree", md)
     return {k: tuple(v.shape) for k, v in zip(_flat_keys(tree), jax.tree.leaves(tree))}
 
@@ -277,7 +288,7 @@ def load_system(
       SystemCheckpointError: no checkpoint, a requested component absent from it, no builder,
         or key/shape mismatch.
     """
-    directory = os.path.abspath(directory)
+    directory = str(paths.as_path(directory))
     manifest = read_manifest(directory)
     if config is None:
         config = load_config(directory)
@@ -298,7 +309,7 @@ def load_system(
                                       restore_args=jax.tree.map(_restore_arg, _pure(targets[n])))
             for n in names}
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        restored = ckptr.restore(directory, ocp.args.Composite(**args))
+        restored = ckptr.restore(paths.as_path(directory), ocp.args.Composite(**args))
     return {n: _restore_into(graphdefs[n], targets[n], restored[n], n) for n in names}
 
 

@@ -10,7 +10,9 @@ Layout of one finished game folder ``<out>/<game_id>/``::
 
 Writes are atomic per game: everything goes to a hidden temp folder next to the target, which is
 renamed into place only when complete, so an interrupted run never leaves a folder holding a
-``game.json`` (the marker :func:`is_finished` uses for resuming). MP4 is H.264 (yuv420p) through
+``game.json`` (the marker :func:`is_finished` uses for resuming). ``out`` may be a URL
+(``gs://bucket/games``): object stores have no rename, so there the files are written in place
+and ``game.json`` last, which keeps the same guarantee. MP4 is H.264 (yuv420p) through
 PyAV's bundled libx264; the frame size is padded to even numbers because yuv420p needs it.
 HUD: the three meters (social, entertainment, stamina, app.py semantics, architecture.md §1.5) as
 bars with values, and the instruction text, drawn with PIL under the frame.
@@ -19,10 +21,8 @@ bars with values, and the instruction text, drawn with PIL under the frame.
 from __future__ import annotations
 
 import html
+import io
 import json
-import os
-import shutil
-import tempfile
 import textwrap
 import uuid
 from collections.abc import Mapping, Sequence
@@ -32,6 +32,7 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from animegamer_jax import paths
 from animegamer_jax.game.state import METER_NAMES
 
 GAME_JSON = "game.json"
@@ -44,20 +45,19 @@ class OutputError(OSError):
 
 def is_finished(game_dir: str) -> bool:
     """True when ``game_dir`` holds a complete game (its ``game.json`` is written last)."""
-    return os.path.isfile(os.path.join(game_dir, GAME_JSON))
+    return paths.isfile(paths.join(game_dir, GAME_JSON))
 
 
 def check_writable(out_dir: str) -> None:
-    """Creates ``out_dir`` if needed and checks a file can be written in it.
+    """Creates ``out_dir`` (a local path or a URL) if needed and checks a file can be written in it.
 
     Raises:
       OutputError: the folder cannot be created or is not writable (message names it and the fix).
     """
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=out_dir)
-        os.close(fd)
-        os.remove(probe)
+        probe = paths.makedirs(out_dir) / f".write-probe-{uuid.uuid4().hex[:8]}"
+        probe.write_bytes(b"")
+        probe.unlink()
     except OSError as e:
         raise OutputError(f"output folder {out_dir!r} is not writable ({e.strerror or e}). "
                           f"Fix: pass --out with a folder you can write to") from None
@@ -138,10 +138,11 @@ def _even(frames: np.ndarray) -> np.ndarray:
 
 
 def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
-    """H.264 MP4 (yuv420p, crf 18) of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
+    """H.264 MP4 (yuv420p, crf 18) of uint8 ``[T, H, W, 3]`` frames at ``fps`` (``path`` may be a URL)."""
     frames = _even(to_uint8(frames))
     from fractions import Fraction
-    with av.open(path, mode="w", format="mp4") as container:
+    target = paths.av_output(path)
+    with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
@@ -151,12 +152,20 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+    paths.finish_av_output(path, target)
+
+
+def _save_image(path: str, img: Image.Image, **kw: Any) -> None:
+    buf = io.BytesIO()
+    img.save(buf, format=kw.pop("format", None) or paths.as_path(path).suffix.lstrip(".").upper(), **kw)
+    paths.as_path(path).write_bytes(buf.getvalue())
 
 
 def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
     """Looping GIF of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
     imgs = [Image.fromarray(f) for f in to_uint8(frames)]
-    imgs[0].save(path, save_all=True, append_images=imgs[1:], duration=int(round(1000 / fps)), loop=0)
+    _save_image(path, imgs[0], format="GIF", save_all=True, append_images=imgs[1:],
+                duration=int(round(1000 / fps)), loop=0)
 
 
 def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.ndarray:
@@ -225,9 +234,15 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     if len(record["turns"]) != len(turn_frames):
         raise ValueError(f"{len(record['turns'])} turn records but {len(turn_frames)} frame arrays")
     check_writable(out_dir)
-    final = os.path.join(out_dir, game_id)
-    tmp = os.path.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
+    final = paths.join(out_dir, game_id)
+    remote = paths.is_url(out_dir)
+    if remote:
+        # Object stores have no folder rename: write in place; game.json (the finished marker) last.
+        paths.rmtree(final)  # a partial folder of an interrupted run (no game.json) or a forced rewrite
+        tmp = final
+    else:
+        tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+    paths.makedirs(tmp)
     try:
         rec = json.loads(json.dumps(record))
         hud_all = []
@@ -235,37 +250,34 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
             hud = draw_hud(to_uint8(frames), t["meters"], t["instruction"], k)
             hud_all.append(hud)
             t["video"] = f"turn_{k:03d}.mp4"
-            write_mp4(os.path.join(tmp, t["video"]), hud, fps)
+            write_mp4(paths.join(tmp, t["video"]), hud, fps)
             if write_gif_files:
                 t["gif"] = f"turn_{k:03d}.gif"
-                write_gif(os.path.join(tmp, t["gif"]), hud, fps)
-        write_mp4(os.path.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        Image.fromarray(contact_sheet(turn_frames, sheet_columns)).save(os.path.join(tmp, "contact_sheet.png"))
+                write_gif(paths.join(tmp, t["gif"]), hud, fps)
+        write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
+        _save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)))
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
-        with open(os.path.join(tmp, "index.html"), "w", encoding="utf-8") as f:
-            f.write(_index_html(game_id, rec))
-        with open(os.path.join(tmp, GAME_JSON), "w", encoding="utf-8") as f:
-            json.dump(rec, f, indent=2)
-        if os.path.lexists(final):
+        paths.as_path(tmp).joinpath("index.html").write_text(_index_html(game_id, rec), encoding="utf-8")
+        paths.as_path(tmp).joinpath(GAME_JSON).write_text(json.dumps(rec, indent=2), encoding="utf-8")
+        if not remote:
             # a partial folder from an interrupted run (no game.json) or a forced rewrite
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+            paths.rmtree(final)
+            paths.move_dir(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not remote:
+            paths.rmtree(tmp)
         raise
     return final
 
 
 def update_json(game_dir: str, record: Mapping[str, Any]) -> None:
-    """Replaces ``game_dir/game.json`` atomically (temp file + ``os.replace``)."""
-    tmp = os.path.join(game_dir, f".{GAME_JSON}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    os.replace(tmp, os.path.join(game_dir, GAME_JSON))
+    """Replaces ``game_dir/game.json`` atomically (temp file + ``os.replace``; one object upload on URLs)."""
+    paths.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(record, indent=2))
 
 
 def read_video(path: str) -> np.ndarray:
-    """Decodes a video file to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
-    with av.open(path) as c:
+    """Decodes a video file (local path or URL) to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
+    src = io.BytesIO(paths.as_path(path).read_bytes()) if paths.is_url(path) else path
+    with av.open(src) as c:
         return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])

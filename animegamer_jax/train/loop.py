@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -31,7 +30,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
 
@@ -245,10 +244,10 @@ def fit(
         checkpoint on disk is the last good one.
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
-    ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    ckpt_dir = paths.join(workdir, "checkpoints")
     mngr = ckpt_lib.CheckpointManager(ckpt_dir, max_to_keep=keep_checkpoints, async_save=async_checkpoint)
     checkpointable = ckpt_lib._is_grain_iterator(data)
-    writer = metrics_lib.SummaryWriter(os.path.join(os.path.abspath(workdir), "tensorboard"))
+    writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))
     losses: dict[int, float] = {}
     try:
         latest = mngr.latest_step()

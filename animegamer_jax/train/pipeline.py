@@ -15,8 +15,6 @@ checkpoint exists is skipped, so a killed pipeline resumes where it stopped.
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import time
 from typing import Any
 
@@ -25,7 +23,7 @@ import ml_collections
 from absl import logging
 from flax import nnx
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax import system_checkpoint
 from animegamer_jax.train import loop, optim, phases
 
@@ -70,20 +68,29 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
         if rest:
             comps.update(system_checkpoint.load_system(init_checkpoint, phases.training_config(config),
                                                        trainer.mesh, names=rest, rules=trainer.rules))
+    out_dir = str(paths.as_path(out_dir))
+    if paths.is_url(out_dir):
+        # No rename on object stores: orbax writes the folder in place and commits it last
+        # (commit_success.txt); read_manifest only trusts a committed checkpoint.
+        system_checkpoint.save_system(out_dir, comps, config, force=True)
+        return out_dir
     tmp = out_dir.rstrip("/") + ".tmp"
-    if os.path.exists(tmp) and jax.process_index() == 0:
-        shutil.rmtree(tmp)
+    if paths.exists(tmp) and jax.process_index() == 0:
+        paths.rmtree(tmp)
     system_checkpoint.save_system(tmp, comps, config, force=True)
     if jax.process_index() == 0:
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        paths.rmtree(out_dir)
+        paths.move_dir(tmp, out_dir)
     return out_dir
 
 
 def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: str = "",
-              data: Any = None, compiler_options: dict | None = None) -> str:
+              data: Any = None, compiler_options: dict | None = None, stop_after: int | None = None) -> str:
     """Trains ``config.train.phase``; returns the system checkpoint directory it wrote.
+
+    ``workdir`` and every output path may be URLs (``gs://bucket/run``). ``data`` replaces the
+    dataset loader (an iterator of host batches); ``stop_after`` returns after that micro-step
+    with its checkpoint written and no system checkpoint (returns ``""``), as a kill would.
 
     Raises:
       parallel.ShardingConfigError: the micro-batch does not divide the mesh's data axes (before
@@ -92,7 +99,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     """
     t = config.train
     phase = str(t.phase)
-    workdir = os.path.abspath(workdir)
+    workdir = str(paths.as_path(workdir))
     mesh, rules = parallel.mesh_from_config(config), parallel.rules_from_config(config)
     accum = int(t.grad_accum_steps)
     if int(t.global_batch_size) % (accum * jax.process_count()):
@@ -125,26 +132,28 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
         init_state=init_state, meta={"phase": phase, "config": str(config.name)}, progress=bool(t.progress),
-        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks)
-    out = system_out or str(t.system_checkpoint) or os.path.join(workdir, "system")
-    return write_system(trainer, result.state, config, os.path.abspath(out), init_ckpt)
+        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks, stop_after=stop_after)
+    if stop_after is not None and result.end_step < steps * accum:
+        return ""  # stopped early (a simulated kill): checkpoints written, no system yet
+    out = system_out or str(t.system_checkpoint) or paths.join(workdir, "system")
+    return write_system(trainer, result.state, config, out, init_ckpt)
 
 
 def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options: dict | None = None) -> str:
     """a1 -> a2 -> b -> c, each starting from the previous phase's system checkpoint; returns the final one."""
-    workdir = os.path.abspath(workdir)
-    final = os.path.abspath(str(config.train.system_checkpoint) or os.path.join(workdir, "system"))
+    workdir = str(paths.as_path(workdir))
+    final = str(paths.as_path(str(config.train.system_checkpoint) or paths.join(workdir, "system")))
     prev = str(config.train.init_checkpoint)
     for phase in phases.PHASES:
         c = copy.deepcopy(config)
         c.train.phase, c.train.init_checkpoint = phase, prev
-        out = final if phase == phases.PHASES[-1] else os.path.join(workdir, phase, "system")
+        out = final if phase == phases.PHASES[-1] else paths.join(workdir, phase, "system")
         c.train.system_checkpoint = out
-        if os.path.exists(os.path.join(out, "manifest")):
+        if system_checkpoint.is_complete(out):
             logging.info("phase %s already done (%s)", phase, out)
         else:
             t0 = time.time()
-            run_phase(c, os.path.join(workdir, phase), system_out=out, compiler_options=compiler_options)
+            run_phase(c, paths.join(workdir, phase), system_out=out, compiler_options=compiler_options)
             logging.info("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
         prev = out
     return final
