@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5 import T5Config, T5Encoder
 
@@ -301,7 +301,7 @@ def _define_flags() -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", "configs/tiny.py", "Config file (clip, t5, data, mesh sections).")
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file (clip, t5, data, mesh sections).")
     flags.DEFINE_string("dataset", "", "Prepared dataset directory (default: config.data.dataset_dir).")
     flags.DEFINE_string("out", "", "Feature directory (default: <dataset>_features).")
     flags.DEFINE_string("clip_weights", "", "CLIP weights: orbax dir, or open_clip / HF CLIP file.")
@@ -317,8 +317,13 @@ def _define_flags() -> None:
     flags.DEFINE_bool("no_progress", False, "No progress bar.")
 
 
-if __name__ == "__main__":
-    from absl import app
+def cli() -> None:
+    """Console script (pyproject.toml)."""
+    from animegamer_jax import cli as cli_lib
 
     _define_flags()
-    app.run(main)
+    cli_lib.run(main)
+
+
+if __name__ == "__main__":
+    cli()

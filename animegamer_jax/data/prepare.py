@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from animegamer_jax import paths
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import labels as labels_lib
 from animegamer_jax.data import motion, storage, video
@@ -225,9 +226,9 @@ def _define_flags() -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", "configs/tiny.py", "Config file; its `data` section is used.")
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file; its `data` section is used.")
     flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.")
-    flags.DEFINE_string("labels", "data/sample_labels.jsonl", "Labels JSONL (see animegamer_jax/data/labels.py).")
+    flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"), "Labels JSONL (see animegamer_jax/data/labels.py).")
     flags.DEFINE_string("out", "", "Output dataset directory (default: config.data.dataset_dir).")
     flags.DEFINE_integer("num_shards", 1, "ArrayRecord shards.")
     flags.DEFINE_bool("skip_bad", False, "Skip (and report) films that fail instead of stopping.")
@@ -235,8 +236,13 @@ def _define_flags() -> None:
     flags.mark_flag_as_required("film")
 
 
-if __name__ == "__main__":
-    from absl import app
+def cli() -> None:
+    """Console script (pyproject.toml)."""
+    from animegamer_jax import cli as cli_lib
 
     _define_flags()
-    app.run(main)
+    cli_lib.run(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -85,5 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {args.out}; splice frames {splices} at {SAMPLE_FPS} fps")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script ``animegamer-sample``."""
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -40,5 +40,12 @@ def main(argv: list[str]) -> None:
     print(out)
 
 
+def cli() -> None:
+    """Console script ``animegamer-train``."""
+    from animegamer_jax import cli as cli_lib
+
+    cli_lib.run(main)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    cli()
