@@ -65,18 +65,25 @@ def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = No
     def _main(args: list[str]) -> int | None:
         quiet_logs(flags.FLAGS.verbosity)
         logging.use_absl_handler()
+        _console["on"] = True
         return main(args)
 
     app.run(_main, argv=argv)
 
 
-def say(message: str) -> None:
-    """A status line users should see at the default verbosity (stderr, flushed; process 0 only)."""
-    try:
-        import jax
+_console = {"on": False}
 
-        if jax.process_index() != 0:
-            return
-    except Exception:  # before jax.distributed starts
-        pass
-    print(message, file=sys.stderr, flush=True)
+
+def status(fmt: str, *args: object) -> None:
+    """A stage line (``"compiling the train step ..."``): absl INFO, and under :func:`run` at the
+    default verbosity also printed to stderr on process 0, so commands show their stages while the
+    libraries' INFO chatter stays hidden. Library use (tests, notebooks) only logs."""
+    from absl import logging
+
+    logging.info(fmt, *args)
+    if not _console["on"] or logging.get_verbosity() >= logging.INFO:
+        return
+    import jax
+
+    if jax.process_index() == 0:
+        print(fmt % args if args else fmt, file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from the environment. ``--config.train.init_checkpoint=DIR`` starts from a syste
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from animegamer_jax import parallel
@@ -27,6 +27,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from animegamer_jax.cli import status
+
+    status("animegamer-train: phase %s, workdir %s (importing, then building the model) ...",
+           FLAGS.config.train.phase, FLAGS.workdir)
     parallel.initialize()
     from animegamer_jax.train import pipeline
 
@@ -36,7 +40,6 @@ def main(argv: list[str]) -> None:
         out = pipeline.run_all(config, FLAGS.workdir, compiler_options=opts)
     else:
         out = pipeline.run_phase(config, FLAGS.workdir, compiler_options=opts)
-    logging.info("system checkpoint: %s", out)
     print(out)
 
 

@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel, paths
+from animegamer_jax.cli import status
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
 
@@ -254,9 +255,12 @@ def fit(
         if latest is not None:
             state, _ = mngr.restore(latest, trainer.abstract_state(), data if checkpointable else None)
             start = int(latest)
-            logging.info("resumed from %s at step %d", ckpt_dir, start)
+            status("resumed from %s at step %d", ckpt_dir, start)
         else:
+            status("initializing parameters and optimizer state (compiling the init) ...")
+            t0 = time.perf_counter()
             state = (init_state or trainer.init)()
+            status("initialized in %.1f s", time.perf_counter() - t0)
             start = 0
         end = num_steps if stop_after is None else min(num_steps, int(stop_after))
         averager = metrics_lib.MetricAverager()
@@ -268,8 +272,14 @@ def fit(
             if batch_fn is not None:
                 batch = batch_fn(batch)
             batch = trainer.put_batch(batch)
+            first = step == start
+            if first:
+                status("compiling the train step (XLA; minutes at full size) ...")
+                t_compile = time.perf_counter()
             state, m = trainer.step(state, batch, step)
             m = jax.device_get(m)
+            if first:
+                status("compiled and ran step %d in %.1f s; training", step + 1, time.perf_counter() - t_compile)
             loss = float(m["loss"])
             if not math.isfinite(loss):
                 mngr.wait()

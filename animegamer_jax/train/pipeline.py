@@ -20,10 +20,10 @@ from typing import Any
 
 import jax
 import ml_collections
-from absl import logging
 from flax import nnx
 
 from animegamer_jax import parallel, paths
+from animegamer_jax.cli import status
 from animegamer_jax import system_checkpoint
 from animegamer_jax.train import loop, optim, phases
 
@@ -53,7 +53,7 @@ def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str
                                               names=names, rules=trainer.rules)
         for n, m in comps.items():
             nnx.update(getattr(model, n), nnx.state(m))
-    logging.info("initialized %s from %s", names, directory)
+    status("initialized %s from %s", names, directory)
     return nnx.state((model, opt))
 
 
@@ -113,7 +113,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
                            grad_accum_steps=accum, seed=int(config.seed), compiler_options=compiler_options)
     trained, total = trainer.num_trainable()
-    logging.info("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
+    status("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
                  dict(mesh.shape))
     init_ckpt = str(t.init_checkpoint)
 
@@ -136,6 +136,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     if stop_after is not None and result.end_step < steps * accum:
         return ""  # stopped early (a simulated kill): checkpoints written, no system yet
     out = system_out or str(t.system_checkpoint) or paths.join(workdir, "system")
+    status("writing the system checkpoint %s", out)
     return write_system(trainer, result.state, config, out, init_ckpt)
 
 
@@ -150,10 +151,10 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
         out = final if phase == phases.PHASES[-1] else paths.join(workdir, phase, "system")
         c.train.system_checkpoint = out
         if system_checkpoint.is_complete(out):
-            logging.info("phase %s already done (%s)", phase, out)
+            status("phase %s already done (%s)", phase, out)
         else:
             t0 = time.time()
             run_phase(c, paths.join(workdir, phase), system_out=out, compiler_options=compiler_options)
-            logging.info("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
+            status("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
         prev = out
     return final
