@@ -265,7 +265,7 @@ def fit(
         end = num_steps if stop_after is None else min(num_steps, int(stop_after))
         averager = metrics_lib.MetricAverager()
         peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
-        bar = _progress(progress, num_steps, start)
+        bar = None  # created after the first step, so the stage lines above it stay readable
         t_last, steps_since = None, 0
         for step in range(start, end):
             batch = next(data)
@@ -280,6 +280,7 @@ def fit(
             m = jax.device_get(m)
             if first:
                 status("compiled and ran step %d in %.1f s; training", step + 1, time.perf_counter() - t_compile)
+                bar = _progress(progress, num_steps, start)
             loss = float(m["loss"])
             if not math.isfinite(loss):
                 mngr.wait()
