@@ -87,3 +87,47 @@ def status(fmt: str, *args: object) -> None:
 
     if jax.process_index() == 0:
         print(fmt % args if args else fmt, file=sys.stderr, flush=True)
+
+
+class UsageError(ValueError):
+    """A bad command line (unknown flag, bad value, unexpected argument); the message says which."""
+
+
+HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+
+
+def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = ""
+                ) -> tuple[object, list[str]]:
+    """Parses ``argv`` (``argv[0]`` = program) with a command's own ``absl.flags.FlagValues``.
+
+    ``define(flag_values, argv)`` defines the command's flags on ``flag_values`` (config files
+    through ``config_flags.DEFINE_config_file(..., flag_values=fv, sys_argv=argv)``). A private
+    FlagValues per call lets a command run in-process any number of times (tests, notebooks) next
+    to other commands with flags of the same names. ``--help`` prints ``doc`` and every flag, and
+    raises ``SystemExit(0)``.
+
+    Returns:
+      (flag values, positional arguments after the program name).
+
+    Raises:
+      UsageError: unknown flag, bad value or a missing required flag.
+    """
+    from absl import flags
+
+    argv = resolve_config_args(list(argv))
+    fv = flags.FlagValues()
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    try:
+        define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
+    except (AttributeError, KeyError) as e:
+        raise UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}") from None
+    except (flags.Error, ValueError, TypeError) as e:
+        raise UsageError(f"bad config or override {overrides}: {e}") from None
+    if any(a in HELP_ARGS for a in argv[1:]):
+        print((doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
+        raise SystemExit(0)
+    try:
+        rest = fv(argv)
+    except flags.Error as e:
+        raise UsageError(f"{e}. See --help") from None
+    return fv, rest[1:]

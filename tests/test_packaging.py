@@ -66,3 +66,26 @@ def test_absl_command_runs_outside_the_checkout(tmp_path):
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr[-2000:]  # absl: help exits 1
     assert f"{ROOT}/configs/tiny.py" in res.stdout and "--config" in res.stdout
+
+
+def test_absl_commands_help_and_booleans_read_well(capsys):
+    import glob
+
+    import pytest
+
+    from animegamer_jax.data import sample
+    from animegamer_jax.eval import __main__ as eval_cli
+
+    for main in (eval_cli.main, sample.main):
+        with pytest.raises(SystemExit) as e:
+            main(["--help"])
+        assert e.value.code == 0
+    text = capsys.readouterr().out
+    assert "--[no]write_games" in text and "--[no]standin" in text and "--config: Config file" in text
+    assert "--width: Frame width (px)." in text
+    assert eval_cli.main(["--standin", "--config.eval.nope=1"]) == 2
+    assert "unknown config key 'nope'" in capsys.readouterr().err
+    # no boolean flag whose absl negation doubles the "no" (--nono_progress)
+    for path in glob.glob(os.path.join(ROOT, "animegamer_jax", "**", "*.py"), recursive=True):
+        src = open(path, encoding="utf-8").read()
+        assert not re.search(r"DEFINE_bool(ean)?\(\s*['\"]no_?", src), path

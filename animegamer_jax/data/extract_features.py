@@ -293,7 +293,7 @@ def main(argv: Sequence[str]) -> None:
     report = extract_features(dataset, FLAGS.out or dataset.rstrip("/") + "_features", FeatureEncoder(clip, t5, mesh, rules),
                               tok, batch_size=FLAGS.batch_size, text_field=FLAGS.text_field, meta=json.loads(json.dumps(meta)),
                               dtype=FLAGS.dtype, overwrite=FLAGS.overwrite, max_batches=FLAGS.max_batches,
-                              progress=not FLAGS.no_progress)
+                              progress=FLAGS.progress)
     print(report.summary())
 
 
@@ -314,7 +314,7 @@ def _define_flags() -> None:
     flags.DEFINE_enum("dtype", "float32", ["float32", "float16"], "Storage dtype.")
     flags.DEFINE_integer("max_batches", None, "Stop after this many batches (rerun to resume).")
     flags.DEFINE_bool("overwrite", False, "Replace features of another run in --out.")
-    flags.DEFINE_bool("no_progress", False, "No progress bar.")
+    flags.DEFINE_bool("progress", True, "Show a progress bar (--noprogress hides it).")
 
 
 def cli() -> None:
