@@ -76,6 +76,9 @@ class ExtractReport:
 def _open_store(out_dir: str, num_clips: int, shapes: dict[str, tuple], dtype: str, meta: dict,
                 overwrite: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Creates or reopens the memmapped feature files; returns (field -> memmap, done memmap)."""
+    if paths.is_url(out_dir):
+        raise FeatureStoreError(f"--out {out_dir}: features are memory-mapped local files. Fix: a local folder "
+                                f"or a gcsfuse mount of the bucket (`gcsfuse --implicit-dirs BUCKET /gcs/BUCKET`)")
     meta_path = os.path.join(out_dir, "meta.json")
     full_meta = {"format": FORMAT, "num_clips": num_clips, "dtype": dtype,
                  "shapes": {k: list(v) for k, v in shapes.items()}, **meta}

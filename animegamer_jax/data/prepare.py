@@ -101,6 +101,10 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     t0 = time.time()
+    if paths.is_url(out_dir):
+        raise ValueError(f"--out {out_dir}: ArrayRecord shards are written to local files (array_record has no "
+                         f"URL support). Fix: write to a local folder or a gcsfuse mount of the bucket "
+                         f"(`gcsfuse --implicit-dirs BUCKET /gcs/BUCKET`), e.g. /gcs/{out_dir.split('://', 1)[1]}")
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
