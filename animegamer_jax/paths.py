@@ -93,6 +93,12 @@ def _fs(path: epath.Path) -> Any:
     return fs
 
 
+def fs_info(path: PathLike) -> dict:
+    """fsspec ``info()`` of a URL object (size, generation / updated time, ...)."""
+    p = as_path(path)
+    return _fs(p).info(os.fspath(p))
+
+
 def move_dir(src: PathLike, dst: PathLike) -> None:
     """Renames folder ``src`` to ``dst`` (``dst`` must not exist).
 

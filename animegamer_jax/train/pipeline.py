@@ -70,8 +70,8 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
                                                        trainer.mesh, names=rest, rules=trainer.rules))
     out_dir = str(paths.as_path(out_dir))
     if paths.is_url(out_dir):
-        # No rename on object stores: orbax writes the folder in place and commits it last
-        # (commit_success.txt); read_manifest only trusts a committed checkpoint.
+        # No rename on object stores: the folder is written in place, integrity.json last
+        # (system_checkpoint.is_complete / verify_checkpoint trust nothing before it).
         system_checkpoint.save_system(out_dir, comps, config, force=True)
         return out_dir
     tmp = out_dir.rstrip("/") + ".tmp"
@@ -131,8 +131,11 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
-        init_state=init_state, meta={"phase": phase, "config": str(config.name)}, progress=bool(t.progress),
-        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks, stop_after=stop_after)
+        init_state=init_state, progress=bool(t.progress),
+        meta={"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
+              "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor)},
+        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
+        allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
     if stop_after is not None and result.end_step < steps * accum:
         return ""  # stopped early (a simulated kill): checkpoints written, no system yet
     out = system_out or str(t.system_checkpoint) or paths.join(workdir, "system")
