@@ -133,11 +133,7 @@ def walk_files(root: str) -> Iterator[str]:
     """Paths of every regular file under ``root``, relative to it, '/'-separated, sorted."""
     out = []
     if _url(root):
-        base = paths.as_path(root)
-        for p in base.rglob("*"):
-            if p.is_file():
-                out.append(os.fspath(p)[len(os.fspath(base)):].lstrip("/"))
-        yield from sorted(out)
+        yield from paths.list_files(root)
         return
     for d, dirs, files in os.walk(root):
         dirs.sort()

@@ -99,6 +99,14 @@ def fs_info(path: PathLike) -> dict:
     return _fs(p).info(os.fspath(p))
 
 
+def list_files(root: PathLike) -> list[str]:
+    """Every object under URL ``root``, relative to it, sorted (one listing request, not a walk)."""
+    p = as_path(root)
+    fs = _fs(p)
+    base = fs._strip_protocol(os.fspath(p)).rstrip("/") + "/"
+    return sorted(f[len(base):] for f in fs.find(os.fspath(p)) if f.startswith(base))
+
+
 def move_dir(src: PathLike, dst: PathLike) -> None:
     """Renames folder ``src`` to ``dst`` (``dst`` must not exist).
 
@@ -109,7 +117,11 @@ def move_dir(src: PathLike, dst: PathLike) -> None:
     if not is_url(s):
         os.replace(s, d)
         return
-    _fs(s).mv(os.fspath(s), os.fspath(d), recursive=True)
+    fs = _fs(s)
+    # copy + delete, not fs.mv: gcsfs's mv first tries the objects.moveTo API, which flat buckets
+    # (and emulators) refuse with a logged traceback per object before it falls back to this
+    fs.copy(os.fspath(s).rstrip("/") + "/", os.fspath(d).rstrip("/") + "/", recursive=True)
+    fs.rm(os.fspath(s), recursive=True)
 
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> None:

@@ -150,15 +150,17 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path, monkeypatch, caps
     objects = sorted(gcs.find("bucket"))
     print("\nemulator objects after the test:\n" + "\n".join(objects))
     game = {p.removeprefix("bucket/games/duel/") for p in objects if p.startswith("bucket/games/duel/")}
-    assert game == {"turn_000.mp4", "turn_000.gif", "game.mp4", "contact_sheet.png", "index.html", "game.json"}
+    assert game == {"turn_000.mp4", "turn_000.gif", "game.mp4", "contact_sheet.png", "index.html", "game.json",
+                    "timings.json", ".animegamer-game"}
     system = {p.removeprefix("bucket/run/system/").split("/")[0] for p in objects
               if p.startswith("bucket/run/system/")}
-    assert {"manifest", "config", "commit_success.txt", "mllm", "dit", "vae", "shot_encoder", "t5",
-            "clip"} <= system
+    assert {"manifest", "config", "integrity.json", "mllm", "dit", "vae", "shot_encoder", "t5", "clip"} <= system
     assert not [p for p in objects if ".tmp" in p or "write-probe" in p]
     from animegamer_jax.game import writers
 
     assert writers.read_video("gs://bucket/games/duel/game.mp4").shape[0] > 0
+    assert writers.verify_game("gs://bucket/games/duel") is None  # sizes + sha256 of every file, read back
+    assert system_checkpoint.verify_checkpoint(out, "full")  # integrity.json of the gs:// system
     # nothing on the local disk: no new file in the working directory, temp dir or the checkout
     assert os.listdir(cwd) == [] and os.listdir(tmp) == []
     # (other tests may add files to the checkout meanwhile: look for what this run would write)
