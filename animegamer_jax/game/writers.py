@@ -17,7 +17,10 @@ holds the marker (then only with ``overwrite``), :func:`check_target`. Writes ar
 everything goes to a hidden temp folder ``.tmp-<game_id>-<hex>`` (holding ``.animegamer-tmp``) next to
 the target and is renamed into place only when complete; a replaced game is moved aside first and
 restored if the rename fails. Temp folders a killed run left are removed by the next write of that
-game (:func:`clean_stale_temp`). Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
+game (:func:`clean_stale_temp`). ``out`` may be a URL (``gs://bucket/games``; every file goes
+through animegamer_jax/fileio.py): object stores have no rename, so the final move is a copy then a
+delete, and a game counts as finished only when :func:`verify_game` finds every recorded file with
+its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
 crf 18) through PyAV's bundled libx264 with one encoder thread and fixed settings (:func:`write_mp4`);
 the frame size is padded to even numbers because yuv420p needs it.
 HUD: the three meters (social, entertainment, stamina, app.py semantics, architecture.md §1.5) as
