@@ -108,6 +108,7 @@ def _local_snapshot(*dirs):
     return out
 
 
+@pytest.mark.slow
 def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path, monkeypatch, capsys):
     """Tiny phase a2 with workdir gs://bucket/run, stopped after step 1 and resumed to step 2, then
     `play --checkpoint gs://bucket/run/system --out gs://bucket/games` with the script on gs:// too:
