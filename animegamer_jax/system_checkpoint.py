@@ -50,7 +50,6 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
