@@ -6,6 +6,7 @@ import os
 import shlex
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -95,8 +96,7 @@ def test_two_process_cpu_job_through_the_multinode_script():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, MODULE="animegamer_jax.parallel.check",
-                PYTHON=os.path.join(ROOT, ".venv", "bin", "python") if os.path.exists(
-                    os.path.join(ROOT, ".venv", "bin", "python")) else "python3",
+                PYTHON=sys.executable,
                 NUM_NODES="2", COORDINATOR=f"127.0.0.1:{port}", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     procs = [subprocess.Popen(["bash", f"{LAUNCH}/multinode_gpu.sh"], env=dict(base, NODE_RANK=str(i)), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
