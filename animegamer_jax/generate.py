@@ -35,7 +35,7 @@ from animegamer_jax.game.script import Game, load_jsonl
 from animegamer_jax.game.state import validate_games
 from animegamer_jax.game.system import resolve_system
 from animegamer_jax.parallel import distributed
-from animegamer_jax import cli
+from animegamer_jax import cli as cli_lib
 from animegamer_jax.play import CLI_ERRORS, fingerprint, parse_game_flags, save_game, setup_jax
 
 
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         f, rest, config = parse_game_flags("animegamer-generate", sys.argv[1:] if argv is None else argv,
                                            define_flags, __doc__)
         if len(rest) != 1:
-            raise cli.UsageError(f"expected one JSONL file of games, got {rest or 'none'}")
+            raise cli_lib.UsageError(f"expected one JSONL file of games, got {rest or 'none'}")
         out_dir = f.out or config.game.out_dir
         writers.check_writable(out_dir)
         games = load_jsonl(rest[0])

@@ -26,7 +26,8 @@ import re
 import sys
 from collections.abc import Callable
 
-from animegamer_jax import cli, fileio, parallel, paths
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
@@ -35,7 +36,7 @@ from animegamer_jax.game.state import InstructionTooLongError, encode_instructio
 from animegamer_jax.game.system import CheckpointError, resolve_system
 
 #: the errors play and generate report as one line (exit status 2) instead of a traceback
-CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError,
+CLI_ERRORS = (cli_lib.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError,
               writers.OutputError)
 
 
@@ -109,15 +110,14 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
       (flag values, positional arguments, config).
 
     Raises:
-      cli.UsageError: an unknown flag or config key, a bad value. ConfigError: a missing or damaged
+      cli_lib.UsageError: an unknown flag or config key, a bad value. ConfigError: a missing or damaged
         checkpoint whose config was to be used. SystemExit(0): ``--help`` (printed).
     """
     from absl import flags
     from ml_collections import config_flags
 
-    from animegamer_jax import cli
 
-    argv = cli.resolve_config_args([prog, *argv])
+    argv = cli_lib.resolve_config_args([prog, *argv])
 
     def own(fv):
         if define is not None:
@@ -125,7 +125,7 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
         common_flags(fv)
 
     saved = None
-    if not _config_given(argv) and not any(a in cli.HELP_ARGS for a in argv[1:]):
+    if not _config_given(argv) and not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
         probe = flags.FlagValues()  # only to read --checkpoint / --verify_checkpoint before --config exists
         own(probe)
         try:
@@ -145,7 +145,7 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
             config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), CONFIG_HELP,
                                             flag_values=fv, lock_config=False, sys_argv=argv)
 
-    f, rest = cli.parse_flags(argv, define_all, doc)
+    f, rest = cli_lib.parse_flags(argv, define_all, doc)
     config = f.config
     if f.mode:
         config.game.mode = f.mode
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         f, rest, config = parse_game_flags("animegamer-play", sys.argv[1:] if argv is None else argv,
                                            define_flags, __doc__)
         if len(rest) > 1:
-            raise cli.UsageError(f"unexpected arguments {rest[1:]}; play takes one script (or - for stdin)")
+            raise cli_lib.UsageError(f"unexpected arguments {rest[1:]}; play takes one script (or - for stdin)")
         script = rest[0] if rest else "-"
         if f.game_id is not None:
             writers.check_game_id(f.game_id)

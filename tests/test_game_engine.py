@@ -308,6 +308,8 @@ def test_play_keeps_a_users_folder(tmp_path, capsys):
     (["--config.game.nope=1"], "unknown config key"),
     (["--config.game.checkpoint="], "no checkpoint"),
     (["--checkpoint", "/nonexistent/ckpt"], "not found"),
+    (["--standin", "--bogus"], "error: Unknown command line flag 'bogus'. See --help"),
+    (["--standin", "second.txt"], "error: unexpected arguments ['second.txt']; play takes one script"),
 ])
 def test_play_errors(tmp_path, capsys, args, needle):
     script = tmp_path / "s.txt"
