@@ -149,6 +149,20 @@ def convert_animegamer_mllm(
     return cfg, state
 
 
+def add_base_weights(sd: dict[str, Any], base_sd: Mapping[str, Any]) -> dict[str, Any]:
+    """Fills the frozen base keys a trainable-subset ``.bin`` lacks from an HF Mistral state dict.
+
+    ``sd`` (release names) is updated in place: every HF key of ``base_sd`` whose normalized name is
+    absent from ``sd`` is added as ``llm.base_model.model.<key>``; keys the release already has (its
+    resized embeddings / lm_head) win. Returns ``sd``.
+    """
+    llm_sd, _ = normalize_peft_keys(sd)
+    for k in base_sd.keys():
+        if k not in llm_sd:
+            sd["llm.base_model.model." + k] = base_sd[k]
+    return sd
+
+
 def _load_root_config(path: str) -> Any:
     import importlib.util
 
@@ -185,10 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     sd = cm.load_state_dict(a.bin)
     print(f"{len(sd)} keys in {a.bin}; first: {sorted(sd)[:5]}")
     if a.base:
-        llm_sd, _ = normalize_peft_keys(sd)
-        for k, v in cm.load_state_dict(a.base).items():
-            if k not in llm_sd:
-                sd["llm.base_model.model." + k] = v
+        add_base_weights(sd, cm.load_state_dict(a.base))
     cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora, lora_alpha=a.lora_alpha)
     os.makedirs(a.dst, exist_ok=True)
     cm.save_state(state, os.path.join(a.dst, "params"))

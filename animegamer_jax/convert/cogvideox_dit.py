@@ -331,6 +331,23 @@ def from_sat(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat, dict[
     return {k: np.asarray(v, np.float32) for k, v in flat.items()}, extras
 
 
+def _check_params(expected: Mapping[tuple[str, ...], tuple[int, ...]], params: Flat,
+                  keep_init: tuple[str, ...]) -> None:
+    def allowed(path: tuple[str, ...]) -> bool:
+        return any(k in path or (k == "lora" and "lora" in path[-1]) for k in keep_init)
+
+    missing = sorted(".".join(p) for p in expected if p not in params and not allowed(p))
+    unexpected = sorted(".".join(p) for p in params if p not in expected)
+    misshaped = sorted(f"{'.'.join(p)}: got {params[p].shape}, expected {expected[p]}"
+                       for p in params if p in expected and tuple(params[p].shape) != expected[p])
+    if missing or unexpected or misshaped:
+        raise ConversionError(
+            "converted parameters do not match the model:"
+            + (f"\n  missing: {', '.join(missing)}" if missing else "")
+            + (f"\n  unexpected: {', '.join(unexpected)}" if unexpected else "")
+            + (f"\n  mis-shaped: {', '.join(misshaped)}" if misshaped else ""))
+
+
 def load_params(model: CogVideoXDiT, params: Flat, keep_init: tuple[str, ...] = ()) -> CogVideoXDiT:
     """Writes converted `params` into `model` (in place) after checking every path and shape.
 
@@ -345,25 +362,24 @@ def load_params(model: CogVideoXDiT, params: Flat, keep_init: tuple[str, ...] = 
     """
     state = nnx.state(model, nnx.Param)
     target = {tuple(str(p) for p in path): v for path, v in state.flat_state()}
-
-    def allowed(path: tuple[str, ...]) -> bool:
-        return any(k in path or (k == "lora" and "lora" in path[-1]) for k in keep_init)
-
-    expected = {p: tuple(v.get_raw_value().shape) for p, v in target.items()}
-    missing = sorted(".".join(p) for p in expected if p not in params and not allowed(p))
-    unexpected = sorted(".".join(p) for p in params if p not in expected)
-    misshaped = sorted(f"{'.'.join(p)}: got {params[p].shape}, expected {expected[p]}"
-                       for p in params if p in expected and tuple(params[p].shape) != expected[p])
-    if missing or unexpected or misshaped:
-        raise ConversionError(
-            "converted parameters do not match the model:"
-            + (f"\n  missing: {', '.join(missing)}" if missing else "")
-            + (f"\n  unexpected: {', '.join(unexpected)}" if unexpected else "")
-            + (f"\n  mis-shaped: {', '.join(misshaped)}" if misshaped else ""))
+    _check_params({p: tuple(v.get_raw_value().shape) for p, v in target.items()}, params, keep_init)
     for path, var in target.items():
         if path in params:
             var.set_value(jnp.asarray(params[path], var.get_raw_value().dtype))
     return model
+
+
+def params_to_state(cfg: DiTConfig, params: Flat) -> nnx.State:
+    """The ``nnx.State`` of ``CogVideoXDiT(cfg)`` holding converted `params` (no random init: the
+    module is only shape-evaluated). Every parameter must be given (no ``keep_init``).
+
+    Raises:
+      ConversionError: missing, unexpected or mis-shaped parameter paths.
+    """
+    state = nnx.state(nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0))))
+    flat = [(tuple(str(p) for p in path), v) for path, v in nnx.to_flat_state(state)]
+    _check_params({p: tuple(v.get_raw_value().shape) for p, v in flat}, params, ())
+    return nnx.from_flat_state([(p, v.replace(np.asarray(params[p], v.get_raw_value().dtype))) for p, v in flat])
 
 
 def build_model(cfg: DiTConfig, params: Flat, keep_init: tuple[str, ...] = (), seed: int = 0) -> CogVideoXDiT:

@@ -1,0 +1,588 @@
+"""``convert release SRC DST``: the AnimeGamer release download -> one system checkpoint.
+
+SRC is laid out like the release's ``checkpoints/`` folder (TencentARC/AnimeGamer README; the
+fixture ``../shared/fixtures/release_tiny/release`` has the same layout)::
+
+    Mistral-7B-Instruct-v0.1/                    HF folder (only read if the MLLM .bin lacks base weights)
+    AnimeGamer/MLLM-<Character>/pytorch_model.bin         peft state dict of ContinuousLVLM_Video
+    AnimeGamer/VDM_Decoder-<Character>/latest             "<iteration>" (or "release")
+    AnimeGamer/VDM_Decoder-<Character>/<it>/mp_rank_00_model_states.pt   {'module': engine state dict}
+    vae/3d-vae.pt                                 {'state_dict': encoder.*, decoder.*, loss.*}
+    google/t5-v1_1-xxl/                           T5 v1.1 folder (used when the engine file has no T5)
+    laion/CLIP-ViT-B-16-laion2B-s34B-b88K/open_clip_pytorch_model.bin   full OpenCLIP (text tower)
+
+Where each component comes from (the key maps are the single-network converters' own; this module
+only routes files and prefixes to them):
+
+==============  =====================================================  ==============================
+component       source                                                  converter
+==============  =====================================================  ==============================
+mllm            MLLM .bin (+ Mistral folder for absent base keys)        convert/animegamer_mllm.py
+dit             engine ``model.diffusion_model.*``                       convert/cogvideox_dit.py
+shot_encoder    engine ``model.diffusion_model.mixins.patch_embed.*``    convert/shot_encoder.py
+vae             ``vae/3d-vae.pt`` (else engine ``first_stage_model.*``)   convert/cogvideox_vae.py
+t5              engine ``conditioner.embedders.0.transformer.*`` (else   convert/t5.py
+                the T5 folder)
+clip            engine ``clip_img_encoder.model.*`` + the OpenCLIP file's  convert/clip.py
+                text ``transformer.*`` (the engine deletes that tower)
+==============  =====================================================  ==============================
+
+Keys dropped on purpose (see :data:`DROPPED`): the peft ``original_module`` norm copies (peft uses
+``modules_to_save.default``), the recomputed ``pos_embed.pos_embedding`` table, E_a's unused
+``output_mix_layer_norm``, the VAE ``loss.*`` entries, and DeepSpeed bookkeeping beside ``module``.
+
+Reads are lazy: torch files are memory-mapped (``torch.load(mmap=True)``) and safetensors are
+opened with ``safe_open``, so a tensor is paged in only when its converter reads it. Components are
+converted and written one at a time (peak memory is about one converted component), each as an
+orbax item, into a temporary sibling of DST that is renamed to DST only when every component is
+written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
+missing / unexpected / mis-shaped key, config whose sizes do not match) is collected first and
+reported together, one line each, naming the file, the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+#: engine-file prefixes and the component each feeds
+ENGINE_PREFIXES = {
+    "model.diffusion_model.": "dit",
+    "conditioner.embedders.0.transformer.": "t5",
+    "clip_img_encoder.model.": "clip",
+    "first_stage_model.": "vae",
+}
+SHOT_ENCODER_PREFIX = "model.diffusion_model.mixins.patch_embed."
+#: key pattern -> why the converter does not use it
+DROPPED = {
+    r"\.original_module\.weight$": "peft's frozen copy of a norm; peft runs modules_to_save.default",
+    r"mixins\.pos_embed\.pos_embedding$": "fixed 3-D sin-cos table, recomputed by our DiT",
+    r"mixins\.patch_embed\.output_mix_layer_norm\.": "E_a parameter the release never applies (architecture.md §3.3)",
+    r"^loss\.": "VAE training loss (the release loader drops it: ignore_keys ['loss'])",
+    r"rotary_emb\.inv_freq$": "RoPE buffer, recomputed",
+}
+DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "animegamer_2b_7b.py")
+MLLM_GLOB = "AnimeGamer/MLLM-*/pytorch_model.bin"
+DECODER_GLOB = "AnimeGamer/VDM_Decoder-*"
+VAE_FILE = "vae/3d-vae.pt"
+T5_DIR = "google/t5-v1_1-xxl"
+CLIP_FILE = "laion/CLIP-ViT-B-16-laion2B-s34B-b88K/open_clip_pytorch_model.bin"
+MISTRAL_DIR = "Mistral-7B-Instruct-v0.1"
+FIX_REDOWNLOAD = "download the file again and compare its size / SHA256 with the release"
+
+
+class ReleaseError(ValueError):
+    """A release folder that cannot be converted. ``problems``: one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def dropped_reason(key: str) -> str | None:
+    """Why ``key`` is not converted (a :data:`DROPPED` pattern), or None."""
+    for pat, why in DROPPED.items():
+        if re.search(pat, key):
+            return why
+    return None
+
+
+def one_line(msg: str) -> str:
+    """A converter message on one line (newlines and runs of spaces folded)."""
+    return re.sub(r"\s+", " ", str(msg)).strip()
+
+
+# ----------------------------------------------------------------------------------------------
+# Lazy reading
+# ----------------------------------------------------------------------------------------------
+class LazySafetensors(Mapping):
+    """``{name: torch.Tensor}`` over safetensors files, each tensor read on access (bf16 kept)."""
+
+    def __init__(self, files: list[str]):
+        from safetensors import safe_open
+
+        self._where: dict[str, Any] = {}
+        self._handles = []
+        for f in files:
+            try:
+                h = safe_open(f, framework="pt")
+            except Exception as e:  # noqa: BLE001 - safetensors raises several error types
+                raise ReleaseError([f"{f}: cannot read the safetensors header ({one_line(e)}); the file is "
+                                    f"truncated or corrupt. Fix: {FIX_REDOWNLOAD}"]) from None
+            self._handles.append(h)
+            for k in h.keys():
+                self._where[k] = (h, f)
+
+    def __getitem__(self, key: str):
+        h, f = self._where[key]
+        try:
+            return h.get_tensor(key)
+        except Exception as e:  # noqa: BLE001
+            raise ReleaseError([f"{f}: tensor {key!r} cannot be read ({one_line(e)}). Fix: {FIX_REDOWNLOAD}"]) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._where)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def load_torch_lazy(path: str) -> dict[str, Any]:
+    """A torch checkpoint memory-mapped (``torch.load(mmap=True, weights_only=True)``).
+
+    ``{'module': sd}`` (SAT / DeepSpeed) and ``{'state_dict': sd}`` (``3d-vae.pt``) are unwrapped;
+    the other DeepSpeed entries are bookkeeping and are not returned.
+
+    Raises:
+      ReleaseError: the file is missing, truncated or not a torch zip checkpoint (names the file).
+    """
+    import torch
+
+    if not os.path.isfile(path):
+        raise ReleaseError([f"{path}: file not found. Fix: put the release file there (see the layout "
+                            f"in `python -m animegamer_jax.convert release --help`)"])
+    try:
+        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / pickle errors / EOFError
+        raise ReleaseError([f"{path}: cannot be read as a torch checkpoint ({one_line(e)[:200]}); the file "
+                            f"is truncated or corrupt. Fix: {FIX_REDOWNLOAD}"]) from None
+    for k in ("module", "state_dict"):
+        if isinstance(obj, Mapping) and isinstance(obj.get(k), Mapping):
+            return dict(obj[k])
+    if not isinstance(obj, Mapping):
+        raise ReleaseError([f"{path}: holds a {type(obj).__name__}, not a state dict. Fix: {FIX_REDOWNLOAD}"])
+    return dict(obj)
+
+
+def load_folder_lazy(path: str) -> Mapping[str, Any]:
+    """An HF folder's weights: ``*.safetensors`` (lazily) or ``pytorch_model*.bin`` (memory-mapped)."""
+    st = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if st:
+        return LazySafetensors(st)
+    bins = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    if not bins:
+        raise ReleaseError([f"{path}: no *.safetensors or pytorch_model*.bin. Fix: put the release folder there"])
+    out: dict[str, Any] = {}
+    for b in bins:
+        out.update(load_torch_lazy(b))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Locating the files
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class ReleaseFiles:
+    """Paths of one character's release files under SRC (None: absent)."""
+
+    src: str
+    mllm: str
+    engine: str
+    vae: str | None
+    t5: str | None
+    clip: str | None
+    mistral: str | None
+
+
+def _one(src: str, pattern: str, character: str | None, what: str, problems: list[str]) -> str | None:
+    hits = sorted(glob.glob(os.path.join(src, pattern)))
+    if character:
+        hits = [h for h in hits if f"-{character}" in h]
+    if not hits:
+        problems.append(f"{os.path.join(src, pattern)}: no {what} found. Fix: put the release's {what} there"
+                        + (f" (for character {character!r})" if character else ""))
+        return None
+    if len(hits) > 1:
+        problems.append(f"{os.path.join(src, pattern)}: several {what}s {[os.path.relpath(h, src) for h in hits]}. "
+                        f"Fix: choose one with --character NAME")
+        return None
+    return hits[0]
+
+
+def locate(src: str, character: str | None = None) -> ReleaseFiles:
+    """Finds the release files under ``src``.
+
+    Raises:
+      ReleaseError: SRC missing, the MLLM / decoder files missing or ambiguous, a bad ``latest``.
+    """
+    problems: list[str] = []
+    if not os.path.isdir(src):
+        raise ReleaseError([f"{src}: release folder not found. Fix: pass the folder that holds "
+                            f"AnimeGamer/, vae/, google/, laion/ (the release's checkpoints/)"])
+    mllm = _one(src, MLLM_GLOB, character, "MLLM pytorch_model.bin", problems)
+    dec = _one(src, DECODER_GLOB, character, "VDM_Decoder folder", problems)
+    engine = None
+    if dec:
+        latest = os.path.join(dec, "latest")
+        if not os.path.isfile(latest):
+            problems.append(f"{latest}: file not found. Fix: the SAT folder needs `latest` naming the "
+                            f"iteration folder (e.g. 10000)")
+        else:
+            with open(latest, encoding="utf-8") as f:
+                it = f.read().strip()
+            engine = os.path.join(dec, it, "mp_rank_00_model_states.pt")
+            if not os.path.isfile(engine):
+                problems.append(f"{engine}: file not found (named by {latest}). Fix: put the decoder's "
+                                f"mp_rank_00_model_states.pt there")
+                engine = None
+    if problems:
+        raise ReleaseError(problems)
+
+    def opt(rel: str) -> str | None:
+        p = os.path.join(src, rel)
+        return p if os.path.exists(p) else None
+
+    return ReleaseFiles(src, mllm, engine, opt(VAE_FILE), opt(T5_DIR), opt(CLIP_FILE), opt(MISTRAL_DIR))
+
+
+# ----------------------------------------------------------------------------------------------
+# Size checks (one line for a config that does not fit the weights)
+# ----------------------------------------------------------------------------------------------
+def _shape(sd: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
+    return tuple(int(d) for d in sd[key].shape) if key in sd else None
+
+
+def _size_check(file: str, sd: Mapping[str, Any], key: str, want: tuple[int, ...], fields: str,
+                config_path: str) -> str | None:
+    got = _shape(sd, key)
+    if got is None or got == tuple(want):
+        return None
+    return (f"{file}: key {key!r} has shape {got} but config {config_path} expects {tuple(want)} ({fields}); "
+            f"the config's sizes do not match these weights. Fix: pass --config with the sizes of this "
+            f"release (configs/animegamer_2b_7b.py for the real release, configs/release_tiny.py for the fixture)")
+
+
+def _layer_count(sd: Mapping[str, Any], pattern: str) -> int:
+    idx = {int(m.group(1)) for k in sd for m in [re.search(pattern, k)] if m}
+    return max(idx) + 1 if idx else 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Components
+# ----------------------------------------------------------------------------------------------
+def _sub(sd: Mapping[str, Any], prefix: str, strip: bool = True) -> dict[str, Any]:
+    return {(k[len(prefix):] if strip else k): v for k, v in sd.items() if k.startswith(prefix)}
+
+
+def _keep(sd: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sd.items() if dropped_reason(k) is None}
+
+
+def _mllm(files: ReleaseFiles, config, config_path: str):
+    from flax import nnx  # noqa: F401
+
+    from animegamer_jax.convert import animegamer_mllm as am
+    from animegamer_jax.models.mllm import MLLMConfig
+
+    m = config.mllm
+    sd = load_torch_lazy(files.mllm)
+    for key, want, fields in (
+        ("llm.base_model.model.model.embed_tokens.weight", (m.vocab_size, m.hidden_size), "mllm.vocab_size, mllm.hidden_size"),
+        ("output_resampler.proj.0.weight", (config.rep.dim, m.hidden_size), "rep.dim, mllm.hidden_size"),
+    ):
+        msg = _size_check(files.mllm, sd, key, want, fields, config_path)
+        if msg:
+            return None, [msg]
+    n = _layer_count(sd, r"\.layers\.(\d+)\.")
+    if n and n != m.num_layers:
+        return None, [f"{files.mllm}: holds {n} decoder layers (keys ...layers.0..{n - 1}...) but config "
+                      f"{config_path} has mllm.num_layers={m.num_layers}. Fix: pass --config with the sizes of this release"]
+    llm_sd, rest = am.normalize_peft_keys(sd)
+    base_missing = "model.layers.0.self_attn.q_proj.weight" not in llm_sd
+    if base_missing:
+        if not files.mistral:
+            return None, [f"{files.mllm}: holds no base weights (e.g. llm.base_model.model.model.layers.0.self_attn."
+                          f"q_proj.base_layer.weight) and {os.path.join(files.src, MISTRAL_DIR)} is absent. Fix: put "
+                          f"the Mistral-7B-Instruct-v0.1 folder there"]
+        am.add_base_weights(sd, load_folder_lazy(files.mistral))
+    cfg = MLLMConfig.from_config(config, lora_rank=0)
+    cfg, state = am.convert_animegamer_mllm(sd, cfg, lora_alpha=m.lora_alpha)
+    if cfg.llm.lora_rank != m.lora_rank:
+        return None, [f"{files.mllm}: LoRA rank {cfg.llm.lora_rank} (lora_A.default.weight rows) but config "
+                      f"{config_path} has mllm.lora_rank={m.lora_rank}. Fix: set mllm.lora_rank={cfg.llm.lora_rank}"]
+    if tuple(cfg.llm.lora_targets) != tuple(sorted(m.lora_targets)) and set(cfg.llm.lora_targets) != set(m.lora_targets):
+        return None, [f"{files.mllm}: LoRA on {list(cfg.llm.lora_targets)} but config mllm.lora_targets="
+                      f"{list(m.lora_targets)}. Fix: set mllm.lora_targets to the modules the file has"]
+    return state, []
+
+
+def _engine_check(files: ReleaseFiles, engine: Mapping[str, Any]) -> list[str]:
+    """Engine keys outside every known prefix (unexpected)."""
+    bad = sorted(k for k in engine if not k.startswith(tuple(ENGINE_PREFIXES)))
+    if not bad:
+        return []
+    return [f"{files.engine}: unexpected keys ({len(bad)}) outside {sorted(ENGINE_PREFIXES)}: {bad[:20]}. "
+            f"Fix: pass the SAT engine file of the AnimeGamer decoder (SATVideoDiffusionEngine state dict)"]
+
+
+def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
+    from flax import nnx
+
+    from animegamer_jax.convert import cogvideox_dit as cd
+    from animegamer_jax.models.cogvideox_dit import DiTConfig
+
+    d = config.dit
+    nq = int(config.rep.num_text_tokens + config.rep.num_image_tokens)
+    cfg = DiTConfig.from_config(d, text_length=nq)
+    p = cd.SAT_PREFIX
+    for key, want, fields in (
+        (p + "mixins.patch_embed.proj.weight", (cfg.hidden_size, cfg.in_channels, cfg.patch_size, cfg.patch_size),
+         "dit.hidden_size, dit.in_channels, dit.patch_size"),
+        (p + "time_embed.0.weight", (cfg.time_embed_dim, cfg.hidden_size), "dit.time_embed_dim, dit.hidden_size"),
+    ):
+        msg = _size_check(files.engine, engine, key, want, fields, config_path)
+        if msg:
+            return None, [msg]
+    n = _layer_count(engine, r"^model\.diffusion_model\.transformer\.layers\.(\d+)\.")
+    if n != cfg.num_layers:
+        return None, [f"{files.engine}: holds {n} DiT layers (model.diffusion_model.transformer.layers.N) but config "
+                      f"{config_path} has dit.num_layers={cfg.num_layers}. Fix: pass --config with the sizes of this release"]
+    sd = _keep(_sub(engine, p, strip=False))
+    params, _extras = cd.from_sat(sd, cfg)
+    return cd.params_to_state(cfg, params), []
+
+
+def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
+    from animegamer_jax.convert import shot_encoder as cse
+    from animegamer_jax.models.shot_encoder import ShotEncoderConfig
+
+    cfg = ShotEncoderConfig.from_config(config)
+    p = SHOT_ENCODER_PREFIX
+    for key, want, fields in (
+        (p + "text_proj.0.weight", (cfg.dim, cfg.text_dim), "rep.dim, shot_encoder.text_dim"),
+        (p + "ip_proj.0.weight", (cfg.dim, cfg.image_dim), "rep.dim, shot_encoder.image_dim"),
+    ):
+        msg = _size_check(files.engine, engine, key, want, fields, config_path)
+        if msg:
+            return None, [msg]
+    return cse.convert_shot_encoder(_sub(engine, p, strip=False), cfg), []
+
+
+def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
+    from animegamer_jax.convert import cogvideox_vae as cv
+    from animegamer_jax.models.cogvideox_vae import VAEConfig
+
+    cfg = VAEConfig.from_config(config.vae)
+    if files.vae:
+        file, sd = files.vae, load_torch_lazy(files.vae)
+    elif any(k.startswith("first_stage_model.") for k in engine):
+        file, sd = files.engine, _sub(engine, "first_stage_model.")
+    else:
+        return None, [f"{os.path.join(files.src, VAE_FILE)}: file not found and {files.engine} has no "
+                      f"first_stage_model.* keys. Fix: put the release's 3d-vae.pt there"]
+    rev0 = cfg.block_out_channels[-1]
+    msg = _size_check(file, sd, "decoder.conv_in.conv.weight", (rev0, cfg.latent_channels, 3, 3, 3),
+                      "vae.block_out_channels[-1], vae.latent_channels", config_path)
+    if msg:
+        return None, [msg]
+    return cv.sat_to_state(_keep(sd), cfg), [], file
+
+
+def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
+    from animegamer_jax.convert import t5 as ct5
+    from animegamer_jax.models.t5 import T5Config
+
+    cfg = T5Config.from_config(config.t5)
+    p = "conditioner.embedders.0.transformer."
+    if any(k.startswith(p) for k in engine):
+        file, sd = files.engine, _sub(engine, p)
+    elif files.t5:
+        file, sd = files.t5, load_folder_lazy(files.t5)
+    else:
+        return None, [f"{files.engine}: no {p}* keys and {os.path.join(files.src, T5_DIR)} is absent. "
+                      f"Fix: put the google/t5-v1_1-xxl folder there"], None
+    emb = "shared.weight" if "shared.weight" in sd else "encoder.embed_tokens.weight"
+    msg = _size_check(file, sd, emb, (cfg.vocab_size, cfg.d_model), "t5.vocab_size, t5.d_model", config_path)
+    if msg:
+        return None, [msg], file
+    return ct5.convert_t5(_keep(sd), cfg), [], file
+
+
+def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
+    from animegamer_jax.convert import clip as cc
+    from animegamer_jax.models.clip import CLIPConfig
+
+    cfg = CLIPConfig.from_config(config.clip)
+    p = "clip_img_encoder.model."
+    sd = _sub(engine, p)
+    file = files.engine
+    if files.clip:
+        full = load_torch_lazy(files.clip)
+        if not sd:
+            sd, file = full, files.clip
+        else:  # the engine deletes the text transformer; the rest is bit-for-bit the standalone file's
+            sd.update({k: v for k, v in full.items() if k.startswith("transformer.")})
+            file = f"{files.engine} + {files.clip}"
+    elif not sd:
+        return None, [f"{files.engine}: no {p}* keys and {os.path.join(files.src, CLIP_FILE)} is absent. "
+                      f"Fix: put the OpenCLIP ViT-B-16 laion2b_s34b_b88k open_clip_pytorch_model.bin there"], None
+    if not any(k.startswith("transformer.") for k in sd):
+        return None, [f"{os.path.join(files.src, CLIP_FILE)}: file not found; the engine's CLIP has no text "
+                      f"tower (transformer.resblocks.*). Fix: put the OpenCLIP file there"], file
+    msg = _size_check(file, sd, "visual.conv1.weight",
+                      (cfg.vision_width, 3, cfg.patch_size, cfg.patch_size), "clip.vision_width, clip.patch_size", config_path)
+    if msg:
+        return None, [msg], file
+    return cc.convert_clip(sd, cfg), [], file
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing
+# ----------------------------------------------------------------------------------------------
+def _assemble(parts_dir: str, names: list[str], out_dir: str, config, counts: dict[str, int]) -> None:
+    """Moves the per-component orbax items under one composite checkpoint (the save_system layout)."""
+    from animegamer_jax import system_checkpoint as sc
+
+    os.makedirs(out_dir)
+    handlers: dict[str, str] = {}
+    meta: dict[str, Any] = {}
+    for n in names:
+        part = os.path.join(parts_dir, n)
+        os.rename(os.path.join(part, n), os.path.join(out_dir, n))
+        with open(os.path.join(part, "_CHECKPOINT_METADATA"), encoding="utf-8") as f:
+            meta = json.load(f)
+        handlers.update(meta.get("item_handlers", {}))
+        if not os.path.exists(os.path.join(out_dir, "config")):
+            os.rename(os.path.join(part, "config"), os.path.join(out_dir, "config"))
+            os.rename(os.path.join(part, "manifest"), os.path.join(out_dir, "manifest"))
+    manifest = {"format": sc.FORMAT_VERSION, "components": sorted(names), "param_counts": counts}
+    with open(os.path.join(out_dir, "manifest", "metadata"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f)
+    meta["item_handlers"] = handlers
+    meta["commit_timestamp_nsecs"] = time.time_ns()
+    with open(os.path.join(out_dir, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    with open(os.path.join(out_dir, "commit_success.txt"), "w", encoding="utf-8") as f:
+        f.write(f"Checkpoint commit was successful to {out_dir}")
+
+
+COMPONENT_ORDER = ("shot_encoder", "clip", "vae", "t5", "dit", "mllm")
+
+
+def convert_release(src: str, dst: str, config, *, config_path: str = "", character: str | None = None,
+                    log: Callable[[str], None] = print) -> dict[str, int]:
+    """Converts a release download at ``src`` into one system checkpoint at ``dst``.
+
+    Args:
+      src: the release's ``checkpoints/`` folder (module docstring layout).
+      dst: the new system checkpoint directory (must not exist).
+      config: the ml_collections config whose sizes the weights must have (saved in the checkpoint).
+      config_path: shown in messages.
+      character: the ``<Character>`` of ``MLLM-<Character>`` / ``VDM_Decoder-<Character>`` when SRC
+        holds several.
+      log: progress sink.
+
+    Returns:
+      ``{component: parameter count}`` as written to the manifest.
+
+    Raises:
+      ReleaseError: every problem found, one line each; nothing is left at ``dst``.
+    """
+    import jax
+
+    from animegamer_jax import system_checkpoint as sc
+
+    dst = os.path.abspath(dst)
+    if os.path.exists(dst):
+        raise ReleaseError([f"{dst}: already exists. Fix: pass a new DST (this command never overwrites)"])
+    files = locate(src, character)
+    parent = os.path.dirname(dst)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.partial-", dir=parent)
+    problems: list[str] = []
+    counts: dict[str, int] = {}
+    written: list[str] = []
+    try:
+        try:
+            engine = load_torch_lazy(files.engine)
+        except ReleaseError as e:
+            problems += e.problems
+            engine = None
+        if engine is not None:
+            problems += _engine_check(files, engine)
+        for name in COMPONENT_ORDER:
+            t0 = time.perf_counter()
+            file = files.mllm if name == "mllm" else files.engine
+            try:
+                if name == "mllm":
+                    state, errs = _mllm(files, config, config_path)
+                elif engine is None:
+                    continue
+                else:
+                    out = {"dit": _dit, "shot_encoder": _shot_encoder, "vae": _vae, "t5": _t5,
+                           "clip": _clip}[name](files, engine, config, config_path)
+                    state, errs = out[0], out[1]
+                    if len(out) > 2 and out[2]:
+                        file = out[2]
+            except ReleaseError as e:
+                problems += e.problems
+                continue
+            except ValueError as e:  # the converters' ConversionError / VAECheckpointError
+                problems.append(f"{file}: {name}: {one_line(e)[:4000]}. Fix: use the release file for this "
+                                f"component, unmodified, with the config of its sizes")
+                continue
+            problems += errs
+            if state is None or problems:
+                continue
+            counts[name] = sc.count_params(state)
+            sc.save_system(os.path.join(tmp, "parts", name), {name: state}, config)
+            written.append(name)
+            del state
+            jax.clear_caches()
+            shown = " + ".join(os.path.relpath(f, files.src) for f in file.split(" + "))
+            log(f"{name}: {counts[name]:,} parameters from {shown} ({time.perf_counter() - t0:.1f} s)")
+        if problems:
+            raise ReleaseError(problems)
+        final = os.path.join(tmp, "system")
+        _assemble(os.path.join(tmp, "parts"), written, final, config, counts)
+        os.rename(final, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert release SRC DST [--config F] [--character NAME]``.
+
+    SRC is the release's ``checkpoints/`` folder (layout in the module docstring); DST a new system
+    checkpoint that ``play --checkpoint``, ``generate``, ``eval`` and
+    ``train --config.train.init_checkpoint`` read. Exit status 1 with one line per problem.
+    """
+    import argparse
+    import sys
+
+    from animegamer_jax.config import load_config
+
+    p = argparse.ArgumentParser(prog="python -m animegamer_jax.convert release",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", help="the release's checkpoints/ folder")
+    p.add_argument("dst", help="new system checkpoint directory (must not exist)")
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="config with the sizes of the weights (default: paper size)")
+    p.add_argument("--character", default=None, help="MLLM-<NAME> / VDM_Decoder-<NAME> when SRC holds several")
+    a = p.parse_args(argv)
+    config = load_config(a.config)
+    t0 = time.perf_counter()
+    try:
+        counts = convert_release(a.src, a.dst, config, config_path=a.config, character=a.character)
+    except ReleaseError as e:
+        for line in e.problems:
+            print(f"error: {line}", file=sys.stderr)
+        print(f"nothing written at {os.path.abspath(a.dst)}", file=sys.stderr)
+        return 1
+    print(f"wrote {os.path.abspath(a.dst)}: {', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))} parameters "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
