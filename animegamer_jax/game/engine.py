@@ -54,10 +54,14 @@ class GameSystem:
       mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
         :func:`animegamer_jax.game.state.stack_inputs` output (ids, attention_mask, cmp_mask,
         gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
-      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2]) -> latents
-        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise.
+      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None) -> latents
+        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
+        given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
       decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
+      parse_states: optional host function ``ids int [B, T] -> states int32 [B, 4]``; when set,
+        ``mllm`` returns generated ids instead of states (reference mode's free decoding + the
+        release's text parser, game/reference.py).
     """
 
     params: Any
@@ -65,6 +69,7 @@ class GameSystem:
     sample: Callable[..., jax.Array]
     decode: Callable[..., jax.Array]
     label: str
+    parse_states: Callable[[np.ndarray], np.ndarray] | None = None
 
 
 def apply_mode(config):
@@ -219,7 +224,7 @@ class GameEngine:
         return GameRun(self.spec, self.rep_dim, Meters(*(int(self.config.game.meter_start),) * 3))
 
     def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
-             turn_index: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+             turn_index: Sequence[int], noise: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
 
         Args:
@@ -227,6 +232,8 @@ class GameEngine:
           seeds: per row, the game seed.
           current_ids: per row, the current instruction ids.
           turn_index: per row, the turn number k (selects the PRNG key).
+          noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
+            replacing the keys' draws (e.g. a recorded release run, game/reference.py).
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
@@ -235,8 +242,11 @@ class GameEngine:
         inputs = [run.next_input(ids) for run, ids in zip(runs, current_ids)]
         batch = self._shard(stack_inputs(inputs))
         (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
+        if self.system.parse_states is not None:  # generated ids -> states on the host
+            states = self._shard(self.system.parse_states(np.asarray(jax.device_get(states))))
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
-        latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys)
+        extra = () if noise is None else (self._shard(noise),)
+        latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys, *extra)
         frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
         states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
         return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae}
