@@ -91,11 +91,11 @@ def tolerances(case_path: str) -> dict[str, tuple[float, str]]:
     return out
 
 
-def check_release(dst: str, case_path: str, log: Callable[[str], None] = print) -> list[Stage]:
-    """Plays the case's turn on the system at ``dst`` and compares every stage (module docstring).
+def reference_engine(dst: str):
+    """A :class:`~animegamer_jax.game.engine.GameEngine` on one device playing the system at ``dst``
+    in ``reference`` mode (the config saved in the checkpoint, float32 matmuls at highest precision).
 
     Raises:
-      FileNotFoundError: the case file is missing.
       animegamer_jax.game.system.CheckpointError: ``dst`` is not a loadable system checkpoint.
     """
     import jax
@@ -103,21 +103,43 @@ def check_release(dst: str, case_path: str, log: Callable[[str], None] = print) 
     jax.config.update("jax_default_matmul_precision", "highest")
     from animegamer_jax import parallel
     from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax.game.engine import GameEngine
+    from animegamer_jax.game.system import CheckpointError, load_game_system
+
+    try:
+        config = sc.load_config(dst)
+    except sc.SystemCheckpointError as e:
+        raise CheckpointError(f"{dst}: {e}. Fix: pass the DST written by `convert release`") from None
+    config.game.mode = "reference"
+    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+    return GameEngine(config, load_game_system(dst, config, mesh=mesh), mesh=mesh)
+
+
+def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None] = print) -> list[Stage]:
+    """Plays the case's turn on a converted system and compares every stage (module docstring).
+
+    Args:
+      dst_or_engine: the system checkpoint directory, or an engine from :func:`reference_engine`
+        (reused across cases: the stages compile once).
+      case_path: ``cases/<name>.npz``; its ``.json`` sidecar gives the instruction.
+
+    Raises:
+      FileNotFoundError: the case file is missing.
+      animegamer_jax.game.system.CheckpointError: ``dst`` is not a loadable system checkpoint.
+    """
+    import jax
+
     from animegamer_jax.game import reference
-    from animegamer_jax.game.engine import GameEngine, flow_value, turn_key
+    from animegamer_jax.game.engine import flow_value, turn_key
     from animegamer_jax.game.state import encode_instruction, stack_inputs
-    from animegamer_jax.game.system import load_game_system
 
     if not os.path.isfile(case_path):
         raise FileNotFoundError(f"{case_path}: case file not found. Fix: pass a cases/*.npz of the fixture")
     rec = dict(np.load(case_path))
     with open(os.path.splitext(case_path)[0] + ".json", encoding="utf-8") as f:
         meta = json.load(f)
-    config = sc.load_config(dst)
-    config.game.mode = "reference"
-    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    system = load_game_system(dst, config, mesh=mesh)
-    engine = GameEngine(config, system, mesh=mesh)
+    engine = reference_engine(dst_or_engine) if isinstance(dst_or_engine, (str, os.PathLike)) else dst_or_engine
+    config = engine.config
     tols = tolerances(case_path)
     stages: list[Stage] = []
 

@@ -270,6 +270,19 @@ def _layer_count(sd: Mapping[str, Any], pattern: str) -> int:
 # ----------------------------------------------------------------------------------------------
 # Components
 # ----------------------------------------------------------------------------------------------
+FIX_KEYS = "use the release file for this component, unmodified, with the config of its sizes"
+
+
+def _run(file: str, name: str, fn: Callable[[], Any]) -> Any:
+    """Runs one single-network converter; its ConversionError becomes a one-line ReleaseError naming ``file``."""
+    try:
+        return fn()
+    except ReleaseError:
+        raise
+    except ValueError as e:  # the converters' ConversionError / VAECheckpointError
+        raise ReleaseError([f"{file}: {name}: {one_line(e)[:4000]}. Fix: {FIX_KEYS}"]) from None
+
+
 def _sub(sd: Mapping[str, Any], prefix: str, strip: bool = True) -> dict[str, Any]:
     return {(k[len(prefix):] if strip else k): v for k, v in sd.items() if k.startswith(prefix)}
 
@@ -297,7 +310,7 @@ def _mllm(files: ReleaseFiles, config, config_path: str):
     if n and n != m.num_layers:
         return None, [f"{files.mllm}: holds {n} decoder layers (keys ...layers.0..{n - 1}...) but config "
                       f"{config_path} has mllm.num_layers={m.num_layers}. Fix: pass --config with the sizes of this release"]
-    llm_sd, rest = am.normalize_peft_keys(sd)
+    llm_sd, rest = _run(files.mllm, "mllm", lambda: am.normalize_peft_keys(sd))
     base_missing = "model.layers.0.self_attn.q_proj.weight" not in llm_sd
     if base_missing:
         if not files.mistral:
@@ -306,7 +319,7 @@ def _mllm(files: ReleaseFiles, config, config_path: str):
                           f"the Mistral-7B-Instruct-v0.1 folder there"]
         am.add_base_weights(sd, load_folder_lazy(files.mistral))
     cfg = MLLMConfig.from_config(config, lora_rank=0)
-    cfg, state = am.convert_animegamer_mllm(sd, cfg, lora_alpha=m.lora_alpha)
+    cfg, state = _run(files.mllm, "mllm", lambda: am.convert_animegamer_mllm(sd, cfg, lora_alpha=m.lora_alpha))
     if cfg.llm.lora_rank != m.lora_rank:
         return None, [f"{files.mllm}: LoRA rank {cfg.llm.lora_rank} (lora_A.default.weight rows) but config "
                       f"{config_path} has mllm.lora_rank={m.lora_rank}. Fix: set mllm.lora_rank={cfg.llm.lora_rank}"]
@@ -348,8 +361,8 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
         return None, [f"{files.engine}: holds {n} DiT layers (model.diffusion_model.transformer.layers.N) but config "
                       f"{config_path} has dit.num_layers={cfg.num_layers}. Fix: pass --config with the sizes of this release"]
     sd = _keep(_sub(engine, p, strip=False))
-    params, _extras = cd.from_sat(sd, cfg)
-    return cd.params_to_state(cfg, params), []
+    params, _extras = _run(files.engine, "dit", lambda: cd.from_sat(sd, cfg))
+    return _run(files.engine, "dit", lambda: cd.params_to_state(cfg, params)), []
 
 
 def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
@@ -365,7 +378,7 @@ def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config
         msg = _size_check(files.engine, engine, key, want, fields, config_path)
         if msg:
             return None, [msg]
-    return cse.convert_shot_encoder(_sub(engine, p, strip=False), cfg), []
+    return _run(files.engine, "shot_encoder", lambda: cse.convert_shot_encoder(_sub(engine, p, strip=False), cfg)), []
 
 
 def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
@@ -385,7 +398,7 @@ def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
                       "vae.block_out_channels[-1], vae.latent_channels", config_path)
     if msg:
         return None, [msg]
-    return cv.sat_to_state(_keep(sd), cfg), [], file
+    return _run(file, "vae", lambda: cv.sat_to_state(_keep(sd), cfg)), [], file
 
 
 def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
@@ -405,7 +418,7 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
     msg = _size_check(file, sd, emb, (cfg.vocab_size, cfg.d_model), "t5.vocab_size, t5.d_model", config_path)
     if msg:
         return None, [msg], file
-    return ct5.convert_t5(_keep(sd), cfg), [], file
+    return _run(file, "t5", lambda: ct5.convert_t5(_keep(sd), cfg)), [], file
 
 
 def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
@@ -433,7 +446,7 @@ def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: s
                       (cfg.vision_width, 3, cfg.patch_size, cfg.patch_size), "clip.vision_width, clip.patch_size", config_path)
     if msg:
         return None, [msg], file
-    return cc.convert_clip(sd, cfg), [], file
+    return _run(file, "clip", lambda: cc.convert_clip(sd, cfg)), [], file
 
 
 # ----------------------------------------------------------------------------------------------
@@ -526,10 +539,6 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
                         file = out[2]
             except ReleaseError as e:
                 problems += e.problems
-                continue
-            except ValueError as e:  # the converters' ConversionError / VAECheckpointError
-                problems.append(f"{file}: {name}: {one_line(e)[:4000]}. Fix: use the release file for this "
-                                f"component, unmodified, with the config of its sizes")
                 continue
             problems += errs
             if state is None or problems:
