@@ -49,6 +49,7 @@ def test_convert_release_writes_one_system_checkpoint(converted):
     assert not [p for p in os.listdir(os.path.dirname(converted)) if ".partial-" in p]
 
 
+@pytest.mark.slow
 def test_check_release_both_cases(converted, capsys):
     from animegamer_jax.convert import check_release as cr
 

@@ -71,7 +71,7 @@ DROPPED = {
     r"^loss\.": "VAE training loss (the release loader drops it: ignore_keys ['loss'])",
     r"rotary_emb\.inv_freq$": "RoPE buffer, recomputed",
 }
-DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "animegamer_2b_7b.py")
+DEFAULT_CONFIG = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "configs", "animegamer_2b_7b.py"))
 MLLM_GLOB = "AnimeGamer/MLLM-*/pytorch_model.bin"
 DECODER_GLOB = "AnimeGamer/VDM_Decoder-*"
 VAE_FILE = "vae/3d-vae.pt"
