@@ -32,10 +32,12 @@ Keys dropped on purpose (see :data:`DROPPED`): the peft ``original_module`` norm
 ``output_mix_layer_norm``, the VAE ``loss.*`` entries, and DeepSpeed bookkeeping beside ``module``.
 
 Reads are lazy: torch files are memory-mapped (``torch.load(mmap=True)``) and safetensors are
-opened with ``safe_open``, so a tensor is paged in only when its converter reads it. Components are
-converted and written one at a time (peak memory is about one converted component), each as an
-orbax item, into a temporary sibling of DST that is renamed to DST only when every component is
-written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
+opened with ``safe_open``, so a tensor is paged in only when its converter reads it, and the pages
+are dropped again after each written group (:func:`drop_file_pages`). The MLLM and the DiT are
+converted and written one leaf / one layer of a leaf at a time (``mistral.mistral_leaves``,
+``cogvideox_dit.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
+component at a time. Everything goes into a temporary sibling of DST that is renamed to DST only
+when every component is written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
 missing / unexpected / mis-shaped key, config whose sizes do not match) is collected first and
 reported together, one line each, naming the file, the key and the fix.
 """
@@ -292,10 +294,10 @@ def _keep(sd: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _mllm(files: ReleaseFiles, config, config_path: str):
-    from flax import nnx  # noqa: F401
+    from flax import nnx
 
     from animegamer_jax.convert import animegamer_mllm as am
-    from animegamer_jax.models.mllm import MLLMConfig
+    from animegamer_jax.models.mllm import GameStateMLLM, MLLMConfig
 
     m = config.mllm
     sd = load_torch_lazy(files.mllm)
@@ -319,14 +321,16 @@ def _mllm(files: ReleaseFiles, config, config_path: str):
                           f"the Mistral-7B-Instruct-v0.1 folder there"]
         am.add_base_weights(sd, load_folder_lazy(files.mistral))
     cfg = MLLMConfig.from_config(config, lora_rank=0)
-    cfg, state = _run(files.mllm, "mllm", lambda: am.convert_animegamer_mllm(sd, cfg, lora_alpha=m.lora_alpha))
+    cfg, leaves = _run(files.mllm, "mllm", lambda: am.animegamer_mllm_leaves(sd, cfg, lora_alpha=m.lora_alpha))
     if cfg.llm.lora_rank != m.lora_rank:
         return None, [f"{files.mllm}: LoRA rank {cfg.llm.lora_rank} (lora_A.default.weight rows) but config "
                       f"{config_path} has mllm.lora_rank={m.lora_rank}. Fix: set mllm.lora_rank={cfg.llm.lora_rank}"]
     if tuple(cfg.llm.lora_targets) != tuple(sorted(m.lora_targets)) and set(cfg.llm.lora_targets) != set(m.lora_targets):
         return None, [f"{files.mllm}: LoRA on {list(cfg.llm.lora_targets)} but config mllm.lora_targets="
                       f"{list(m.lora_targets)}. Fix: set mllm.lora_targets to the modules the file has"]
-    return state, []
+    abstract = nnx.state(nnx.eval_shape(lambda: GameStateMLLM(cfg, rngs=nnx.Rngs(0))))
+    want = _check_leaves(files.mllm, "mllm", abstract, leaves)
+    return _LeafJob("mllm", want, leaves, [files.mllm] + ([files.mistral] if base_missing else [])), []
 
 
 def _engine_check(files: ReleaseFiles, engine: Mapping[str, Any]) -> list[str]:
@@ -342,7 +346,8 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
     from flax import nnx
 
     from animegamer_jax.convert import cogvideox_dit as cd
-    from animegamer_jax.models.cogvideox_dit import DiTConfig
+    from animegamer_jax.convert.mistral import Leaf
+    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
 
     d = config.dit
     nq = int(config.rep.num_text_tokens + config.rep.num_image_tokens)
@@ -361,8 +366,15 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
         return None, [f"{files.engine}: holds {n} DiT layers (model.diffusion_model.transformer.layers.N) but config "
                       f"{config_path} has dit.num_layers={cfg.num_layers}. Fix: pass --config with the sizes of this release"]
     sd = _keep(_sub(engine, p, strip=False))
-    params, _extras = _run(files.engine, "dit", lambda: cd.from_sat(sd, cfg))
-    return _run(files.engine, "dit", lambda: cd.params_to_state(cfg, params)), []
+    sd, _extras, rank = _run(files.engine, "dit", lambda: cd.sat_prepare(sd, cfg))
+    top = _run(files.engine, "dit", lambda: cd.sat_top_level(sd, cfg))
+    layer0 = _run(files.engine, "dit", lambda: cd.sat_layer(sd, cfg, rank, 0))
+    leaves: dict[tuple, Any] = dict(top)
+    for k, v in layer0.items():
+        leaves[("blocks", k)] = Leaf(None, v.shape, cfg.num_layers)
+    abstract = nnx.state(nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0))))
+    want = _check_leaves(files.engine, "dit", abstract, leaves)
+    return _DiTJob(want, top, sd, cfg, rank, [files.engine]), []
 
 
 def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
@@ -450,35 +462,120 @@ def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: s
 
 
 # ----------------------------------------------------------------------------------------------
+# Streaming jobs: checked before anything is written, then written leaf by leaf / layer by layer
+# ----------------------------------------------------------------------------------------------
+def _key(path: tuple) -> tuple[str, ...]:
+    return tuple(str(getattr(p, "key", p)) for p in path)
+
+
+def _check_leaves(file: str, name: str, abstract, leaves: Mapping[tuple, Any]) -> dict[tuple, tuple]:
+    """Checks converted leaves against the module's abstract state; returns ``{path: (shape, dtype)}``.
+
+    Raises:
+      ReleaseError: missing / unexpected / mis-shaped parameters (one line, naming ``file``).
+    """
+    from flax import nnx
+
+    from animegamer_jax.convert.mistral import Leaf
+
+    want = {_key(p): (tuple(v.get_raw_value().shape), v.get_raw_value().dtype) for p, v in nnx.to_flat_state(abstract)}
+    got = {_key(p): ((v.layers,) + v.shape if v.layers else v.shape) if isinstance(v, Leaf) else tuple(np.shape(v))
+           for p, v in leaves.items()}
+    missing = sorted("/".join(p) for p in want if p not in got)
+    extra = sorted("/".join(p) for p in got if p not in want)
+    bad = sorted(f"{'/'.join(p)}: got {got[p]}, model expects {want[p][0]}" for p in want if p in got and got[p] != want[p][0])
+    if missing or extra or bad:
+        raise ReleaseError([f"{file}: {name}: converted parameters do not match the model: missing {missing[:20]}, "
+                            f"unexpected {extra[:20]}, mis-shaped {bad[:20]}. Fix: {FIX_KEYS}"])
+    return want
+
+
+def drop_file_pages(paths: list[str]) -> None:
+    """Drops the resident pages of this process's read-only mappings of ``paths`` (Linux).
+
+    The memory-mapped source files are read once, leaf by leaf; without this their clean file pages
+    stay in the process's resident set. Pages are re-read from the file if touched again.
+    """
+    import ctypes
+
+    real = {os.path.realpath(p) for p in paths if p and os.path.isfile(p)}
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            lines = f.readlines()
+    except OSError:
+        return
+    for line in lines:
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and parts[5].strip() in real and "w" not in parts[1]:
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+
+
+class _StateJob:
+    """A converted (small) component: every leaf written whole."""
+
+    def __init__(self, name: str, state, sources: list[str]):
+        self.name, self.state, self.sources = name, state, sources
+
+    def write(self, writer) -> None:
+        writer.add_state(self.name, self.state)
+        writer.wait()
+        self.state = None
+        drop_file_pages(self.sources)
+
+
+class _LeafJob:
+    """Lazy leaves (``mistral.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
+
+    def __init__(self, name: str, want: dict, leaves: dict, sources: list[str]):
+        self.name, self.want, self.leaves, self.sources = name, want, leaves, sources
+
+    def write(self, writer) -> None:
+        from animegamer_jax.convert.mistral import Leaf
+
+        for path, leaf in self.leaves.items():
+            shape, dtype = self.want[_key(path)]
+            if isinstance(leaf, Leaf) and leaf.layers:
+                put = writer.stacked(self.name, _key(path), shape, dtype)
+                for i in range(leaf.layers):
+                    put(i, leaf.fn(i))
+                    drop_file_pages(self.sources)
+            else:
+                value = leaf.fn() if isinstance(leaf, Leaf) else leaf
+                writer.add(self.name, _key(path), np.asarray(value).astype(dtype))
+                writer.wait()
+                drop_file_pages(self.sources)
+        self.leaves = {}
+
+
+class _DiTJob:
+    """The DiT: top-level leaves whole, the block leaves layer by layer (``sat_layer``)."""
+
+    def __init__(self, want: dict, top: dict, sd, cfg, rank: int, sources: list[str]):
+        self.want, self.top, self.sd, self.cfg, self.rank, self.sources = want, top, sd, cfg, rank, sources
+
+    def write(self, writer) -> None:
+        from animegamer_jax.convert import cogvideox_dit as cd
+
+        for path, v in self.top.items():
+            writer.add("dit", _key(path), np.asarray(v).astype(self.want[_key(path)][1]))
+        writer.wait()
+        puts = {}
+        for l in range(self.cfg.num_layers):
+            layer = cd.sat_layer(self.sd, self.cfg, self.rank, l)
+            for k, v in layer.items():
+                if k not in puts:
+                    shape, dtype = self.want[("blocks", k)]
+                    puts[k] = writer.stacked("dit", ("blocks", k), shape, dtype)
+                puts[k](l, v)
+            del layer
+            drop_file_pages(self.sources)
+
+
+# ----------------------------------------------------------------------------------------------
 # Writing
 # ----------------------------------------------------------------------------------------------
-def _assemble(parts_dir: str, names: list[str], out_dir: str, config, counts: dict[str, int]) -> None:
-    """Moves the per-component orbax items under one composite checkpoint (the save_system layout)."""
-    from animegamer_jax import system_checkpoint as sc
-
-    os.makedirs(out_dir)
-    handlers: dict[str, str] = {}
-    meta: dict[str, Any] = {}
-    for n in names:
-        part = os.path.join(parts_dir, n)
-        os.rename(os.path.join(part, n), os.path.join(out_dir, n))
-        with open(os.path.join(part, "_CHECKPOINT_METADATA"), encoding="utf-8") as f:
-            meta = json.load(f)
-        handlers.update(meta.get("item_handlers", {}))
-        if not os.path.exists(os.path.join(out_dir, "config")):
-            os.rename(os.path.join(part, "config"), os.path.join(out_dir, "config"))
-            os.rename(os.path.join(part, "manifest"), os.path.join(out_dir, "manifest"))
-    manifest = {"format": sc.FORMAT_VERSION, "components": sorted(names), "param_counts": counts}
-    with open(os.path.join(out_dir, "manifest", "metadata"), "w", encoding="utf-8") as f:
-        json.dump(manifest, f)
-    meta["item_handlers"] = handlers
-    meta["commit_timestamp_nsecs"] = time.time_ns()
-    with open(os.path.join(out_dir, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
-        json.dump(meta, f)
-    with open(os.path.join(out_dir, "commit_success.txt"), "w", encoding="utf-8") as f:
-        f.write(f"Checkpoint commit was successful to {out_dir}")
-
-
 COMPONENT_ORDER = ("shot_encoder", "clip", "vae", "t5", "dit", "mllm")
 
 
@@ -513,8 +610,6 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.partial-", dir=parent)
     problems: list[str] = []
-    counts: dict[str, int] = {}
-    written: list[str] = []
     try:
         try:
             engine = load_torch_lazy(files.engine)
@@ -523,38 +618,40 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
             engine = None
         if engine is not None:
             problems += _engine_check(files, engine)
+        writer = sc.SystemWriter(os.path.join(tmp, "system"), config)
         for name in COMPONENT_ORDER:
             t0 = time.perf_counter()
             file = files.mllm if name == "mllm" else files.engine
             try:
                 if name == "mllm":
-                    state, errs = _mllm(files, config, config_path)
+                    job, errs = _mllm(files, config, config_path)
                 elif engine is None:
                     continue
                 else:
                     out = {"dit": _dit, "shot_encoder": _shot_encoder, "vae": _vae, "t5": _t5,
                            "clip": _clip}[name](files, engine, config, config_path)
-                    state, errs = out[0], out[1]
+                    job, errs = out[0], out[1]
                     if len(out) > 2 and out[2]:
                         file = out[2]
             except ReleaseError as e:
                 problems += e.problems
                 continue
             problems += errs
-            if state is None or problems:
+            if job is None or problems:  # keep checking the rest; write nothing more
                 continue
-            counts[name] = sc.count_params(state)
-            sc.save_system(os.path.join(tmp, "parts", name), {name: state}, config)
-            written.append(name)
-            del state
+            if not hasattr(job, "write"):
+                job = _StateJob(name, job, [f for f in file.split(" + ")])
+            job.write(writer)  # into the temporary directory; discarded on any later problem
+            del job
             jax.clear_caches()
             shown = " + ".join(os.path.relpath(f, files.src) for f in file.split(" + "))
-            log(f"{name}: {counts[name]:,} parameters from {shown} ({time.perf_counter() - t0:.1f} s)")
+            log(f"{name}: {writer.counts.get(name, 0):,} parameters from {shown} ({time.perf_counter() - t0:.1f} s)")
         if problems:
             raise ReleaseError(problems)
-        final = os.path.join(tmp, "system")
-        _assemble(os.path.join(tmp, "parts"), written, final, config, counts)
-        os.rename(final, dst)
+        writer.finish()
+        sc.read_manifest(writer.directory)
+        os.rename(writer.directory, dst)
+        counts = dict(writer.counts)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return counts
