@@ -4,9 +4,11 @@ Builds, in a scratch folder, a copy of the tiny release fixture (../shared/fixtu
 whose engine file ``mp_rank_00_model_states.pt`` holds a DiT at paper width (hidden 1920, 30 heads,
 CogVideoX-2B blocks + AnimeGamer LoRA r64 and flow embedding) with as many layers as make the file
 ``--gb`` gigabytes (default 8; each paper-width layer is ~0.24 GB in float32), plus the fixture's
-own T5 / CLIP / VAE prefixes. The tensors are written from a file-backed, sparse torch storage, so
-building the file needs no RAM. Then it runs ``convert release`` in a child process and prints the
-child's peak RSS (``ru_maxrss``) and wall time, and deletes everything it wrote.
+own T5 / CLIP / VAE prefixes. The tensors are slices of one file-backed torch storage, so
+building the file needs little RAM. Then it runs ``convert release`` in a child process and prints the
+child's peak RSS (``ru_maxrss``, which counts resident pages of the memory-mapped source file too)
+and wall time, and deletes everything it wrote. The values are random (a repeated 64 MiB block)
+so the zstd-compressed output is as large as real weights.
 
   nice -n 10 .venv/bin/python benchmarks/release_convert_bench.py --gb 8 --scratch /tmp/relbench
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def main() -> None:
     ap.add_argument("--scratch", default="/tmp/release_convert_bench")
     a = ap.parse_args()
     import jax
+    import numpy as np
     import torch
 
     assert jax.default_backend() == "cpu", jax.default_backend()
@@ -57,11 +59,14 @@ def main() -> None:
         cfg = DiTConfig.from_config(paper.dit, text_length=226)
         shapes = sat_expected_shapes(cfg, 64)
         total = sum(int(torch.Size(s).numel()) for s in shapes.values())
-        # a sparse file backs every tensor: zeros, no RAM
-        backing = os.path.join(a.scratch, "zeros.bin")
+        # one file-backed storage backs every tensor (each its own slice): little RAM
+        backing = os.path.join(a.scratch, "backing.bin")
         nbytes = 4 * (total + 17_000_000)  # + the paper-width E_a
-        with open(backing, "wb") as f:
-            f.truncate(nbytes)
+        block = (np.random.default_rng(0).standard_normal(16 << 20, dtype=np.float32) * 0.02).tobytes()
+        with open(backing, "wb") as f:  # random values (zstd cannot shrink them), a 64 MiB block repeated
+            for _ in range(nbytes // len(block)):
+                f.write(block)
+            f.write(block[: nbytes % len(block)])
         store = torch.UntypedStorage.from_file(backing, shared=False, nbytes=nbytes)
         base = torch.tensor([], dtype=torch.float32).set_(store)  # one storage; each tensor its own slice
         src = os.path.join(a.scratch, "release")
@@ -119,10 +124,17 @@ def main() -> None:
         dst = os.path.join(a.scratch, "system")
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + a.scratch)
         t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "animegamer_jax.convert", "release", src, dst, "--config", cfg_py],
-                           cwd=ROOT, env=env)
+        # The child reports its own VmHWM (peak RSS of its address space since exec): ru_maxrss of a
+        # forked child also counts the parent's pages it held before exec.
+        code = ("import sys; from animegamer_jax.convert.__main__ import main; rc = main(sys.argv[1:]); "
+                "st = dict(l.split(':', 1) for l in open('/proc/self/status')); "
+                "print('VMHWM', st['VmHWM'].strip(), flush=True); sys.exit(rc)")
+        r = subprocess.run([sys.executable, "-c", code, "release", src, dst, "--config", cfg_py],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1e6  # KiB -> GB
+        print(r.stdout + r.stderr, end="")
+        hwm = [l.split()[1] for l in r.stdout.splitlines() if l.startswith("VMHWM")]
+        peak = int(hwm[0]) / 1e6 if hwm else float("nan")  # kB -> GB
         print(f"convert release: exit {r.returncode}, wall {wall:.1f} s, peak RSS {peak:.2f} GB "
               f"(engine file {size / 1e9:.2f} GB; backend cpu)")
     finally:

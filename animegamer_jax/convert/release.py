@@ -414,8 +414,11 @@ def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
 
 
 def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
+    from flax import nnx
+
     from animegamer_jax.convert import t5 as ct5
-    from animegamer_jax.models.t5 import T5Config
+    from animegamer_jax.convert.mistral import Leaf
+    from animegamer_jax.models.t5 import T5Config, T5Encoder
 
     cfg = T5Config.from_config(config.t5)
     p = "conditioner.embedders.0.transformer."
@@ -430,7 +433,26 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
     msg = _size_check(file, sd, emb, (cfg.vocab_size, cfg.d_model), "t5.vocab_size, t5.d_model", config_path)
     if msg:
         return None, [msg], file
-    return _run(file, "t5", lambda: ct5.convert_t5(_keep(sd), cfg)), [], file
+    # streamed: T5-XXL is 4.7 B float32 parameters, converted one layer of one leaf at a time
+    values, r, prefix = _run(file, "t5", lambda: ct5.t5_leaves(_keep(sd), cfg))
+    missing, unexpected = sorted(set(r.missing)), r.unexpected()
+    shapes: dict[str, set] = {}
+    for k in r.used:
+        shapes.setdefault(re.sub(r"\.block\.\d+\.", ".block.N.", k), set()).add(tuple(np.shape(r.sd[k])))
+    uneven = sorted(k for k, v in shapes.items() if len(v) > 1)
+    if missing or unexpected or uneven:
+        return None, [f"{file}: t5: T5 encoder (prefix {prefix!r}) does not match: missing source keys {missing[:20]}, "
+                      f"unexpected source keys {unexpected[:20]}, layers of different shapes {uneven[:10]}. Fix: {FIX_KEYS}"], file
+    for path, leaf in values.items():  # one layer of each stacked leaf proves its source shapes
+        if isinstance(leaf, Leaf) and leaf.layers:
+            got = tuple(_run(file, "t5", lambda leaf=leaf: leaf.fn(0)).shape)
+            if got != leaf.shape:
+                return None, [f"{file}: t5: {'/'.join(map(str, path))} converts to {got} per layer, model expects "
+                              f"{leaf.shape}. Fix: {FIX_KEYS}"], file
+    abstract = nnx.state(nnx.eval_shape(lambda: T5Encoder(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    want = _check_leaves(file, "t5", abstract, values)
+    return _LeafJob("t5", want, values, [files.engine if file == files.engine else file]
+                    + sorted(glob.glob(os.path.join(files.t5 or "", "*.safetensors")))), [], file
 
 
 def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
@@ -491,7 +513,7 @@ def _check_leaves(file: str, name: str, abstract, leaves: Mapping[tuple, Any]) -
 
 
 def drop_file_pages(paths: list[str]) -> None:
-    """Drops the resident pages of this process's read-only mappings of ``paths`` (Linux).
+    """Drops the resident pages of this process's private mappings of ``paths`` (Linux).
 
     The memory-mapped source files are read once, leaf by leaf; without this their clean file pages
     stay in the process's resident set. Pages are re-read from the file if touched again.
@@ -507,7 +529,9 @@ def drop_file_pages(paths: list[str]) -> None:
         return
     for line in lines:
         parts = line.split(maxsplit=5)
-        if len(parts) == 6 and parts[5].strip() in real and "w" not in parts[1]:
+        # torch maps checkpoints MAP_PRIVATE (``rw-p``); the converters never write into source
+        # tensors, so every page there is a clean file page and dropping it loses nothing
+        if len(parts) == 6 and parts[5].strip() in real and parts[1].endswith("p"):
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
             libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
 
@@ -576,7 +600,7 @@ class _DiTJob:
 # ----------------------------------------------------------------------------------------------
 # Writing
 # ----------------------------------------------------------------------------------------------
-COMPONENT_ORDER = ("shot_encoder", "clip", "vae", "t5", "dit", "mllm")
+COMPONENT_ORDER = ("mllm", "dit", "shot_encoder", "t5", "clip", "vae")  # cheap lazy checks first
 
 
 def convert_release(src: str, dst: str, config, *, config_path: str = "", character: str | None = None,
