@@ -142,6 +142,18 @@ def test_truncated_file(tmp_path, capsys):
     assert len(lines) == 1 and ENGINE in lines[0] and "truncated" in lines[0] and "download" in lines[0]
 
 
+def test_pickled_bookkeeping_needs_allow_pickle(tmp_path, capsys):
+    import argparse
+
+    def add_args(path, out):  # DeepSpeed / SAT files can pickle Python objects beside 'module'
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+        obj["args"] = argparse.Namespace(seed=1234)
+        torch.save(obj, out)
+
+    lines = _fails(_copy_release(tmp_path, {ENGINE: add_args}), tmp_path, capsys)
+    assert len(lines) == 1 and ENGINE in lines[0] and "--allow-pickle" in lines[0] and "\x1b" not in lines[0]
+
+
 def test_config_sizes_do_not_match(tmp_path, capsys):
     # the paper-size default config against the tiny weights: one line per component, naming a key
     lines = _fails(RELEASE, tmp_path, capsys, config=os.path.join(ROOT, "configs", "animegamer_2b_7b.py"))

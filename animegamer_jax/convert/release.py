@@ -81,6 +81,8 @@ T5_DIR = "google/t5-v1_1-xxl"
 CLIP_FILE = "laion/CLIP-ViT-B-16-laion2B-s34B-b88K/open_clip_pytorch_model.bin"
 MISTRAL_DIR = "Mistral-7B-Instruct-v0.1"
 FIX_REDOWNLOAD = "download the file again and compare its size / SHA256 with the release"
+#: ``--allow-pickle``: read torch files with full pickle (``weights_only=False``); off by default
+ALLOW_PICKLE = False
 
 
 class ReleaseError(ValueError):
@@ -101,7 +103,7 @@ def dropped_reason(key: str) -> str | None:
 
 def one_line(msg: str) -> str:
     """A converter message on one line (newlines and runs of spaces folded)."""
-    return re.sub(r"\s+", " ", str(msg)).strip()
+    return re.sub(r"\s+", " ", re.sub(r"\x1b\[[0-9;]*m", "", str(msg))).strip()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,9 +156,15 @@ def load_torch_lazy(path: str) -> dict[str, Any]:
         raise ReleaseError([f"{path}: file not found. Fix: put the release file there (see the layout "
                             f"in `python -m animegamer_jax.convert release --help`)"])
     try:
-        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=not ALLOW_PICKLE)
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / pickle errors / EOFError
-        raise ReleaseError([f"{path}: cannot be read as a torch checkpoint ({one_line(e)[:200]}); the file "
+        msg = one_line(e)
+        if "weights_only" in msg or "Unsupported global" in msg:
+            # e.g. a DeepSpeed file whose bookkeeping beside 'module' pickles Python objects
+            raise ReleaseError([f"{path}: holds pickled Python objects beside the tensors ({msg[:160]}), which "
+                                f"the safe loader refuses. Fix: if you trust the file (the release's own), rerun "
+                                f"with --allow-pickle"]) from None
+        raise ReleaseError([f"{path}: cannot be read as a torch checkpoint ({msg[:200]}); the file "
                             f"is truncated or corrupt. Fix: {FIX_REDOWNLOAD}"]) from None
     for k in ("module", "state_dict"):
         if isinstance(obj, Mapping) and isinstance(obj.get(k), Mapping):
@@ -699,7 +707,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dst", help="new system checkpoint directory (must not exist)")
     p.add_argument("--config", default=DEFAULT_CONFIG, help="config with the sizes of the weights (default: paper size)")
     p.add_argument("--character", default=None, help="MLLM-<NAME> / VDM_Decoder-<NAME> when SRC holds several")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="read torch files with full pickle (only for files you trust, e.g. DeepSpeed files "
+                        "whose bookkeeping entries pickle Python objects)")
     a = p.parse_args(argv)
+    global ALLOW_PICKLE
+    ALLOW_PICKLE = bool(a.allow_pickle)
     config = load_config(a.config)
     t0 = time.perf_counter()
     try:
