@@ -34,8 +34,9 @@ from flax import nnx
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.engine import GameSystem, flow_value
+from animegamer_jax.models import cogvideox_dit as dit_lib
 from animegamer_jax.models import mistral as mst
-from animegamer_jax.models.mllm import hybrid_mask
+from animegamer_jax.models.mllm import hybrid_attention_mask
 
 #: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
 STATE_TOKENS = 10
@@ -61,7 +62,7 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int) -> tuple[jax.Array
     else:
         x = mllm.embed_inputs(ids, None, None)
     # pass B: hybrid mask, representation at read_idx
-    mask = hybrid_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
+    mask = hybrid_attention_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
     hidden = mllm.llm(inputs_embeds=x, attention_mask=mask, return_logits=False).hidden
     read = jnp.take_along_axis(hidden, batch["read_idx"][:, :, None], axis=1)
     rep = mllm.output_resampler(read).astype(jnp.float32)
@@ -111,13 +112,10 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     config = apply_mode(config)
     window = int(config.mllm.history_window)
     g_mllm, s_mllm = nnx.split(components["mllm"])
-    g_dit, s_dit = nnx.split(components["dit"])
+    # prepared once here, not per denoising step: LoRA merged, weights in the activation dtype
+    g_dit, s_dit = nnx.split(dit_lib.prepare_for_inference(components["dit"]))
     uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a
     params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
-    plan = samplers.plan_from_config(config.diffusion)
-    table = tuple(config.dit.flow_table)
-    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
-                    config.dit.sample_width)
     if decode_fn is None:
         g_vae, s_vae = nnx.split(components["vae"])
         params["vae"] = s_vae
@@ -135,6 +133,21 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     def mllm(p, batch):
         return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window)
 
+    sample = dit_sampler(g_dit, config)
+
+    return GameSystem(params, mllm, sample, decode, label=label)
+
+
+def dit_sampler(g_dit, config):
+    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2]) -> latents
+    [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game, initial noise from
+    its key, then the configured sampler with CFG. Used by play (:func:`build_real_system`) and by
+    the benchmarks (benchmarks/turn_pieces.py), so both run one program."""
+    plan = samplers.plan_from_config(config.diffusion)
+    table = tuple(config.dit.flow_table)
+    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
+                    config.dit.sample_width)
+
     def sample(p, rep, ml, keys):
         dit = nnx.merge(g_dit, p["dit"])
         flow = flow_value(ml, table)
@@ -151,7 +164,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
         return jax.vmap(one)(rep, flow, keys)
 
-    return GameSystem(params, mllm, sample, decode, label=label)
+    return sample
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
