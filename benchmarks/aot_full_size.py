@@ -2,6 +2,8 @@
 
     python benchmarks/aot_full_size.py                       # all pieces, paper config, 8 devices
     python benchmarks/aot_full_size.py --pieces dit_sampling,train_a2_dit --devices 8
+    python -m benchmarks aot --pieces dit_sampling --turn_batch 1 --override 'mesh.shape=(2,1,1,4)'  # one game:
+                                                  # CFG halves on data, the joint sequence on context
 
 Nothing is allocated: every parameter, optimizer moment, KV cache and input is a sharded
 ``jax.ShapeDtypeStruct`` (benchmarks/turn_pieces.py with ``abstract=True``); each piece is lowered
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--pieces", default="", help="comma-separated subset (default: all turn and train pieces)")
     ap.add_argument("--turn_batch", type=int, default=0, help="games per turn (default: data-parallel size)")
+    ap.add_argument("--override", action="append", default=[],
+                    help="config override, e.g. --override 'mesh.shape=(2,1,1,4)' (CFG 2 x context 4)")
     args = ap.parse_args(argv)
 
     from animegamer_jax import parallel
@@ -51,7 +55,7 @@ def main(argv=None) -> int:
     from benchmarks import turn_pieces as tp
 
     assert jax.device_count() == args.devices, f"expected {args.devices} fake devices, got {jax.device_count()}"
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.override)
     mesh = parallel.mesh_from_config(cfg)
     rules = parallel.rules_from_config(cfg)
     dp = parallel.data_parallel_size(mesh, rules)

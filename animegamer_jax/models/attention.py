@@ -497,9 +497,77 @@ def dot_product_attention(
     return _blockwise(q, k, v, bias, mask, scale, block_q, block_k)
 
 
+def _context_axes(l: int, s: int) -> tuple[Any, tuple[str, ...]]:
+    """(abstract mesh, mesh axes of ``act_length`` with size > 1 dividing L and S) or (None, ())."""
+    from animegamer_jax.parallel import mesh as pmesh
+
+    mesh = pmesh._active_mesh()
+    if mesh is None:
+        return None, ()
+    from flax.core import spmd as core_spmd
+
+    if not core_spmd.get_logical_axis_rules():
+        return None, ()
+    entry = pmesh.logical_to_spec(("act_length",))[0]
+    if entry is None:
+        return None, ()
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    axes = tuple(a for a in ((entry,) if isinstance(entry, str) else entry) if sizes[a] > 1)
+    n = 1
+    for a in axes:
+        n *= sizes[a]
+    if not axes or l % n or s % n:
+        return None, ()
+    return mesh, axes
+
+
+def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | None = None,
+                               implementation: str | None = "auto", **kw: Any) -> Array:
+    """Unmasked attention with the sequence sharded over the mesh axes of ``act_length``.
+
+    Context parallelism by all-gather of K/V inside ``shard_map``: each device keeps its L/C
+    queries, gathers the full K and V of its batch / head slice over the ``context`` axes and runs
+    :func:`dot_product_attention` locally (blockwise or a flash kernel, so no device holds more than
+    its ``[L/C, S]`` tiles). Why all-gather rather than Ulysses all-to-all over heads: the DiT's
+    30 heads do not divide a context size of 4 or 8, and K/V of one layer (2 x 6976 x 1920 bf16,
+    53 MB) are small next to its attention FLOPs, so gathering them costs little; full (unmasked)
+    attention also leaves no causal load imbalance for a ring schedule to fix.
+
+    Shapes as :func:`dot_product_attention`; batch / heads keep their ``act_batch`` /
+    ``act_heads`` shardings. Without an active mesh whose ``act_length`` axes divide L and S this
+    is plain :func:`dot_product_attention`.
+    """
+    mesh, axes = _context_axes(q.shape[1], k.shape[1])
+    if mesh is None:
+        return dot_product_attention(q, k, v, scale=scale, implementation=implementation, **kw)
+    from jax.sharding import PartitionSpec as P
+
+    from animegamer_jax.parallel import mesh as pmesh
+
+    def spec(x, names):
+        return pmesh._fit_spec(pmesh.logical_to_spec(names), x.shape, mesh)
+
+    q_spec = spec(q, ("act_batch", "act_length", "act_heads", None))
+    kv_spec = spec(k, ("act_batch", "act_length", "act_kv_heads", None))
+    # heads split over an axis only when both q and k/v heads divide it
+    if q_spec[2] != kv_spec[2]:
+        q_spec = P(q_spec[0], q_spec[1], None, None)
+        kv_spec = P(kv_spec[0], kv_spec[1], None, None)
+    gather = axes[0] if len(axes) == 1 else axes
+
+    def local(ql, kl, vl):
+        kf = jax.lax.all_gather(kl, gather, axis=1, tiled=True)
+        vf = jax.lax.all_gather(vl, gather, axis=1, tiled=True)
+        return dot_product_attention(ql, kf, vf, scale=scale, implementation=implementation, **kw)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
+                         check_vma=False)(q, k, v)
+
+
 def score_bytes(b: int, n: int, l: int, s: int) -> int:
     """Bytes of the fp32 score tensor a dense kernel materialises (for logs and benchmarks)."""
     return int(b) * int(n) * int(l) * int(s) * 4
 
 
-__all__ = ["AttentionMask", "causal_mask", "dot_product_attention", "resolve", "IMPLEMENTATIONS", "score_bytes"]
+__all__ = ["AttentionMask", "causal_mask", "context_parallel_attention", "dot_product_attention", "resolve",
+           "IMPLEMENTATIONS", "score_bytes"]

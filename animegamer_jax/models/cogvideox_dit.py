@@ -317,8 +317,9 @@ def _block(cfg: DiTConfig, txt: Array, img: Array, emb: Array, p: dict[str, Arra
     q = _layer_norm(q, p["q_norm_scale"], p["q_norm_bias"], cfg.qk_norm_eps)
     k = _layer_norm(k, p["k_norm_scale"], p["k_norm_bias"], cfg.qk_norm_eps)
     q, k, v = (constrain(a, BATCH_SEQ_HEADS) for a in (q, k, v))
-    # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32.
-    o = attention.dot_product_attention(q, k, v, implementation=cfg.attention_impl)
+    # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32. With a `context`
+    # mesh axis the joint sequence stays sharded (K/V all-gathered per layer).
+    o = attention.context_parallel_attention(q, k, v, implementation=cfg.attention_impl)
     o = constrain(o, BATCH_SEQ_HEADS)
     out = jnp.einsum("BLNH,NHD->BLD", o, c("out_kernel")) + c("out_bias")
     if cfg.lora_rank:
