@@ -132,6 +132,16 @@ def compare(args) -> int:
             raise SystemExit(f"unknown piece {p!r}; known: {PIECES}")
     rows = []
     tmp = tempfile.mkdtemp(prefix="bench_compare_")
+
+    def write(partial: bool) -> dict:
+        report = {**_git_commit(), "backend": backend, "devices": ndev, "threads": args.threads,
+                  "jax": jax.__version__, "torch": torch.__version__, "rounds": args.rounds, "config": args.config,
+                  "sizes": {s: SIZES[s] for s in sizes}, "rows": rows, "load_average": os.getloadavg(),
+                  "partial": partial}
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+        return report
+
     for size in sizes:
         spec = SIZES[size]
 
@@ -143,6 +153,7 @@ def compare(args) -> int:
                    "jax_median_s": _median(ta), "torch_median_s": _median(tb),
                    "torch_over_jax": _median(tb) / _median(ta), "check": check, "jax_compile_s": compile_s}
             rows.append(row)
+            write(partial=True)  # a later failure keeps the rows measured so far
             print(f"{size} {piece}: JAX {row['jax_median_s']:.4f} s, torch {row['torch_median_s']:.4f} s, "
                   f"torch/JAX {row['torch_over_jax']:.2f} ({check})", flush=True)
 
@@ -182,12 +193,7 @@ def compare(args) -> int:
     for r in rows:
         print(f"| {r['size']} | {r['piece']} | {r['note']} | {r['jax_median_s']:.4f} | {r['torch_median_s']:.4f} | "
               f"{r['torch_over_jax']:.2f} | {r['check']} |")
-    report = {**_git_commit(), "backend": backend, "devices": ndev, "threads": args.threads,
-              "jax": jax.__version__, "torch": torch.__version__, "rounds": args.rounds, "config": args.config,
-              "sizes": {s: SIZES[s] for s in sizes}, "rows": rows,
-              "load_average": os.getloadavg()}
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=2)
+    report = write(partial=False)
     print(f"\nwrote {args.out} (load average {report['load_average'][0]:.1f})")
     ok = all(("tokens equal: True" in r["check"]) or ("diff" in r["check"] and float(r["check"].split()[-1]) < 1e-3)
              for r in rows)

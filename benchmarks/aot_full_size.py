@@ -11,7 +11,11 @@ with ``jax.jit(...).lower`` under the config's mesh and logical rules and compil
 the fake devices. ``compiled.memory_analysis()`` then gives the per-device bytes of arguments,
 outputs, temporaries and aliased (donated) buffers; peak ~ arguments + outputs + temporaries -
 aliased. XLA:CPU schedules differently from XLA:GPU/TPU, so temporaries are indicative (the
-argument sizes, i.e. the sharded weights / moments / caches, are exact).
+argument sizes, i.e. the sharded weights / moments / caches, are exact). In particular XLA:CPU has
+no bf16 dot: it upcasts bf16 weights to f32, and while-loop-invariant code motion hoists those
+converts out of the layer scan, i.e. one f32 copy of every stacked bf16 weight (2x the bf16 bytes)
+sits in the temporaries. ``XLA_FLAGS=--xla_disable_hlo_passes=while-loop-invariant-code-motion``
+keeps the convert per layer, closer to what a GPU/TPU (native bf16) compiles.
 
 The turn runs ``data-parallel size`` games at once (one per device slice, as ``generate`` does);
 train steps use ``train.global_batch_size``. Weights: inference bf16 with LoRA merged; training
@@ -79,19 +83,25 @@ def main(argv=None) -> int:
                                     m.alias_size_in_bytes)
             peak = arg + out + tmp - alias
             total_args = tp.count_bytes(piece.args)
-            rows.append((name, piece.note, total_args, arg, out, tmp, alias, peak, t1 - t0, t2 - t1, "ok"))
+            ca = compiled.cost_analysis() or {}
+            flops = float((ca[0] if isinstance(ca, list) else ca).get("flops", float("nan")))
+            rows.append((name, piece.note, total_args, arg, out, tmp, alias, peak, t1 - t0, t2 - t1, "ok", flops))
             print(f"{name}: lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, per-device peak {_gib(peak)} GiB "
-                  f"(args {_gib(arg)}, temp {_gib(tmp)})", flush=True)
+                  f"(args {_gib(arg)}, temp {_gib(tmp)}), XLA per-device GFLOP {flops / 1e9:.1f}", flush=True)
         except Exception as e:  # report and continue with the other pieces
             msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:200]
-            rows.append((name, "", 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, 0.0, msg))
+            rows.append((name, "", 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, 0.0, msg, float("nan")))
             print(f"{name}: FAILED {msg}", flush=True)
         b.modules.clear()
+    print(f"\nXLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"\n| piece | what | all args GiB (global) | per-device args GiB | outputs | temps | aliased | "
-          f"per-device peak GiB | lower s | compile s | status |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          f"per-device peak GiB | XLA GFLOP/device* | lower s | compile s | status |\n"
+          f"|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {_gib(r[2])} | {_gib(r[3])} | {_gib(r[4])} | {_gib(r[5])} | {_gib(r[6])} | "
-              f"**{_gib(r[7])}** | {r[8]:.1f} | {r[9]:.1f} | {r[10]} |")
+              f"**{_gib(r[7])}** | {r[11] / 1e9:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} |")
+    print("* compiled.cost_analysis(): XLA counts a while-loop body once (layer / step / tile scans), so this "
+          "is per-device work of one iteration of each loop, comparable across meshes, not a total.")
     return 0 if all(r[10] == "ok" for r in rows) else 1
 
 

@@ -218,7 +218,9 @@ def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, blo
                                 q_seq_shards=1, interpret=interpret)
     q_seg = jnp.concatenate([jnp.ones((b, l), jnp.int32), jnp.zeros((b, lp - l), jnp.int32)], 1)
     valid = jnp.ones((b, s), bool) if mask.kv_valid is None else jnp.broadcast_to(mask.kv_valid, (b, s))
-    kv_seg = jnp.concatenate([valid.astype(jnp.int32), jnp.full((b, sp - s), -1, jnp.int32)], 1)
+    # Padded queries (segment 0) see only padded / invalid keys (segment 0): finite rows, dropped
+    # below, and no NaN reaches the backward pass.
+    kv_seg = jnp.concatenate([valid.astype(jnp.int32), jnp.zeros((b, sp - s), jnp.int32)], 1)
     qp = jnp.pad(q * jnp.asarray(scale, q.dtype), ((0, 0), (0, lp - l), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
     kp = jnp.pad(k, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
     vp = jnp.pad(v, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
