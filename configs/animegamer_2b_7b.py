@@ -237,6 +237,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
+    c.train.allow_resume_mismatch = False  # resume a workdir whose checkpoint has another phase/batch/schedule
 
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()

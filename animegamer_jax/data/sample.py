@@ -15,7 +15,7 @@ Command (writes ~1 MB, about 5 s on 2 CPU cores):
 
 from __future__ import annotations
 
-import argparse
+import sys
 import importlib.util
 import os
 
@@ -75,15 +75,36 @@ def make_sample_film(out_path: str, size: tuple[int, int] = SAMPLE_SIZE, fps: fl
     return splices
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="data/prepared/sample_film.mp4")
-    parser.add_argument("--width", type=int, default=SAMPLE_SIZE[0])
-    parser.add_argument("--height", type=int, default=SAMPLE_SIZE[1])
-    args = parser.parse_args(argv)
-    splices = make_sample_film(args.out, (args.width, args.height))
-    print(f"wrote {args.out}; splice frames {splices} at {SAMPLE_FPS} fps")
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``animegamer-sample`` on ``fv`` (absl)."""
+    from absl import flags
+
+    flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
+    flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", flag_values=fv)
+    flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Writes the sample film; returns the exit status (2 on a bad command line)."""
+    from animegamer_jax import cli
+
+    try:
+        f, rest = cli.parse_flags(["animegamer-sample", *(sys.argv[1:] if argv is None else argv)],
+                                  define_flags, __doc__)
+        if rest:
+            raise cli.UsageError(f"unexpected arguments {rest}")
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    splices = make_sample_film(f.out, (f.width, f.height))
+    print(f"wrote {f.out}; splice frames {splices} at {SAMPLE_FPS} fps")
+    return 0
+
+
+def cli() -> None:
+    """Console script ``animegamer-sample``."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -11,7 +11,9 @@ from the environment. ``--config.train.init_checkpoint=DIR`` starts from a syste
 
 from __future__ import annotations
 
-from absl import app, flags, logging
+import sys
+
+from absl import app, flags
 from ml_collections import config_flags
 
 from animegamer_jax import parallel
@@ -27,18 +29,36 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from animegamer_jax.cli import status
+
+    status("animegamer-train: phase %s, workdir %s (importing, then building the model) ...",
+           FLAGS.config.train.phase, FLAGS.workdir)
     parallel.initialize()
     from animegamer_jax.train import pipeline
 
+    from animegamer_jax import system_checkpoint
+    from animegamer_jax.train import loop
+
     config = FLAGS.config
     opts = {"xla_backend_optimization_level": 0} if FLAGS.fast_compile else None
-    if str(config.train.phase) == "all":
-        out = pipeline.run_all(config, FLAGS.workdir, compiler_options=opts)
-    else:
-        out = pipeline.run_phase(config, FLAGS.workdir, compiler_options=opts)
-    logging.info("system checkpoint: %s", out)
+    try:
+        if str(config.train.phase) == "all":
+            out = pipeline.run_all(config, FLAGS.workdir, compiler_options=opts)
+        else:
+            out = pipeline.run_phase(config, FLAGS.workdir, compiler_options=opts)
+    except (loop.ResumeMismatchError, system_checkpoint.SystemCheckpointError) as e:
+        # a bad --config.train.init_checkpoint or a workdir of another run: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(out)
 
 
+def cli() -> None:
+    """Console script ``animegamer-train``."""
+    from animegamer_jax import cli as cli_lib
+
+    cli_lib.run(main)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    cli()

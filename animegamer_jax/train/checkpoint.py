@@ -5,7 +5,8 @@ Layout of ``WORKDIR/checkpoints/<step>/``:
   ``state/``   the pure nested dict of ``nnx.state((model, optimizer))`` (params, LoRA factors,
                optimizer moments and counters), one orbax PyTree item, sharded as in memory;
   ``data/``    the Grain iterator state, one JSON file per process (``grain.checkpoint``);
-  ``meta/``    JSON: step, phase, config name, last loss.
+  ``meta/``    JSON: step, last loss and the run fields a resume must match (phase, config name,
+               steps, batch, grad accumulation, LR schedule; train/loop.py ``RUN_FIELDS``).
 A step directory only appears once every item is written (orbax's atomic rename), so a run killed
 mid-save resumes from the previous complete step. Restore targets are abstract arrays carrying the
 *current* mesh's shardings (from the logical annotations), so a checkpoint written on 8 devices
@@ -14,13 +15,14 @@ restores onto 1 and vice versa.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+
+from animegamer_jax import paths
 
 
 def _pure(state: Any) -> Any:
@@ -35,16 +37,18 @@ class CheckpointManager:
     """Thin wrapper of ``ocp.CheckpointManager`` with the items above.
 
     Args:
-      directory: checkpoint root (``WORKDIR/checkpoints``); created.
+      directory: checkpoint root (``WORKDIR/checkpoints``; a local path or a URL such as
+        ``gs://bucket/run/checkpoints``); created.
       max_to_keep: newest checkpoints kept (older ones deleted after a successful save).
       async_save: write in a background thread (``wait()`` blocks until written).
     """
 
     def __init__(self, directory: str, max_to_keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        path = paths.as_path(directory)
+        self.directory = str(path)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
-        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        self._mngr = ocp.CheckpointManager(path, options=options)
 
     def latest_step(self) -> int | None:
         """Newest complete checkpoint step, or None."""
@@ -85,6 +89,11 @@ class CheckpointManager:
         state = jax.tree.map(lambda x: x, abstract_state)
         state.replace_by_pure_dict(out["state"])
         return state, dict(out["meta"])
+
+    def read_meta(self, step: int) -> dict:
+        """The ``meta`` item of checkpoint ``step`` alone (no arrays read): what run wrote it."""
+        out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
 
     def wait(self) -> None:
         """Blocks until pending async saves are on disk."""

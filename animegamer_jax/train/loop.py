@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -31,11 +30,29 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
+from animegamer_jax.cli import status
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+
+
+class ResumeMismatchError(ValueError):
+    """The workdir's checkpoint was written by a run with another phase, batch, schedule or config."""
+
+
+#: fields of a run that a resume must agree on (checked against the newest checkpoint's meta)
+RUN_FIELDS = ("phase", "config", "num_steps", "global_batch_size", "grad_accum_steps", "learning_rate",
+              "warmup_steps", "end_lr_factor")
+
+
+def check_resume(saved: Mapping[str, Any], run: Mapping[str, Any], where: str) -> list[str]:
+    """Differences between the saved run fields and this run's, as ``"phase 'a1' -> 'a2'"`` strings.
+
+    Only :data:`RUN_FIELDS` present on both sides are compared (older checkpoints lack some).
+    """
+    return [f"{k} {saved[k]!r} -> {run[k]!r}" for k in RUN_FIELDS if k in saved and k in run and saved[k] != run[k]]
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -217,6 +234,7 @@ def fit(
     progress: bool = True,
     peak_tflops_per_device: float = 0.0,
     hooks: tuple[Callable[[int, nnx.State, Any], None], ...] = (),
+    allow_resume_mismatch: bool = False,
 ) -> FitResult:
     """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
 
@@ -235,6 +253,9 @@ def fit(
       meta: JSON-able fields saved with every checkpoint.
       stop_after: return after this step (a simulated kill; the checkpoint at it is written).
       hooks: ``hook(step, state, device_batch)`` called after every step (e.g. periodic sample videos).
+      allow_resume_mismatch: resume even when the checkpoint's run fields (:data:`RUN_FIELDS`:
+        ``meta`` plus ``num_steps``, ``global_batch_size``, grad accumulation) differ from this
+        run's; the differences are logged (``--config.train.allow_resume_mismatch=True``).
 
     Returns:
       :class:`FitResult`.
@@ -243,34 +264,57 @@ def fit(
       parallel.ShardingConfigError: ``global_batch_size`` does not divide the data axes.
       NonFiniteLossError: NaN/inf loss; no checkpoint is written for that step, so the newest
         checkpoint on disk is the last good one.
+      ResumeMismatchError: the workdir's checkpoint comes from a run with another phase, config,
+        step count, batch or learning-rate schedule (one line naming each difference), unless
+        ``allow_resume_mismatch``; nothing is restored or written then.
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
-    ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    ckpt_dir = paths.join(workdir, "checkpoints")
     mngr = ckpt_lib.CheckpointManager(ckpt_dir, max_to_keep=keep_checkpoints, async_save=async_checkpoint)
     checkpointable = ckpt_lib._is_grain_iterator(data)
-    writer = metrics_lib.SummaryWriter(os.path.join(os.path.abspath(workdir), "tensorboard"))
+    writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))
     losses: dict[int, float] = {}
+    run = dict(meta or {}, num_steps=int(num_steps), global_batch_size=int(global_batch_size),
+               grad_accum_steps=int(trainer.grad_accum_steps))
     try:
         latest = mngr.latest_step()
         if latest is not None:
+            diffs = check_resume(mngr.read_meta(latest), run, ckpt_dir)
+            if diffs and not allow_resume_mismatch:
+                raise ResumeMismatchError(
+                    f"{ckpt_dir} (step {latest}) was written by another run: {'; '.join(diffs)} (saved -> now). "
+                    f"Fix: use a new --workdir for a new run, or resume it anyway with "
+                    f"--config.train.allow_resume_mismatch=True")
+            if diffs:
+                logging.warning("resuming %s despite: %s", ckpt_dir, "; ".join(diffs))
             state, _ = mngr.restore(latest, trainer.abstract_state(), data if checkpointable else None)
             start = int(latest)
-            logging.info("resumed from %s at step %d", ckpt_dir, start)
+            status("resumed from %s at step %d", ckpt_dir, start)
         else:
+            status("initializing parameters and optimizer state (compiling the init) ...")
+            t0 = time.perf_counter()
             state = (init_state or trainer.init)()
+            status("initialized in %.1f s", time.perf_counter() - t0)
             start = 0
         end = num_steps if stop_after is None else min(num_steps, int(stop_after))
         averager = metrics_lib.MetricAverager()
         peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
-        bar = _progress(progress, num_steps, start)
+        bar = None  # created after the first step, so the stage lines above it stay readable
         t_last, steps_since = None, 0
         for step in range(start, end):
             batch = next(data)
             if batch_fn is not None:
                 batch = batch_fn(batch)
             batch = trainer.put_batch(batch)
+            first = step == start
+            if first:
+                status("compiling the train step (XLA; minutes at full size) ...")
+                t_compile = time.perf_counter()
             state, m = trainer.step(state, batch, step)
             m = jax.device_get(m)
+            if first:
+                status("compiled and ran step %d in %.1f s; training", step + 1, time.perf_counter() - t_compile)
+                bar = _progress(progress, num_steps, start)
             loss = float(m["loss"])
             if not math.isfinite(loss):
                 mngr.wait()
@@ -303,7 +347,7 @@ def fit(
                 hook(step + 1, state, batch)
             if (step + 1) % checkpoint_every == 0 or step + 1 == end:
                 mngr.save(step + 1, state, data if checkpointable else None,
-                          dict(meta or {}, loss=loss), force=True)
+                          dict(run, loss=loss), force=True)
         if bar is not None:
             bar.close()
         mngr.wait()
