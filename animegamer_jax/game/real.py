@@ -41,8 +41,9 @@ from flax import nnx
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.engine import GameSystem, flow_value
+from animegamer_jax.models import cogvideox_dit as dit_lib
 from animegamer_jax.models import mistral as mst
-from animegamer_jax.models.mllm import hybrid_mask
+from animegamer_jax.models.mllm import hybrid_attention_mask
 
 #: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
 STATE_TOKENS = 10
@@ -100,7 +101,7 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
     else:
         x = mllm.embed_inputs(ids, None, None)
     # pass B: hybrid mask, representation at read_idx
-    mask = hybrid_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
+    mask = hybrid_attention_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
     hidden = mllm.llm(inputs_embeds=x, attention_mask=mask, return_logits=False).hidden
     read = jnp.take_along_axis(hidden, batch["read_idx"][:, :, None], axis=1)
     rep = mllm.output_resampler(read).astype(jnp.float32)
@@ -148,11 +149,10 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     decoding = "free" if reference_mode else "constrained"
     max_new = int(config.game.get("reference_max_new_tokens", 200))
     g_mllm, s_mllm = nnx.split(components["mllm"])
-    g_dit, s_dit = nnx.split(components["dit"])
+    # prepared once here, not per denoising step: LoRA merged, weights in the activation dtype
+    g_dit, s_dit = nnx.split(dit_lib.prepare_for_inference(components["dit"]))
     uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a
     params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
-    plan = samplers.plan_from_config(config.diffusion)
-    table = tuple(config.dit.flow_table)
     decode_plan, decode_chunk = (), None  # chunked decode for streaming (untiled VAE only)
     latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
                     config.dit.sample_width)
@@ -186,6 +186,29 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     def mllm(p, batch):
         return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window, decoding, max_new)
 
+    sample = dit_sampler(g_dit, config)
+    parse = None
+    if decoding == "free":
+        from animegamer_jax.game import reference
+
+        parse = reference.states_from_generated
+    return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
+                      decode_plan=decode_plan, parse_states=parse)
+
+
+def dit_sampler(g_dit, config):
+    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None)
+    -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
+    initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
+    samplers.sample's ``step_noise``), then the configured sampler with CFG. In reference mode s_a
+    is rounded to bfloat16 first, as the release does. Used by play (:func:`build_real_system`) and
+    by the benchmarks (benchmarks/turn_pieces.py), so both run one program."""
+    plan = samplers.plan_from_config(config.diffusion)
+    table = tuple(config.dit.flow_table)
+    reference_mode = config.game.mode == "reference"
+    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
+                    config.dit.sample_width)
+
     def sample(p, rep, ml, keys, noise=None):
         dit = nnx.merge(g_dit, p["dit"])
         flow = flow_value(ml, table)
@@ -207,13 +230,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
         return jax.vmap(one)(rep, flow, keys, noise)
 
-    parse = None
-    if decoding == "free":
-        from animegamer_jax.game import reference
-
-        parse = reference.states_from_generated
-    return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan, parse_states=parse)
+    return sample
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
