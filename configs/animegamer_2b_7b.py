@@ -86,6 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.clip.hidden_act = "gelu"  # OpenCLIP laion2b uses exact GELU; OpenAI CLIP uses quick_gelu
     c.clip.layer_norm_eps = 1e-5  # LayerNorm eps
     c.clip.dtype = "bfloat16"  # compute dtype (release runs fp16)
+    c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "xla", "blockwise", "cudnn", "splash"
 
     # ---- T5-v1.1-XXL encoder, frozen (§3.2) ----
     c.t5 = ml_collections.ConfigDict()
@@ -100,6 +101,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.t5.layer_norm_eps = 1e-6  # T5 RMS norm eps
     c.t5.max_length = 30  # tokens per action text (padded/truncated; §3.2 is_plan_3)
     c.t5.dtype = "float32"  # fp32: bf16 without a mask blows up the residual stream
+    c.t5.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
     c.t5.spiece_model = ""  # path to the user's T5 spiece.model (shipped with the T5 weights)
 
     # ---- MLLM: Mistral-7B-Instruct-v0.1 + LoRA + resamplers (§2) ----
@@ -128,7 +130,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
     c.mllm.max_new_tokens = 11  # state tokens decoded per turn after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (11, §1.5)
     c.mllm.remat = False  # rematerialize each decoder layer (jax.checkpoint) to save activation memory in training
-    c.mllm.attention_impl = "auto"  # jax.nn.dot_product_attention implementation: "auto" (JAX picks), "xla", "cudnn"
+    c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
 
     # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
     c.dit = ml_collections.ConfigDict()
@@ -156,6 +158,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
     c.dit.param_dtype = "float32"  # master weights
     c.dit.remat = True  # rematerialize each block in training
+    c.dit.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl); L = 6976 at full size
     # motion level (1..5) -> flow value fed to flow_embed (§4.8, inference_Decoder.py table)
     c.dit.flow_table = (0.5, 2.5, 10.0, 15.0, 40.0)
 
@@ -173,6 +176,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
     c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
     c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
+    c.vae.encoder_in_channels = 0  # encoder conv_in width (SAT ch); 0 = block_out_channels[0] (= ch at paper size)
     c.vae.dtype = "bfloat16"  # activations (release fp16)
 
     # ---- diffusion (§5) ----
@@ -239,6 +243,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
+    c.game.reference_max_new_tokens = 200  # reference mode: free greedy pass-A budget (release max_new_tokens)
     c.game.seed = 0  # game seed when a script gives none (turn k samples with game/engine.py turn_key(seed, k))
     c.game.fps = 8  # output video fps
     c.game.write_gif = True  # also write a GIF per turn

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
 Array = jax.Array
@@ -65,6 +66,8 @@ class DiTConfig:
       dtype: activation dtype name ("float32" / "bfloat16").
       param_dtype: parameter dtype name.
       remat: rematerialize each block (training memory).
+      attention_impl: kernel of :func:`animegamer_jax.models.attention.dot_product_attention`
+        ("auto" picks by backend and size; no parameters depend on it).
     """
 
     hidden_size: int = 1920
@@ -88,6 +91,7 @@ class DiTConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: bool = False
+    attention_impl: str = "auto"
 
     @property
     def mlp_dim(self) -> int:
@@ -128,6 +132,7 @@ class DiTConfig:
             dtype=get("dtype", "float32"),
             param_dtype=get("param_dtype", "float32"),
             remat=get("remat", False),
+            attention_impl=get("attention_impl", "auto"),
         )
 
 
@@ -312,8 +317,9 @@ def _block(cfg: DiTConfig, txt: Array, img: Array, emb: Array, p: dict[str, Arra
     q = _layer_norm(q, p["q_norm_scale"], p["q_norm_bias"], cfg.qk_norm_eps)
     k = _layer_norm(k, p["k_norm_scale"], p["k_norm_bias"], cfg.qk_norm_eps)
     q, k, v = (constrain(a, BATCH_SEQ_HEADS) for a in (q, k, v))
-    # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32 (XLA path).
-    o = jax.nn.dot_product_attention(q, k, v)
+    # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32. With a `context`
+    # mesh axis the joint sequence stays sharded (K/V all-gathered per layer).
+    o = attention.context_parallel_attention(q, k, v, implementation=cfg.attention_impl)
     o = constrain(o, BATCH_SEQ_HEADS)
     out = jnp.einsum("BLNH,NHD->BLD", o, c("out_kernel")) + c("out_bias")
     if cfg.lora_rank:
@@ -454,6 +460,24 @@ def merge_lora(model: CogVideoXDiT) -> CogVideoXDiT:
                                                            b.pop("qkv_lora_b"))
         b["out_kernel"] = b["out_kernel"] + s * jnp.einsum("LNHR,LRD->LNHD", b.pop("out_lora_a"),
                                                            b.pop("out_lora_b"))
+    new_state = nnx.state(new, nnx.Param)
+    new_state.replace_by_pure_dict(pure)
+    nnx.update(new, new_state)
+    return new
+
+
+def prepare_for_inference(model: CogVideoXDiT, dtype: Any = None) -> CogVideoXDiT:
+    """The weights play samples with, prepared once at load: LoRA merged (:func:`merge_lora`, in the
+    parameter dtype), then every parameter cast to ``dtype`` (default the activation dtype
+    ``cfg.dtype``, bf16 at full size) and remat off. Returns a new module with
+    ``lora_rank=0, param_dtype=dtype``; ``model`` is unchanged. Saves the per-step LoRA matmuls and
+    fp32 -> bf16 weight casts of every denoising step."""
+    dt = jnp.dtype(dtype or model.cfg.dtype)
+    merged = merge_lora(model)
+    new_cfg = dataclasses.replace(merged.cfg, param_dtype=dt.name, remat=False)
+    new = nnx.eval_shape(lambda: CogVideoXDiT(new_cfg, rngs=nnx.Rngs(0)))
+    pure = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a,
+                        nnx.state(merged, nnx.Param).to_pure_dict())
     new_state = nnx.state(new, nnx.Param)
     new_state.replace_by_pure_dict(pure)
     nnx.update(new, new_state)

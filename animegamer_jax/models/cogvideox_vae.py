@@ -68,6 +68,8 @@ class VAEConfig:
         training); (8, 8) is diffusers' framewise encoding.
       tile_size: spatial tile in latent pixels for tiled decode; 0 = untiled.
       tile_overlap: overlap fraction between neighbouring tiles.
+      encoder_in_channels: width of the encoder's ``conv_in`` (SAT ``ch``); 0 = ``block_out_channels[0]``
+        (SAT ``ch * ch_mult[0]``, equal at paper size where ``ch_mult[0] = 1``).
       dtype: activation dtype name ("float32", "bfloat16"); parameters stay float32.
     """
 
@@ -84,6 +86,7 @@ class VAEConfig:
     encode_chunks: tuple[int, int] = (0, 0)
     tile_size: int = 0
     tile_overlap: float = 0.25
+    encoder_in_channels: int = 0
     dtype: str = "float32"
 
     @classmethod
@@ -474,9 +477,9 @@ class Encoder3D(nnx.Module):
         dt = jnp.dtype(cfg.dtype)
         boc = cfg.block_out_channels
         g, eps = cfg.norm_num_groups, cfg.norm_eps
-        self.conv_in = CausalConv3d(cfg.in_channels, boc[0], 3, dtype=dt, rngs=rngs)
+        out_ch = cfg.encoder_in_channels or boc[0]
+        self.conv_in = CausalConv3d(cfg.in_channels, out_ch, 3, dtype=dt, rngs=rngs)
         blocks = []
-        out_ch = boc[0]
         for i, ch in enumerate(boc):
             in_ch, out_ch = out_ch, ch
             resnets = [
