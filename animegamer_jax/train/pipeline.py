@@ -7,7 +7,8 @@ At the end it writes a *system checkpoint* (``animegamer_jax/system_checkpoint.p
 component of the phase's model plus the components of the init checkpoint it did not hold, so the
 output of each phase is a complete system for the next one (and for the game engine).
 
-``run_all(config, workdir)`` chains a1 -> a2 -> b -> c in ``WORKDIR/<phase>/`` and leaves the final
+``run_all(config, workdir)`` chains ``config.train.pipeline`` (a1 -> a2 -> b -> c; configs/tiny.py
+first trains its VAE, phase "vae") in ``WORKDIR/<phase>/`` and leaves the final
 system in ``config.train.system_checkpoint`` (default ``WORKDIR/system``). A phase whose system
 checkpoint exists is skipped, so a killed pipeline resumes where it stopped.
 """
@@ -31,7 +32,7 @@ from animegamer_jax.train import loop, optim, phases
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phase in ("a1", "a2"):
+    if phase in ("vae", "a1", "a2"):
         return dict(mode="clips", batch_size=local_batch)
     return dict(mode="turns", batch_size=local_batch, include_frames=True)
 
@@ -131,14 +132,34 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
 
 
 def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options: dict | None = None) -> str:
-    """a1 -> a2 -> b -> c, each starting from the previous phase's system checkpoint; returns the final one."""
+    """Runs ``config.train.pipeline`` (default a1 -> a2 -> b -> c), each phase starting from the previous
+    phase's system checkpoint, with ``config.train.pipeline_steps`` steps and
+    ``config.train.pipeline_learning_rates`` peak LRs each when given; returns the final system checkpoint.
+
+    Raises:
+      ValueError: an unknown phase in the pipeline, or ``pipeline_steps`` / ``pipeline_learning_rates``
+        of another length.
+    """
     workdir = os.path.abspath(workdir)
     final = os.path.abspath(str(config.train.system_checkpoint) or os.path.join(workdir, "system"))
     prev = str(config.train.init_checkpoint)
-    for phase in phases.PHASES:
+    pipeline = tuple(config.train.get("pipeline", ("a1", "a2", "b", "c")))
+    steps = tuple(config.train.get("pipeline_steps", ()))
+    unknown = [p for p in pipeline if p not in phases.PHASES]
+    if unknown or not pipeline:
+        raise ValueError(f"config.train.pipeline {pipeline} has unknown phases {unknown}; use {phases.PHASES}")
+    lrs = tuple(config.train.get("pipeline_learning_rates", ()))
+    for name, given in (("pipeline_steps", steps), ("pipeline_learning_rates", lrs)):
+        if given and len(given) != len(pipeline):
+            raise ValueError(f"config.train.{name} {given} must give one value per phase of {pipeline}")
+    for i, phase in enumerate(pipeline):
         c = copy.deepcopy(config)
         c.train.phase, c.train.init_checkpoint = phase, prev
-        out = final if phase == phases.PHASES[-1] else os.path.join(workdir, phase, "system")
+        if steps:
+            c.train.num_steps = int(steps[i])
+        if lrs:
+            c.train.learning_rate = float(lrs[i])
+        out = final if i == len(pipeline) - 1 else os.path.join(workdir, phase, "system")
         c.train.system_checkpoint = out
         if os.path.exists(os.path.join(out, "manifest")):
             logging.info("phase %s already done (%s)", phase, out)
