@@ -92,7 +92,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.data.height = 64
     c.data.width = 96
-    c.data.dataset_dir = "data/prepared/tiny"
+    c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)
 
     c.train.global_batch_size = 2
     c.train.learning_rate = 1e-3
@@ -106,6 +106,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
     c.train.vae_curriculum = ((0, 1, 64, 96), (3000, 9, 32, 48), (6000, 9, 64, 96))
     c.train.vae_windows_per_clip = 4
+    # The VAE trains on the 7 back-to-back 2 s clips of the sample film (data/README.md); the film
+    # frames between them are its held-out set (python -m animegamer_jax.eval.vae).
+    c.train.vae_dataset_dir = "data/prepared/tiny_vae"
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0

@@ -18,7 +18,8 @@ FAST = {"xla_backend_optimization_level": 0}
 def _config():
     cfg = tiny.get_config()
     cfg.train.phase = "vae"
-    cfg.vae.block_out_channels = (4, 8, 8, 8)  # keep the compile small; same structure
+    # two levels (x2 in space and time) keep the compile small; every layer kind is still there
+    cfg.vae.block_out_channels, cfg.vae.temporal_compression_ratio = (4, 8), 2
     cfg.vae.latent_channels = 4
     cfg.train.learning_rate, cfg.train.warmup_steps = 3e-3, 1
     cfg.train.vae_curriculum = ((0, 1, 16, 24),)
@@ -73,12 +74,6 @@ def test_vae_phase_trains_and_resumes(tmp_path):
     init = _paths(tr.init()[0])
     changed = {k for k in final if not np.array_equal(final[k], init[k])}
     assert any(k.startswith("vae/encoder/") for k in changed) and any(k.startswith("vae/decoder/") for k in changed)
-    # the loss's metrics: psnr is the dB of its mse
-    model, _ = tr.split(full.state)
-    batch = jax.tree.map(jnp.asarray, builder(_clips(), step=0))
-    loss, aux = phases.vae_loss(model, batch, jax.random.key(0), cfg)
-    np.testing.assert_allclose(float(aux["psnr"]), 10 * np.log10(4.0 / float(aux["mse"])), rtol=1e-5)
-    assert float(loss) > float(aux["l1"]) > 0
 
 
 def test_vae_curriculum_and_windows():
@@ -128,3 +123,19 @@ def test_psnr_eval_helpers():
     assert vae_eval.runs(idx, 1) == [slice(i, i + 1) for i in range(9)]
     a = np.zeros((4, 4))
     assert vae_eval.psnr(a, a + 0.1) == pytest.approx(20.0)
+
+
+def test_pipeline_config_errors(tmp_path):
+    from animegamer_jax.train import pipeline
+
+    cfg = tiny.get_config()
+    assert cfg.train.pipeline[0] == "vae" and len(cfg.train.pipeline_steps) == len(cfg.train.pipeline)
+    cfg.train.pipeline = ("vae", "z")
+    with pytest.raises(ValueError, match="unknown phases"):
+        pipeline.run_all(cfg, str(tmp_path))
+    cfg.train.pipeline, cfg.train.pipeline_steps = ("vae", "a1"), (1, 2, 3)
+    with pytest.raises(ValueError, match="pipeline_steps"):
+        pipeline.run_all(cfg, str(tmp_path))
+    cfg.train.pipeline_steps, cfg.train.pipeline_learning_rates = (), (1e-3,)
+    with pytest.raises(ValueError, match="pipeline_learning_rates"):
+        pipeline.run_all(cfg, str(tmp_path))

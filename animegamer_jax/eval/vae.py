@@ -120,8 +120,8 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="checkpoints/tiny_system", help="system checkpoint holding a VAE")
-    ap.add_argument("--dataset", default="", help="prepared dataset the VAE trained on (default config.data.dataset_dir "
-                                                  "of the checkpoint's config)")
+    ap.add_argument("--dataset", default="", help="prepared dataset the VAE trained on (default the checkpoint "
+                                                  "config's train.vae_dataset_dir, else data.dataset_dir)")
     ap.add_argument("--frames", type=int, default=17, help="frames per clip window (1 + 4k)")
     ap.add_argument("--max_per_film", type=int, default=0, help="score at most this many held-out frames per film")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = system_checkpoint.load_config(args.checkpoint)
         vae = system_checkpoint.load_system(args.checkpoint, config, names=["vae"])["vae"]
-        dataset = args.dataset or str(config.data.dataset_dir)
+        dataset = args.dataset or str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
         held = held_out_frames(dataset, args.max_per_film)
     except (FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -38,9 +38,13 @@ def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: i
 
 
 def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
-    """Endless, checkpointable Grain iterator over the prepared dataset for ``phase``."""
+    """Endless, checkpointable Grain iterator over the prepared dataset for ``phase``
+    (``config.data.dataset_dir``; phase "vae": ``config.train.vae_dataset_dir`` when set)."""
     from animegamer_jax.data import loader
 
+    if phase == "vae" and str(config.train.get("vae_dataset_dir", "")):
+        config = copy.deepcopy(config)
+        config.data.dataset_dir = str(config.train.vae_dataset_dir)
     return iter(loader.make_loader_from_config(config, **_loader_kwargs(config, phase, local_batch)))
 
 
