@@ -221,6 +221,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.vae_mse_weight = 1.0
     c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 480, 720))
     c.train.vae_windows_per_clip = 4
+    c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
     c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
     c.train.global_batch_size = 16  # examples per optimizer step across all devices
     c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)

@@ -139,3 +139,19 @@ def test_pipeline_config_errors(tmp_path):
     cfg.train.pipeline_steps, cfg.train.pipeline_learning_rates = (), (1e-3,)
     with pytest.raises(ValueError, match="pipeline_learning_rates"):
         pipeline.run_all(cfg, str(tmp_path))
+
+
+def test_run_phase_writes_vae_system_with_fitted_latent_scale(tmp_path):
+    from animegamer_jax import system_checkpoint
+    from animegamer_jax.train import pipeline
+
+    cfg = _config()
+    cfg.train.num_steps, cfg.train.checkpoint_every, cfg.train.progress = 2, 100, False
+    out = pipeline.run_phase(cfg, str(tmp_path / "run"), system_out=str(tmp_path / "system"), data=_Data(),
+                             compiler_options=FAST)
+    assert system_checkpoint.read_manifest(out)["components"] == ["vae"]
+    saved = system_checkpoint.load_config(out)
+    vae = system_checkpoint.load_system(out, names=["vae"])["vae"]
+    batches = [phases.BatchBuilder(cfg, "vae")(_clips(), step=2) for _ in range(4)]
+    assert saved.vae.scaling_factor != cfg.vae.scaling_factor
+    np.testing.assert_allclose(saved.vae.scaling_factor, phases.latent_scaling_factor(vae, batches), rtol=1e-4)

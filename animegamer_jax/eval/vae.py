@@ -1,6 +1,7 @@
 """Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a prepared dataset's films.
 
-  python -m animegamer_jax.eval.vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
+  python -m animegamer_jax.eval.vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
+  python -m animegamer_jax.eval.vae --train_workdir /work/runs/vae --config configs/tiny.py   # a running phase
 
 Held-out frames: for every film of the dataset (``dataset.json``), the source frames that lie in no
 clip segment ``[start_time, end_time)`` of that dataset, i.e. frames the "vae" phase, which trains on
@@ -117,9 +118,47 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
             "num_frames_scored": len(frame_scores), "num_clips": len(clip_scores), "per_film": per_film}
 
 
+def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
+    """The VAE of the newest training checkpoint in ``WORKDIR/checkpoints`` of a "vae" phase run,
+    restored the way ``train.loop.fit`` resumes (same Trainer state layout, built from ``config``);
+    returns ``(vae, step)``. Read-only, so the run may still be going.
+
+    Raises:
+      FileNotFoundError: no complete checkpoint there.
+    """
+    import copy
+
+    import jax
+
+    from animegamer_jax import parallel
+    from animegamer_jax.train import checkpoint as ckpt_lib
+    from animegamer_jax.train import loop, optim, phases
+
+    config = copy.deepcopy(config)
+    config.train.phase = "vae"
+    root = os.path.join(os.path.abspath(workdir), "checkpoints")
+    if not os.path.isdir(root):
+        raise FileNotFoundError(f"{root}: no training checkpoints (is {workdir} a train --workdir?)")
+    spec = phases.phase_spec(config)
+    tx, _ = optim.make_optimizer(config.train)
+    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+    trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh)
+    mngr = ckpt_lib.CheckpointManager(root, max_to_keep=1000, async_save=False)
+    try:
+        step = mngr.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{root}: no complete training checkpoint yet")
+        state, _ = mngr.restore(step, trainer.abstract_state())
+    finally:
+        mngr.close()
+    return trainer.split(state)[0].vae, int(step)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default="checkpoints/tiny_system", help="system checkpoint holding a VAE")
+    ap.add_argument("--train_workdir", default="", help="instead: the newest checkpoint of a 'vae' train --workdir")
+    ap.add_argument("--config", default="configs/tiny.py", help="with --train_workdir: the run's config file")
     ap.add_argument("--dataset", default="", help="prepared dataset the VAE trained on (default the checkpoint "
                                                   "config's train.vae_dataset_dir, else data.dataset_dir)")
     ap.add_argument("--frames", type=int, default=17, help="frames per clip window (1 + 4k)")
@@ -129,8 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     from animegamer_jax import system_checkpoint
 
     try:
-        config = system_checkpoint.load_config(args.checkpoint)
-        vae = system_checkpoint.load_system(args.checkpoint, config, names=["vae"])["vae"]
+        if args.train_workdir:
+            from animegamer_jax.config import load_config
+
+            config = load_config(args.config)
+            vae, step = vae_from_train_workdir(args.train_workdir, config)
+            source = f"{os.path.abspath(args.train_workdir)} step {step}"
+        else:
+            config = system_checkpoint.load_config(args.checkpoint)
+            vae = system_checkpoint.load_system(args.checkpoint, config, names=["vae"])["vae"]
+            source = os.path.abspath(args.checkpoint)
         dataset = args.dataset or str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
         held = held_out_frames(dataset, args.max_per_film)
     except (FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError, ValueError) as e:
@@ -140,14 +187,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {dataset}: every film frame lies in a clip; no held-out frames to score", file=sys.stderr)
         return 2
     res = reconstruction_psnr(vae, held, args.frames)
-    res.update(checkpoint=os.path.abspath(args.checkpoint), dataset=os.path.abspath(dataset),
+    res.update(checkpoint=source, dataset=os.path.abspath(dataset),
                height=int(held[0].frames.shape[1]), width=int(held[0].frames.shape[2]))
     for film, r in res["per_film"].items():
         clip = "n/a" if r["clip"] is None else f"{r['clip']:.2f} dB"
         print(f"{film}: frame PSNR {r['frame']:.2f} dB over {r['num_frames_scored']} held-out frames; "
               f"{args.frames}-frame clip PSNR {clip} over {r['num_clips']} clips")
     clip = "n/a" if res["clip"] is None else f"{res['clip']:.2f} dB"
-    print(f"VAE reconstruction PSNR at {res['height']}x{res['width']} on held-out frames: frame {res['frame']:.2f} dB "
+    print(f"{source}: VAE reconstruction PSNR at {res['height']}x{res['width']} on held-out frames: frame {res['frame']:.2f} dB "
           f"({res['num_frames_scored']} frames), clip {clip} ({res['num_clips']} clips of {args.frames})")
     if args.json:
         with open(args.json, "w") as f:

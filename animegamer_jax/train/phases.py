@@ -286,6 +286,18 @@ def vae_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
     return loss, {"l1": l1, "mse": mse, "psnr": psnr, "kl": jnp.mean(kl_el), "latent_std": jnp.std(mean)}
 
 
+def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray]]) -> float:
+    """``1 / std`` of the posterior means of ``batches`` (``frames`` [B, T, H, W, 3] in [-1, 1]): the
+    latent scale that gives the DiT unit-variance latents, found as LDM / CogVideoX found theirs
+    (the std of a batch of latents; CogVideoX's is 1.15258426, architecture.md §5.6)."""
+    enc = nnx.jit(lambda m, x: m.encode(x).mean)
+    means = [np.asarray(jax.device_get(enc(vae, jnp.asarray(b["frames"])))).ravel() for b in batches]
+    std = float(np.std(np.concatenate(means)))
+    if not np.isfinite(std) or std <= 0:
+        raise ValueError(f"latent std is {std}; the VAE is broken (retrain it)")
+    return 1.0 / std
+
+
 LOSSES = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss, "vae": vae_loss}
 
 

@@ -95,8 +95,13 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         anything compiles); ValueError: ``global_batch_size`` not a multiple of ``grad_accum_steps``
         x process count.
     """
+    phase = str(config.train.phase)
+    init_ckpt = str(config.train.init_checkpoint)
+    if init_ckpt and phase != "vae" and "vae" in system_checkpoint.read_manifest(init_ckpt)["components"]:
+        # the VAE's latent scale travels with its weights (the "vae" phase sets it)
+        config = copy.deepcopy(config)
+        config.vae.scaling_factor = float(system_checkpoint.load_config(init_ckpt).vae.scaling_factor)
     t = config.train
-    phase = str(t.phase)
     workdir = os.path.abspath(workdir)
     mesh, rules = parallel.mesh_from_config(config), parallel.rules_from_config(config)
     accum = int(t.grad_accum_steps)
@@ -113,7 +118,6 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     trained, total = trainer.num_trainable()
     logging.info("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
                  dict(mesh.shape))
-    init_ckpt = str(t.init_checkpoint)
 
     def init_state() -> nnx.State:
         state = trainer.init()
@@ -131,6 +135,12 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
         init_state=init_state, meta={"phase": phase, "config": str(config.name)}, progress=bool(t.progress),
         peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks)
+    if phase == "vae" and bool(t.get("vae_fit_scaling_factor", True)):
+        config = copy.deepcopy(config)
+        model, _ = trainer.split(result.state)
+        batches = [builder(next(data), step=steps * accum) for _ in range(4)]
+        config.vae.scaling_factor = phases.latent_scaling_factor(model.vae, batches)
+        logging.info("vae.scaling_factor = %.6g (1 / std of the latents of 4 batches)", config.vae.scaling_factor)
     out = system_out or str(t.system_checkpoint) or os.path.join(workdir, "system")
     return write_system(trainer, result.state, config, os.path.abspath(out), init_ckpt)
 
