@@ -241,7 +241,7 @@ def conv3d_as_2d(x: Array, kernel: Array, pad: int) -> Array:
     on the last axis) and the kernel ``[kt, kh, kw, C_in, C_out]`` is reshaped to
     ``[kh, kw, kt C_in, C_out]`` to match, with time folded into the batch. Same result as
     ``conv_general_dilated`` over NDHWC up to float summation order; XLA:CPU has no fast 3-D conv
-    (benchmarks/vae_bench.py --train_step: the tiny VAE's train step runs ~4x faster this way).
+    (``python -m benchmarks.vae_bench --train_step`` times the tiny VAE's train step both ways).
 
     Args:
       x: ``[B, T, H, W, C_in]``.
