@@ -1,7 +1,8 @@
 """Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a prepared dataset's films.
 
   python -m animegamer_jax.eval.vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
-  python -m animegamer_jax.eval.vae --train_workdir /work/runs/vae --config configs/tiny.py   # a running phase
+  python -m animegamer_jax.eval.vae --train_workdir /work/runs/vae --config configs/tiny.py \
+      --config.vae.latent_channels=16   # the newest checkpoint of a (running) "vae" phase, the run's overrides
 
 Held-out frames: for every film of the dataset (``dataset.json``), the source frames that lie in no
 clip segment ``[start_time, end_time)`` of that dataset, i.e. frames the "vae" phase, which trains on
@@ -164,14 +165,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--frames", type=int, default=17, help="frames per clip window (1 + 4k)")
     ap.add_argument("--max_per_film", type=int, default=0, help="score at most this many held-out frames per film")
     ap.add_argument("--json", default="", help="also write the figures to this JSON file")
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
     from animegamer_jax import system_checkpoint
+    from animegamer_jax.config import ConfigError
+
+    bad = [a for a in extra if not a.startswith("--config.")]
+    if bad or (extra and not args.train_workdir):
+        print(f"error: unexpected arguments {bad or extra}; --config.x.y=v overrides go with --train_workdir",
+              file=sys.stderr)
+        return 2
 
     try:
         if args.train_workdir:
             from animegamer_jax.config import load_config
 
-            config = load_config(args.config)
+            config = load_config(args.config, [a[2:] for a in extra])
             vae, step = vae_from_train_workdir(args.train_workdir, config)
             source = f"{os.path.abspath(args.train_workdir)} step {step}"
         else:
@@ -180,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             source = os.path.abspath(args.checkpoint)
         dataset = args.dataset or str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
         held = held_out_frames(dataset, args.max_per_film)
-    except (FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError, ValueError) as e:
+    except (FileNotFoundError, system_checkpoint.SystemCheckpointError, ConfigError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not held:
