@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast clean-venv
+.PHONY: install browser demo test test-fast clean-venv
 
 install: $(STAMP)
 
@@ -16,10 +16,20 @@ $(STAMP): requirements.txt
 
 # The main job on the embedded default (see README).
 demo: $(STAMP)
-	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo
+	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo --overwrite  # a rerun replaces its own game
+
+# Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
+# (tests/test_serve.py). Needs root (CI runs as root); where it cannot install, the browser test is
+# skipped and says why.
+browser:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    chromium chromium-driver >/dev/null) || echo "browser: apt-get install failed; the browser test will be skipped"; \
+	else echo "browser: not root or no apt-get; install chromium + chromedriver to run the browser test"; fi
 
 # The whole test suite (what .ci/run runs).
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Without the PyTorch parity and multi-process tests.

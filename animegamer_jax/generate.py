@@ -8,47 +8,69 @@ Usage::
 Games are played ``B`` at a time, B = the data-parallel size of the mesh (one game per data
 shard), games with equal turn counts grouped together. Under a multi-process launch
 (``JAX_NUM_PROCESSES`` etc., parallel/distributed.py) process p takes games p, p + P, ... and plays
-them on a mesh of its local devices, so processes never wait for each other. Resumable: a game whose
-folder holds ``game.json`` is skipped; a partial one (killed before the atomic rename) is redone.
-A tqdm bar shows games done and the ETA.
+them on a mesh of its local devices, so processes never wait for each other. Every game's
+instructions are checked (fields, token length, file:line) before the first turn. Resumable and
+verified: a game is skipped only when its folder is a finished game of this project made from the
+same instructions, seed, mode, config and system (the fingerprint in its game.json) with every file
+intact (sizes and sha256 recorded there); any other is replayed, and the run says which and why.
+A folder of the same name that this program did not write stops the run before anything is played.
+``--overwrite`` replays every game. A tqdm bar shows games done and the ETA.
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import shutil
 import sys
+from collections.abc import Callable
 
 import jax
 from tqdm import tqdm
 
 from animegamer_jax import parallel
-from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, apply_mode
-from animegamer_jax.game.script import Game, GameScriptError, load_jsonl
-from animegamer_jax.game.state import InstructionTooLongError
-from animegamer_jax.game.system import CheckpointError, resolve_system
+from animegamer_jax.game.script import Game, load_jsonl
+from animegamer_jax.game.state import validate_games
+from animegamer_jax.game.system import resolve_system
 from animegamer_jax.parallel import distributed
-from animegamer_jax.play import common_args, config_from_args, save_game, setup_jax
+from animegamer_jax.play import CLI_ERRORS, common_args, config_from_args, fingerprint, save_game, setup_jax
 
 
-def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0,
-                  process_count: int = 1) -> tuple[list[Game], int]:
-    """This process's share of the games that still need playing, and how many are already done.
+def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0, process_count: int = 1,
+                  fingerprint_of: Callable[[Game], dict] | None = None,
+                  overwrite: bool = False) -> tuple[list[Game], int, dict[str, str]]:
+    """This process's share of the games that still need playing.
 
-    Also removes temp folders left by a killed run for those games.
+    A game is kept (skipped) only when its folder is a finished game of this project whose
+    fingerprint equals ``fingerprint_of(game)`` and whose files are all present with their recorded
+    sizes and hashes (writers.verify_game); otherwise it is replayed. Temp folders a killed run left
+    for these games are removed.
+
+    Returns:
+      (games to play, number kept as finished, ``{game_id: why it is replayed}`` for games whose
+      folder exists but cannot be kept).
+
+    Raises:
+      writers.OutputError: a game's folder exists and was not written by this program (nothing is
+        played then: the user's folder survives).
     """
     mine = list(games[process_index::process_count])
-    todo = []
+    todo, replay = [], {}
     for g in mine:
-        for stale in glob.glob(os.path.join(out_dir, f".tmp-{glob.escape(g.game_id)}-*")):
-            shutil.rmtree(stale, ignore_errors=True)
-        if not writers.is_finished(os.path.join(out_dir, g.game_id)):
+        writers.clean_stale_temp(out_dir, g.game_id)
+        folder = os.path.join(out_dir, g.game_id)
+        if not os.path.lexists(folder) or (os.path.isdir(folder) and not os.listdir(folder)):
             todo.append(g)
-    return todo, len(mine) - len(todo)
+            continue
+        if not writers.is_game_folder(folder):
+            writers.check_target(out_dir, g.game_id, overwrite=True)  # raises, naming the folder
+        why = "--overwrite" if overwrite else writers.verify_game(
+            folder, fingerprint_of(g) if fingerprint_of is not None else None)
+        if why is not None:
+            todo.append(g)
+            replay[g.game_id] = why
+    return todo, len(mine) - len(todo), replay
 
 
 def batches(games: list[Game], size: int) -> list[list[Game]]:
@@ -77,26 +99,36 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.out or config.game.out_dir
         writers.check_writable(out_dir)
         games = load_jsonl(args.games)
-        todo, done = pending_games(games, out_dir, jax.process_index(), jax.process_count())
-        if args.limit:
-            todo = todo[: args.limit]
         mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
         system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh,
-                                random_fallback=args.demo)
+                                random_fallback=args.demo, verify=args.verify_checkpoint)
         engine = GameEngine(config, system, mesh=mesh)
+        validate_games(games, engine.spec, engine.tok)  # every game, before the first turn
+        seeds = {g.game_id: engine.game_seed(g) for g in games}
+        todo, done, replay = pending_games(games, out_dir, jax.process_index(), jax.process_count(),
+                                           lambda g: fingerprint(engine, g, seeds[g.game_id]), args.overwrite)
+        if args.limit:
+            todo = todo[: args.limit]
+            replay = {g.game_id: replay[g.game_id] for g in todo if g.game_id in replay}
         print(f"system: {system.label}\nprocess {jax.process_index()}/{jax.process_count()}: "
-              f"{len(todo)} games to play, {done} already finished, batch {engine.batch_size} on "
-              f"mesh {dict(mesh.shape)}", flush=True)
+              f"{len(todo)} games to play ({len(replay)} replayed), {done} already finished, batch "
+              f"{engine.batch_size} on mesh {dict(mesh.shape)}", flush=True)
+        for gid, why in replay.items():
+            print(f"  replaying {gid}: {why}", flush=True)
         with tqdm(total=len(todo), unit="game", desc="games", file=sys.stdout) as bar:
             for group in batches(todo, engine.batch_size):
                 for result in engine.play(group):
-                    save_game(engine, result, out_dir)
+                    gid = result["game"].game_id
+                    save_game(engine, result, out_dir, overwrite=gid in replay)
                     bar.update(1)
-    except (ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, writers.OutputError) as e:
+    except CLI_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"outputs: {out_dir}/<game_id>/ ({len(todo)} played, {done} skipped as finished); "
-          f"compilation {', '.join(f'{k} {v:.2f}s' for k, v in engine.compile_s.items())}")
+    except KeyboardInterrupt:
+        print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)
+        return 130
+    print(f"outputs: {out_dir}/<game_id>/ ({len(todo)} played, {len(replay)} of them replayed, {done} "
+          f"skipped as finished); compilation {', '.join(f'{k} {v:.2f}s' for k, v in engine.compile_s.items())}")
     return 0
 
 

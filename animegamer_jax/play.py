@@ -3,13 +3,17 @@
 Usage::
 
     python -m animegamer_jax.play data/games/bunny.txt --config configs/tiny.py --checkpoint DIR
-    python -m animegamer_jax.play - --standin            # interactive: one instruction a line, EOF ends
+    python -m animegamer_jax.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
     python -m animegamer_jax.play data/games/bunny.txt --standin --seed 3 --config.game.mode=reference
     python -m animegamer_jax.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
 
 Any ``--config.a.b=value`` overrides a config field (unknown keys are errors). Outputs go to
 ``<out>/<game_id>/`` (game/writers.py); the command prints the folder, the states and meters of
-every turn and the per-stage wall times, compilation apart.
+every turn and the per-stage wall times, compilation apart. ``--game-id`` must be a plain folder
+name; a folder of that name that this program did not write is never touched, and a finished game
+of an earlier run is kept unless ``--overwrite``. Every instruction of a script is checked (fields,
+token length, file:line) before the first turn. Interactive play writes the game after every turn
+(same layout) and ends cleanly on Ctrl-D or Ctrl-C; messages give the input line number.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from animegamer_jax import parallel
 from animegamer_jax.config import ConfigError, apply_overrides, load_config
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
 from animegamer_jax.game.script import Game, GameScriptError, load_script, parse_instruction
-from animegamer_jax.game.state import InstructionTooLongError, encode_instruction
+from animegamer_jax.game.state import InstructionTooLongError, encode_instruction, validate_games
 from animegamer_jax.game.system import CheckpointError, resolve_system
+
+#: the errors play and generate report as one line (exit status 2) instead of a traceback
+CLI_ERRORS = (ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, writers.OutputError)
 
 
 def common_args(ap: argparse.ArgumentParser) -> None:
@@ -41,6 +47,12 @@ def common_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--demo", action="store_true",
                     help="use config.game.checkpoint when it exists, else a clearly-labelled randomly "
                          "initialised system of the config's sizes")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace a finished game of the same id from an earlier run (folders this "
+                         "program did not write are never replaced)")
+    ap.add_argument("--verify-checkpoint", choices=("fast", "full"), default="fast",
+                    help="checkpoint integrity check before loading: fast = every file's size, full hash "
+                         "of files up to 8 MiB and sampled blocks of larger ones; full = sha256 of every byte")
 
 
 def setup_jax() -> None:
@@ -75,6 +87,10 @@ def config_from_args(args, extra: list[str]):
             raise ConfigError(f"checkpoint directory {args.checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or --standin for a random stand-in)")
         try:
+            system_checkpoint.verify_checkpoint(args.checkpoint, getattr(args, "verify_checkpoint", "fast"))
+        except system_checkpoint.SystemCheckpointError as e:
+            raise ConfigError(str(e)) from None
+        try:
             config = apply_overrides(system_checkpoint.load_config(args.checkpoint), overrides, args.checkpoint)
         except (system_checkpoint.SystemCheckpointError, OSError) as e:
             raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
@@ -93,18 +109,26 @@ def print_turn(k: int, text: str, tr: TurnResult, timing: dict) -> None:
           f"sampling {timing['sampling_s']:.2f}s vae {timing['vae_s']:.2f}s", flush=True)
 
 
-def save_game(engine: GameEngine, result: dict, out_dir: str) -> tuple[str, dict]:
-    """Writes a played game atomically; returns (folder, game.json record)."""
+def fingerprint(engine: GameEngine, game: Game, seed: int) -> dict:
+    """What makes ``game``'s outputs (writers.game_fingerprint): compared when generate resumes."""
+    return writers.game_fingerprint(engine.config, [t.text for t in game.turns], seed,
+                                    engine.system.identity or engine.system.label)
+
+
+def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = False) -> tuple[str, dict]:
+    """Writes a played game atomically; returns (folder, record with ``timings_s``, writing included).
+
+    Raises:
+      writers.OutputError: the target is not ours, or holds an earlier game and not ``overwrite``.
+    """
     cfg = engine.config
-    t0 = time.perf_counter()
     record = game_record(cfg, result, engine.system.label)
     frames = [tr.frames for tr in result["turns"]]
     folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
-                                cfg.game.write_gif, cfg.game.contact_sheet_columns)
-    write_s = time.perf_counter() - t0
-    # the writing time is known only now: store it in the finished record too (atomic replace)
-    record["timings_s"]["run"]["writing"] = write_s
-    writers.update_json(folder, record)
+                                cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
+                                fingerprint=fingerprint(engine, result["game"], result["seed"]))
+    timings = writers.read_json(os.path.join(folder, writers.TIMINGS_JSON))
+    record["timings_s"]["run"]["writing"] = timings["run"]["writing"]
     return folder, record
 
 
@@ -120,40 +144,51 @@ def summary(folder: str, record: dict) -> str:
     return "\n".join(lines)
 
 
-def _interactive(engine: GameEngine, game_id: str, seed: int) -> dict:
+def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> dict | None:
+    """Plays instructions typed on stdin, one a line; ``save(result)`` writes the game after every turn.
+
+    Ctrl-D (EOF) or Ctrl-C ends the game; a turn interrupted mid-way is dropped, every finished
+    turn is already saved. Returns the result of the turns played (None if none).
+    """
     run = engine.new_run()
     turns, results, timings = [], [], []
     b = engine.batch_size
     prompt = sys.stdin.isatty()
-    k = 0
-    while True:
-        if prompt:
-            print("instruction> ", end="", flush=True)
-        line = sys.stdin.readline()
-        if not line:
-            break
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            turn = parse_instruction(line, f"<stdin>:{k + 1}")
-            ids = encode_instruction(turn.text, engine.spec, engine.tok)
-        except (GameScriptError, InstructionTooLongError) as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            continue
-        states, rep, frames, timing = engine.step([run] * b, [seed] * b, [ids] * b, [k] * b)
-        st = tuple(int(v) for v in states[0])
-        meters = run.finish_turn(ids, st, rep[0], int(engine.config.game.meter_step))
-        tr = TurnResult(st, rep[0], frames[0], meters.as_dict())
-        turns.append(turn)
-        results.append(tr)
-        timings.append(timing)
-        print_turn(k, turn.text, tr, timing)
-        k += 1
-    if not turns:
-        raise GameScriptError("<stdin>: no instructions given. Fix: type one 'Character: ...; Motion: ...; "
-                              "Background: ...' line per turn, then end with Ctrl-D")
-    return {"game": Game(game_id, tuple(turns), seed), "seed": seed, "turns": results, "timings": timings,
-            "compile_s": dict(engine.compile_s)}
+    k = line_no = 0
+    result = None
+    try:
+        while True:
+            if prompt:
+                print("instruction> ", end="", flush=True)
+            line = sys.stdin.readline()
+            if not line:
+                break
+            line_no += 1
+            if not line.strip() or line.lstrip("\ufeff").lstrip().startswith("#"):
+                continue
+            try:
+                turn = parse_instruction(line, f"<stdin>:{line_no}")
+                ids = encode_instruction(turn.text, engine.spec, engine.tok, where=f"<stdin>:{line_no}")
+            except (GameScriptError, InstructionTooLongError) as e:
+                print(f"error: {e}", file=sys.stderr, flush=True)
+                continue
+            states, rep, frames, timing = engine.step([run] * b, [seed] * b, [ids] * b, [k] * b)
+            st = tuple(int(v) for v in states[0])
+            meters = run.finish_turn(ids, st, rep[0], int(engine.config.game.meter_step))
+            tr = TurnResult(st, rep[0], frames[0], meters.as_dict())
+            print_turn(k, turn.text, tr, timing)
+            candidate = {"game": Game(game_id, tuple(turns + [turn]), seed), "seed": seed,
+                         "turns": results + [tr], "timings": timings + [timing],
+                         "compile_s": dict(engine.compile_s)}
+            save(candidate, k)
+            turns.append(turn)
+            results.append(tr)
+            timings.append(timing)
+            result = candidate
+            k += 1
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {k} turn(s) played and saved", file=sys.stderr, flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,19 +200,35 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     setup_jax()
     try:
+        if args.game_id is not None:
+            writers.check_game_id(args.game_id)
         config = config_from_args(args, extra)
         out_dir = args.out or config.game.out_dir
         writers.check_writable(out_dir)
         game = load_script(args.script, args.game_id) if args.script != "-" else None
+        game_id = game.game_id if game is not None else (args.game_id or "interactive")
+        writers.check_game_id(game_id, "--game-id (default: the script's file name)")
+        writers.check_target(out_dir, game_id, args.overwrite)
         mesh = parallel.mesh_from_config(config)
         system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh,
-                                random_fallback=args.demo)
+                                random_fallback=args.demo, verify=args.verify_checkpoint)
         engine = GameEngine(config, system, mesh=mesh)
+        if game is not None:
+            validate_games([game], engine.spec, engine.tok)
         seed = args.seed if args.seed is not None else int(config.game.seed)
         print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
               f"{engine.spec.window}, seed {seed}", flush=True)
         if game is None:
-            result = _interactive(engine, args.game_id or "interactive", seed)
+            saved = {}
+
+            def save(result, k):
+                # the first write honours --overwrite; later ones replace this session's own folder
+                saved["out"] = save_game(engine, result, out_dir, overwrite=args.overwrite or k > 0)
+
+            if _interactive(engine, game_id, seed, save) is None:
+                raise GameScriptError("<stdin>: no instructions given. Fix: type one 'Character: ...; "
+                                      "Motion: ...; Background: ...' line per turn, then end with Ctrl-D")
+            folder, record = saved["out"]
         else:
             game = Game(game.game_id, game.turns, seed)
 
@@ -187,10 +238,14 @@ def main(argv: list[str] | None = None) -> int:
                     print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
 
             result = engine.play([game], on_turn=on_turn)[0]
-        folder, record = save_game(engine, result, out_dir)
-    except (ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, writers.OutputError) as e:
+            folder, record = save_game(engine, result, out_dir, overwrite=args.overwrite)
+    except CLI_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing written for this game (a script's game is written when it ends)",
+              file=sys.stderr)
+        return 130
     print(summary(folder, record))
     return 0
 

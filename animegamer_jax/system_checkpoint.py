@@ -5,6 +5,8 @@ Layout (an orbax composite checkpoint, written atomically by ``ocp.Checkpointer`
 
     DIR/
       _CHECKPOINT_METADATA          orbax bookkeeping
+      integrity.json                every other file's size and sha256 (written last by save_system,
+                                    checked by load_system; :func:`verify_checkpoint`)
       config/metadata               the ml_collections config used to build every component (JSON)
       manifest/metadata             {"components": [...], "param_counts": {...}, "format": 1} (JSON)
       mllm/ dit/ vae/ shot_encoder/ clip/ t5/
@@ -19,6 +21,17 @@ engine reads it with :func:`load_system`, on any mesh (arrays are restored
 straight into the target shardings computed from the logical annotations, so a checkpoint saved on
 8 devices loads on 1 and vice versa).
 
+Integrity: orbax 0.12.8 has no checksum of the array data (its default zarr2 / OCDBT files carry
+none; only the opt-in zarr3 layout checksums the shard *index*, crc32c), so a truncated file shows
+up as a raw TensorStore error and overwritten bytes load silently. :func:`save_system` therefore
+writes ``integrity.json`` after orbax commits, and :func:`load_system` checks it first
+(``verify="fast"``: every file present with its size, files up to :data:`FULL_HASH_BELOW` bytes
+fully hashed, larger ones by :data:`SAMPLE_BLOCKS` evenly spaced blocks of :data:`SAMPLE_BLOCK`
+bytes; ``verify="full"``: sha256 of every byte). A checkpoint without it (older, or copied without
+it) is refused with the fix; ``python -m animegamer_jax.system_checkpoint manifest DIR`` writes one
+for a checkpoint you trust, ``... verify [--full] DIR`` checks one. Any damaged, truncated or missing
+file gives one :class:`CheckpointIntegrityError` line naming the file and the fix.
+
 How a component is rebuilt: ``COMPONENT_BUILDERS[name](config, rngs) -> nnx.Module`` builds an
 empty module of the right shapes from the config (only its abstract shape is ever evaluated, with
 ``nnx.eval_shape``); pass ``builders=`` to override or add kinds.
@@ -26,8 +39,11 @@ empty module of the right shapes from the config (only its abstract shape is eve
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -39,7 +55,7 @@ from etils import epath
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
+from animegamer_jax import fileio, parallel
 
 COMPONENTS: tuple[str, ...] = ("mllm", "dit", "vae", "shot_encoder", "clip", "t5")
 FORMAT_VERSION = 1
@@ -49,6 +65,152 @@ Builder = Callable[[ml_collections.ConfigDict, nnx.Rngs], nnx.Module]
 
 class SystemCheckpointError(ValueError):
     """A system checkpoint that is missing, incomplete, or does not match the requested config."""
+
+
+class CheckpointIntegrityError(SystemCheckpointError):
+    """A file of a system checkpoint is missing, truncated or damaged (the message names it and the fix)."""
+
+
+INTEGRITY_FILE = "integrity.json"
+#: files up to this size are fully hashed even by the fast check (bytes)
+FULL_HASH_BELOW = 8 << 20
+#: the fast check of a larger file hashes this many evenly spaced blocks (first and last included) ...
+SAMPLE_BLOCKS = 16
+#: ... of this many bytes each
+SAMPLE_BLOCK = 64 << 10
+
+
+def _fix(directory: str) -> str:
+    return (f"Fix: copy the whole checkpoint folder again or re-save it with save_system; check it with "
+            f"`python -m animegamer_jax.system_checkpoint verify --full {directory}`")
+
+
+def integrity_manifest(directory: str) -> dict:
+    """Sizes and hashes of every file under ``directory`` (what ``integrity.json`` holds).
+
+    ``{"format": 1, "sample": {...}, "files": {relpath: {"size", "sha256"[, "sampled_sha256"]}}}``;
+    ``sampled_sha256`` (fileio.sha256_sampled) only for files over :data:`FULL_HASH_BELOW` bytes.
+    """
+    files = {}
+    for rel in fileio.walk_files(directory):
+        if rel == INTEGRITY_FILE:
+            continue
+        path = fileio.join(directory, rel)
+        n = fileio.size(path)
+        entry = {"size": n, "sha256": fileio.sha256_file(path)}
+        if n > FULL_HASH_BELOW:
+            entry["sampled_sha256"] = fileio.sha256_sampled(path, n, SAMPLE_BLOCK, SAMPLE_BLOCKS)
+        files[rel] = entry
+    return {"format": 1, "sample": {"full_hash_below": FULL_HASH_BELOW, "blocks": SAMPLE_BLOCKS,
+                                    "block": SAMPLE_BLOCK}, "files": files}
+
+
+def write_integrity(directory: str) -> str:
+    """Writes ``directory/integrity.json`` for the files there now (atomic); returns its path."""
+    path = fileio.join(directory, INTEGRITY_FILE)
+    fileio.write_text_atomic(path, json.dumps(integrity_manifest(directory), indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def _read_integrity(directory: str) -> dict:
+    path = fileio.join(directory, INTEGRITY_FILE)
+    if not fileio.isfile(path):
+        raise CheckpointIntegrityError(
+            f"{directory}: no {INTEGRITY_FILE}, so its files cannot be checked (saved by an older version, "
+            f"copied without it, or the save did not finish). Fix: re-save it with save_system; if you "
+            f"trust it, write one with `python -m animegamer_jax.system_checkpoint manifest {directory}`")
+    try:
+        man = json.loads(fileio.read_bytes(path).decode("utf-8"))
+        files = man["files"]
+        for v in files.values():
+            int(v["size"]), str(v["sha256"])
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointIntegrityError(
+            f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'bad content'}). "
+            f"{_fix(directory)}") from None
+    return man
+
+
+def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
+    """Checks every file of a system checkpoint against its ``integrity.json``; returns the latter.
+
+    Args:
+      mode: ``"fast"`` (sizes; full sha256 of files up to :data:`FULL_HASH_BELOW` bytes, sampled
+        blocks of larger ones) or ``"full"`` (sha256 of every byte).
+
+    Raises:
+      CheckpointIntegrityError: no or damaged ``integrity.json``, or a file missing, of another
+        size or with another hash (one line naming the file and the fix).
+      ValueError: unknown ``mode``.
+    """
+    if mode not in ("fast", "full"):
+        raise ValueError(f"verify mode must be 'fast' or 'full', got {mode!r}")
+    directory = os.path.abspath(directory)
+    man = _read_integrity(directory)
+    key = (directory, mode, _stamp(directory, man))
+    if key in _VERIFIED:  # checked already by this process and unchanged since (play reads the config, then loads)
+        return man
+    sample = man.get("sample", {})
+    for rel, want in sorted(man["files"].items()):
+        path = fileio.join(directory, rel)
+        if not fileio.isfile(path):
+            raise CheckpointIntegrityError(f"{directory}: file {rel} is missing (the checkpoint is incomplete). "
+                                           f"{_fix(directory)}")
+        n = fileio.size(path)
+        if n != want["size"]:
+            what = "truncated" if n < want["size"] else "longer than saved"
+            raise CheckpointIntegrityError(f"{directory}: file {rel} is {what} ({n} bytes, {want['size']} when "
+                                           f"saved). {_fix(directory)}")
+        if mode == "fast" and "sampled_sha256" in want:
+            got = fileio.sha256_sampled(path, n, int(sample.get("block", SAMPLE_BLOCK)),
+                                        int(sample.get("blocks", SAMPLE_BLOCKS)))
+            ok = got == want["sampled_sha256"]
+        else:
+            ok = fileio.sha256_file(path) == want["sha256"]
+        if not ok:
+            raise CheckpointIntegrityError(f"{directory}: file {rel} is damaged (its sha256 differs from the "
+                                           f"one saved in {INTEGRITY_FILE}). {_fix(directory)}")
+    if mode == "full":
+        _VERIFIED.add((directory, "fast", key[2]))
+    _VERIFIED.add(key)
+    return man
+
+
+_VERIFIED: set[tuple[str, str, str]] = set()
+
+
+def _stamp(directory: str, man: dict) -> str:
+    """The manifest plus every listed file's size and mtime: changes when any of them changes."""
+    stats = []
+    for rel in sorted(man["files"]):
+        try:
+            st = os.stat(fileio.join(directory, rel))
+            stats.append((rel, st.st_size, st.st_mtime_ns))
+        except OSError:
+            stats.append((rel, -1, -1))
+    return json.dumps([man, stats], sort_keys=True)
+
+
+def checkpoint_identity(directory: str) -> str:
+    """``"sha256:<hex>"`` of a checkpoint's ``integrity.json``: names its exact content (output fingerprints).
+
+    Raises:
+      CheckpointIntegrityError: no ``integrity.json``.
+    """
+    _read_integrity(os.path.abspath(directory))
+    return "sha256:" + fileio.sha256_file(fileio.join(os.path.abspath(directory), INTEGRITY_FILE))
+
+
+def _read_json(directory: str, item: str, what: str) -> Any:
+    path = os.path.join(os.path.abspath(directory), item, "metadata")
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (ValueError, OSError) as e:
+        raise CheckpointIntegrityError(f"{path} ({what}) is damaged ({type(e).__name__}: "
+                                       f"{str(e).splitlines()[0]}). {_fix(directory)}") from None
 
 
 def _import(path: str) -> Any:
@@ -146,6 +308,9 @@ def save_system(
 
     Raises:
       SystemCheckpointError: empty ``components``, or the directory exists and ``force`` is False.
+
+    After orbax commits, process 0 writes ``integrity.json`` (sizes and sha256 of every file; on a
+    full-size checkpoint this reads it once, see README "Checkpoint integrity" for timings).
     """
     if not components:
         raise SystemCheckpointError("save_system: no components given")
@@ -163,6 +328,13 @@ def save_system(
         {"format": FORMAT_VERSION, "components": sorted(components), "param_counts": counts})
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(directory, ocp.args.Composite(**items), force=force)
+    # orbax has committed every file; the integrity manifest goes last (load_system requires it)
+    if jax.process_index() == 0:
+        write_integrity(directory)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(f"save_system:{directory}")
     return directory
 
 
@@ -172,21 +344,24 @@ def read_manifest(directory: str) -> dict:
     Raises:
       SystemCheckpointError: no checkpoint (or no manifest) at ``directory``.
     """
-    path = os.path.join(os.path.abspath(directory), "manifest", "metadata")
-    if not os.path.exists(path):
+    man = _read_json(directory, "manifest", "the component list")
+    if man is None:
         raise SystemCheckpointError(f"{directory} is not a system checkpoint (no manifest/metadata); "
                                     f"write one with save_system or `python -m animegamer_jax.train ...`")
-    with open(path) as f:
-        return json.load(f)
+    if not isinstance(man, dict) or not isinstance(man.get("components"), list):
+        raise CheckpointIntegrityError(f"{directory}/manifest/metadata is damaged (no component list). "
+                                       f"{_fix(directory)}")
+    return man
 
 
 def load_config(directory: str) -> ml_collections.ConfigDict:
     """The config saved in a system checkpoint."""
-    path = os.path.join(os.path.abspath(directory), "config", "metadata")
-    if not os.path.exists(path):
+    cfg = _read_json(directory, "config", "the saved config")
+    if cfg is None:
         raise SystemCheckpointError(f"{directory}: no saved config (config/metadata)")
-    with open(path) as f:
-        return config_from_json(json.load(f))
+    if not isinstance(cfg, dict):
+        raise CheckpointIntegrityError(f"{directory}/config/metadata is damaged (not a config). {_fix(directory)}")
+    return config_from_json(cfg)
 
 
 def abstract_component(
@@ -217,7 +392,12 @@ def abstract_component(
 def stored_shapes(directory: str, name: str) -> dict[str, tuple[int, ...]]:
     """``{"a/b/kernel": shape}`` of one stored component, read from orbax metadata (no array reads)."""
     handler = ocp.PyTreeCheckpointHandler()
-    md = handler.metadata(epath.Path(os.path.abspath(directory)) / name)
+    try:
+        md = handler.metadata(epath.Path(os.path.abspath(directory)) / name)
+    except Exception as e:  # noqa: BLE001  orbax/TensorStore/JSON errors of a damaged file
+        raise CheckpointIntegrityError(f"{directory}: cannot read the metadata of component {name!r} "
+                                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
+                                       f"{_fix(directory)}") from None
     tree = getattr(md, "tree", md)
     return {k: tuple(v.shape) for k, v in zip(_flat_keys(tree), jax.tree.leaves(tree))}
 
@@ -257,6 +437,7 @@ def load_system(
     names: Iterable[str] | None = None,
     rules: parallel.mesh.LogicalRules | None = None,
     builders: Mapping[str, Builder] | None = None,
+    verify: str | None = "fast",
 ) -> dict[str, nnx.Module]:
     """Loads components of a system checkpoint as NNX modules placed on ``mesh``.
 
@@ -269,15 +450,21 @@ def load_system(
       names: components to load; default all in the manifest.
       rules: logical rules; default ``config.sharding_rules``.
       builders: extra/overriding ``name -> builder(config, rngs)``.
+      verify: :func:`verify_checkpoint` mode run first (``"fast"``, ``"full"``), or None when the
+        caller has just verified it.
 
     Returns:
       ``{name: module}`` for every requested component.
 
     Raises:
+      CheckpointIntegrityError: a missing, truncated or damaged file (named), or no integrity.json.
       SystemCheckpointError: no checkpoint, a requested component absent from it, no builder,
-        or key/shape mismatch.
+        key/shape mismatch, or any read error of the array files (one line, never a TensorStore
+        traceback).
     """
     directory = os.path.abspath(directory)
+    if verify is not None:
+        verify_checkpoint(directory, verify)
     manifest = read_manifest(directory)
     if config is None:
         config = load_config(directory)
@@ -297,8 +484,13 @@ def load_system(
     args = {n: ocp.args.PyTreeRestore(item=_pure(targets[n]),
                                       restore_args=jax.tree.map(_restore_arg, _pure(targets[n])))
             for n in names}
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        restored = ckptr.restore(directory, ocp.args.Composite(**args))
+    try:
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
+            restored = ckptr.restore(directory, ocp.args.Composite(**args))
+    except Exception as e:  # noqa: BLE001  TensorStore / orbax errors of a damaged file
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise CheckpointIntegrityError(f"{directory}: reading component(s) {names} failed ({type(e).__name__}: "
+                                       f"{first[:200]}). {_fix(directory)}") from None
     return {n: _restore_into(graphdefs[n], targets[n], restored[n], n) for n in names}
 
 
@@ -307,3 +499,36 @@ def _restore_arg(x: Any) -> ocp.ArrayRestoreArgs:
     if not isinstance(sharding, NamedSharding):
         sharding = NamedSharding(parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]), PartitionSpec())
     return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape, dtype=x.dtype)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR``."""
+    ap = argparse.ArgumentParser(prog="python -m animegamer_jax.system_checkpoint",
+                                 description="Check a system checkpoint's files, or write their integrity.json.")
+    ap.add_argument("command", choices=("verify", "manifest"),
+                    help="verify: check every file against integrity.json; manifest: write integrity.json "
+                         "for the files there now (only for a checkpoint you trust)")
+    ap.add_argument("directory")
+    ap.add_argument("--full", action="store_true", help="verify: sha256 of every byte (default: fast check)")
+    args = ap.parse_args(argv)
+    if not os.path.isdir(args.directory):
+        print(f"error: {args.directory}: no such checkpoint folder", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    if args.command == "manifest":
+        path = write_integrity(os.path.abspath(args.directory))
+        print(f"wrote {path} in {time.perf_counter() - t0:.2f}s")
+        return 0
+    try:
+        man = verify_checkpoint(args.directory, "full" if args.full else "fast")
+    except SystemCheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    total = sum(v["size"] for v in man["files"].values())
+    print(f"ok: {len(man['files'])} files, {total / 2**20:.1f} MiB, {'full' if args.full else 'fast'} check "
+          f"in {time.perf_counter() - t0:.2f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,7 +55,7 @@ def main() -> None:
         before_s = dict(engine.compile_s)
         r = engine.play([game])[0]
         t = time.perf_counter()
-        save_game(engine, r, out_dir)
+        save_game(engine, r, out_dir, overwrite=True)  # each repeat replaces its own game
         write_s = time.perf_counter() - t
         n = len(r["turns"])
         per = {s: [tm[f"{s}_s"] for tm in r["timings"]] for s in STAGES}

@@ -247,6 +247,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
+    c.train.allow_resume_mismatch = False  # resume a workdir whose checkpoint has another phase/batch/schedule
 
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()
@@ -269,4 +270,18 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.dreamsim = ""  # local DreamSim embedder folder; "" = DreamSim not computed
     c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
     c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
+
+    # ---- automatic clip labelling (§3.3; `python -m animegamer_jax.data.label`) ----
+    c.label = ml_collections.ConfigDict()
+    c.label.num_frames = 4  # uniformly sampled frames of each clip shown to the captioner (paper: 4)
+    c.label.max_references = 2  # reference images per character (CHARS/<name>/*.png, sorted) in the prompt
+    c.label.batch_size = 4  # clips captioned per generate() call
+    c.label.max_retries = 1  # retries with the stricter prompt before a clip is written as unlabelled
+    c.label.max_new_tokens = 160  # generation budget of one answer (a JSON object of ~60-100 tokens)
+    c.label.greedy = True  # greedy decoding (deterministic); False = sampling with temperature / top_p
+    c.label.temperature = 0.7  # sampling only
+    c.label.top_p = 0.9  # sampling only
+    c.label.dtype = "bfloat16"  # VLM weights / activations: "bfloat16", "float16" or "float32"
+    c.label.device = "auto"  # torch device of the VLM: "auto" (cuda if available), "cpu", "cuda", "cuda:1"
+    c.label.match_threshold = 0.6  # rule-based captioner: colour-histogram intersection to count a character
     return c

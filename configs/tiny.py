@@ -124,4 +124,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.eval.out_dir = "outputs/eval_tiny"  # keep tiny reports apart from full-size ones
     c.eval.clip_frames = 4  # fewer CLIP calls per turn on CPU
+
+    c.label.dtype = "float32"  # CPU
+    c.label.device = "cpu"
     return c

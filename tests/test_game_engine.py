@@ -124,55 +124,184 @@ def test_batch_of_4_on_8_devices_equals_one_by_one():
     assert worst < 1e-5
 
 
-def test_generate_resumes(tmp_path, monkeypatch):
-    jl = tmp_path / "games.jsonl"
-    jl.write_text("\n".join(json.dumps({"game_id": f"g{i}", "seed": i, "turns": TEXTS[:2]}) for i in range(3)))
-    out = tmp_path / "out"
-    calls = []
-    real_save = generate.save_game
+def _jsonl(path, seeds, extra=()):
+    path.write_text("\n".join([json.dumps({"game_id": f"g{i}", "seed": s, "turns": TEXTS[:2]})
+                               for i, s in enumerate(seeds)] + list(extra)) + "\n")
 
-    def killing_save(engine, result, out_dir):
-        if len(calls) == 1:
-            raise KeyboardInterrupt  # killed while writing the second game
-        calls.append(result["game"].game_id)
-        return real_save(engine, result, out_dir)
 
-    monkeypatch.setattr(generate, "save_game", killing_save)
-    with pytest.raises(KeyboardInterrupt):
-        generate.main([str(jl), "--standin", "--out", str(out)])
-    assert calls == ["g0"]
-    (out / "g1").mkdir()  # a partial folder from the killed run
-    (out / ".tmp-g1-deadbeef").mkdir()
+def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
+    """Killed mid-write: no temp folder left; resume skips only games whose fingerprint and files
+    check out, replays the others saying why; a user's folder of a game's name stops the run."""
+    from animegamer_jax.game import writers
+
+    jl, out = tmp_path / "games.jsonl", tmp_path / "out"
+    _jsonl(jl, [0, 1, 2])
+    real_gif, gifs = writers.write_gif, []
+
+    def killing_gif(*a, **k):
+        gifs.append(a[0])
+        if len(gifs) == 3:
+            raise KeyboardInterrupt  # Ctrl-C while writing the second game
+        return real_gif(*a, **k)
+
+    monkeypatch.setattr(writers, "write_gif", killing_gif)
+    assert generate.main([str(jl), "--standin", "--out", str(out)]) == 130
+    assert "rerun the same command to resume" in capsys.readouterr().err
+    assert os.listdir(out) == ["g0"]  # the interrupted write left no temp folder
+    monkeypatch.setattr(writers, "write_gif", real_gif)
+    (out / "g1").mkdir()  # an empty folder: nothing to lose, written
+    stale = out / ".tmp-g1-deadbeef"  # what a SIGKILL mid-write leaves
+    stale.mkdir()
+    (stale / writers.TMP_MARKER).write_bytes(b"")
     done_mtime = os.path.getmtime(out / "g0" / "game.json")
-    monkeypatch.setattr(generate, "save_game", real_save)
     played = []
     real_play = GameEngine.play
     monkeypatch.setattr(GameEngine, "play", lambda self, games, **kw: played.extend(g.game_id for g in games)
                         or real_play(self, games, **kw))
     assert generate.main([str(jl), "--standin", "--out", str(out)]) == 0
     assert played == ["g1", "g2"]
+    assert "2 games to play (0 replayed), 1 already finished" in capsys.readouterr().out
     assert os.path.getmtime(out / "g0" / "game.json") == done_mtime
     assert sorted(os.listdir(out)) == ["g0", "g1", "g2"]
     rec = json.load(open(out / "g2" / "game.json"))
-    assert rec["seed"] == 2 and len(rec["states"]) == 2 and set(rec["timings_s"]["run"]) == {
-        "mllm", "sampling", "vae", "writing"}
+    assert rec["seed"] == 2 and len(rec["states"]) == 2 and rec["fingerprint"]["parts"]["seed"] == 2
+    assert set(json.load(open(out / "g2" / "timings.json"))["run"]) == {"mllm", "sampling", "vae", "writing"}
+
+    # a folder of the user's named like a game: nothing is played, the folder survives
+    (out / "g3").mkdir()
+    (out / "g3" / "notes.txt").write_text("mine")
+    _jsonl(jl, [0, 1, 2, 3])
+    played.clear()
+    assert generate.main([str(jl), "--standin", "--out", str(out)]) == 2
+    assert "g3 exists and was not written by animegamer_jax" in capsys.readouterr().err
+    assert played == [] and os.listdir(out / "g3") == ["notes.txt"]
+
+    # edited seed, a deleted turn video, an emptied game.json: exactly those are replayed
+    _jsonl(jl, [5, 1, 2])
+    os.remove(out / "g1" / "turn_001.mp4")
+    open(out / "g2" / "game.json", "w").close()
+    assert generate.main([str(jl), "--standin", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert sorted(played) == ["g0", "g1", "g2"]
+    assert "3 games to play (3 replayed), 0 already finished" in text
+    assert "replaying g0: made differently (seed 0 -> 5)" in text
+    assert "replaying g1: file turn_001.mp4 is missing" in text
+    assert "replaying g2: game.json is missing or damaged" in text
+    for g in ("g0", "g1", "g2"):
+        assert writers.verify_game(str(out / g)) is None
+
+
+def test_fingerprint_names_mode_and_override_changes():
+    from animegamer_jax.game import writers
+    from animegamer_jax.game.engine import apply_mode
+
+    base = load_config("configs/tiny.py")
+    ref = load_config("configs/tiny.py", ["game.mode=reference"])
+    ref2 = load_config("configs/tiny.py", ["game.mode=reference", "game.fps=12", "game.out_dir=/elsewhere"])
+    a = writers.game_fingerprint(apply_mode(base), TEXTS[:2], 3, "sys")
+    b = writers.game_fingerprint(apply_mode(ref), TEXTS[:2], 3, "sys")
+    c = writers.game_fingerprint(apply_mode(ref2), TEXTS[:2], 3, "sys")
+    changes = writers.fingerprint_changes(a["parts"], b["parts"])
+    assert changes[0] == 'mode "default" -> "reference"' and "config.mllm.history_window 3 -> 1" in changes
+    assert not any("game.mode" in c for c in changes)
+    assert writers.fingerprint_changes(b["parts"], c["parts"]) == ["config.game.fps 8 -> 12"]  # out_dir ignored
+    assert writers.fingerprint_changes(a["parts"], writers.game_fingerprint(
+        apply_mode(base), TEXTS[1:3], 3, "sys")["parts"]) == ["instructions changed"]
+
+
+def test_generate_checks_every_game_before_playing(tmp_path, capsys, monkeypatch):
+    jl, out = tmp_path / "games.jsonl", tmp_path / "out"
+    long = "Character: Bunny; Motion: " + " ".join(["hop"] * 80) + "; Background: day."
+    _jsonl(jl, [0, 1], [json.dumps({"game_id": "long", "turns": [TEXTS[0], long]})])
+    monkeypatch.setattr(GameEngine, "play", lambda *a, **k: pytest.fail("played before validating"))
+    assert generate.main([str(jl), "--standin", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {jl}:3 turn 1: instruction 'Character: Bunny; Motion: hop hop hop" in err
+    assert "tokens, more than game.max_instruction_tokens=" in err and long not in err
+    assert os.listdir(out) == []
+
+
+class _Typed(io.StringIO):
+    """stdin that runs ``check(n)`` before the n-th line is read and ends with Ctrl-C."""
+
+    def __init__(self, text, check):
+        super().__init__(text)
+        self.n, self.check = 0, check
+
+    def readline(self, *a):
+        self.n += 1
+        self.check(self.n)
+        line = super().readline(*a)
+        if not line:
+            raise KeyboardInterrupt
+        return line
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "timings.json"}
 
 
 def test_play_script_and_stdin(tmp_path, monkeypatch, capsys):
     script = tmp_path / "s.txt"
     script.write_text("# comment\n" + "\n".join(TEXTS[:2]) + "\n")
-    assert play.main([str(script), "--standin", "--out", str(tmp_path / "o"), "--seed", "7"]) == 0
+    out = tmp_path / "o"
+    assert play.main([str(script), "--standin", "--out", str(out), "--seed", "7"]) == 0
     text = capsys.readouterr().out
     assert "contact sheet:" in text and "NOT trained" in text and "compilation:" in text
-    rec = json.load(open(tmp_path / "o" / "s" / "game.json"))
+    rec = json.load(open(out / "s" / "game.json"))
     assert rec["seed"] == 7 and rec["instructions"] == TEXTS[:2]
-    monkeypatch.setattr("sys.stdin", io.StringIO(TEXTS[0] + "\nnot an instruction\n" + TEXTS[1] + "\n"))
-    assert play.main(["-", "--standin", "--out", str(tmp_path / "o"), "--game-id", "live", "--seed", "7"]) == 0
+    first = _files(out / "s")
+    # a second run keeps the first game unless --overwrite; with it, every file is byte-identical
+    assert play.main([str(script), "--standin", "--out", str(out), "--seed", "7"]) == 2
+    assert "s holds a game from an earlier run; it is kept. Fix: pass --overwrite" in capsys.readouterr().err
+    assert _files(out / "s") == first
+    assert play.main([str(script), "--standin", "--out", str(out), "--seed", "7", "--overwrite"]) == 0
+    again = _files(out / "s")
+    assert sorted(again) == sorted(first) and [k for k in first if first[k] != again[k]] == []
+    assert {"turn_000.mp4", "turn_000.gif", "contact_sheet.png", "game.json"} <= set(first)
+
+    def check(n):  # typed turns are on disk as soon as they are played
+        if n == 3:
+            assert len(json.load(open(out / "live" / "game.json"))["turns"]) == 1
+        if n == 5:
+            assert len(json.load(open(out / "live" / "game.json"))["turns"]) == 2
+
+    monkeypatch.setattr("sys.stdin", _Typed("\ufeff# typed\n" + TEXTS[0] + "\nnot an instruction\n" + TEXTS[1]
+                                            + "\n", check))
+    assert play.main(["-", "--standin", "--out", str(out), "--game-id", "live", "--seed", "7"]) == 0
     cap = capsys.readouterr()
-    assert "not a 'Key: value' field" in cap.err
-    live = json.load(open(tmp_path / "o" / "live" / "game.json"))
-    # the same turns typed interactively give the same states as the script
+    assert "error: <stdin>:3: 'not an instruction' is not a 'Key: value' field" in cap.err
+    assert "interrupted: 2 turn(s) played and saved" in cap.err and "Traceback" not in cap.err
+    live = json.load(open(out / "live" / "game.json"))
+    # the same turns typed interactively give the same states, and the same video bytes, as the script
     assert live["states"] == rec["states"]
+    assert (out / "live" / "turn_001.mp4").read_bytes() == first["turn_001.mp4"]
+
+
+@pytest.mark.parametrize("gid", ["ABS", "..", "a/b"])
+def test_play_bad_game_id_touches_nothing(tmp_path, capsys, gid):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("mine")
+    gid = str(victim) if gid == "ABS" else gid
+    (tmp_path / "o").mkdir()
+    script = tmp_path / "o" / "s.txt"
+    script.write_text(TEXTS[0] + "\n")
+    assert play.main([str(script), "--standin", "--out", str(tmp_path / "o"), "--game-id", gid]) == 2
+    assert f"error: --game-id: game id {gid!r} is not a plain folder name" in capsys.readouterr().err
+    assert os.listdir(victim) == ["notes.txt"] and os.listdir(tmp_path / "o") == ["s.txt"]
+
+
+def test_play_keeps_a_users_folder(tmp_path, capsys):
+    keep = tmp_path / "o" / "keep"
+    keep.mkdir(parents=True)
+    (keep / "notes.txt").write_text("mine")
+    script = tmp_path / "s.txt"
+    script.write_text(TEXTS[0] + "\n")
+    for extra in ([], ["--overwrite"]):
+        assert play.main([str(script), "--standin", "--out", str(tmp_path / "o"), "--game-id", "keep", *extra]) == 2
+        assert "keep exists and was not written by animegamer_jax" in capsys.readouterr().err
+        assert os.listdir(keep) == ["notes.txt"] and os.listdir(tmp_path / "o") == ["keep"]
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -194,6 +323,9 @@ def test_play_bad_script_line(tmp_path, capsys):
     script.write_text(TEXTS[0] + "\nCharacter: X; Motion: run\n")
     assert play.main([str(script), "--standin", "--out", str(tmp_path / "o")]) == 2
     assert "s.txt:2: missing field(s) Background" in capsys.readouterr().err
+    script.write_text(TEXTS[0] + "\nCharacter: X; Motion: " + "run " * 80 + "; Background: day\n")
+    assert play.main([str(script), "--standin", "--out", str(tmp_path / "o")]) == 2
+    assert "s.txt:2: instruction 'Character: X; Motion: run run" in capsys.readouterr().err
 
 
 def test_config_comes_from_the_checkpoint_when_not_given():
@@ -208,3 +340,17 @@ def test_config_comes_from_the_checkpoint_when_not_given():
     assert cfg.game.seed == 7 and cfg.game.mode == "reference"
     args = argparse.Namespace(config="configs/animegamer_2b_7b.py", checkpoint="checkpoints/tiny_system", mode=None)
     assert config_from_args(args, []).mllm.hidden_size == 4096
+
+
+def test_play_script_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "s.txt"
+    script.write_text(TEXTS[0] + "\n")
+
+    def interrupted(self, games, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(GameEngine, "play", interrupted)
+    assert play.main([str(script), "--standin", "--out", str(tmp_path / "o")]) == 130
+    err = capsys.readouterr().err
+    assert err == "interrupted: nothing written for this game (a script's game is written when it ends)\n"
+    assert os.listdir(tmp_path / "o") == []

@@ -86,3 +86,24 @@ def test_jsonl_good_and_bad(tmp_path):
     broken = _write(tmp_path, "x.jsonl", '{"game_id": "g1", "turns": [\n')
     with pytest.raises(script.GameScriptError, match=r"x\.jsonl:1: invalid JSON"):
         script.load_jsonl(broken)
+
+
+def test_utf8_bom_accepted_in_text_and_jsonl(tmp_path):
+    """Windows editors start UTF-8 files with a BOM; it is not part of the first field name."""
+    line = "Character: Qiqi; Motion: gently fly on broomstick; Background: night sky."
+    txt = _write(tmp_path, "bom.txt", b"\xef\xbb\xbf" + (line + "\r\n" + line + "\r\n").encode(), mode="wb")
+    game = script.load_script(txt)
+    assert len(game.turns) == 2 and game.turns[0].text == line and game.turns[0].where == f"{txt}:1"
+    jl = _write(tmp_path, "bom.jsonl", b"\xef\xbb\xbf" + json.dumps({"game_id": "g", "turns": [line]}).encode()
+                + b"\n", mode="wb")
+    (g,) = script.load_jsonl(jl)
+    assert g.turns[0].text == line and g.turns[0].where == f"{jl}:1 turn 0"
+    assert script.parse_instruction("\ufeff" + line).text == line
+
+
+@pytest.mark.parametrize("gid", ["..", ".", "a/b", "a\\b", "/abs", " x", ""])
+def test_jsonl_game_ids_are_plain_folder_names(tmp_path, gid):
+    path = _write(tmp_path, "ids.jsonl", json.dumps({"game_id": gid, "turns": ["Character: A; Motion: m; "
+                                                                                "Background: b."]}) + "\n")
+    with pytest.raises(script.GameScriptError, match=r"ids\.jsonl:1: game_id must be a plain folder name"):
+        script.load_jsonl(path)

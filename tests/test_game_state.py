@@ -161,14 +161,18 @@ def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
 
     turn = parse_instruction(TEXTS[0])
     games = tuple(Game(f"g{i}", (turn,) * (1 + i % 2), i) for i in range(5))
-    (tmp_path / "g2").mkdir()
-    (tmp_path / "g2" / "game.json").write_text("{}")
-    (tmp_path / "g4").mkdir()  # partial: redone
-    (tmp_path / ".tmp-g0-1234abcd").mkdir()
-    p0, done0 = pending_games(games, str(tmp_path), 0, 2)
-    p1, done1 = pending_games(games, str(tmp_path), 1, 2)
-    assert [g.game_id for g in p0] == ["g0", "g4"] and done0 == 1
-    assert [g.game_id for g in p1] == ["g1", "g3"] and done1 == 0
+    from animegamer_jax.game import writers
+
+    (tmp_path / "g2").mkdir()  # a finished game of ours (marker, game.json listing its files)
+    (tmp_path / "g2" / writers.MARKER).write_text("{}")
+    (tmp_path / "g2" / "game.json").write_text('{"files": {}, "fingerprint": null}')
+    (tmp_path / "g4").mkdir()  # empty: played
+    (tmp_path / ".tmp-g0-1234abcd").mkdir()  # a killed run's temp folder
+    (tmp_path / ".tmp-g0-1234abcd" / writers.TMP_MARKER).write_text("")
+    p0, done0, replay0 = pending_games(games, str(tmp_path), 0, 2)
+    p1, done1, replay1 = pending_games(games, str(tmp_path), 1, 2)
+    assert [g.game_id for g in p0] == ["g0", "g4"] and done0 == 1 and replay0 == {}
+    assert [g.game_id for g in p1] == ["g1", "g3"] and done1 == 0 and replay1 == {}
     assert not (tmp_path / ".tmp-g0-1234abcd").exists()
     groups = batches(list(games), 2)
     assert [[g.game_id for g in b] for b in groups] == [["g0", "g2"], ["g4"], ["g1", "g3"]]

@@ -27,10 +27,12 @@ def test_write_game_files(tmp_path):
     fr = frames(2)
     folder = writers.write_game(str(tmp_path), "g", record(2), fr, fps=8)
     names = sorted(os.listdir(folder))
-    assert names == ["contact_sheet.png", "game.json", "game.mp4", "index.html", "turn_000.gif",
-                     "turn_000.mp4", "turn_001.gif", "turn_001.mp4"]
+    assert names == [".animegamer-game", "contact_sheet.png", "game.json", "game.mp4", "index.html",
+                     "turn_000.gif", "turn_000.mp4", "turn_001.gif", "turn_001.mp4"]
     assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
     rec = json.load(open(os.path.join(folder, "game.json")))
+    assert sorted(rec["files"]) == [n for n in names if not n.startswith(".") and n != "game.json"]
+    assert rec["files"]["game.mp4"]["size"] == os.path.getsize(os.path.join(folder, "game.mp4"))
     assert rec["turns"][1]["video"] == "turn_001.mp4" and rec["turns"][1]["meters"]["stamina"] == 51
     with av.open(os.path.join(folder, "turn_000.mp4")) as c:
         s = c.streams.video[0]
@@ -69,13 +71,87 @@ def test_failure_leaves_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_partial_folder_is_replaced(tmp_path):
-    partial = tmp_path / "g"
-    partial.mkdir()
-    (partial / "turn_000.mp4").write_bytes(b"half")
-    assert not writers.is_finished(str(partial))
+def _tree(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_users_folder_survives_and_overwrite(tmp_path):
+    user = tmp_path / "keep"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    with pytest.raises(writers.OutputError, match=r"keep exists and was not written by animegamer_jax \(no "
+                       r"\.animegamer-game marker\); it is left untouched\. Fix: pass another --game-id"):
+        writers.write_game(str(tmp_path), "keep", record(1), frames(1), fps=8, write_gif_files=False)
+    assert _tree(user) == {"notes.txt": b"mine"}
+    (tmp_path / "afile").write_text("x")  # a file of the user's with the game's name
+    with pytest.raises(writers.OutputError, match="not written by animegamer_jax"):
+        writers.write_game(str(tmp_path), "afile", record(1), frames(1), fps=8, write_gif_files=False)
+    assert (tmp_path / "afile").read_text() == "x"
+    (tmp_path / "empty").mkdir()  # an empty folder holds nothing to lose: written
+    writers.write_game(str(tmp_path), "empty", record(1), frames(1), fps=8, write_gif_files=False)
+    assert writers.is_finished(str(tmp_path / "empty"))
+    first = _tree(tmp_path / "empty")
+    with pytest.raises(writers.OutputError, match="holds a game from an earlier run; it is kept. Fix: pass "
+                                                  "--overwrite"):
+        writers.write_game(str(tmp_path), "empty", record(2), frames(2), fps=8, write_gif_files=False)
+    assert _tree(tmp_path / "empty") == first
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt  # killed while replacing: the earlier game stays whole
+
+    real = writers.fileio.rename
+    calls = []
+    writers.fileio.rename = lambda a, b: calls.append(b) or (boom() if len(calls) == 2 else real(a, b))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            writers.write_game(str(tmp_path), "empty", record(2), frames(2), fps=8, write_gif_files=False,
+                               overwrite=True)
+    finally:
+        writers.fileio.rename = real
+    assert _tree(tmp_path / "empty") == first
+    writers.write_game(str(tmp_path), "empty", record(2), frames(2), fps=8, write_gif_files=False, overwrite=True)
+    assert len(json.load(open(tmp_path / "empty" / "game.json"))["turns"]) == 2
+    assert sorted(n for n in os.listdir(tmp_path) if n.startswith(".")) == []
+
+
+@pytest.mark.parametrize("gid", ["..", ".", "", "/abs/path", "a/b", "..\\x", ".hidden", " pad"])
+def test_bad_game_ids(tmp_path, gid):
+    with pytest.raises(writers.OutputError, match="is not a plain folder name"):
+        writers.write_game(str(tmp_path), gid, record(1), frames(1), fps=8)
+    assert os.listdir(tmp_path) == []
+
+
+def test_stale_temp_folders_cleaned_only_if_ours(tmp_path):
+    ours = tmp_path / ".tmp-g-dead0000"
+    ours.mkdir()
+    (ours / writers.TMP_MARKER).write_bytes(b"")
+    (ours / "turn_000.mp4").write_bytes(b"half")
+    theirs = tmp_path / ".tmp-g-user"
+    theirs.mkdir()
     writers.write_game(str(tmp_path), "g", record(1), frames(1), fps=8, write_gif_files=False)
-    assert writers.is_finished(str(partial)) and (partial / "turn_000.mp4").stat().st_size > 100
+    assert sorted(os.listdir(tmp_path)) == [".tmp-g-user", "g"]
+
+
+def test_identical_inputs_give_identical_files_and_verify(tmp_path):
+    """Two writes of one game: every file byte-identical (deterministic libx264); timings apart."""
+    rec = dict(record(2), timings_s={"run": {"mllm": 1.0}})
+    fp = writers.fingerprint({"seed": 3})
+    a = writers.write_game(str(tmp_path / "a"), "g", rec, frames(2), fps=8, fingerprint=fp)
+    b = writers.write_game(str(tmp_path / "b"), "g", rec, frames(2), fps=8, fingerprint=fp)
+    ta, tb = _tree(tmp_path / "a" / "g"), _tree(tmp_path / "b" / "g")
+    assert json.loads(ta.pop("timings.json"))["run"]["mllm"] == 1.0 and "writing" in json.loads(tb.pop("timings.json"))["run"]
+    assert sorted(ta) == sorted(tb) and all(ta[k] == tb[k] for k in ta), [k for k in ta if ta[k] != tb[k]]
+    assert "timings_s" not in json.loads(ta["game.json"])
+    assert writers.verify_game(a, fp) is None
+    assert writers.verify_game(a, writers.fingerprint({"seed": 4})) == "made differently (seed 3 -> 4)"
+    os.remove(os.path.join(b, "turn_001.gif"))
+    assert writers.verify_game(b, fp) == "file turn_001.gif is missing"
+    with open(os.path.join(a, "turn_000.mp4"), "r+b") as f:
+        f.seek(100)
+        f.write(b"XXXXXXXX")
+    assert writers.verify_game(a, fp) == "file turn_000.mp4 is damaged (sha256 differs)"
+    open(os.path.join(a, "game.json"), "w").close()
+    assert writers.verify_game(a, fp) == "game.json is missing or damaged"
 
 
 def test_not_writable_output(tmp_path):
@@ -83,3 +159,22 @@ def test_not_writable_output(tmp_path):
     blocker.write_text("x")
     with pytest.raises(writers.OutputError, match="not writable.*--out"):
         writers.check_writable(str(blocker / "games"))
+
+
+def test_gallery_look_and_turns_of_different_instruction_lengths(tmp_path):
+    rec = record(2)
+    rec["meter_start"] = 50
+    rec["turns"][1]["instruction"] = "Character: B; Motion: " + "run and jump over the hills " * 6 + "; Background: day."
+    folder = writers.write_game(str(tmp_path), "g", rec, frames(2), fps=8, write_gif_files=False)
+    # one frame size for every turn (the HUD panel does not grow with the text): game.mp4 holds both
+    a, b = (writers.read_video(os.path.join(folder, f"turn_{k:03d}.mp4")) for k in range(2))
+    assert a.shape == b.shape and writers.read_video(os.path.join(folder, "game.mp4")).shape[0] == 34
+    page = open(os.path.join(folder, "index.html")).read()
+    assert page.count("<video ") == 2 and page.count(" controls ") == 2
+    assert writers.GALLERY_CSS in page and "--link: #ffd479" in page  # readable links on the dark page
+    assert "http://" not in page and "https://" not in page  # nothing from outside
+    # meters as bars with this turn's change: turn 1 from meter_start 50, turn 2 from turn 1
+    assert page.count('class="meters"') == 2
+    assert 'aria-valuenow="55" aria-label="social"><span class="fill social" style="width:55%">' in page
+    assert '<span class="delta up">+5</span>' in page and '<span class="delta down">-5</span>' in page
+    assert '<span class="delta ">+0</span>' in page and '<span class="delta up">+1</span>' in page

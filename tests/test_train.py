@@ -139,6 +139,26 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_resume_with_another_run_is_one_line_or_explicitly_allowed(tmp_path):
+    tx, sched = optim.make_optimizer(_train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    kw = dict(workdir=str(tmp_path), global_batch_size=4, checkpoint_every=2, progress=False, async_checkpoint=False)
+    meta = {"phase": "a1", "config": "tiny", "learning_rate": 1e-2, "warmup_steps": 2}
+    loop.fit(tr, toy_data(4), num_steps=6, stop_after=2, meta=meta, **kw)
+    ckpts = str(tmp_path / "checkpoints")
+    with pytest.raises(loop.ResumeMismatchError) as e:
+        loop.fit(tr, toy_data(4), num_steps=9, meta=dict(meta, phase="a2"), **kw)
+    assert str(e.value) == (f"{ckpts} (step 2) was written by another run: phase 'a1' -> 'a2'; num_steps 6 -> 9 "
+                            f"(saved -> now). Fix: use a new --workdir for a new run, or resume it anyway with "
+                            f"--config.train.allow_resume_mismatch=True")
+    saved = dict(meta, num_steps=6, global_batch_size=4, grad_accum_steps=1)
+    assert loop.check_resume(saved, dict(saved, global_batch_size=8, learning_rate=3e-3, warmup_steps=2), "") == [
+        "global_batch_size 4 -> 8", "learning_rate 0.01 -> 0.003"]
+    assert loop.check_resume({"phase": "a1"}, saved, "") == []  # older checkpoints: only fields on both sides
+    r = loop.fit(tr, toy_data(4), num_steps=3, meta=meta, allow_resume_mismatch=True, **kw)
+    assert (r.start_step, r.end_step) == (2, 3)
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     tx, _ = optim.make_optimizer(_train_cfg())
     tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh())

@@ -7,7 +7,9 @@ Modules (paper Sec. 3.3, Appendix B; architecture.md Sec. 8.1):
               center-crop), FilmTooShortError
   motion.py   motion_scope(frames uint8 [T,H,W,3]) -> float, motion_level(scope, bins) -> 1..5,
               derive_bins; reused by evaluation (ACC-F / MAE-F)
-  labels.py   labels JSONL format, validation, match_labels, Captioner protocol
+  labels.py   labels JSONL format, validation, match_labels
+  captioners.py  Captioner interface: transformers VLM (InternVL, any AutoModelForImageTextToText), rule-based
+  label.py    CLI `python -m animegamer_jax.data.label`: clips -> captioner -> labels JSONL (resumable)
   storage.py  record codec and dataset.json index (ArrayRecord shards)
   prepare.py  CLI `python -m animegamer_jax.data.prepare` (atomic dataset build)
   loader.py   grain DataLoaders: single clips, multi-turn sequences, TokenizeTurns; sharded, seeded,

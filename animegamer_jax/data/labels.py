@@ -1,11 +1,13 @@
 """Clip labels: the JSONL interface between captioning and dataset building (paper Sec. 3.3, App. B).
 
-A labels file is JSON Lines, one object per line, two kinds:
+A labels file is JSON Lines, one object per line, three kinds:
 
   {"type": "film", "film_id": "sample_film", "characters": ["Bunny", "Driver"]}
   {"type": "clip", "film_id": "sample_film", "clip_index": 0, "start": 0.0,
    "characters": ["Bunny"], "action": "slowly crawl out of burrow", "background": "day meadow",
    "states": {"social": 0, "entertainment": 1, "stamina": 1}}
+  {"type": "unlabelled", "film_id": "sample_film", "clip_index": 3, "start": 10.76,
+   "reason": "no JSON object in the answer"}
 
 - `film` lines (optional, one per film) declare the cast; when present, every clip's characters must
   belong to it ("unknown character" otherwise). Names are case-sensitive.
@@ -15,16 +17,17 @@ A labels file is JSON Lines, one object per line, two kinds:
   motion description (adverb + verb phrase, e.g. "gently sit on railing"), `background` is
   "<time> <place>" (e.g. "day town"). `states` are the character-state CHANGES during the clip,
   integers in -5..5: social (SC), entertainment (ET), stamina (ST).
+- `unlabelled` lines mark a clip the captioner could not label (`data/label.py` writes them, with the
+  reason); `prepare` leaves such clips out and reports them. Label one by hand by replacing its line
+  with a `clip` line.
 - Blank lines and lines starting with '#' are ignored.
 
 The MLLM instruction of a clip follows the release's format (architecture.md Sec. 1.1):
   "Character: <names>; Motion: <action>; Background: <background>."
 
-Captioner protocol. No captioner ships. The paper captions with InternVL-26B in two prompts: (1) given
-reference images of the protagonists and 4-8 evenly sampled frames, say which protagonists appear;
-(2) describe the character's motion (short action), the environment, and the changes of stamina,
-social and entertainment. A user plugs a vision-language model in by implementing `Captioner` and
-running `caption_film`, which writes the same JSONL (review it by hand before training).
+Automatic labelling (the paper captions with InternVL from reference images of the protagonists and 4
+evenly sampled frames): `python -m animegamer_jax.data.label` (data/label.py, captioners in
+data/captioners.py) writes this format; review it by hand before training.
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
-
-import numpy as np
 
 STATE_NAMES = ("social", "entertainment", "stamina")
 STATE_RANGE = (-5, 5)
@@ -78,11 +78,13 @@ class ClipLabel:
 
 @dataclasses.dataclass
 class LabelSet:
-    """Parsed labels file: casts per film and labels keyed by (film_id, clip_index)."""
+    """Parsed labels file: casts per film, labels keyed by (film_id, clip_index), and the clips marked
+    unlabelled ((film_id, clip_index) -> (start, reason))."""
 
     path: str
     casts: dict[str, tuple[str, ...]]
     clips: dict[tuple[str, int], ClipLabel]
+    unlabelled: dict[tuple[str, int], tuple[float, str]] = dataclasses.field(default_factory=dict)
 
     def for_film(self, film_id: str) -> list[ClipLabel]:
         """Labels of one film, by clip_index."""
@@ -113,6 +115,15 @@ def _parse_clip(obj: dict, where: str) -> ClipLabel:
                      int(states["entertainment"]), int(states["stamina"]))
 
 
+def parse_clip(obj: dict, where: str) -> ClipLabel:
+    """Validates one clip-line object (the module docstring's schema) and returns its ClipLabel.
+
+    Raises:
+      LabelError: starting with `where`: a missing or ill-typed field, states outside -5..5.
+    """
+    return _parse_clip(obj, where)
+
+
 def read_labels(path: str) -> LabelSet:
     """Parses and validates a labels JSONL file.
 
@@ -133,21 +144,31 @@ def read_labels(path: str) -> LabelSet:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
                 raise LabelError(f"{path}:{n}: not valid JSON ({e})") from e
-            if not isinstance(obj, dict) or obj.get("type") not in ("film", "clip"):
-                raise LabelError(f"{path}:{n}: each line must be an object with \"type\": \"film\" or \"clip\"")
+            if not isinstance(obj, dict) or obj.get("type") not in ("film", "clip", "unlabelled"):
+                raise LabelError(f"{path}:{n}: each line must be an object with \"type\": \"film\", "
+                                 f"\"clip\" or \"unlabelled\"")
             lines.append((n, obj))
     for n, obj in lines:
         if obj["type"] == "film":
             if "film_id" not in obj or not isinstance(obj.get("characters"), list):
                 raise LabelError(f"{path}:{n}: film line needs 'film_id' and a 'characters' list")
             casts[str(obj["film_id"])] = tuple(obj["characters"])
+    unlabelled: dict[tuple[str, int], tuple[float, str]] = {}
     for n, obj in lines:
-        if obj["type"] != "clip":
+        if obj["type"] == "film":
             continue
         where = f"{path}:{n}"
+        if obj["type"] == "unlabelled":
+            if not isinstance(obj.get("clip_index"), int) or "film_id" not in obj or "start" not in obj:
+                raise LabelError(f"{where}: an unlabelled line needs 'film_id', 'clip_index' and 'start'")
+            key = (str(obj["film_id"]), obj["clip_index"])
+            if key in clips or key in unlabelled:
+                raise LabelError(f"{where}: duplicate line for film '{key[0]}' clip {key[1]}")
+            unlabelled[key] = (float(obj["start"]), str(obj.get("reason", "")))
+            continue
         label = _parse_clip(obj, where)
         key = (label.film_id, label.clip_index)
-        if key in clips:
+        if key in clips or key in unlabelled:
             raise LabelError(f"{where}: duplicate label for film '{label.film_id}' clip {label.clip_index}")
         cast = casts.get(label.film_id)
         if cast is not None:
@@ -156,7 +177,7 @@ def read_labels(path: str) -> LabelSet:
                 raise LabelError(f"{where}: film '{label.film_id}' clip {label.clip_index}: unknown "
                                  f"character(s) {unknown}; the film's cast is {list(cast)}")
         clips[key] = label
-    return LabelSet(path, casts, clips)
+    return LabelSet(path, casts, clips, unlabelled)
 
 
 def write_labels(path: str, labels: Iterable[ClipLabel], casts: Mapping[str, Sequence[str]] | None = None) -> None:
@@ -168,10 +189,10 @@ def write_labels(path: str, labels: Iterable[ClipLabel], casts: Mapping[str, Seq
             f.write(json.dumps(label.to_json()) + "\n")
 
 
-def match_labels(film_id: str, specs: Sequence, labels: LabelSet, film_path: str = "") -> list[ClipLabel]:
+def match_labels(film_id: str, specs: Sequence, labels: LabelSet, film_path: str = "") -> list[ClipLabel | None]:
     """Pairs planned clips (clips.ClipSpec, in order) with their labels.
 
-    Returns one ClipLabel per spec, in the same order.
+    Returns one ClipLabel per spec, in the same order; None for a clip marked unlabelled.
 
     Raises:
       LabelError: naming the labels file, the film (and its path) and the clip: a clip without a label,
@@ -182,6 +203,14 @@ def match_labels(film_id: str, specs: Sequence, labels: LabelSet, film_path: str
     out = []
     for spec in specs:
         label = labels.clips.get((film_id, spec.clip_index))
+        if label is None and (film_id, spec.clip_index) in labels.unlabelled:
+            start, _ = labels.unlabelled[(film_id, spec.clip_index)]
+            if abs(start - spec.start_time) > START_TOLERANCE_S:
+                raise LabelError(f"{labels.path}: unlabelled line of {film} clip {spec.clip_index} says start "
+                                 f"{start:.2f} s but the clip starts at {spec.start_time:.2f} s "
+                                 f"(labels written for a different cut?)")
+            out.append(None)
+            continue
         if label is None:
             raise LabelError(f"{labels.path}: no label for {film} clip {spec.clip_index} "
                              f"(starts at {spec.start_time:.2f} s); the film has {len(specs)} clips")
@@ -190,43 +219,9 @@ def match_labels(film_id: str, specs: Sequence, labels: LabelSet, film_path: str
                              f"{label.start:.2f} s but the clip starts at {spec.start_time:.2f} s "
                              f"(labels written for a different cut?)")
         out.append(label)
-    extra = [lab.clip_index for lab in labels.for_film(film_id) if lab.clip_index >= len(specs)]
+    extra = sorted([lab.clip_index for lab in labels.for_film(film_id) if lab.clip_index >= len(specs)]
+                   + [i for f, i in labels.unlabelled if f == film_id and i >= len(specs)])
     if extra:
         raise LabelError(f"{labels.path}: labels for clips {extra} of {film}, which has only "
                          f"{len(specs)} clips (indices 0..{len(specs) - 1})")
-    return out
-
-
-class Captioner(Protocol):
-    """A vision-language captioner (e.g. InternVL) producing one clip's labels.
-
-    `caption` receives evenly sampled clip frames (uint8 [N, H, W, 3], N = 4 or 8 per the paper) and the
-    film's cast as name -> reference image (uint8 [h, w, 3]); it returns the characters present (names
-    from the cast), the action description, the background and the three state changes.
-    """
-
-    def caption(self, frames: np.ndarray, cast: Mapping[str, np.ndarray]) -> dict:
-        """Returns {"characters": [...], "action": str, "background": str,
-        "states": {"social": int, "entertainment": int, "stamina": int}}."""
-        ...
-
-
-def caption_film(clips: Iterable, captioner: Captioner, cast: Mapping[str, np.ndarray],
-                 num_frames: int = 4) -> list[ClipLabel]:
-    """Labels decoded clips (clips.Clip) with a captioner; validated like a labels file.
-
-    Raises LabelError if the captioner returns malformed fields or names outside the cast.
-    """
-    out = []
-    for clip in clips:
-        idx = np.linspace(0, clip.frames.shape[0] - 1, num_frames).round().astype(int)
-        raw = dict(captioner.caption(clip.frames[idx], cast))
-        raw.update(type="clip", film_id=clip.spec.film_id, clip_index=clip.spec.clip_index,
-                   start=clip.spec.start_time)
-        where = f"captioner output for film '{clip.spec.film_id}' clip {clip.spec.clip_index}"
-        label = _parse_clip(raw, where)
-        unknown = [c for c in label.characters if c not in cast]
-        if unknown:
-            raise LabelError(f"{where}: unknown character(s) {unknown}; the cast is {list(cast)}")
-        out.append(label)
     return out

@@ -1,7 +1,7 @@
 """Films + labels -> clip dataset (ArrayRecord shards + dataset.json; see storage.py).
 
   python -m animegamer_jax.data.prepare --config=configs/tiny.py \
-      --film=sample_film=data/prepared/sample_film.mp4 --labels=data/sample_labels.jsonl \
+      --film=sample_film=data/prepared/sample_film.mp4 [--film_dir=DIR] --labels=data/sample_labels.jsonl \
       --out=data/prepared/tiny [--num_shards=2] [--skip_bad] [--overwrite]
 
 Steps (paper Sec. 3.3 / App. B): for every film, pass 1 decodes it, finds scene cuts and plans the
@@ -12,6 +12,9 @@ Atomic: everything is written into a hidden temporary directory beside `--out`, 
 `--out` only after the last shard and the index are closed; a crash or an error removes it, so no
 half-written dataset or shard is ever visible at `--out`. An existing `--out` is replaced only with
 `--overwrite`.
+
+Clips marked `unlabelled` in the labels file (data/label.py could not label them) are left out and
+listed in the report and in dataset.json's "unlabelled".
 
 Bad input: an unreadable / corrupt / empty video, a film shorter than one clip, labels that do not
 match the clips, or unknown characters raise an error naming the file and clip; with `--skip_bad`
@@ -46,12 +49,17 @@ class PrepareReport:
     skipped: list[tuple[str, str, str]]
     motion_scopes: list[float]
     seconds: float
+    unlabelled: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
 
     def summary(self) -> str:
         lines = [f"wrote {self.num_clips} clips of {len(self.films)} film(s) to {self.out_dir} "
                  f"in {self.seconds:.1f} s"]
         for film_id, path, reason in self.skipped:
             lines.append(f"skipped film '{film_id}' ({path}): {reason}")
+        if self.unlabelled:
+            lines.append(f"left out {len(self.unlabelled)} clip(s) marked unlabelled in the labels file "
+                         f"(label them by hand to include them): "
+                         f"{[f'{f}:{i}' for f, i, _ in self.unlabelled]}")
         if self.motion_scopes:
             lines.append(f"motion scopes: {[round(s, 3) for s in self.motion_scopes]}")
             if len(self.motion_scopes) >= 5:
@@ -105,6 +113,7 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     # Pass 1: plan and label every film before writing anything.
     planned: list[tuple[str, str, list[clips_lib.ClipSpec], list[labels_lib.ClipLabel]]] = []
     skipped: list[tuple[str, str, str]] = []
+    unlabelled: list[tuple[str, int, str]] = []
     for film_id, path in films:
         try:
             specs, scenes, info = clips_lib.plan_film(path, film_id, data_cfg)
@@ -116,10 +125,15 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
             log(f"skip {film_id}: {e}")
             continue
         log(f"{film_id}: {info.num_frames} frames at {info.fps:g} fps, {len(scenes)} scenes, {len(specs)} clips")
-        planned.append((film_id, path, specs, film_labels))
+        unlabelled += [(film_id, s.clip_index, labels.unlabelled[(film_id, s.clip_index)][1])
+                       for s, lab in zip(specs, film_labels) if lab is None]
+        kept = [(s, lab) for s, lab in zip(specs, film_labels) if lab is not None]
+        if kept:
+            planned.append((film_id, path, [s for s, _ in kept], [lab for _, lab in kept]))
     total = sum(len(p[2]) for p in planned)
     if total == 0:
-        raise ValueError(f"no clips to write (films skipped: {[s[0] for s in skipped]})")
+        raise ValueError(f"no clips to write (films skipped: {[s[0] for s in skipped]}; "
+                         f"clips marked unlabelled: {len(unlabelled)})")
     num_shards = min(num_shards, total)
     bounds = np.linspace(0, total, num_shards + 1).round().astype(int)
 
@@ -182,6 +196,7 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
             "feature_fields": sorted(feature_fields),
             "labels": os.path.abspath(labels_path),
             "skipped": [{"film_id": f, "path": p, "reason": r} for f, p, r in skipped],
+            "unlabelled": [{"film_id": f, "clip_index": i, "reason": r} for f, i, r in unlabelled],
         }
         with open(os.path.join(tmp, storage.INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump(index, f, indent=1)
@@ -196,7 +211,7 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PrepareReport(out_dir, g, [p[0] for p in planned], skipped, scopes, time.time() - t0)
+    return PrepareReport(out_dir, g, [p[0] for p in planned], skipped, scopes, time.time() - t0, unlabelled)
 
 
 def _parse_film(arg: str) -> tuple[str, str]:
@@ -215,7 +230,14 @@ def main(argv: Sequence[str]) -> None:
     if len(argv) > 1:
         raise SystemExit(f"unexpected arguments {argv[1:]}")
     cfg = FLAGS.config
-    report = prepare_dataset([_parse_film(a) for a in FLAGS.film], FLAGS.labels,
+    films = [_parse_film(a) for a in FLAGS.film or []]
+    if FLAGS.film_dir:
+        from animegamer_jax.data.label import list_film_dir
+
+        films += list_film_dir(FLAGS.film_dir)
+    if not films:
+        raise SystemExit("give the films: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
+    report = prepare_dataset(films, FLAGS.labels,
                              FLAGS.out or cfg.data.dataset_dir, cfg.data, num_shards=FLAGS.num_shards,
                              skip_bad=FLAGS.skip_bad, overwrite=FLAGS.overwrite,
                              log=lambda s: print(s, file=sys.stderr, flush=True))
@@ -228,12 +250,12 @@ def _define_flags() -> None:
 
     config_flags.DEFINE_config_file("config", "configs/tiny.py", "Config file; its `data` section is used.")
     flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.")
+    flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).")
     flags.DEFINE_string("labels", "data/sample_labels.jsonl", "Labels JSONL (see animegamer_jax/data/labels.py).")
     flags.DEFINE_string("out", "", "Output dataset directory (default: config.data.dataset_dir).")
     flags.DEFINE_integer("num_shards", 1, "ArrayRecord shards.")
     flags.DEFINE_bool("skip_bad", False, "Skip (and report) films that fail instead of stopping.")
     flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
-    flags.mark_flag_as_required("film")
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def play_benchmark(engine, bench: Benchmark, out_dir: str | None = None,
             f"in {time.perf_counter() - t0:.1f} s")
         for g, r in zip(chunk, results):
             if out_dir is not None:
-                save_game(engine, r, out_dir)
+                save_game(engine, r, out_dir, overwrite=True)  # a rerun replaces its own games
             played.append(PlayedGame(g.game_id, r, len(chunk)))
     order = {g.game_id: i for i, g in enumerate(todo)}
     return sorted(played, key=lambda p: order[p.game_id])

@@ -58,6 +58,12 @@ class GameSystem:
         [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise.
       decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
+      decode_chunk: optional ``(params, latents_chunk [B, t, C, h, w], cache | None) ->
+        (frames [B, f, H, W, 3], cache)``: one causal chunk of ``decode`` (the same chunk plan, so
+        the frames match ``decode``'s), for showing frames as they are decoded (web server).
+      decode_plan: the latent chunk sizes ``decode_chunk`` is run with (sum = T_lat).
+      identity: what the weights are, for output fingerprints (a checkpoint's content digest,
+        system_checkpoint.checkpoint_identity); empty = the label.
     """
 
     params: Any
@@ -65,6 +71,9 @@ class GameSystem:
     sample: Callable[..., jax.Array]
     decode: Callable[..., jax.Array]
     label: str
+    decode_chunk: Callable[..., tuple[jax.Array, Any]] | None = None
+    decode_plan: tuple[int, ...] = ()
+    identity: str = ""
 
 
 def apply_mode(config):
@@ -189,6 +198,7 @@ class GameEngine:
         self.mllm_fn = jax.jit(system.mllm)
         self.sample_fn = jax.jit(system.sample)
         self.decode_fn = jax.jit(system.decode)
+        self.decode_chunk_fn = jax.jit(system.decode_chunk) if system.decode_chunk is not None else None
         self.compile_s = dict.fromkeys(STAGES, 0.0)
         self.compiles = dict.fromkeys(STAGES, 0)
 
@@ -219,7 +229,8 @@ class GameEngine:
         return GameRun(self.spec, self.rep_dim, Meters(*(int(self.config.game.meter_start),) * 3))
 
     def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
-             turn_index: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+             turn_index: Sequence[int], on_frames: Callable[[int, np.ndarray], None] | None = None,
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
 
         Args:
@@ -227,6 +238,9 @@ class GameEngine:
           seeds: per row, the game seed.
           current_ids: per row, the current instruction ids.
           turn_index: per row, the turn number k (selects the PRNG key).
+          on_frames: optional ``(first_frame, frames float32 [B, f, H, W, 3])``, called as frames
+            are decoded: once per VAE chunk when the system has ``decode_chunk``, else once with
+            the whole clip. Its own time is not counted in the stage timings.
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
@@ -237,9 +251,31 @@ class GameEngine:
         (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
         latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys)
-        frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
+        if on_frames is not None and self.decode_chunk_fn is not None:
+            frames, t_vae = self._decode_streaming(latents, on_frames)
+        else:
+            frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
+            if on_frames is not None:
+                on_frames(0, np.asarray(jax.device_get(frames)))
         states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
         return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae}
+
+    def _decode_streaming(self, latents, on_frames) -> tuple[np.ndarray, float]:
+        """``decode`` run one chunk of ``system.decode_plan`` at a time, the causal cache carried
+        between calls; ``on_frames`` gets each chunk's frames. Returns (frames [B, F, H, W, 3], s)."""
+        plan = tuple(int(n) for n in self.system.decode_plan)
+        if not plan or sum(plan) != latents.shape[1]:
+            raise ValueError(f"decode_plan {plan} does not split {latents.shape[1]} latent frames")
+        cache, chunks, start, total = None, [], 0, 0.0
+        for n in plan:
+            z = jax.lax.slice_in_dim(latents, start, start + n, axis=1)
+            (out, cache), secs, _ = self._timed("vae", self.decode_chunk_fn, self.params, z, cache)
+            total += secs
+            chunk = np.asarray(jax.device_get(out))
+            on_frames(sum(c.shape[1] for c in chunks), chunk)
+            chunks.append(chunk)
+            start += n
+        return np.concatenate(chunks, axis=1), total
 
     def play(self, games: Sequence[Game], on_turn: Callable[[int, list], None] | None = None) -> list[dict]:
         """Plays up to ``batch_size`` games together; returns one result dict per game.
@@ -310,6 +346,7 @@ def game_record(config, result: dict, system_label: str, write_s: float | None =
         "system": system_label,
         "seed": result["seed"],
         "fps": cfg.game.fps,
+        "meter_start": int(cfg.game.meter_start),
         "instructions": [t.text for t in game.turns],
         "states": [list(tr.states) for tr in result["turns"]],
         "meters": [tr.meters for tr in result["turns"]],

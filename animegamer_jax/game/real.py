@@ -19,7 +19,9 @@ jit arguments (weights are never baked in as constants):
   key (``split(key)``: initial latents, SDE noise), which makes a game's output independent of the
   batch it is played in.
 * **VAE** (§5.6): ``decode(latents / scaling_factor)`` (spatially tiled when ``vae.tile_size`` > 0)
-  -> frames, mapped from [-1, 1] to [0, 1] and clipped.
+  -> frames, mapped from [-1, 1] to [0, 1] and clipped. Untiled, the system also has
+  ``decode_chunk``: one chunk of the same causal chunk plan (``vae.decode_chunks``) per call, the
+  cache carried by the caller, so a server can show the first frames while the rest decode.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
     plan = samplers.plan_from_config(config.diffusion)
     table = tuple(config.dit.flow_table)
+    decode_plan, decode_chunk = (), None  # chunked decode for streaming (untiled VAE only)
     latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
                     config.dit.sample_width)
     if decode_fn is None:
@@ -128,6 +131,19 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
             z = latents / scale
             video = vae.tiled_decode(z) if vae.cfg.tile_size > 0 else vae.decode(z)
             return _to_unit_frames(video, latents.shape)
+
+        vcfg = components["vae"].cfg
+        if vcfg.tile_size <= 0:
+            from animegamer_jax.models.cogvideox_vae import chunk_plan
+
+            decode_plan = chunk_plan(latent_shape[0], *vcfg.decode_chunks)
+
+            def decode_chunk(p, latents, cache):
+                # one step of CogVideoXVAE.decode's chunk loop (run_chunked), same plan and caches
+                vae = nnx.merge(g_vae, p["vae"])
+                z = jnp.moveaxis(latents / scale, 2, -1).astype(jnp.dtype(vae.cfg.dtype))
+                video, cache = vae.decoder(z, cache)
+                return _to_unit_frames(video.astype(jnp.float32), latents.shape), cache
     else:
         def decode(p, latents):
             return decode_fn(latents)
@@ -151,7 +167,8 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
         return jax.vmap(one)(rep, flow, keys)
 
-    return GameSystem(params, mllm, sample, decode, label=label)
+    return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
+                      decode_plan=decode_plan)
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:

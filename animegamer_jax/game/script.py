@@ -48,6 +48,8 @@ class Turn:
     characters: tuple[str, ...]
     motion: str
     background: str
+    #: where it was read (``"game.txt:3"``, ``"games.jsonl:2 turn 1"``); not part of equality
+    where: str = dataclasses.field(default="", compare=False)
 
     @property
     def text(self) -> str:
@@ -67,6 +69,14 @@ class Game:
     game_id: str
     turns: tuple[Turn, ...]
     seed: int | None = None
+
+
+def is_plain_name(name: object) -> bool:
+    """True when ``name`` is usable as one folder name: a non-empty string without path separators,
+    NUL, a leading ``.`` (so no ``.``/``..``, no hidden names) or surrounding spaces, at most 200 chars."""
+    return (isinstance(name, str) and bool(name) and not name.startswith(".") and "/" not in name
+            and "\\" not in name and "\0" not in name and name == name.strip() and len(name) <= 200
+            and not os.path.isabs(name))
 
 
 def _where(path: str, line_no: int) -> str:
@@ -89,7 +99,7 @@ def parse_instruction(line: str, where: str = "<string>") -> Turn:
       GameScriptError: a missing, duplicated, empty or unknown field (message starts with
         ``where``, e.g. ``"game.txt:3"``, and ends with the fix).
     """
-    text = line.strip()
+    text = line.lstrip("\ufeff").strip()  # a UTF-8 BOM (Windows editors) is not part of the text
     if text.endswith("."):
         text = text[:-1]
     values: dict[str, str] = {}
@@ -115,7 +125,8 @@ def parse_instruction(line: str, where: str = "<string>") -> Turn:
     characters = _split_characters(values["character"])
     if not characters:
         raise GameScriptError(f"{where}: no character name given. Fix: {_FIX}")
-    return Turn(characters, values["motion"], values["background"])
+    return Turn(characters, values["motion"], values["background"],
+                where="" if where == "<string>" else where)
 
 
 def _read_text(path: str) -> str:
@@ -124,7 +135,7 @@ def _read_text(path: str) -> str:
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        return raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix("\ufeff")  # accept a UTF-8 BOM
     except UnicodeDecodeError as e:
         line_no = raw[: e.start].count(b"\n") + 1
         raise GameScriptError(
@@ -212,8 +223,9 @@ def load_jsonl(path: str) -> tuple[Game, ...]:
             if key not in obj:
                 raise GameScriptError(f"{where}: missing key {key!r}. Fix: add it to the object")
         gid = obj["game_id"]
-        if not isinstance(gid, str) or not gid or "/" in gid or gid.startswith("."):
-            raise GameScriptError(f"{where}: game_id must be a non-empty string usable as a folder name, got {gid!r}")
+        if not is_plain_name(gid):
+            raise GameScriptError(f"{where}: game_id must be a plain folder name (no '/', '\\\\', leading '.', "
+                                  f"'..' or surrounding spaces), got {gid!r}. Fix: use e.g. 'bunny-1'")
         if gid in seen:
             raise GameScriptError(f"{where}: game_id {gid!r} already used on line {seen[gid]}. Fix: make ids unique")
         seen[gid] = i

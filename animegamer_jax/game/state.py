@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -155,19 +156,41 @@ class TurnInput:
     length: int
 
 
-def encode_instruction(text: str, spec: WindowSpec, tok: tk.AnimeGamerTokenizer | None = None) -> tuple[int, ...]:
+def encode_instruction(text: str, spec: WindowSpec, tok: tk.AnimeGamerTokenizer | None = None,
+                       where: str = "") -> tuple[int, ...]:
     """Instruction ids (no BOS), checked against the per-turn budget.
 
+    Args:
+      where: where the instruction comes from (``"game.txt:3"``), starts the error message.
+
     Raises:
-      InstructionTooLongError: more than ``spec.max_text`` tokens (names the count and the fix).
+      InstructionTooLongError: more than ``spec.max_text`` tokens (names ``where``, the count and
+        the fix; the text is shortened to its start).
     """
     tok = tok or tk.get_tokenizer()
     ids = tuple(tok.encode_plain(text))
     if len(ids) > spec.max_text:
+        head = text if len(text) <= 60 else text[:57] + "..."
         raise InstructionTooLongError(
-            f"instruction {text!r} has {len(ids)} tokens, more than game.max_instruction_tokens="
-            f"{spec.max_text}. Fix: shorten it or raise --config.game.max_instruction_tokens")
+            f"{where + ': ' if where else ''}instruction {head!r} has {len(ids)} tokens, more than "
+            f"game.max_instruction_tokens={spec.max_text}. Fix: shorten it or raise "
+            f"--config.game.max_instruction_tokens")
     return ids
+
+
+def validate_games(games: Sequence[Any], spec: WindowSpec, tok: tk.AnimeGamerTokenizer | None = None) -> None:
+    """Encodes every instruction of every game up front, so a bad one stops the run before its first turn.
+
+    ``games``: :class:`animegamer_jax.game.script.Game` s; each turn's ``where`` (file:line) names it.
+
+    Raises:
+      InstructionTooLongError: the first instruction over the budget (file:line, game id, turn).
+    """
+    tok = tok or tk.get_tokenizer()
+    for g in games:
+        for j, t in enumerate(g.turns):
+            where = getattr(t, "where", "") or f"game {g.game_id!r} turn {j + 1}"
+            encode_instruction(t.text, spec, tok, where=where)
 
 
 def build_turn_input(history: Sequence[TurnRecord], current_ids: Sequence[int], spec: WindowSpec,

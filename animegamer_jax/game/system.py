@@ -38,7 +38,8 @@ def _standin_decode(config):
     return lambda latents: st.decode(st.params, latents)
 
 
-def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False) -> GameSystem:
+def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False,
+                     verify: str = "fast") -> GameSystem:
     """Loads every component from ``checkpoint`` and wraps them as per-turn functions.
 
     Args:
@@ -47,9 +48,12 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
       mesh: where to place the weights (default: one device).
       standin_vae: decode with the random stand-in decoder instead of a ``vae`` component (for
         builds without the VAE network); the system label says so.
+      verify: integrity check of the checkpoint's files first (system_checkpoint.verify_checkpoint):
+        ``"fast"`` or ``"full"``.
 
     Raises:
-      CheckpointError: missing directory, or a missing component (named).
+      CheckpointError: missing directory, a missing, truncated or damaged file (named), or a
+        missing component (named); always one line.
     """
     if not os.path.isdir(checkpoint):
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
@@ -58,7 +62,14 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
     from animegamer_jax import system_checkpoint as sc
 
     try:
+        sc.verify_checkpoint(checkpoint, verify)
+        identity = sc.checkpoint_identity(checkpoint)
+    except sc.SystemCheckpointError as e:
+        raise CheckpointError(str(e)) from None
+    try:
         manifest = sc.read_manifest(checkpoint)
+    except sc.CheckpointIntegrityError as e:
+        raise CheckpointError(str(e)) from None
     except (sc.SystemCheckpointError, FileNotFoundError, OSError) as e:
         raise CheckpointError(f"{checkpoint!r} is not a system checkpoint: {e}") from None
     need = [c for c in REQUIRED_COMPONENTS if not (standin_vae and c == "vae")]
@@ -68,7 +79,10 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
                               f"{manifest['components']}); a game needs {need}. Fix: save all of them "
                               f"with save_system")
     try:
-        components = sc.load_system(checkpoint, config, mesh=mesh, names=need, builders=_builders(config))
+        components = sc.load_system(checkpoint, config, mesh=mesh, names=need, builders=_builders(config),
+                                    verify=None)
+    except sc.CheckpointIntegrityError as e:
+        raise CheckpointError(str(e)) from None
     except sc.SystemCheckpointError as e:
         raise CheckpointError(f"checkpoint {checkpoint!r} does not match config {config.name!r}: {e}") from None
     from animegamer_jax.game.real import build_real_system
@@ -76,8 +90,10 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
     label = f"checkpoint {checkpoint}"
     if standin_vae:
         label += " (VAE: random stand-in decoder, NOT the CogVideoX VAE)"
-    return build_real_system(components, config, label=label,
-                             decode_fn=_standin_decode(config) if standin_vae else None)
+    system = build_real_system(components, config, label=label,
+                               decode_fn=_standin_decode(config) if standin_vae else None)
+    system.identity = identity
+    return system
 
 
 def build_random_system(config, seed: int = 0) -> GameSystem:
@@ -114,7 +130,7 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
 
 
 def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=None,
-                   random_fallback: bool = False, standin_vae: bool = False) -> GameSystem:
+                   random_fallback: bool = False, standin_vae: bool = False, verify: str = "fast") -> GameSystem:
     """Picks the system a command plays.
 
     ``standin`` -> the random stand-in; else the checkpoint (argument or ``config.game.checkpoint``);
@@ -131,4 +147,4 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
     if not ckpt:
         raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "
                               "or --standin to play a random, untrained stand-in")
-    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae)
+    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae, verify=verify)

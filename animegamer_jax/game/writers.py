@@ -5,25 +5,34 @@ Layout of one finished game folder ``<out>/<game_id>/``::
     turn_000.mp4  turn_000.gif  ...   one clip per turn, HUD drawn on every frame
     game.mp4                          all turns concatenated
     contact_sheet.png                 rows = turns, columns = evenly spaced frames (no HUD)
-    game.json                         instructions, states, meters, seeds, timings, config name
-    index.html                        gallery playing the turns in order
+    game.json                         instructions, states, meters, seeds, config name, the
+                                      fingerprint of what made the game and every file's size/sha256
+    timings.json                      wall times per stage (differ run to run, so kept apart)
+    index.html                        gallery playing the turns in order (video controls, meter bars;
+                                      styled by gallery.css, shared with the web app)
+    .animegamer-game                  marker: this folder is a finished game of this project
 
-Writes are atomic per game: everything goes to a hidden temp folder next to the target, which is
-renamed into place only when complete, so an interrupted run never leaves a folder holding a
-``game.json`` (the marker :func:`is_finished` uses for resuming). MP4 is H.264 (yuv420p) through
-PyAV's bundled libx264; the frame size is padded to even numbers because yuv420p needs it.
+A user's files are never replaced: a target folder is written only when it is missing, empty or
+holds the marker (then only with ``overwrite``), :func:`check_target`. Writes are atomic per game:
+everything goes to a hidden temp folder ``.tmp-<game_id>-<hex>`` (holding ``.animegamer-tmp``) next to
+the target and is renamed into place only when complete; a replaced game is moved aside first and
+restored if the rename fails. Temp folders a killed run left are removed by the next write of that
+game (:func:`clean_stale_temp`). Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
+crf 18) through PyAV's bundled libx264 with one encoder thread and fixed settings (:func:`write_mp4`);
+the frame size is padded to even numbers because yuv420p needs it.
 HUD: the three meters (social, entertainment, stamina, app.py semantics, architecture.md §1.5) as
 bars with values, and the instruction text, drawn with PIL under the frame.
 """
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
-import shutil
 import tempfile
 import textwrap
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,19 +41,21 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from animegamer_jax import fileio
+from animegamer_jax.game.script import is_plain_name
 from animegamer_jax.game.state import METER_NAMES
 
 GAME_JSON = "game.json"
+TIMINGS_JSON = "timings.json"
+#: present in every finished game folder this project wrote; only such folders are ever replaced
+MARKER = ".animegamer-game"
+#: present in every temp folder this project creates; stale ones (killed runs) are removed
+TMP_MARKER = ".animegamer-tmp"
 _METER_COLORS = {"social": (80, 160, 255), "entertainment": (255, 180, 60), "stamina": (90, 220, 120)}
 
 
 class OutputError(OSError):
     """The output folder cannot be created or written."""
-
-
-def is_finished(game_dir: str) -> bool:
-    """True when ``game_dir`` holds a complete game (its ``game.json`` is written last)."""
-    return os.path.isfile(os.path.join(game_dir, GAME_JSON))
 
 
 def check_writable(out_dir: str) -> None:
@@ -88,7 +99,8 @@ def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, tu
       turn: 0-based turn index (shown 1-based).
 
     Returns:
-      uint8 ``[T, H' + panel, W', 3]`` with even height and width; frames narrower than 240 px
+      uint8 ``[T, H' + panel, W', 3]`` with even height and width; the panel height depends only
+      on the frame width, so all turns of a game have one size. Frames narrower than 240 px
       are first enlarged by an integer factor (nearest neighbour).
     """
     if frames.shape[2] < 240:
@@ -100,8 +112,11 @@ def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, tu
     fs = max(9, min(14, pw // 30))
     font = _font(fs)
     chars = max(10, int(pw / (fs * 0.55)))
-    lines = textwrap.wrap(f"Turn {turn + 1}: {instruction}", chars)[:4]
-    panel_h = 6 + 3 * (fs + 4) + 4 + len(lines) * (fs + 3) + 4
+    max_lines = 4
+    lines = textwrap.wrap(f"Turn {turn + 1}: {instruction}", chars)[:max_lines]
+    # room for max_lines whatever the instruction: every turn of a game gets the same frame size
+    # (game.mp4 concatenates them)
+    panel_h = 6 + 3 * (fs + 4) + 4 + max_lines * (fs + 3) + 4
     total_h = h + panel_h + ((h + panel_h) % 2)
     total_w = pw + pw % 2
     panel = Image.new("RGB", (total_w, total_h - h), (16, 16, 24))
@@ -138,16 +153,28 @@ def _even(frames: np.ndarray) -> np.ndarray:
 
 
 def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
-    """H.264 MP4 (yuv420p, crf 18) of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
+    """H.264 MP4 (yuv420p, crf 18) of uint8 ``[T, H, W, 3]`` frames at ``fps``.
+
+    Deterministic, so identical frames give byte-identical files: libx264 with one thread
+    (threaded encoding depends on thread timing), a fixed preset, explicit frame timestamps, and
+    macroblock-tree rate control off (``mbtree=0``): with it on, PyAV's bundled x264 gave up to 5
+    different files in 30 encodes of one 17-frame clip, with it off 1 in 125 over five sizes.
+    """
     frames = _even(to_uint8(frames))
     from fractions import Fraction
     with av.open(path, mode="w", format="mp4") as container:
-        stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
+        rate = Fraction(fps).limit_denominator(1000)
+        stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
-        stream.options = {"crf": "18", "preset": "veryfast"}
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+        stream.codec_context.thread_count = 1
+        stream.codec_context.thread_type = "NONE"
+        stream.options = {"crf": "18", "preset": "veryfast", "threads": "1", "x264-params": "mbtree=0"}
+        for i, f in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(f, format="rgb24")
+            frame.pts = i  # explicit timestamps: nothing left for the muxer to guess
+            frame.time_base = 1 / rate
+            for packet in stream.encode(frame):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
@@ -174,95 +201,312 @@ def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.nda
     return np.concatenate(rows[:-1], axis=0)
 
 
+#: the stylesheet of the gallery and the web app (animegamer_jax/web): one look for both
+GALLERY_CSS = open(os.path.join(os.path.dirname(__file__), "gallery.css"), encoding="utf-8").read()
+
+
+def meters_html(meters: Mapping[str, int], deltas: Mapping[str, int] | None = None) -> str:
+    """The meters as bars (``gallery.css`` classes; the web app's app.js draws the same markup).
+
+    Args:
+      meters: ``{"social", "entertainment", "stamina"}`` values in 0..100.
+      deltas: optional change of each meter this turn (meter units), shown as ``+5`` / ``-10``.
+    """
+    cells = []
+    for name in METER_NAMES:
+        v = int(meters[name])
+        d = "" if deltas is None else f"{int(deltas[name]):+d}"
+        cls = "" if deltas is None else ("up" if deltas[name] > 0 else "down" if deltas[name] < 0 else "")
+        cells.append(f'<span class="name">{name}</span><span class="bar" role="meter" aria-valuemin="0" '
+                     f'aria-valuemax="100" aria-valuenow="{v}" aria-label="{name}"><span class="fill {name}" '
+                     f'style="width:{max(0, min(100, v))}%"></span></span><span class="value">{v}</span>'
+                     f'<span class="delta {cls}">{d}</span>')
+    return f'<div class="meters">{"".join(cells)}</div>'
+
+
 def _index_html(game_id: str, record: Mapping[str, Any]) -> str:
     items = []
+    start = record.get("meter_start")
+    prev = None if start is None else dict.fromkeys(METER_NAMES, int(start))
     for t in record["turns"]:
-        m = t["meters"]
+        m, st = t["meters"], t["states"]
+        deltas = None if prev is None else {k: int(m[k]) - int(prev[k]) for k in METER_NAMES}
+        prev = m
         items.append(
-            f'<figure><video src="{html.escape(t["video"])}" muted playsinline preload="auto"></video>'
-            f"<figcaption><b>Turn {t['turn'] + 1}</b>: {html.escape(t['instruction'])}<br>"
-            f"ML {t['states']['ML']}, SC {t['states']['SC']:+d}, ET {t['states']['ET']:+d}, "
-            f"ST {t['states']['ST']:+d} | social {m['social']}, entertainment {m['entertainment']}, "
-            f"stamina {m['stamina']}</figcaption></figure>")
+            f'<figure class="turn"><video src="{html.escape(t["video"])}" controls muted playsinline '
+            f'preload="auto" class="pixelated"></video>'
+            f"<figcaption><b>Turn {t['turn'] + 1}</b>: {html.escape(t['instruction'])}"
+            f'<div class="states">ML {st["ML"]} SC {st["SC"]:+d} ET {st["ET"]:+d} ST {st["ST"]:+d}</div>'
+            f"{meters_html(m, deltas)}</figcaption></figure>")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(game_id)}</title>
-<style>body{{font-family:sans-serif;background:#111;color:#eee}}figure{{display:inline-block;margin:8px;vertical-align:top}}
-video{{display:block;max-width:480px}}figure.playing{{outline:3px solid #fc6}}</style></head>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(game_id)}</title>
+<style>
+{GALLERY_CSS}</style></head>
 <body><h1>{html.escape(game_id)}</h1>
-<p>config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.
-<button id="play">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
-<a href="contact_sheet.png">contact sheet</a></p>
+<p class="muted">config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.</p>
+<p><button id="play" class="primary">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
+&middot; <a href="contact_sheet.png">contact sheet</a> &middot; <a href="game.json">game.json</a></p>
+<div class="turns">
 {"".join(items)}
+</div>
 <script>
 const vids=[...document.querySelectorAll('video')];
 function playFrom(i){{vids.forEach(v=>v.parentElement.classList.remove('playing'));
  if(i>=vids.length)return; const v=vids[i]; v.parentElement.classList.add('playing'); v.currentTime=0;
- v.onended=()=>playFrom(i+1); v.play();}}
+ v.onended=()=>playFrom(i+1); v.play().catch(()=>{{}});}}
 document.getElementById('play').onclick=()=>playFrom(0);
 playFrom(0);
 </script></body></html>
 """
 
 
+def check_game_id(game_id: str, where: str = "--game-id") -> str:
+    """Returns ``game_id`` if it is usable as one folder name under ``--out``.
+
+    Refused: empty, ``.`` / ``..`` or any leading ``.`` (hidden; temp folders use it), a path
+    separator (``/`` or ``\\``), an absolute path, NUL, or longer than 200 characters.
+
+    Raises:
+      OutputError: the id is not a plain folder name (message names ``where`` and the fix).
+    """
+    if not is_plain_name(game_id):
+        raise OutputError(f"{where}: game id {game_id!r} is not a plain folder name (no '/', '\\\\', "
+                          f"leading '.', '..', absolute path or surrounding spaces). Fix: use letters, "
+                          f"digits, '-' and '_', e.g. 'bunny-1'")
+    return game_id
+
+
+def is_game_folder(game_dir: str) -> bool:
+    """True when ``game_dir`` is a finished game written by this project (holds the marker file)."""
+    return fileio.isfile(fileio.join(game_dir, MARKER))
+
+
+def is_finished(game_dir: str) -> bool:
+    """True when ``game_dir`` is a finished game of this project (marker and ``game.json`` present).
+
+    Use :func:`verify_game` to also check what made it and that its files are intact.
+    """
+    return is_game_folder(game_dir) and fileio.isfile(fileio.join(game_dir, GAME_JSON))
+
+
+def check_target(out_dir: str, game_id: str, overwrite: bool = False) -> bool:
+    """Checks ``<out_dir>/<game_id>`` may be written; returns True when a finished game is there.
+
+    A missing or empty folder may be written; a finished game of this project only with
+    ``overwrite``; anything else (a folder or file of the user's) never.
+
+    Raises:
+      OutputError: the target holds something this program did not write, or an earlier game
+        and ``overwrite`` is False (the message names the folder and the fix).
+    """
+    check_game_id(game_id)
+    final = fileio.join(out_dir, game_id)
+    if not fileio.exists(final):
+        return False
+    if fileio.isdir(final) and not fileio.listdir(final):
+        return False
+    if not (fileio.isdir(final) and is_game_folder(final)):
+        raise OutputError(f"{final} exists and was not written by animegamer_jax (no {MARKER} marker); it is "
+                          f"left untouched. Fix: pass another --game-id or --out, or move that folder away")
+    if not overwrite:
+        raise OutputError(f"{final} holds a game from an earlier run; it is kept. Fix: pass --overwrite "
+                          f"to replace it, or another --game-id")
+    return True
+
+
+def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
+    """Removes temp folders of ``game_id`` left in ``out_dir`` by a killed run; returns their names.
+
+    Only folders named ``.tmp-<game_id>-*`` that hold this program's temp marker are removed.
+    """
+    removed = []
+    if not fileio.isdir(out_dir):
+        return removed
+    prefix = f".tmp-{game_id}-"
+    for name in fileio.listdir(out_dir):
+        path = fileio.join(out_dir, name)
+        if name.startswith(prefix) and fileio.isfile(fileio.join(path, TMP_MARKER)):
+            fileio.rmtree(path)
+            removed.append(name)
+    return removed
+
+
+#: config fields left out of a game's fingerprint: where things are (out_dir, checkpoint path: the
+#: system identity names the weights), or recorded on their own (the game's effective seed and mode)
+_NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode")
+
+
+def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str) -> dict:
+    """The :func:`fingerprint` of one game: its instructions, seed, mode, the effective config (every
+    override included; :data:`_NOT_FINGERPRINTED` left out) and the system identity (a checkpoint's
+    content digest, or the stand-in's label)."""
+    cfg = json.loads(config.to_json_best_effort())
+    for key in _NOT_FINGERPRINTED:
+        sec, _, name = key.partition(".")
+        cfg.get(sec, {}).pop(name, None)
+    return fingerprint({"instructions": list(instructions), "seed": int(seed), "mode": config.game.mode,
+                        "system": system_identity, "config": cfg})
+
+
+def fingerprint(parts: Mapping[str, Any]) -> dict:
+    """``{"sha256": hex, "parts": parts}``: what made a game (stored in game.json, compared on resume).
+
+    ``parts`` is any JSON-able mapping (play.py: instructions, seed, mode, effective config,
+    system identity); the digest is over its canonical JSON (sorted keys).
+    """
+    parts = json.loads(json.dumps(parts, sort_keys=True))
+    digest = hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return {"sha256": digest, "parts": parts}
+
+
+def _short(v: Any) -> str:
+    s = json.dumps(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def fingerprint_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Human-readable differences between two :func:`fingerprint` part mappings (nested keys dotted)."""
+    out = []
+
+    def walk(a: Any, b: Any, key: str) -> None:
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            for k in sorted(set(a) | set(b)):
+                walk(a.get(k, "<absent>"), b.get(k, "<absent>"), f"{key}.{k}" if key else k)
+        elif a != b:
+            out.append(f"{key} changed" if key == "instructions" else f"{key} {_short(a)} -> {_short(b)}")
+
+    walk(old, new, "")
+    return sorted(out, key=lambda c: c.startswith("config."))  # seed, mode, instructions, system first
+
+
+def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str | None:
+    """Why the finished game in ``game_dir`` cannot be kept as is, or None when it can.
+
+    Checks the marker, that ``game.json`` parses, that its fingerprint equals ``expected``
+    (a :func:`fingerprint`; skipped when None) and that every listed file exists with its size and
+    sha256.
+    """
+    if not is_game_folder(game_dir):
+        return "not a finished game"
+    try:
+        rec = json.loads(fileio.read_bytes(fileio.join(game_dir, GAME_JSON)).decode("utf-8"))
+        files = rec["files"]
+        fp = rec["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{GAME_JSON} is missing or damaged"
+    if expected is not None and (not isinstance(fp, dict) or fp.get("sha256") != expected["sha256"]):
+        changes = fingerprint_changes(fp.get("parts", {}) if isinstance(fp, dict) else {}, expected["parts"])
+        more = f"; {len(changes) - 3} more" if len(changes) > 3 else ""
+        return "made differently (" + ("; ".join(changes[:3]) or "fingerprint differs") + more + ")"
+    for name, want in sorted(files.items()):
+        path = fileio.join(game_dir, name)
+        if not fileio.isfile(path):
+            return f"file {name} is missing"
+        if fileio.size(path) != want["size"]:
+            return f"file {name} has {fileio.size(path)} bytes, {want['size']} expected"
+        if fileio.sha256_file(path) != want["sha256"]:
+            return f"file {name} is damaged (sha256 differs)"
+    return None
+
+
+def _split_timings(rec: dict) -> dict:
+    """Moves every ``timings_s`` (top level and per turn) out of ``rec``: wall times differ run to run,
+    so they live in ``timings.json`` and ``game.json`` stays byte-identical for identical inputs."""
+    out = {}
+    if "timings_s" in rec:
+        out.update(rec.pop("timings_s"))
+    per_turn = [t.pop("timings_s") for t in rec.get("turns", []) if "timings_s" in t]
+    if per_turn:
+        out["turns"] = per_turn
+    return out
+
+
 def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frames: Sequence[np.ndarray],
-               fps: float, write_gif_files: bool = True, sheet_columns: int = 6) -> str:
+               fps: float, write_gif_files: bool = True, sheet_columns: int = 6, *,
+               overwrite: bool = False, fingerprint: Mapping[str, Any] | None = None) -> str:
     """Writes one finished game atomically; returns the game folder.
 
     Args:
       out_dir: parent folder (created if needed).
-      game_id: folder name.
+      game_id: folder name (checked with :func:`check_game_id`).
       record: the game.json content: must hold ``turns``, a list (one per turn) of dicts with
         ``turn``, ``instruction``, ``states`` ({"ML","SC","ET","ST"}) and ``meters``; ``seed`` and
-        ``config``. This function adds the file names (``video``, ``gif``) and ``timings.write_s``
-        is left to the caller.
+        ``config``. This function adds the file names (``video``, ``gif``), ``fingerprint`` and
+        ``files`` (name -> size, sha256); any ``timings_s`` goes to ``timings.json`` with the
+        writing time added as ``run.writing`` (seconds).
       turn_frames: per turn, ``[T, H, W, 3]`` float in [0, 1] or uint8 (no HUD; it is drawn here).
       fps: frames per second of every video.
+      overwrite: replace a finished game of this project already at the target.
+      fingerprint: :func:`fingerprint` of what made the game (stored; compared on resume).
 
     Raises:
-      OutputError: ``out_dir`` not writable.
+      OutputError: ``out_dir`` not writable, a bad ``game_id``, or a target folder that is not
+        ours or (without ``overwrite``) holds an earlier game; the target is left untouched.
       ValueError: ``record["turns"]`` and ``turn_frames`` differ in length.
     """
     if len(record["turns"]) != len(turn_frames):
         raise ValueError(f"{len(record['turns'])} turn records but {len(turn_frames)} frame arrays")
+    t0 = time.perf_counter()
+    check_game_id(game_id)
     check_writable(out_dir)
-    final = os.path.join(out_dir, game_id)
-    tmp = os.path.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
+    check_target(out_dir, game_id, overwrite)
+    clean_stale_temp(out_dir, game_id)
+    final = fileio.join(out_dir, game_id)
+    tmp = fileio.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+    fileio.makedirs(tmp)
+    old = None
     try:
+        fileio.write_bytes_atomic(fileio.join(tmp, TMP_MARKER), b"")
         rec = json.loads(json.dumps(record))
+        timings = _split_timings(rec)
         hud_all = []
         for k, (t, frames) in enumerate(zip(rec["turns"], turn_frames)):
             hud = draw_hud(to_uint8(frames), t["meters"], t["instruction"], k)
             hud_all.append(hud)
             t["video"] = f"turn_{k:03d}.mp4"
-            write_mp4(os.path.join(tmp, t["video"]), hud, fps)
+            write_mp4(fileio.join(tmp, t["video"]), hud, fps)
             if write_gif_files:
                 t["gif"] = f"turn_{k:03d}.gif"
-                write_gif(os.path.join(tmp, t["gif"]), hud, fps)
-        write_mp4(os.path.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        Image.fromarray(contact_sheet(turn_frames, sheet_columns)).save(os.path.join(tmp, "contact_sheet.png"))
+                write_gif(fileio.join(tmp, t["gif"]), hud, fps)
+        write_mp4(fileio.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
+        Image.fromarray(contact_sheet(turn_frames, sheet_columns)).save(fileio.join(tmp, "contact_sheet.png"))
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
-        with open(os.path.join(tmp, "index.html"), "w", encoding="utf-8") as f:
-            f.write(_index_html(game_id, rec))
-        with open(os.path.join(tmp, GAME_JSON), "w", encoding="utf-8") as f:
-            json.dump(rec, f, indent=2)
-        if os.path.lexists(final):
-            # a partial folder from an interrupted run (no game.json) or a forced rewrite
-            shutil.rmtree(final)
-        os.rename(tmp, final)
+        fileio.write_text_atomic(fileio.join(tmp, "index.html"), _index_html(game_id, rec))
+        rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+        rec["files"] = {name: {"size": fileio.size(fileio.join(tmp, name)),
+                               "sha256": fileio.sha256_file(fileio.join(tmp, name))}
+                        for name in fileio.listdir(tmp) if name not in (TMP_MARKER, TIMINGS_JSON)}
+        fileio.write_text_atomic(fileio.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        if timings:
+            timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
+            fileio.write_text_atomic(fileio.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+        fileio.write_text_atomic(fileio.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
+        if fileio.exists(final) and fileio.isdir(final) and fileio.listdir(final):
+            # an earlier finished game of ours (check_target allowed it): move it aside, then drop it
+            old = fileio.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+            fileio.write_bytes_atomic(fileio.join(final, TMP_MARKER), b"")
+            fileio.rename(final, old)
+        elif fileio.exists(final):
+            fileio.rmdir(final)  # an empty folder
+        fileio.rename(tmp, final)
+        fileio.remove(fileio.join(final, TMP_MARKER))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        fileio.rmtree(tmp)
+        if old is not None and not fileio.exists(final):
+            fileio.rename(old, final)  # put the earlier game back
+            fileio.remove(fileio.join(final, TMP_MARKER))
+            old = None
         raise
+    if old is not None:
+        fileio.rmtree(old)
     return final
 
 
-def update_json(game_dir: str, record: Mapping[str, Any]) -> None:
-    """Replaces ``game_dir/game.json`` atomically (temp file + ``os.replace``)."""
-    tmp = os.path.join(game_dir, f".{GAME_JSON}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(record, f, indent=2)
-    os.replace(tmp, os.path.join(game_dir, GAME_JSON))
+def read_json(path: str) -> dict:
+    """A JSON file of a game folder (game.json, timings.json)."""
+    return json.loads(fileio.read_bytes(path).decode("utf-8"))
 
 
 def read_video(path: str) -> np.ndarray:

@@ -12,6 +12,8 @@ from the environment. ``--config.train.init_checkpoint=DIR`` starts from a syste
 
 from __future__ import annotations
 
+import sys
+
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -31,12 +33,20 @@ def main(argv: list[str]) -> None:
     parallel.initialize()
     from animegamer_jax.train import pipeline
 
+    from animegamer_jax import system_checkpoint
+    from animegamer_jax.train import loop
+
     config = FLAGS.config
     opts = {"xla_backend_optimization_level": 0} if FLAGS.fast_compile else None
-    if str(config.train.phase) == "all":
-        out = pipeline.run_all(config, FLAGS.workdir, compiler_options=opts)
-    else:
-        out = pipeline.run_phase(config, FLAGS.workdir, compiler_options=opts)
+    try:
+        if str(config.train.phase) == "all":
+            out = pipeline.run_all(config, FLAGS.workdir, compiler_options=opts)
+        else:
+            out = pipeline.run_phase(config, FLAGS.workdir, compiler_options=opts)
+    except (loop.ResumeMismatchError, system_checkpoint.SystemCheckpointError) as e:
+        # a bad --config.train.init_checkpoint or a workdir of another run: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     logging.info("system checkpoint: %s", out)
     print(out)
 

@@ -5,7 +5,8 @@ Layout of ``WORKDIR/checkpoints/<step>/``:
   ``state/``   the pure nested dict of ``nnx.state((model, optimizer))`` (params, LoRA factors,
                optimizer moments and counters), one orbax PyTree item, sharded as in memory;
   ``data/``    the Grain iterator state, one JSON file per process (``grain.checkpoint``);
-  ``meta/``    JSON: step, phase, config name, last loss.
+  ``meta/``    JSON: step, last loss and the run fields a resume must match (phase, config name,
+               steps, batch, grad accumulation, LR schedule; train/loop.py ``RUN_FIELDS``).
 A step directory only appears once every item is written (orbax's atomic rename), so a run killed
 mid-save resumes from the previous complete step. Restore targets are abstract arrays carrying the
 *current* mesh's shardings (from the logical annotations), so a checkpoint written on 8 devices
@@ -85,6 +86,11 @@ class CheckpointManager:
         state = jax.tree.map(lambda x: x, abstract_state)
         state.replace_by_pure_dict(out["state"])
         return state, dict(out["meta"])
+
+    def read_meta(self, step: int) -> dict:
+        """The ``meta`` item of checkpoint ``step`` alone (no arrays read): what run wrote it."""
+        out = self._mngr.restore(int(step), args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(out["meta"])
 
     def wait(self) -> None:
         """Blocks until pending async saves are on disk."""

@@ -39,6 +39,23 @@ from animegamer_jax.train import metrics as metrics_lib
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
 
 
+class ResumeMismatchError(ValueError):
+    """The workdir's checkpoint was written by a run with another phase, batch, schedule or config."""
+
+
+#: fields of a run that a resume must agree on (checked against the newest checkpoint's meta)
+RUN_FIELDS = ("phase", "config", "num_steps", "global_batch_size", "grad_accum_steps", "learning_rate",
+              "warmup_steps", "end_lr_factor")
+
+
+def check_resume(saved: Mapping[str, Any], run: Mapping[str, Any], where: str) -> list[str]:
+    """Differences between the saved run fields and this run's, as ``"phase 'a1' -> 'a2'"`` strings.
+
+    Only :data:`RUN_FIELDS` present on both sides are compared (older checkpoints lack some).
+    """
+    return [f"{k} {saved[k]!r} -> {run[k]!r}" for k in RUN_FIELDS if k in saved and k in run and saved[k] != run[k]]
+
+
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or inf; the message names the step and the last good checkpoint."""
 
@@ -218,6 +235,7 @@ def fit(
     progress: bool = True,
     peak_tflops_per_device: float = 0.0,
     hooks: tuple[Callable[[int, nnx.State, Any], None], ...] = (),
+    allow_resume_mismatch: bool = False,
 ) -> FitResult:
     """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
 
@@ -238,6 +256,9 @@ def fit(
       meta: JSON-able fields saved with every checkpoint.
       stop_after: return after this step (a simulated kill; the checkpoint at it is written).
       hooks: ``hook(step, state, device_batch)`` called after every step (e.g. periodic sample videos).
+      allow_resume_mismatch: resume even when the checkpoint's run fields (:data:`RUN_FIELDS`:
+        ``meta`` plus ``num_steps``, ``global_batch_size``, grad accumulation) differ from this
+        run's; the differences are logged (``--config.train.allow_resume_mismatch=True``).
 
     Returns:
       :class:`FitResult`.
@@ -246,6 +267,9 @@ def fit(
       parallel.ShardingConfigError: ``global_batch_size`` does not divide the data axes.
       NonFiniteLossError: NaN/inf loss; no checkpoint is written for that step, so the newest
         checkpoint on disk is the last good one.
+      ResumeMismatchError: the workdir's checkpoint comes from a run with another phase, config,
+        step count, batch or learning-rate schedule (one line naming each difference), unless
+        ``allow_resume_mismatch``; nothing is restored or written then.
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
     ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
@@ -253,9 +277,19 @@ def fit(
     checkpointable = ckpt_lib._is_grain_iterator(data)
     writer = metrics_lib.SummaryWriter(os.path.join(os.path.abspath(workdir), "tensorboard"))
     losses: dict[int, float] = {}
+    run = dict(meta or {}, num_steps=int(num_steps), global_batch_size=int(global_batch_size),
+               grad_accum_steps=int(trainer.grad_accum_steps))
     try:
         latest = mngr.latest_step()
         if latest is not None:
+            diffs = check_resume(mngr.read_meta(latest), run, ckpt_dir)
+            if diffs and not allow_resume_mismatch:
+                raise ResumeMismatchError(
+                    f"{ckpt_dir} (step {latest}) was written by another run: {'; '.join(diffs)} (saved -> now). "
+                    f"Fix: use a new --workdir for a new run, or resume it anyway with "
+                    f"--config.train.allow_resume_mismatch=True")
+            if diffs:
+                logging.warning("resuming %s despite: %s", ckpt_dir, "; ".join(diffs))
             state, _ = mngr.restore(latest, trainer.abstract_state(), data if checkpointable else None)
             start = int(latest)
             logging.info("resumed from %s at step %d", ckpt_dir, start)
@@ -307,7 +341,7 @@ def fit(
                 hook(step + 1, state, batch)
             if (step + 1) % checkpoint_every == 0 or step + 1 == end:
                 mngr.save(step + 1, state, data if checkpointable else None,
-                          dict(meta or {}, loss=loss), force=True)
+                          dict(run, loss=loss), force=True)
         if bar is not None:
             bar.close()
         mngr.wait()

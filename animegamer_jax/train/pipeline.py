@@ -133,8 +133,11 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
-        init_state=init_state, meta={"phase": phase, "config": str(config.name)}, progress=bool(t.progress),
-        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks)
+        init_state=init_state, progress=bool(t.progress),
+        meta={"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
+              "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor)},
+        peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
+        allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)))
     if phase == "vae" and bool(t.get("vae_fit_scaling_factor", True)):
         config = copy.deepcopy(config)
         model, _ = trainer.split(result.state)

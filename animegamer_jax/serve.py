@@ -1,0 +1,147 @@
+"""Play in the browser: a local web app over the game engine (one model, many browser sessions).
+
+Usage::
+
+    python -m animegamer_jax.serve --checkpoint checkpoints/tiny_system            # http://127.0.0.1:7860/
+    python -m animegamer_jax.serve --checkpoint DIR --port 8080 --host 0.0.0.0 --out /data/games
+    python -m animegamer_jax.serve --standin                                       # random stand-in system
+    python -m animegamer_jax.serve --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
+
+The page has character / motion / background fields (or one whole instruction line), Generate,
+Undo and Restart, the current clip in a video player (its frames shown as the VAE decodes them),
+the meters as bars with this turn's changes, the history strip and a download of the game folder.
+Every turn is the ``play`` command's engine step, and the game is saved after every turn in the
+``play`` layout (``<out>/<game_id>/``, game/writers.py). The server binds to loopback unless
+``--host`` says otherwise; it has no authentication, so expose it only on networks you trust.
+Implementation: animegamer_jax/web/ (server.py: sessions, queue, worker; app.py: the routes).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file(
+    "config", None, "Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
+    "--config.a.b=v overrides a field.", lock_config=False)
+flags.DEFINE_string("checkpoint", "", "System checkpoint directory (save_system layout); default "
+                    "config.game.checkpoint.")
+flags.DEFINE_enum("verify_checkpoint", "fast", ["fast", "full"], "Checkpoint check before loading "
+                  "(play's --verify-checkpoint): fast = manifest and sizes, full = every file's digest.")
+flags.DEFINE_bool("standin", False, "Play a randomly initialised stand-in system (untrained; labelled).")
+flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour.")
+flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).")
+flags.DEFINE_string("out", None, "Folder of the game folders (default config.game.out_dir).")
+flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).")
+flags.DEFINE_integer("port", 7860, "TCP port.")
+flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the "
+                  "first player does not wait for compilation.")
+
+
+def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
+                 seed: int | None = None, verify: str = "fast"):
+    """The :class:`~animegamer_jax.web.server.GameServer` of a config and a system (worker not started).
+
+    Raises:
+      CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
+    """
+    from animegamer_jax import parallel, play
+    from animegamer_jax.game.engine import GameEngine, apply_mode
+    from animegamer_jax.game.system import resolve_system
+    from animegamer_jax.web.server import GameServer
+
+    play.setup_jax()
+    mesh = parallel.mesh_from_config(config)
+    system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify)
+    engine = GameEngine(config, system, mesh=mesh)
+    return GameServer(engine, out or config.game.out_dir, seed)
+
+
+class HttpThread:
+    """Serves a Starlette app with uvicorn on a background thread (tests, notebooks).
+
+    ``start()`` returns once the socket listens; ``url`` is ``http://host:port``; ``stop()`` shuts
+    uvicorn down and joins the thread.
+    """
+
+    def __init__(self, asgi_app, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        self._server = uvicorn.Server(uvicorn.Config(asgi_app, host=host, port=port, log_level="warning",
+                                                     access_log=False, lifespan="off"))
+        self._server.install_signal_handlers = lambda: None  # not the main thread
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self.host = host
+        self.port = port
+
+    def start(self, timeout: float = 30.0) -> "HttpThread":
+        self._thread.start()
+        t0 = time.time()
+        while not self._server.started:
+            if not self._thread.is_alive() or time.time() - t0 > timeout:
+                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+
+
+def _config():
+    from animegamer_jax import play
+
+    if FLAGS.config is not None:
+        config = FLAGS.config
+        if FLAGS.mode:
+            config.game.mode = FLAGS.mode
+        return config
+    args = types.SimpleNamespace(config=None, checkpoint=FLAGS.checkpoint, mode=FLAGS.mode,
+                                 verify_checkpoint=FLAGS.verify_checkpoint)
+    return play.config_from_args(args, [])
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # not orbax's per-array restore lines; -v 0 shows them
+    import uvicorn
+
+    from animegamer_jax import play
+    from animegamer_jax.web.app import create_app
+
+    try:
+        config = _config()
+        server = build_server(config, FLAGS.checkpoint, FLAGS.standin, FLAGS.out, FLAGS.seed,
+                              FLAGS.verify_checkpoint)
+    except play.CLI_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
+          f"games in {server.out_dir}/", flush=True)
+    if FLAGS.warmup:
+        print("compiling (one throwaway turn)...", flush=True)
+        print(f"ready after {server.warmup():.1f} s", flush=True)
+    server.start()
+    print(f"serving on http://{FLAGS.host}:{FLAGS.port}/ (Ctrl-C stops)", flush=True)
+    try:
+        uvicorn.run(create_app(server), host=FLAGS.host, port=FLAGS.port, log_level="warning")
+    finally:
+        server.stop(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: sys.exit(main(argv)))

@@ -1,0 +1,431 @@
+"""The game server behind ``python -m animegamer_jax.serve``: sessions, a turn queue, one engine.
+
+* **One model instance**: one :class:`~animegamer_jax.game.engine.GameEngine`, driven by one
+  worker thread. Each turn is ``engine.step`` (the same three jitted stages as ``play``) and the
+  game is saved after every turn with ``play.save_game`` (the game/writers.py layout:
+  ``<out>/<game_id>/turn_*.mp4``, ``game.mp4``, ``game.json``, ``index.html``, contact sheet).
+* **Queue**: turns wait in FIFO order; the worker takes up to ``engine.batch_size`` of them (one
+  per game) into one batched step, so a data-parallel mesh serves several players at once. Every
+  waiting turn is told its position whenever it changes.
+* **Sessions**: each browser session (a cookie) has its own game; a session can have one turn
+  queued or running at a time; game files are served only to the session that played them.
+* **Streaming**: a turn's events (``queued``, ``started``, ``frames`` once per decoded VAE chunk,
+  ``done`` or ``error``) go to the player as they happen (:class:`Job`).
+* **Failures**: a turn that raises (in the model or while saving) leaves the game as it was
+  before the turn and the server running; the player gets the error.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import io
+import logging
+import os
+import re
+import secrets
+import shutil
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from animegamer_jax import tokenizer as tk
+from animegamer_jax.game import writers
+from animegamer_jax.game.engine import GameEngine
+from animegamer_jax.game.script import FIELDS, GameScriptError, Turn
+from animegamer_jax.game.session import TurnByTurnGame, instruction_from_fields
+from animegamer_jax.game.state import METER_NAMES, InstructionTooLongError
+
+log = logging.getLogger("animegamer_jax.serve")
+
+TERMINAL = ("done", "error")
+
+
+class BadInput(ValueError):
+    """A turn request the server refuses (HTTP 400); ``fields`` names the form fields at fault."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.fields = fields
+
+
+class Busy(RuntimeError):
+    """The session already has a turn queued or running (HTTP 409)."""
+
+
+def _fields_named(message: str) -> tuple[str, ...]:
+    # the parser's message before its "Fix:" (which names every field)
+    head = message.split(" Fix:")[0]
+    return tuple(f for f in FIELDS if re.search(rf"\b{f}\b", head, re.IGNORECASE))
+
+
+def frame_data_urls(frames: np.ndarray, quality: int = 85) -> list[str]:
+    """float ``[f, H, W, 3]`` in [0, 1] (or uint8) -> one ``data:image/jpeg;base64`` URL a frame."""
+    out = []
+    for f in writers.to_uint8(frames):
+        buf = io.BytesIO()
+        Image.fromarray(f).save(buf, format="JPEG", quality=quality)
+        out.append("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
+    return out
+
+
+class Job:
+    """One queued turn and its event log.
+
+    ``events`` only grows; ``notify`` (set by the HTTP layer) is called after every append, from
+    the worker thread, so a streaming response can wake up.
+    """
+
+    def __init__(self, session: "Session", turn: Turn, ids: tuple[int, ...]):
+        self.id = secrets.token_hex(6)
+        self.session = session
+        self.game = session.game
+        self.turn = turn
+        self.ids = ids
+        self.events: list[dict] = []
+        self.notify: Callable[[], None] | None = None
+        self.submitted = time.perf_counter()
+
+    def emit(self, event: str, **data: Any) -> None:
+        self.events.append({"event": event, **data})
+        if self.notify is not None:
+            try:
+                self.notify()
+            except RuntimeError:  # the HTTP loop is gone (server shutting down): nobody listens
+                self.notify = None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.events) and self.events[-1]["event"] in TERMINAL
+
+
+class Session:
+    """One browser session: its current game, the games it played, its pending turn."""
+
+    def __init__(self, sid: str):
+        self.id = sid
+        self.game: TurnByTurnGame | None = None
+        self.games: set[str] = set()
+        self.job: Job | None = None
+        self.version = 0  # bumped on every save: cache-busting for the clip URLs
+        self.last_seen = time.time()
+
+
+class GameServer:
+    """Sessions, the turn queue and the worker thread around one engine.
+
+    Args:
+      engine: the engine (built once; every session plays with it).
+      out_dir: parent folder of the game folders (``config.game.out_dir`` by default in the CLI).
+      seed: default game seed (``config.game.seed``).
+      max_sessions: sessions kept in memory (each holds its game's frames); past that the least
+        recently seen idle ones are dropped (their games stay saved on disk).
+    """
+
+    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = 64):
+        writers.check_writable(out_dir)
+        self.max_sessions = int(max_sessions)
+        self.engine = engine
+        self.out_dir = out_dir
+        self.seed = int(engine.config.game.seed) if seed is None else int(seed)
+        self.sessions: dict[str, Session] = {}
+        self._cv = threading.Condition()
+        self._queue: list[Job] = []
+        self._running: list[Job] = []
+        self._stop = False
+        self._worker: threading.Thread | None = None
+        self.turns_played = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the worker thread (idempotent)."""
+        if self._worker is None or not self._worker.is_alive():
+            self._stop = False
+            self._worker = threading.Thread(target=self._work, name="game-worker", daemon=True)
+            self._worker.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stops the worker after the batch it is running."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def warmup(self) -> float:
+        """Compiles the three stages (the chunked VAE decode included) with one throwaway turn.
+
+        Returns the seconds it took. Nothing is saved.
+        """
+        t0 = time.perf_counter()
+        game = TurnByTurnGame(self.engine, "warmup", self.seed)
+        ids = game.encode(instruction_from_fields("Warmup", "stand still", "empty room"))
+        rows = [game.row(ids)] * self.engine.batch_size
+        self.engine.step(*map(list, zip(*rows)), on_frames=lambda start, frames: None)
+        return time.perf_counter() - t0
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def session(self, sid: str | None) -> Session:
+        """The session of cookie value ``sid``; a new one when ``sid`` is None or unknown."""
+        with self._cv:
+            s = self.sessions.get(sid) if sid else None
+            if s is None:
+                s = Session(secrets.token_urlsafe(18))
+                self.sessions[s.id] = s
+                idle = sorted((x for x in self.sessions.values() if x.job is None and x is not s),
+                              key=lambda x: x.last_seen)
+                for old in idle[: max(0, len(self.sessions) - self.max_sessions)]:
+                    del self.sessions[old.id]
+            s.last_seen = time.time()
+            return s
+
+    def _new_game(self, s: Session, seed: int | None) -> TurnByTurnGame:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        game_id = f"web-{stamp}-{secrets.token_hex(3)}"
+        s.game = TurnByTurnGame(self.engine, game_id, self.seed if seed is None else int(seed))
+        s.games.add(game_id)
+        return s.game
+
+    def game_dir(self, s: Session, game_id: str) -> str | None:
+        """The folder of ``game_id`` when session ``s`` played it and it exists, else None."""
+        if game_id not in s.games:
+            return None
+        path = os.path.join(self.out_dir, game_id)
+        return path if os.path.isdir(path) else None
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def parse_turn(self, s: Session, body: Any) -> tuple[Turn, tuple[int, ...]]:
+        """A turn request body -> (turn, ids).
+
+        ``body``: ``{"character", "motion", "background"}`` strings, or ``{"line": "Character:
+        ...; Motion: ...; Background: ..."}``.
+
+        Raises:
+          BadInput: not a JSON object, a non-string field, the game-script parser's error, or an
+            instruction over ``game.max_instruction_tokens``.
+        """
+        if not isinstance(body, dict):
+            raise BadInput("the request body must be a JSON object with character, motion and background "
+                           "(or line). Fix: send {\"character\": ..., \"motion\": ..., \"background\": ...}")
+        keys = (*FIELDS, "line")
+        unknown = sorted(set(body) - set(keys))
+        if unknown:
+            raise BadInput(f"unknown key(s) {unknown}; the keys are {list(keys)}. Fix: remove them")
+        for k in keys:
+            if not isinstance(body.get(k, ""), str):
+                raise BadInput(f"{k!r} must be a string, got {type(body[k]).__name__}",
+                               (k,) if k in FIELDS else ("line",))
+        line = body.get("line", "")
+        where = f"turn {len(s.game) + 1 if s.game else 1}"
+        try:
+            turn = instruction_from_fields(body.get("character", ""), body.get("motion", ""),
+                                           body.get("background", ""), line, where)
+        except GameScriptError as e:
+            raise BadInput(str(e), ("line",) if line.strip() else _fields_named(str(e))) from None
+        game = s.game or TurnByTurnGame(self.engine, "check", self.seed)
+        try:
+            ids = game.encode(turn)
+        except InstructionTooLongError as e:
+            raise BadInput(str(e), ("line",) if line.strip() else ("motion", "background")) from None
+        return turn, ids
+
+    def submit(self, s: Session, turn: Turn, ids: tuple[int, ...]) -> Job:
+        """Queues a turn of ``s``'s game (a new game when it has none).
+
+        Raises:
+          Busy: ``s`` has a turn queued or running.
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn of this game is already queued or running. Fix: wait for it to finish")
+            if s.game is None:
+                self._new_game(s, None)
+            job = Job(s, turn, ids)
+            s.job = job
+            self._queue.append(job)
+            self._announce()
+            self._cv.notify_all()
+            return job
+
+    def undo(self, s: Session) -> dict:
+        """Drops the last turn of ``s``'s game and saves the game without it.
+
+        With no turn left the game folder (written by this server for this game) is removed.
+
+        Raises:
+          Busy: a turn is queued or running. IndexError: nothing to undo.
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then undo")
+            if s.game is None or not len(s.game):
+                raise IndexError("there is no turn to undo")
+            game = s.game
+            game.undo()
+            # saved under the lock: no turn of this session can start while the folder is rewritten
+            if len(game):
+                self._save(s, game)
+            else:
+                folder = os.path.join(self.out_dir, game.game_id)
+                if game.game_id in s.games and writers.is_finished(folder):
+                    shutil.rmtree(folder)
+                s.version += 1
+            return self.state(s)
+
+    def restart(self, s: Session, seed: int | None = None) -> dict:
+        """Starts a new game for ``s`` (the previous game's folder stays on disk).
+
+        Raises:
+          Busy: a turn is queued or running.
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then restart")
+            self._new_game(s, seed)
+        return self.state(s)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state(self, s: Session) -> dict:
+        """The JSON the page renders: the game's turns (clip URLs, states, meters, deltas)."""
+        with self._cv:
+            if s.game is None:
+                self._new_game(s, None)
+            game = s.game
+            start = game.start_meters()
+            turns, prev = [], start
+            saved = self.game_dir(s, game.game_id) is not None
+            base = f"/games/{game.game_id}"
+            for k, (turn, tr) in enumerate(zip(game.turns, game.results)):
+                turns.append({
+                    "turn": k, "instruction": turn.text, "character": turn.character,
+                    "motion": turn.motion, "background": turn.background,
+                    "states": dict(zip(tk.STATE_FIELDS, tr.states)), "meters": tr.meters,
+                    "deltas": {m: tr.meters[m] - prev[m] for m in METER_NAMES},
+                    "video": f"{base}/turn_{k:03d}.mp4?v={s.version}" if saved else None,
+                    "timings_s": game.timings[k],
+                })
+                prev = tr.meters
+            cfg = self.engine.config
+            return {
+                "game_id": game.game_id, "seed": game.seed, "system": self.engine.system.label,
+                "config": cfg.name, "mode": cfg.game.mode, "fps": float(cfg.game.fps),
+                "meters": prev, "start_meters": start, "turns": turns,
+                "busy": s.job is not None, "version": s.version,
+                "folder": os.path.join(self.out_dir, game.game_id) if saved and turns else None,
+                "download": f"{base}.zip" if saved and turns else None,
+                "gallery": f"{base}/index.html?v={s.version}" if saved and turns else None,
+            }
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    def _announce(self) -> None:
+        """Tells every waiting job its place (call with the lock held)."""
+        running = len(self._running)
+        for i, job in enumerate(self._queue):
+            job.emit("queued", position=i + 1, ahead=i + running)
+
+    def _take(self) -> list[Job] | None:
+        with self._cv:
+            while not self._queue and not self._stop:
+                self._cv.wait()
+            if self._stop:
+                return None
+            batch: list[Job] = []
+            for job in list(self._queue):
+                if len(batch) == self.engine.batch_size:
+                    break
+                if all(j.game is not job.game for j in batch):
+                    batch.append(job)
+                    self._queue.remove(job)
+            self._running = batch
+            self._announce()
+            return batch
+
+    def _work(self) -> None:
+        while True:
+            batch = self._take()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            except BaseException:  # never let the worker die: report and go on
+                log.error("turn batch failed:\n%s", traceback.format_exc())
+                for job in batch:
+                    if not job.finished:
+                        self._finish(job, "error", message="internal error; the game is unchanged")
+            finally:
+                with self._cv:
+                    self._running = []
+                    self._announce()
+
+    def _finish(self, job: Job, event: str, **data: Any) -> None:
+        with self._cv:
+            job.session.job = None
+        job.emit(event, **data)
+
+    def _run(self, batch: list[Job]) -> None:
+        for job in batch:
+            job.emit("started", wait_s=time.perf_counter() - job.submitted)
+        rows = [job.game.row(job.ids) for job in batch]
+        rows += [rows[0]] * (self.engine.batch_size - len(rows))
+        runs, seeds, ids, ks = (list(x) for x in zip(*rows))
+
+        def on_frames(start: int, frames: np.ndarray) -> None:
+            for b, job in enumerate(batch):
+                job.emit("frames", start=int(start), frames=frame_data_urls(frames[b]),
+                         since_submit_s=time.perf_counter() - job.submitted)
+
+        t0 = time.perf_counter()
+        try:
+            states, rep, frames, timing = self.engine.step(runs, seeds, ids, ks, on_frames=on_frames)
+        except Exception as e:  # noqa: BLE001 - any model failure: the turn fails, the server goes on
+            log.error("turn failed:\n%s", traceback.format_exc())
+            for job in batch:
+                self._finish(job, "error", message=f"the turn failed ({type(e).__name__}: {e}); "
+                                                   f"the game is unchanged. Fix: try again")
+            return
+        timing["batch"] = len(batch)
+        for b, job in enumerate(batch):
+            with self._cv:
+                job.game.commit(job.turn, job.ids, states[b], rep[b], writers.to_uint8(frames[b]), timing)
+            try:
+                self._save(job.session, job.game)
+            except Exception as e:  # noqa: BLE001 - the turn is rolled back, the server goes on
+                log.error("saving %s failed:\n%s", job.game.game_id, traceback.format_exc())
+                with self._cv:
+                    job.game.undo()
+                self._finish(job, "error", message=f"the turn could not be saved ({type(e).__name__}: {e}); "
+                                                   f"the game is unchanged. Fix: check the output folder "
+                                                   f"{self.out_dir!r}, then try again")
+                continue
+            self.turns_played += 1
+            k = len(job.game) - 1
+            from animegamer_jax import play
+
+            play.print_turn(k, job.turn.text, job.game.results[k], timing)
+            with self._cv:
+                job.session.job = None
+            job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
+
+    def _save(self, s: Session, game: TurnByTurnGame) -> str:
+        from animegamer_jax import play  # the play command's writer (one output layout)
+
+        # the first write of a game needs its folder free; later ones replace this game's own folder
+        # (ids are unique per server: web-<time>-<random>)
+        ours = game.game_id in s.games and writers.is_finished(os.path.join(self.out_dir, game.game_id))
+        folder, _ = play.save_game(self.engine, game.result(), self.out_dir, overwrite=ours)
+        s.version += 1
+        return folder

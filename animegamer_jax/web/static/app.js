@@ -1,0 +1,230 @@
+// The game page: one turn at a time through /api/turn (an NDJSON stream of the turn's events).
+// window.agj keeps timings (performance.now() ms) that the browser test reads.
+"use strict";
+const $ = (s) => document.querySelector(s);
+const METERS = ["social", "entertainment", "stamina"];
+const FIELDS = ["character", "motion", "background", "line"];
+const agj = (window.agj = { tClick: null, tFirstFrame: null, tDone: null, framesShown: 0, turnsDone: 0, events: [] });
+let current = null; // the last state from the server
+let busy = false;
+
+function esc(s) {
+  return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}
+
+// the same markup as writers.meters_html
+function metersHtml(meters, deltas) {
+  return '<div class="meters">' + METERS.map((n) => {
+    const v = meters[n];
+    const d = deltas ? deltas[n] : null;
+    const cls = d === null ? "" : d > 0 ? "up" : d < 0 ? "down" : "";
+    const ds = d === null ? "" : (d >= 0 ? "+" : "") + d; // as Python's {:+d}
+    return `<span class="name">${n}</span><span class="bar" role="meter" aria-valuemin="0" aria-valuemax="100" ` +
+      `aria-valuenow="${v}" aria-label="${n}"><span class="fill ${n}" style="width:${Math.max(0, Math.min(100, v))}%">` +
+      `</span></span><span class="value" data-meter="${n}">${v}</span><span class="delta ${cls}" data-delta="${n}">${ds}</span>`;
+  }).join("") + "</div>";
+}
+
+function statesText(s) {
+  const f = (v) => (v > 0 ? "+" : "") + v;
+  return `motion level ${s.ML} · SC ${f(s.SC)} · ET ${f(s.ET)} · ST ${f(s.ST)}`;
+}
+
+function setStatus(text) { $("#status").textContent = text; }
+
+function showError(message, fields) {
+  const el = $("#error");
+  el.textContent = message;
+  el.hidden = !message;
+  for (const f of FIELDS) $("#" + f).setAttribute("aria-invalid", fields && fields.includes(f) ? "true" : "false");
+}
+
+function setBusy(b) {
+  busy = b;
+  $("#generate").disabled = b;
+  $("#restart").disabled = b;
+  $("#undo").disabled = b || !current || current.turns.length === 0;
+}
+
+function hideLive() { $("#live").hidden = true; liveReset(); }
+
+function playClip(src) {
+  const v = $("#clip");
+  if (!src) { v.removeAttribute("src"); v.load(); $("#placeholder").hidden = false; return; }
+  $("#placeholder").hidden = true;
+  if (v.getAttribute("src") !== src) { v.src = src; }
+  v.muted = true;
+  // the streamed frames give way to the finished clip once it plays (or, if autoplay is
+  // refused, once it can be shown with its controls)
+  v.addEventListener("loadeddata", hideLive, { once: true });
+  v.play().then(hideLive, () => {});
+}
+
+function render(state, { play = true } = {}) {
+  current = state;
+  const n = state.turns.length;
+  $("#info").textContent = `game ${state.game_id} · seed ${state.seed} · ${n} turn${n === 1 ? "" : "s"} · ` +
+    `${state.config} (${state.mode}) · ${state.system}`;
+  if ($("#seed").value === "") $("#seed").value = state.seed;
+  const last = n ? state.turns[n - 1] : null;
+  $("#meters").innerHTML = metersHtml(state.meters, last ? last.deltas : null);
+  $("#motion-level").textContent = last ? statesText(last.states) : "no turn yet";
+  $("#links").innerHTML = state.download
+    ? `<a id="download" href="${esc(state.download)}" download>download the game folder (.zip)</a> · ` +
+      `<a id="gallery" href="${esc(state.gallery)}" target="_blank" rel="noopener">gallery</a>` +
+      `<br><span class="muted">saved in ${esc(state.folder)}</span>`
+    : "";
+  const hist = $("#history");
+  hist.innerHTML = state.turns.map((t) =>
+    `<figure class="turn${t.turn === n - 1 ? " current" : ""}" data-turn="${t.turn}" tabindex="0">` +
+    `<video src="${esc(t.video)}" muted playsinline preload="metadata" class="pixelated"></video>` +
+    `<figcaption><b>Turn ${t.turn + 1}</b>: ${esc(t.instruction)}<div class="states">${esc(statesText(t.states))}</div>` +
+    metersHtml(t.meters, t.deltas) + "</figcaption></figure>").join("");
+  for (const fig of hist.querySelectorAll("figure")) {
+    const t = state.turns[Number(fig.dataset.turn)];
+    const show = () => {
+      hist.querySelectorAll("figure").forEach((f) => f.classList.toggle("current", f === fig));
+      $("#caption").textContent = `Turn ${t.turn + 1}: ${t.instruction}`;
+      playClip(t.video);
+    };
+    fig.addEventListener("click", show);
+    fig.addEventListener("keydown", (e) => { if (e.key === "Enter") show(); });
+  }
+  hist.scrollLeft = hist.scrollWidth; // the newest turn in view, without scrolling the page
+  $("#caption").textContent = last ? `Turn ${last.turn + 1}: ${last.instruction}` : "";
+  if (play) playClip(last ? last.video : null);
+  setBusy(state.busy);
+}
+
+// frames of the turn being decoded, shown at the game's fps as they arrive
+const live = { frames: [], shown: 0, timer: null };
+function liveReset() {
+  live.frames = []; live.shown = 0;
+  if (live.timer) clearInterval(live.timer);
+  live.timer = null;
+}
+function liveAdd(urls, fps) {
+  live.frames.push(...urls);
+  const img = $("#live");
+  const next = () => {
+    if (live.shown >= live.frames.length) return;
+    img.src = live.frames[live.shown++];
+    img.decode().then(() => {
+      agj.framesShown += 1;
+      if (agj.tFirstFrame === null) agj.tFirstFrame = performance.now();
+    }).catch(() => {});
+  };
+  if (live.timer === null) {
+    img.hidden = false;
+    $("#placeholder").hidden = true;
+    next();
+    live.timer = setInterval(next, 1000 / (fps || 8));
+  }
+}
+
+function onEvent(ev) {
+  agj.events.push(ev.event);
+  switch (ev.event) {
+    case "queued":
+      setStatus(ev.ahead > 0 ? `Waiting in the queue: position ${ev.position} (${ev.ahead} turn${ev.ahead === 1 ? "" : "s"} ahead)`
+                             : "Queued: starting…");
+      break;
+    case "started":
+      setStatus("Generating: predicting the states and sampling the clip…");
+      break;
+    case "frames":
+      setStatus(`Decoding: ${ev.start + ev.frames.length} frames so far…`);
+      liveAdd(ev.frames, current ? current.fps : 8);
+      break;
+    case "done": {
+      agj.tDone = performance.now();
+      agj.turnsDone += 1;
+      const t = ev.state.turns[ev.state.turns.length - 1];
+      setStatus(`Turn ${t.turn + 1} done in ${((agj.tDone - agj.tClick) / 1000).toFixed(1)} s ` +
+        `(first frames after ${agj.tFirstFrame ? ((agj.tFirstFrame - agj.tClick) / 1000).toFixed(1) : "?"} s).`);
+      render(ev.state);
+      break;
+    }
+    case "error":
+      showError(ev.message, []);
+      setStatus("The turn failed; the game is as it was.");
+      hideLive();
+      break;
+  }
+}
+
+async function readStream(resp) {
+  const reader = resp.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      if (line.trim()) onEvent(JSON.parse(line));
+    }
+  }
+}
+
+async function postJson(path, body) {
+  return fetch(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body || {}) });
+}
+
+async function generate(e) {
+  e.preventDefault();
+  if (busy) return;
+  showError("", []);
+  const body = {};
+  for (const f of FIELDS) body[f] = $("#" + f).value;
+  agj.tClick = performance.now(); agj.tFirstFrame = null; agj.tDone = null;
+  liveReset();
+  $("#clip").pause(); // the last clip holds still under the new turn's frames
+  setBusy(true);
+  setStatus("Sending…");
+  try {
+    const resp = await postJson("/api/turn", body);
+    if (!resp.ok) {
+      const j = await resp.json();
+      showError(j.error, j.fields || []);
+      setStatus("");
+      setBusy(false);
+      return;
+    }
+    await readStream(resp);
+  } catch (err) {
+    showError(`Lost the connection to the server (${err}). Reload the page: the game is saved after every turn.`, []);
+  }
+  await refresh({ play: false });
+}
+
+async function simple(path, body) {
+  if (busy) return;
+  showError("", []);
+  const resp = await postJson(path, body);
+  const j = await resp.json();
+  if (!resp.ok) { showError(j.error, []); return; }
+  hideLive();
+  render(j);
+  return j;
+}
+
+async function refresh(opts) {
+  const resp = await fetch("/api/state");
+  if (resp.ok) render(await resp.json(), opts);
+}
+
+$("#turn-form").addEventListener("submit", generate);
+$("#undo").addEventListener("click", async () => {
+  const j = await simple("/api/undo");
+  if (j) setStatus(`Undone: ${j.turns.length} turn${j.turns.length === 1 ? "" : "s"} left.`);
+});
+$("#restart").addEventListener("click", async () => {
+  const seed = $("#seed").value === "" ? undefined : Number($("#seed").value);
+  const j = await simple("/api/restart", seed === undefined ? {} : { seed });
+  if (j) setStatus("New game started; the previous one stays saved.");
+});
+refresh();

@@ -1,0 +1,370 @@
+"""The web front end (``python -m animegamer_jax.serve``) on the shipped tiny system.
+
+One server for the module (one engine, one compile): HTTP-level tests (bad input, two games at
+once, failed turns, the CLI's error) and a real-browser test (headless Debian Chromium driven by
+selenium + chromedriver: two turns, the clip changes and plays, the meters move, Undo, Restart, a
+screenshot). The browser is installed by ``make browser`` (run by ``make test`` and CI); the browser
+test is skipped, saying so, only where it could not be installed.
+"""
+
+import base64
+import http.cookiejar
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from animegamer_jax import play, system_checkpoint
+from animegamer_jax.game import writers
+from animegamer_jax.game.script import GameScriptError, parse_instruction
+from animegamer_jax.serve import HttpThread, build_server
+from animegamer_jax.web.app import create_app
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CKPT = os.path.join(ROOT, "checkpoints", "tiny_system")
+TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-core CPU
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    out = tmp_path_factory.mktemp("web_games")
+    server = build_server(system_checkpoint.load_config(CKPT), CKPT, out=str(out))
+    server.start()
+    http = HttpThread(create_app(server)).start()
+    yield server, http
+    http.stop()
+    server.stop()
+
+
+class Client:
+    """One browser session over plain HTTP (its own cookie jar)."""
+
+    def __init__(self, url):
+        self.url = url
+        self.op = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def request(self, path, body=None, raw=None):
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        try:
+            return self.op.open(req, timeout=TURN_TIMEOUT)
+        except urllib.error.HTTPError as e:
+            return e
+
+    def json(self, path, body=None, raw=None):
+        r = self.request(path, body, raw)
+        return r.status, json.loads(r.read())
+
+    def open_turn(self, body):
+        """POSTs a turn; returns the open streaming response (the turn is queued when it returns)."""
+        r = self.request("/api/turn", body)
+        assert r.status == 200, r.read()
+        return r
+
+    @staticmethod
+    def events(resp):
+        return [json.loads(line) for line in resp if line.strip()]
+
+
+def test_bad_input_is_refused_with_the_parsers_message(served):
+    server, http = served
+    c = Client(http.url)
+    before = server.turns_played, sorted(os.listdir(server.out_dir))
+    status, j = c.json("/api/turn", {"character": "Bunny", "motion": "  ", "background": "meadow"})
+    with pytest.raises(GameScriptError) as want:
+        parse_instruction("Character: Bunny; Motion: ; Background: meadow.", "turn 1")
+    assert status == 400 and j["error"] == str(want.value) and j["fields"] == ["motion"]
+    assert "field 'Motion' is empty" in j["error"] and "Fix:" in j["error"]
+    status, j = c.json("/api/turn", {"line": "Character Bunny; Motion: run; Background: day"})
+    assert status == 400 and j["fields"] == ["line"] and "'Character Bunny' is not a 'Key: value' field" in j["error"]
+    status, j = c.json("/api/turn", {"character": "", "motion": "", "background": "x"})
+    assert status == 400 and j["fields"] == ["character"]  # the parser stops at the first problem
+    status, j = c.json("/api/turn", {"character": "Bunny", "motion": "run " * 400, "background": "day"})
+    assert status == 400 and "max_instruction_tokens" in j["error"]
+    status, j = c.json("/api/turn", raw=b"{not json")
+    assert status == 400 and "not JSON" in j["error"]
+    status, j = c.json("/api/turn", {"character": "Bunny", "motion": "run", "background": "day", "speed": 3})
+    assert status == 400 and "unknown key(s) ['speed']" in j["error"]
+    status, j = c.json("/api/turn", {"character": ["Bunny"], "motion": "run", "background": "day"})
+    assert status == 400 and j["fields"] == ["character"]
+    assert c.json("/api/undo", {})[0] == 400
+    assert c.json("/api/restart", {"seed": "three"})[0] == 400
+    status, state = c.json("/api/state")
+    assert status == 200 and state["turns"] == [] and state["download"] is None
+    assert (server.turns_played, sorted(os.listdir(server.out_dir))) == before
+
+
+def test_two_games_at_once(served):
+    server, http = served
+    a, b = Client(http.url), Client(http.url)
+    ra = a.open_turn({"character": "Bunny", "motion": "slowly walk", "background": "day meadow"})
+    rb = b.open_turn({"line": "Character: Squirrel; Motion: quickly climb a tree; Background: forest."})
+    # one pending turn per game
+    status, j = a.json("/api/turn", {"character": "Bunny", "motion": "hop", "background": "day"})
+    assert status == 409 and "already queued or running" in j["error"]
+    assert a.json("/api/undo", {})[0] == 409 and a.json("/api/restart", {})[0] == 409
+    ev_a, ev_b = Client.events(ra), Client.events(rb)
+    assert ev_a[-1]["event"] == "done" and ev_b[-1]["event"] == "done", (ev_a[-1], ev_b[-1])
+    # b waited behind a, and was told so (batch size 1 on one CPU device)
+    assert server.engine.batch_size == 1
+    assert ev_b[0] == {"event": "queued", "position": 1, "ahead": 1}
+    for ev in (ev_a, ev_b):
+        names = [e["event"] for e in ev]
+        assert names.index("started") < names.index("frames") < names.index("done")
+        assert sum(len(e["frames"]) for e in ev if e["event"] == "frames") == 17
+        assert [e["start"] for e in ev if e["event"] == "frames"] == [0, 9]  # two VAE chunks, streamed
+    sa, sb = ev_a[-1]["state"], ev_b[-1]["state"]
+    assert sa["game_id"] != sb["game_id"]
+    assert [t["instruction"] for t in sa["turns"]] == ["Character: Bunny; Motion: slowly walk; Background: day meadow."]
+    assert [t["instruction"] for t in sb["turns"]] == ["Character: Squirrel; Motion: quickly climb a tree; Background: forest."]
+    assert a.json("/api/state")[1]["turns"] == sa["turns"] and b.json("/api/state")[1]["game_id"] == sb["game_id"]
+    # saved after the turn, in the play layout
+    for s in (sa, sb):
+        rec = json.load(open(os.path.join(server.out_dir, s["game_id"], "game.json")))
+        assert rec["instructions"] == [s["turns"][0]["instruction"]] and rec["turns"][0]["video"] == "turn_000.mp4"
+        assert rec["states"][0] == list(s["turns"][0]["states"].values())
+    # the streamed frames are the clip's frames (the saved MP4 holds them enlarged above the HUD)
+    streamed = [f for e in ev_a if e["event"] == "frames" for f in e["frames"]]
+    clip = writers.read_video(os.path.join(server.out_dir, sa["game_id"], "turn_000.mp4"))
+    for k in (0, 8, 9, 16):  # first and last frame of both VAE chunks
+        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(streamed[k].split(",", 1)[1]))))
+        h, w, _ = img.shape
+        f = -(-240 // w)
+        saved = clip[k, : h * f : f, : w * f : f]
+        assert img.shape == saved.shape and np.abs(img.astype(int) - saved.astype(int)).mean() < 12
+    # files only for their own session
+    va, vb = sa["turns"][0]["video"], sb["turns"][0]["video"]
+    assert a.request(va).status == 200 and b.request(vb).status == 200
+    assert a.request(vb).status == 404 and b.request(va).status == 404
+    z = zipfile.ZipFile(io.BytesIO(a.request(sa["download"]).read()))
+    assert f"{sa['game_id']}/game.json" in z.namelist() and f"{sa['game_id']}/turn_000.mp4" in z.namelist()
+    assert b.request(sa["download"]).status == 404
+
+
+def test_failed_turn_leaves_the_game_as_it_was(served, monkeypatch):
+    server, http = served
+    c = Client(http.url)
+    body = {"character": "Bunny", "motion": "gently sit", "background": "evening meadow"}
+
+    def broken_step(*a, **k):
+        raise RuntimeError("simulated device failure")
+
+    monkeypatch.setattr(server.engine, "step", broken_step)
+    ev = Client.events(c.open_turn(body))
+    assert ev[-1]["event"] == "error" and "simulated device failure" in ev[-1]["message"]
+    assert "the game is unchanged" in ev[-1]["message"]
+    monkeypatch.undo()
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(play, "save_game", full_disk)
+    ev = Client.events(c.open_turn(body))
+    assert ev[-1]["event"] == "error" and "could not be saved" in ev[-1]["message"]
+    state = c.json("/api/state")[1]
+    assert state["turns"] == [] and not os.path.exists(os.path.join(server.out_dir, state["game_id"]))
+    monkeypatch.undo()
+    assert server.alive
+    ev = Client.events(c.open_turn(body))
+    assert ev[-1]["event"] == "done" and len(ev[-1]["state"]["turns"]) == 1
+
+
+def test_idle_sessions_are_dropped_past_the_cap(served, monkeypatch):
+    server, _ = served
+    monkeypatch.setattr(server, "max_sessions", 2)
+    a, b = server.session(None), server.session(None)
+    time.sleep(0.01)
+    assert server.session(a.id) is a  # seen again: b is now the least recently seen
+    c = server.session(None)
+    assert set(server.sessions) == {a.id, c.id}
+    assert server.session(b.id) is not b  # a dropped session's cookie gets a fresh session
+
+
+def test_cli_reports_a_missing_checkpoint():
+    proc = subprocess.run([sys.executable, "-m", "animegamer_jax.serve", "--checkpoint", "/nonexistent/ckpt",
+                           "--nowarmup"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "checkpoint directory '/nonexistent/ckpt' not found" in proc.stderr and "Fix:" in proc.stderr
+
+
+# -- the real browser ------------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
+        pytest.skip("headless Chromium is not installed (no chromium / chromedriver on PATH). Fix: "
+                    "`make browser` (apt-get install chromium chromium-driver); make test and CI run it")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+              "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
+              "--window-size=1280,1400", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _wait(driver, script, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = driver.execute_script(script)
+        if v:
+            return v
+        time.sleep(0.05)
+    status = driver.execute_script("return document.querySelector('#status').textContent + ' | ' + "
+                                   "document.querySelector('#error').textContent")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; page says: {status}")
+
+
+def _page_meters(driver):
+    return driver.execute_script(
+        "const o={}; for (const n of ['social','entertainment','stamina']) {"
+        " const v=document.querySelector('#meters [data-meter='+n+']').textContent;"
+        " const w=document.querySelector('#meters .fill.'+n).style.width;"
+        " const d=document.querySelector('#meters [data-delta='+n+']').textContent;"
+        " o[n]=[Number(v), w, d]; } return o;")
+
+
+PLAYING = ("const v=document.querySelector('#clip'); return v.src.includes(arguments[0]) && !v.paused && "
+           "v.readyState>=2 && v.currentTime>0 && v.videoWidth>0")
+
+
+def _play_turn(driver, k, character, motion, background):
+    for name, value in (("character", character), ("motion", motion), ("background", background)):
+        el = driver.find_element("id", name)
+        el.clear()
+        el.send_keys(value)
+    driver.find_element("id", "generate").click()
+    _wait(driver, f"return window.agj.turnsDone === {k + 1}", TURN_TIMEOUT, f"turn {k + 1}")
+    src = f"turn_{k:03d}.mp4"
+    _wait(driver, PLAYING.replace("arguments[0]", repr(src)), 30, f"the clip {src} to play")
+    # the streamed frames gave way to the finished clip in its player
+    _wait(driver, "return document.querySelector('#live').hidden", 10, "the live frames to give way to the clip")
+    return driver.execute_script("return {click: agj.tClick, first: agj.tFirstFrame, done: agj.tDone, "
+                                 "shown: agj.framesShown}")
+
+
+def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_property):
+    server, http = served
+    d = browser
+    d.get(http.url + "/")
+    _wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
+    start = server.engine.new_run().meters.as_dict()
+    assert {n: v[0] for n, v in _page_meters(d).items()} == start
+    step = int(server.engine.config.game.meter_step)
+
+    t1 = _play_turn(d, 0, "Bunny", "slowly walk out of the burrow", "day meadow")
+    m1 = _page_meters(d)
+    t2 = _play_turn(d, 1, "Bunny", "quickly chase a butterfly", "day forest")
+    m2 = _page_meters(d)
+    for t in (t1, t2):
+        # frames of the clip were on screen before the turn finished (streamed VAE chunks)
+        assert t["first"] is not None and t["click"] < t["first"] < t["done"] and t["shown"] >= 1
+    first_frame_s = (t2["first"] - t2["click"]) / 1000
+    record_property("generate_to_first_frame_s_cold", (t1["first"] - t1["click"]) / 1000)
+    record_property("generate_to_first_frame_s_warm", first_frame_s)
+    print(f"\nGenerate -> first frame shown: turn 1 (compiles) {(t1['first'] - t1['click']) / 1000:.2f} s, "
+          f"turn 2 {first_frame_s:.2f} s; turn done {(t2['done'] - t2['click']) / 1000:.2f} s")
+
+    # the meters on the page are the engine's (as saved), drawn as bars, with this turn's change
+    game_id = d.execute_script("return document.querySelector('#info').textContent").split()[1]
+    rec = json.load(open(os.path.join(server.out_dir, game_id, "game.json")))
+    assert len(rec["turns"]) == 2
+    prev = start
+    for meters_page, turn in ((m1, rec["turns"][0]), (m2, rec["turns"][1])):
+        want = turn["meters"]
+        for n, (v, width, delta) in meters_page.items():
+            assert v == want[n] and width == f"{want[n]}%" and delta == f"{want[n] - prev[n]:+d}"
+        prev = want
+    moved = [n for n in start if rec["turns"][1]["meters"][n] != start[n]]
+    assert moved, f"no meter moved in two turns (states {rec['states']})"
+    assert rec["meters"][0] == {n: max(0, min(100, start[n] + step * s)) for n, s in
+                                zip(("social", "entertainment", "stamina"), rec["states"][0][1:])}
+    assert d.execute_script("return document.querySelectorAll('#history figure').length") == 2
+    assert d.execute_script("return document.querySelector('#clip').controls") is True
+    assert "Bunny" in d.find_element("id", "caption").text and "butterfly" in d.find_element("id", "caption").text
+    href = d.find_element("id", "download").get_attribute("href")
+    assert href.endswith(f"/games/{game_id}.zip")
+
+    shot = tmp_path / "serve.png"
+    d.execute_script("window.scrollTo(0, 0)")
+    assert d.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
+    if os.environ.get("AGJ_SCREENSHOT"):
+        shutil.copy(shot, os.environ["AGJ_SCREENSHOT"])
+
+    # Undo: back to turn 1's clip and meters, and the saved game has one turn
+    d.find_element("id", "undo").click()
+    _wait(d, "return document.querySelectorAll('#history figure').length === 1", 60, "undo")
+    _wait(d, PLAYING.replace("arguments[0]", "'turn_000.mp4'"), 30, "turn 1's clip after undo")
+    assert _page_meters(d) == m1
+    assert len(json.load(open(os.path.join(server.out_dir, game_id, "game.json")))["turns"]) == 1
+
+    # Restart: a new game at the start meters; the old one stays saved
+    d.find_element("id", "restart").click()
+    _wait(d, f"return !document.querySelector('#info').textContent.includes('{game_id}') && "
+             "document.querySelectorAll('#history figure').length === 0", 30, "restart")
+    assert {n: v[0] for n, v in _page_meters(d).items()} == start
+    assert writers.is_finished(os.path.join(server.out_dir, game_id))
+
+    # everything came from this server (the page works offline), and no script error
+    urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    assert urls and all(u.startswith(http.url) or u.startswith("data:") for u in urls), urls
+    errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, errors
+
+
+def test_engine_streams_decode_chunks():
+    """GameEngine.step(on_frames=...) runs system.decode_chunk over decode_plan, the cache carried."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.engine import GameEngine
+    from animegamer_jax.game.standin import build_standin
+
+    cfg = load_config("configs/tiny.py")
+
+    def decode(p, z):  # causal in time: frame t depends on latents 0..t
+        return jnp.moveaxis(jnp.cumsum(z[:, :, :3], axis=1), 2, -1)
+
+    def decode_chunk(p, z, cache):
+        x = jnp.cumsum(z[:, :, :3], axis=1) + (0.0 if cache is None else cache)
+        return jnp.moveaxis(x, 2, -1), x[:, -1:]
+
+    system = dataclasses.replace(build_standin(cfg), decode=decode, decode_chunk=decode_chunk, decode_plan=(3, 2))
+    eng = GameEngine(cfg, system)
+    run = eng.new_run()
+    ids = eng.tok.encode_plain("Character: Bunny; Motion: hop; Background: day.")
+    got = []
+    _, _, streamed, timing = eng.step([run], [3], [ids], [0], on_frames=lambda s, f: got.append((s, f.copy())))
+    _, _, whole, _ = eng.step([run], [3], [ids], [0])
+    assert [(s, f.shape[1]) for s, f in got] == [(0, 3), (3, 2)] and timing["vae_s"] > 0
+    np.testing.assert_allclose(streamed, whole, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.concatenate([f for _, f in got], axis=1), whole, rtol=1e-6, atol=1e-6)
+    bad = GameEngine(cfg, dataclasses.replace(system, decode_plan=(3, 3)))
+    with pytest.raises(ValueError, match=r"decode_plan \(3, 3\) does not split 5"):
+        bad.step([run], [3], [ids], [0], on_frames=lambda s, f: None)

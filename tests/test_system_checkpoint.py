@@ -1,0 +1,161 @@
+"""Checked system checkpoints: integrity.json written by save_system, verified before every load; each
+damaged, truncated or missing file gives one line naming it and the fix (no TensorStore/JSON traceback)."""
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from animegamer_jax import play, system_checkpoint as sc
+from configs import tiny
+from tests.test_train import Toy
+
+BUILDERS = {"dit": lambda c, r: Toy(r)}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("ck") / "sys")
+    return sc.save_system(d, {"dit": Toy(nnx.Rngs(1))}, tiny.get_config())
+
+
+def _copy(saved, tmp_path):
+    dst = str(tmp_path / "copy")
+    shutil.copytree(saved, dst)
+    return dst
+
+
+def _array_file(d):
+    """The largest OCDBT data file of the dit component (holds the weights)."""
+    files = [f for f in glob.glob(os.path.join(d, "dit", "**", "d", "*"), recursive=True) if os.path.isfile(f)]
+    return max(files, key=os.path.getsize)
+
+
+def _rel(d, path):
+    return os.path.relpath(path, d)
+
+
+def test_save_writes_integrity_and_load_verifies(saved):
+    man = json.load(open(os.path.join(saved, sc.INTEGRITY_FILE)))
+    assert "commit_success.txt" in man["files"] and "manifest/metadata" in man["files"]
+    assert all(len(v["sha256"]) == 64 and v["size"] >= 0 for v in man["files"].values())
+    assert sc.verify_checkpoint(saved, "full")["files"] == man["files"]
+    out = sc.load_system(saved, builders=BUILDERS)
+    np.testing.assert_array_equal(np.asarray(out["dit"].w1[...]), np.asarray(Toy(nnx.Rngs(1)).w1[...]))
+    assert sc.checkpoint_identity(saved).startswith("sha256:")
+
+
+def test_shipped_tiny_system_verifies():
+    assert len(sc.verify_checkpoint("checkpoints/tiny_system", "full")["files"]) > 10
+
+
+def _truncate(path, keep=0.5):
+    n = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(int(n * keep))
+    return n
+
+
+@pytest.mark.parametrize("what", ["array", "_METADATA", "manifest", "config", "commit", "flip8"])
+def test_each_damage_is_one_line_naming_the_file(saved, tmp_path, what):
+    d = _copy(saved, tmp_path)
+    target = {"array": _array_file(d), "_METADATA": os.path.join(d, "dit", "_METADATA"),
+              "manifest": os.path.join(d, "manifest", "metadata"), "config": os.path.join(d, "config", "metadata"),
+              "commit": os.path.join(d, "commit_success.txt"), "flip8": _array_file(d)}[what]
+    rel = _rel(d, target)
+    if what == "commit":
+        os.remove(target)
+        msg = f"{d}: file {rel} is missing (the checkpoint is incomplete). Fix: copy the whole checkpoint"
+    elif what == "flip8":  # 8 overwritten bytes inside the weights: same size, caught by the hash
+        with open(target, "r+b") as f:
+            f.seek(os.path.getsize(target) // 2)
+            f.write(b"\x7f" * 8)
+        msg = f"{d}: file {rel} is damaged (its sha256 differs from the one saved in integrity.json). Fix:"
+    else:
+        n = _truncate(target)
+        msg = f"{d}: file {rel} is truncated ({n // 2} bytes, {n} when saved). Fix: copy the whole"
+    for mode in ("fast", "full"):
+        with pytest.raises(sc.CheckpointIntegrityError) as e:
+            sc.load_system(d, builders=BUILDERS, verify=mode)
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value)
+        assert f"verify --full {d}`" in str(e.value)
+
+
+@pytest.mark.parametrize("what", ["array", "_METADATA", "manifest", "config"])
+def test_unverified_reads_still_give_one_line(saved, tmp_path, what):
+    """Even with the check skipped (verify=None), orbax/TensorStore/JSON errors are one line naming the folder."""
+    d = _copy(saved, tmp_path)
+    target = {"array": _array_file(d), "_METADATA": os.path.join(d, "dit", "_METADATA"),
+              "manifest": os.path.join(d, "manifest", "metadata"), "config": os.path.join(d, "config", "metadata")}[what]
+    _truncate(target, 0.3)
+    with pytest.raises(sc.CheckpointIntegrityError) as e:
+        if what == "config":
+            sc.load_config(d)
+        else:
+            sc.load_system(d, builders=BUILDERS, verify=None)
+    text = str(e.value)
+    assert "\n" not in text and d in text and "Fix:" in text, text
+    want = {"array": ("reading component(s) ['dit'] failed", "cannot read the metadata of component 'dit'"),
+            "_METADATA": ("cannot read the metadata of component 'dit'",),
+            "manifest": ("manifest/metadata (the component list) is damaged",),
+            "config": ("config/metadata (the saved config) is damaged",)}[what]
+    assert any(w in text for w in want), text
+
+
+def test_missing_or_damaged_integrity_file_and_remanifest(saved, tmp_path, capsys):
+    d = _copy(saved, tmp_path)
+    os.remove(os.path.join(d, sc.INTEGRITY_FILE))
+    with pytest.raises(sc.CheckpointIntegrityError, match=r"no integrity.json, so its files cannot be checked .*"
+                       r"Fix: re-save it with save_system; if you trust it, write one with "
+                       r"`python -m animegamer_jax.system_checkpoint manifest "):
+        sc.load_system(d, builders=BUILDERS)
+    assert sc.main(["manifest", d]) == 0
+    assert sc.main(["verify", "--full", d]) == 0
+    assert "ok: " in capsys.readouterr().out
+    with open(os.path.join(d, sc.INTEGRITY_FILE), "r+b") as f:
+        f.truncate(40)
+    assert sc.main(["verify", d]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {d}/integrity.json is damaged (JSONDecodeError") and err.count("\n") == 1
+
+
+def test_fast_mode_samples_large_files(saved, tmp_path, monkeypatch):
+    """Files over FULL_HASH_BELOW: fast = size + sampled blocks (catches truncation and the sampled
+    regions), full = every byte (catches the rest)."""
+    monkeypatch.setattr(sc, "FULL_HASH_BELOW", 256)
+    monkeypatch.setattr(sc, "SAMPLE_BLOCK", 16)
+    monkeypatch.setattr(sc, "SAMPLE_BLOCKS", 2)
+    d = _copy(saved, tmp_path)
+    sc.write_integrity(d)
+    f = _array_file(d)
+    entry = json.load(open(os.path.join(d, sc.INTEGRITY_FILE)))["files"][_rel(d, f)]
+    assert os.path.getsize(f) > 256 and "sampled_sha256" in entry
+    with open(f, "r+b") as fh:  # outside the two sampled blocks (first and last 16 bytes)
+        fh.seek(100)
+        fh.write(b"\x7f" * 8)
+    sc.verify_checkpoint(d, "fast")
+    with pytest.raises(sc.CheckpointIntegrityError, match="is damaged"):
+        sc.verify_checkpoint(d, "full")
+    with open(f, "r+b") as fh:  # inside the first block
+        fh.write(b"\x7f" * 8)
+    with pytest.raises(sc.CheckpointIntegrityError, match="is damaged"):
+        sc.verify_checkpoint(d, "fast")
+
+
+def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
+    d = str(tmp_path / "tiny")
+    shutil.copytree("checkpoints/tiny_system", d)
+    dit = max((f for f in glob.glob(os.path.join(d, "dit", "**", "*"), recursive=True) if os.path.isfile(f)),
+              key=os.path.getsize)
+    _truncate(dit)
+    script = tmp_path / "s.txt"
+    script.write_text("Character: Bunny; Motion: hop; Background: day.\n")
+    for args in ([], ["--config", "configs/tiny.py"]):  # config from the checkpoint, or given
+        assert play.main([str(script), "--checkpoint", d, "--out", str(tmp_path / "o"), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {d}: file {_rel(d, dit)} is truncated (") and err.count("\n") == 1, err
+    assert not os.path.exists(tmp_path / "o" / "s")
