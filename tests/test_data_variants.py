@@ -1,10 +1,13 @@
 """More sample data from the same footage: overlapping clip windows, film variants (mirror, zoom,
 speed) and the rule-based labels whose adverb and states follow the measured motion level."""
 
+import json
+
 import numpy as np
 import pytest
 
 from animegamer_jax.data import clips, labels, sample, scenes, video
+from tests.subproc import ROOT
 
 
 def test_overlapping_clip_windows():
@@ -67,9 +70,24 @@ def test_film_variants(tmp_path):
         sample.make_sample_film(str(tmp_path / "bad.mp4"), sources=src, variant=sample.Variant("bad", zoom=0.5))
 
 
-def test_committed_variant_labels_parse():
+def test_committed_variant_labels_parse(monkeypatch):
+    monkeypatch.chdir(ROOT)
     ls = labels.read_labels("data/sample_variant_labels.jsonl")
     films = {f for f, _ in ls.clips}
     assert films == {v.film_id for v in sample.VARIANTS}
     adverbs = {lab.action.split(" ", 1)[0] for lab in ls.clips.values()}
     assert adverbs <= set(sample.ADVERBS.values()) and len(adverbs) >= 3
+
+
+def test_heldout_benchmark_is_the_committed_one(monkeypatch):
+    from animegamer_jax.eval import benchmark_file
+
+    monkeypatch.chdir(ROOT)
+    bench = sample.heldout_benchmark("data/sample_variant_labels.jsonl")
+    with open("data/benchmark/sample_heldout.json") as f:
+        assert json.load(f) == bench
+    loaded = benchmark_file.load_benchmark("data/benchmark/sample_heldout.json")
+    rounds = [r for g in loaded.games for r in g.rounds]
+    assert len(rounds) == 8 and all(g.game_id.startswith(sample.HELDOUT_FILM) for g in loaded.games)
+    levels = {v: k for k, v in sample.ADVERBS.items()}
+    assert all(r.states[0] == levels[r.turn.motion.split()[0]] for r in rounds)

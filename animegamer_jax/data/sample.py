@@ -172,6 +172,46 @@ def label_film(path: str, film_id: str, splices: list[int], speed: float, data_c
     return out
 
 
+#: the variant whose clips no training phase sees: its turns are the state-accuracy benchmark
+HELDOUT_FILM = "sample_zoom"
+
+
+def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM,
+                      characters_dir: str = "data/characters", rounds_per_game: int = 5) -> dict:
+    """A benchmark (``eval/benchmark_file.py`` format) of one film's labelled clips, in clip order,
+    ``rounds_per_game`` consecutive clips a game: the ground truth is ML = the level of the action's
+    adverb (:data:`ADVERBS`, the optical-flow level ``prepare`` stores) and the labelled SC / ET / ST.
+    Clips whose character has no reference image in ``characters_dir`` (``<name>/ref.png``) or that
+    show nobody are left out. Paths are relative to ``data/benchmark/``.
+
+    Raises:
+      ValueError: the film has no usable clip.
+    """
+    from animegamer_jax.data import labels as labels_lib
+
+    levels = {v: k for k, v in ADVERBS.items()}
+    refs = {}
+    rounds = []
+    for lab in labels_lib.read_labels(labels_path).for_film(film_id):
+        if len(lab.characters) != 1 or not os.path.isfile(os.path.join(characters_dir, lab.characters[0], "ref.png")):
+            continue
+        name = lab.characters[0]
+        refs[name] = os.path.relpath(os.path.join(characters_dir, name, "ref.png"), "data/benchmark")
+        adverb, motion = lab.action.split(" ", 1)
+        rounds.append({"character": name, "motion": lab.action, "background": lab.background,
+                       "states": {"ML": levels[adverb], "SC": lab.social, "ET": lab.entertainment,
+                                  "ST": lab.stamina}})
+    if not rounds:
+        raise ValueError(f"{labels_path}: film '{film_id}' has no clip with one referenced character")
+    games = [{"game_id": f"{film_id}-{i // rounds_per_game}", "seed": i // rounds_per_game,
+              "rounds": rounds[i:i + rounds_per_game]} for i in range(0, len(rounds), rounds_per_game)]
+    return {"name": f"sample-heldout-{film_id}",
+            "description": f"The labelled clips of the held-out sample variant '{film_id}' (never in a training "
+                           f"set: data/README.md), {rounds_per_game} consecutive clips a game; made by "
+                           f"python -m animegamer_jax.data.sample --heldout_benchmark from {labels_path}.",
+            "characters": refs, "games": games}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="data/prepared/sample_film.mp4")
@@ -184,7 +224,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default="configs/tiny.py", help="config whose data section plans the clips")
     parser.add_argument("--clip_stride_seconds", type=float, default=1.0,
                         help="with --labels_out: a clip starts every this many s (pass the same to prepare)")
+    parser.add_argument("--heldout_benchmark", default="", help="write the held-out film's benchmark JSON here")
+    parser.add_argument("--labels", default="data/sample_variant_labels.jsonl", help="with --heldout_benchmark")
     args = parser.parse_args(argv)
+    if args.heldout_benchmark:
+        import json
+
+        bench = heldout_benchmark(args.labels)
+        with open(args.heldout_benchmark, "w") as f:
+            f.write(json.dumps(bench, indent=1) + "\n")
+        print(f"wrote {args.heldout_benchmark}: {sum(len(g['rounds']) for g in bench['games'])} rounds")
+        return
     if not args.variants:
         splices = make_sample_film(args.out, (args.width, args.height))
         print(f"wrote {args.out}; splice frames {splices} at {SAMPLE_FPS} fps")
