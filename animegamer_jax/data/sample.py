@@ -174,15 +174,17 @@ def label_film(path: str, film_id: str, splices: list[int], speed: float, data_c
 
 #: the variant whose clips no training phase sees: its turns are the state-accuracy benchmark
 HELDOUT_FILM = "sample_zoom"
+#: reference image of each sample character in data/benchmark/ (64x96 cuts of the same footage,
+#: data/benchmark/make_references.py: the cyclist is its "Rider", the driver its "Caller")
+BENCHMARK_REFERENCES = {"Bunny": "references/bunny.png", "Cyclist": "references/rider.png",
+                        "Driver": "references/caller.png"}
 
 
-def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM,
-                      characters_dir: str = "data/characters", rounds_per_game: int = 5) -> dict:
+def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_game: int = 5) -> dict:
     """A benchmark (``eval/benchmark_file.py`` format) of one film's labelled clips, in clip order,
     ``rounds_per_game`` consecutive clips a game: the ground truth is ML = the level of the action's
     adverb (:data:`ADVERBS`, the optical-flow level ``prepare`` stores) and the labelled SC / ET / ST.
-    Clips whose character has no reference image in ``characters_dir`` (``<name>/ref.png``) or that
-    show nobody are left out. Paths are relative to ``data/benchmark/``.
+    Clips that show nobody or a character without a :data:`BENCHMARK_REFERENCES` image are left out.
 
     Raises:
       ValueError: the film has no usable clip.
@@ -193,10 +195,10 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM,
     refs = {}
     rounds = []
     for lab in labels_lib.read_labels(labels_path).for_film(film_id):
-        if len(lab.characters) != 1 or not os.path.isfile(os.path.join(characters_dir, lab.characters[0], "ref.png")):
+        if len(lab.characters) != 1 or lab.characters[0] not in BENCHMARK_REFERENCES:
             continue
         name = lab.characters[0]
-        refs[name] = os.path.relpath(os.path.join(characters_dir, name, "ref.png"), "data/benchmark")
+        refs[name] = BENCHMARK_REFERENCES[name]
         adverb, motion = lab.action.split(" ", 1)
         rounds.append({"character": name, "motion": lab.action, "background": lab.background,
                        "states": {"ML": levels[adverb], "SC": lab.social, "ET": lab.entertainment,
