@@ -118,6 +118,17 @@ def test_conv3d_as_2d_matches_native_3d_conv():
                                    rtol=1e-5, atol=1e-5)
 
 
+def test_causal_conv_single_frame_shortcut_matches_padded_path():
+    from flax import nnx
+
+    conv = cogvideox_vae.CausalConv3d(3, 4, 3, dtype=jnp.float32, rngs=nnx.Rngs(0))
+    x = jnp.asarray(np.random.RandomState(1).randn(2, 1, 5, 6, 3).astype(np.float32))
+    y, cache = conv(x)
+    xp = jnp.concatenate([x, x, x], axis=1)  # the general path's replicated front padding
+    np.testing.assert_allclose(np.asarray(y), np.asarray(conv.conv(xp)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(cache), np.asarray(xp[:, -2:]))
+
+
 def test_psnr_eval_helpers():
     idx = np.array([0, 1, 2, 3, 4, 10, 11, 12, 20])
     assert vae_eval.runs(idx, 2) == [slice(0, 2), slice(2, 4), slice(5, 7)]

@@ -305,6 +305,13 @@ class CausalConv3d(nnx.Module):
         kt = self.time_kernel
         if kt == 1:
             return self.conv(x), None
+        if cache is None and x.shape[1] == 1:
+            # A lone first frame: its kt - 1 replicated pads make every time tap see the same frame,
+            # so the taps' kernels sum to one 2-D conv (kt x fewer FLOPs; first-frame training/encode).
+            c = self.conv
+            k = jnp.sum(c.kernel[...].astype(c.dtype), axis=0, keepdims=True)
+            y = conv3d_as_2d(x.astype(c.dtype), k, c.pad) + c.bias[...].astype(c.dtype)
+            return y, jnp.repeat(x, kt - 1, axis=1)
         pad = jnp.repeat(x[:, :1], kt - 1, axis=1) if cache is None else cache.astype(x.dtype)
         xp = jnp.concatenate([pad, x], axis=1)
         return self.conv(xp), xp[:, -(kt - 1) :]
