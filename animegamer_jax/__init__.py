@@ -19,4 +19,8 @@ __version__ = "0.1.0"
 # construction (even a 1-CPU test), so it is turned off for the whole package.
 from flax import nnx as _nnx
 
+from animegamer_jax import paths as _paths
+
 _nnx.use_eager_sharding(False)
+# STORAGE_EMULATOR_HOST reroutes every GCS access, orbax's tensorstore included (paths.py).
+_paths.configure_gcs_emulator()

@@ -20,14 +20,13 @@ A folder of the same name that this program did not write stops the run before a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 
 import jax
 from tqdm import tqdm
 
-from animegamer_jax import parallel
+from animegamer_jax import fileio, parallel
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, apply_mode
 from animegamer_jax.game.script import Game, load_jsonl
@@ -59,8 +58,8 @@ def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0,
     todo, replay = [], {}
     for g in mine:
         writers.clean_stale_temp(out_dir, g.game_id)
-        folder = os.path.join(out_dir, g.game_id)
-        if not os.path.lexists(folder) or (os.path.isdir(folder) and not os.listdir(folder)):
+        folder = fileio.join(out_dir, g.game_id)
+        if not fileio.exists(folder) or (fileio.isdir(folder) and not fileio.listdir(folder)):
             todo.append(g)
             continue
         if not writers.is_game_folder(folder):
@@ -132,5 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script (pyproject.toml)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

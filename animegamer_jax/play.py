@@ -19,10 +19,9 @@ token length, file:line) before the first turn. Interactive play writes the game
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from animegamer_jax import parallel
+from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.config import ConfigError, apply_overrides, load_config
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
@@ -83,7 +82,7 @@ def config_from_args(args, extra: list[str]):
         # `play --checkpoint DIR` needs nothing else.
         from animegamer_jax import system_checkpoint
 
-        if not os.path.isdir(args.checkpoint):
+        if not paths.isdir(args.checkpoint):
             raise ConfigError(f"checkpoint directory {args.checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or --standin for a random stand-in)")
         try:
@@ -127,7 +126,7 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
     folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                 cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
                                 fingerprint=fingerprint(engine, result["game"], result["seed"]))
-    timings = writers.read_json(os.path.join(folder, writers.TIMINGS_JSON))
+    timings = writers.read_json(fileio.join(folder, writers.TIMINGS_JSON))
     record["timings_s"]["run"]["writing"] = timings["run"]["writing"]
     return folder, record
 
@@ -250,5 +249,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script (pyproject.toml)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -143,5 +143,12 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def cli() -> None:
+    """Console script ``animegamer-serve``."""
+    from animegamer_jax import cli as cli_lib
+
+    cli_lib.run(lambda argv: sys.exit(main(argv)))
+
+
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli()

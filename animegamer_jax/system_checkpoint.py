@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -51,11 +50,10 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import fileio, parallel
+from animegamer_jax import fileio, parallel, paths
 
 COMPONENTS: tuple[str, ...] = ("mllm", "dit", "vae", "shot_encoder", "clip", "t5")
 FORMAT_VERSION = 1
@@ -145,7 +143,7 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
     """
     if mode not in ("fast", "full"):
         raise ValueError(f"verify mode must be 'fast' or 'full', got {mode!r}")
-    directory = os.path.abspath(directory)
+    directory = str(paths.as_path(directory))
     man = _read_integrity(directory)
     key = (directory, mode, _stamp(directory, man))
     if key in _VERIFIED:  # checked already by this process and unchanged since (play reads the config, then loads)
@@ -184,8 +182,7 @@ def _stamp(directory: str, man: dict) -> str:
     stats = []
     for rel in sorted(man["files"]):
         try:
-            st = os.stat(fileio.join(directory, rel))
-            stats.append((rel, st.st_size, st.st_mtime_ns))
+            stats.append((rel, *fileio.stamp(fileio.join(directory, rel))))
         except OSError:
             stats.append((rel, -1, -1))
     return json.dumps([man, stats], sort_keys=True)
@@ -197,17 +194,16 @@ def checkpoint_identity(directory: str) -> str:
     Raises:
       CheckpointIntegrityError: no ``integrity.json``.
     """
-    _read_integrity(os.path.abspath(directory))
-    return "sha256:" + fileio.sha256_file(fileio.join(os.path.abspath(directory), INTEGRITY_FILE))
+    _read_integrity(str(paths.as_path(directory)))
+    return "sha256:" + fileio.sha256_file(fileio.join(str(paths.as_path(directory)), INTEGRITY_FILE))
 
 
 def _read_json(directory: str, item: str, what: str) -> Any:
-    path = os.path.join(os.path.abspath(directory), item, "metadata")
-    if not os.path.exists(path):
+    path = fileio.join(str(paths.as_path(directory)), item, "metadata")
+    if not fileio.exists(path):
         return None
     try:
-        with open(path, "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+        return json.loads(fileio.read_bytes(path).decode("utf-8"))
     except (ValueError, OSError) as e:
         raise CheckpointIntegrityError(f"{path} ({what}) is damaged ({type(e).__name__}: "
                                        f"{str(e).splitlines()[0]}). {_fix(directory)}") from None
@@ -296,7 +292,8 @@ def save_system(
     """Writes a system checkpoint (one orbax item per component, plus the config and a manifest).
 
     Args:
-      directory: target directory (absolute or relative; created; must not exist unless ``force``).
+      directory: target directory (absolute, relative or a URL such as ``gs://bucket/system``;
+        created; must not exist unless ``force``).
       components: name -> module (or its ``nnx.State``); names from :data:`COMPONENTS` or any
         name that has a builder at load time. Arrays may live on any mesh; every process calls this
         (orbax writes each shard once).
@@ -314,8 +311,8 @@ def save_system(
     """
     if not components:
         raise SystemCheckpointError("save_system: no components given")
-    directory = os.path.abspath(directory)
-    if os.path.exists(directory) and not force:
+    directory = str(paths.as_path(directory))
+    if fileio.exists(directory) and not force:
         raise SystemCheckpointError(f"system checkpoint {directory} exists; pass force=True to overwrite")
     items: dict[str, Any] = {}
     counts = {}
@@ -336,6 +333,13 @@ def save_system(
 
         multihost_utils.sync_global_devices(f"save_system:{directory}")
     return directory
+
+
+def is_complete(directory: str) -> bool:
+    """True when ``directory`` holds a finished system checkpoint: ``integrity.json`` is written
+    after orbax has committed every file, locally and on object stores alike."""
+    return (fileio.isfile(fileio.join(str(paths.as_path(directory)), "manifest", "metadata"))
+            and fileio.isfile(fileio.join(str(paths.as_path(directory)), INTEGRITY_FILE)))
 
 
 def read_manifest(directory: str) -> dict:
@@ -393,7 +397,7 @@ def stored_shapes(directory: str, name: str) -> dict[str, tuple[int, ...]]:
     """``{"a/b/kernel": shape}`` of one stored component, read from orbax metadata (no array reads)."""
     handler = ocp.PyTreeCheckpointHandler()
     try:
-        md = handler.metadata(epath.Path(os.path.abspath(directory)) / name)
+        md = handler.metadata(paths.as_path(directory) / name)
     except Exception as e:  # noqa: BLE001  orbax/TensorStore/JSON errors of a damaged file
         raise CheckpointIntegrityError(f"{directory}: cannot read the metadata of component {name!r} "
                                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
@@ -462,7 +466,7 @@ def load_system(
         key/shape mismatch, or any read error of the array files (one line, never a TensorStore
         traceback).
     """
-    directory = os.path.abspath(directory)
+    directory = str(paths.as_path(directory))
     if verify is not None:
         verify_checkpoint(directory, verify)
     manifest = read_manifest(directory)
@@ -511,12 +515,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("directory")
     ap.add_argument("--full", action="store_true", help="verify: sha256 of every byte (default: fast check)")
     args = ap.parse_args(argv)
-    if not os.path.isdir(args.directory):
+    if not fileio.isdir(args.directory):
         print(f"error: {args.directory}: no such checkpoint folder", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
     if args.command == "manifest":
-        path = write_integrity(os.path.abspath(args.directory))
+        path = write_integrity(str(paths.as_path(args.directory)))
         print(f"wrote {path} in {time.perf_counter() - t0:.2f}s")
         return 0
     try:

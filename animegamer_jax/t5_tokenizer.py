@@ -37,7 +37,11 @@ class T5Tokenizer:
     """
 
     def __init__(self, model_file: str | os.PathLike, max_length: int = 30):
-        self.sp = spm.SentencePieceProcessor(model_file=os.fspath(model_file))
+        from animegamer_jax import paths
+
+        # bytes through epath: a local file (repo-relative defaults resolved) or a URL
+        proto = paths.as_path(paths.resource(model_file)).read_bytes()
+        self.sp = spm.SentencePieceProcessor(model_proto=proto)
         if (self.sp.pad_id(), self.sp.eos_id()) != (PAD_ID, EOS_ID):
             raise ValueError(
                 f"{model_file}: pad/eos ids are {self.sp.pad_id()}/{self.sp.eos_id()}, T5 needs {PAD_ID}/{EOS_ID}"

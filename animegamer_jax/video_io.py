@@ -64,9 +64,12 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18) -> None:
     t, h, w, _ = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    from animegamer_jax import paths
+
+    paths.makedirs(paths.as_path(path).parent)
     rate = Fraction(fps).limit_denominator(1001)
-    with av.open(path, mode="w") as container:
+    target = paths.av_output(path)  # a URL is encoded in memory, then uploaded
+    with av.open(target, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
         stream.options = {"crf": str(crf)}
@@ -75,6 +78,7 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+    paths.finish_av_output(path, target)
 
 
 def write_gif(path: str, frames, fps: float = 8.0, loop: int = 0) -> None:
@@ -85,19 +89,25 @@ def write_gif(path: str, frames, fps: float = 8.0, loop: int = 0) -> None:
       fps: frames per second.
       loop: 0 = loop forever.
     """
+    import io
+
     from PIL import Image
 
+    from animegamer_jax import paths
+
     x = _check_frames(frames)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    out = paths.makedirs(paths.as_path(path).parent) / paths.as_path(path).name
     images = [Image.fromarray(f) for f in x]
+    buf = io.BytesIO()
     images[0].save(
-        path, save_all=True, append_images=images[1:], duration=int(round(1000.0 / fps)), loop=loop, optimize=False
-    )
+        buf, format="GIF", save_all=True, append_images=images[1:], duration=int(round(1000.0 / fps)), loop=loop,
+        optimize=False)
+    out.write_bytes(buf.getvalue())
 
 
 def write_video(path: str, frames, fps: float = 8.0) -> None:
     """Writes ``.mp4`` or ``.gif`` by the file suffix (see :func:`write_mp4`, :func:`write_gif`)."""
-    ext = os.path.splitext(path)[1].lower()
+    ext = os.path.splitext(os.fspath(path))[1].lower()
     if ext == ".gif":
         write_gif(path, frames, fps)
     elif ext in (".mp4", ".m4v", ".mov"):
@@ -114,8 +124,13 @@ def read_video(path: str, max_frames: int | None = None) -> tuple[np.ndarray, fl
     """
     import av
 
+    import io
+
+    from animegamer_jax import paths
+
     frames = []
-    with av.open(path) as container:
+    src = io.BytesIO(paths.as_path(path).read_bytes()) if paths.is_url(path) else path
+    with av.open(src) as container:
         stream = container.streams.video[0]
         fps = float(stream.average_rate) if stream.average_rate else 0.0
         for frame in container.decode(stream):

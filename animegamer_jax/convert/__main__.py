@@ -34,5 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script (pyproject.toml)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

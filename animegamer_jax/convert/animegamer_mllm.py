@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.convert.mistral import (
     ConversionError,
     _to_numpy,
@@ -190,9 +191,9 @@ def main(argv: list[str] | None = None) -> None:
             if k not in llm_sd:
                 sd["llm.base_model.model." + k] = v
     cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora, lora_alpha=a.lora_alpha)
-    os.makedirs(a.dst, exist_ok=True)
-    cm.save_state(state, os.path.join(a.dst, "params"))
-    with open(os.path.join(a.dst, "mllm_config.json"), "w") as f:
+    paths.makedirs(a.dst)
+    cm.save_state(state, paths.join(a.dst, "params"))
+    with paths.as_path(paths.join(a.dst, "mllm_config.json")).open("w") as f:
         json.dump({"lora_rank": cfg.llm.lora_rank, "lora_alpha": cfg.llm.lora_alpha,
                    "lora_targets": list(cfg.llm.lora_targets), "merged": a.merge_lora}, f)
     print(f"wrote {a.dst}/params (lora_rank={cfg.llm.lora_rank}, merged={a.merge_lora})")

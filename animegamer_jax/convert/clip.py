@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.models.clip import CLIP, CLIPConfig, CLIPVisionTransformer
 
 #: Buffers some checkpoints carry that hold no learned parameter.
@@ -348,7 +349,7 @@ def save_state(state: nnx.State, directory: str | os.PathLike) -> None:
     """Writes an NNX Param state as an orbax checkpoint at ``directory`` (absolute path made here)."""
     import orbax.checkpoint as ocp
 
-    directory = os.path.abspath(os.fspath(directory))
+    directory = paths.as_path(directory)  # local (made absolute) or a URL
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(directory, nnx.to_pure_dict(state))
 
@@ -359,7 +360,7 @@ def restore_state(abstract_module: nnx.Module, directory: str | os.PathLike) -> 
     import orbax.checkpoint as ocp
 
     state = nnx.state(abstract_module, nnx.Param)
-    directory = os.path.abspath(os.fspath(directory))
+    directory = paths.as_path(directory)
     with ocp.StandardCheckpointer() as ckptr:
         pure = ckptr.restore(directory)
     nnx.replace_by_pure_dict(state, pure)
@@ -409,7 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         cfg = CLIPConfig.from_config(load_config_file(a.config).clip)
     save_state(convert_clip(load_state_dict(a.src), cfg, vision_only=a.vision_only, layout=a.layout), a.out)
-    print(f"wrote {os.path.abspath(a.out)} ({'vision tower' if a.vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+    print(f"wrote {paths.as_path(a.out)} ({'vision tower' if a.vision_only else 'full CLIP'}, act {cfg.hidden_act})")
 
 
 __all__ = [

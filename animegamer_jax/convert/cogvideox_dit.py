@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
 
 SAT_PREFIX = "model.diffusion_model."
@@ -406,12 +407,10 @@ def save_orbax(model: CogVideoXDiT, directory: str) -> None:
 
     import orbax.checkpoint as ocp
 
-    directory = os.path.abspath(directory)
-    os.makedirs(directory, exist_ok=True)
+    directory = paths.makedirs(directory)  # local or a URL (gs://...)
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(os.path.join(directory, "dit"), nnx.state(model, nnx.Param).to_pure_dict(), force=True)
-    with open(os.path.join(directory, "dit_config.json"), "w") as f:
-        json.dump(dataclasses.asdict(model.cfg), f, indent=1)
+        ckpt.save(directory / "dit", nnx.state(model, nnx.Param).to_pure_dict(), force=True)
+    (directory / "dit_config.json").write_text(json.dumps(dataclasses.asdict(model.cfg), indent=1))
 
 
 def load_orbax(directory: str) -> CogVideoXDiT:
@@ -420,14 +419,13 @@ def load_orbax(directory: str) -> CogVideoXDiT:
 
     import orbax.checkpoint as ocp
 
-    directory = os.path.abspath(directory)
-    with open(os.path.join(directory, "dit_config.json")) as f:
-        cfg = DiTConfig(**json.load(f))
+    directory = paths.as_path(directory)
+    cfg = DiTConfig(**json.loads((directory / "dit_config.json").read_text()))
     model = nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0)))
     state = nnx.state(model, nnx.Param)
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state.to_pure_dict())
     with ocp.StandardCheckpointer() as ckpt:
-        pure = ckpt.restore(os.path.join(directory, "dit"), abstract)
+        pure = ckpt.restore(directory / "dit", abstract)
     state.replace_by_pure_dict(pure)
     nnx.update(model, state)
     return model
@@ -471,7 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     spec.loader.exec_module(mod)
     cfg = DiTConfig.from_config(mod.get_config().dit)
     extras = convert(args.kind, args.src, args.dst, cfg)
-    np.savez(os.path.join(os.path.abspath(args.dst), "dit_extras.npz"), **extras)
+    with paths.as_path(paths.join(args.dst, "dit_extras.npz")).open("wb") as f:
+        np.savez(f, **extras)
     print(f"wrote {args.dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
 
 

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.models.cogvideox_vae import CogVideoXVAE, VAEConfig
 
 _SAT_RENAMES = (
@@ -212,7 +213,7 @@ def save_state(state: nnx.State, directory: str) -> None:
     import orbax.checkpoint as ocp
 
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(os.path.abspath(directory), state)
+        ckptr.save(paths.as_path(directory), state)
 
 
 def restore_state(directory: str, cfg: VAEConfig) -> nnx.State:
@@ -222,7 +223,7 @@ def restore_state(directory: str, cfg: VAEConfig) -> nnx.State:
     abstract = nnx.state(nnx.eval_shape(lambda: CogVideoXVAE(cfg, rngs=nnx.Rngs(0))), nnx.Param)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), abstract)
     with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(os.path.abspath(directory), target)
+        return ckptr.restore(paths.as_path(directory), target)
 
 
 def convert(src: str, dst: str, cfg: VAEConfig, fmt: str = "auto") -> nnx.State:

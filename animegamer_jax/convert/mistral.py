@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.models.mistral import Mistral, MistralConfig
 
 # Non-parameter buffers that old checkpoints carry; safe to drop.
@@ -271,7 +272,7 @@ def save_state(state: nnx.State, path: str) -> None:
     import orbax.checkpoint as ocp
 
     ckptr = ocp.StandardCheckpointer()
-    ckptr.save(os.path.abspath(path), nnx.to_pure_dict(state))
+    ckptr.save(paths.as_path(path), nnx.to_pure_dict(state))
     ckptr.wait_until_finished()
 
 
@@ -280,7 +281,7 @@ def restore_state(path: str, abstract: nnx.State) -> nnx.State:
     import orbax.checkpoint as ocp
 
     target = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(abstract))
-    pure = ocp.StandardCheckpointer().restore(os.path.abspath(path), target)
+    pure = ocp.StandardCheckpointer().restore(paths.as_path(path), target)
     return fill_state(abstract, pure)
 
 
@@ -296,11 +297,11 @@ def convert_hf_checkpoint(src: str, dst: str | None = None, **overrides: Any) ->
     cfg = config_from_hf(load_hf_config(src), **overrides)
     state = convert_mistral(load_state_dict(src), cfg)
     if dst:
-        os.makedirs(dst, exist_ok=True)
-        save_state(state, os.path.join(dst, "params"))
-        with open(os.path.join(dst, "mistral_config.json"), "w") as f:
-            json.dump({k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
-                       for k, v in dataclasses.asdict(cfg).items()}, f, indent=1)
+        paths.makedirs(dst)
+        save_state(state, paths.join(dst, "params"))
+        paths.as_path(paths.join(dst, "mistral_config.json")).write_text(json.dumps(
+            {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
+             for k, v in dataclasses.asdict(cfg).items()}, indent=1))
     return cfg, state
 
 

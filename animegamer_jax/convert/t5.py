@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.convert.clip import ConversionError, StateDictReader, fill_state, load_state_dict, restore_state, save_state
 from animegamer_jax.models.t5 import T5Config, T5Encoder
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         cfg = T5Config.from_config(load_config_file(a.config).t5)
     convert_file(a.src, cfg, a.out)
-    print(f"wrote {os.path.abspath(a.out)}")
+    print(f"wrote {paths.as_path(a.out)}")
 
 
 __all__ = ["ConversionError", "config_from_hf", "convert_file", "convert_t5", "load_t5", "restore_state"]

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5 import T5Config, T5Encoder
 
@@ -76,6 +76,9 @@ class ExtractReport:
 def _open_store(out_dir: str, num_clips: int, shapes: dict[str, tuple], dtype: str, meta: dict,
                 overwrite: bool) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Creates or reopens the memmapped feature files; returns (field -> memmap, done memmap)."""
+    if paths.is_url(out_dir):
+        raise FeatureStoreError(f"--out {out_dir}: features are memory-mapped local files. Fix: a local folder "
+                                f"or a gcsfuse mount of the bucket (`gcsfuse --implicit-dirs BUCKET /gcs/BUCKET`)")
     meta_path = os.path.join(out_dir, "meta.json")
     full_meta = {"format": FORMAT, "num_clips": num_clips, "dtype": dtype,
                  "shapes": {k: list(v) for k, v in shapes.items()}, **meta}
@@ -293,7 +296,7 @@ def main(argv: Sequence[str]) -> None:
     report = extract_features(dataset, FLAGS.out or dataset.rstrip("/") + "_features", FeatureEncoder(clip, t5, mesh, rules),
                               tok, batch_size=FLAGS.batch_size, text_field=FLAGS.text_field, meta=json.loads(json.dumps(meta)),
                               dtype=FLAGS.dtype, overwrite=FLAGS.overwrite, max_batches=FLAGS.max_batches,
-                              progress=not FLAGS.no_progress)
+                              progress=FLAGS.progress)
     print(report.summary())
 
 
@@ -301,7 +304,7 @@ def _define_flags() -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", "configs/tiny.py", "Config file (clip, t5, data, mesh sections).")
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file (clip, t5, data, mesh sections).")
     flags.DEFINE_string("dataset", "", "Prepared dataset directory (default: config.data.dataset_dir).")
     flags.DEFINE_string("out", "", "Feature directory (default: <dataset>_features).")
     flags.DEFINE_string("clip_weights", "", "CLIP weights: orbax dir, or open_clip / HF CLIP file.")
@@ -314,11 +317,16 @@ def _define_flags() -> None:
     flags.DEFINE_enum("dtype", "float32", ["float32", "float16"], "Storage dtype.")
     flags.DEFINE_integer("max_batches", None, "Stop after this many batches (rerun to resume).")
     flags.DEFINE_bool("overwrite", False, "Replace features of another run in --out.")
-    flags.DEFINE_bool("no_progress", False, "No progress bar.")
+    flags.DEFINE_bool("progress", True, "Show a progress bar (--noprogress hides it).")
+
+
+def cli() -> None:
+    """Console script (pyproject.toml)."""
+    from animegamer_jax import cli as cli_lib
+
+    _define_flags()
+    cli_lib.run(main)
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    _define_flags()
-    app.run(main)
+    cli()

@@ -523,7 +523,9 @@ def _define_flags() -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", "configs/tiny.py",
+    from animegamer_jax import paths
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
                                     "Config file: `data` plans the clips (as prepare does), `label` the captioning.")
     flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.")
     flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).")
@@ -537,8 +539,13 @@ def _define_flags() -> None:
     flags.mark_flag_as_required("captioner")
 
 
-if __name__ == "__main__":
-    from absl import app
+def cli() -> None:
+    """Console script ``animegamer-label``."""
+    from animegamer_jax import cli as cli_lib
 
     _define_flags()
-    app.run(main)
+    cli_lib.run(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
+from animegamer_jax import paths
 from animegamer_jax.data import storage
 
 # Per-clip fields that are not precomputed features; turns mode carries only the per-turn ones.
@@ -54,7 +55,7 @@ class ClipSource(grain.sources.RandomAccessDataSource):
     """
 
     def __init__(self, dataset_dir: str, skip_fields: Sequence[str] = ()):
-        self.dataset_dir = os.path.abspath(dataset_dir)
+        self.dataset_dir = dataset_dir if "://" in dataset_dir else os.path.abspath(paths.resource(dataset_dir))
         self.index = storage.read_index(self.dataset_dir)
         self.skip_fields = tuple(skip_fields)
         self._src = grain.sources.ArrayRecordDataSource(storage.shard_paths(self.dataset_dir, self.index))
@@ -191,7 +192,8 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
         ops: list = []
     elif mode == "turns":
         source = StartSource(storage.read_index(dataset_dir)["num_clips"])
-        ops = [SampleTurns(os.path.abspath(dataset_dir), max_turns, bool(include_frames))]
+        ops = [SampleTurns(dataset_dir if "://" in dataset_dir else os.path.abspath(paths.resource(dataset_dir)),
+                           max_turns, bool(include_frames))]
     else:
         raise ValueError(f"mode must be 'clips' or 'turns', got {mode!r}")
     ops.extend(extra_operations)

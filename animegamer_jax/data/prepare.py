@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from animegamer_jax import paths
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import labels as labels_lib
 from animegamer_jax.data import motion, storage, video
@@ -100,6 +101,10 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     from array_record.python.array_record_module import ArrayRecordWriter
 
     t0 = time.time()
+    if paths.is_url(out_dir):
+        raise ValueError(f"--out {out_dir}: ArrayRecord shards are written to local files (array_record has no "
+                         f"URL support). Fix: write to a local folder or a gcsfuse mount of the bucket "
+                         f"(`gcsfuse --implicit-dirs BUCKET /gcs/BUCKET`), e.g. /gcs/{out_dir.split('://', 1)[1]}")
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
@@ -248,18 +253,23 @@ def _define_flags() -> None:
     from absl import flags
     from ml_collections import config_flags
 
-    config_flags.DEFINE_config_file("config", "configs/tiny.py", "Config file; its `data` section is used.")
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file; its `data` section is used.")
     flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.")
     flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).")
-    flags.DEFINE_string("labels", "data/sample_labels.jsonl", "Labels JSONL (see animegamer_jax/data/labels.py).")
+    flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"), "Labels JSONL (see animegamer_jax/data/labels.py).")
     flags.DEFINE_string("out", "", "Output dataset directory (default: config.data.dataset_dir).")
     flags.DEFINE_integer("num_shards", 1, "ArrayRecord shards.")
     flags.DEFINE_bool("skip_bad", False, "Skip (and report) films that fail instead of stopping.")
     flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
 
 
-if __name__ == "__main__":
-    from absl import app
+def cli() -> None:
+    """Console script (pyproject.toml)."""
+    from animegamer_jax import cli as cli_lib
 
     _define_flags()
-    app.run(main)
+    cli_lib.run(main)
+
+
+if __name__ == "__main__":
+    cli()

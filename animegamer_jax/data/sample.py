@@ -20,8 +20,8 @@ the motion per sampled frame) and sped up (1.5x). Each is one more film for the 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import sys
 import importlib.util
 import os
 
@@ -214,49 +214,72 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
             "characters": refs, "games": games}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="data/prepared/sample_film.mp4")
-    parser.add_argument("--width", type=int, default=SAMPLE_SIZE[0])
-    parser.add_argument("--height", type=int, default=SAMPLE_SIZE[1])
-    parser.add_argument("--variants", action="store_true", help="write every film of VARIANTS into --out_dir")
-    parser.add_argument("--out_dir", default="data/prepared/variants")
-    parser.add_argument("--labels_out", default="", help="with --variants: also write rule-based labels here "
-                                                         "(review them before committing)")
-    parser.add_argument("--config", default="configs/tiny.py", help="config whose data section plans the clips")
-    parser.add_argument("--clip_stride_seconds", type=float, default=1.0,
-                        help="with --labels_out: a clip starts every this many s (pass the same to prepare)")
-    parser.add_argument("--heldout_benchmark", default="", help="write the held-out film's benchmark JSON here")
-    parser.add_argument("--labels", default="data/sample_variant_labels.jsonl", help="with --heldout_benchmark")
-    args = parser.parse_args(argv)
-    if args.heldout_benchmark:
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``animegamer-sample`` on ``fv`` (absl)."""
+    from absl import flags
+
+    flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
+    flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", flag_values=fv)
+    flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", flag_values=fv)
+    flags.DEFINE_bool("variants", False, "Write every film of VARIANTS into --out_dir.", flag_values=fv)
+    flags.DEFINE_string("out_dir", "data/prepared/variants", "Folder of the variant films.", flag_values=fv)
+    flags.DEFINE_string("labels_out", "", "With --variants: also write rule-based labels here (review them "
+                        "before committing).", flag_values=fv)
+    flags.DEFINE_string("plan_config", "configs/tiny.py", "Config whose data section plans the clips.", flag_values=fv)
+    flags.DEFINE_float("clip_stride_seconds", 1.0, "With --labels_out: a clip starts every this many s (pass the "
+                       "same to prepare).", flag_values=fv)
+    flags.DEFINE_string("heldout_benchmark", "", "Write the held-out film's benchmark JSON here.", flag_values=fv)
+    flags.DEFINE_string("labels", "data/sample_variant_labels.jsonl", "With --heldout_benchmark: the labels.",
+                        flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Writes the sample film, its variants (+ labels) or the held-out benchmark; returns the exit status
+    (2 on a bad command line)."""
+    from animegamer_jax import cli
+
+    try:
+        f, rest = cli.parse_flags(["animegamer-sample", *(sys.argv[1:] if argv is None else argv)],
+                                  define_flags, __doc__)
+        if rest:
+            raise cli.UsageError(f"unexpected arguments {rest}")
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if f.heldout_benchmark:
         import json
 
-        bench = heldout_benchmark(args.labels)
-        with open(args.heldout_benchmark, "w") as f:
-            f.write(json.dumps(bench, indent=1) + "\n")
-        print(f"wrote {args.heldout_benchmark}: {sum(len(g['rounds']) for g in bench['games'])} rounds")
-        return
-    if not args.variants:
-        splices = make_sample_film(args.out, (args.width, args.height))
-        print(f"wrote {args.out}; splice frames {splices} at {SAMPLE_FPS} fps")
-        return
+        bench = heldout_benchmark(f.labels)
+        with open(f.heldout_benchmark, "w") as fh:
+            fh.write(json.dumps(bench, indent=1) + "\n")
+        print(f"wrote {f.heldout_benchmark}: {sum(len(g['rounds']) for g in bench['games'])} rounds")
+        return 0
+    if not f.variants:
+        splices = make_sample_film(f.out, (f.width, f.height))
+        print(f"wrote {f.out}; splice frames {splices} at {SAMPLE_FPS} fps")
+        return 0
     labels = []
     for v in VARIANTS:
-        path = os.path.join(args.out_dir, v.film_id + ".mp4")
-        splices = make_sample_film(path, (args.width, args.height), variant=v)
+        path = os.path.join(f.out_dir, v.film_id + ".mp4")
+        splices = make_sample_film(path, (f.width, f.height), variant=v)
         print(f"wrote {path}; splice frames {splices} at {SAMPLE_FPS} fps ({v})", flush=True)
-        if args.labels_out:
+        if f.labels_out:
             from animegamer_jax.config import load_config
 
-            cfg = load_config(args.config, [f"data.clip_stride_seconds={args.clip_stride_seconds}"])
+            cfg = load_config(f.plan_config, [f"data.clip_stride_seconds={f.clip_stride_seconds}"])
             labels += label_film(path, v.film_id, splices, v.speed, cfg.data)
-    if args.labels_out:
+    if f.labels_out:
         from animegamer_jax.data import labels as labels_lib
 
-        labels_lib.write_labels(args.labels_out, labels, {v.film_id: CASTS for v in VARIANTS})
-        print(f"wrote {len(labels)} clip labels to {args.labels_out}")
+        labels_lib.write_labels(f.labels_out, labels, {v.film_id: CASTS for v in VARIANTS})
+        print(f"wrote {len(labels)} clip labels to {f.labels_out}")
+    return 0
+
+
+def cli() -> None:
+    """Console script ``animegamer-sample``."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -79,21 +79,37 @@ def read_index(dataset_dir: str) -> dict:
     Raises:
       DatasetError: no such dataset / not built by prepare / shards missing.
     """
-    path = os.path.join(dataset_dir, INDEX_FILE)
-    if not os.path.isfile(path):
+    from animegamer_jax import paths
+
+    dataset_dir = paths.resource(dataset_dir)
+    path = paths.as_path(dataset_dir) / INDEX_FILE
+    if not path.is_file():
         raise DatasetError(f"{dataset_dir}: not a prepared dataset (no {INDEX_FILE}); build it with "
                            f"`python -m animegamer_jax.data.prepare`")
-    with open(path, encoding="utf-8") as f:
-        index = json.load(f)
+    index = json.loads(path.read_text(encoding="utf-8"))
     if index.get("format") != FORMAT:
         raise DatasetError(f"{path}: format {index.get('format')!r}, expected {FORMAT!r}")
     for shard in index["shards"]:
-        if not os.path.isfile(os.path.join(dataset_dir, shard["file"])):
+        if not (path.parent / shard["file"]).is_file():
             raise DatasetError(f"{dataset_dir}: shard {shard['file']} is missing")
     return index
 
 
 def shard_paths(dataset_dir: str, index: dict | None = None) -> list[str]:
-    """Absolute shard paths in global-index order."""
+    """Absolute shard paths in global-index order.
+
+    Raises:
+      DatasetError: ``dataset_dir`` is a URL: open-source ArrayRecord reads local files only, so a
+        dataset in a bucket is read through a FUSE mount (the message gives the command).
+    """
+    from animegamer_jax import paths
+
+    dataset_dir = paths.resource(dataset_dir)
+    if paths.is_url(dataset_dir):
+        bucket = dataset_dir.split("://", 1)[1].split("/", 1)[0]
+        raise DatasetError(
+            f"{dataset_dir}: ArrayRecord shards cannot be read from a URL (array_record opens local files). "
+            f"Fix: mount the bucket, e.g. `gcsfuse --implicit-dirs {bucket} /gcs/{bucket}`, and pass "
+            f"/gcs/{dataset_dir.split('://', 1)[1]} (checkpoints, TensorBoard and outputs can stay on gs://)")
     index = index or read_index(dataset_dir)
     return [os.path.abspath(os.path.join(dataset_dir, s["file"])) for s in index["shards"]]

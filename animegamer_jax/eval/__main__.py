@@ -2,63 +2,80 @@
 
 Usage::
 
-    python -m animegamer_jax.eval --config configs/tiny.py --checkpoint DIR
-    python -m animegamer_jax.eval --standin --games bunny-day          # random stand-in system, one game
-    python -m animegamer_jax.eval --checkpoint DIR --clip /models/clip-vit-large-patch14 --out outputs/eval
+    python -m animegamer_jax.eval --config=configs/tiny.py --checkpoint=DIR
+    python -m animegamer_jax.eval --standin --games=bunny-day          # random stand-in system, one game
+    python -m animegamer_jax.eval --checkpoint=DIR --clip=/models/clip-vit-large-patch14 --out=outputs/eval
 
 Any ``--config.a.b=value`` overrides a config field (unknown keys are errors). Writes
-``<out>/report.md``, ``<out>/report.json`` and (unless ``--no-games``) ``<out>/games/<game_id>/``.
+``<out>/report.md``, ``<out>/report.json`` and (unless ``--nowrite_games``) ``<out>/games/<game_id>/``.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from animegamer_jax.config import ConfigError, load_config
+from animegamer_jax.config import ConfigError
 from animegamer_jax.eval.benchmark import render_markdown, run_benchmark
 from animegamer_jax.eval.benchmark_file import BenchmarkError
 from animegamer_jax.eval.embedders import embedder_from_flag
 
 
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``animegamer-eval`` on ``fv`` (absl + ml_collections config_flags)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from animegamer_jax import paths
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
+                                    "Config file; --config.a.b=value overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("checkpoint", "", "System checkpoint directory (default config.game.checkpoint).",
+                        flag_values=fv)
+    flags.DEFINE_bool("standin", False, "Evaluate the random stand-in system (pipeline check).", flag_values=fv)
+    flags.DEFINE_string("benchmark", None, "Benchmark JSON (default config.eval.benchmark).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Report folder, local or gs:// (default config.eval.out_dir).", flag_values=fv)
+    flags.DEFINE_string("clip", None, "Local HF CLIPModel folder, or 'standin' (default config.eval.clip).",
+                        flag_values=fv)
+    flags.DEFINE_string("dreamsim", None, "Local DreamSim folder (default config.eval.dreamsim).", flag_values=fv)
+    flags.DEFINE_list("games", [], "Comma-separated subset of game ids (default: all).", flag_values=fv)
+    flags.DEFINE_bool("write_games", True, "Write the generated games' videos (--nowrite_games: report only; "
+                      "config.eval.write_games must also be on).", flag_values=fv)
+    flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour.", flag_values=fv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/tiny.py", help="config file (default configs/tiny.py)")
-    ap.add_argument("--checkpoint", default="", help="system checkpoint directory (default config.game.checkpoint)")
-    ap.add_argument("--standin", action="store_true", help="evaluate the random stand-in system (pipeline check)")
-    ap.add_argument("--benchmark", default=None, help="benchmark JSON (default config.eval.benchmark)")
-    ap.add_argument("--out", default=None, help="report folder (default config.eval.out_dir)")
-    ap.add_argument("--clip", default=None, help="local HF CLIPModel folder, or 'standin' (default config.eval.clip)")
-    ap.add_argument("--dreamsim", default=None, help="local DreamSim folder (default config.eval.dreamsim)")
-    ap.add_argument("--games", default="", help="comma-separated subset of game ids")
-    ap.add_argument("--no-games", action="store_true", help="do not write the generated games' videos")
-    ap.add_argument("--mode", choices=("default", "reference"), default=None)
-    args, extra = ap.parse_known_args(argv)
+    """Runs the benchmark; returns the exit status (2 with a message on bad input)."""
+    from animegamer_jax import cli
+
+    argv = ["animegamer-eval", *(sys.argv[1:] if argv is None else argv)]
     try:
-        overrides = []
-        for a in extra:
-            if not a.startswith("--config."):
-                raise ConfigError(f"unknown argument {a!r}; config overrides look like --config.eval.clip_frames=4")
-            overrides.append(a[2:])
-        config = load_config(args.config, overrides)
-        if args.mode:
-            config.game.mode = args.mode
-        embedder = embedder_from_flag(args.clip if args.clip is not None else config.eval.clip)
-        ds_path = args.dreamsim if args.dreamsim is not None else config.eval.dreamsim
+        f, rest = cli.parse_flags(argv, define_flags, __doc__)
+        if rest:
+            raise cli.UsageError(f"unexpected arguments {rest}")
+        config = f.config
+        if f.mode:
+            config.game.mode = f.mode
+        embedder = embedder_from_flag(f.clip if f.clip is not None else config.eval.clip)
+        ds_path = f.dreamsim if f.dreamsim is not None else config.eval.dreamsim
         if ds_path:
             raise ConfigError("DreamSim scoring needs its ensemble (DINO + CLIP + OpenCLIP ViTs + LoRA), which is "
                               "not ported; leave --dreamsim empty (the column reads n/a)")
         report = run_benchmark(
-            config, args.benchmark or config.eval.benchmark, args.out or config.eval.out_dir,
-            checkpoint=args.checkpoint, standin=args.standin, embedder=embedder,
-            games=[g for g in args.games.split(",") if g] or None,
-            write_games=bool(config.eval.write_games) and not args.no_games)
-    except (ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError) as e:
+            config, f.benchmark or config.eval.benchmark, f.out or config.eval.out_dir,
+            checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
+            write_games=bool(config.eval.write_games) and f.write_games)
+    except (cli.UsageError, ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(render_markdown(report))
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script (pyproject.toml)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

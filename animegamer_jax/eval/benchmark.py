@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from animegamer_jax import paths
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.benchmark_file import Benchmark, load_benchmark
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
@@ -216,7 +216,7 @@ def run_benchmark(config, benchmark_path: str, out_dir: str, *, system=None, che
         system = build_system(config, checkpoint, standin)
     engine = GameEngine(config, system)
     log(f"benchmark {bench.name}: {len(bench.games)} games, {bench.num_rounds} rounds; system: {system.label}")
-    played = play_benchmark(engine, bench, os.path.join(out_dir, "games") if write_games else None, games, log)
+    played = play_benchmark(engine, bench, paths.join(out_dir, "games") if write_games else None, games, log)
     per_game = turn_results(bench, played)
     scores = score(engine.config, bench, per_game, embedder, dreamsim, scope_fn)
     timings = [tm for p in played for tm in p.result["timings"]]
@@ -241,11 +241,8 @@ def run_benchmark(config, benchmark_path: str, out_dir: str, *, system=None, che
                    "wall_s": time.perf_counter() - t_start},
         "predictions": {p.game_id: [list(t.states) for t in p.result["turns"]] for p in played},
     }
-    os.makedirs(out_dir, exist_ok=True)
+    paths.makedirs(out_dir)  # a local folder or a URL (gs://...)
     for name, text in (("report.json", json.dumps(report, indent=2)), ("report.md", render_markdown(report))):
-        tmp = os.path.join(out_dir, f".{name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(out_dir, name))
-    log(f"report: {os.path.join(out_dir, 'report.md')}")
+        paths.write_text_atomic(paths.join(out_dir, name), text)
+    log(f"report: {paths.join(out_dir, 'report.md')}")
     return report

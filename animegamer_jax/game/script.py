@@ -25,6 +25,8 @@ import os
 import re
 from collections.abc import Sequence
 
+from animegamer_jax import paths
+
 FIELDS = ("character", "motion", "background")
 _KEY_ALIASES = {"character": "character", "characters": "character", "motion": "motion",
                 "background": "background"}
@@ -130,10 +132,10 @@ def parse_instruction(line: str, where: str = "<string>") -> Turn:
 
 
 def _read_text(path: str) -> str:
-    if not os.path.exists(path):
+    p = paths.as_path(path)
+    if not p.exists():
         raise GameScriptError(f"{path}: file not found. Fix: pass the path of an existing game script")
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = p.read_bytes()
     try:
         return raw.decode("utf-8").removeprefix("\ufeff")  # accept a UTF-8 BOM
     except UnicodeDecodeError as e:
@@ -171,7 +173,7 @@ def load_script(path: str, game_id: str | None = None, seed: int | None = None) 
       GameScriptError: missing file, non-UTF-8 bytes, empty script or a malformed line.
     """
     text = _read_text(path)
-    gid = game_id or os.path.splitext(os.path.basename(path))[0]
+    gid = game_id or paths.as_path(path).stem
     return Game(gid, parse_lines(text.splitlines(), path), seed)
 
 

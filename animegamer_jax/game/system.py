@@ -7,8 +7,7 @@
 
 from __future__ import annotations
 
-import os
-
+from animegamer_jax import paths
 from animegamer_jax.game.engine import GameSystem
 from animegamer_jax.game.standin import build_standin
 
@@ -55,7 +54,7 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
       CheckpointError: missing directory, a missing, truncated or damaged file (named), or a
         missing component (named); always one line.
     """
-    if not os.path.isdir(checkpoint):
+    if not paths.isdir(checkpoint):
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or use --standin for a random stand-in)")
     # The one-directory loader (written by train/, read here) lives outside both packages.
@@ -141,8 +140,8 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
     """
     if standin:
         return build_standin(config, seed=int(config.seed))
-    ckpt = checkpoint or config.game.checkpoint
-    if random_fallback and (not ckpt or not os.path.isdir(ckpt)):
+    ckpt = paths.resource(checkpoint or config.game.checkpoint)
+    if random_fallback and (not ckpt or not paths.isdir(ckpt)):
         return build_random_system(config, seed=int(config.seed))
     if not ckpt:
         raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "

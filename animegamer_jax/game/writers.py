@@ -17,7 +17,10 @@ holds the marker (then only with ``overwrite``), :func:`check_target`. Writes ar
 everything goes to a hidden temp folder ``.tmp-<game_id>-<hex>`` (holding ``.animegamer-tmp``) next to
 the target and is renamed into place only when complete; a replaced game is moved aside first and
 restored if the rename fails. Temp folders a killed run left are removed by the next write of that
-game (:func:`clean_stale_temp`). Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
+game (:func:`clean_stale_temp`). ``out`` may be a URL (``gs://bucket/games``; every file goes
+through animegamer_jax/fileio.py): object stores have no rename, so the final move is a copy then a
+delete, and a game counts as finished only when :func:`verify_game` finds every recorded file with
+its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
 crf 18) through PyAV's bundled libx264 with one encoder thread and fixed settings (:func:`write_mp4`);
 the frame size is padded to even numbers because yuv420p needs it.
 HUD: the three meters (social, entertainment, stamina, app.py semantics, architecture.md §1.5) as
@@ -28,9 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import html
+import io
 import json
 import os
-import tempfile
 import textwrap
 import time
 import uuid
@@ -41,7 +44,7 @@ import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from animegamer_jax import fileio
+from animegamer_jax import fileio, paths
 from animegamer_jax.game.script import is_plain_name
 from animegamer_jax.game.state import METER_NAMES
 
@@ -59,16 +62,16 @@ class OutputError(OSError):
 
 
 def check_writable(out_dir: str) -> None:
-    """Creates ``out_dir`` if needed and checks a file can be written in it.
+    """Creates ``out_dir`` (a local path or a URL) if needed and checks a file can be written in it.
 
     Raises:
       OutputError: the folder cannot be created or is not writable (message names it and the fix).
     """
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=out_dir)
-        os.close(fd)
-        os.remove(probe)
+        fileio.makedirs(out_dir)
+        probe = fileio.join(out_dir, f".write-probe-{uuid.uuid4().hex[:8]}")
+        fileio.write_bytes_atomic(probe, b"")
+        fileio.remove(probe)
     except OSError as e:
         raise OutputError(f"output folder {out_dir!r} is not writable ({e.strerror or e}). "
                           f"Fix: pass --out with a folder you can write to") from None
@@ -162,7 +165,8 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
     """
     frames = _even(to_uint8(frames))
     from fractions import Fraction
-    with av.open(path, mode="w", format="mp4") as container:
+    target = paths.av_output(path)  # a URL is encoded in memory, then uploaded
+    with av.open(target, mode="w", format="mp4") as container:
         rate = Fraction(fps).limit_denominator(1000)
         stream = container.add_stream("libx264", rate=rate)
         stream.width, stream.height = frames.shape[2], frames.shape[1]
@@ -178,12 +182,21 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
+    paths.finish_av_output(path, target)
+
+
+def _save_image(path: str, img: Image.Image, **kw: Any) -> None:
+    """PIL ``save`` to a local path or a URL (encoded in memory, written in one piece)."""
+    buf = io.BytesIO()
+    img.save(buf, **kw)
+    fileio.write_bytes_atomic(path, buf.getvalue())
 
 
 def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
     """Looping GIF of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
     imgs = [Image.fromarray(f) for f in to_uint8(frames)]
-    imgs[0].save(path, save_all=True, append_images=imgs[1:], duration=int(round(1000 / fps)), loop=0)
+    _save_image(path, imgs[0], format="GIF", save_all=True, append_images=imgs[1:],
+                duration=int(round(1000 / fps)), loop=0)
 
 
 def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.ndarray:
@@ -470,7 +483,8 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
                 t["gif"] = f"turn_{k:03d}.gif"
                 write_gif(fileio.join(tmp, t["gif"]), hud, fps)
         write_mp4(fileio.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        Image.fromarray(contact_sheet(turn_frames, sheet_columns)).save(fileio.join(tmp, "contact_sheet.png"))
+        _save_image(fileio.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
+                    format="PNG")
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
         fileio.write_text_atomic(fileio.join(tmp, "index.html"), _index_html(game_id, rec))
@@ -510,6 +524,7 @@ def read_json(path: str) -> dict:
 
 
 def read_video(path: str) -> np.ndarray:
-    """Decodes a video file to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
-    with av.open(path) as c:
+    """Decodes a video file (local path or URL) to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
+    src = io.BytesIO(fileio.read_bytes(path)) if paths.is_url(path) else path
+    with av.open(src) as c:
         return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 from ml_collections import config_flags
 
 from animegamer_jax import parallel
@@ -30,6 +30,10 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
+    from animegamer_jax.cli import status
+
+    status("animegamer-train: phase %s, workdir %s (importing, then building the model) ...",
+           FLAGS.config.train.phase, FLAGS.workdir)
     parallel.initialize()
     from animegamer_jax.train import pipeline
 
@@ -47,9 +51,15 @@ def main(argv: list[str]) -> None:
         # a bad --config.train.init_checkpoint or a workdir of another run: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    logging.info("system checkpoint: %s", out)
     print(out)
 
 
+def cli() -> None:
+    """Console script ``animegamer-train``."""
+    from animegamer_jax import cli as cli_lib
+
+    cli_lib.run(main)
+
+
 if __name__ == "__main__":
-    app.run(main)
+    cli()

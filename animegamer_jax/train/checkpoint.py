@@ -15,13 +15,14 @@ restores onto 1 and vice versa.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import grain
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
+
+from animegamer_jax import paths
 
 
 def _pure(state: Any) -> Any:
@@ -36,16 +37,18 @@ class CheckpointManager:
     """Thin wrapper of ``ocp.CheckpointManager`` with the items above.
 
     Args:
-      directory: checkpoint root (``WORKDIR/checkpoints``); created.
+      directory: checkpoint root (``WORKDIR/checkpoints``; a local path or a URL such as
+        ``gs://bucket/run/checkpoints``); created.
       max_to_keep: newest checkpoints kept (older ones deleted after a successful save).
       async_save: write in a background thread (``wait()`` blocks until written).
     """
 
     def __init__(self, directory: str, max_to_keep: int = 3, async_save: bool = True):
-        self.directory = os.path.abspath(directory)
+        path = paths.as_path(directory)
+        self.directory = str(path)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
-        self._mngr = ocp.CheckpointManager(self.directory, options=options)
+        self._mngr = ocp.CheckpointManager(path, options=options)
 
     def latest_step(self) -> int | None:
         """Newest complete checkpoint step, or None."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -32,7 +31,8 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
+from animegamer_jax.cli import status
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
 
@@ -272,10 +272,10 @@ def fit(
         ``allow_resume_mismatch``; nothing is restored or written then.
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
-    ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
+    ckpt_dir = paths.join(workdir, "checkpoints")
     mngr = ckpt_lib.CheckpointManager(ckpt_dir, max_to_keep=keep_checkpoints, async_save=async_checkpoint)
     checkpointable = ckpt_lib._is_grain_iterator(data)
-    writer = metrics_lib.SummaryWriter(os.path.join(os.path.abspath(workdir), "tensorboard"))
+    writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))
     losses: dict[int, float] = {}
     run = dict(meta or {}, num_steps=int(num_steps), global_batch_size=int(global_batch_size),
                grad_accum_steps=int(trainer.grad_accum_steps))
@@ -292,14 +292,17 @@ def fit(
                 logging.warning("resuming %s despite: %s", ckpt_dir, "; ".join(diffs))
             state, _ = mngr.restore(latest, trainer.abstract_state(), data if checkpointable else None)
             start = int(latest)
-            logging.info("resumed from %s at step %d", ckpt_dir, start)
+            status("resumed from %s at step %d", ckpt_dir, start)
         else:
+            status("initializing parameters and optimizer state (compiling the init) ...")
+            t0 = time.perf_counter()
             state = (init_state or trainer.init)()
+            status("initialized in %.1f s", time.perf_counter() - t0)
             start = 0
         end = num_steps if stop_after is None else min(num_steps, int(stop_after))
         averager = metrics_lib.MetricAverager()
         peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
-        bar = _progress(progress, num_steps, start)
+        bar = None  # created after the first step, so the stage lines above it stay readable
         t_last, steps_since = None, 0
         takes_step = batch_fn is not None and "step" in inspect.signature(batch_fn).parameters
         for step in range(start, end):
@@ -307,8 +310,15 @@ def fit(
             if batch_fn is not None:
                 batch = batch_fn(batch, step=step) if takes_step else batch_fn(batch)
             batch = trainer.put_batch(batch)
+            first = step == start
+            if first:
+                status("compiling the train step (XLA; minutes at full size) ...")
+                t_compile = time.perf_counter()
             state, m = trainer.step(state, batch, step)
             m = jax.device_get(m)
+            if first:
+                status("compiled and ran step %d in %.1f s; training", step + 1, time.perf_counter() - t_compile)
+                bar = _progress(progress, num_steps, start)
             loss = float(m["loss"])
             if not math.isfinite(loss):
                 mngr.wait()

@@ -14,13 +14,15 @@ rematerialization, so it slightly overstates "model" FLOPs); the peak comes from
 
 from __future__ import annotations
 
-import os
+import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from clu import metrics as clu_metrics
+
+from animegamer_jax import paths
 
 #: dense bf16 peak TFLOP/s per device (vendor figures) by substring of ``device.device_kind``
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -79,17 +81,56 @@ class MetricAverager:
         return out
 
 
+class _URLRecordWriter:
+    """tensorboardX record writer for URLs (``gs://`` ...) through epath/fsspec.
+
+    Object stores cannot append, so every flush uploads the whole event file again (what
+    tensorboardX's own GCS writer does); one object per run phase, a few hundred KB at most. Used
+    instead of tensorboardX's google-cloud-storage writer so that every GCS access of this package
+    goes through one client (and honours ``STORAGE_EMULATOR_HOST`` the same way).
+    """
+
+    def __init__(self, path: str):
+        self.path = paths.as_path(path)
+        self.buffer = io.BytesIO()
+
+    def write(self, data: bytes) -> None:
+        self.buffer.write(data)
+
+    def flush(self) -> None:
+        self.path.write_bytes(self.buffer.getvalue())
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _URLRecordWriterFactory:
+    def open(self, path: str) -> _URLRecordWriter:
+        return _URLRecordWriter(path)
+
+    def directory_check(self, path: str) -> None:
+        paths.makedirs(path)
+
+
+def _register_url_writers() -> None:
+    from tensorboardX import record_writer
+
+    for scheme in ("gs", "s3", "az", "hf"):
+        record_writer.register_writer_factory(scheme, _URLRecordWriterFactory())
+
+
 class SummaryWriter:
-    """TensorBoard scalars (and optional videos as files) under ``logdir``; no-op on processes != 0."""
+    """TensorBoard scalars under ``logdir`` (a local path or a URL); no-op on processes != 0."""
 
     def __init__(self, logdir: str):
-        self.logdir = logdir
+        self.logdir = str(paths.as_path(logdir))
         self._writer = None
         if jax.process_index() == 0:
             from tensorboardX import SummaryWriter as _TBWriter
 
-            os.makedirs(logdir, exist_ok=True)
-            self._writer = _TBWriter(logdir=logdir)
+            _register_url_writers()
+            paths.makedirs(self.logdir)
+            self._writer = _TBWriter(logdir=self.logdir)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._writer is None:
@@ -118,11 +159,10 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     from tensorboardX.proto import event_pb2
 
     out: dict[str, list[tuple[int, float]]] = {}
-    for name in sorted(os.listdir(logdir)):
-        if "tfevents" not in name:
+    for path in sorted(paths.as_path(logdir).iterdir()):
+        if "tfevents" not in path.name:
             continue
-        with open(os.path.join(logdir, name), "rb") as f:
-            data = f.read()
+        data = path.read_bytes()
         pos = 0
         while pos + 12 <= len(data):
             (length,) = struct.unpack("<Q", data[pos:pos + 8])

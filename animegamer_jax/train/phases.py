@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -58,6 +57,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import paths
 from animegamer_jax.diffusion import guidance, losses, schedules
 
 PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c")
@@ -422,8 +422,8 @@ class BatchBuilder:
             vae_stage(config.train.vae_curriculum, 0)  # fail early on a malformed curriculum
             self.t5_tok = self.tok = None
             return
-        spiece = config.t5.spiece_model
-        if not spiece or not os.path.exists(spiece):
+        spiece = paths.resource(config.t5.spiece_model)
+        if not spiece or not paths.exists(spiece):
             raise FileNotFoundError(f"config.t5.spiece_model {spiece!r} not found (the T5 spiece.model shipped "
                                     f"with the T5 weights)")
         self.t5_tok = t5_tokenizer.T5Tokenizer(spiece, max_length=int(config.t5.max_length))
@@ -545,8 +545,7 @@ def sample_hook(trainer: Any, config: ml_collections.ConfigDict, workdir: str, e
         with parallel.sharding_context(trainer.mesh, trainer.rules):
             video = jitted["fn"](state, batch, jax.random.key(step))
         if jax.process_index() == 0:
-            os.makedirs(os.path.join(workdir, "samples"), exist_ok=True)
-            video_io.write_mp4(os.path.join(workdir, "samples", f"step_{step:07d}.mp4"),
+            video_io.write_mp4(paths.join(workdir, "samples", f"step_{step:07d}.mp4"),
                                np.asarray(jax.device_get(video))[0], fps=float(config.game.fps))
 
     return hook

@@ -16,17 +16,15 @@ checkpoint exists is skipped, so a killed pipeline resumes where it stopped.
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 import time
 from typing import Any
 
 import jax
 import ml_collections
-from absl import logging
 from flax import nnx
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
+from animegamer_jax.cli import status
 from animegamer_jax import system_checkpoint
 from animegamer_jax.train import loop, optim, phases
 
@@ -60,7 +58,7 @@ def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str
                                               names=names, rules=trainer.rules)
         for n, m in comps.items():
             nnx.update(getattr(model, n), nnx.state(m))
-    logging.info("initialized %s from %s", names, directory)
+    status("initialized %s from %s", names, directory)
     return nnx.state((model, opt))
 
 
@@ -75,20 +73,29 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
         if rest:
             comps.update(system_checkpoint.load_system(init_checkpoint, phases.training_config(config),
                                                        trainer.mesh, names=rest, rules=trainer.rules))
+    out_dir = str(paths.as_path(out_dir))
+    if paths.is_url(out_dir):
+        # No rename on object stores: the folder is written in place, integrity.json last
+        # (system_checkpoint.is_complete / verify_checkpoint trust nothing before it).
+        system_checkpoint.save_system(out_dir, comps, config, force=True)
+        return out_dir
     tmp = out_dir.rstrip("/") + ".tmp"
-    if os.path.exists(tmp) and jax.process_index() == 0:
-        shutil.rmtree(tmp)
+    if paths.exists(tmp) and jax.process_index() == 0:
+        paths.rmtree(tmp)
     system_checkpoint.save_system(tmp, comps, config, force=True)
     if jax.process_index() == 0:
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        paths.rmtree(out_dir)
+        paths.move_dir(tmp, out_dir)
     return out_dir
 
 
 def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: str = "",
-              data: Any = None, compiler_options: dict | None = None) -> str:
+              data: Any = None, compiler_options: dict | None = None, stop_after: int | None = None) -> str:
     """Trains ``config.train.phase``; returns the system checkpoint directory it wrote.
+
+    ``workdir`` and every output path may be URLs (``gs://bucket/run``). ``data`` replaces the
+    dataset loader (an iterator of host batches); ``stop_after`` returns after that micro-step
+    with its checkpoint written and no system checkpoint (returns ``""``), as a kill would.
 
     Raises:
       parallel.ShardingConfigError: the micro-batch does not divide the mesh's data axes (before
@@ -102,7 +109,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         config = copy.deepcopy(config)
         config.vae.scaling_factor = float(system_checkpoint.load_config(init_ckpt).vae.scaling_factor)
     t = config.train
-    workdir = os.path.abspath(workdir)
+    workdir = str(paths.as_path(workdir))
     mesh, rules = parallel.mesh_from_config(config), parallel.rules_from_config(config)
     accum = int(t.grad_accum_steps)
     if int(t.global_batch_size) % (accum * jax.process_count()):
@@ -116,7 +123,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
                            grad_accum_steps=accum, seed=int(config.seed), compiler_options=compiler_options)
     trained, total = trainer.num_trainable()
-    logging.info("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
+    status("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
                  dict(mesh.shape))
 
     def init_state() -> nnx.State:
@@ -137,15 +144,18 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         meta={"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
               "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor)},
         peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
-        allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)))
+        allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
+    if stop_after is not None and result.end_step < steps * accum:
+        return ""  # stopped early (a simulated kill): checkpoints written, no system yet
     if phase == "vae" and bool(t.get("vae_fit_scaling_factor", True)):
         config = copy.deepcopy(config)
         model, _ = trainer.split(result.state)
         batches = [builder(next(data), step=steps * accum) for _ in range(4)]
         config.vae.scaling_factor = phases.latent_scaling_factor(model.vae, batches)
-        logging.info("vae.scaling_factor = %.6g (1 / std of the latents of 4 batches)", config.vae.scaling_factor)
-    out = system_out or str(t.system_checkpoint) or os.path.join(workdir, "system")
-    return write_system(trainer, result.state, config, os.path.abspath(out), init_ckpt)
+        status("vae.scaling_factor = %.6g (1 / std of the latents of 4 batches)", config.vae.scaling_factor)
+    out = system_out or str(t.system_checkpoint) or paths.join(workdir, "system")
+    status("writing the system checkpoint %s", out)
+    return write_system(trainer, result.state, config, out, init_ckpt)
 
 
 def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options: dict | None = None) -> str:
@@ -157,8 +167,8 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
       ValueError: an unknown phase in the pipeline, or ``pipeline_steps`` / ``pipeline_learning_rates``
         of another length.
     """
-    workdir = os.path.abspath(workdir)
-    final = os.path.abspath(str(config.train.system_checkpoint) or os.path.join(workdir, "system"))
+    workdir = str(paths.as_path(workdir))
+    final = str(paths.as_path(str(config.train.system_checkpoint) or paths.join(workdir, "system")))
     prev = str(config.train.init_checkpoint)
     pipeline = tuple(config.train.get("pipeline", ("a1", "a2", "b", "c")))
     steps = tuple(config.train.get("pipeline_steps", ()))
@@ -176,13 +186,13 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
             c.train.num_steps = int(steps[i])
         if lrs:
             c.train.learning_rate = float(lrs[i])
-        out = final if i == len(pipeline) - 1 else os.path.join(workdir, phase, "system")
+        out = final if i == len(pipeline) - 1 else paths.join(workdir, phase, "system")
         c.train.system_checkpoint = out
-        if os.path.exists(os.path.join(out, "manifest")):
-            logging.info("phase %s already done (%s)", phase, out)
+        if system_checkpoint.is_complete(out):
+            status("phase %s already done (%s)", phase, out)
         else:
             t0 = time.time()
-            run_phase(c, os.path.join(workdir, phase), system_out=out, compiler_options=compiler_options)
-            logging.info("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
+            run_phase(c, paths.join(workdir, phase), system_out=out, compiler_options=compiler_options)
+            status("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
         prev = out
     return final

@@ -1,0 +1,133 @@
+"""What every command-line entry point shares: absl start-up, config paths, quiet logs.
+
+:func:`run` is what ``python -m animegamer_jax.<command>`` and the console scripts
+(``animegamer-train`` ...; pyproject.toml) call instead of ``absl.app.run``:
+
+- ``--config=configs/tiny.py`` works from any directory: a config path that does not exist from
+  the working directory is looked up in the checkout / editable install (``paths.resource``), so
+  the README's commands and ``configs/...`` in scripts keep working after ``cd``.
+- Quiet by default: absl's own INFO lines and the INFO chatter of orbax, grain, jax and
+  tensorstore (hundreds of lines per checkpoint) are hidden; the command's results and progress
+  are printed. ``--verbosity=0`` (or ``-v 0``) brings every INFO line back, ``--verbosity=-1`` is
+  the default.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+#: loggers (std logging names) that are set to WARNING unless --verbosity >= 0
+NOISY_LOGGERS = ("orbax", "absl", "jax", "jax._src", "grain", "etils", "gcsfs", "fsspec", "google",
+                 "urllib3", "tensorstore", "gcp_storage_emulator")
+
+
+def resolve_config_args(argv: Sequence[str], flag_names: Sequence[str] = ("config",)) -> list[str]:
+    """``argv`` with the values of ``--config=PATH`` / ``--config PATH`` resolved (``paths.resource``).
+
+    Overrides (``--config.a.b=v``) and every other argument are left as they are.
+    """
+    from animegamer_jax import paths
+
+    out = list(argv)
+    for i, a in enumerate(out):
+        for name in flag_names:
+            flag = f"--{name}"
+            if a.startswith(flag + "="):
+                out[i] = flag + "=" + paths.resource(a[len(flag) + 1:])
+            elif a == flag and i + 1 < len(out):
+                out[i + 1] = paths.resource(out[i + 1])
+    return out
+
+
+def quiet_logs(verbosity: int) -> None:
+    """INFO of libraries off when ``verbosity < 0`` (absl's -1 = WARNING default)."""
+    level = std_logging.INFO if verbosity >= 0 else std_logging.WARNING
+    for name in NOISY_LOGGERS:
+        std_logging.getLogger(name).setLevel(level)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1" if verbosity < 0 else "0")
+
+
+def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> None:
+    """``absl.app.run(main)`` with resolved config paths and quiet library logs.
+
+    The absl default verbosity becomes WARNING (-1): absl prints INFO by default when flags are
+    parsed through ``app.run``; ``--verbosity=0`` restores it.
+    """
+    from absl import app, flags, logging
+
+    argv = resolve_config_args(sys.argv if argv is None else argv)
+    if not any(a.startswith(("--verbosity", "-v=", "--v=")) or a in ("-v", "--v") for a in argv):
+        argv.insert(1, "--verbosity=-1")
+
+    def _main(args: list[str]) -> int | None:
+        quiet_logs(flags.FLAGS.verbosity)
+        logging.use_absl_handler()
+        _console["on"] = True
+        return main(args)
+
+    app.run(_main, argv=argv)
+
+
+_console = {"on": False}
+
+
+def status(fmt: str, *args: object) -> None:
+    """A stage line (``"compiling the train step ..."``): absl INFO, and under :func:`run` at the
+    default verbosity also printed to stderr on process 0, so commands show their stages while the
+    libraries' INFO chatter stays hidden. Library use (tests, notebooks) only logs."""
+    from absl import logging
+
+    logging.info(fmt, *args)
+    if not _console["on"] or logging.get_verbosity() >= logging.INFO:
+        return
+    import jax
+
+    if jax.process_index() == 0:
+        print(fmt % args if args else fmt, file=sys.stderr, flush=True)
+
+
+class UsageError(ValueError):
+    """A bad command line (unknown flag, bad value, unexpected argument); the message says which."""
+
+
+HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+
+
+def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = ""
+                ) -> tuple[object, list[str]]:
+    """Parses ``argv`` (``argv[0]`` = program) with a command's own ``absl.flags.FlagValues``.
+
+    ``define(flag_values, argv)`` defines the command's flags on ``flag_values`` (config files
+    through ``config_flags.DEFINE_config_file(..., flag_values=fv, sys_argv=argv)``). A private
+    FlagValues per call lets a command run in-process any number of times (tests, notebooks) next
+    to other commands with flags of the same names. ``--help`` prints ``doc`` and every flag, and
+    raises ``SystemExit(0)``.
+
+    Returns:
+      (flag values, positional arguments after the program name).
+
+    Raises:
+      UsageError: unknown flag, bad value or a missing required flag.
+    """
+    from absl import flags
+
+    argv = resolve_config_args(list(argv))
+    fv = flags.FlagValues()
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    try:
+        define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
+    except (AttributeError, KeyError) as e:
+        raise UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}") from None
+    except (flags.Error, ValueError, TypeError) as e:
+        raise UsageError(f"bad config or override {overrides}: {e}") from None
+    if any(a in HELP_ARGS for a in argv[1:]):
+        print((doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
+        raise SystemExit(0)
+    try:
+        rest = fv(argv)
+    except flags.Error as e:
+        raise UsageError(f"{e}. See --help") from None
+    return fv, rest[1:]
