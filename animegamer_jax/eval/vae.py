@@ -19,7 +19,6 @@ Posterior mean, no sampling.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -155,58 +154,68 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
     return trainer.split(state)[0].vae, int(step)
 
 
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.eval.vae`` on ``fv`` (absl + ml_collections config_flags)."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from animegamer_jax import paths
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
+                                    "With --train_workdir: the run's config file; --config.a.b=value overrides.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint holding a VAE.", flag_values=fv)
+    flags.DEFINE_string("train_workdir", "", "Instead: the newest checkpoint of a 'vae' train --workdir.",
+                        flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset the VAE trained on (default train.vae_dataset_dir of the "
+                        "checkpoint's / run's config, else data.dataset_dir).", flag_values=fv)
+    flags.DEFINE_integer("frames", 17, "Frames per clip window (1 + 4k).", flag_values=fv)
+    flags.DEFINE_integer("max_per_film", 0, "Score at most this many held-out frames per film (0: all).",
+                         flag_values=fv)
+    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoint", default="checkpoints/tiny_system", help="system checkpoint holding a VAE")
-    ap.add_argument("--train_workdir", default="", help="instead: the newest checkpoint of a 'vae' train --workdir")
-    ap.add_argument("--config", default="configs/tiny.py", help="with --train_workdir: the run's config file")
-    ap.add_argument("--dataset", default="", help="prepared dataset the VAE trained on (default the checkpoint "
-                                                  "config's train.vae_dataset_dir, else data.dataset_dir)")
-    ap.add_argument("--frames", type=int, default=17, help="frames per clip window (1 + 4k)")
-    ap.add_argument("--max_per_film", type=int, default=0, help="score at most this many held-out frames per film")
-    ap.add_argument("--json", default="", help="also write the figures to this JSON file")
-    args, extra = ap.parse_known_args(argv)
-    from animegamer_jax import system_checkpoint
+    """Prints the held-out reconstruction PSNR; returns the exit status (2 with a message on bad input)."""
+    from animegamer_jax import cli, system_checkpoint
     from animegamer_jax.config import ConfigError
 
-    bad = [a for a in extra if not a.startswith("--config.")]
-    if bad or (extra and not args.train_workdir):
-        print(f"error: unexpected arguments {bad or extra}; --config.x.y=v overrides go with --train_workdir",
-              file=sys.stderr)
-        return 2
-
     try:
-        if args.train_workdir:
-            from animegamer_jax.config import load_config
-
-            config = load_config(args.config, [a[2:] for a in extra])
-            vae, step = vae_from_train_workdir(args.train_workdir, config)
-            source = f"{os.path.abspath(args.train_workdir)} step {step}"
+        f, rest = cli.parse_flags(["animegamer-eval-vae", *(sys.argv[1:] if argv is None else argv)],
+                                  define_flags, __doc__)
+        if rest:
+            raise cli.UsageError(f"unexpected arguments {rest}")
+        if f.train_workdir:
+            config = f.config
+            vae, step = vae_from_train_workdir(f.train_workdir, config)
+            source = f"{os.path.abspath(f.train_workdir)} step {step}"
         else:
-            config = system_checkpoint.load_config(args.checkpoint)
-            vae = system_checkpoint.load_system(args.checkpoint, config, names=["vae"])["vae"]
-            source = os.path.abspath(args.checkpoint)
-        dataset = args.dataset or str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
-        held = held_out_frames(dataset, args.max_per_film)
-    except (FileNotFoundError, system_checkpoint.SystemCheckpointError, ConfigError, KeyError, ValueError) as e:
+            config = system_checkpoint.load_config(f.checkpoint)
+            vae = system_checkpoint.load_system(f.checkpoint, config, names=["vae"])["vae"]
+            source = os.path.abspath(f.checkpoint)
+        dataset = f.dataset or str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
+        held = held_out_frames(dataset, f.max_per_film)
+    except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError,
+            ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not held:
         print(f"error: {dataset}: every film frame lies in a clip; no held-out frames to score", file=sys.stderr)
         return 2
-    res = reconstruction_psnr(vae, held, args.frames)
+    res = reconstruction_psnr(vae, held, f.frames)
     res.update(checkpoint=source, dataset=os.path.abspath(dataset),
                height=int(held[0].frames.shape[1]), width=int(held[0].frames.shape[2]))
     for film, r in res["per_film"].items():
         clip = "n/a" if r["clip"] is None else f"{r['clip']:.2f} dB"
         print(f"{film}: frame PSNR {r['frame']:.2f} dB over {r['num_frames_scored']} held-out frames; "
-              f"{args.frames}-frame clip PSNR {clip} over {r['num_clips']} clips")
+              f"{f.frames}-frame clip PSNR {clip} over {r['num_clips']} clips")
     clip = "n/a" if res["clip"] is None else f"{res['clip']:.2f} dB"
-    print(f"{source}: VAE reconstruction PSNR at {res['height']}x{res['width']} on held-out frames: frame {res['frame']:.2f} dB "
-          f"({res['num_frames_scored']} frames), clip {clip} ({res['num_clips']} clips of {args.frames})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    print(f"{source}: VAE reconstruction PSNR at {res['height']}x{res['width']} on held-out frames: frame "
+          f"{res['frame']:.2f} dB ({res['num_frames_scored']} frames), clip {clip} ({res['num_clips']} clips of "
+          f"{f.frames})")
+    if f.json:
+        with open(f.json, "w") as fh:
+            json.dump(res, fh, indent=1)
     return 0
 
 
