@@ -201,6 +201,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.num_frames = 17  # frames per clip (4k+1 for the causal VAE)
     c.data.fps = 8.0  # frames sampled per second (17 frames ~ 2.1 s)
     c.data.clip_seconds = 2.0  # fixed segment length after scene cuts
+    c.data.clip_stride_seconds = 0.0  # a segment starts every this many s (0 = clip_seconds: back to back)
     c.data.scene_threshold = 27.0  # PySceneDetect ContentDetector threshold
     c.data.flow_threshold = 0.2  # r: relative background filter (pixels < r * max |flow| dropped; data/motion.py)
     # Scope edges between levels 1|2|3|4|5, in px per sampled frame at 480p (DIS flow): geometric
@@ -213,7 +214,19 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- training (§8.2, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
-    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation
+    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation, "vae", or "all"
+    c.train.pipeline = ("a1", "a2", "b", "c")  # phases run by --config.train.phase=all, in order
+    c.train.pipeline_steps = ()  # optimizer steps per pipeline phase (empty: num_steps / the paper's)
+    c.train.pipeline_learning_rates = ()  # peak LR per pipeline phase (empty: learning_rate / the paper's)
+    # "vae" phase (not in the paper, which uses the released VAE): L1 + w_mse MSE + w_kl KL (per-sample
+    # sums, the CogVideoX / LDM weight 1e-6), on random windows of the clips sized by the curriculum
+    # ((from_step, frames, height, width), ...); frames 1, 9 or 17; up to vae_windows_per_clip each.
+    c.train.vae_kl_weight = 1e-6
+    c.train.vae_mse_weight = 1.0
+    c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 480, 720))
+    c.train.vae_windows_per_clip = 4
+    c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
+    c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
     c.train.global_batch_size = 16  # examples per optimizer step across all devices
     c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)
     c.train.learning_rate = 0.0  # peak LR; 0 = the paper's per phase (a1/a2 2e-4, b/c 5e-5)
