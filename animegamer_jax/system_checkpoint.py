@@ -39,7 +39,6 @@ empty module of the right shapes from the config (only its abstract shape is eve
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -636,31 +635,53 @@ def _commit(directory: str) -> None:
         f.write(f"Checkpoint commit was successful to {directory}")
 
 
+_CLI_DOC = """Check a system checkpoint's files, or write their integrity.json.
+
+Usage: python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR
+
+verify: check every file against integrity.json; manifest: write integrity.json for the files
+there now (only for a checkpoint you trust)."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+
+    flags.DEFINE_bool("full", False, "verify: sha256 of every byte (default --nofull: the fast check, sizes and "
+                      "sampled hashes)", flag_values=fv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR``."""
-    ap = argparse.ArgumentParser(prog="python -m animegamer_jax.system_checkpoint",
-                                 description="Check a system checkpoint's files, or write their integrity.json.")
-    ap.add_argument("command", choices=("verify", "manifest"),
-                    help="verify: check every file against integrity.json; manifest: write integrity.json "
-                         "for the files there now (only for a checkpoint you trust)")
-    ap.add_argument("directory")
-    ap.add_argument("--full", action="store_true", help="verify: sha256 of every byte (default: fast check)")
-    args = ap.parse_args(argv)
-    if not fileio.isdir(args.directory):
-        print(f"error: {args.directory}: no such checkpoint folder", file=sys.stderr)
+    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR``.
+
+    verify: check every file against integrity.json; manifest: write integrity.json for the files
+    there now (only for a checkpoint you trust). Returns the exit status (2 with a one-line message).
+    """
+    from animegamer_jax import cli
+
+    try:
+        f, rest = cli.parse_flags(["python -m animegamer_jax.system_checkpoint",
+                                   *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC)
+        if len(rest) != 2 or rest[0] not in ("verify", "manifest"):
+            raise cli.UsageError(f"expected 'verify DIR' or 'manifest DIR', got {rest}")
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    command, directory = rest
+    if not fileio.isdir(directory):
+        print(f"error: {directory}: no such checkpoint folder", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    if args.command == "manifest":
-        path = write_integrity(str(paths.as_path(args.directory)))
+    if command == "manifest":
+        path = write_integrity(str(paths.as_path(directory)))
         print(f"wrote {path} in {time.perf_counter() - t0:.2f}s")
         return 0
     try:
-        man = verify_checkpoint(args.directory, "full" if args.full else "fast")
+        man = verify_checkpoint(directory, "full" if f.full else "fast")
     except SystemCheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     total = sum(v["size"] for v in man["files"].values())
-    print(f"ok: {len(man['files'])} files, {total / 2**20:.1f} MiB, {'full' if args.full else 'fast'} check "
+    print(f"ok: {len(man['files'])} files, {total / 2**20:.1f} MiB, {'full' if f.full else 'fast'} check "
           f"in {time.perf_counter() - t0:.2f}s")
     return 0
 
