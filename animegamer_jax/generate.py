@@ -2,7 +2,8 @@
 
 Usage::
 
-    python -m animegamer_jax.generate data/games/demo.jsonl --config configs/tiny.py --checkpoint DIR --out outputs/games
+    python -m animegamer_jax.generate data/games/demo.jsonl --checkpoint=DIR --out=outputs/games
+    python -m animegamer_jax.generate data/games/demo.jsonl --config=configs/tiny.py --checkpoint=DIR --limit=2
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m animegamer_jax.generate games.jsonl --standin
 
 Games are played ``B`` at a time, B = the data-parallel size of the mesh (one game per data
@@ -14,12 +15,13 @@ verified: a game is skipped only when its folder is a finished game of this proj
 same instructions, seed, mode, config and system (the fingerprint in its game.json) with every file
 intact (sizes and sha256 recorded there); any other is replayed, and the run says which and why.
 A folder of the same name that this program did not write stops the run before anything is played.
-``--overwrite`` replays every game. A tqdm bar shows games done and the ETA.
+``--overwrite`` replays every game. A tqdm bar shows games done and the ETA. Flags (absl) and
+``--config`` / ``--config.a.b=value`` are play's: without ``--config`` the config saved in
+``--checkpoint`` is used.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 
@@ -33,7 +35,8 @@ from animegamer_jax.game.script import Game, load_jsonl
 from animegamer_jax.game.state import validate_games
 from animegamer_jax.game.system import resolve_system
 from animegamer_jax.parallel import distributed
-from animegamer_jax.play import CLI_ERRORS, common_args, config_from_args, fingerprint, save_game, setup_jax
+from animegamer_jax import cli as cli_lib
+from animegamer_jax.play import CLI_ERRORS, fingerprint, parse_game_flags, save_game, setup_jax
 
 
 def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0, process_count: int = 1,
@@ -85,29 +88,36 @@ def batches(games: list[Game], size: int) -> list[list[Game]]:
     return out
 
 
+def define_flags(fv) -> None:
+    """generate's own flags (next to play's common_flags and ``--config``) on ``fv``."""
+    from absl import flags
+
+    flags.DEFINE_integer("limit", 0, "Stop after this many games (0 = all).", lower_bound=0, flag_values=fv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("games", help="JSONL file of games")
-    ap.add_argument("--limit", type=int, default=0, help="stop after this many games (0 = all)")
-    common_args(ap)
-    args, extra = ap.parse_known_args(argv)
+    """Plays every pending game of the JSONL file of ``argv`` (``GAMES.jsonl --flag ...``); returns
+    the exit status (2 with a one-line message on bad input, 130 on Ctrl-C)."""
     distributed.initialize()
     setup_jax()
     try:
-        config = config_from_args(args, extra)
-        out_dir = args.out or config.game.out_dir
+        f, rest, config = parse_game_flags("animegamer-generate", sys.argv[1:] if argv is None else argv,
+                                           define_flags, __doc__)
+        if len(rest) != 1:
+            raise cli_lib.UsageError(f"expected one JSONL file of games, got {rest or 'none'}")
+        out_dir = f.out or config.game.out_dir
         writers.check_writable(out_dir)
-        games = load_jsonl(args.games)
+        games = load_jsonl(rest[0])
         mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
-        system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh,
-                                random_fallback=args.demo, verify=args.verify_checkpoint)
+        system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
+                                random_fallback=f.demo, verify=f.verify_checkpoint)
         engine = GameEngine(config, system, mesh=mesh)
         validate_games(games, engine.spec, engine.tok)  # every game, before the first turn
         seeds = {g.game_id: engine.game_seed(g) for g in games}
         todo, done, replay = pending_games(games, out_dir, jax.process_index(), jax.process_count(),
-                                           lambda g: fingerprint(engine, g, seeds[g.game_id]), args.overwrite)
-        if args.limit:
-            todo = todo[: args.limit]
+                                           lambda g: fingerprint(engine, g, seeds[g.game_id]), f.overwrite)
+        if f.limit:
+            todo = todo[: f.limit]
             replay = {g.game_id: replay[g.game_id] for g in todo if g.game_id in replay}
         print(f"system: {system.label}\nprocess {jax.process_index()}/{jax.process_count()}: "
               f"{len(todo)} games to play ({len(replay)} replayed), {done} already finished, batch "

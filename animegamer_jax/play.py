@@ -2,12 +2,16 @@
 
 Usage::
 
-    python -m animegamer_jax.play data/games/bunny.txt --config configs/tiny.py --checkpoint DIR
+    python -m animegamer_jax.play data/games/bunny.txt --checkpoint=DIR   # the config saved in DIR
+    python -m animegamer_jax.play data/games/bunny.txt --config=configs/tiny.py --checkpoint=DIR
     python -m animegamer_jax.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
-    python -m animegamer_jax.play data/games/bunny.txt --standin --seed 3 --config.game.mode=reference
+    python -m animegamer_jax.play data/games/bunny.txt --standin --seed=3 --config.game.mode=reference
     python -m animegamer_jax.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
 
-Any ``--config.a.b=value`` overrides a config field (unknown keys are errors). Outputs go to
+``SCRIPT`` (the one positional argument) is a game script (.txt, local or gs://), or ``-`` (the
+default) for instructions typed on stdin. Flags are absl's (``--flag=value`` or ``--flag value``; booleans ``--overwrite`` / ``--nooverwrite``).
+Any ``--config.a.b=value`` overrides a field of the ``--config`` file or, without one, of the config
+saved in ``--checkpoint`` (unknown keys are errors). Outputs go to
 ``<out>/<game_id>/`` (game/writers.py); the command prints the folder, the states and meters of
 every turn and the per-stage wall times, compilation apart. ``--game-id`` must be a plain folder
 name; a folder of that name that this program did not write is never touched, and a finished game
@@ -18,11 +22,13 @@ token length, file:line) before the first turn. Interactive play writes the game
 
 from __future__ import annotations
 
-import argparse
+import re
 import sys
+from collections.abc import Callable
 
+from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, parallel, paths
-from animegamer_jax.config import ConfigError, apply_overrides, load_config
+from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
 from animegamer_jax.game.script import Game, GameScriptError, load_script, parse_instruction
@@ -30,28 +36,120 @@ from animegamer_jax.game.state import InstructionTooLongError, encode_instructio
 from animegamer_jax.game.system import CheckpointError, resolve_system
 
 #: the errors play and generate report as one line (exit status 2) instead of a traceback
-CLI_ERRORS = (ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, writers.OutputError)
+CLI_ERRORS = (cli_lib.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError,
+              writers.OutputError)
 
 
-def common_args(ap: argparse.ArgumentParser) -> None:
-    """Flags shared by play and generate."""
-    ap.add_argument("--config", default=None,
-                    help="config file (default: the config saved in --checkpoint, else configs/tiny.py)")
-    ap.add_argument("--checkpoint", default="", help="system checkpoint directory (save_system layout)")
-    ap.add_argument("--standin", action="store_true",
-                    help="play a randomly initialised stand-in system (untrained; labelled in outputs)")
-    ap.add_argument("--out", default=None, help="output folder (default config.game.out_dir)")
-    ap.add_argument("--mode", choices=("default", "reference"), default=None,
-                    help="reference = the release's behaviour (window 1, last-226 read-out, release CFG)")
-    ap.add_argument("--demo", action="store_true",
-                    help="use config.game.checkpoint when it exists, else a clearly-labelled randomly "
-                         "initialised system of the config's sizes")
-    ap.add_argument("--overwrite", action="store_true",
-                    help="replace a finished game of the same id from an earlier run (folders this "
-                         "program did not write are never replaced)")
-    ap.add_argument("--verify-checkpoint", choices=("fast", "full"), default="fast",
-                    help="checkpoint integrity check before loading: fast = every file's size, full hash "
-                         "of files up to 8 MiB and sampled blocks of larger ones; full = sha256 of every byte")
+CONFIG_HELP = ("Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
+               "--config.a.b=value overrides a field, e.g. --config.game.mode=reference (unknown keys are errors).")
+
+
+def common_flags(fv) -> None:
+    """The absl flags shared by play, generate and the game benchmark, defined on ``fv``.
+
+    Spellings of the argparse era keep working: ``--verify-checkpoint`` is an alias of
+    ``--verify_checkpoint``.
+    """
+    from absl import flags
+
+    flags.DEFINE_string("checkpoint", "", "System checkpoint directory (save_system layout), local or gs://.",
+                        flag_values=fv)
+    flags.DEFINE_bool("standin", False, "Play a randomly initialised stand-in system (untrained; labelled in "
+                      "outputs).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Output folder, local or gs:// (default config.game.out_dir).", flag_values=fv)
+    flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour (window 1, "
+                      "last-226 read-out, release CFG).", flag_values=fv)
+    flags.DEFINE_bool("demo", False, "Use config.game.checkpoint when it exists, else a clearly-labelled randomly "
+                      "initialised system of the config's sizes.", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace a finished game of the same id from an earlier run (folders "
+                      "this program did not write are never replaced).", flag_values=fv)
+    flags.DEFINE_enum("verify_checkpoint", "fast", ["fast", "full"], "Checkpoint integrity check before loading: "
+                      "fast = every file's size, full hash of files up to 8 MiB and sampled blocks of larger ones; "
+                      "full = sha256 of every byte.", flag_values=fv)
+    flags.DEFINE_alias("verify-checkpoint", "verify_checkpoint", flag_values=fv)
+
+
+def checkpoint_config(checkpoint: str, verify: str = "fast"):
+    """The config saved in a system checkpoint, after its integrity check (design.md: a system
+    checkpoint carries the config it was built with, so ``play --checkpoint DIR`` needs nothing else).
+
+    Raises:
+      ConfigError: no such folder, a damaged checkpoint, or no readable saved config (the fix named).
+    """
+    from animegamer_jax import system_checkpoint
+
+    if not paths.isdir(checkpoint):
+        raise ConfigError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
+                          f"written by save_system (or --standin for a random stand-in)")
+    try:
+        system_checkpoint.verify_checkpoint(checkpoint, verify)
+    except system_checkpoint.SystemCheckpointError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        return system_checkpoint.load_config(checkpoint)
+    except (system_checkpoint.SystemCheckpointError, OSError) as e:
+        raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
+
+
+def _config_given(argv) -> bool:
+    return any(re.match(r"^--?config(=|$)", a) for a in argv[1:])
+
+
+def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = None, doc: str = ""):
+    """Parses a game command line: :func:`common_flags`, ``define(fv)``'s own flags and ``--config``.
+
+    ``--config=FILE`` (ml_collections ``config_flags.DEFINE_config_file``) loads a config file; without
+    it, with ``--checkpoint DIR``, the config saved in the checkpoint is the flag's default
+    (``config_flags.DEFINE_config_dict``, checked by :func:`checkpoint_config` first), else
+    configs/tiny.py. ``--config.a.b=value`` overrides a field either way; ``--mode`` is applied.
+
+    Args:
+      prog: program name shown in errors; argv: the arguments after it.
+
+    Returns:
+      (flag values, positional arguments, config).
+
+    Raises:
+      cli_lib.UsageError: an unknown flag or config key, a bad value. ConfigError: a missing or damaged
+        checkpoint whose config was to be used. SystemExit(0): ``--help`` (printed).
+    """
+    from absl import flags
+    from ml_collections import config_flags
+
+
+    argv = cli_lib.resolve_config_args([prog, *argv])
+
+    def own(fv):
+        if define is not None:
+            define(fv)
+        common_flags(fv)
+
+    saved = None
+    if not _config_given(argv) and not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
+        probe = flags.FlagValues()  # only to read --checkpoint / --verify_checkpoint before --config exists
+        own(probe)
+        try:
+            probe(argv, known_only=True)
+        except flags.Error:
+            pass  # reported by the full parse below
+        else:
+            if probe.checkpoint:
+                saved = checkpoint_config(probe.checkpoint, probe.verify_checkpoint)
+
+    def define_all(fv, argv):
+        own(fv)
+        if saved is not None:
+            config_flags.DEFINE_config_dict("config", saved, CONFIG_HELP, flag_values=fv, lock_config=False,
+                                            sys_argv=argv)
+        else:
+            config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), CONFIG_HELP,
+                                            flag_values=fv, lock_config=False, sys_argv=argv)
+
+    f, rest = cli_lib.parse_flags(argv, define_all, doc)
+    config = f.config
+    if f.mode:
+        config.game.mode = f.mode
+    return f, rest, config
 
 
 def setup_jax() -> None:
@@ -64,40 +162,6 @@ def setup_jax() -> None:
     import jax
 
     jax.config.update("jax_threefry_partitionable", False)
-
-
-def config_from_args(args, extra: list[str]):
-    """Loads the config and applies ``--config.x.y=v`` overrides and ``--mode``.
-
-    Raises:
-      ConfigError: unknown key, bad value, or an argument that is not an override.
-    """
-    overrides = []
-    for a in extra:
-        if not a.startswith("--config."):
-            raise ConfigError(f"unknown argument {a!r}; config overrides look like --config.game.seed=3")
-        overrides.append(a[len("--"):])
-    if args.config is None and args.checkpoint:
-        # design.md: a system checkpoint carries the config it was built with, so
-        # `play --checkpoint DIR` needs nothing else.
-        from animegamer_jax import system_checkpoint
-
-        if not paths.isdir(args.checkpoint):
-            raise ConfigError(f"checkpoint directory {args.checkpoint!r} not found. Fix: pass the folder "
-                              f"written by save_system (or --standin for a random stand-in)")
-        try:
-            system_checkpoint.verify_checkpoint(args.checkpoint, getattr(args, "verify_checkpoint", "fast"))
-        except system_checkpoint.SystemCheckpointError as e:
-            raise ConfigError(str(e)) from None
-        try:
-            config = apply_overrides(system_checkpoint.load_config(args.checkpoint), overrides, args.checkpoint)
-        except (system_checkpoint.SystemCheckpointError, OSError) as e:
-            raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
-    else:
-        config = load_config(args.config or "configs/tiny.py", overrides)
-    if args.mode:
-        config.game.mode = args.mode
-    return config
 
 
 def print_turn(k: int, text: str, tr: TurnResult, timing: dict) -> None:
@@ -190,31 +254,40 @@ def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> dict | No
     return result
 
 
+def define_flags(fv) -> None:
+    """play's own flags (next to :func:`common_flags` and ``--config``) on ``fv``."""
+    from absl import flags
+
+    flags.DEFINE_integer("seed", None, "Game seed (default config.game.seed).", flag_values=fv)
+    flags.DEFINE_string("game_id", None, "Output folder name (default: the script's file name).", flag_values=fv)
+    flags.DEFINE_alias("game-id", "game_id", flag_values=fv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("script", nargs="?", default="-", help="game script (.txt), or - for stdin")
-    ap.add_argument("--seed", type=int, default=None, help="game seed (default config.game.seed)")
-    ap.add_argument("--game-id", default=None, help="output folder name (default: script name)")
-    common_args(ap)
-    args, extra = ap.parse_known_args(argv)
+    """Plays the game of ``argv`` (``[SCRIPT|-] --flag ...``); returns the exit status (2 with a
+    one-line message on bad input, 130 on Ctrl-C)."""
     setup_jax()
     try:
-        if args.game_id is not None:
-            writers.check_game_id(args.game_id)
-        config = config_from_args(args, extra)
-        out_dir = args.out or config.game.out_dir
+        f, rest, config = parse_game_flags("animegamer-play", sys.argv[1:] if argv is None else argv,
+                                           define_flags, __doc__)
+        if len(rest) > 1:
+            raise cli_lib.UsageError(f"unexpected arguments {rest[1:]}; play takes one script (or - for stdin)")
+        script = rest[0] if rest else "-"
+        if f.game_id is not None:
+            writers.check_game_id(f.game_id)
+        out_dir = f.out or config.game.out_dir
         writers.check_writable(out_dir)
-        game = load_script(args.script, args.game_id) if args.script != "-" else None
-        game_id = game.game_id if game is not None else (args.game_id or "interactive")
+        game = load_script(script, f.game_id) if script != "-" else None
+        game_id = game.game_id if game is not None else (f.game_id or "interactive")
         writers.check_game_id(game_id, "--game-id (default: the script's file name)")
-        writers.check_target(out_dir, game_id, args.overwrite)
+        writers.check_target(out_dir, game_id, f.overwrite)
         mesh = parallel.mesh_from_config(config)
-        system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh,
-                                random_fallback=args.demo, verify=args.verify_checkpoint)
+        system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
+                                random_fallback=f.demo, verify=f.verify_checkpoint)
         engine = GameEngine(config, system, mesh=mesh)
         if game is not None:
             validate_games([game], engine.spec, engine.tok)
-        seed = args.seed if args.seed is not None else int(config.game.seed)
+        seed = f.seed if f.seed is not None else int(config.game.seed)
         print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
               f"{engine.spec.window}, seed {seed}", flush=True)
         if game is None:
@@ -222,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def save(result, k):
                 # the first write honours --overwrite; later ones replace this session's own folder
-                saved["out"] = save_game(engine, result, out_dir, overwrite=args.overwrite or k > 0)
+                saved["out"] = save_game(engine, result, out_dir, overwrite=f.overwrite or k > 0)
 
             if _interactive(engine, game_id, seed, save) is None:
                 raise GameScriptError("<stdin>: no instructions given. Fix: type one 'Character: ...; "
@@ -237,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                     print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
 
             result = engine.play([game], on_turn=on_turn)[0]
-            folder, record = save_game(engine, result, out_dir, overwrite=args.overwrite)
+            folder, record = save_game(engine, result, out_dir, overwrite=f.overwrite)
     except CLI_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

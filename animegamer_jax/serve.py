@@ -21,7 +21,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import types
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -102,14 +101,17 @@ class HttpThread:
 def _config():
     from animegamer_jax import play
 
+    from animegamer_jax.config import load_config
+
     if FLAGS.config is not None:
         config = FLAGS.config
-        if FLAGS.mode:
-            config.game.mode = FLAGS.mode
-        return config
-    args = types.SimpleNamespace(config=None, checkpoint=FLAGS.checkpoint, mode=FLAGS.mode,
-                                 verify_checkpoint=FLAGS.verify_checkpoint)
-    return play.config_from_args(args, [])
+    elif FLAGS.checkpoint:
+        config = play.checkpoint_config(FLAGS.checkpoint, FLAGS.verify_checkpoint)
+    else:
+        config = load_config("configs/tiny.py")
+    if FLAGS.mode:
+        config.game.mode = FLAGS.mode
+    return config
 
 
 def main(argv: list[str]) -> int:

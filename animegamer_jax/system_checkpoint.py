@@ -39,8 +39,8 @@ empty module of the right shapes from the config (only its abstract shape is eve
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -505,31 +505,183 @@ def _restore_arg(x: Any) -> ocp.ArrayRestoreArgs:
     return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape, dtype=x.dtype)
 
 
+class SystemWriter:
+    """Writes a system checkpoint (the :func:`save_system` layout) leaf by leaf, or layer by layer.
+
+    For conversions whose weights do not fit in memory. Each component is an orbax PyTree item
+    stored without OCDBT: one zarr array per leaf (named by its key path, zstd, as orbax writes a
+    ``np.ndarray`` leaf) plus ``_METADATA``; :func:`load_system` restores it like any other item
+    (orbax detects the format). A stacked ``[L, ...]`` leaf can be written one layer at a time, so
+    memory is bounded by one layer of one leaf. Nothing is final until :meth:`finish`::
+
+        w = SystemWriter(tmp_dir, config)
+        w.add("vae", ("decoder", "conv_in", "conv", "kernel"), array)     # a whole leaf
+        put = w.stacked("dit", ("blocks", "attn1", "to_q", "kernel"), (30, 1920, 30, 64), "float32")
+        for l in range(30): put(l, layer_l)                              # one layer at a time
+        w.finish()                                                       # then rename tmp_dir
+
+    Args:
+      directory: new directory (must not exist), normally a temporary sibling of the target.
+      config: the config every component was built from (saved as JSON).
+
+    Raises:
+      SystemCheckpointError: ``directory`` exists, a leaf path given twice, a write after
+        :meth:`finish`.
+    """
+
+    CHUNK_BYTES = 64 << 20
+
+    def __init__(self, directory: str, config: ml_collections.ConfigDict):
+        self.directory = os.path.abspath(directory)
+        if os.path.exists(self.directory):
+            raise SystemCheckpointError(f"{self.directory} exists; SystemWriter writes a new directory")
+        os.makedirs(self.directory)
+        self.config = config
+        self._tree: dict[str, dict[str, Any]] = {}
+        self.counts: dict[str, int] = {}
+        self._pending: list[tuple[Any, Any]] = []  # (write future, source array kept alive)
+        self._pending_bytes = 0
+        self._done = False
+
+    def _open(self, name: str, path: tuple, shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...]):
+        import tensorstore as ts
+
+        if self._done:
+            raise SystemCheckpointError("SystemWriter: write after finish")
+        keys = tuple(str(k) for k in path)
+        tree = self._tree.setdefault(name, {})
+        if str(keys) in tree:
+            raise SystemCheckpointError(f"component {name!r}: leaf {'/'.join(keys)} written twice")
+        tree[str(keys)] = {"key_metadata": [{"key": k, "key_type": 2} for k in keys],
+                           "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False}}
+        self.counts[name] = self.counts.get(name, 0) + int(np.prod(shape))
+        dt = np.dtype(dtype)
+        spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": os.path.join(self.directory, name, ".".join(keys))},
+                "metadata": {"shape": list(shape), "chunks": list(chunks), "dtype": "bfloat16" if dt.name == "bfloat16" else dt.str,
+                             "compressor": {"id": "zstd", "level": 1}, "dimension_separator": "."},
+                "create": True}
+        return ts.open(spec).result(), dt
+
+    def _chunks(self, shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+        if len(shape) < 2:
+            return tuple(shape) or ()
+        row = int(np.prod(shape[1:])) * itemsize
+        return (max(1, min(shape[0], self.CHUNK_BYTES // max(row, 1))),) + tuple(shape[1:])
+
+    def add(self, name: str, path: tuple, array: Any) -> None:
+        """Writes one whole leaf of component ``name`` (numpy / jax array, stored in its dtype)."""
+        arr = np.asarray(array, order="C")  # (ascontiguousarray would make a 0-d leaf 1-d)
+        store, _ = self._open(name, path, arr.shape, arr.dtype, self._chunks(arr.shape, arr.dtype.itemsize))
+        self._pending.append((store.write(arr), arr))
+        self._pending_bytes += arr.nbytes
+        if self._pending_bytes > self.CHUNK_BYTES * 4:
+            self.wait()
+
+    def wait(self) -> None:
+        """Waits for every pending write (bounded: :meth:`add` waits past 256 MiB in flight)."""
+        for fut, _ in self._pending:
+            fut.result()
+        self._pending, self._pending_bytes = [], 0
+
+    def stacked(self, name: str, path: tuple, shape: tuple[int, ...], dtype: Any) -> Callable[[int, Any], None]:
+        """Opens a ``[L, ...]`` leaf; returns ``put(l, value)`` writing layer ``l`` (cast to ``dtype``)."""
+        dt = np.dtype(dtype)
+        store, dt = self._open(name, path, tuple(shape), dt, (1,) + tuple(shape[1:]))
+
+        def put(l: int, value: Any) -> None:
+            store[l].write(np.asarray(value).astype(dt, copy=False)).result()
+
+        return put
+
+    def add_state(self, name: str, state: Any) -> None:
+        """Writes every leaf of an ``nnx.State`` / module / pure dict."""
+        pure = _pure(state)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]:
+            self.add(name, tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path), leaf)
+
+    def finish(self) -> str:
+        """Writes each item's ``_METADATA``, the config, the manifest and orbax's checkpoint metadata."""
+        import time
+
+        self.wait()
+        handlers = {}
+        pytree = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+        json_h = "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"
+        for n, tree in self._tree.items():
+            with open(os.path.join(self.directory, n, "_METADATA"), "w", encoding="utf-8") as f:
+                json.dump({"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+                           "store_array_data_equal_to_fill_value": True, "custom_metadata": None}, f)
+            _commit(os.path.join(self.directory, n))
+            handlers[n] = pytree
+        manifest = {"format": FORMAT_VERSION, "components": sorted(self._tree), "param_counts": self.counts}
+        for n, payload in (("config", config_to_json(self.config)), ("manifest", manifest)):
+            os.makedirs(os.path.join(self.directory, n))
+            with open(os.path.join(self.directory, n, "metadata"), "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+            _commit(os.path.join(self.directory, n))
+            handlers[n] = json_h
+        now = time.time_ns()
+        with open(os.path.join(self.directory, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
+            json.dump({"item_handlers": handlers, "metrics": {}, "performance_metrics": {},
+                       "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}, f)
+        _commit(self.directory)
+        write_integrity(self.directory)  # last, as save_system does (load_system requires it)
+        self._done = True
+        return self.directory
+
+
+def _commit(directory: str) -> None:
+    with open(os.path.join(directory, "commit_success.txt"), "w", encoding="utf-8") as f:
+        f.write(f"Checkpoint commit was successful to {directory}")
+
+
+_CLI_DOC = """Check a system checkpoint's files, or write their integrity.json.
+
+Usage: python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR
+
+verify: check every file against integrity.json; manifest: write integrity.json for the files
+there now (only for a checkpoint you trust)."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+
+    flags.DEFINE_bool("full", False, "verify: sha256 of every byte (default --nofull: the fast check, sizes and "
+                      "sampled hashes)", flag_values=fv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR``."""
-    ap = argparse.ArgumentParser(prog="python -m animegamer_jax.system_checkpoint",
-                                 description="Check a system checkpoint's files, or write their integrity.json.")
-    ap.add_argument("command", choices=("verify", "manifest"),
-                    help="verify: check every file against integrity.json; manifest: write integrity.json "
-                         "for the files there now (only for a checkpoint you trust)")
-    ap.add_argument("directory")
-    ap.add_argument("--full", action="store_true", help="verify: sha256 of every byte (default: fast check)")
-    args = ap.parse_args(argv)
-    if not fileio.isdir(args.directory):
-        print(f"error: {args.directory}: no such checkpoint folder", file=sys.stderr)
+    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR``.
+
+    verify: check every file against integrity.json; manifest: write integrity.json for the files
+    there now (only for a checkpoint you trust). Returns the exit status (2 with a one-line message).
+    """
+    from animegamer_jax import cli
+
+    try:
+        f, rest = cli.parse_flags(["python -m animegamer_jax.system_checkpoint",
+                                   *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC)
+        if len(rest) != 2 or rest[0] not in ("verify", "manifest"):
+            raise cli.UsageError(f"expected 'verify DIR' or 'manifest DIR', got {rest}")
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    command, directory = rest
+    if not fileio.isdir(directory):
+        print(f"error: {directory}: no such checkpoint folder", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    if args.command == "manifest":
-        path = write_integrity(str(paths.as_path(args.directory)))
+    if command == "manifest":
+        path = write_integrity(str(paths.as_path(directory)))
         print(f"wrote {path} in {time.perf_counter() - t0:.2f}s")
         return 0
     try:
-        man = verify_checkpoint(args.directory, "full" if args.full else "fast")
+        man = verify_checkpoint(directory, "full" if f.full else "fast")
     except SystemCheckpointError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     total = sum(v["size"] for v in man["files"].values())
-    print(f"ok: {len(man['files'])} files, {total / 2**20:.1f} MiB, {'full' if args.full else 'fast'} check "
+    print(f"ok: {len(man['files'])} files, {total / 2**20:.1f} MiB, {'full' if f.full else 'fast'} check "
           f"in {time.perf_counter() - t0:.2f}s")
     return 0
 

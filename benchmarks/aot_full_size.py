@@ -2,6 +2,8 @@
 
     python benchmarks/aot_full_size.py                       # all pieces, paper config, 8 devices
     python benchmarks/aot_full_size.py --pieces dit_sampling,train_a2_dit --devices 8
+    python -m benchmarks aot --pieces dit_sampling --turn_batch 1 --override 'mesh.shape=(2,1,1,4)'  # one game:
+                                                  # CFG halves on data, the joint sequence on context
 
 Nothing is allocated: every parameter, optimizer moment, KV cache and input is a sharded
 ``jax.ShapeDtypeStruct`` (benchmarks/turn_pieces.py with ``abstract=True``); each piece is lowered
@@ -9,7 +11,11 @@ with ``jax.jit(...).lower`` under the config's mesh and logical rules and compil
 the fake devices. ``compiled.memory_analysis()`` then gives the per-device bytes of arguments,
 outputs, temporaries and aliased (donated) buffers; peak ~ arguments + outputs + temporaries -
 aliased. XLA:CPU schedules differently from XLA:GPU/TPU, so temporaries are indicative (the
-argument sizes, i.e. the sharded weights / moments / caches, are exact).
+argument sizes, i.e. the sharded weights / moments / caches, are exact). In particular XLA:CPU has
+no bf16 dot: it upcasts bf16 weights to f32, and while-loop-invariant code motion hoists those
+converts out of the layer scan, i.e. one f32 copy of every stacked bf16 weight (2x the bf16 bytes)
+sits in the temporaries. ``XLA_FLAGS=--xla_disable_hlo_passes=while-loop-invariant-code-motion``
+keeps the convert per layer, closer to what a GPU/TPU (native bf16) compiles.
 
 The turn runs ``data-parallel size`` games at once (one per device slice, as ``generate`` does);
 train steps use ``train.global_batch_size``. Weights: inference bf16 with LoRA merged; training
@@ -44,6 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--pieces", default="", help="comma-separated subset (default: all turn and train pieces)")
     ap.add_argument("--turn_batch", type=int, default=0, help="games per turn (default: data-parallel size)")
+    ap.add_argument("--override", action="append", default=[],
+                    help="config override, e.g. --override 'mesh.shape=(2,1,1,4)' (CFG 2 x context 4)")
     args = ap.parse_args(argv)
 
     from animegamer_jax import parallel
@@ -51,7 +59,7 @@ def main(argv=None) -> int:
     from benchmarks import turn_pieces as tp
 
     assert jax.device_count() == args.devices, f"expected {args.devices} fake devices, got {jax.device_count()}"
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.override)
     mesh = parallel.mesh_from_config(cfg)
     rules = parallel.rules_from_config(cfg)
     dp = parallel.data_parallel_size(mesh, rules)
@@ -75,19 +83,25 @@ def main(argv=None) -> int:
                                     m.alias_size_in_bytes)
             peak = arg + out + tmp - alias
             total_args = tp.count_bytes(piece.args)
-            rows.append((name, piece.note, total_args, arg, out, tmp, alias, peak, t1 - t0, t2 - t1, "ok"))
+            ca = compiled.cost_analysis() or {}
+            flops = float((ca[0] if isinstance(ca, list) else ca).get("flops", float("nan")))
+            rows.append((name, piece.note, total_args, arg, out, tmp, alias, peak, t1 - t0, t2 - t1, "ok", flops))
             print(f"{name}: lower {t1 - t0:.1f} s, compile {t2 - t1:.1f} s, per-device peak {_gib(peak)} GiB "
-                  f"(args {_gib(arg)}, temp {_gib(tmp)})", flush=True)
+                  f"(args {_gib(arg)}, temp {_gib(tmp)}), XLA per-device GFLOP {flops / 1e9:.1f}", flush=True)
         except Exception as e:  # report and continue with the other pieces
             msg = f"{type(e).__name__}: {e}".replace("\n", " ")[:200]
-            rows.append((name, "", 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, 0.0, msg))
+            rows.append((name, "", 0, 0, 0, 0, 0, 0, time.perf_counter() - t0, 0.0, msg, float("nan")))
             print(f"{name}: FAILED {msg}", flush=True)
         b.modules.clear()
+    print(f"\nXLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
     print(f"\n| piece | what | all args GiB (global) | per-device args GiB | outputs | temps | aliased | "
-          f"per-device peak GiB | lower s | compile s | status |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+          f"per-device peak GiB | XLA GFLOP/device* | lower s | compile s | status |\n"
+          f"|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {_gib(r[2])} | {_gib(r[3])} | {_gib(r[4])} | {_gib(r[5])} | {_gib(r[6])} | "
-              f"**{_gib(r[7])}** | {r[8]:.1f} | {r[9]:.1f} | {r[10]} |")
+              f"**{_gib(r[7])}** | {r[11] / 1e9:.1f} | {r[8]:.1f} | {r[9]:.1f} | {r[10]} |")
+    print("* compiled.cost_analysis(): XLA counts a while-loop body once (layer / step / tile scans), so this "
+          "is per-device work of one iteration of each loop, comparable across meshes, not a total.")
     return 0 if all(r[10] == "ok" for r in rows) else 1
 
 

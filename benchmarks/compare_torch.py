@@ -1,21 +1,20 @@
-"""Side-by-side CPU timing at the tiny config: our jitted JAX pieces vs the torch references, in one run.
+"""The side-by-side pieces (JAX vs the torch references) that the benchmark runner times.
 
-    python benchmarks/compare_torch.py [--repeats 5] [--threads 2]
+    python -m benchmarks compare ...     # the runner: equal threads, ABAB rounds, sizes, JSON (benchmarks/__main__.py)
+    python benchmarks/compare_torch.py   # the same runner, tiny + medium sizes
 
-Same sizes on both sides (configs/tiny.py), weights moved through OUR converters so outputs match:
-  DiT forward      CogVideoXDiT (jit)  vs diffusers CogVideoXTransformer3DModel (CFG batch 2, fp32)
-  VAE decode       CogVideoXVAE.decode vs diffusers AutoencoderKLCogVideoX.decode (if the JAX VAE exists)
-  Mistral          prefill + greedy decode with KV cache (jit per step) vs transformers
-                   MistralForCausalLM.generate(do_sample=False, use_cache=True)
-  game turn        MLLM prefill/decode + pass B + N CFG DiT steps + VAE decode, composed from the
-                   same pieces on both sides (there is no torch AnimeGamer engine to time)
-Prints median wall seconds per call after one warm-up (compile excluded, reported apart), the ratio
-torch / JAX (> 1: JAX faster) and the max |difference| of the outputs.
+Each ``bench_*`` builds both sides at the sizes of the config it is given, with the weights moved
+from the torch model through OUR converters (so outputs must agree), and returns the two callables
+(``"fns"``: JAX, torch), the JAX compile time and the output check:
+  bench_dit       CogVideoXDiT (jit)  vs diffusers CogVideoXTransformer3DModel (CFG batch 2, fp32)
+  bench_vae       CogVideoXVAE.decode vs diffusers AutoencoderKLCogVideoX.decode (diffusers' chunk plan)
+  bench_mistral   greedy generate with KV cache (jit per step) vs transformers
+                  MistralForCausalLM.generate(do_sample=False, use_cache=True); ``"pass_b"``: the
+                  prompt forward without logits on both sides (prefill)
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -176,58 +175,12 @@ def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/tiny.py")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads (XLA CPU uses all cores)")
-    args = ap.parse_args(argv)
-    import tempfile
+    """Runs ``python -m benchmarks compare`` (in a fresh interpreter: it pins threads before JAX starts)."""
+    import subprocess
 
-    from animegamer_jax.config import load_config
-    from benchmarks.turn_pieces import turn_length
-
-    torch.set_num_threads(args.threads)
-    cfg = load_config(args.config)
-    tmp = tempfile.mkdtemp(prefix="compare_torch_")
-    rows, errors = {}, {}
-    for name, fn in (("DiT forward (CFG batch 2)", lambda: bench_dit(cfg, args.repeats, tmp)),
-                     ("VAE decode", lambda: bench_vae(cfg, args.repeats, tmp)),
-                     (f"Mistral prefill {turn_length(cfg)} + {cfg.mllm.max_new_tokens} greedy tokens",
-                      lambda: bench_mistral(cfg, args.repeats, tmp, turn_length(cfg), int(cfg.mllm.max_new_tokens)))):
-        try:
-            rows[name] = fn()
-            print(f"{name}: done", flush=True)
-        except Exception as e:  # report and go on: one missing piece should not hide the others
-            errors[name] = f"{type(e).__name__}: {e}"[:300]
-            print(f"{name}: skipped ({errors[name]})", flush=True)
-    # one game turn = MLLM (generate + pass B) + steps x DiT(CFG) + VAE decode, same composition on both sides
-    steps = int(cfg.diffusion.num_sampling_steps)
-    dit = next((v for k, v in rows.items() if k.startswith("DiT")), None)
-    vae = rows.get("VAE decode")
-    mis = next((v for k, v in rows.items() if k.startswith("Mistral")), None)
-    if dit and mis:
-        def turn(side):
-            mis["fns"][side]()
-            mis["pass_b"][side]()
-            for _ in range(steps):
-                dit["fns"][side]()
-            if vae:
-                vae["fns"][side]()
-
-        jt = _median(lambda: turn(0), max(1, args.repeats // 2))
-        tt_s = _median(lambda: turn(1), max(1, args.repeats // 2))
-        rows[f"game turn ({steps} steps{', VAE' if vae else ', no VAE'})"] = {"jax_s": jt, "torch_s": tt_s}
-    print(f"\nCPU: {os.cpu_count()} cores, torch {torch.__version__} ({args.threads} threads), jax {jax.__version__}; "
-          f"config {cfg.name}; median of {args.repeats}\n")
-    print("| piece | JAX s | torch s | torch/JAX | JAX compile s | check |\n|---|---:|---:|---:|---:|---|")
-    for k, v in rows.items():
-        check = (f"max abs diff {v['max_abs_diff']:.1e}" if "max_abs_diff" in v else
-                 f"tokens equal: {v['tokens_equal']}" if "tokens_equal" in v else "")
-        comp = f"{v['compile_s']:.2f}" if "compile_s" in v else ""
-        print(f"| {k} | {v['jax_s']:.4f} | {v['torch_s']:.4f} | {v['torch_s'] / v['jax_s']:.2f} | {comp} | {check} |")
-    for k, e in errors.items():
-        print(f"| {k} | | | | | skipped: {e} |")
-    return 0
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-m", "benchmarks", "compare", *(sys.argv[1:] if argv is None else argv)]
+    return subprocess.call(cmd, cwd=root)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 Usage::
 
-    python benchmarks/game_turn_bench.py [--config configs/tiny.py] [--checkpoint DIR | --standin]
-        [--script data/games/bunny.txt] [--repeat 2] [--config.x.y=v ...]
+    python benchmarks/game_turn_bench.py [--config=configs/tiny.py] [--checkpoint=DIR | --standin]
+        [--script=data/games/bunny.txt] [--repeat=2] [--config.x.y=v ...]
+
+Flags and ``--config`` are play's (absl; animegamer_jax/play.py ``parse_game_flags``).
 
 Without ``--checkpoint`` / ``--standin`` it plays ``config.game.checkpoint`` when that exists, else
 the randomly initialised system of the config's sizes (as ``play --demo``). The game is played
@@ -14,7 +16,6 @@ compile-event counts, printed as "recompiles after turn 1").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -27,19 +28,26 @@ from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.game.engine import STAGES, GameEngine, apply_mode  # noqa: E402
 from animegamer_jax.game.script import load_script  # noqa: E402
 from animegamer_jax.game.system import resolve_system  # noqa: E402
-from animegamer_jax.play import common_args, config_from_args, save_game, setup_jax  # noqa: E402
+from animegamer_jax.play import CLI_ERRORS, parse_game_flags, save_game, setup_jax  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--script", default="data/games/bunny.txt")
-    ap.add_argument("--repeat", type=int, default=2)
-    common_args(ap)
-    args, extra = ap.parse_known_args()
+    from absl import flags
+
+    def define(fv):
+        flags.DEFINE_string("script", "data/games/bunny.txt", "Game script to play.", flag_values=fv)
+        flags.DEFINE_integer("repeat", 2, "Plays of the game on one engine (the first compiles).", lower_bound=1,
+                             flag_values=fv)
+
     setup_jax()
+    try:
+        args, rest, config = parse_game_flags("game_turn_bench.py", sys.argv[1:], define, __doc__)
+    except CLI_ERRORS as e:
+        sys.exit(f"error: {e}")
+    if rest:
+        sys.exit(f"error: unexpected arguments {rest}")
     import jax
 
-    config = config_from_args(args, extra)
     mesh = parallel.mesh_from_config(config)
     t0 = time.perf_counter()
     system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh, random_fallback=True)

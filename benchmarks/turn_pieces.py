@@ -5,13 +5,14 @@ never imported by the package. Each piece is ``(fn, args)`` where ``fn`` is a pu
 ``(params_state, *inputs)`` and ``args`` are either real arrays (``abstract=False``: random weights,
 random inputs) or ``jax.ShapeDtypeStruct`` with shardings (``abstract=True``: nothing allocated,
 for ahead-of-time lowering). Inference pieces use bf16 weights with LoRA merged (``lora_rank=0``),
-as play does; train pieces keep the config's parameter dtype and LoRA.
+as play does (``dit_sampling`` is play's own ``game.real.dit_sampler`` on
+``prepare_for_inference`` weights); train pieces keep the config's parameter dtype and LoRA.
 
 Turn pieces (architecture.md §0):
   mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
   mllm_decode   pass A: one greedy step on the cache (run max_new_tokens - 1 times)
   mllm_pass_b   pass B: one forward without logits (the 226-query read-out)
-  dit_sampling  num_sampling_steps of DPM++ 2M with CFG (batch 2) through the DiT (one lax.scan)
+  dit_sampling  play's sampler: num_sampling_steps with CFG (batch 2 per game) through the DiT
   vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (release chunk plan)
 Train pieces (the models' real losses are in train/; here the standard objectives with the same
 compute): dit_train_step (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
@@ -118,7 +119,7 @@ class Builder:
 
     def array(self, shape, dtype, batch_axis: bool = True, kind: str = "normal"):
         """An input: batch-sharded over the data axes (``act_batch``) when ``batch_axis``."""
-        sharding = (parallel.batch_sharding(self.mesh, len(shape), self.rules)
+        sharding = (parallel.batch_sharding(self.mesh, len(shape), self.rules, shape=shape)
                     if batch_axis and len(shape) else self.replicated)
         if self.abstract:
             return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=sharding)
@@ -190,29 +191,34 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
     lat_shape = (batch, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
                  int(cfg.dit.sample_width))
     if name == "dit_sampling":
+        # exactly play's program: game/real.py prepares the weights once (LoRA merged, cast to the
+        # activation dtype) and samples with dit_sampler (noise from each game's key, CFG)
         from animegamer_jax.diffusion import samplers
+        from animegamer_jax.game.engine import apply_mode
+        from animegamer_jax.game.real import dit_sampler
+        from animegamer_jax.models.cogvideox_dit import prepare_for_inference
 
-        d_graph, d_state = _cached(b, "dit_inference", lambda: build_dit(cfg, inference=True))
-        plan = samplers.plan_from_config(cfg.diffusion)
-        table = jnp.asarray(cfg.dit.flow_table, jnp.float32)
+        d_graph, d_state = _cached(b, "dit_inference",
+                                   lambda: prepare_for_inference(build_dit(cfg, inference=False)))
+        play_cfg = apply_mode(cfg)
+        plan = samplers.plan_from_config(play_cfg.diffusion)
+        sample = dit_sampler(d_graph, play_cfg)
 
-        def sampling(state, noise, rep, uncond, ml, key):
-            def denoise(x, t, c):
-                return nnx.merge(d_graph, state)(x, c["cond"], t, c["flow"])
+        def sampling(state, rep, uncond, ml, keys):
+            return sample({"dit": state, "uncond": uncond}, rep, ml, keys)
 
-            flow = table[jnp.clip(ml - 1, 0, table.shape[0] - 1)]
-            return samplers.sample(denoise, noise, {"cond": rep, "flow": flow}, {"cond": uncond, "flow": flow},
-                                   key, plan)
-
+        bsh = parallel.batch_sharding(b.mesh, 1, b.rules, shape=(batch,))
+        ksh = parallel.batch_sharding(b.mesh, 2, b.rules, shape=(batch, 2))
         if b.abstract:
-            key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=b.replicated)
-            ml = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=parallel.batch_sharding(b.mesh, 1, b.rules))
+            keys = jax.ShapeDtypeStruct((batch, 2), jnp.uint32, sharding=ksh)
+            ml = jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=bsh)
+            uncond = jax.ShapeDtypeStruct((q, d), jnp.float32, sharding=b.replicated)
         else:
-            key = jax.device_put(jax.random.PRNGKey(1), b.replicated)
-            ml = jax.device_put(jnp.full((batch,), 3, jnp.int32), parallel.batch_sharding(b.mesh, 1, b.rules))
-        return Piece(name, sampling, (d_state, b.array(lat_shape, jnp.float32), b.array((batch, q, d), jnp.float32),
-                                      b.array((batch, q, d), jnp.float32), ml, key),
-                     note=f"{plan.num_steps} steps x CFG batch {2 * batch}")
+            keys = jax.device_put(jax.random.split(jax.random.PRNGKey(1), batch), ksh)
+            ml = jax.device_put(jnp.full((batch,), 3, jnp.int32), bsh)
+            uncond = b.array((q, d), jnp.float32, batch_axis=False)
+        return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
+                     note=f"{plan.num_steps} steps x CFG batch 2, {batch} game(s), play's program")
     if name == "vae_decode":
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
         scale = float(cfg.vae.scaling_factor)

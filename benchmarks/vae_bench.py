@@ -3,6 +3,11 @@
 Run (CPU, a few minutes on 2 cores):
   python -m benchmarks.vae_bench                       # tiny + medium timing, scan memory check
   python -m benchmarks.vae_bench --full_memory         # + compiled memory of full 5x60x90 decode
+  python -m benchmarks.vae_bench --train_step          # VAE train step: lax 3-D conv vs unfolded 2-D conv
+
+``--train_step``: one jitted value-and-grad of the reconstruction loss of the configs/tiny.py VAE,
+with every 3-D conv as ``conv3d_as_2d`` (the model's path) and as XLA's native 3-D conv (the path it
+replaced), same weights and batch, both warmed up, timed interleaved (ABAB), backend asserted CPU.
 
 Timing: same weights (moved through our converter), same chunk plan (diffusers' (3, 2) for 5
 latents), fp32, median of ``--reps`` runs after one warm-up (JAX compile excluded).
@@ -96,13 +101,63 @@ def memory(cfg: VAEConfig, t_lat: int, h: int, w: int, tiled: int = 0) -> dict:
     return out
 
 
+def _native_conv3d(x, kernel, pad):
+    """XLA's own 3-D convolution, the drop-in the model's ``conv3d_as_2d`` replaced."""
+    return jax.lax.conv_general_dilated(x, kernel, (1, 1, 1), ((0, 0), (pad, pad), (pad, pad)),
+                                        dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+
+
+def bench_train_step(shapes: str, reps: int) -> None:
+    """Train-step time of the tiny VAE, unfolded 2-D conv (ours) vs native 3-D conv, ABAB."""
+    from animegamer_jax.models import cogvideox_vae as V
+    from configs import tiny
+
+    backend = jax.default_backend()
+    assert backend == "cpu", f"--train_step compares XLA:CPU conv paths; backend is {backend}"
+    cfg = VAEConfig.from_config(tiny.get_config().vae)
+    graphdef, state = nnx.split(CogVideoXVAE(cfg, rngs=nnx.Rngs(0)))
+
+    def loss(state, x):
+        m = nnx.merge(graphdef, state)
+        return jnp.mean((m.decode(m.encode(x).mean) - x) ** 2)
+
+    ours = V.conv3d_as_2d
+    print(f"backend {backend}, {jax.device_count()} device(s), tiny VAE {count_params(cfg):,} params")
+    for shp in shapes.split(","):
+        b, t, h, w = (int(v) for v in shp.split("x"))
+        x = jnp.asarray(np.random.RandomState(0).uniform(-1, 1, (b, t, h, w, 3)).astype(np.float32))
+        compiled = {}
+        for name, call in (("unfolded", ours), ("native", _native_conv3d)):
+            V.conv3d_as_2d = call
+            compiled[name] = jax.jit(jax.value_and_grad(loss)).lower(state, x).compile()
+            V.conv3d_as_2d = ours
+        times = {k: [] for k in compiled}
+        vals = {}
+        for k, f in compiled.items():  # warm-up
+            vals[k] = float(jax.block_until_ready(f(state, x))[0])
+        for _ in range(reps):
+            for k, f in compiled.items():
+                t0 = time.perf_counter()
+                jax.block_until_ready(f(state, x))
+                times[k].append(time.perf_counter() - t0)
+        med = {k: float(np.median(v)) for k, v in times.items()}
+        print(f"  train step B,T,H,W={b},{t},{h},{w}: unfolded 2-D {med['unfolded']:.3f} s, native 3-D "
+              f"{med['native']:.3f} s, speed-up {med['native'] / med['unfolded']:.2f}x, "
+              f"|loss diff| {abs(vals['unfolded'] - vals['native']):.1e}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--configs", default="tiny,medium")
     p.add_argument("--full_memory", action="store_true")
+    p.add_argument("--train_step", action="store_true")
+    p.add_argument("--shapes", default="2x1x64x96,2x9x32x48", help="B x T x H x W of --train_step batches")
     args = p.parse_args()
     jax.config.update("jax_default_matmul_precision", "highest")
+    if args.train_step:
+        bench_train_step(args.shapes, args.reps)
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     print(f"devices: {jax.devices()}, torch threads {torch.get_num_threads()}")
     for name in args.configs.split(","):

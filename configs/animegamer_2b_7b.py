@@ -87,6 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.clip.layer_norm_eps = 1e-5  # LayerNorm eps
     c.clip.dtype = "bfloat16"  # compute dtype (release runs fp16)
     c.clip.remat = "none"  # remat policy of both towers' block scans (models/remat.py)
+    c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "xla", "blockwise", "cudnn", "splash"
 
     # ---- T5-v1.1-XXL encoder, frozen (§3.2) ----
     c.t5 = ml_collections.ConfigDict()
@@ -102,6 +103,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.t5.max_length = 30  # tokens per action text (padded/truncated; §3.2 is_plan_3)
     c.t5.dtype = "float32"  # fp32: bf16 without a mask blows up the residual stream
     c.t5.remat = "none"  # remat policy of the block scan (models/remat.py)
+    c.t5.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
     c.t5.spiece_model = ""  # path to the user's T5 spiece.model (shipped with the T5 weights)
 
     # ---- MLLM: Mistral-7B-Instruct-v0.1 + LoRA + resamplers (§2) ----
@@ -130,7 +132,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
     c.mllm.max_new_tokens = 11  # state tokens decoded per turn after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (11, §1.5)
     c.mllm.remat = "none"  # remat policy of the decoder-layer scan: none | full | save_dots | offload_dots (models/remat.py)
-    c.mllm.attention_impl = "auto"  # jax.nn.dot_product_attention implementation: "auto" (JAX picks), "xla", "cudnn"
+    c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
 
     # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
     c.dit = ml_collections.ConfigDict()
@@ -158,6 +160,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
     c.dit.param_dtype = "float32"  # master weights
     c.dit.remat = "full"  # remat policy of the block scan: none | full | save_dots | offload_dots (models/remat.py)
+    c.dit.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl); L = 6976 at full size
     # motion level (1..5) -> flow value fed to flow_embed (§4.8, inference_Decoder.py table)
     c.dit.flow_table = (0.5, 2.5, 10.0, 15.0, 40.0)
 
@@ -175,6 +178,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
     c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
     c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
+    c.vae.encoder_in_channels = 0  # encoder conv_in width (SAT ch); 0 = block_out_channels[0] (= ch at paper size)
     c.vae.dtype = "bfloat16"  # activations (release fp16)
 
     # ---- diffusion (§5) ----
@@ -199,6 +203,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.num_frames = 17  # frames per clip (4k+1 for the causal VAE)
     c.data.fps = 8.0  # frames sampled per second (17 frames ~ 2.1 s)
     c.data.clip_seconds = 2.0  # fixed segment length after scene cuts
+    c.data.clip_stride_seconds = 0.0  # a segment starts every this many s (0 = clip_seconds: back to back)
     c.data.scene_threshold = 27.0  # PySceneDetect ContentDetector threshold
     c.data.flow_threshold = 0.2  # r: relative background filter (pixels < r * max |flow| dropped; data/motion.py)
     # Scope edges between levels 1|2|3|4|5, in px per sampled frame at 480p (DIS flow): geometric
@@ -211,7 +216,19 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- training (§8.2, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
-    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation
+    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation, "vae", or "all"
+    c.train.pipeline = ("a1", "a2", "b", "c")  # phases run by --config.train.phase=all, in order
+    c.train.pipeline_steps = ()  # optimizer steps per pipeline phase (empty: num_steps / the paper's)
+    c.train.pipeline_learning_rates = ()  # peak LR per pipeline phase (empty: learning_rate / the paper's)
+    # "vae" phase (not in the paper, which uses the released VAE): L1 + w_mse MSE + w_kl KL (per-sample
+    # sums, the CogVideoX / LDM weight 1e-6), on random windows of the clips sized by the curriculum
+    # ((from_step, frames, height, width), ...); frames 1, 9 or 17; up to vae_windows_per_clip each.
+    c.train.vae_kl_weight = 1e-6
+    c.train.vae_mse_weight = 1.0
+    c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 480, 720))
+    c.train.vae_windows_per_clip = 4
+    c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
+    c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
     c.train.global_batch_size = 16  # examples per optimizer step across all devices
     c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)
     c.train.learning_rate = 0.0  # peak LR; 0 = the paper's per phase (a1/a2 2e-4, b/c 5e-5)
@@ -241,6 +258,7 @@ def get_config() -> ml_collections.ConfigDict:
     # ---- game generation (§0, §1) ----
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
+    c.game.reference_max_new_tokens = 200  # reference mode: free greedy pass-A budget (release max_new_tokens)
     c.game.seed = 0  # game seed when a script gives none (turn k samples with game/engine.py turn_key(seed, k))
     c.game.fps = 8  # output video fps
     c.game.write_gif = True  # also write a GIF per turn

@@ -7,6 +7,8 @@ so token layouts match the paper model except for the number of query tokens (8 
 Use:
   make demo                      # plays data/games/bunny.txt on the shipped tiny checkpoint
   python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny
+  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/work/runs/tiny
+      # vae -> a1 -> a2 -> b -> c (train.pipeline / pipeline_steps / pipeline_learning_rates below)
 Cost: seconds per step / per turn on this 2-core CPU.
 """
 
@@ -71,7 +73,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.num_heads = 2
     c.dit.head_dim = 32
     c.dit.time_embed_dim = 32
-    c.dit.in_channels = 4
+    c.dit.in_channels = 4  # = vae.latent_channels
     c.dit.out_channels = 4
     c.dit.sample_height = 8  # 64 px / 8
     c.dit.sample_width = 12  # 96 px / 8
@@ -80,6 +82,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.dtype = "float32"
     c.dit.remat = "none"
 
+    # 4 latent channels: the shape of the shipped checkpoints/tiny_system (random VAE). Its trained
+    # successor uses CogVideoX's 16 (41x compression instead of 163x): train it with
+    # TINY16 = --config.vae.latent_channels=16 --config.dit.in_channels=16 --config.dit.out_channels=16
+    # (README "Train the tiny system"); these become the defaults once that system ships.
     c.vae.latent_channels = 4
     c.vae.block_out_channels = (8, 16, 16, 32)
     c.vae.layers_per_block = 1
@@ -90,12 +96,23 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.data.height = 64
     c.data.width = 96
-    c.data.dataset_dir = "data/prepared/tiny"
+    c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)
 
     c.train.global_batch_size = 2
     c.train.learning_rate = 1e-3
     c.train.warmup_steps = 10
     c.train.num_steps = 200
+    # No converted CogVideoX VAE exists at toy size: the pipeline first trains the tiny VAE as an
+    # autoencoder on the sample clips (phase "vae"): single frames at 64x96, then 9-frame clips on
+    # 32x48 crops, then 9-frame clips at 64x96 (each stage compiles its own step once).
+    c.train.pipeline = ("vae", "a1", "a2", "b", "c")
+    c.train.pipeline_steps = (8000, 200, 1500, 1500, 500)
+    c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
+    c.train.vae_curriculum = ((0, 1, 64, 96), (3000, 9, 32, 48), (6000, 9, 64, 96))
+    c.train.vae_windows_per_clip = 4
+    # The VAE trains on the 7 back-to-back 2 s clips of the sample film (data/README.md); the film
+    # frames between them are its held-out set (python -m animegamer_jax.eval.vae).
+    c.train.vae_dataset_dir = "data/prepared/tiny_vae"
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0

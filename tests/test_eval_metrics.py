@@ -142,3 +142,15 @@ def test_evaluate_turns_end_to_end_known_answers():
     with pytest.raises(KeyError, match=r"no reference image for character\(s\) \['B'\]"):
         metrics.evaluate_turns(turns, image_embed=image_embed, text_embed=text_embed,
                                references={"A": ref_a}, motion_bins=(1.0, 2.0, 3.0, 4.0))
+
+
+def test_field_accuracy_against_majority_baseline():
+    gt = np.array([[3, 0, 2, 0], [3, 0, 1, 1], [2, 2, 1, -1], [3, 0, 2, 1]])
+    pred = np.array([[3, 0, 2, 0], [2, 0, 1, 1], [2, 2, 2, -1], [3, 0, 2, 0]])
+    f = metrics.field_accuracy(pred, gt)
+    assert f["ML"] == {"acc": 0.75, "majority": 0.75, "majority_class": 3}
+    assert f["SC"] == {"acc": 1.0, "majority": 0.75, "majority_class": 0}
+    assert f["ET"] == {"acc": 0.75, "majority": 0.5, "majority_class": 1}  # tie 1 / 2: the smaller
+    assert f["ST"] == {"acc": 0.75, "majority": 0.5, "majority_class": 1}
+    with pytest.raises(ValueError, match=r"int \[N>0, 4\]"):
+        metrics.field_accuracy(pred[:, :3], gt[:, :3])

@@ -308,6 +308,8 @@ def test_play_keeps_a_users_folder(tmp_path, capsys):
     (["--config.game.nope=1"], "unknown config key"),
     (["--config.game.checkpoint="], "no checkpoint"),
     (["--checkpoint", "/nonexistent/ckpt"], "not found"),
+    (["--standin", "--bogus"], "error: Unknown command line flag 'bogus'. See --help"),
+    (["--standin", "second.txt"], "error: unexpected arguments ['second.txt']; play takes one script"),
 ])
 def test_play_errors(tmp_path, capsys, args, needle):
     script = tmp_path / "s.txt"
@@ -328,18 +330,27 @@ def test_play_bad_script_line(tmp_path, capsys):
     assert "s.txt:2: instruction 'Character: X; Motion: run run" in capsys.readouterr().err
 
 
-def test_config_comes_from_the_checkpoint_when_not_given():
+def test_config_comes_from_the_checkpoint_when_not_given(capsys):
     """design.md: `play --checkpoint DIR` needs nothing else; --config and overrides still win."""
-    import argparse
+    from animegamer_jax import cli
+    from animegamer_jax.play import define_flags, parse_game_flags
 
-    from animegamer_jax.play import config_from_args
-
-    args = argparse.Namespace(config=None, checkpoint="checkpoints/tiny_system", mode="reference")
-    cfg = config_from_args(args, ["--config.game.seed=7"])
-    assert cfg.name == "tiny" and cfg.mllm.hidden_size == 64
-    assert cfg.game.seed == 7 and cfg.game.mode == "reference"
-    args = argparse.Namespace(config="configs/animegamer_2b_7b.py", checkpoint="checkpoints/tiny_system", mode=None)
-    assert config_from_args(args, []).mllm.hidden_size == 4096
+    f, rest, cfg = parse_game_flags("play", ["s.txt", "--checkpoint", "checkpoints/tiny_system", "--mode", "reference",
+                                             "--config.game.seed=7", "--nooverwrite", "--game-id", "g"], define_flags)
+    assert cfg.name == "tiny" and cfg.mllm.hidden_size == 64 and rest == ["s.txt"]
+    assert cfg.game.seed == 7 and cfg.game.mode == "reference" and f.game_id == "g" and not f.overwrite
+    _, _, cfg = parse_game_flags("play", ["--config=configs/animegamer_2b_7b.py", "--checkpoint=checkpoints/tiny_system"])
+    assert cfg.mllm.hidden_size == 4096 and cfg.game.mode == "default"
+    with pytest.raises(cli.UsageError, match="unknown config key 'nope'"):
+        parse_game_flags("play", ["--checkpoint=checkpoints/tiny_system", "--config.game.nope=1"])
+    with pytest.raises(SystemExit) as e:
+        parse_game_flags("play", ["--help"], define_flags, play.__doc__)
+    assert e.value.code == 0
+    text = capsys.readouterr().out
+    for flag in ("--config: Config file (default: the config saved in --checkpoint", "--config.a.b=value",
+                 "--[no]overwrite", "--[no]standin", "--[no]demo", "--game-id: Alias for --game_id",
+                 "--verify-checkpoint: Alias for --verify_checkpoint", "--mode: <default|reference>"):
+        assert flag in text, flag
 
 
 def test_play_script_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch):

@@ -7,6 +7,8 @@ Kinds (each takes ``--help``):
   t5                HF T5EncoderModel safetensors
   dit               SAT mp_rank_00_model_states.pt folder or diffusers CogVideoXTransformer3DModel
   vae               SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX
+  release           the whole release download (checkpoints/ folder) -> one system checkpoint
+  check-release     play a recorded release turn on a converted system; per-stage max |diff|
 """
 
 import importlib
@@ -19,6 +21,8 @@ KINDS = {
     "t5": "animegamer_jax.convert.t5",
     "dit": "animegamer_jax.convert.cogvideox_dit",
     "vae": "animegamer_jax.convert.cogvideox_vae",
+    "release": "animegamer_jax.convert.release",
+    "check-release": "animegamer_jax.convert.check_release",
 }
 
 
@@ -30,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: unknown kind {argv[0]!r}; choose one of {', '.join(KINDS)}", file=sys.stderr)
             return 2
         return 0 if argv else 2
-    importlib.import_module(KINDS[argv[0]]).main(argv[1:])
-    return 0
+    rc = importlib.import_module(KINDS[argv[0]]).main(argv[1:])
+    return rc if isinstance(rc, int) else 0
 
 
 def cli() -> None:

@@ -150,6 +150,49 @@ def convert_animegamer_mllm(
     return cfg, state
 
 
+def add_base_weights(sd: dict[str, Any], base_sd: Mapping[str, Any]) -> dict[str, Any]:
+    """Fills the frozen base keys a trainable-subset ``.bin`` lacks from an HF Mistral state dict.
+
+    ``sd`` (release names) is updated in place: every HF key of ``base_sd`` whose normalized name is
+    absent from ``sd`` is added as ``llm.base_model.model.<key>``; keys the release already has (its
+    resized embeddings / lm_head) win. Returns ``sd``.
+    """
+    llm_sd, _ = normalize_peft_keys(sd)
+    for k in base_sd.keys():
+        if k not in llm_sd:
+            sd["llm.base_model.model." + k] = base_sd[k]
+    return sd
+
+
+def animegamer_mllm_leaves(sd: Mapping[str, Any], cfg: MLLMConfig, *, lora_alpha: float | None = None,
+                           llm_prefix: str = "llm.") -> tuple[MLLMConfig, dict[tuple, Any]]:
+    """:func:`convert_animegamer_mllm` (LoRA kept) as lazy leaves, for streaming writers.
+
+    Returns:
+      (config actually used, ``{our path: mistral.Leaf or np.ndarray}``): the Mistral leaves under
+      ``("llm", ...)`` evaluate one leaf / one layer at a time; the resamplers are arrays.
+
+    Raises:
+      ConversionError: missing / unexpected / mis-shaped keys (listed), mixed ranks.
+    """
+    from animegamer_jax.convert.mistral import mistral_leaves
+
+    llm_sd, rest = normalize_peft_keys(sd, llm_prefix)
+    rank = _detect_rank(llm_sd)
+    alpha = cfg.llm.lora_alpha if lora_alpha is None else float(lora_alpha)
+    if rank:
+        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=rank, lora_alpha=alpha, lora_targets=_lora_targets(llm_sd))
+    else:
+        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=0)
+    cfg = dataclasses.replace(cfg, llm=llm_cfg)
+    leaves: dict[tuple, Any] = {("llm",) + p: leaf for p, leaf in mistral_leaves(llm_sd, llm_cfg).items()}
+    for name, sub in _resampler_pure(rest, cfg, np.float32).items():
+        for fc, d in sub.items():
+            for k, v in d.items():
+                leaves[(name, fc, k)] = v
+    return cfg, leaves
+
+
 def _load_root_config(path: str) -> Any:
     import importlib.util
 
@@ -186,10 +229,7 @@ def main(argv: list[str] | None = None) -> None:
     sd = cm.load_state_dict(a.bin)
     print(f"{len(sd)} keys in {a.bin}; first: {sorted(sd)[:5]}")
     if a.base:
-        llm_sd, _ = normalize_peft_keys(sd)
-        for k, v in cm.load_state_dict(a.base).items():
-            if k not in llm_sd:
-                sd["llm.base_model.model." + k] = v
+        add_base_weights(sd, cm.load_state_dict(a.base))
     cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora, lora_alpha=a.lora_alpha)
     paths.makedirs(a.dst)
     cm.save_state(state, paths.join(a.dst, "params"))

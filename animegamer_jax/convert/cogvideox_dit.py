@@ -260,6 +260,96 @@ def sat_expected_shapes(cfg: DiTConfig, lora_rank: int) -> dict[str, tuple[int, 
 _SAT_EXTRA = re.compile(r"^mixins\.patch_embed\.(text_proj|ip_proj|mix_proj|\w+_mix_layer_norm)\.")
 
 
+def sat_prepare(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[dict[str, Any], dict[str, np.ndarray], int]:
+    """The checks of :func:`from_sat`: (DiT keys without prefix / `.original`, shot-encoder extras, LoRA rank).
+
+    Values stay as given (e.g. memory-mapped tensors, read later by :func:`sat_layer`).
+
+    Raises:
+      ConversionError: missing / unexpected / mis-shaped keys, LoRA rank mismatch.
+    """
+    if "module" in state_dict and isinstance(state_dict["module"], Mapping):
+        state_dict = state_dict["module"]
+    if any(k.startswith(SAT_PREFIX) for k in state_dict):
+        state_dict = {k[len(SAT_PREFIX):]: v for k, v in state_dict.items() if k.startswith(SAT_PREFIX)}
+    sd: dict[str, Any] = {}
+    extras: dict[str, np.ndarray] = {}
+    for k, v in state_dict.items():
+        if k == "mixins.pos_embed.pos_embedding":
+            continue
+        if _SAT_EXTRA.match(k):
+            extras[k[len("mixins.patch_embed."):]] = _np(v)
+            continue
+        sd[k.replace(".original.", ".")] = v
+    ranks = {int(np.shape(v)[0]) for k, v in sd.items() if ".matrix_A." in k}
+    if len(ranks) > 1:
+        raise ConversionError(f"SAT state dict has LoRA matrices of several ranks {sorted(ranks)}")
+    r = ranks.pop() if ranks else 0
+    if r and cfg.lora_rank and r != cfg.lora_rank:
+        raise ConversionError(f"SAT LoRA rank {r} does not match cfg.lora_rank {cfg.lora_rank}")
+    if cfg.lora_rank and not r:
+        raise ConversionError(f"cfg.lora_rank={cfg.lora_rank} but the SAT state dict has no LoRA matrix_A/matrix_B")
+    _check(sd, sat_expected_shapes(cfg, r), set(), "SAT")
+    return sd, extras, r
+
+
+def sat_top_level(sd: Mapping[str, Any], cfg: DiTConfig) -> Flat:
+    """The non-block parameters of a prepared SAT state dict (:func:`sat_prepare`), float32."""
+    get = lambda k: _np(sd[k])  # noqa: E731
+    flat = _top_level(cfg, get, "mixins.patch_embed.proj", "mixins.patch_embed.proj", "time_embed.0",
+                      "time_embed.2", "transformer.final_layernorm", "mixins.final_layer.adaLN_modulation.1",
+                      "mixins.final_layer.norm_final", "mixins.final_layer.linear")
+    if cfg.use_flow:
+        flat.update({
+            ("flow_embed", "linear_1_kernel"): get("flow_embed.0.weight").T,
+            ("flow_embed", "linear_1_bias"): get("flow_embed.0.bias"),
+            ("flow_embed", "linear_2_kernel"): get("flow_embed.2.weight").T,
+            ("flow_embed", "linear_2_bias"): get("flow_embed.2.bias"),
+        })
+    return {k: np.asarray(v, np.float32) for k, v in flat.items()}
+
+
+def sat_layer(sd: Mapping[str, Any], cfg: DiTConfig, r: int, l: int) -> Flat:
+    """Block ``l``'s parameters: our ``DiTBlock`` paths (``("attn1", "to_q", "kernel")``, ...; the
+    model's ``blocks/<path>`` leaves without the layer axis), float32.
+
+    LoRA: kept as ``lora_a`` / ``lora_b`` leaves of ``attn1.to_q/to_k/to_v/to_out`` when
+    ``cfg.lora_rank > 0``, else merged into the base weights, ``W += (lora_alpha / r) B A`` per
+    q/k/v chunk and for dense (architecture.md §4.6).
+    """
+    D, E, F, N, H, C, Co, p = _dims(cfg)
+    get = lambda k: _np(sd[k])  # noqa: E731
+    scaling = cfg.lora_alpha / r if r else 0.0
+    t = f"transformer.layers.{l}."
+    a = "mixins.adaln_layer."
+    pair = lambda k: (get(k + ".weight"), get(k + ".bias"))  # noqa: E731
+    qkv = get(t + "attention.query_key_value.weight").astype(np.float64).reshape(3, D, D)
+    dense = get(t + "attention.dense.weight").astype(np.float64)
+    lora: Flat = {}
+    if r:
+        qa = [get(t + f"attention.query_key_value.matrix_A.{i}") for i in range(3)]  # [r, D] each
+        qb = [get(t + f"attention.query_key_value.matrix_B.{i}") for i in range(3)]  # [D, r] each
+        da, db = get(t + "attention.dense.matrix_A.0"), get(t + "attention.dense.matrix_B.0")
+        if cfg.lora_rank:
+            for n, A, B in zip(("to_q", "to_k", "to_v"), qa, qb):
+                lora[("attn1", n, "lora_a")] = A.T
+                lora[("attn1", n, "lora_b")] = B.T.reshape(r, N, H)
+            lora[("attn1", "to_out", "lora_a")] = da.T.reshape(N, H, r)
+            lora[("attn1", "to_out", "lora_b")] = db.T
+        else:
+            qkv = qkv + scaling * np.stack([B.astype(np.float64) @ A.astype(np.float64) for A, B in zip(qa, qb)])
+            dense = dense + scaling * (db.astype(np.float64) @ da.astype(np.float64))
+    ada = (get(a + f"adaLN_modulations.{l}.1.weight").reshape(12, D, E).transpose(2, 0, 1),
+           get(a + f"adaLN_modulations.{l}.1.bias").reshape(12, D))
+    d = _block_params(
+        cfg, pair(t + "input_layernorm"), pair(t + "post_attention_layernorm"), ada,
+        list(qkv), list(get(t + "attention.query_key_value.bias").reshape(3, D)),
+        pair(a + f"query_layernorm_list.{l}"), pair(a + f"key_layernorm_list.{l}"),
+        (dense, get(t + "attention.dense.bias")), pair(t + "mlp.dense_h_to_4h"), pair(t + "mlp.dense_4h_to_h"))
+    d.update(lora)
+    return {k: np.asarray(v, np.float32) for k, v in d.items()}
+
+
 def from_sat(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat, dict[str, np.ndarray]]:
     """Converts an AnimeGamer / CogVideoX SAT DiT state dict (architecture.md §4.6, §7.2).
 
@@ -278,75 +368,27 @@ def from_sat(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat, dict[
     Raises:
       ConversionError: missing / unexpected / mis-shaped keys, LoRA rank mismatch.
     """
-    if "module" in state_dict and isinstance(state_dict["module"], Mapping):
-        state_dict = state_dict["module"]
-    if any(k.startswith(SAT_PREFIX) for k in state_dict):
-        state_dict = {k[len(SAT_PREFIX):]: v for k, v in state_dict.items() if k.startswith(SAT_PREFIX)}
-    sd: dict[str, np.ndarray] = {}
-    extras: dict[str, np.ndarray] = {}
-    for k, v in state_dict.items():
-        if k == "mixins.pos_embed.pos_embedding":
-            continue
-        if _SAT_EXTRA.match(k):
-            extras[k[len("mixins.patch_embed."):]] = _np(v)
-            continue
-        sd[k.replace(".original.", ".")] = _np(v)
-    ranks = {v.shape[0] for k, v in sd.items() if ".matrix_A." in k}
-    if len(ranks) > 1:
-        raise ConversionError(f"SAT state dict has LoRA matrices of several ranks {sorted(ranks)}")
-    r = ranks.pop() if ranks else 0
-    if r and cfg.lora_rank and r != cfg.lora_rank:
-        raise ConversionError(f"SAT LoRA rank {r} does not match cfg.lora_rank {cfg.lora_rank}")
-    if cfg.lora_rank and not r:
-        raise ConversionError(f"cfg.lora_rank={cfg.lora_rank} but the SAT state dict has no LoRA matrix_A/matrix_B")
-    _check(sd, sat_expected_shapes(cfg, r), set(), "SAT")
+    sd, extras, r = sat_prepare(state_dict, cfg)
+    flat = sat_top_level(sd, cfg)
+    flat.update(_stack([sat_layer(sd, cfg, r, l) for l in range(cfg.num_layers)]))
+    return flat, extras
 
-    D, E, F, N, H, C, Co, p = _dims(cfg)
-    get = sd.__getitem__
-    scaling = cfg.lora_alpha / r if r else 0.0
-    flat = _top_level(cfg, get, "mixins.patch_embed.proj", "mixins.patch_embed.proj", "time_embed.0",
-                      "time_embed.2", "transformer.final_layernorm", "mixins.final_layer.adaLN_modulation.1",
-                      "mixins.final_layer.norm_final", "mixins.final_layer.linear")
-    if cfg.use_flow:
-        flat.update({
-            ("flow_embed", "linear_1_kernel"): get("flow_embed.0.weight").T,
-            ("flow_embed", "linear_1_bias"): get("flow_embed.0.bias"),
-            ("flow_embed", "linear_2_kernel"): get("flow_embed.2.weight").T,
-            ("flow_embed", "linear_2_bias"): get("flow_embed.2.bias"),
-        })
-    layers = []
-    N, H = cfg.num_heads, cfg.head_dim
-    for l in range(cfg.num_layers):
-        t = f"transformer.layers.{l}."
-        a = "mixins.adaln_layer."
-        pair = lambda k: (get(k + ".weight"), get(k + ".bias"))  # noqa: E731
-        qkv = get(t + "attention.query_key_value.weight").astype(np.float64).reshape(3, D, D)
-        dense = get(t + "attention.dense.weight").astype(np.float64)
-        lora: Flat = {}
-        if r:
-            qa = [get(t + f"attention.query_key_value.matrix_A.{i}") for i in range(3)]  # [r, D] each
-            qb = [get(t + f"attention.query_key_value.matrix_B.{i}") for i in range(3)]  # [D, r] each
-            da, db = get(t + "attention.dense.matrix_A.0"), get(t + "attention.dense.matrix_B.0")
-            if cfg.lora_rank:
-                for n, A, B in zip(("to_q", "to_k", "to_v"), qa, qb):
-                    lora[("attn1", n, "lora_a")] = A.T
-                    lora[("attn1", n, "lora_b")] = B.T.reshape(r, N, H)
-                lora[("attn1", "to_out", "lora_a")] = da.T.reshape(N, H, r)
-                lora[("attn1", "to_out", "lora_b")] = db.T
-            else:
-                qkv = qkv + scaling * np.stack([B.astype(np.float64) @ A.astype(np.float64) for A, B in zip(qa, qb)])
-                dense = dense + scaling * (db.astype(np.float64) @ da.astype(np.float64))
-        ada = (get(a + f"adaLN_modulations.{l}.1.weight").reshape(12, D, E).transpose(2, 0, 1),
-               get(a + f"adaLN_modulations.{l}.1.bias").reshape(12, D))
-        d = _block_params(
-            cfg, pair(t + "input_layernorm"), pair(t + "post_attention_layernorm"), ada,
-            list(qkv), list(get(t + "attention.query_key_value.bias").reshape(3, D)),
-            pair(a + f"query_layernorm_list.{l}"), pair(a + f"key_layernorm_list.{l}"),
-            (dense, get(t + "attention.dense.bias")), pair(t + "mlp.dense_h_to_4h"), pair(t + "mlp.dense_4h_to_h"))
-        d.update(lora)
-        layers.append(d)
-    flat.update(_stack(layers))
-    return {k: np.asarray(v, np.float32) for k, v in flat.items()}, extras
+
+def _check_params(expected: Mapping[tuple[str, ...], tuple[int, ...]], params: Flat,
+                  keep_init: tuple[str, ...]) -> None:
+    def allowed(path: tuple[str, ...]) -> bool:
+        return any(k in path or (k == "lora" and "lora" in path[-1]) for k in keep_init)
+
+    missing = sorted(".".join(p) for p in expected if p not in params and not allowed(p))
+    unexpected = sorted(".".join(p) for p in params if p not in expected)
+    misshaped = sorted(f"{'.'.join(p)}: got {params[p].shape}, expected {expected[p]}"
+                       for p in params if p in expected and tuple(params[p].shape) != expected[p])
+    if missing or unexpected or misshaped:
+        raise ConversionError(
+            "converted parameters do not match the model:"
+            + (f"\n  missing: {', '.join(missing)}" if missing else "")
+            + (f"\n  unexpected: {', '.join(unexpected)}" if unexpected else "")
+            + (f"\n  mis-shaped: {', '.join(misshaped)}" if misshaped else ""))
 
 
 def load_params(model: nnx.Module, params: Flat, keep_init: tuple[str, ...] = ()) -> nnx.Module:
@@ -363,25 +405,24 @@ def load_params(model: nnx.Module, params: Flat, keep_init: tuple[str, ...] = ()
     """
     state = nnx.state(model, nnx.Param)
     target = {tuple(str(p) for p in path): v for path, v in state.flat_state()}
-
-    def allowed(path: tuple[str, ...]) -> bool:
-        return any(k in path or (k == "lora" and "lora" in path[-1]) for k in keep_init)
-
-    expected = {p: tuple(v.get_raw_value().shape) for p, v in target.items()}
-    missing = sorted(".".join(p) for p in expected if p not in params and not allowed(p))
-    unexpected = sorted(".".join(p) for p in params if p not in expected)
-    misshaped = sorted(f"{'.'.join(p)}: got {params[p].shape}, expected {expected[p]}"
-                       for p in params if p in expected and tuple(params[p].shape) != expected[p])
-    if missing or unexpected or misshaped:
-        raise ConversionError(
-            "converted parameters do not match the model:"
-            + (f"\n  missing: {', '.join(missing)}" if missing else "")
-            + (f"\n  unexpected: {', '.join(unexpected)}" if unexpected else "")
-            + (f"\n  mis-shaped: {', '.join(misshaped)}" if misshaped else ""))
+    _check_params({p: tuple(v.get_raw_value().shape) for p, v in target.items()}, params, keep_init)
     for path, var in target.items():
         if path in params:
             var.set_value(jnp.asarray(params[path], var.get_raw_value().dtype))
     return model
+
+
+def params_to_state(cfg: DiTConfig, params: Flat) -> nnx.State:
+    """The ``nnx.State`` of ``CogVideoXDiT(cfg)`` holding converted `params` (no random init: the
+    module is only shape-evaluated). Every parameter must be given (no ``keep_init``).
+
+    Raises:
+      ConversionError: missing, unexpected or mis-shaped parameter paths.
+    """
+    state = nnx.state(nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0))))
+    flat = [(tuple(str(p) for p in path), v) for path, v in nnx.to_flat_state(state)]
+    _check_params({p: tuple(v.get_raw_value().shape) for p, v in flat}, params, ())
+    return nnx.from_flat_state([(p, v.replace(np.asarray(params[p], v.get_raw_value().dtype))) for p, v in flat])
 
 
 def build_model(cfg: DiTConfig, params: Flat, keep_init: tuple[str, ...] = (), seed: int = 0) -> CogVideoXDiT:

@@ -168,6 +168,68 @@ def check_keys(sd: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], w
         raise ConversionError("\n".join(parts))
 
 
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """How to compute one converted leaf: ``fn()`` (whole) or ``fn(i)`` per layer (``layers`` > 0),
+    giving float32 arrays of ``shape`` (per layer when stacked); stored as ``dtype``."""
+
+    fn: Any
+    shape: tuple[int, ...]
+    layers: int = 0
+
+
+def mistral_leaves(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "") -> dict[tuple, Leaf]:
+    """The key map of :func:`mistral_pure_dict` as lazy leaves (our path -> :class:`Leaf`).
+
+    Each leaf reads only its own source tensors when evaluated, so a converter can write one leaf
+    (or one layer of one leaf) at a time.
+
+    Raises:
+      ConversionError: missing / unexpected / mis-shaped keys (all listed).
+    """
+    check_keys(sd, _expected_keys(cfg, prefix), "mistral")
+    d, n, kv, h, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.intermediate_size, cfg.vocab_size)
+    out_shape = {"q_proj": (n, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (d,),
+                 "gate_proj": (f,), "up_proj": (f,), "down_proj": (d,)}
+    in_shape = {"q_proj": (d,), "k_proj": (d,), "v_proj": (d,), "o_proj": (n, h),
+                "gate_proj": (d,), "up_proj": (d,), "down_proj": (f,)}
+    L = cfg.num_layers
+
+    def get(k: str) -> np.ndarray:
+        return np.asarray(_to_numpy(sd[prefix + k]), np.float32)
+
+    leaves: dict[tuple, Leaf] = {
+        ("embed_tokens",): Leaf(lambda: get("model.embed_tokens.weight"), (v, d)),
+        ("norm", "weight"): Leaf(lambda: get("model.norm.weight"), (d,)),
+        ("lm_head",): Leaf(lambda: get("lm_head.weight").T, (d, v)),
+    }
+    for norm in ("input_layernorm", "post_attention_layernorm"):
+        leaves[("layers", norm, "weight")] = Leaf(
+            lambda i, norm=norm: get(f"model.layers.{i}.{norm}.weight"), (d,), L)
+    for name, hf in _PROJ.items():
+        ins, outs = in_shape[name], out_shape[name]
+        leaves[("layers", name, "kernel")] = Leaf(
+            lambda i, hf=hf, ins=ins, outs=outs: get(f"model.layers.{i}.{hf}.weight").T.reshape(ins + outs), ins + outs, L)
+        if cfg.lora_rank and name in cfg.lora_targets:
+            r = cfg.lora_rank
+            leaves[("layers", name, "lora_a")] = Leaf(
+                lambda i, hf=hf, ins=ins: get(f"model.layers.{i}.{hf}.lora_A.weight").T.reshape(ins + (r,)), ins + (r,), L)
+            leaves[("layers", name, "lora_b")] = Leaf(
+                lambda i, hf=hf, outs=outs: get(f"model.layers.{i}.{hf}.lora_B.weight").T.reshape((r,) + outs), (r,) + outs, L)
+    return leaves
+
+
+def evaluate_leaf(leaf: Leaf, dtype: Any) -> np.ndarray:
+    """A :class:`Leaf`'s full array in ``dtype`` (stacked leaves filled layer by layer)."""
+    if not leaf.layers:
+        return np.asarray(leaf.fn()).astype(dtype)
+    out = np.empty((leaf.layers,) + leaf.shape, dtype)
+    for i in range(leaf.layers):
+        out[i] = leaf.fn(i)
+    return out
+
+
 def mistral_pure_dict(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "") -> dict[str, Any]:
     """HF-layout state dict -> nested pure dict of numpy arrays in our layout (param_dtype).
 
@@ -179,40 +241,14 @@ def mistral_pure_dict(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "
     Raises:
       ConversionError: missing / unexpected / mis-shaped keys (all listed).
     """
-    check_keys(sd, _expected_keys(cfg, prefix), "mistral")
     dt = jnp.dtype(cfg.param_dtype) if isinstance(cfg.param_dtype, str) else cfg.param_dtype
-    d, n, kv, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    out_shape = {"q_proj": (n, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (d,),
-                 "gate_proj": (cfg.intermediate_size,), "up_proj": (cfg.intermediate_size,),
-                 "down_proj": (d,)}
-    in_shape = {"q_proj": (d,), "k_proj": (d,), "v_proj": (d,), "o_proj": (n, h),
-                "gate_proj": (d,), "up_proj": (d,), "down_proj": (cfg.intermediate_size,)}
-
-    def get(k: str) -> np.ndarray:
-        return np.asarray(_to_numpy(sd[prefix + k]), np.float32)
-
-    def stack(fn) -> np.ndarray:
-        return np.stack([fn(i) for i in range(cfg.num_layers)]).astype(dt)
-
-    layers: dict[str, Any] = {
-        "input_layernorm": {"weight": stack(lambda i: get(f"model.layers.{i}.input_layernorm.weight"))},
-        "post_attention_layernorm": {
-            "weight": stack(lambda i: get(f"model.layers.{i}.post_attention_layernorm.weight"))},
-    }
-    for name, hf in _PROJ.items():
-        ins, outs = in_shape[name], out_shape[name]
-        entry = {"kernel": stack(lambda i: get(f"model.layers.{i}.{hf}.weight").T.reshape(ins + outs))}
-        if cfg.lora_rank and name in cfg.lora_targets:
-            r = cfg.lora_rank
-            entry["lora_a"] = stack(lambda i: get(f"model.layers.{i}.{hf}.lora_A.weight").T.reshape(ins + (r,)))
-            entry["lora_b"] = stack(lambda i: get(f"model.layers.{i}.{hf}.lora_B.weight").T.reshape((r,) + outs))
-        layers[name] = entry
-    return {
-        "embed_tokens": get("model.embed_tokens.weight").astype(dt),
-        "layers": layers,
-        "norm": {"weight": get("model.norm.weight").astype(dt)},
-        "lm_head": get("lm_head.weight").T.astype(dt),
-    }
+    out: dict[str, Any] = {}
+    for path, leaf in mistral_leaves(sd, cfg, prefix).items():
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = evaluate_leaf(leaf, dt)
+    return out
 
 
 def abstract_state(model_fn) -> nnx.State:

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import paths
-from animegamer_jax.convert.clip import ConversionError, StateDictReader, fill_state, load_state_dict, restore_state, save_state
+from animegamer_jax.convert.clip import ConversionError, StateDictReader, fill_state, load_state_dict, restore_state, save_state, to_numpy
 from animegamer_jax.models.t5 import T5Config, T5Encoder
 
 _Q_KEY = "encoder.block.0.layer.0.SelfAttention.q.weight"
@@ -39,21 +39,23 @@ def _detect_prefix(keys) -> str:
     return ""
 
 
-def convert_t5(state_dict: Mapping[str, Any], cfg: T5Config) -> nnx.State:
-    """Converts an HF T5 (v1.1, gated-GELU) encoder state dict to the Param state of ``T5Encoder(cfg)``.
+def t5_leaves(state_dict: Mapping[str, Any], cfg: T5Config) -> tuple[dict[tuple, Any], StateDictReader, str]:
+    """The key map of :func:`convert_t5` as lazy leaves: ``{our path: Leaf | array | None}``.
 
-    Returns:
-      ``nnx.State`` of Params (float32 numpy leaves).
+    Stacked block leaves are ``mistral.Leaf`` objects read one layer at a time; a leaf whose source
+    keys are absent is None (the reader lists them in ``missing``). Also returns the reader (used /
+    missing source keys) and the detected key prefix.
 
     Raises:
-      ConversionError: missing / unexpected / mis-shaped keys (all listed), or embedding copies
-        (``shared`` vs ``encoder.embed_tokens``) that disagree.
+      ConversionError: embedding copies (``shared`` vs ``encoder.embed_tokens``) that disagree.
     """
+    from animegamer_jax.convert.mistral import Leaf
+
     prefix = _detect_prefix(state_dict)
     sd = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     skipped_outside = [k for k in state_dict if not k.startswith(prefix)]
     r = StateDictReader(sd, ignore=lambda k: k.startswith(("decoder.", "lm_head.")))
-    d, n, h, L = cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.num_layers
+    d, n, h, L, ff = cfg.d_model, cfg.num_heads, cfg.d_kv, cfg.num_layers, cfg.d_ff
 
     emb_keys = [k for k in ("encoder.embed_tokens.weight", "shared.weight") if k in sd]
     if not emb_keys:
@@ -65,23 +67,57 @@ def convert_t5(state_dict: Mapping[str, Any], cfg: T5Config) -> nnx.State:
             raise ConversionError("T5: shared.weight and encoder.embed_tokens.weight differ; which one the encoder uses is ambiguous")
         emb = embs[0]
 
+    def stack(fmt: str, shape: tuple[int, ...], fn=lambda a: a):
+        keys = [fmt.format(i) for i in range(L)]
+        absent = [k for k in keys if k not in r.sd]
+        if absent:
+            r.missing.extend(absent)
+            return None
+        r.used.update(keys)
+        return Leaf(lambda i: np.asarray(fn(to_numpy(r.sd[keys[i]]))), shape, L)
+
     f = "encoder.block.{}.layer."
     values = {
         ("shared",): emb,
         ("relative_attention_bias",): r.get("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
         ("final_layer_norm", "scale"): r.get("encoder.final_layer_norm.weight"),
-        ("blocks", "attn_norm", "scale"): r.stack(f + "0.layer_norm.weight", L),
-        ("blocks", "ffn_norm", "scale"): r.stack(f + "1.layer_norm.weight", L),
-        ("blocks", "attn", "o"): r.stack(f + "0.SelfAttention.o.weight", L, lambda w: w.T.reshape(n, h, d)),
-        ("blocks", "ffn", "wi_0"): r.stack(f + "1.DenseReluDense.wi_0.weight", L, lambda w: w.T),
-        ("blocks", "ffn", "wi_1"): r.stack(f + "1.DenseReluDense.wi_1.weight", L, lambda w: w.T),
-        ("blocks", "ffn", "wo"): r.stack(f + "1.DenseReluDense.wo.weight", L, lambda w: w.T),
+        ("blocks", "attn_norm", "scale"): stack(f + "0.layer_norm.weight", (d,)),
+        ("blocks", "ffn_norm", "scale"): stack(f + "1.layer_norm.weight", (d,)),
+        ("blocks", "attn", "o"): stack(f + "0.SelfAttention.o.weight", (n, h, d), lambda w: w.T.reshape(n, h, d)),
+        ("blocks", "ffn", "wi_0"): stack(f + "1.DenseReluDense.wi_0.weight", (d, ff), lambda w: w.T),
+        ("blocks", "ffn", "wi_1"): stack(f + "1.DenseReluDense.wi_1.weight", (d, ff), lambda w: w.T),
+        ("blocks", "ffn", "wo"): stack(f + "1.DenseReluDense.wo.weight", (ff, d), lambda w: w.T),
     }
     for name in "qkv":
-        values[("blocks", "attn", name)] = r.stack(f + f"0.SelfAttention.{name}.weight", L, lambda w: w.T.reshape(d, n, h))
-    abstract = nnx.eval_shape(lambda: T5Encoder(cfg, rngs=nnx.Rngs(0)))
+        values[("blocks", "attn", name)] = stack(f + f"0.SelfAttention.{name}.weight", (d, n, h),
+                                                 lambda w: w.T.reshape(d, n, h))
     if skipped_outside:
         r.sd.update({k: None for k in skipped_outside})
+    return values, r, prefix
+
+
+def convert_t5(state_dict: Mapping[str, Any], cfg: T5Config) -> nnx.State:
+    """Converts an HF T5 (v1.1, gated-GELU) encoder state dict to the Param state of ``T5Encoder(cfg)``.
+
+    Returns:
+      ``nnx.State`` of Params (float32 numpy leaves).
+
+    Raises:
+      ConversionError: missing / unexpected / mis-shaped keys (all listed), or embedding copies
+        (``shared`` vs ``encoder.embed_tokens``) that disagree.
+    """
+    from animegamer_jax.convert.mistral import Leaf, evaluate_leaf
+
+    lazy, r, prefix = t5_leaves(state_dict, cfg)
+    values = {}
+    for p, v in lazy.items():
+        if isinstance(v, Leaf):
+            try:
+                v = evaluate_leaf(v, np.float32)
+            except ValueError:  # a mis-shaped source: stack as given so fill_state names the shape
+                v = np.stack([v.fn(i) for i in range(v.layers)])
+        values[p] = v
+    abstract = nnx.eval_shape(lambda: T5Encoder(cfg, rngs=nnx.Rngs(0)))
     return fill_state(abstract, values, r, f"T5 encoder (prefix {prefix!r})")
 
 

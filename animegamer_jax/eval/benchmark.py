@@ -161,6 +161,14 @@ def render_markdown(report: dict) -> str:
              "", "## Per game", "", head.replace("| system |", "| game |")]
     for gid, m in report["per_game"].items():
         lines.append(f"| {gid} | " + " | ".join(_cell(m[c]) for c in cols) + " |")
+    m = report["metrics"]
+    if "ACC-ML" in m:
+        lines += ["", "## Predicted states per field vs the majority-class baseline", "",
+                  "| field | accuracy | majority baseline (class) | above baseline |", "|---|---:|---:|---|"]
+        for name in metrics.STATE_FIELDS:
+            acc, base = m[f"ACC-{name}"], m[f"majority-{name}"]
+            lines.append(f"| {name} | {acc:.3f} | {base:.3f} ({m[f'majority-class-{name}']:+d}) | "
+                         f"{'yes' if acc > base else 'no'} |")
     t = report["timing"]
     lines += ["", "## Time", "",
               f"- s/turn per game (throughput): {_cell(report['metrics']['s/turn'])}; latency of one batched "

@@ -133,6 +133,34 @@ def state_metrics(predicted: np.ndarray, target: np.ndarray,
     return level_metrics(p[:, cols], t[:, cols])
 
 
+def field_accuracy(predicted: np.ndarray, target: np.ndarray) -> dict[str, dict[str, float | int]]:
+    """Per-field exact-match accuracy of predicted states against the majority-class baseline.
+
+    Args:
+      predicted, target: int [N, 4] in :data:`STATE_FIELDS` order (ML, SC, ET, ST).
+
+    Returns:
+      ``{field: {"acc": fraction correct, "majority": fraction of targets equal to the field's most
+      frequent target value, "majority_class": that value}}``. The baseline is the best constant
+      predictor on these very targets (an upper bound of a training-set majority predictor), so
+      "acc > majority" means the states follow the input, not the label prior.
+
+    Raises:
+      ValueError: wrong shapes.
+    """
+    p = np.asarray(predicted, np.int64)
+    t = np.asarray(target, np.int64)
+    if p.ndim != 2 or p.shape[1] != len(STATE_FIELDS) or p.shape != t.shape or p.shape[0] == 0:
+        raise ValueError(f"states must both be int [N>0, 4] (ML, SC, ET, ST), got {p.shape} and {t.shape}")
+    out = {}
+    for i, name in enumerate(STATE_FIELDS):
+        values, counts = np.unique(t[:, i], return_counts=True)
+        k = int(np.argmax(counts))  # ties: the smallest value
+        out[name] = {"acc": float(np.mean(p[:, i] == t[:, i])), "majority": float(counts[k] / t.shape[0]),
+                     "majority_class": int(values[k])}
+    return out
+
+
 def sample_frame_indices(num_frames: int, count: int) -> np.ndarray:
     """``count`` evenly spaced frame indices of a ``num_frames`` clip (all of them if count <= 0 or >= T)."""
     if count <= 0 or count >= num_frames:
@@ -237,6 +265,8 @@ def evaluate_turns(turns: Sequence[TurnResult], *, image_embed: ImageEmbedFn, te
     acc_f, mae_f = level_metrics(est, gt_ml)
     acc_s, mae_s = state_metrics(np.stack([t.predicted_states for t in turns]),
                                  np.stack([t.target_states for t in turns]))
+    per_field = field_accuracy(np.stack([t.predicted_states for t in turns]),
+                               np.stack([t.target_states for t in turns]))
     secs = [t.seconds for t in turns if t.seconds is not None]
     return {
         "CLIP-I": float(np.mean(ci)),
@@ -250,4 +280,8 @@ def evaluate_turns(turns: Sequence[TurnResult], *, image_embed: ImageEmbedFn, te
         "MAE-S": mae_s,
         "s/turn": float(np.mean(secs)) if secs else None,
         "turns": len(turns),
+        # per state field: accuracy, and the majority-class baseline's accuracy and class
+        **{f"ACC-{k}": v["acc"] for k, v in per_field.items()},
+        **{f"majority-{k}": v["majority"] for k, v in per_field.items()},
+        **{f"majority-class-{k}": v["majority_class"] for k, v in per_field.items()},
     }

@@ -54,10 +54,14 @@ class GameSystem:
       mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
         :func:`animegamer_jax.game.state.stack_inputs` output (ids, attention_mask, cmp_mask,
         gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
-      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2]) -> latents
-        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise.
+      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None) -> latents
+        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
+        given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
       decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
+      parse_states: optional host function ``ids int [B, T] -> states int32 [B, 4]``; when set,
+        ``mllm`` returns generated ids instead of states (reference mode's free decoding + the
+        release's text parser, game/reference.py).
       decode_chunk: optional ``(params, latents_chunk [B, t, C, h, w], cache | None) ->
         (frames [B, f, H, W, 3], cache)``: one causal chunk of ``decode`` (the same chunk plan, so
         the frames match ``decode``'s), for showing frames as they are decoded (web server).
@@ -71,6 +75,7 @@ class GameSystem:
     sample: Callable[..., jax.Array]
     decode: Callable[..., jax.Array]
     label: str
+    parse_states: Callable[[np.ndarray], np.ndarray] | None = None
     decode_chunk: Callable[..., tuple[jax.Array, Any]] | None = None
     decode_plan: tuple[int, ...] = ()
     identity: str = ""
@@ -218,7 +223,7 @@ class GameEngine:
 
     def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
              turn_index: Sequence[int], on_frames: Callable[[int, np.ndarray], None] | None = None,
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+             noise: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
 
         Args:
@@ -229,6 +234,8 @@ class GameEngine:
           on_frames: optional ``(first_frame, frames float32 [B, f, H, W, 3])``, called as frames
             are decoded: once per VAE chunk when the system has ``decode_chunk``, else once with
             the whole clip. Its own time is not counted in the stage timings.
+          noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
+            replacing the keys' draws (e.g. a recorded release run, game/reference.py).
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
@@ -237,8 +244,11 @@ class GameEngine:
         inputs = [run.next_input(ids) for run, ids in zip(runs, current_ids)]
         batch = self._shard(stack_inputs(inputs))
         (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
+        if self.system.parse_states is not None:  # generated ids -> states on the host
+            states = self._shard(self.system.parse_states(np.asarray(jax.device_get(states))))
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
-        latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys)
+        extra = () if noise is None else (self._shard(noise),)
+        latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys, *extra)
         if on_frames is not None and self.decode_chunk_fn is not None:
             frames, t_vae = self._decode_streaming(latents, on_frames)
         else:

@@ -13,11 +13,16 @@ jit arguments (weights are never baked in as constants):
   a KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
   position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded.
   States are read from the generated ids at positions 0, 3, 6, 9 (§1.5).
+  In ``reference`` mode pass A is the release's free greedy decoding (its logits processor, up to
+  ``game.reference_max_new_tokens`` ids) and the states come from its text parser on the host
+  (game/reference.py; ``GameSystem.parse_states``).
 * **Sampling** (§4.7-4.8, §5.4-5.5, diffusion/samplers.py): ML -> flow value (``dit.flow_table``),
   cond = s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond, §3.4) with the same flow,
   one CFG batch per step. The sampler is vmapped over games so each game's noise comes from its own
   key (``split(key)``: initial latents, SDE noise), which makes a game's output independent of the
-  batch it is played in.
+  batch it is played in. Given noise replaces both draws: ``sample(..., noise={"initial": [B, T, C,
+  h, w], "steps": [B, n, T, C, h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a
+  is rounded to bfloat16 before the DiT, as the release does.
 * **VAE** (§5.6): ``decode(latents / scaling_factor)`` (spatially tiled when ``vae.tile_size`` > 0)
   -> frames, mapped from [-1, 1] to [0, 1] and clipped. Untiled, the system also has
   ``decode_chunk``: one chunk of the same causal chunk plan (``vae.decode_chunks``) per call, the
@@ -36,14 +41,43 @@ from flax import nnx
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.engine import GameSystem, flow_value
+from animegamer_jax.models import cogvideox_dit as dit_lib
 from animegamer_jax.models import mistral as mst
-from animegamer_jax.models.mllm import hybrid_mask
+from animegamer_jax.models.mllm import hybrid_attention_mask
 
 #: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
 STATE_TOKENS = 10
 
 
-def mllm_turn(mllm, batch: dict[str, jax.Array], window: int) -> tuple[jax.Array, jax.Array]:
+def _greedy_pass_a(llm, x: jax.Array, ids: jax.Array, last: jax.Array, num_tokens: int, pick) -> jax.Array:
+    """Causal greedy decoding of ``num_tokens`` ids after each row's ``last`` position (pass A).
+
+    One prefill of the right-padded prompt into a KV cache, then one token per ``lax.scan`` step at
+    RoPE position ``last + t`` with the padding keys masked, so each row decodes as if unpadded.
+    ``pick(t, logits [B, V] fp32, prev [B]) -> next ids [B]`` chooses each token.
+    Returns int32 [B, num_tokens].
+    """
+    b, n = ids.shape
+    cache = mst.KVCache.init(llm.cfg, b, n + num_tokens - 1)
+    out = llm(inputs_embeds=x, cache=cache, return_logits=False)
+    h_last = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)
+    logits = llm.logits(h_last)[:, 0].astype(jnp.float32)
+    tok0 = pick(0, logits, jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0]).astype(jnp.int32)
+    k_pos = jnp.arange(n + num_tokens - 1)
+    key_ok = (k_pos[None, :] <= last[:, None]) | (k_pos[None, :] >= n)  # drop the padding keys
+
+    def step(carry, t):
+        tok, cache = carry
+        o = llm(tok[:, None], positions=(last + t)[:, None], cache=cache, padding_mask=key_ok)
+        nxt = pick(t, o.logits[:, -1].astype(jnp.float32), tok).astype(jnp.int32)
+        return (nxt, o.cache), nxt
+
+    _, toks = jax.lax.scan(step, (tok0, out.cache), jnp.arange(1, num_tokens, dtype=jnp.int32))
+    return jnp.concatenate([tok0[:, None], toks.T], axis=1)
+
+
+def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "constrained",
+              max_new_tokens: int = 200) -> tuple[jax.Array, jax.Array]:
     """One MLLM turn on a padded batch (see the module docstring).
 
     Args:
@@ -51,48 +85,47 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int) -> tuple[jax.Array
       batch: ``game.state.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
         hist_reps [B, W-1, Q, D], read_idx [B, Q], last_idx [B]).
       window: W (static); 1 means no history slots.
+      decoding: ``"constrained"`` (state grammar, 10 ids, states read at positions 0, 3, 6, 9) or
+        ``"free"`` (the release: ``max_new_tokens`` greedy ids after the release's logits processor,
+        game/reference.py; the caller parses them on the host with
+        ``reference.states_from_generated``).
 
     Returns:
-      (states int32 [B, 4] = ML, SC, ET, ST; rep float32 [B, Q, D]).
+      ``constrained``: (states int32 [B, 4] = ML, SC, ET, ST; rep float32 [B, Q, D]);
+      ``free``: (generated ids int32 [B, max_new_tokens]; rep).
     """
     ids = batch["ids"]
-    b, n = ids.shape
     valid = batch["attention_mask"] != 0
     if window > 1:
         x = mllm.embed_inputs(ids, batch["cmp_mask"], batch["hist_reps"])
     else:
         x = mllm.embed_inputs(ids, None, None)
     # pass B: hybrid mask, representation at read_idx
-    mask = hybrid_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
+    mask = hybrid_attention_mask(batch["gen_mask"], mllm.cfg.llm.window, valid)
     hidden = mllm.llm(inputs_embeds=x, attention_mask=mask, return_logits=False).hidden
     read = jnp.take_along_axis(hidden, batch["read_idx"][:, :, None], axis=1)
     rep = mllm.output_resampler(read).astype(jnp.float32)
-    # pass A: causal constrained greedy decoding with a KV cache
+    # pass A: causal greedy decoding with a KV cache
     llm = mllm.llm
+    if decoding == "free":
+        from animegamer_jax.game import reference
+
+        def pick_free(t, logits, prev):
+            return jnp.argmax(reference.video_token_logits(prev, logits), axis=-1)
+
+        return _greedy_pass_a(llm, x, ids, batch["last_idx"], int(max_new_tokens), pick_free), rep
+    if decoding != "constrained":
+        raise ValueError(f"decoding must be 'constrained' or 'free', got {decoding!r}")
     grammar = tk.AnimeGamerTokenizer.state_grammar()[:STATE_TOKENS]
     allowed = np.zeros((STATE_TOKENS, llm.cfg.vocab_size), bool)
     for t, ok in enumerate(grammar):
         allowed[t, list(ok)] = True
     allowed = jnp.asarray(allowed)
-    cache = mst.KVCache.init(llm.cfg, b, n + STATE_TOKENS - 1)
-    out = llm(inputs_embeds=x, cache=cache, return_logits=False)
-    last = batch["last_idx"]
-    h_last = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)
-    logits = llm.logits(h_last)[:, 0]
-    tok0 = jnp.argmax(jnp.where(allowed[0], logits, -jnp.inf), axis=-1).astype(jnp.int32)
-    k_pos = jnp.arange(n + STATE_TOKENS - 1)
-    key_ok = (k_pos[None, :] <= last[:, None]) | (k_pos[None, :] >= n)  # drop the padding keys
 
-    def step(carry, xs):
-        tok, cache = carry
-        t, allow = xs
-        o = llm(tok[:, None], positions=(last + t)[:, None], cache=cache, padding_mask=key_ok)
-        nxt = jnp.argmax(jnp.where(allow, o.logits[:, -1], -jnp.inf), axis=-1).astype(jnp.int32)
-        return (nxt, o.cache), nxt
+    def pick_constrained(t, logits, prev):
+        return jnp.argmax(jnp.where(allowed[t], logits, -jnp.inf), axis=-1)
 
-    steps = jnp.arange(1, STATE_TOKENS, dtype=jnp.int32)
-    _, toks = jax.lax.scan(step, (tok0, out.cache), (steps, allowed[1:]))
-    toks = jnp.concatenate([tok0[:, None], toks.T], axis=1)  # [B, 10]
+    toks = _greedy_pass_a(llm, x, ids, batch["last_idx"], STATE_TOKENS, pick_constrained)  # [B, 10]
     states = toks[:, jnp.array([0, 3, 6, 9])] - tk.STRENGTH_BASE_ID + tk.STRENGTH_MIN
     return states.astype(jnp.int32), rep
 
@@ -112,12 +145,14 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
     config = apply_mode(config)
     window = int(config.mllm.history_window)
+    reference_mode = config.game.mode == "reference"
+    decoding = "free" if reference_mode else "constrained"
+    max_new = int(config.game.get("reference_max_new_tokens", 200))
     g_mllm, s_mllm = nnx.split(components["mllm"])
-    g_dit, s_dit = nnx.split(components["dit"])
+    # prepared once here, not per denoising step: LoRA merged, weights in the activation dtype
+    g_dit, s_dit = nnx.split(dit_lib.prepare_for_inference(components["dit"]))
     uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a
     params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
-    plan = samplers.plan_from_config(config.diffusion)
-    table = tuple(config.dit.flow_table)
     decode_plan, decode_chunk = (), None  # chunked decode for streaming (untiled VAE only)
     latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
                     config.dit.sample_width)
@@ -149,26 +184,53 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
             return decode_fn(latents)
 
     def mllm(p, batch):
-        return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window)
+        return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window, decoding, max_new)
 
-    def sample(p, rep, ml, keys):
+    sample = dit_sampler(g_dit, config)
+    parse = None
+    if decoding == "free":
+        from animegamer_jax.game import reference
+
+        parse = reference.states_from_generated
+    return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
+                      decode_plan=decode_plan, parse_states=parse)
+
+
+def dit_sampler(g_dit, config):
+    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None)
+    -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
+    initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
+    samplers.sample's ``step_noise``), then the configured sampler with CFG. In reference mode s_a
+    is rounded to bfloat16 first, as the release does. Used by play (:func:`build_real_system`) and
+    by the benchmarks (benchmarks/turn_pieces.py), so both run one program."""
+    plan = samplers.plan_from_config(config.diffusion)
+    table = tuple(config.dit.flow_table)
+    reference_mode = config.game.mode == "reference"
+    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
+                    config.dit.sample_width)
+
+    def sample(p, rep, ml, keys, noise=None):
         dit = nnx.merge(g_dit, p["dit"])
         flow = flow_value(ml, table)
+        if reference_mode:  # the release casts s_a to bfloat16 before the DiT (inference_Decoder.py)
+            rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
 
         def denoise(x, t, c):
             return dit(x, c["cond"], t, c["flow"])
 
-        def one(rep_b, flow_b, key_b):
+        def one(rep_b, flow_b, key_b, noise_b):
             k_init, k_sde = jax.random.split(key_b)
-            x = jax.random.normal(k_init, (1, *latent_shape), jnp.float32)
+            if noise_b is None:
+                x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
+            else:
+                x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
             cond = {"cond": rep_b[None], "flow": flow_b[None]}
             unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
-            return samplers.sample(denoise, x, cond, unc, k_sde, plan)[0]
+            return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
 
-        return jax.vmap(one)(rep, flow, keys)
+        return jax.vmap(one)(rep, flow, keys, noise)
 
-    return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan)
+    return sample
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:

@@ -43,6 +43,7 @@ from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param as _param
+from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
 #: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``), §3.1.
@@ -79,6 +80,7 @@ class CLIPConfig:
     dtype: str = "float32"
     eot_token_id: int | None = None
     remat: str = "none"  # models/remat.py policy of both towers' block scans
+    attention_impl: str = "auto"  # animegamer_jax.models.attention implementation (no params depend on it)
 
     def __post_init__(self):
         object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
@@ -150,44 +152,43 @@ class Attention(nnx.Module):
     q/k/v kernels (D, N, Hd) ``("embed", "heads", "head_dim")``; o kernel (N, Hd, D).
     """
 
-    def __init__(self, dim: int, heads: int, *, rngs: nnx.Rngs):
+    def __init__(self, dim: int, heads: int, *, rngs: nnx.Rngs, attention_impl: str = "auto"):
         if dim % heads:
             raise ValueError(f"width {dim} not divisible by {heads} heads")
         hd = dim // heads
         self.heads, self.head_dim = heads, hd
+        self.attention_impl = attention_impl
         for n in ("q", "k", "v"):
             setattr(self, f"{n}_kernel", _param(rngs, _normal, (dim, heads, hd), ("embed", "heads", "head_dim")))
             setattr(self, f"{n}_bias", _param(rngs, _zeros, (heads, hd), ("heads", "head_dim")))
         self.o_kernel = _param(rngs, _normal, (heads, hd, dim), ("heads", "head_dim", "embed"))
         self.o_bias = _param(rngs, _zeros, (dim,), ("embed",))
 
-    def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
-        """x: (B, L, D); mask: (L, L) bool (True = attend) or None. Returns (B, L, D)."""
+    def __call__(self, x: jax.Array, mask: attention.AttentionMask | None) -> jax.Array:
+        """x: (B, L, D); mask: :class:`~animegamer_jax.models.attention.AttentionMask` or None. Returns (B, L, D)."""
         dt = x.dtype
         q = jnp.einsum("BLD,DNH->BLNH", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)
         k = jnp.einsum("BLD,DNH->BLNH", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)
         v = jnp.einsum("BLD,DNH->BLNH", x, self.v_kernel[...].astype(dt)) + self.v_bias[...].astype(dt)
         q = constrain(q, ("act_batch", "act_length", "act_heads", None))
-        logits = jnp.einsum("BLNH,BMNH->BNLM", q, k).astype(jnp.float32) * (self.head_dim**-0.5)
-        if mask is not None:
-            logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        out = jnp.einsum("BNLM,BMNH->BLNH", probs, v)
+        out = attention.dot_product_attention(q, k, v, mask=mask, scale=self.head_dim**-0.5,
+                                              implementation=self.attention_impl)
         return jnp.einsum("BLNH,NHD->BLD", out, self.o_kernel[...].astype(dt)) + self.o_bias[...].astype(dt)
 
 
 class ResidualBlock(nnx.Module):
     """Pre-LN block: x + attn(ln_1(x)); x + mlp(ln_2(x)) (open_clip ``ResidualAttentionBlock``)."""
 
-    def __init__(self, dim: int, heads: int, mlp_dim: int, act: str, eps: float, *, rngs: nnx.Rngs):
+    def __init__(self, dim: int, heads: int, mlp_dim: int, act: str, eps: float, *, rngs: nnx.Rngs,
+                 attention_impl: str = "auto"):
         self.act = act
         self.ln_1 = LayerNorm(dim, eps, rngs=rngs)
-        self.attn = Attention(dim, heads, rngs=rngs)
+        self.attn = Attention(dim, heads, rngs=rngs, attention_impl=attention_impl)
         self.ln_2 = LayerNorm(dim, eps, rngs=rngs)
         self.c_fc = Dense(dim, mlp_dim, ("embed", "mlp"), rngs=rngs)
         self.c_proj = Dense(mlp_dim, dim, ("mlp", "embed"), rngs=rngs)
 
-    def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    def __call__(self, x: jax.Array, mask: attention.AttentionMask | None) -> jax.Array:
         x = x + self.attn(self.ln_1(x), mask)
         h = _act(self.act, self.c_fc(self.ln_2(x)))
         h = constrain(h, ("act_batch", "act_length", "act_mlp"))
@@ -206,7 +207,7 @@ def _stacked_blocks(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
     return create(rngs)
 
 
-def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: jax.Array | None, remat: str = "none") -> jax.Array:
+def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: attention.AttentionMask | None, remat: str = "none") -> jax.Array:
     """Runs the first ``n`` stacked blocks over ``x`` with ``jax.lax.scan`` (``remat``: models/remat.py policy)."""
     graphdef, state = nnx.split(blocks)
     state = jax.tree.map(lambda a: a[:n], state)
@@ -312,7 +313,8 @@ class CLIPVisionTransformer(nnx.Module):
         self.ln_pre = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
         self.blocks = _stacked_blocks(
             cfg.vision_layers,
-            lambda r: ResidualBlock(d, cfg.vision_heads, cfg.vision_mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r),
+            lambda r: ResidualBlock(d, cfg.vision_heads, cfg.vision_mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r,
+                                    attention_impl=cfg.attention_impl),
             rngs,
         )
         self.ln_post = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
@@ -363,7 +365,8 @@ class CLIPTextTransformer(nnx.Module):
         self.positional_embedding = _param(rngs, _normal, (cfg.text_context_length, d), (None, "embed"))
         self.blocks = _stacked_blocks(
             cfg.text_layers,
-            lambda r: ResidualBlock(d, cfg.text_heads, cfg.text_mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r),
+            lambda r: ResidualBlock(d, cfg.text_heads, cfg.text_mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r,
+                                    attention_impl=cfg.attention_impl),
             rngs,
         )
         self.ln_final = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
@@ -375,8 +378,7 @@ class CLIPTextTransformer(nnx.Module):
         if length > self.cfg.text_context_length:
             raise ValueError(f"text length {length} > context length {self.cfg.text_context_length}")
         x = self.token_embedding[...].astype(dt)[ids] + self.positional_embedding[...].astype(dt)[:length]
-        mask = jnp.tril(jnp.ones((length, length), bool))
-        x = _run_blocks(self.blocks, x, self.cfg.text_layers, mask, self.cfg.remat)
+        x = _run_blocks(self.blocks, x, self.cfg.text_layers, attention.causal_mask(), self.cfg.remat)
         return self.ln_final(x)
 
     def pooled(self, ids: jax.Array) -> jax.Array:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import attention
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param as _param
 from animegamer_jax.models.lora import LoRAEinsum, LoRAParam
@@ -76,6 +77,8 @@ class DiTConfig:
       param_dtype: parameter dtype name.
       remat: remat policy of the block scan, one of models/remat.py `REMAT_POLICIES` ("none",
         "full", "save_dots", "offload_dots"); booleans of older configs map to "full" / "none".
+      attention_impl: kernel of :func:`animegamer_jax.models.attention.dot_product_attention`
+        ("auto" picks by backend and size; no parameters depend on it).
     """
 
     hidden_size: int = 1920
@@ -99,6 +102,7 @@ class DiTConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
@@ -142,6 +146,7 @@ class DiTConfig:
             dtype=get("dtype", "float32"),
             param_dtype=get("param_dtype", "float32"),
             remat=get("remat", "none"),
+            attention_impl=get("attention_impl", "auto"),
         )
 
 
@@ -272,13 +277,17 @@ class Attention(nnx.Module):
         self.norm_q = LayerNorm(H, cfg.qk_norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
         self.norm_k = LayerNorm(H, cfg.qk_norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
         self.to_out = _dense(cfg, (N, H), (D,), heads, ("embed",), rngs=rngs, lora=True)
+        self.attention_impl = cfg.attention_impl  # static kernel name (no parameters depend on it)
 
     def __call__(self, h: Array) -> Array:
         """h [B, L, D] (conditioning then video tokens) -> [B, L, D]; no mask, scale 1/sqrt(H)."""
         q = constrain(self.norm_q(self.to_q(h)), BATCH_SEQ_HEADS)
         k = constrain(self.norm_k(self.to_k(h)), BATCH_SEQ_HEADS)
         v = constrain(self.to_v(h), BATCH_SEQ_HEADS)
-        o = constrain(jax.nn.dot_product_attention(q, k, v), BATCH_SEQ_HEADS)  # softmax in fp32 (XLA)
+        # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32. With a `context`
+        # mesh axis the joint sequence stays sharded (K/V all-gathered per layer).
+        o = attention.context_parallel_attention(q, k, v, implementation=self.attention_impl)
+        o = constrain(o, BATCH_SEQ_HEADS)
         return constrain(self.to_out(o), BATCH_SEQ_EMBED)
 
 
@@ -464,6 +473,24 @@ def merge_lora(model: CogVideoXDiT) -> CogVideoXDiT:
     new = nnx.eval_shape(lambda: CogVideoXDiT(merged_cfg, rngs=nnx.Rngs(0)))
     new_state = nnx.state(new, nnx.Param)
     new_state.replace_by_pure_dict(nnx.state(folded, nnx.Param).to_pure_dict())
+    nnx.update(new, new_state)
+    return new
+
+
+def prepare_for_inference(model: CogVideoXDiT, dtype: Any = None) -> CogVideoXDiT:
+    """The weights play samples with, prepared once at load: LoRA merged (:func:`merge_lora`, in the
+    parameter dtype), then every parameter cast to ``dtype`` (default the activation dtype
+    ``cfg.dtype``, bf16 at full size) and remat off. Returns a new module with
+    ``lora_rank=0, param_dtype=dtype``; ``model`` is unchanged. Saves the per-step LoRA matmuls and
+    fp32 -> bf16 weight casts of every denoising step."""
+    dt = jnp.dtype(dtype or model.cfg.dtype)
+    merged = merge_lora(model)
+    new_cfg = dataclasses.replace(merged.cfg, param_dtype=dt.name, remat="none")
+    new = nnx.eval_shape(lambda: CogVideoXDiT(new_cfg, rngs=nnx.Rngs(0)))
+    pure = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a,
+                        nnx.state(merged, nnx.Param).to_pure_dict())
+    new_state = nnx.state(new, nnx.Param)
+    new_state.replace_by_pure_dict(pure)
     nnx.update(new, new_state)
     return new
 

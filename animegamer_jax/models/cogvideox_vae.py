@@ -68,6 +68,8 @@ class VAEConfig:
         training); (8, 8) is diffusers' framewise encoding.
       tile_size: spatial tile in latent pixels for tiled decode; 0 = untiled.
       tile_overlap: overlap fraction between neighbouring tiles.
+      encoder_in_channels: width of the encoder's ``conv_in`` (SAT ``ch``); 0 = ``block_out_channels[0]``
+        (SAT ``ch * ch_mult[0]``, equal at paper size where ``ch_mult[0] = 1``).
       dtype: activation dtype name ("float32", "bfloat16"); parameters stay float32.
     """
 
@@ -84,6 +86,7 @@ class VAEConfig:
     encode_chunks: tuple[int, int] = (0, 0)
     tile_size: int = 0
     tile_overlap: float = 0.25
+    encoder_in_channels: int = 0
     dtype: str = "float32"
 
     @classmethod
@@ -230,15 +233,36 @@ class Conv3d(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: Array) -> Array:
-        p = self.pad
-        y = jax.lax.conv_general_dilated(
-            x.astype(self.dtype),
-            self.kernel[...].astype(self.dtype),
-            window_strides=(1, 1, 1),
-            padding=((0, 0), (p, p), (p, p)),
-            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
-        )
-        return y + self.bias[...].astype(self.dtype)
+        return conv3d_as_2d(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.pad) + self.bias[...].astype(
+            self.dtype)
+
+
+def conv3d_as_2d(x: Array, kernel: Array, pad: int) -> Array:
+    """Stride-1 3-D convolution, valid in time, zero padded by ``pad`` in space, as ONE 2-D conv.
+
+    The ``kt`` time taps are unfolded into channels (``x[:, i : i + T']`` for each tap, concatenated
+    on the last axis) and the kernel ``[kt, kh, kw, C_in, C_out]`` is reshaped to
+    ``[kh, kw, kt C_in, C_out]`` to match, with time folded into the batch. Same result as
+    ``conv_general_dilated`` over NDHWC up to float summation order; XLA:CPU has no fast 3-D conv
+    (``python -m benchmarks.vae_bench --train_step`` times the tiny VAE's train step both ways).
+
+    Args:
+      x: ``[B, T, H, W, C_in]``.
+      kernel: ``[kt, kh, kw, C_in, C_out]`` (same dtype as x).
+      pad: spatial zero padding on each side.
+
+    Returns:
+      ``[B, T - kt + 1, H + 2 pad - kh + 1, W + 2 pad - kw + 1, C_out]``.
+    """
+    kt, kh, kw, cin, cout = kernel.shape
+    b, t = x.shape[:2]
+    t_out = t - kt + 1
+    xs = x if kt == 1 else jnp.concatenate([x[:, i : i + t_out] for i in range(kt)], axis=-1)
+    xs = xs.reshape((b * t_out,) + xs.shape[2:])
+    k2 = jnp.transpose(kernel, (1, 2, 0, 3, 4)).reshape(kh, kw, kt * cin, cout)
+    y = jax.lax.conv_general_dilated(xs, k2, window_strides=(1, 1), padding=((pad, pad), (pad, pad)),
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y.reshape((b, t_out) + y.shape[1:])
 
 
 class Conv2d(nnx.Module):
@@ -284,6 +308,13 @@ class CausalConv3d(nnx.Module):
         kt = self.time_kernel
         if kt == 1:
             return self.conv(x), None
+        if cache is None and x.shape[1] == 1:
+            # A lone first frame: its kt - 1 replicated pads make every time tap see the same frame,
+            # so the taps' kernels sum to one 2-D conv (kt x fewer FLOPs; first-frame training/encode).
+            c = self.conv
+            k = jnp.sum(c.kernel[...].astype(c.dtype), axis=0, keepdims=True)
+            y = conv3d_as_2d(x.astype(c.dtype), k, c.pad) + c.bias[...].astype(c.dtype)
+            return y, jnp.repeat(x, kt - 1, axis=1)
         pad = jnp.repeat(x[:, :1], kt - 1, axis=1) if cache is None else cache.astype(x.dtype)
         xp = jnp.concatenate([pad, x], axis=1)
         return self.conv(xp), xp[:, -(kt - 1) :]
@@ -474,9 +505,9 @@ class Encoder3D(nnx.Module):
         dt = jnp.dtype(cfg.dtype)
         boc = cfg.block_out_channels
         g, eps = cfg.norm_num_groups, cfg.norm_eps
-        self.conv_in = CausalConv3d(cfg.in_channels, boc[0], 3, dtype=dt, rngs=rngs)
+        out_ch = cfg.encoder_in_channels or boc[0]
+        self.conv_in = CausalConv3d(cfg.in_channels, out_ch, 3, dtype=dt, rngs=rngs)
         blocks = []
-        out_ch = boc[0]
         for i, ch in enumerate(boc):
             in_ch, out_ch = out_ch, ch
             resnets = [

@@ -12,8 +12,11 @@ Layout notes (not obvious from the reference):
   * Projections keep head axes: ``q_proj.kernel`` is ``[D, N, H]`` ("BLD,DNH->BLNH"),
     ``o_proj.kernel`` ``[N, H, D]``, ``gate/up`` ``[D, F]``, ``down`` ``[F, D]``,
     ``embed_tokens`` ``[V, D]``, ``lm_head`` ``[D, V]`` (HF weights transposed by the converter).
-  * Attention goes through :func:`attention` (``jax.nn.dot_product_attention``); the
-    ``attention_impl`` config field picks the kernel ("xla", "cudnn" or None = let JAX choose).
+  * Attention goes through the project's one entry point
+    (:func:`animegamer_jax.models.attention.dot_product_attention`); the ``attention_impl`` config
+    field picks the kernel (``attention.IMPLEMENTATIONS``; None / "auto" = by backend and size).
+    Masks are :class:`~animegamer_jax.models.attention.AttentionMask` position rules, so the
+    blockwise and flash kernels never build an ``L x S`` mask.
 
 KV cache (:class:`KVCache`): ``k``, ``v``: ``[num_layers, B, S_max, K, H]`` in the compute dtype,
 ``length``: int32 scalar, number of filled positions (= next write index, shared by the batch).
@@ -38,6 +41,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models import attention as attn
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
@@ -149,20 +153,23 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, *, implementation: str | None = None
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: attn.AttentionMask | jax.Array | None, *,
+    implementation: str | None = None,
 ) -> jax.Array:
-    """Grouped-query attention, the one swappable kernel entry.
+    """Grouped-query attention through the project's attention entry point.
 
     Args:
       q: [B, L, N, H]; k, v: [B, S, K, H] with N a multiple of K.
-      mask: bool [B, 1, L, S] (or broadcastable), True = may attend; None = full attention.
-      implementation: passed to ``jax.nn.dot_product_attention`` ("xla", "cudnn", None).
+      mask: an :class:`~animegamer_jax.models.attention.AttentionMask`, a bool [B, 1, L, S] /
+        [B, L, S] "may attend" array, or None = full attention.
+      implementation: ``attention.IMPLEMENTATIONS`` name; None = "auto".
 
     Returns: [B, L, N, H] in q's dtype. Scale is ``H**-0.5`` (Mistral).
     """
-    return jax.nn.dot_product_attention(
-        q, k, v, mask=mask, scale=q.shape[-1] ** -0.5, implementation=implementation
-    )
+    if mask is not None and not isinstance(mask, attn.AttentionMask):
+        mask = attn.AttentionMask(dense=mask[:, 0] if mask.ndim == 4 else mask)
+    return attn.dot_product_attention(q, k, v, mask=mask, scale=q.shape[-1] ** -0.5,
+                                      implementation=implementation)
 
 
 def causal_window_mask(q_pos: jax.Array, k_pos: jax.Array, window: int | None) -> jax.Array:
@@ -203,7 +210,7 @@ class DecoderLayer(nnx.Module):
         self,
         x: jax.Array,
         positions: jax.Array,
-        mask: jax.Array | None,
+        mask: attn.AttentionMask | None,
         cache_kv: tuple[jax.Array, jax.Array] | None,
         cache_index: jax.Array | None,
         dropout_rng: jax.Array | None,
@@ -298,9 +305,10 @@ class Mistral(nnx.Module):
         Args:
           input_ids: int [B, L]; or ``inputs_embeds`` float [B, L, D] (exactly one of the two).
           positions: int [B, L] RoPE positions; default ``cache.length + arange(L)`` (0.. without cache).
-          attention_mask: bool [B, L, S] or [B, 1, L, S] "may attend" mask that REPLACES the
-            causal + sliding-window mask (S = L without cache, S = S_max with cache); used for the
-            MLLM's hybrid mask. None = causal (+ window) over the valid keys.
+          attention_mask: an :class:`~animegamer_jax.models.attention.AttentionMask` (the MLLM's
+            hybrid mask; unset positions default to the cache positions) or a bool [B, L, S] /
+            [B, 1, L, S] "may attend" array; either REPLACES the causal + sliding-window mask
+            (S = L without cache, S = S_max with cache). None = causal (+ window) over the valid keys.
           padding_mask: bool [B, S] valid keys (ANDed with the mask); None = all valid.
           cache: :class:`KVCache`; the new keys/values are written at ``cache.length`` and the
             returned cache has ``length + L``. Keys past the new length are masked.
@@ -332,17 +340,20 @@ class Mistral(nnx.Module):
                 raise ValueError(f"Mistral: {l} tokens do not fit a KV cache of {s} positions")
             k_pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
             valid = k_pos < start + l
+        q_pos = jnp.broadcast_to(start + jnp.arange(l, dtype=jnp.int32), (b, l))
         if attention_mask is None:
-            q_pos = jnp.broadcast_to(start + jnp.arange(l, dtype=jnp.int32), (b, l))
-            mask = causal_window_mask(q_pos, k_pos, cfg.window)
+            mask = attn.causal_mask(cfg.window)
+        elif isinstance(attention_mask, attn.AttentionMask):
+            mask = attention_mask
         else:
-            mask = attention_mask if attention_mask.ndim == 3 else attention_mask[:, 0]
-            mask = jnp.broadcast_to(mask.astype(bool), (b, l, s))
-        if valid is not None:
-            mask = mask & valid[:, None, :]
-        if padding_mask is not None:
-            mask = mask & padding_mask.astype(bool)[:, None, :]
-        mask = mask[:, None]  # [B, 1, L, S]
+            dense = attention_mask if attention_mask.ndim == 3 else attention_mask[:, 0]
+            mask = attn.AttentionMask(dense=jnp.broadcast_to(dense.astype(bool), (b, l, s)))
+        kv_valid = mask.kv_valid
+        for extra in (valid, None if padding_mask is None else padding_mask.astype(bool)):
+            if extra is not None:
+                kv_valid = extra if kv_valid is None else kv_valid & extra
+        mask = mask.replace(q_pos=q_pos if mask.q_pos is None else mask.q_pos,
+                            k_pos=k_pos if mask.k_pos is None else mask.k_pos, kv_valid=kv_valid)
 
         graphdef, layer_state = nnx.split(self.layers)
         layer_keys = None if dropout_rng is None else jax.random.split(dropout_rng, cfg.num_layers)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import attention as attn
 from animegamer_jax.models import mistral as mst
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
@@ -93,25 +94,27 @@ class MLLMOutput:
     rep: jax.Array
 
 
-def hybrid_mask(gen_mask: jax.Array, window: int | None, padding_mask: jax.Array | None = None) -> jax.Array:
-    """Release attention mask (§1.4) as bool [B, L, L] ("may attend").
+def hybrid_attention_mask(gen_mask: jax.Array, window: int | None,
+                          padding_mask: jax.Array | None = None) -> attn.AttentionMask:
+    """Release attention mask (§1.4) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
 
     Causal (and ``q - k < window``) everywhere, plus the full square ``[first..last] x [first..last]``
-    where first/last are the first and last True of ``gen_mask`` per row (the current turn's
-    queries; rows without any True are purely causal). Padding keys (``padding_mask`` False) are
-    masked.
+    where first/last are the first and last True of ``gen_mask`` [B, L] per row (the current turn's
+    queries; rows without any True are purely causal). Padding keys (``padding_mask`` bool [B, L]
+    False) are masked. Positions are sequence indices ``0..L-1``.
     """
-    b, l = gen_mask.shape
-    pos = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
-    m = mst.causal_window_mask(pos, pos, window)
+    l = gen_mask.shape[1]
     any_q = gen_mask.any(axis=1)
-    first = jnp.where(any_q, jnp.argmax(gen_mask, axis=1), l)
-    last = jnp.where(any_q, l - 1 - jnp.argmax(gen_mask[:, ::-1], axis=1), -1)
-    inside = (pos >= first[:, None]) & (pos <= last[:, None])
-    m = m | (inside[:, :, None] & inside[:, None, :])
-    if padding_mask is not None:
-        m = m & padding_mask.astype(bool)[:, None, :]
-    return m
+    first = jnp.where(any_q, jnp.argmax(gen_mask, axis=1), l).astype(jnp.int32)
+    last = jnp.where(any_q, l - 1 - jnp.argmax(gen_mask[:, ::-1], axis=1), -1).astype(jnp.int32)
+    kv = None if padding_mask is None else padding_mask.astype(bool)
+    return attn.causal_mask(window, block_first=first, block_last=last, kv_valid=kv)
+
+
+def hybrid_mask(gen_mask: jax.Array, window: int | None, padding_mask: jax.Array | None = None) -> jax.Array:
+    """:func:`hybrid_attention_mask` materialised as bool [B, L, L] ("may attend")."""
+    b, l = gen_mask.shape
+    return hybrid_attention_mask(gen_mask, window, padding_mask).materialize(b, l, l)
 
 
 def query_positions(gen_mask: jax.Array, num_queries: int) -> jax.Array:
@@ -207,7 +210,7 @@ class GameStateMLLM(nnx.Module):
         Returns: :class:`MLLMOutput`.
         """
         x = self.embed_inputs(input_ids, cmp_mask, history_reps)
-        mask = hybrid_mask(gen_mask, self.cfg.llm.window, padding_mask)
+        mask = hybrid_attention_mask(gen_mask, self.cfg.llm.window, padding_mask)
         out = self.llm(inputs_embeds=x, attention_mask=mask, return_logits=return_logits, dropout_rng=dropout_rng)
         return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout, padding_mask))
 

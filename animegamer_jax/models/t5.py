@@ -30,6 +30,7 @@ from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param
+from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
 
@@ -51,6 +52,7 @@ class T5Config:
 
     def __post_init__(self):
         object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
+    attention_impl: str = "auto"  # animegamer_jax.models.attention implementation (no params depend on it)
 
     @classmethod
     def from_config(cls, cfg: Any) -> "T5Config":
@@ -103,21 +105,21 @@ class T5Attention(nnx.Module):
 
     def __init__(self, cfg: T5Config, *, rngs: nnx.Rngs):
         d, n, h = cfg.d_model, cfg.num_heads, cfg.d_kv
+        self.attention_impl = cfg.attention_impl
         self.q = _param(rngs, (d, n, h), ("embed", "heads", "head_dim"), (d * h) ** -0.5)
         self.k = _param(rngs, (d, n, h), ("embed", "heads", "head_dim"), d**-0.5)
         self.v = _param(rngs, (d, n, h), ("embed", "heads", "head_dim"), d**-0.5)
         self.o = _param(rngs, (n, h, d), ("heads", "head_dim", "embed"), (n * h) ** -0.5)
 
-    def __call__(self, x: jax.Array, bias: jax.Array) -> jax.Array:
-        """x: (B, L, D); bias: (B|1, N, L, L) fp32 position bias (+ mask). Returns (B, L, D)."""
+    def __call__(self, x: jax.Array, bias: jax.Array, mask: attention.AttentionMask | None = None) -> jax.Array:
+        """x: (B, L, D); bias: (B|1, N, L, L) fp32 position bias; mask: key padding. Returns (B, L, D)."""
         dt = x.dtype
         q = jnp.einsum("BLD,DNH->BLNH", x, self.q[...].astype(dt))
         k = jnp.einsum("BLD,DNH->BLNH", x, self.k[...].astype(dt))
         v = jnp.einsum("BLD,DNH->BLNH", x, self.v[...].astype(dt))
         q = constrain(q, ("act_batch", "act_length", "act_heads", None))
-        logits = jnp.einsum("BLNH,BMNH->BNLM", q, k).astype(jnp.float32) + bias
-        probs = jax.nn.softmax(logits, axis=-1).astype(dt)
-        out = jnp.einsum("BNLM,BMNH->BLNH", probs, v)
+        out = attention.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=1.0,
+                                              implementation=self.attention_impl)
         return jnp.einsum("BLNH,NHD->BLD", out, self.o[...].astype(dt))
 
 
@@ -146,8 +148,8 @@ class T5Block(nnx.Module):
         self.ffn_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps, rngs=rngs)
         self.ffn = T5GatedFFN(cfg, rngs=rngs)
 
-    def __call__(self, x: jax.Array, bias: jax.Array) -> jax.Array:
-        x = x + self.attn(self.attn_norm(x), bias)
+    def __call__(self, x: jax.Array, bias: jax.Array, mask: attention.AttentionMask | None = None) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), bias, mask)
         x = x + self.ffn(self.ffn_norm(x))
         return constrain(x, ("act_batch", "act_length", "act_embed"))
 
@@ -194,12 +196,11 @@ class T5Encoder(nnx.Module):
         x = self.shared[...].astype(dt)[ids]
         x = constrain(x, ("act_batch", "act_length", "act_embed"))
         bias = self.position_bias(ids.shape[1])
-        if attention_mask is not None:
-            bias = bias + jnp.where(attention_mask[:, None, None, :] > 0, 0.0, jnp.finfo(jnp.float32).min)
+        mask = None if attention_mask is None else attention.AttentionMask(kv_valid=attention_mask > 0)
         graphdef, state = nnx.split(self.blocks)
 
         def body(h, st):
-            return nnx.merge(graphdef, st)(h, bias), None
+            return nnx.merge(graphdef, st)(h, bias, mask), None
 
         x, _ = jax.lax.scan(remat_lib.remat(body, self.cfg.remat), x, state)
         return self.final_layer_norm(x)

@@ -281,10 +281,16 @@ def shard_params(model: nnx.Module, mesh: Mesh, rules: LogicalRules = DEFAULT_RU
 
 
 def batch_sharding(
-    mesh: Mesh, ndim: int, rules: LogicalRules = DEFAULT_RULES, batch_axis: str = "act_batch"
+    mesh: Mesh, ndim: int, rules: LogicalRules = DEFAULT_RULES, batch_axis: str = "act_batch",
+    shape: Sequence[int] | None = None,
 ) -> NamedSharding:
-    """NamedSharding that splits dimension 0 of an ``ndim``-rank batch array over the data axes."""
+    """NamedSharding that splits dimension 0 of an ``ndim``-rank batch array over the data axes.
+
+    With ``shape``, data axes that do not divide the batch are dropped (e.g. one game on a mesh
+    whose data axis holds its CFG halves instead)."""
     spec = logical_to_spec((batch_axis,) + (None,) * (ndim - 1), rules)
+    if shape is not None:
+        spec = _fit_spec(spec, shape, mesh)
     return NamedSharding(mesh, spec)
 
 

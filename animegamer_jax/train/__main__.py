@@ -2,7 +2,8 @@
 
   python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny_a2
   python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny
-      # a1 -> a2 -> b -> c, final system checkpoint in WORKDIR/system
+      # config.train.pipeline (tiny: vae -> a1 -> a2 -> b -> c), final system checkpoint in WORKDIR/system
+  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=vae --workdir=/work/runs/vae
 
 Every process of a multi-host job runs the same command (launch/); ``jax.distributed`` starts
 from the environment. ``--config.train.init_checkpoint=DIR`` starts from a system checkpoint

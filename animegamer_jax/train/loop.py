@@ -17,6 +17,7 @@ same noise as an uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -248,7 +249,9 @@ def fit(
         before anything is compiled.
       checkpoint_every: save every N steps (and at the end).
       log_every: write averaged metrics every N steps.
-      batch_fn: host-side transform of each batch (e.g. dropping string fields).
+      batch_fn: host-side transform of each batch (e.g. dropping string fields); one with a ``step``
+        parameter is called as ``batch_fn(batch, step=step)`` (0-based step of the batch, e.g. a size
+        curriculum or per-step random crops that a resumed run must repeat).
       init_state: builds the fresh state when there is no checkpoint (default ``trainer.init``).
       meta: JSON-able fields saved with every checkpoint.
       stop_after: return after this step (a simulated kill; the checkpoint at it is written).
@@ -301,10 +304,11 @@ def fit(
         peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
         bar = None  # created after the first step, so the stage lines above it stay readable
         t_last, steps_since = None, 0
+        takes_step = batch_fn is not None and "step" in inspect.signature(batch_fn).parameters
         for step in range(start, end):
             batch = next(data)
             if batch_fn is not None:
-                batch = batch_fn(batch)
+                batch = batch_fn(batch, step=step) if takes_step else batch_fn(batch)
             batch = trainer.put_batch(batch)
             first = step == start
             if first:

@@ -23,6 +23,9 @@ PAPER_SCHEDULE: dict[str, tuple[float, int]] = {
     "a2": (2e-4, 80_000),
     "b": (5e-5, 15_000),
     "c": (5e-5, 10_000),
+    # Not in the paper (it starts from the released CogVideoX VAE): the "vae" autoencoder phase for
+    # configs that have no converted VAE, e.g. configs/tiny.py.
+    "vae": (1e-4, 10_000),
 }
 
 

@@ -1,4 +1,5 @@
-"""The four AnimeGamer training phases (paper §3.2, App. C.1; architecture.md §2.3-2.4, §5.3, §8.2).
+"""The AnimeGamer training phases (paper §3.2, App. C.1; architecture.md §2.3-2.4, §5.3, §8.2), plus
+the 3D causal VAE's own autoencoder phase "vae" for configs without converted VAE weights.
 
 Every phase trains one composite :class:`TrainModel` holding the components it needs; an NNX filter
 picks the trained variables, so frozen components take no gradient and no optimizer memory:
@@ -9,6 +10,12 @@ picks the trained variables, so frozen components take no gradient and no optimi
 | a2    | shot_encoder, dit, [t5, clip, vae]           | E_a + DiT LoRA + ``flow_embed`` + block adaLN | v-MSE |
 | b     | mllm, [shot_encoder, t5, clip]               | MLLM LoRA, RMSNorms, embeddings, lm_head, resamplers | CE + alpha MSE |
 | c     | dit, [mllm, shot_encoder, t5, clip, vae]     | DiT LoRA + ``flow_embed`` + block adaLN      | v-MSE on MLLM reps |
+| vae   | vae                                          | VAE (all)                                    | L1 + MSE + KL |
+
+Phase "vae" is not in the paper (AnimeGamer starts from the released CogVideoX VAE): it trains the
+VAE as a KL-regularized autoencoder (:func:`vae_loss`) under a clip-size curriculum
+(``train.vae_curriculum``, :func:`vae_stage`) so that toy configs (configs/tiny.py) get a VAE whose
+latents show their footage.
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
 only; the release code also trains flow and LoRA, §5.3). a2 and c use the DiT module's own
@@ -53,7 +60,7 @@ from flax import nnx
 from animegamer_jax import paths
 from animegamer_jax.diffusion import guidance, losses, schedules
 
-PHASES: tuple[str, ...] = ("a1", "a2", "b", "c")
+PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c")
 
 #: components held by each phase's TrainModel (frozen or not), in build order
 PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -61,11 +68,12 @@ PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
     "a2": ("shot_encoder", "dit", "t5", "clip"),
     "b": ("mllm", "shot_encoder", "t5", "clip"),
     "c": ("mllm", "shot_encoder", "dit", "t5", "clip"),
+    "vae": ("vae",),
 }
 
 #: components whose weights each phase changes (written to the system checkpoint after it)
 PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",)}
+    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",), "vae": ("vae",)}
 
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -136,6 +144,8 @@ def trainable_filter(phase: str) -> Any:
         return _under("mllm", mllm.trainable_filter)
     if phase == "c":
         return _under("dit", cogvideox_dit.trainable_filter("adaptation"))
+    if phase == "vae":
+        return _under("vae")
     raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
 
 
@@ -238,7 +248,61 @@ def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.
     return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
 
 
-LOSSES = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss}
+def vae_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
+    """Decode chunk plan giving back ``1 + 4 (T_lat - 1)`` frames: the release plan (3, 2, 2, ...)
+    (architecture.md §6.3), or one chunk for 1 or 3 latents.
+
+    Raises:
+      ValueError: ``T_lat == 2`` (2 latents decode to 8 or 2 frames, never 5: train on 1, 9 or 17 frames).
+    """
+    if num_latent_frames == 2:
+        raise ValueError("2 latent frames (5 video frames) have no decode plan that returns 5 frames; "
+                         "use clips of 1, 9 or 17 frames (train.vae_curriculum)")
+    from animegamer_jax.models import cogvideox_vae
+
+    return cogvideox_vae.release_decode_plan(num_latent_frames)
+
+
+def vae_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
+             config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase "vae": the 3D causal VAE as a KL-regularized autoencoder on ``frames`` [B, T, H, W, 3] in [-1, 1].
+
+    ``L = mean|x - D(z)| + w_mse mean (x - D(z))^2 + w_kl sum KL(q(z|x) || N(0, I)) / (B H W T 3)``
+    with ``z ~ q(z|x)`` (reparameterized) decoded by :func:`vae_decode_plan`. The L1 and KL terms and
+    the KL weight's meaning (per-sample sums, as LDM's ``LPIPSWithDiscriminator`` and the CogVideoX
+    SAT VAE loss, weight 1e-6) follow the CogVideoX recipe; its LPIPS and GAN terms need pretrained
+    or extra networks and are left out; the MSE term (``train.vae_mse_weight``) pushes PSNR directly.
+    Metrics: l1, mse, psnr (dB, frames mapped to [0, 1]), kl (per latent element), latent_std.
+    """
+    x = batch["frames"].astype(jnp.float32)
+    post = model.vae.encode(x)
+    z = post.sample(rng)
+    recon = model.vae.decode(z, vae_decode_plan(z.shape[1])).astype(jnp.float32)
+    err = recon - x
+    l1 = jnp.mean(jnp.abs(err))
+    mse = jnp.mean(err ** 2)
+    mean, logvar = post.mean.astype(jnp.float32), post.logvar.astype(jnp.float32)
+    kl_el = 0.5 * (mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
+    kl_per_pixel = jnp.sum(kl_el) / x.size
+    t = config.train
+    loss = l1 + float(t.vae_mse_weight) * mse + float(t.vae_kl_weight) * kl_per_pixel
+    psnr = 10.0 * jnp.log10(4.0 / jnp.maximum(mse, 1e-10))  # peak-to-peak 2 in [-1, 1] = 1 in [0, 1]
+    return loss, {"l1": l1, "mse": mse, "psnr": psnr, "kl": jnp.mean(kl_el), "latent_std": jnp.std(mean)}
+
+
+def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray]]) -> float:
+    """``1 / std`` of the posterior means of ``batches`` (``frames`` [B, T, H, W, 3] in [-1, 1]): the
+    latent scale that gives the DiT unit-variance latents, found as LDM / CogVideoX found theirs
+    (the std of a batch of latents; CogVideoX's is 1.15258426, architecture.md §5.6)."""
+    enc = nnx.jit(lambda m, x: m.encode(x).mean)
+    means = [np.asarray(jax.device_get(enc(vae, jnp.asarray(b["frames"])))).ravel() for b in batches]
+    std = float(np.std(np.concatenate(means)))
+    if not np.isfinite(std) or std <= 0:
+        raise ValueError(f"latent std is {std}; the VAE is broken (retrain it)")
+    return 1.0 / std
+
+
+LOSSES = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss, "vae": vae_loss}
 
 
 @dataclasses.dataclass
@@ -298,18 +362,67 @@ def _strs(x: Any) -> list[str]:
     return [s.decode() if isinstance(s, bytes) else str(s) for s in np.asarray(x).reshape(-1)]
 
 
+def vae_stage(curriculum: Any, step: int) -> tuple[int, int, int]:
+    """(frames, height, width) of the "vae" phase's batches at ``step``.
+
+    ``curriculum`` is ``((from_step, frames, height, width), ...)`` with increasing ``from_step``, the
+    first 0 (``train.vae_curriculum``; e.g. single frames first, then short clips, then full size).
+
+    Raises:
+      ValueError: an empty curriculum, a first stage not at step 0, or non-increasing steps.
+    """
+    stages = [tuple(int(v) for v in s) for s in curriculum]
+    if not stages or stages[0][0] != 0 or any(b[0] <= a[0] for a, b in zip(stages, stages[1:])):
+        raise ValueError(f"train.vae_curriculum {curriculum!r} must be ((0, T, H, W), (step, T, H, W), ...) "
+                         f"with increasing steps")
+    cur = stages[0]
+    for s in stages:
+        if step >= s[0]:
+            cur = s
+    return cur[1], cur[2], cur[3]
+
+
+def vae_windows(frames: np.ndarray, num_frames: int, height: int, width: int, rng: np.random.Generator,
+                max_windows: int = 4) -> np.ndarray:
+    """Random training windows of clips for the "vae" phase: uint8 [B, T, H, W, 3] ->
+    [B * n, num_frames, height, width, 3], n = min(max_windows, T // num_frames) windows per clip, each
+    at a random start frame and spatial crop, mirrored left-right with probability 1/2.
+
+    Raises:
+      ValueError: a window larger than the clips.
+    """
+    b, t, h, w = frames.shape[:4]
+    if num_frames > t or height > h or width > w:
+        raise ValueError(f"vae window {num_frames}x{height}x{width} is larger than the clips {t}x{h}x{w}")
+    n = max(1, min(int(max_windows), t // num_frames))
+    out = []
+    for i in range(b):
+        for _ in range(n):
+            t0, y0, x0 = (int(rng.integers(0, d + 1)) for d in (t - num_frames, h - height, w - width))
+            win = frames[i, t0:t0 + num_frames, y0:y0 + height, x0:x0 + width]
+            out.append(win[:, :, ::-1] if rng.random() < 0.5 else win)
+    return np.ascontiguousarray(np.stack(out))
+
+
 class BatchBuilder:
     """Turns loader batches (issue-7 ``make_loader`` "clips" / "turns" modes) into model-ready batches.
 
     Args:
-      config: full config (tokenizer paths, lengths, flow table).
-      phase: "a1" / "a2" (clips) or "b" / "c" (turns).
+      config: full config (tokenizer paths, lengths, flow table, ``train.vae_curriculum``).
+      phase: "vae" / "a1" / "a2" (clips) or "b" / "c" (turns).
+
+    ``__call__(ex, step)``: the step picks the "vae" curriculum stage and seeds its random windows
+    (``fold(seed, step)``), so a resumed run builds the same batches as an uninterrupted one.
     """
 
     def __init__(self, config: ml_collections.ConfigDict, phase: str):
         from animegamer_jax import t5_tokenizer, tokenizer
 
         self.config, self.phase = config, phase
+        if phase == "vae":
+            vae_stage(config.train.vae_curriculum, 0)  # fail early on a malformed curriculum
+            self.t5_tok = self.tok = None
+            return
         spiece = paths.resource(config.t5.spiece_model)
         if not spiece or not paths.exists(spiece):
             raise FileNotFoundError(f"config.t5.spiece_model {spiece!r} not found (the T5 spiece.model shipped "
@@ -317,10 +430,18 @@ class BatchBuilder:
         self.t5_tok = t5_tokenizer.T5Tokenizer(spiece, max_length=int(config.t5.max_length))
         self.tok = tokenizer.get_tokenizer() if phase in ("b", "c") else None
 
-    def __call__(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def __call__(self, ex: Mapping[str, Any], step: int = 0) -> dict[str, np.ndarray]:
+        if self.phase == "vae":
+            return self.vae_batch(ex, step)
         if self.phase in ("a1", "a2"):
             return self.decoder_batch(ex)
         return self.mllm_batch(ex)
+
+    def vae_batch(self, ex: Mapping[str, Any], step: int) -> dict[str, np.ndarray]:
+        t, h, w = vae_stage(self.config.train.vae_curriculum, step)
+        rng = np.random.default_rng([int(self.config.seed), int(step)])
+        return {"frames": _to_unit(vae_windows(np.asarray(ex["frames"]), t, h, w, rng,
+                                               int(self.config.train.vae_windows_per_clip)))}
 
     def decoder_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
         out = {"flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}

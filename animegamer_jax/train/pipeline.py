@@ -7,7 +7,8 @@ At the end it writes a *system checkpoint* (``animegamer_jax/system_checkpoint.p
 component of the phase's model plus the components of the init checkpoint it did not hold, so the
 output of each phase is a complete system for the next one (and for the game engine).
 
-``run_all(config, workdir)`` chains a1 -> a2 -> b -> c in ``WORKDIR/<phase>/`` and leaves the final
+``run_all(config, workdir)`` chains ``config.train.pipeline`` (a1 -> a2 -> b -> c; configs/tiny.py
+first trains its VAE, phase "vae") in ``WORKDIR/<phase>/`` and leaves the final
 system in ``config.train.system_checkpoint`` (default ``WORKDIR/system``). A phase whose system
 checkpoint exists is skipped, so a killed pipeline resumes where it stopped.
 """
@@ -29,15 +30,19 @@ from animegamer_jax.train import loop, optim, phases
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phase in ("a1", "a2"):
+    if phase in ("vae", "a1", "a2"):
         return dict(mode="clips", batch_size=local_batch)
     return dict(mode="turns", batch_size=local_batch, include_frames=True)
 
 
 def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
-    """Endless, checkpointable Grain iterator over the prepared dataset for ``phase``."""
+    """Endless, checkpointable Grain iterator over the prepared dataset for ``phase``
+    (``config.data.dataset_dir``; phase "vae": ``config.train.vae_dataset_dir`` when set)."""
     from animegamer_jax.data import loader
 
+    if phase == "vae" and str(config.train.get("vae_dataset_dir", "")):
+        config = copy.deepcopy(config)
+        config.data.dataset_dir = str(config.train.vae_dataset_dir)
     return iter(loader.make_loader_from_config(config, **_loader_kwargs(config, phase, local_batch)))
 
 
@@ -97,8 +102,13 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         anything compiles); ValueError: ``global_batch_size`` not a multiple of ``grad_accum_steps``
         x process count.
     """
+    phase = str(config.train.phase)
+    init_ckpt = str(config.train.init_checkpoint)
+    if init_ckpt and phase != "vae" and "vae" in system_checkpoint.read_manifest(init_ckpt)["components"]:
+        # the VAE's latent scale travels with its weights (the "vae" phase sets it)
+        config = copy.deepcopy(config)
+        config.vae.scaling_factor = float(system_checkpoint.load_config(init_ckpt).vae.scaling_factor)
     t = config.train
-    phase = str(t.phase)
     workdir = str(paths.as_path(workdir))
     mesh, rules = parallel.mesh_from_config(config), parallel.rules_from_config(config)
     accum = int(t.grad_accum_steps)
@@ -115,7 +125,6 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     trained, total = trainer.num_trainable()
     status("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
                  dict(mesh.shape))
-    init_ckpt = str(t.init_checkpoint)
 
     def init_state() -> nnx.State:
         state = trainer.init()
@@ -138,20 +147,46 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
     if stop_after is not None and result.end_step < steps * accum:
         return ""  # stopped early (a simulated kill): checkpoints written, no system yet
+    if phase == "vae" and bool(t.get("vae_fit_scaling_factor", True)):
+        config = copy.deepcopy(config)
+        model, _ = trainer.split(result.state)
+        batches = [builder(next(data), step=steps * accum) for _ in range(4)]
+        config.vae.scaling_factor = phases.latent_scaling_factor(model.vae, batches)
+        status("vae.scaling_factor = %.6g (1 / std of the latents of 4 batches)", config.vae.scaling_factor)
     out = system_out or str(t.system_checkpoint) or paths.join(workdir, "system")
     status("writing the system checkpoint %s", out)
     return write_system(trainer, result.state, config, out, init_ckpt)
 
 
 def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options: dict | None = None) -> str:
-    """a1 -> a2 -> b -> c, each starting from the previous phase's system checkpoint; returns the final one."""
+    """Runs ``config.train.pipeline`` (default a1 -> a2 -> b -> c), each phase starting from the previous
+    phase's system checkpoint, with ``config.train.pipeline_steps`` steps and
+    ``config.train.pipeline_learning_rates`` peak LRs each when given; returns the final system checkpoint.
+
+    Raises:
+      ValueError: an unknown phase in the pipeline, or ``pipeline_steps`` / ``pipeline_learning_rates``
+        of another length.
+    """
     workdir = str(paths.as_path(workdir))
     final = str(paths.as_path(str(config.train.system_checkpoint) or paths.join(workdir, "system")))
     prev = str(config.train.init_checkpoint)
-    for phase in phases.PHASES:
+    pipeline = tuple(config.train.get("pipeline", ("a1", "a2", "b", "c")))
+    steps = tuple(config.train.get("pipeline_steps", ()))
+    unknown = [p for p in pipeline if p not in phases.PHASES]
+    if unknown or not pipeline:
+        raise ValueError(f"config.train.pipeline {pipeline} has unknown phases {unknown}; use {phases.PHASES}")
+    lrs = tuple(config.train.get("pipeline_learning_rates", ()))
+    for name, given in (("pipeline_steps", steps), ("pipeline_learning_rates", lrs)):
+        if given and len(given) != len(pipeline):
+            raise ValueError(f"config.train.{name} {given} must give one value per phase of {pipeline}")
+    for i, phase in enumerate(pipeline):
         c = copy.deepcopy(config)
         c.train.phase, c.train.init_checkpoint = phase, prev
-        out = final if phase == phases.PHASES[-1] else paths.join(workdir, phase, "system")
+        if steps:
+            c.train.num_steps = int(steps[i])
+        if lrs:
+            c.train.learning_rate = float(lrs[i])
+        out = final if i == len(pipeline) - 1 else paths.join(workdir, phase, "system")
         c.train.system_checkpoint = out
         if system_checkpoint.is_complete(out):
             status("phase %s already done (%s)", phase, out)

@@ -1,0 +1,575 @@
+"""The one attention entry point of the project (DiT, Mistral/MLLM, CLIP, T5).
+
+:func:`dot_product_attention` takes queries/keys/values with head axes, an optional additive
+bias and an :class:`AttentionMask`, and runs one of several kernels that compute the same
+function (softmax in float32):
+
+``"reference"``
+    Plain einsum + softmax over the full ``[B, N, L, S]`` score tensor. The specification every
+    other path is tested against.
+``"xla"``
+    ``jax.nn.dot_product_attention(implementation="xla")`` (dense; what XLA fuses best at small L).
+``"blockwise"``
+    Memory-efficient attention (Rabe & Staats 2021, "Self-attention does not need O(n^2)
+    memory"; the online softmax of FlashAttention, Dao et al. 2022): queries in blocks of
+    ``block_q``, a ``lax.scan`` over key/value blocks of ``block_k`` carrying the running max,
+    normaliser and output, so only ``[B, N, block_q, block_k]`` scores exist at a time. Without a
+    bias it has a custom VJP (the FlashAttention backward: recompute the tile's probabilities from
+    the saved log-sum-exp), so training stores ``O(L)`` per layer instead of ``O(L*S)``. Tiles the
+    mask hides entirely (e.g. above the causal diagonal) are skipped with ``lax.cond``.
+``"cudnn"``
+    ``jax.nn.dot_product_attention(implementation="cudnn")``: cuDNN flash attention on NVIDIA
+    GPUs (bf16/fp16 only). Masks go in as ``is_causal`` / ``local_window_size`` /
+    ``key_value_seq_lengths`` where they can, else as a dense mask.
+``"splash"``
+    The Pallas TPU splash-attention kernel (``jax.experimental.pallas.ops.tpu.splash_attention``)
+    for masks it expresses statically (full, causal, causal + sliding window, key padding as
+    segment ids, positions ``0..L-1``). ``splash_interpret=True`` runs it in Pallas interpret
+    mode (any backend; used by the CPU tests).
+``"auto"``
+    GPU: cuDNN when the dtype/head size allow it, else blockwise. TPU: splash when the mask
+    allows it, else blockwise. Other backends (CPU): the dense XLA path while the fp32 score
+    tensor of one call stays under ``dense_limit_bytes`` (XLA:CPU runs small dense attention
+    faster than a loop of tiles), blockwise above. The choice is logged once per distinct
+    (backend, implementation, shape) at INFO level.
+
+Masks are expressed once, as positions (:class:`AttentionMask`): key j is visible from query i iff
+
+    (not causal or k_pos[j] <= q_pos[i]) and (not window or q_pos[i] - k_pos[j] < window)
+    or (block_first <= q_pos[i] <= block_last and block_first <= k_pos[j] <= block_last),
+    and kv_valid[j] and dense[i, j],
+
+the causal / sliding-window rule of HF Mistral (``sliding_window_overlay``), the bidirectional
+query block of AnimeGamer's hybrid mask (architecture.md §1.4) and key padding. Every kernel
+evaluates exactly this rule (the blockwise one per tile, :meth:`AttentionMask.tile`). Rows that
+see no key at all return zeros in the blockwise path (the dense paths return the mean of V);
+no model of this project produces such rows on positions it reads.
+
+Shapes: B batch, L queries, S keys, N query heads, K key/value heads (N a multiple of K, grouped
+query attention), H head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+log = logging.getLogger(__name__)
+
+IMPLEMENTATIONS = ("auto", "reference", "xla", "blockwise", "cudnn", "splash")
+#: fp32 score bytes of one call below which ``auto`` keeps the dense XLA path off GPU/TPU.
+DENSE_LIMIT_BYTES = 64 * 2**20
+_NEG = -1e30  # finite "minus infinity" for masked scores (exp underflows to exactly 0)
+
+
+@flax.struct.dataclass
+class AttentionMask:
+    """Which keys each query may see, as positions (the rule is in the module docstring).
+
+    Fields (all optional; None = no constraint of that kind):
+      q_pos: int32 [B, L] query positions (default ``arange(L)``).
+      k_pos: int32 [B, S] key positions (default ``arange(S)``).
+      kv_valid: bool [B, S] keys that exist (padding / unfilled cache slots are False).
+      block_first, block_last: int32 [B] inclusive position range of the bidirectional query
+        block (rows with ``first > last`` have none).
+      dense: bool [B, L, S] (or broadcastable) explicit extra mask, ANDed; the escape hatch for
+        masks the fields above cannot express.
+      causal: static bool; window: static int or None (sliding window, Mistral semantics).
+    """
+
+    q_pos: Array | None = None
+    k_pos: Array | None = None
+    kv_valid: Array | None = None
+    block_first: Array | None = None
+    block_last: Array | None = None
+    dense: Array | None = None
+    causal: bool = flax.struct.field(pytree_node=False, default=False)
+    window: int | None = flax.struct.field(pytree_node=False, default=None)
+
+    @property
+    def is_empty(self) -> bool:
+        """True when every key is visible from every query."""
+        return (not self.causal and not self.window and self.kv_valid is None and self.dense is None)
+
+    def positions(self, b: int, l: int, s: int) -> tuple[Array, Array]:
+        """(q_pos [B, L], k_pos [B, S]) int32 with the defaults filled in."""
+        q = self.q_pos if self.q_pos is not None else jnp.arange(l, dtype=jnp.int32)[None]
+        k = self.k_pos if self.k_pos is not None else jnp.arange(s, dtype=jnp.int32)[None]
+        return jnp.broadcast_to(q, (b, l)).astype(jnp.int32), jnp.broadcast_to(k, (b, s)).astype(jnp.int32)
+
+    def tile(self, q_pos: Array, k_pos: Array, kv_valid: Array | None, dense: Array | None) -> Array | None:
+        """The rule on one tile. q_pos [B, l], k_pos [B, s] int32; kv_valid [B, s] bool or None;
+        dense [B, l, s] bool or None. Returns bool [B, l, s] (True = visible) or None (all)."""
+        m = None
+        d = q_pos[:, :, None] - k_pos[:, None, :]
+        if self.causal:
+            m = d >= 0
+        if self.window:
+            w = d < self.window
+            m = w if m is None else m & w
+        if m is not None and self.block_first is not None:
+            f, e = self.block_first[:, None], self.block_last[:, None]
+            qi = (q_pos >= f) & (q_pos <= e)
+            ki = (k_pos >= f) & (k_pos <= e)
+            m = m | (qi[:, :, None] & ki[:, None, :])
+        if kv_valid is not None:
+            kv = jnp.broadcast_to(kv_valid[:, None, :], d.shape)
+            m = kv if m is None else m & kv
+        if dense is not None:
+            m = dense if m is None else m & dense
+        return m
+
+    def materialize(self, b: int, l: int, s: int) -> Array | None:
+        """Dense bool [B, L, S] mask (None when nothing is masked)."""
+        q, k = self.positions(b, l, s)
+        kv = None if self.kv_valid is None else jnp.broadcast_to(self.kv_valid, (b, s)).astype(bool)
+        dense = None if self.dense is None else jnp.broadcast_to(self.dense, (b, l, s)).astype(bool)
+        return self.tile(q, k, kv, dense)
+
+
+def causal_mask(window: int | None = None, **kw: Any) -> AttentionMask:
+    """Causal (+ sliding window) :class:`AttentionMask`; ``kw`` sets the other fields."""
+    return AttentionMask(causal=True, window=int(window) if window else None, **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels.
+
+
+def _group(q: Array, k: Array) -> tuple[int, int]:
+    n, kh = q.shape[2], k.shape[2]
+    if n % kh:
+        raise ValueError(f"attention: {n} query heads are not a multiple of {kh} key/value heads")
+    return kh, n // kh
+
+
+def _reference(q, k, v, bias, mask: AttentionMask, scale):
+    b, l, n, h = q.shape
+    s = k.shape[1]
+    kh, g = _group(q, k)
+    qg = q.reshape(b, l, kh, g, h)
+    logits = jnp.einsum("BLKGH,BSKH->BKGLS", qg, k, preferred_element_type=jnp.float32) * scale
+    if bias is not None:
+        logits = logits + jnp.broadcast_to(bias.astype(jnp.float32), (b, n, l, s)).reshape(b, kh, g, l, s)
+    m = mask.materialize(b, l, s)
+    if m is not None:
+        logits = jnp.where(m[:, None, None], logits, _NEG)
+    p = jax.nn.softmax(logits, axis=-1)
+    if m is not None:  # fully masked rows -> 0 (the blockwise convention)
+        p = jnp.where(m.any(-1)[:, None, None, :, None], p, 0.0)
+    o = jnp.einsum("BKGLS,BSKH->BLKGH", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return o.reshape(b, l, n, h).astype(q.dtype)
+
+
+def _xla(q, k, v, bias, mask: AttentionMask, scale, implementation="xla"):
+    b, l = q.shape[:2]
+    s = k.shape[1]
+    m = mask.materialize(b, l, s)
+    if bias is not None:
+        bias = jnp.broadcast_to(bias, (bias.shape[0], q.shape[2], l, s)).astype(q.dtype)
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=bias, mask=None if m is None else m[:, None], scale=scale, implementation=implementation
+    )
+
+
+def _cudnn(q, k, v, bias, mask: AttentionMask, scale):
+    l, s = q.shape[1], k.shape[1]
+    native = (mask.q_pos is None and mask.k_pos is None and mask.block_first is None and mask.dense is None
+              and mask.kv_valid is None and (l == s or not mask.causal))
+    if not native:  # cuDNN still runs; the mask goes in dense
+        return _xla(q, k, v, bias, mask, scale, implementation="cudnn")
+    window = (mask.window - 1, 0) if mask.window else None
+    return jax.nn.dot_product_attention(
+        q, k, v, bias=None if bias is None else bias.astype(q.dtype), scale=scale, is_causal=mask.causal,
+        local_window_size=window, implementation="cudnn",
+    )
+
+
+def _splash_supported(q, k, bias, mask: AttentionMask) -> bool:
+    l, s = q.shape[1], k.shape[1]
+    return (bias is None and mask.q_pos is None and mask.k_pos is None and mask.block_first is None
+            and mask.dense is None and (l == s or not mask.causal))
+
+
+def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, block: int = 128):
+    """Pallas TPU splash attention for full / causal / local masks with key padding."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    b, l, n, h = q.shape
+    s = k.shape[1]
+    kh, g = _group(q, k)
+    lp, sp = -(-l // block) * block, -(-s // block) * block
+    if mask.causal or mask.window:
+        left = (mask.window - 1) if mask.window else None
+        right = 0 if mask.causal else None
+        head_mask = sm.LocalMask((lp, sp), (left, right), offset=0) if mask.window else sm.CausalMask((lp, sp))
+    else:
+        head_mask = sm.FullMask((lp, sp))
+    bs = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                       block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    kernel = sk.make_splash_mha(sm.MultiHeadMask([head_mask] * n), block_sizes=bs, head_shards=1,
+                                q_seq_shards=1, interpret=interpret)
+    q_seg = jnp.concatenate([jnp.ones((b, l), jnp.int32), jnp.zeros((b, lp - l), jnp.int32)], 1)
+    valid = jnp.ones((b, s), bool) if mask.kv_valid is None else jnp.broadcast_to(mask.kv_valid, (b, s))
+    # Padded queries (segment 0) see only padded / invalid keys (segment 0): finite rows, dropped
+    # below, and no NaN reaches the backward pass.
+    kv_seg = jnp.concatenate([valid.astype(jnp.int32), jnp.zeros((b, sp - s), jnp.int32)], 1)
+    qp = jnp.pad(q * jnp.asarray(scale, q.dtype), ((0, 0), (0, lp - l), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    kp = jnp.pad(k, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+    vp = jnp.pad(v, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
+    # Grouped heads share K/V: repeat them (splash's MQA mode covers only K = 1).
+    kp = jnp.repeat(kp, g, axis=2).transpose(0, 2, 1, 3)
+    vp = jnp.repeat(vp, g, axis=2).transpose(0, 2, 1, 3)
+    seg = sk.SegmentIds(q=q_seg, kv=kv_seg)
+    o = jax.vmap(kernel)(qp, kp, vp, segment_ids=seg)
+    del kh
+    return o.transpose(0, 2, 1, 3)[:, :l].astype(q.dtype)
+
+
+# --- blockwise -------------------------------------------------------------------------------
+
+
+def _pad_to(x: Array, axis: int, size: int, value: Any = 0) -> Array:
+    if x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad, constant_values=value)
+
+
+def _tiles(q, k, v, mask: AttentionMask, bq: int, bk: int):
+    """Blocks along the sequence axes. Returns q [nq,B,bq,K,G,H], k/v [nk,B,bk,K,H], qpos
+    [nq,B,bq], kpos [nk,B,bk], kvalid [nk,B,bk] and dense [nq,nk,B,bq,bk] (or None)."""
+    b, l, n, h = q.shape
+    s = k.shape[1]
+    kh, g = _group(q, k)
+    nq, nk = -(-l // bq), -(-s // bk)
+    qpos, kpos = mask.positions(b, l, s)
+    qpos = _pad_to(qpos, 1, nq * bq).reshape(b, nq, bq).transpose(1, 0, 2)
+    kpos = _pad_to(kpos, 1, nk * bk).reshape(b, nk, bk).transpose(1, 0, 2)
+    valid = jnp.ones((b, s), bool) if mask.kv_valid is None else jnp.broadcast_to(mask.kv_valid, (b, s)).astype(bool)
+    kvalid = _pad_to(valid, 1, nk * bk, False).reshape(b, nk, bk).transpose(1, 0, 2)
+    dense = None
+    if mask.dense is not None:
+        d = jnp.broadcast_to(mask.dense, (b, l, s)).astype(bool)
+        d = _pad_to(_pad_to(d, 1, nq * bq, False), 2, nk * bk, False)
+        dense = d.reshape(b, nq, bq, nk, bk).transpose(1, 3, 0, 2, 4)
+    qt = _pad_to(q, 1, nq * bq).reshape(b, nq, bq, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
+    kt = _pad_to(k, 1, nk * bk).reshape(b, nk, bk, kh, h).transpose(1, 0, 2, 3, 4)
+    vt = _pad_to(v, 1, nk * bk).reshape(b, nk, bk, kh, h).transpose(1, 0, 2, 3, 4)
+    return qt, kt, vt, qpos, kpos, kvalid, dense
+
+
+def _tile_scores(qb, kb, bias_t, vis, scale):
+    """Scores [B, K, G, bq, bk] fp32 of one tile, masked with _NEG."""
+    s = jnp.einsum("BQKGH,BSKH->BKGQS", qb, kb, preferred_element_type=jnp.float32) * scale
+    if bias_t is not None:
+        s = s + bias_t
+    return jnp.where(vis[:, None, None], s, _NEG)
+
+
+def _bias_tile(bias, iq, ik, bq, bk, kh, g):
+    """bias [Bb, N, Lp, Sp] fp32 -> tile [Bb, K, G, bq, bk]."""
+    bb = bias.shape[0]
+    t = jax.lax.dynamic_slice(bias, (0, 0, iq * bq, ik * bk), (bb, bias.shape[1], bq, bk))
+    return t.reshape(bb, kh, g, bq, bk)
+
+
+def _blockwise_fwd_core(mask: AttentionMask, scale, bq, bk, q, k, v, bias):
+    """Forward over tiles. Returns (o [B, L, N, H] q.dtype, lse [nq, B, K, G, bq] fp32)."""
+    b, l, n, h = q.shape
+    kh, g = _group(q, k)
+    qt, kt, vt, qpos, kpos, kvalid, dense = _tiles(q, k, v, mask, bq, bk)
+    nq, nk = qt.shape[0], kt.shape[0]
+    if bias is not None:
+        bias = jnp.broadcast_to(bias.astype(jnp.float32), (bias.shape[0], n, l, k.shape[1]))
+        bias = _pad_to(_pad_to(bias, 2, nq * bq), 3, nk * bk)
+
+    def q_block(args):
+        iq, qb, qp = args
+        init = (jnp.zeros(qb.shape, jnp.float32),
+                jnp.full((b, kh, g, bq), _NEG, jnp.float32), jnp.zeros((b, kh, g, bq), jnp.float32))
+
+        def kv_step(carry, xs):
+            ik, kb, vb, kp, kvd = xs
+            dn = None if dense is None else dense[iq, ik]
+            vis = mask.tile(qp, kp, kvd, dn)
+            vis = jnp.ones((b, bq, bk), bool) if vis is None else vis
+
+            def compute(c):
+                o, m, lsum = c
+                bt = None if bias is None else _bias_tile(bias, iq, ik, bq, bk, kh, g)
+                sc = _tile_scores(qb, kb, bt, vis, scale)
+                m_new = jnp.maximum(m, sc.max(-1))
+                p = jnp.where(vis[:, None, None], jnp.exp(sc - m_new[..., None]), 0.0)
+                corr = jnp.exp(m - m_new)
+                lsum = lsum * corr + p.sum(-1)
+                pv = jnp.einsum("BKGQS,BSKH->BQKGH", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
+                o = o * corr.transpose(0, 3, 1, 2)[..., None] + pv
+                return o, m_new, lsum
+
+            return jax.lax.cond(vis.any(), compute, lambda c: c, carry), None
+
+        (o, m, lsum), _ = jax.lax.scan(kv_step, init, (jnp.arange(nk), kt, vt, kpos, kvalid))
+        safe = jnp.where(lsum > 0, lsum, 1.0)
+        o = o / safe.transpose(0, 3, 1, 2)[..., None]
+        lse = jnp.where(lsum > 0, m + jnp.log(safe), jnp.inf)  # inf: row sees nothing -> p = 0 in bwd
+        return o.astype(q.dtype), lse
+
+    o, lse = jax.lax.map(q_block, (jnp.arange(nq), qt, qpos))
+    o = o.transpose(1, 0, 2, 3, 4, 5).reshape(b, nq * bq, n, h)[:, :l]
+    return o, lse
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
+def _blockwise_nobias(mask_static, scale, bq, bk, q, k, v, mask_arrays):
+    mask = _static_mask(mask_static, mask_arrays)
+    return _blockwise_fwd_core(mask, scale, bq, bk, q, k, v, None)[0]
+
+
+def _bw_fwd(mask_static, scale, bq, bk, q, k, v, mask_arrays):
+    mask = _static_mask(mask_static, mask_arrays)
+    o, lse = _blockwise_fwd_core(mask, scale, bq, bk, q, k, v, None)
+    return o, (q, k, v, mask_arrays, o, lse)
+
+
+def _bw_bwd(mask_static, scale, bq, bk, res, do):
+    """FlashAttention backward (Dao et al. 2022, Alg. 4): per tile, P = exp(S - lse),
+    dV += P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), dQ += dS K s, dK += dS^T Q s."""
+    q, k, v, mask_arrays, o, lse = res
+    mask = _static_mask(mask_static, mask_arrays)
+    b, l, n, h = q.shape
+    s = k.shape[1]
+    kh, g = _group(q, k)
+    qt, kt, vt, qpos, kpos, kvalid, dense = _tiles(q, k, v, mask, bq, bk)
+    nq, nk = qt.shape[0], kt.shape[0]
+    dot = _pad_to(do, 1, nq * bq).reshape(b, nq, bq, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
+    ot = _pad_to(o, 1, nq * bq).reshape(b, nq, bq, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
+    # D_i = rowsum(dO * O): [nq, B, K, G, bq]
+    delta = jnp.einsum("TBQKGH,TBQKGH->TBKGQ", dot.astype(jnp.float32), ot.astype(jnp.float32))
+
+    def kv_block(dq_acc, xs):
+        ik, kb, vb, kp, kvd = xs
+
+        def q_step(carry, ys):
+            dk, dv = carry
+            iq, qb, dob, qp, lse_b, dl = ys
+            dn = None if dense is None else dense[iq, ik]
+            vis = mask.tile(qp, kp, kvd, dn)
+            vis = jnp.ones((b, bq, bk), bool) if vis is None else vis
+
+            def compute(c):
+                dk, dv = c
+                sc = _tile_scores(qb, kb, None, vis, scale)
+                p = jnp.where(vis[:, None, None], jnp.exp(sc - lse_b[..., None]), 0.0)
+                dv = dv + jnp.einsum("BKGQS,BQKGH->BSKH", p.astype(dob.dtype), dob,
+                                     preferred_element_type=jnp.float32)
+                dp = jnp.einsum("BQKGH,BSKH->BKGQS", dob, vb, preferred_element_type=jnp.float32)
+                ds = p * (dp - dl[..., None]) * scale
+                dqb = jnp.einsum("BKGQS,BSKH->BQKGH", ds.astype(kb.dtype), kb, preferred_element_type=jnp.float32)
+                dk = dk + jnp.einsum("BKGQS,BQKGH->BSKH", ds.astype(qb.dtype), qb, preferred_element_type=jnp.float32)
+                return (dk, dv), dqb
+
+            def skip(c):
+                return c, jnp.zeros(qb.shape, jnp.float32)
+
+            return jax.lax.cond(vis.any(), compute, skip, (dk, dv))
+
+        zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
+        (dk, dv), dq_parts = jax.lax.scan(q_step, (zeros, zeros), (jnp.arange(nq), qt, dot, qpos, lse, delta))
+        return dq_acc + dq_parts, (dk, dv)
+
+    dq0 = jnp.zeros(qt.shape, jnp.float32)
+    dq, (dk, dv) = jax.lax.scan(kv_block, dq0, (jnp.arange(nk), kt, vt, kpos, kvalid))
+    dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, nq * bq, n, h)[:, :l].astype(q.dtype)
+    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, nk * bk, kh, h)[:, :s].astype(k.dtype)
+    dv = dv.transpose(1, 0, 2, 3, 4).reshape(b, nk * bk, kh, h)[:, :s].astype(v.dtype)
+    zero_mask = jax.tree.map(lambda a: None, mask_arrays)
+    return dq, dk, dv, zero_mask
+
+
+_blockwise_nobias.defvjp(_bw_fwd, _bw_bwd)
+
+
+def _static_mask(static: tuple[bool, int | None], arrays: dict[str, Array | None]) -> AttentionMask:
+    return AttentionMask(causal=static[0], window=static[1], **arrays)
+
+
+def _blockwise(q, k, v, bias, mask: AttentionMask, scale, block_q: int, block_k: int):
+    bq = min(block_q, q.shape[1])
+    bk = min(block_k, k.shape[1])
+    if bias is not None:  # bias may be trainable (T5): plain autodiff through the tiles
+        return jax.checkpoint(lambda *a: _blockwise_fwd_core(mask, scale, bq, bk, *a)[0])(q, k, v, bias)
+    arrays = {"q_pos": mask.q_pos, "k_pos": mask.k_pos, "kv_valid": mask.kv_valid,
+              "block_first": mask.block_first, "block_last": mask.block_last, "dense": mask.dense}
+    return _blockwise_nobias((mask.causal, mask.window), float(scale), bq, bk, q, k, v, arrays)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch.
+
+_logged: set[tuple] = set()
+
+
+def _auto(q, k, bias, mask: AttentionMask, dense_limit_bytes: int) -> str:
+    backend = jax.default_backend()
+    b, l, n, h = q.shape
+    s = k.shape[1]
+    if backend == "gpu":
+        if q.dtype in (jnp.bfloat16, jnp.float16) and h <= 128 and h % 8 == 0:
+            return "cudnn"
+        return "blockwise"
+    if backend == "tpu":
+        return "splash" if _splash_supported(q, k, bias, mask) else "blockwise"
+    return "xla" if b * n * l * s * 4 <= dense_limit_bytes else "blockwise"
+
+
+def resolve(implementation: str | None, q: Array, k: Array, bias: Array | None = None,
+            mask: AttentionMask | None = None, dense_limit_bytes: int = DENSE_LIMIT_BYTES) -> str:
+    """The kernel ``implementation`` ("auto"/None resolved for this backend and shape) would run.
+
+    Raises: ValueError for an unknown name.
+    """
+    impl = implementation or "auto"
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    if impl != "auto":
+        return impl
+    chosen = _auto(q, k, bias, mask or AttentionMask(), dense_limit_bytes)
+    key = (jax.default_backend(), chosen, q.shape, k.shape, q.dtype.name)
+    if key not in _logged:
+        _logged.add(key)
+        log.info("attention auto -> %s (backend %s, q %s, k %s, %s)", chosen, key[0], q.shape, k.shape, q.dtype)
+    return chosen
+
+
+def dot_product_attention(
+    q: Array,
+    k: Array,
+    v: Array,
+    *,
+    bias: Array | None = None,
+    mask: AttentionMask | None = None,
+    scale: float | None = None,
+    implementation: str | None = "auto",
+    block_q: int = 512,
+    block_k: int = 512,
+    dense_limit_bytes: int = DENSE_LIMIT_BYTES,
+    splash_interpret: bool = False,
+) -> Array:
+    """Multi-head / grouped-query attention, ``softmax(q k^T * scale + bias, masked) v``.
+
+    Args:
+      q: [B, L, N, H]; k, v: [B, S, K, H] (N a multiple of K); any float dtype (scores and
+        softmax in float32).
+      bias: additive float [B|1, N, L, S] (T5's relative position bias) or None.
+      mask: :class:`AttentionMask` or None (everything visible).
+      scale: score scale, default ``H**-0.5`` (T5 passes 1.0).
+      implementation: one of ``IMPLEMENTATIONS`` (module docstring); None = "auto".
+      block_q, block_k: tile sizes of the blockwise path (clipped to L and S).
+      dense_limit_bytes: "auto" keeps the dense path off GPU/TPU below this fp32 score size.
+      splash_interpret: run the splash kernel in Pallas interpret mode (tests on CPU).
+
+    Returns: [B, L, N, H] in q's dtype.
+
+    Raises: ValueError for an unknown implementation, heads that do not group, or a mask or bias
+      the explicitly requested kernel cannot take ("splash").
+    """
+    mask = mask or AttentionMask()
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    impl = resolve(implementation, q, k, bias, mask, dense_limit_bytes)
+    if impl == "reference":
+        return _reference(q, k, v, bias, mask, scale)
+    if impl == "xla":
+        return _xla(q, k, v, bias, mask, scale)
+    if impl == "cudnn":
+        return _cudnn(q, k, v, bias, mask, scale)
+    if impl == "splash":
+        if not _splash_supported(q, k, bias, mask):
+            raise ValueError("attention: the splash kernel takes full/causal/local masks with key padding, "
+                             "positions 0..L-1 and no bias; use 'auto' or 'blockwise' for this call")
+        return _splash(q, k, v, mask, scale, interpret=splash_interpret)
+    return _blockwise(q, k, v, bias, mask, scale, block_q, block_k)
+
+
+def _context_axes(l: int, s: int) -> tuple[Any, tuple[str, ...]]:
+    """(abstract mesh, mesh axes of ``act_length`` with size > 1 dividing L and S) or (None, ())."""
+    from animegamer_jax.parallel import mesh as pmesh
+
+    mesh = pmesh._active_mesh()
+    if mesh is None:
+        return None, ()
+    from flax.core import spmd as core_spmd
+
+    if not core_spmd.get_logical_axis_rules():
+        return None, ()
+    entry = pmesh.logical_to_spec(("act_length",))[0]
+    if entry is None:
+        return None, ()
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    axes = tuple(a for a in ((entry,) if isinstance(entry, str) else entry) if sizes[a] > 1)
+    n = 1
+    for a in axes:
+        n *= sizes[a]
+    if not axes or l % n or s % n:
+        return None, ()
+    return mesh, axes
+
+
+def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | None = None,
+                               implementation: str | None = "auto", **kw: Any) -> Array:
+    """Unmasked attention with the sequence sharded over the mesh axes of ``act_length``.
+
+    Context parallelism by all-gather of K/V inside ``shard_map``: each device keeps its L/C
+    queries, gathers the full K and V of its batch / head slice over the ``context`` axes and runs
+    :func:`dot_product_attention` locally (blockwise or a flash kernel, so no device holds more than
+    its ``[L/C, S]`` tiles). Why all-gather rather than Ulysses all-to-all over heads: the DiT's
+    30 heads do not divide a context size of 4 or 8, and K/V of one layer (2 x 6976 x 1920 bf16,
+    53 MB) are small next to its attention FLOPs, so gathering them costs little; full (unmasked)
+    attention also leaves no causal load imbalance for a ring schedule to fix.
+
+    Shapes as :func:`dot_product_attention`; batch / heads keep their ``act_batch`` /
+    ``act_heads`` shardings. Without an active mesh whose ``act_length`` axes divide L and S this
+    is plain :func:`dot_product_attention`.
+    """
+    mesh, axes = _context_axes(q.shape[1], k.shape[1])
+    if mesh is None:
+        return dot_product_attention(q, k, v, scale=scale, implementation=implementation, **kw)
+    from jax.sharding import PartitionSpec as P
+
+    from animegamer_jax.parallel import mesh as pmesh
+
+    def spec(x, names):
+        return pmesh._fit_spec(pmesh.logical_to_spec(names), x.shape, mesh)
+
+    q_spec = spec(q, ("act_batch", "act_length", "act_heads", None))
+    kv_spec = spec(k, ("act_batch", "act_length", "act_kv_heads", None))
+    # heads split over an axis only when both q and k/v heads divide it
+    if q_spec[2] != kv_spec[2]:
+        q_spec = P(q_spec[0], q_spec[1], None, None)
+        kv_spec = P(kv_spec[0], kv_spec[1], None, None)
+    gather = axes[0] if len(axes) == 1 else axes
+
+    def local(ql, kl, vl):
+        kf = jax.lax.all_gather(kl, gather, axis=1, tiled=True)
+        vf = jax.lax.all_gather(vl, gather, axis=1, tiled=True)
+        return dot_product_attention(ql, kf, vf, scale=scale, implementation=implementation, **kw)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec,
+                         check_vma=False)(q, k, v)
+
+
+def score_bytes(b: int, n: int, l: int, s: int) -> int:
+    """Bytes of the fp32 score tensor a dense kernel materialises (for logs and benchmarks)."""
+    return int(b) * int(n) * int(l) * int(s) * 4
+
+
+__all__ = ["AttentionMask", "causal_mask", "context_parallel_attention", "dot_product_attention", "resolve",
+           "IMPLEMENTATIONS", "score_bytes"]
