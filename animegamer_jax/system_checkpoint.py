@@ -54,6 +54,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from animegamer_jax import fileio, parallel, paths
+from animegamer_jax.convert.common import count_params
 
 COMPONENTS: tuple[str, ...] = ("mllm", "dit", "vae", "shot_encoder", "clip", "t5")
 FORMAT_VERSION = 1
@@ -271,11 +272,6 @@ def config_from_json(d: Mapping[str, Any]) -> ml_collections.ConfigDict:
     return fix(dict(d))
 
 
-def count_params(state: Any) -> int:
-    """Number of scalars in every array leaf of an NNX state (abstract or concrete)."""
-    return int(sum(np.prod(x.shape) for x in jax.tree.leaves(state) if hasattr(x, "shape")))
-
-
 def _pure(module_or_state: Any) -> dict:
     state = nnx.state(module_or_state) if isinstance(module_or_state, nnx.Module) else module_or_state
     state = nnx.filter_state(state, nnx.Not(nnx.RngState)) if isinstance(state, nnx.State) else state
@@ -415,9 +411,13 @@ def check_component(directory: str, name: str, target_pure: Any) -> None:
     misshaped = sorted(f"{k}: stored {have[k]} vs config {want[k]}" for k in set(want) & set(have)
                        if have[k] != want[k])
     if missing or unexpected or misshaped:
+        hint = ""
+        if name == "dit" and "blocks/qkv_kernel" in unexpected:
+            hint = (". Fix: this DiT has the old flat block layout; rewrite the checkpoint with "
+                    "`python -m animegamer_jax.convert.cogvideox_dit migrate SRC DST`")
         raise SystemCheckpointError(
             f"component {name!r} in {directory} does not match the module built from the config: "
-            f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}")
+            f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}{hint}")
 
 
 def _restore_into(graphdef: nnx.GraphDef, target: nnx.State, pure: dict, name: str) -> nnx.Module:
@@ -516,7 +516,7 @@ class SystemWriter:
 
         w = SystemWriter(tmp_dir, config)
         w.add("vae", ("decoder", "conv_in", "conv", "kernel"), array)     # a whole leaf
-        put = w.stacked("dit", ("blocks", "qkv_kernel"), (30, 1920, 3, 30, 64), "float32")
+        put = w.stacked("dit", ("blocks", "attn1", "to_q", "kernel"), (30, 1920, 30, 64), "float32")
         for l in range(30): put(l, layer_l)                              # one layer at a time
         w.finish()                                                       # then rename tmp_dir
 

@@ -52,7 +52,7 @@ def dit_module_config(cfg, inference: bool):
 
     dc = DiTConfig.from_config(cfg.dit, text_length=num_queries(cfg))
     if inference:
-        dc = dataclasses.replace(dc, lora_rank=0, param_dtype=cfg.dit.dtype, remat=False)
+        dc = dataclasses.replace(dc, lora_rank=0, param_dtype=cfg.dit.dtype, remat="none")
     return dc
 
 
@@ -71,7 +71,7 @@ def build_vae(cfg, seed: int = 0):
 def build_mistral(cfg, inference: bool, seed: int = 0):
     from animegamer_jax.models.mistral import Mistral
 
-    over = {"lora_rank": 0} if inference else {"remat": True}
+    over = {"lora_rank": 0} if inference else {"remat": "full"}
     return Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
 
 
@@ -285,7 +285,7 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
                 "cond": b.array((n, q, d), jnp.float32), "t": b.array((n,), jnp.int32, kind="timesteps"),
                 "flow": b.array((n,), jnp.float32)}
         return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
-                     note=f"global batch {n}, remat {bool(cfg.dit.remat)}")
+                     note=f"global batch {n}, remat {cfg.dit.remat}")
     if name == "train_b_mllm":
         from animegamer_jax.models import mistral as mst
 

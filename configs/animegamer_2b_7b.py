@@ -86,6 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.clip.hidden_act = "gelu"  # OpenCLIP laion2b uses exact GELU; OpenAI CLIP uses quick_gelu
     c.clip.layer_norm_eps = 1e-5  # LayerNorm eps
     c.clip.dtype = "bfloat16"  # compute dtype (release runs fp16)
+    c.clip.remat = "none"  # remat policy of both towers' block scans (models/remat.py)
     c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "xla", "blockwise", "cudnn", "splash"
 
     # ---- T5-v1.1-XXL encoder, frozen (§3.2) ----
@@ -101,6 +102,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.t5.layer_norm_eps = 1e-6  # T5 RMS norm eps
     c.t5.max_length = 30  # tokens per action text (padded/truncated; §3.2 is_plan_3)
     c.t5.dtype = "float32"  # fp32: bf16 without a mask blows up the residual stream
+    c.t5.remat = "none"  # remat policy of the block scan (models/remat.py)
     c.t5.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
     c.t5.spiece_model = ""  # path to the user's T5 spiece.model (shipped with the T5 weights)
 
@@ -129,7 +131,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (§2.4)
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
     c.mllm.max_new_tokens = 11  # state tokens decoded per turn after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (11, §1.5)
-    c.mllm.remat = False  # rematerialize each decoder layer (jax.checkpoint) to save activation memory in training
+    c.mllm.remat = "none"  # remat policy of the decoder-layer scan: none | full | save_dots | offload_dots (models/remat.py)
     c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
 
     # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
@@ -157,7 +159,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (§4.6, UNCERTAIN upstream)
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
     c.dit.param_dtype = "float32"  # master weights
-    c.dit.remat = True  # rematerialize each block in training
+    c.dit.remat = "full"  # remat policy of the block scan: none | full | save_dots | offload_dots (models/remat.py)
     c.dit.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl); L = 6976 at full size
     # motion level (1..5) -> flow value fed to flow_embed (§4.8, inference_Decoder.py table)
     c.dit.flow_table = (0.5, 2.5, 10.0, 15.0, 40.0)
@@ -247,7 +249,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
-    c.train.remat = True  # training: rematerialize every MLLM / DiT block (overrides mllm.remat / dit.remat)
+    c.train.remat = "full"  # training: remat policy of every MLLM / DiT block scan (overrides mllm.remat / dit.remat unless "none")
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0

@@ -72,7 +72,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.sample_height = 8  # 64 px / 8
     c.dit.sample_width = 12  # 96 px / 8
     c.dit.dtype = "float32"
-    c.dit.remat = False
+    c.dit.remat = "none"
 
     c.vae.block_out_channels = (64, 32, 32, 32)  # SAT ch 32 x ch_mult (2, 1, 1, 1)
     c.vae.encoder_in_channels = 32  # SAT encoder conv_in width = ch (differs from level 0 here)
@@ -86,5 +86,5 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.game.mode = "reference"
     c.game.max_instruction_tokens = 48
-    c.train.remat = False
+    c.train.remat = "none"  # toy sizes: no activation memory to save
     return c

@@ -80,7 +80,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.lora_rank = 4
     c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
     c.dit.dtype = "float32"
-    c.dit.remat = False
+    c.dit.remat = "none"
 
     # 4 latent channels: the shape of the shipped checkpoints/tiny_system (random VAE). Its trained
     # successor uses CogVideoX's 16 (41x compression instead of 163x): train it with
@@ -116,7 +116,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0
-    c.train.remat = False  # toy sizes: no activation memory to save
+    c.train.remat = "none"  # toy sizes: no activation memory to save
     c.train.max_seq_len = 256  # 3 turns of 1 + text + 28 + 14 tokens at 24 queries
 
     c.game.checkpoint = "checkpoints/tiny_system"  # the shipped tiny system (save_system layout)

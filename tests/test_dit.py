@@ -21,7 +21,9 @@ from flax import nnx
 
 from animegamer_jax.convert import cogvideox_dit as conv
 from animegamer_jax.diffusion import samplers
-from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig, flow_value, merge_lora, trainable_filter
+from animegamer_jax.models import lora as lora_lib
+from animegamer_jax.models.cogvideox_dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
+                                                 trainable_filter)
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
 CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
@@ -76,6 +78,76 @@ def test_parity_vs_diffusers_from_saved_file(ref, tmp_path):
     # The orbax round trip of the converter CLI path gives the same network.
     conv.convert("diffusers", ref["path"], str(tmp_path / "ckpt"), CFG)
     np.testing.assert_array_equal(_run(conv.load_orbax(str(tmp_path / "ckpt")), ref), _run(model, ref))
+
+
+@pytest.mark.parity
+def test_block_parity_vs_diffusers_cogvideox_block():
+    """One `DiTBlock` against diffusers' `CogVideoXBlock` (fp32, converted through `block_from_diffusers`)."""
+    import torch
+    from diffusers.models.transformers.cogvideox_transformer_3d import CogVideoXBlock
+
+    torch.manual_seed(1)
+    tb = CogVideoXBlock(dim=32, num_attention_heads=2, attention_head_dim=16, time_embed_dim=16,
+                        attention_bias=True, norm_eps=CFG.norm_eps).eval()
+    with torch.no_grad():
+        for p in tb.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    img, txt, temb = torch.randn(2, 24, 32), torch.randn(2, TEXT_LEN, 32), torch.randn(2, 16)
+    with torch.no_grad():
+        ref_img, ref_txt = (t.numpy() for t in tb(img, txt, temb))
+    sd = {k: v.numpy() for k, v in tb.state_dict().items()}
+    block = conv.load_params(DiTBlock(CFG, rngs=nnx.Rngs(0)), conv.block_from_diffusers(sd, "", CFG))
+    got_txt, got_img = nnx.jit(lambda b, t, i, e: b(t, i, e))(block, *(jnp.asarray(a.numpy()) for a in (txt, img, temb)))
+    err = max(np.abs(np.asarray(got_img) - ref_img).max(), np.abs(np.asarray(got_txt) - ref_txt).max())
+    print(f"CogVideoXBlock parity max abs diff {err:.3e} (|ref| max {np.abs(ref_img).max():.2f})")
+    assert err <= 1e-5
+
+
+def test_remat_policies_same_values_and_grads(ref):
+    """Named remat policies of the block scan: "full" gives the forward and gradients of "none"; every
+    policy puts its `jax.checkpoint` policy on the scanned block (traced, not compiled)."""
+    from animegamer_jax.models import remat
+
+    params, _ = conv.from_diffusers(ref["sd"], CFG)
+    x, cond, t = (jnp.asarray(ref[k]) for k in ("x", "cond", "t"))
+
+    def loss_and_grad(model):
+        return nnx.value_and_grad(lambda m: jnp.mean(jnp.square(m(x, cond, t, None))))(model)
+
+    models = {name: conv.build_model(dataclasses.replace(CFG, remat=name), params, keep_init=("flow_embed", "lora"))
+              for name in remat.REMAT_POLICIES}
+    out = {}
+    for name in ("none", "full"):
+        loss, grads = nnx.jit(loss_and_grad)(models[name])
+        out[name] = (float(loss), np.asarray(grads["blocks"]["attn1"]["to_q"]["kernel"][...]))
+    assert abs(out["full"][0] - out["none"][0]) <= 1e-6 * abs(out["none"][0])
+    np.testing.assert_allclose(out["full"][1], out["none"][1], rtol=1e-5, atol=1e-7)
+    assert np.abs(out["none"][1]).max() > 0
+
+    def policies(model):
+        graphdef, state = nnx.split(model)
+        jaxpr = jax.make_jaxpr(lambda st: nnx.merge(graphdef, st)(x, cond, t, None))(state)
+        found = []
+
+        def walk(jp):
+            jp = getattr(jp, "jaxpr", jp)  # ClosedJaxpr -> Jaxpr
+            for eqn in jp.eqns:
+                if eqn.primitive.name in ("checkpoint", "remat", "remat2"):
+                    found.append(eqn.params.get("policy"))
+                for v in eqn.params.values():
+                    for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                        if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+                            walk(sub)
+        walk(jaxpr)
+        return found
+
+    assert policies(models["none"]) == []
+    assert policies(models["full"]) == [None]
+    assert policies(models["save_dots"]) == [jax.checkpoint_policies.dots_with_no_batch_dims_saveable]
+    assert len(policies(models["offload_dots"])) == 1 and policies(models["offload_dots"])[0] is not None
+    assert DiTConfig(remat=True).remat == "full" and DiTConfig(remat=False).remat == "none"
+    with pytest.raises(ValueError, match="unknown remat policy 'some'"):
+        DiTConfig(remat="some")
 
 
 def _to_sat(sd, cfg, rank, rng, scaling):
@@ -221,10 +293,12 @@ def test_trainable_filters():
         st = nnx.state(model, trainable_filter(phase))
         return {".".join(str(p) for p in path) for path, _ in st.flat_state()}
 
-    lora = {"blocks.qkv_lora_a", "blocks.qkv_lora_b", "blocks.out_lora_a", "blocks.out_lora_b"}
+    lora = {f"blocks.attn1.{n}.lora_{ab}" for n in ("to_q", "to_k", "to_v", "to_out") for ab in "ab"}
     flow = {f"flow_embed.linear_{i}_{k}" for i in (1, 2) for k in ("kernel", "bias")}
     assert names("warmup") == lora | flow
-    assert names("joint") == names("adaptation") == lora | flow | {"blocks.adaln_kernel", "blocks.adaln_bias"}
+    assert names("joint") == names("adaptation") == lora | flow | {"blocks.adaln.kernel", "blocks.adaln.bias"}
+    # The one LoRA (models/lora.py): a filter on lora.LoRAParam finds the DiT's factors too.
+    assert {".".join(map(str, p)) for p, _ in nnx.state(model, lora_lib.LoRAParam).flat_state()} == lora
 
 
 def test_dit_in_jitted_guided_sampler():
@@ -267,7 +341,8 @@ _EVAL_SHAPE_SCRIPT = textwrap.dedent("""
     sh = parallel.param_shardings(state, mesh, parallel.rules_from_config(c))
     flat = {".".join(str(getattr(k, "key", k)) for k in path): s
             for path, s in jax.tree_util.tree_flatten_with_path(sh)[0]}
-    for name in ("blocks.qkv_kernel", "blocks.mlp_in_kernel", "blocks.out_kernel", "blocks.qkv_lora_b", "patch_kernel"):
+    for name in ("blocks.attn1.to_q.kernel", "blocks.ff.proj_in.kernel", "blocks.attn1.to_out.kernel",
+                 "blocks.attn1.to_q.lora_b", "patch_kernel"):
         key = [k for k in flat if k.startswith(name)][0]
         print("SPEC", name, tuple(flat[key].spec))
     out = jax.eval_shape(lambda m, x, c, t, f: m(x, c, t, f), abstract,
@@ -308,13 +383,74 @@ def test_eval_shape_2b_params_and_shardings():
     print(res.stdout)
     assert lines["PARAMS"] == f"PARAMS {base + lora} {lora}"
     assert base == 1_687_163_840 and lora == 29_491_200
-    assert lines["SPEC blocks.qkv_kernel"].endswith("(None, 'fsdp', None, 'tensor', None)")
-    assert lines["SPEC blocks.mlp_in_kernel"].endswith("(None, 'fsdp', 'tensor')")
-    assert lines["SPEC blocks.out_kernel"].endswith("(None, 'tensor', None, 'fsdp')")
-    assert lines["SPEC blocks.qkv_lora_b"].endswith("(None, None, None, 'tensor', None)")
+    assert lines["SPEC blocks.attn1.to_q.kernel"].endswith("(None, 'fsdp', 'tensor', None)")
+    assert lines["SPEC blocks.ff.proj_in.kernel"].endswith("(None, 'fsdp', 'tensor')")
+    assert lines["SPEC blocks.attn1.to_out.kernel"].endswith("(None, 'tensor', None, 'fsdp')")
+    assert lines["SPEC blocks.attn1.to_q.lora_b"].endswith("(None, None, 'tensor', None)")
     assert "OUT (2, 5, 16, 60, 90) bfloat16" in res.stdout  # config dtype
     flag, diff = lines["SAMPLER_SHARDED"].split()[1:]
     assert flag == "True" and float(diff) < 1e-6
+
+
+def _legacy_blocks(new):
+    """The pre-NNX-module flat block dict (fused q/k/v) holding the arrays of a new `blocks` dict."""
+    a = new["attn1"]
+    return {"norm1_scale": new["norm1"]["scale"], "norm1_bias": new["norm1"]["bias"],
+              "norm2_scale": new["norm2"]["scale"], "norm2_bias": new["norm2"]["bias"],
+              "adaln_kernel": new["adaln"]["kernel"], "adaln_bias": new["adaln"]["bias"],
+              "qkv_kernel": np.stack([a[n]["kernel"] for n in ("to_q", "to_k", "to_v")], axis=2),
+              "qkv_bias": np.stack([a[n]["bias"] for n in ("to_q", "to_k", "to_v")], axis=1),
+              "qkv_lora_a": np.stack([a[n]["lora_a"] for n in ("to_q", "to_k", "to_v")], axis=1),
+              "qkv_lora_b": np.stack([a[n]["lora_b"] for n in ("to_q", "to_k", "to_v")], axis=1),
+              "q_norm_scale": a["norm_q"]["scale"], "q_norm_bias": a["norm_q"]["bias"],
+              "k_norm_scale": a["norm_k"]["scale"], "k_norm_bias": a["norm_k"]["bias"],
+              "out_kernel": a["to_out"]["kernel"], "out_bias": a["to_out"]["bias"],
+              "out_lora_a": a["to_out"]["lora_a"], "out_lora_b": a["to_out"]["lora_b"],
+              "mlp_in_kernel": new["ff"]["proj_in"]["kernel"], "mlp_in_bias": new["ff"]["proj_in"]["bias"],
+              "mlp_out_kernel": new["ff"]["proj_out"]["kernel"], "mlp_out_bias": new["ff"]["proj_out"]["bias"]}
+
+
+def test_migrate_legacy_blocks_same_arrays_new_nesting():
+    """Old flat stacked block dicts (fused q/k/v) map onto the `DiTBlock` nesting array for array."""
+    abstract = nnx.eval_shape(lambda: CogVideoXDiT(dataclasses.replace(CFG, lora_rank=2), rngs=nnx.Rngs(3)))
+    rng = np.random.default_rng(3)
+    new = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32),
+                       nnx.state(abstract, nnx.Param).to_pure_dict()["blocks"])
+    legacy = _legacy_blocks(new)
+    assert legacy["qkv_kernel"].shape == (2, 32, 3, 2, 16)  # the old [L, D, 3, N, H]
+    assert conv.is_legacy_blocks(legacy) and not conv.is_legacy_blocks(new)
+    got = conv.migrate_legacy_blocks(legacy)
+    flat = lambda t: {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
+    assert flat(got).keys() == flat(new).keys()
+    for k, v in flat(new).items():
+        np.testing.assert_array_equal(flat(got)[k], v, err_msg=k)
+    with pytest.raises(conv.ConversionError, match=r"unknown names \['adaln', 'attn1', 'ff', 'norm1', 'norm2'\]"):
+        conv.migrate_legacy_blocks(new)
+
+
+def test_migrate_system_checkpoint_end_to_end(tmp_path):
+    """An old-layout system checkpoint fails to load with the fix named; after migration it loads
+    with the same arrays."""
+    from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax.config import load_config
+
+    config = load_config("configs/tiny.py")
+    _, target, _ = sc.abstract_component("dit", config, sc.parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]))
+    rng = np.random.default_rng(0)
+    pure = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), sc._pure(target))
+    old = dict(pure, blocks=_legacy_blocks(pure["blocks"]))
+    src = sc.save_system(str(tmp_path / "old"), {"dit": old}, config)
+    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*cogvideox_dit migrate"):
+        sc.load_system(src, names=["dit"])
+    dst = conv.migrate_system_checkpoint(src, str(tmp_path / "new"))
+    got = nnx.state(sc.load_system(dst, names=["dit"])["dit"], nnx.Param).to_pure_dict()
+    flat = lambda t: {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
+    want = flat(pure)
+    assert flat(got).keys() == want.keys()
+    for k, v in flat(got).items():
+        np.testing.assert_array_equal(v, want[k], err_msg=k)
+    with pytest.raises(conv.ConversionError, match="already in the NNX module layout"):
+        conv.migrate_system_checkpoint(dst, str(tmp_path / "again"))
 
 
 def test_prepare_for_inference_merges_and_casts():

@@ -78,10 +78,11 @@ ckpt = os.path.join(tempfile.mkdtemp(), "sys")
 from animegamer_jax.models.mllm import GameStateMLLM
 from animegamer_jax.models.shot_encoder import ShotEncoder
 from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+from animegamer_jax.system_checkpoint import COMPONENT_BUILDERS  # the one builder registry
 @jax.jit
 def init():
     m = {"mllm": GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0)),
-         "dit": gsys._builders(cfg)["dit"](cfg, nnx.Rngs(1)),
+         "dit": COMPONENT_BUILDERS["dit"](cfg, nnx.Rngs(1)),
          "shot_encoder": ShotEncoder.from_config(cfg, rngs=nnx.Rngs(2)),
          "vae": CogVideoXVAE.from_config(cfg.vae, rngs=nnx.Rngs(3))}
     return {k: nnx.split(v) for k, v in m.items()}

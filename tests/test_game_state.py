@@ -176,3 +176,27 @@ def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
     assert not (tmp_path / ".tmp-g0-1234abcd").exists()
     groups = batches(list(games), 2)
     assert [[g.game_id for g in b] for b in groups] == [["g0", "g2"], ["g4"], ["g1", "g3"]]
+
+
+@pytest.mark.parametrize("window,history_states", [(3, "own"), (2, "zero"), (1, "own")])
+def test_training_and_play_give_the_same_layout(window, history_states):
+    """models/mllm.build_sequence (training) and game/state.build_turn_input (play): same ids and masks."""
+    from animegamer_jax.models.mllm import build_sequence
+
+    tok = tk.get_tokenizer()
+    spec = WindowSpec(window, 24, 48, "query", history_states)
+    run = GameRun(spec, rep_dim=4)
+    states = [((k % 5) + 1, k - 2, 1, -k) for k in range(len(TEXTS))]
+    for k, text in enumerate(TEXTS):
+        ids = encode_instruction(text, spec)
+        play = run.next_input(ids)
+        train = build_sequence(tok, TEXTS[: k + 1], states[:k], num_queries=24, history_window=window,
+                               release_history_states=history_states == "zero")
+        n = play.length
+        assert n == len(train.input_ids) and not play.cmp_mask[n:].any() and not play.gen_mask[n:].any()
+        np.testing.assert_array_equal(play.ids[:n], train.input_ids)
+        np.testing.assert_array_equal(play.cmp_mask[:n], train.cmp_mask)
+        np.testing.assert_array_equal(play.gen_mask[:n], train.gen_mask)
+        np.testing.assert_array_equal(play.attention_mask[:n] == -1, train.gen_mask)
+        assert train.num_history == min(k, window - 1) == int(play.hist_valid.sum())
+        run.finish_turn(ids, states[k], np.zeros((24, 4), np.float32))

@@ -16,24 +16,11 @@ from flax import nnx
 
 from animegamer_jax.convert import mistral as cm
 from animegamer_jax.models import mistral as mst
+from animegamer_jax.convert.common import count_params
 from animegamer_jax.models.lora import LoRAParam, merge_lora
+from tests.random_weights import random_model
 
 VOCAB = 96
-
-
-def random_model(model_fn, seed=0, scale=0.1):
-    """Builds the module abstractly and fills it with numpy noise (norm weights near 1).
-
-    Random init through jax.random costs a multi-second XLA compile per shape on a busy CPU;
-    these tests only need some non-trivial weights.
-    """
-    graphdef, state = nnx.split(nnx.eval_shape(model_fn))
-    rng = np.random.RandomState(seed)
-    flat = []
-    for path, v in nnx.to_flat_state(state):
-        base = 1.0 if path[-1] == "weight" else 0.0
-        flat.append((path, v.replace(jnp.asarray(base + scale * rng.standard_normal(v.shape), v.dtype))))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 @nnx.jit
@@ -207,6 +194,7 @@ _FULL_SIZE = textwrap.dedent(
     import numpy as np
     from flax import nnx
     from configs import animegamer_2b_7b
+    from animegamer_jax.convert.common import count_params
     from animegamer_jax.models import mistral as mst
     from animegamer_jax.models.mllm import GameStateMLLM
     from animegamer_jax.parallel import mesh as pm
@@ -227,10 +215,10 @@ _FULL_SIZE = textwrap.dedent(
             unsharded.append(".".join(map(str, path)))
     from animegamer_jax.models.lora import LoRAParam
     print(json.dumps({
-        "base_v0.1": mst.count_params(nnx.state(m0, nnx.Param)),
-        "mllm_total": mst.count_params(st),
-        "lora": mst.count_params(nnx.state(mm, LoRAParam)),
-        "resamplers": mst.count_params(nnx.state(mm.input_resampler, nnx.Param)) + mst.count_params(nnx.state(mm.output_resampler, nnx.Param)),
+        "base_v0.1": count_params(nnx.state(m0, nnx.Param)),
+        "mllm_total": count_params(st),
+        "lora": count_params(nnx.state(mm, LoRAParam)),
+        "resamplers": count_params(nnx.state(mm.input_resampler, nnx.Param)) + count_params(nnx.state(mm.output_resampler, nnx.Param)),
         "per_device_fraction": per_device / total, "n_params": len(flat), "n_shardings": len(shs), "unsharded_large": unsharded,
         "q_spec": str(shs[("llm", "layers", "q_proj", "kernel")].spec),
     }))

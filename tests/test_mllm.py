@@ -16,24 +16,10 @@ from animegamer_jax.convert.mistral import ConversionError
 from animegamer_jax.models import mistral as mst
 from animegamer_jax.models import mllm as ml
 from animegamer_jax.models.lora import LoRAParam
+from tests.random_weights import random_model
 
 V, D, REP, Q = 96, 64, 24, 6
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def random_model(model_fn, seed=0, scale=0.1):
-    """Builds the module abstractly and fills it with numpy noise (norm weights near 1).
-
-    Random init through jax.random costs a multi-second XLA compile per shape on a busy CPU;
-    these tests only need some non-trivial weights.
-    """
-    graphdef, state = nnx.split(nnx.eval_shape(model_fn))
-    rng = np.random.RandomState(seed)
-    flat = []
-    for path, v in nnx.to_flat_state(state):
-        base = 1.0 if path[-1] == "weight" else 0.0
-        flat.append((path, v.replace(jnp.asarray(base + scale * rng.standard_normal(v.shape), v.dtype))))
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def _base_cfg(window=None, vocab=V):

@@ -37,14 +37,11 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import paths
+from animegamer_jax.convert.common import ConversionError  # noqa: F401 (the one error class, re-exported)
 from animegamer_jax.models.clip import CLIP, CLIPConfig, CLIPVisionTransformer
 
 #: Buffers some checkpoints carry that hold no learned parameter.
 _BUFFERS = re.compile(r"(^|\.)(position_ids|attn_mask)$")
-
-
-class ConversionError(ValueError):
-    """A state dict that does not fit the target model: lists missing / unexpected / mis-shaped keys."""
 
 
 def to_numpy(x: Any) -> np.ndarray:

@@ -30,14 +30,11 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import paths
+from animegamer_jax.convert.common import ConversionError  # noqa: F401 (the one error class, re-exported)
 from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
 
 SAT_PREFIX = "model.diffusion_model."
 Flat = dict[tuple[str, ...], np.ndarray]
-
-
-class ConversionError(ValueError):
-    """A checkpoint does not match the target configuration (message lists every offending key)."""
 
 
 def _np(x: Any) -> np.ndarray:
@@ -130,8 +127,57 @@ def _top_level(cfg: DiTConfig, get: Any, patch_w: str, patch_b: str, t1: str, t2
     return flat
 
 
-def _stack(per_layer: list[dict[str, np.ndarray]]) -> Flat:
-    return {("blocks", k): np.stack([d[k] for d in per_layer]) for k in per_layer[0]}
+def _stack(per_layer: list[Flat]) -> Flat:
+    return {("blocks",) + k: np.stack([d[k] for d in per_layer]) for k in per_layer[0]}
+
+
+def _heads(w: np.ndarray, cfg: DiTConfig) -> np.ndarray:
+    """torch Linear(D -> N*H) weight [N*H, D] -> our head-split kernel [D, N, H]."""
+    return w.T.reshape(cfg.hidden_size, cfg.num_heads, cfg.head_dim)
+
+
+def _block_params(cfg: DiTConfig, norm1: tuple, norm2: tuple, adaln: tuple, qkv_w: list, qkv_b: list,
+                  norm_q: tuple, norm_k: tuple, out: tuple, ff_in: tuple, ff_out: tuple) -> Flat:
+    """Our block paths (models/cogvideox_dit.py `DiTBlock`) from torch-layout pieces; the one key table.
+
+    Every argument is (weight, bias) in torch layout, except `adaln` (kernel [E, 12, D], bias [12, D],
+    already in SAT chunk order) and `qkv_w` / `qkv_b` (three [D, D] / [D] for q, k, v).
+    """
+    N, H = cfg.num_heads, cfg.head_dim
+    flat: Flat = {("norm1", "scale"): norm1[0], ("norm1", "bias"): norm1[1],
+                  ("norm2", "scale"): norm2[0], ("norm2", "bias"): norm2[1],
+                  ("adaln", "kernel"): adaln[0], ("adaln", "bias"): adaln[1],
+                  ("attn1", "norm_q", "scale"): norm_q[0], ("attn1", "norm_q", "bias"): norm_q[1],
+                  ("attn1", "norm_k", "scale"): norm_k[0], ("attn1", "norm_k", "bias"): norm_k[1],
+                  ("attn1", "to_out", "kernel"): out[0].T.reshape(N, H, -1), ("attn1", "to_out", "bias"): out[1],
+                  ("ff", "proj_in", "kernel"): ff_in[0].T, ("ff", "proj_in", "bias"): ff_in[1],
+                  ("ff", "proj_out", "kernel"): ff_out[0].T, ("ff", "proj_out", "bias"): ff_out[1]}
+    for n, w, bias in zip(("to_q", "to_k", "to_v"), qkv_w, qkv_b):
+        flat[("attn1", n, "kernel")] = _heads(w, cfg)
+        flat[("attn1", n, "bias")] = bias.reshape(N, H)
+    return flat
+
+
+def block_from_diffusers(sd: Mapping[str, np.ndarray], prefix: str, cfg: DiTConfig) -> Flat:
+    """One diffusers `CogVideoXBlock` (keys under `prefix`) -> our `DiTBlock` paths (architecture.md §7.2).
+
+    diffusers' `norm1.linear` / `norm2.linear` (6 chunks each) are merged into the 12-chunk `adaln`.
+    """
+    D, E = cfg.hidden_size, cfg.time_embed_dim
+    get = lambda k: sd[prefix + k]  # noqa: E731
+    ada_w = np.zeros((E, 12, D), np.float32)
+    ada_b = np.zeros((12, D), np.float32)
+    for n, chunks in (("norm1", _NORM1_CHUNKS), ("norm2", _NORM2_CHUNKS)):
+        w = get(n + ".linear.weight").reshape(6, D, E)
+        bb = get(n + ".linear.bias").reshape(6, D)
+        for j, c in enumerate(chunks):
+            ada_w[:, c] = w[j].T
+            ada_b[c] = bb[j]
+    pair = lambda k: (get(k + ".weight"), get(k + ".bias"))  # noqa: E731
+    return _block_params(
+        cfg, pair("norm1.norm"), pair("norm2.norm"), (ada_w, ada_b),
+        [get(f"attn1.to_{n}.weight") for n in "qkv"], [get(f"attn1.to_{n}.bias") for n in "qkv"],
+        pair("attn1.norm_q"), pair("attn1.norm_k"), pair("attn1.to_out.0"), pair("ff.net.0.proj"), pair("ff.net.2"))
 
 
 def from_diffusers(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat, dict[str, np.ndarray]]:
@@ -157,31 +203,7 @@ def from_diffusers(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat,
     get = sd.__getitem__
     flat = _top_level(cfg, get, "patch_embed.proj", "patch_embed.proj", "time_embedding.linear_1",
                       "time_embedding.linear_2", "norm_final", "norm_out.linear", "norm_out.norm", "proj_out")
-    layers = []
-    for l in range(cfg.num_layers):
-        b = f"transformer_blocks.{l}."
-        ada_w = np.zeros((E, 12, D), np.float32)
-        ada_b = np.zeros((12, D), np.float32)
-        for n, chunks in (("norm1", _NORM1_CHUNKS), ("norm2", _NORM2_CHUNKS)):
-            w = get(b + n + ".linear.weight").reshape(6, D, E)
-            bb = get(b + n + ".linear.bias").reshape(6, D)
-            for j, c in enumerate(chunks):
-                ada_w[:, c] = w[j].T
-                ada_b[c] = bb[j]
-        qkv_w = np.stack([get(b + f"attn1.to_{n}.weight").T.reshape(D, N, H) for n in "qkv"], axis=1)
-        qkv_b = np.stack([get(b + f"attn1.to_{n}.bias").reshape(N, H) for n in "qkv"], axis=0)
-        layers.append({
-            "norm1_scale": get(b + "norm1.norm.weight"), "norm1_bias": get(b + "norm1.norm.bias"),
-            "norm2_scale": get(b + "norm2.norm.weight"), "norm2_bias": get(b + "norm2.norm.bias"),
-            "adaln_kernel": ada_w, "adaln_bias": ada_b,
-            "qkv_kernel": qkv_w, "qkv_bias": qkv_b,
-            "q_norm_scale": get(b + "attn1.norm_q.weight"), "q_norm_bias": get(b + "attn1.norm_q.bias"),
-            "k_norm_scale": get(b + "attn1.norm_k.weight"), "k_norm_bias": get(b + "attn1.norm_k.bias"),
-            "out_kernel": get(b + "attn1.to_out.0.weight").T.reshape(N, H, D),
-            "out_bias": get(b + "attn1.to_out.0.bias"),
-            "mlp_in_kernel": get(b + "ff.net.0.proj.weight").T, "mlp_in_bias": get(b + "ff.net.0.proj.bias"),
-            "mlp_out_kernel": get(b + "ff.net.2.weight").T, "mlp_out_bias": get(b + "ff.net.2.bias"),
-        })
+    layers = [block_from_diffusers(sd, f"transformer_blocks.{l}.", cfg) for l in range(cfg.num_layers)]
     flat.update(_stack(layers))
     extras = {"text_proj.weight": sd["patch_embed.text_proj.weight"],
               "text_proj.bias": sd["patch_embed.text_proj.bias"]}
@@ -287,48 +309,44 @@ def sat_top_level(sd: Mapping[str, Any], cfg: DiTConfig) -> Flat:
     return {k: np.asarray(v, np.float32) for k, v in flat.items()}
 
 
-def sat_layer(sd: Mapping[str, Any], cfg: DiTConfig, r: int, l: int) -> dict[str, np.ndarray]:
-    """Block ``l``'s parameters (our ``blocks/<name>`` leaves without the layer axis), float32.
+def sat_layer(sd: Mapping[str, Any], cfg: DiTConfig, r: int, l: int) -> Flat:
+    """Block ``l``'s parameters: our ``DiTBlock`` paths (``("attn1", "to_q", "kernel")``, ...; the
+    model's ``blocks/<path>`` leaves without the layer axis), float32.
 
-    LoRA: kept as ``*_lora_*`` leaves when ``cfg.lora_rank > 0``, else merged into the base
-    weights, ``W += (lora_alpha / r) B A`` per q/k/v chunk and for dense (architecture.md §4.6).
+    LoRA: kept as ``lora_a`` / ``lora_b`` leaves of ``attn1.to_q/to_k/to_v/to_out`` when
+    ``cfg.lora_rank > 0``, else merged into the base weights, ``W += (lora_alpha / r) B A`` per
+    q/k/v chunk and for dense (architecture.md §4.6).
     """
     D, E, F, N, H, C, Co, p = _dims(cfg)
     get = lambda k: _np(sd[k])  # noqa: E731
     scaling = cfg.lora_alpha / r if r else 0.0
     t = f"transformer.layers.{l}."
     a = "mixins.adaln_layer."
+    pair = lambda k: (get(k + ".weight"), get(k + ".bias"))  # noqa: E731
     qkv = get(t + "attention.query_key_value.weight").astype(np.float64).reshape(3, D, D)
     dense = get(t + "attention.dense.weight").astype(np.float64)
-    d = {
-        "norm1_scale": get(t + "input_layernorm.weight"), "norm1_bias": get(t + "input_layernorm.bias"),
-        "norm2_scale": get(t + "post_attention_layernorm.weight"),
-        "norm2_bias": get(t + "post_attention_layernorm.bias"),
-        "adaln_kernel": get(a + f"adaLN_modulations.{l}.1.weight").reshape(12, D, E).transpose(2, 0, 1),
-        "adaln_bias": get(a + f"adaLN_modulations.{l}.1.bias").reshape(12, D),
-        "qkv_bias": get(t + "attention.query_key_value.bias").reshape(3, N, H),
-        "q_norm_scale": get(a + f"query_layernorm_list.{l}.weight"),
-        "q_norm_bias": get(a + f"query_layernorm_list.{l}.bias"),
-        "k_norm_scale": get(a + f"key_layernorm_list.{l}.weight"),
-        "k_norm_bias": get(a + f"key_layernorm_list.{l}.bias"),
-        "out_bias": get(t + "attention.dense.bias"),
-        "mlp_in_kernel": get(t + "mlp.dense_h_to_4h.weight").T, "mlp_in_bias": get(t + "mlp.dense_h_to_4h.bias"),
-        "mlp_out_kernel": get(t + "mlp.dense_4h_to_h.weight").T, "mlp_out_bias": get(t + "mlp.dense_4h_to_h.bias"),
-    }
+    lora: Flat = {}
     if r:
-        qa = np.stack([get(t + f"attention.query_key_value.matrix_A.{i}") for i in range(3)])  # [3, r, D]
-        qb = np.stack([get(t + f"attention.query_key_value.matrix_B.{i}") for i in range(3)])  # [3, D, r]
+        qa = [get(t + f"attention.query_key_value.matrix_A.{i}") for i in range(3)]  # [r, D] each
+        qb = [get(t + f"attention.query_key_value.matrix_B.{i}") for i in range(3)]  # [D, r] each
         da, db = get(t + "attention.dense.matrix_A.0"), get(t + "attention.dense.matrix_B.0")
         if cfg.lora_rank:
-            d["qkv_lora_a"] = qa.transpose(0, 2, 1)
-            d["qkv_lora_b"] = qb.transpose(0, 2, 1).reshape(3, r, N, H)
-            d["out_lora_a"] = da.T.reshape(N, H, r)
-            d["out_lora_b"] = db.T
+            for n, A, B in zip(("to_q", "to_k", "to_v"), qa, qb):
+                lora[("attn1", n, "lora_a")] = A.T
+                lora[("attn1", n, "lora_b")] = B.T.reshape(r, N, H)
+            lora[("attn1", "to_out", "lora_a")] = da.T.reshape(N, H, r)
+            lora[("attn1", "to_out", "lora_b")] = db.T
         else:
-            qkv = qkv + scaling * np.einsum("kor,kri->koi", qb.astype(np.float64), qa.astype(np.float64))
+            qkv = qkv + scaling * np.stack([B.astype(np.float64) @ A.astype(np.float64) for A, B in zip(qa, qb)])
             dense = dense + scaling * (db.astype(np.float64) @ da.astype(np.float64))
-    d["qkv_kernel"] = qkv.transpose(2, 0, 1).reshape(D, 3, N, H)
-    d["out_kernel"] = dense.T.reshape(N, H, D)
+    ada = (get(a + f"adaLN_modulations.{l}.1.weight").reshape(12, D, E).transpose(2, 0, 1),
+           get(a + f"adaLN_modulations.{l}.1.bias").reshape(12, D))
+    d = _block_params(
+        cfg, pair(t + "input_layernorm"), pair(t + "post_attention_layernorm"), ada,
+        list(qkv), list(get(t + "attention.query_key_value.bias").reshape(3, D)),
+        pair(a + f"query_layernorm_list.{l}"), pair(a + f"key_layernorm_list.{l}"),
+        (dense, get(t + "attention.dense.bias")), pair(t + "mlp.dense_h_to_4h"), pair(t + "mlp.dense_4h_to_h"))
+    d.update(lora)
     return {k: np.asarray(v, np.float32) for k, v in d.items()}
 
 
@@ -373,11 +391,11 @@ def _check_params(expected: Mapping[tuple[str, ...], tuple[int, ...]], params: F
             + (f"\n  mis-shaped: {', '.join(misshaped)}" if misshaped else ""))
 
 
-def load_params(model: CogVideoXDiT, params: Flat, keep_init: tuple[str, ...] = ()) -> CogVideoXDiT:
+def load_params(model: nnx.Module, params: Flat, keep_init: tuple[str, ...] = ()) -> nnx.Module:
     """Writes converted `params` into `model` (in place) after checking every path and shape.
 
     Args:
-      model: a built CogVideoXDiT.
+      model: a built CogVideoXDiT (or one `DiTBlock`, with `block_from_diffusers` params).
       params: output of `from_diffusers` / `from_sat`.
       keep_init: top-level path names allowed to be absent (they keep the model's init), e.g.
         `("flow_embed", "lora")` for diffusers checkpoints; "lora" matches the LoRA factors.
@@ -514,5 +532,111 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {args.dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Migration of checkpoints written before the DiT blocks became NNX modules (same arrays, new nesting).
+
+#: old stacked name -> new path inside `blocks` (the q/k/v entries are split along their "3" axis)
+_LEGACY_BLOCK_NAMES: dict[str, tuple[str, ...]] = {
+    "norm1_scale": ("norm1", "scale"), "norm1_bias": ("norm1", "bias"),
+    "norm2_scale": ("norm2", "scale"), "norm2_bias": ("norm2", "bias"),
+    "adaln_kernel": ("adaln", "kernel"), "adaln_bias": ("adaln", "bias"),
+    "q_norm_scale": ("attn1", "norm_q", "scale"), "q_norm_bias": ("attn1", "norm_q", "bias"),
+    "k_norm_scale": ("attn1", "norm_k", "scale"), "k_norm_bias": ("attn1", "norm_k", "bias"),
+    "out_kernel": ("attn1", "to_out", "kernel"), "out_bias": ("attn1", "to_out", "bias"),
+    "out_lora_a": ("attn1", "to_out", "lora_a"), "out_lora_b": ("attn1", "to_out", "lora_b"),
+    "mlp_in_kernel": ("ff", "proj_in", "kernel"), "mlp_in_bias": ("ff", "proj_in", "bias"),
+    "mlp_out_kernel": ("ff", "proj_out", "kernel"), "mlp_out_bias": ("ff", "proj_out", "bias"),
+}
+#: old fused q/k/v name -> (leaf name, axis of the q/k/v index in the stacked array)
+_LEGACY_QKV: dict[str, tuple[str, int]] = {
+    "qkv_kernel": ("kernel", 2), "qkv_bias": ("bias", 1), "qkv_lora_a": ("lora_a", 1), "qkv_lora_b": ("lora_b", 1),
+}
+
+
+def is_legacy_blocks(blocks: Mapping[str, Any]) -> bool:
+    """True when a DiT `blocks` pure dict has the old flat stacked names (`qkv_kernel`, ...)."""
+    return "qkv_kernel" in blocks
+
+
+def migrate_legacy_blocks(blocks: Mapping[str, Any]) -> dict[str, Any]:
+    """Old flat `blocks` dict (`DiTBlocks`: `qkv_kernel` [L, D, 3, N, H], ...) -> the `DiTBlock` nesting.
+
+    Every array is kept bit for bit; the fused q/k/v arrays are split into `attn1.to_q/to_k/to_v`.
+
+    Raises:
+      ConversionError: a name that is neither an old block name nor q/k/v (listed).
+    """
+    unknown = sorted(k for k in blocks if k not in _LEGACY_BLOCK_NAMES and k not in _LEGACY_QKV)
+    if unknown:
+        raise ConversionError(f"not an old DiT block dict: unknown names {unknown}")
+    out: dict[str, Any] = {}
+
+    def put(path: tuple[str, ...], value: Any) -> None:
+        d = out
+        for p in path[:-1]:
+            d = d.setdefault(p, {})
+        d[path[-1]] = value
+
+    for name, value in blocks.items():
+        if name in _LEGACY_QKV:
+            leaf, axis = _LEGACY_QKV[name]
+            for i, n in enumerate(("to_q", "to_k", "to_v")):
+                put(("attn1", n, leaf), np.take(np.asarray(value), i, axis=axis))
+        else:
+            put(_LEGACY_BLOCK_NAMES[name], value)
+    return out
+
+
+def migrate_system_checkpoint(src: str, dst: str) -> str:
+    """Rewrites a system checkpoint whose `dit` has the old block layout into `dst` (new nesting).
+
+    Every other component, the config and all arrays are copied unchanged (`save_system`). `dst`
+    must not exist. Returns the absolute `dst`.
+
+    Raises:
+      ConversionError: `src` has no `dit`, or its `dit` is already in the new layout.
+    """
+    import orbax.checkpoint as ocp
+
+    from animegamer_jax import system_checkpoint as sc
+
+    manifest = sc.read_manifest(src)
+    if os.path.exists(os.path.join(os.path.abspath(src), sc.INTEGRITY_FILE)):
+        sc.verify_checkpoint(src, "full")  # migrate only what is intact
+    if "dit" not in manifest["components"]:
+        raise ConversionError(f"{src} has no `dit` component to migrate")
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
+        dit = ck.restore(os.path.join(os.path.abspath(src), "dit"))
+    dit = jax.tree.map(np.asarray, dit)
+    if not is_legacy_blocks(dit["blocks"]):
+        raise ConversionError(f"{src}: the `dit` blocks are already in the NNX module layout")
+    dit["blocks"] = migrate_legacy_blocks(dit["blocks"])
+    config = sc.load_config(src)
+    others = [n for n in manifest["components"] if n != "dit"]
+    comps: dict[str, Any] = dict(sc.load_system(src, config, names=others, verify=None)) if others else {}
+    graphdef, target, _ = sc.abstract_component("dit", config, sc.parallel.make_mesh(
+        (1, 1, 1, 1), devices=jax.devices()[:1]))
+    state = nnx.State(target)
+    state.replace_by_pure_dict(jax.tree.map(jnp.asarray, dit))
+    comps["dit"] = nnx.merge(graphdef, state)
+    return sc.save_system(dst, {n: comps[n] for n in manifest["components"]}, config)
+
+
+def _migrate_main(argv: list[str] | None = None) -> None:
+    """CLI: `python -m animegamer_jax.convert.cogvideox_dit migrate SRC DST`."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="migrate a system checkpoint's DiT to the NNX block layout")
+    ap.add_argument("src")
+    ap.add_argument("dst")
+    a = ap.parse_args(argv)
+    print(f"wrote {migrate_system_checkpoint(a.src, a.dst)}")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["migrate"]:
+        _migrate_main(sys.argv[2:])
+    else:
+        main()

@@ -35,6 +35,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import paths
+from animegamer_jax.convert.common import ConversionError  # noqa: F401 (the one error class, re-exported)
 from animegamer_jax.models.mistral import Mistral, MistralConfig
 
 # Non-parameter buffers that old checkpoints carry; safe to drop.
@@ -49,10 +50,6 @@ _PROJ = {
     "up_proj": "mlp.up_proj",
     "down_proj": "mlp.down_proj",
 }
-
-
-class ConversionError(ValueError):
-    """A checkpoint whose keys or shapes do not match the target model (message lists the keys)."""
 
 
 def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> MistralConfig:

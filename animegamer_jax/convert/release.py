@@ -379,7 +379,7 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
     layer0 = _run(files.engine, "dit", lambda: cd.sat_layer(sd, cfg, rank, 0))
     leaves: dict[tuple, Any] = dict(top)
     for k, v in layer0.items():
-        leaves[("blocks", k)] = Leaf(None, v.shape, cfg.num_layers)
+        leaves[("blocks",) + k] = Leaf(None, v.shape, cfg.num_layers)
     abstract = nnx.state(nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0))))
     want = _check_leaves(files.engine, "dit", abstract, leaves)
     return _DiTJob(want, top, sd, cfg, rank, [files.engine]), []
@@ -598,8 +598,8 @@ class _DiTJob:
             layer = cd.sat_layer(self.sd, self.cfg, self.rank, l)
             for k, v in layer.items():
                 if k not in puts:
-                    shape, dtype = self.want[("blocks", k)]
-                    puts[k] = writer.stacked("dit", ("blocks", k), shape, dtype)
+                    shape, dtype = self.want[("blocks",) + k]
+                    puts[k] = writer.stacked("dit", ("blocks",) + k, shape, dtype)
                 puts[k](l, v)
             del layer
             drop_file_pages(self.sources)

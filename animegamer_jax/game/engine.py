@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -40,6 +39,7 @@ from animegamer_jax import parallel
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.game.script import Game
 from animegamer_jax.game.state import GameRun, Meters, WindowSpec, encode_instruction, stack_inputs
+from animegamer_jax.models.cogvideox_dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
 
 STAGES = ("mllm", "sampling", "vae")
 
@@ -98,18 +98,6 @@ def apply_mode(config):
     elif config.game.mode != "default":
         raise ValueError(f"game.mode must be 'default' or 'reference', got {config.game.mode!r}")
     return config
-
-
-def flow_value(ml: jax.Array, table: Sequence[float]) -> jax.Array:
-    """Motion level -> flow value (``cuculate_level``, architecture.md §4.8).
-
-    ``ml`` int ``[B]``; levels 1..len(table)-1 index the table, anything else (the top level, 0,
-    negative, a parse failure) takes the last entry, as the release does.
-    """
-    t = jnp.asarray(table, jnp.float32)
-    n = t.shape[0]
-    inside = (ml >= 1) & (ml <= n - 1)
-    return jnp.where(inside, t[jnp.clip(ml - 1, 0, n - 1)], t[-1])
 
 
 def _splitmix64(x: int) -> int:

@@ -1,6 +1,7 @@
 """Per-game state: running meters, the sliding window of past turns, and the MLLM token layout.
 
-Follows ../shared/docs/architecture.md §1.3-1.6:
+Follows ../shared/docs/architecture.md §1.3-1.6 (the layout itself is built once, by
+``models/mllm.py`` ``turn_layout``, for training and play):
 
 * Sequence = ``[<s>]`` + up to W-1 history turns + the current turn. A history turn is
   ``<TURN> text <img><frame><frame_0..n-1></frame></img>`` + the 14 world ids (with the release's
@@ -203,62 +204,36 @@ def build_turn_input(history: Sequence[TurnRecord], current_ids: Sequence[int], 
       spec: window / read-out / padding.
       rep_dim: D of the representations.
     """
+    from animegamer_jax.models.mllm import turn_layout  # the one token layout (training uses it too)
+
     nh = spec.window - 1
     used = list(history[len(history) - nh:]) if nh > 0 else []
-    ids: list[int] = [tk.BOS_ID]
-    att: list[int] = [1]
-    cmp: list[bool] = [False]
-    gen: list[bool] = [False]
+    seq = turn_layout([rec.text_ids for rec in used] + [tuple(current_ids)], [rec.states for rec in used],
+                      num_queries=spec.num_queries, history_window=spec.window,
+                      release_history_states=spec.history_states == "zero")
     hist_reps = np.zeros((max(nh, 0), spec.num_queries, rep_dim), np.float32)
     hist_pos = np.zeros((max(nh, 0), spec.num_queries), np.int32)
     hist_valid = np.zeros((max(nh, 0),), bool)
-    block = tk.AnimeGamerTokenizer.video_block_ids(spec.num_queries)
-
-    def add_turn_head(text_ids: Sequence[int]) -> int:
-        ids.extend([tk.TURN_ID, *text_ids, *block[:2]])
-        att.extend([1] * (1 + len(text_ids) + 2))
-        cmp.extend([False] * (1 + len(text_ids) + 2))
-        gen.extend([False] * (1 + len(text_ids) + 2))
-        return len(ids)
-
+    cmp_pos = np.flatnonzero(seq.cmp_mask).reshape(len(used), spec.num_queries)
     for j, rec in enumerate(used):
-        q0 = add_turn_head(rec.text_ids)
-        ids.extend(block[2:-2])
-        att.extend([1] * spec.num_queries)
-        cmp.extend([True] * spec.num_queries)
-        gen.extend([False] * spec.num_queries)
-        states = rec.states if spec.history_states == "own" else (0, 0, 0, 0)
-        tail = [*block[-2:], *tk.AnimeGamerTokenizer.world_ids(*states)]
-        ids.extend(tail)
-        att.extend([1] * len(tail))
-        cmp.extend([False] * len(tail))
-        gen.extend([False] * len(tail))
         hist_reps[j] = rec.rep
-        hist_pos[j] = np.arange(q0, q0 + spec.num_queries)
+        hist_pos[j] = cmp_pos[j]
         hist_valid[j] = True
-    q0 = add_turn_head(current_ids)
-    ids.extend(block[2:-2])
-    att.extend([-1] * spec.num_queries)
-    cmp.extend([False] * spec.num_queries)
-    gen.extend([True] * spec.num_queries)
-    tail = [*block[-2:], tk.ML_ID]
-    ids.extend(tail)
-    att.extend([1] * 3)
-    cmp.extend([False] * 3)
-    gen.extend([False] * 3)
-    length = len(ids)
+    length = len(seq.input_ids)
     if length > spec.seq_len:
         raise InstructionTooLongError(f"turn sequence has {length} ids > padded length {spec.seq_len}")
     pad = spec.seq_len - length
+    q0 = int(np.flatnonzero(seq.gen_mask)[0])
     if spec.readout == "query":
         read_idx = np.arange(q0, q0 + spec.num_queries, dtype=np.int32)
     else:
         read_idx = np.arange(length - spec.num_queries, length, dtype=np.int32)
+    att = np.where(seq.gen_mask, -1, 1).astype(np.int32)  # -1: the bidirectional current query block
     return TurnInput(
-        ids=np.asarray(ids + [tk.PAD_ID] * pad, np.int32),
-        attention_mask=np.asarray(att + [0] * pad, np.int32),
-        cmp_mask=np.asarray(cmp + [False] * pad, bool),
-        gen_mask=np.asarray(gen + [False] * pad, bool),
+        ids=np.concatenate([seq.input_ids, np.full(pad, tk.PAD_ID, np.int32)]),
+        attention_mask=np.concatenate([att, np.zeros(pad, np.int32)]),
+        cmp_mask=np.concatenate([seq.cmp_mask, np.zeros(pad, bool)]),
+        gen_mask=np.concatenate([seq.gen_mask, np.zeros(pad, bool)]),
         hist_reps=hist_reps, hist_pos=hist_pos, hist_valid=hist_valid,
         read_idx=read_idx, last_idx=length - 1, length=length)
 

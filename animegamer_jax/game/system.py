@@ -19,19 +19,6 @@ class CheckpointError(ValueError):
     """A system checkpoint that is missing, incomplete or does not match the config."""
 
 
-def _builders(config) -> dict:
-    """Builder overrides for load_system, building each network from its own config section
-    (``CogVideoXDiT`` from ``dit`` + the representation length, ``CogVideoXVAE`` from ``vae``)."""
-    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
-
-    nq = config.rep.num_text_tokens + config.rep.num_image_tokens
-    out = {"dit": lambda cfg, rngs: CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=nq), rngs=rngs)}
-    from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
-
-    out["vae"] = lambda cfg, rngs: CogVideoXVAE.from_config(cfg.vae, rngs=rngs)
-    return out
-
-
 def _standin_decode(config):
     st = build_standin(config)
     return lambda latents: st.decode(st.params, latents)
@@ -78,8 +65,7 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
                               f"{manifest['components']}); a game needs {need}. Fix: save all of them "
                               f"with save_system")
     try:
-        components = sc.load_system(checkpoint, config, mesh=mesh, names=need, builders=_builders(config),
-                                    verify=None)
+        components = sc.load_system(checkpoint, config, mesh=mesh, names=need, verify=None)
     except sc.CheckpointIntegrityError as e:
         raise CheckpointError(str(e)) from None
     except sc.SystemCheckpointError as e:
@@ -105,18 +91,13 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
     from flax import nnx
 
     from animegamer_jax.game.real import build_real_system
-    from animegamer_jax.models.mllm import GameStateMLLM
-    from animegamer_jax.models.shot_encoder import ShotEncoder
-
-    builders = _builders(config)
+    from animegamer_jax.system_checkpoint import COMPONENT_BUILDERS  # the one builder registry
 
     @jax.jit
     def init():
         # one compiled init instead of one eager PRNG op per parameter
-        mods = {"mllm": GameStateMLLM.from_config(config, rngs=nnx.Rngs(seed)),
-                "dit": builders["dit"](config, nnx.Rngs(seed + 1)),
-                "shot_encoder": ShotEncoder.from_config(config, rngs=nnx.Rngs(seed + 2))}
-        mods["vae"] = builders["vae"](config, nnx.Rngs(seed + 3))
+        mods = {name: COMPONENT_BUILDERS[name](config, nnx.Rngs(seed + i))
+                for i, name in enumerate(("mllm", "dit", "shot_encoder", "vae"))}
         return {k: nnx.split(m) for k, m in mods.items()}
 
     split = init()

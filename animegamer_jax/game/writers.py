@@ -40,11 +40,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import av
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from animegamer_jax import fileio, paths
+from animegamer_jax import fileio, video_io
 from animegamer_jax.game.script import is_plain_name
 from animegamer_jax.game.state import METER_NAMES
 
@@ -85,11 +84,12 @@ def _font(size: int) -> ImageFont.ImageFont:
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """float ``[T, H, W, 3]`` in [0, 1] (or uint8) -> uint8 ``[T, H, W, 3]``."""
+    """float ``[T, H, W, 3]`` in [0, 1] (the engine's frame range) or uint8 -> uint8; the one
+    conversion (``video_io.to_uint8``) with the game's range."""
     frames = np.asarray(frames)
     if frames.dtype == np.uint8:
         return frames
-    return np.clip(np.round(frames.astype(np.float32) * 255.0), 0, 255).astype(np.uint8)
+    return video_io.to_uint8(frames, value_range=(0.0, 1.0))
 
 
 def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, turn: int) -> np.ndarray:
@@ -156,33 +156,16 @@ def _even(frames: np.ndarray) -> np.ndarray:
 
 
 def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
-    """H.264 MP4 (yuv420p, crf 18) of uint8 ``[T, H, W, 3]`` frames at ``fps``.
+    """H.264 MP4 (yuv420p, crf 18, preset veryfast) of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at
+    ``fps``, padded to even sizes, written by the one video writer (``video_io.write_mp4``) in its
+    deterministic mode, so identical frames give byte-identical files."""
+    video_io.write_mp4(path, _even(to_uint8(frames)), fps, crf=18, preset="veryfast", container_format="mp4",
+                       deterministic=True)
 
-    Deterministic, so identical frames give byte-identical files: libx264 with one thread
-    (threaded encoding depends on thread timing), a fixed preset, explicit frame timestamps, and
-    macroblock-tree rate control off (``mbtree=0``): with it on, PyAV's bundled x264 gave up to 5
-    different files in 30 encodes of one 17-frame clip, with it off 1 in 125 over five sizes.
-    """
-    frames = _even(to_uint8(frames))
-    from fractions import Fraction
-    target = paths.av_output(path)  # a URL is encoded in memory, then uploaded
-    with av.open(target, mode="w", format="mp4") as container:
-        rate = Fraction(fps).limit_denominator(1000)
-        stream = container.add_stream("libx264", rate=rate)
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        stream.codec_context.thread_count = 1
-        stream.codec_context.thread_type = "NONE"
-        stream.options = {"crf": "18", "preset": "veryfast", "threads": "1", "x264-params": "mbtree=0"}
-        for i, f in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(f, format="rgb24")
-            frame.pts = i  # explicit timestamps: nothing left for the muxer to guess
-            frame.time_base = 1 / rate
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    paths.finish_av_output(path, target)
+
+def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
+    """Looping GIF of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at ``fps`` (``video_io.write_gif``)."""
+    video_io.write_gif(path, to_uint8(frames), fps)
 
 
 def _save_image(path: str, img: Image.Image, **kw: Any) -> None:
@@ -190,13 +173,6 @@ def _save_image(path: str, img: Image.Image, **kw: Any) -> None:
     buf = io.BytesIO()
     img.save(buf, **kw)
     fileio.write_bytes_atomic(path, buf.getvalue())
-
-
-def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
-    """Looping GIF of uint8 ``[T, H, W, 3]`` frames at ``fps``."""
-    imgs = [Image.fromarray(f) for f in to_uint8(frames)]
-    _save_image(path, imgs[0], format="GIF", save_all=True, append_images=imgs[1:],
-                duration=int(round(1000 / fps)), loop=0)
 
 
 def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.ndarray:
@@ -524,7 +500,5 @@ def read_json(path: str) -> dict:
 
 
 def read_video(path: str) -> np.ndarray:
-    """Decodes a video file (local path or URL) to uint8 ``[T, H, W, 3]`` (for tests and tools)."""
-    src = io.BytesIO(fileio.read_bytes(path)) if paths.is_url(path) else path
-    with av.open(src) as c:
-        return np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    """Decodes a video file to uint8 ``[T, H, W, 3]`` (local path or URL; for tests and tools; ``video_io.read_video``)."""
+    return video_io.read_video(path)[0]

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models.common import param as _param
 from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
@@ -77,9 +79,11 @@ class CLIPConfig:
     layer_norm_eps: float = 1e-5
     dtype: str = "float32"
     eot_token_id: int | None = None
+    remat: str = "none"  # models/remat.py policy of both towers' block scans
     attention_impl: str = "auto"  # animegamer_jax.models.attention implementation (no params depend on it)
 
     def __post_init__(self):
+        object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
         if self.hidden_act not in _ACTS:
             raise ValueError(f"clip.hidden_act must be one of {_ACTS}, got {self.hidden_act!r}")
         if self.image_size % self.patch_size:
@@ -104,10 +108,6 @@ def _act(name: str, x: jax.Array) -> jax.Array:
     if name == "quick_gelu":
         return x * jax.nn.sigmoid(1.702 * x)
     return jax.nn.gelu(x, approximate=False)
-
-
-def _param(rngs: nnx.Rngs, init, shape, names, dtype=jnp.float32) -> nnx.Param:
-    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, dtype))
 
 
 _normal = jax.nn.initializers.normal(0.02)
@@ -207,15 +207,15 @@ def _stacked_blocks(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
     return create(rngs)
 
 
-def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: attention.AttentionMask | None) -> jax.Array:
-    """Runs the first ``n`` stacked blocks over ``x`` with ``jax.lax.scan``."""
+def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: attention.AttentionMask | None, remat: str = "none") -> jax.Array:
+    """Runs the first ``n`` stacked blocks over ``x`` with ``jax.lax.scan`` (``remat``: models/remat.py policy)."""
     graphdef, state = nnx.split(blocks)
     state = jax.tree.map(lambda a: a[:n], state)
 
     def body(h, st):
         return nnx.merge(graphdef, st)(h, mask), None
 
-    x, _ = jax.lax.scan(body, x, state)
+    x, _ = jax.lax.scan(remat_lib.remat(body, remat), x, state)
     return x
 
 
@@ -339,7 +339,7 @@ class CLIPVisionTransformer(nnx.Module):
         n = self.cfg.vision_layers if num_layers is None else num_layers
         if not 0 <= n <= self.cfg.vision_layers:
             raise ValueError(f"num_layers {n} outside [0, {self.cfg.vision_layers}]")
-        return _run_blocks(self.blocks, self.embed(pixels), n, None)
+        return _run_blocks(self.blocks, self.embed(pixels), n, None, self.cfg.remat)
 
     def patch_tokens(self, pixels: jax.Array) -> jax.Array:
         """f_v: penultimate-block patch tokens without CLS and without ln_post, (B, P, D) (§3.1)."""
@@ -378,7 +378,7 @@ class CLIPTextTransformer(nnx.Module):
         if length > self.cfg.text_context_length:
             raise ValueError(f"text length {length} > context length {self.cfg.text_context_length}")
         x = self.token_embedding[...].astype(dt)[ids] + self.positional_embedding[...].astype(dt)[:length]
-        x = _run_blocks(self.blocks, x, self.cfg.text_layers, attention.causal_mask())
+        x = _run_blocks(self.blocks, x, self.cfg.text_layers, attention.causal_mask(), self.cfg.remat)
         return self.ln_final(x)
 
     def pooled(self, ids: jax.Array) -> jax.Array:

@@ -16,9 +16,13 @@ Architectural notes not obvious from the reference:
   * LayerNorm eps: block norms and `final_layernorm` use `norm_eps` (1e-5, SAT default), q/k norms use
     `qk_norm_eps` (1e-6); the final-layer norm uses `final_norm_eps` (SAT 1e-6, diffusers 1e-5).
   * LoRA with SAT `lora2` semantics (§4.6): separate A/B for q, k and v and for the output projection,
-    `out = W x + b + (alpha / r) * B A x`; `merge_lora` folds it into the base weights for inference.
-  * Blocks have stacked parameters (leading "layers" axis) and run under `jax.lax.scan`
-    (optionally rematerialized), so compile time does not grow with depth.
+    `out = W x + b + (alpha / r) * B A x`, through the one LoRA module (models/lora.py `LoRAEinsum`,
+    `LoRAParam`); `merge_lora` folds it into the base weights for inference.
+  * `DiTBlock` is an NNX module (submodules named after diffusers' `CogVideoXBlock`: norm1, norm2,
+    attn1.{to_q,to_k,to_v,norm_q,norm_k,to_out}, ff.{proj_in,proj_out}, plus the 12-chunk `adaln`);
+    the model creates `num_layers` of them with `nnx.vmap` (leading "layers" axis on every parameter)
+    and scans them (`jax.lax.scan` over the split block state, as Mistral, CLIP and T5 do) under a
+    named remat policy (models/remat.py), so compile time does not grow with depth.
   * Norms, softmax and the sinusoids are computed in float32 whatever the activation dtype.
 """
 
@@ -26,14 +30,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
 
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from animegamer_jax.models import attention
+from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models.common import param as _param
+from animegamer_jax.models.lora import LoRAEinsum, LoRAParam
+from animegamer_jax.models.lora import merge_lora as merge_lora_in_place
 from animegamer_jax.parallel import constrain
 
 Array = jax.Array
@@ -65,7 +75,8 @@ class DiTConfig:
       use_flow: build the motion-scope embedding (AnimeGamer); False gives plain CogVideoX.
       dtype: activation dtype name ("float32" / "bfloat16").
       param_dtype: parameter dtype name.
-      remat: rematerialize each block (training memory).
+      remat: remat policy of the block scan, one of models/remat.py `REMAT_POLICIES` ("none",
+        "full", "save_dots", "offload_dots"); booleans of older configs map to "full" / "none".
       attention_impl: kernel of :func:`animegamer_jax.models.attention.dot_product_attention`
         ("auto" picks by backend and size; no parameters depend on it).
     """
@@ -90,8 +101,11 @@ class DiTConfig:
     use_flow: bool = True
     dtype: str = "float32"
     param_dtype: str = "float32"
-    remat: bool = False
+    remat: str = "none"
     attention_impl: str = "auto"
+
+    def __post_init__(self):
+        object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
 
     @property
     def mlp_dim(self) -> int:
@@ -131,18 +145,9 @@ class DiTConfig:
             use_flow=get("use_flow", True),
             dtype=get("dtype", "float32"),
             param_dtype=get("param_dtype", "float32"),
-            remat=get("remat", False),
+            remat=get("remat", "none"),
             attention_impl=get("attention_impl", "auto"),
         )
-
-
-class LoRAParam(nnx.Param):
-    """LoRA factor (`matrix_A` / `matrix_B` in SAT); a Param subclass so optimizers can filter it."""
-
-
-def _param(key: Array, init: Any, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype: Any,
-           cls: type = nnx.Param) -> nnx.Param:
-    return cls(nnx.with_partitioning(init, axes)(key, shape, dtype))
 
 
 def _fan_in_normal(fan_in: int) -> Any:
@@ -232,112 +237,116 @@ class MLPEmbedder(nnx.Module):
         return h @ self.linear_2_kernel[...].astype(dt) + self.linear_2_bias[...].astype(dt)
 
 
-class DiTBlocks(nnx.Module):
-    """All transformer blocks as stacked parameters with a leading "layers" axis (architecture.md §4.4).
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis with `scale` / `bias` [dim] (statistics in float32, see `_layer_norm`)."""
 
-    Parameter shapes (L layers, D width, N heads, H head_dim, F mlp, E time_embed_dim, r LoRA rank):
-      norm1_scale/bias, norm2_scale/bias [L, D]; adaln_kernel [L, E, 12, D], adaln_bias [L, 12, D]
-      (SAT chunk order: shift/scale/gate msa, shift/scale/gate mlp, then the same six for the
-      conditioning tokens); qkv_kernel [L, D, 3, N, H], qkv_bias [L, 3, N, H]; q_norm/k_norm
-      scale/bias [L, H]; out_kernel [L, N, H, D], out_bias [L, D]; mlp_in_kernel [L, D, F],
-      mlp_in_bias [L, F], mlp_out_kernel [L, F, D], mlp_out_bias [L, D]; LoRA (r > 0):
-      qkv_lora_a [L, 3, D, r], qkv_lora_b [L, 3, r, N, H], out_lora_a [L, N, H, r], out_lora_b [L, r, D].
+    def __init__(self, dim: int, eps: float, *, param_dtype: Any):
+        self.eps = float(eps)
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=("norm",))
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), out_sharding=("norm",))
+
+    def __call__(self, x: Array) -> Array:
+        """x [..., dim] -> [..., dim] in x's dtype."""
+        return _layer_norm(x, self.scale[...], self.bias[...], self.eps)
+
+
+def _dense(cfg: DiTConfig, ins: tuple[int, ...], outs: tuple[int, ...], in_axes: tuple[str, ...],
+           out_axes: tuple[str, ...], *, rngs: nnx.Rngs, lora: bool = False) -> LoRAEinsum:
+    """A biased projection of the DiT (the one LoRA module, models/lora.py); LoRA only where `lora`."""
+    return LoRAEinsum(ins, outs, in_axes=in_axes, out_axes=out_axes, rank=cfg.lora_rank if lora else 0,
+                      alpha=cfg.lora_alpha, use_bias=True, dtype=jnp.dtype(cfg.dtype),
+                      param_dtype=jnp.dtype(cfg.param_dtype), kernel_init=_fan_in_normal(math.prod(ins)),
+                      rngs=rngs)
+
+
+class Attention(nnx.Module):
+    """Joint full attention with q/k LayerNorm (diffusers `attn1`, SAT `attention` + q/k layernorm lists).
+
+    Parameters: `to_q`/`to_k`/`to_v.kernel` [D, N, H], `.bias` [N, H]; `norm_q`/`norm_k` scale/bias [H];
+    `to_out.kernel` [N, H, D], `.bias` [D]; with LoRA rank r > 0 (SAT lora2, one A/B per q, k, v and
+    dense; §4.6) `to_q.lora_a` [D, r], `to_q.lora_b` [r, N, H], `to_out.lora_a` [N, H, r],
+    `to_out.lora_b` [r, D].
     """
 
     def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
-        L, D, N, H, F, E = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.mlp_dim,
-                            cfg.time_embed_dim)
+        D, N, H = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+        heads = ("heads", "head_dim")
+        self.to_q = _dense(cfg, (D,), (N, H), ("embed",), heads, rngs=rngs, lora=True)
+        self.to_k = _dense(cfg, (D,), (N, H), ("embed",), heads, rngs=rngs, lora=True)
+        self.to_v = _dense(cfg, (D,), (N, H), ("embed",), heads, rngs=rngs, lora=True)
+        self.norm_q = LayerNorm(H, cfg.qk_norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+        self.norm_k = LayerNorm(H, cfg.qk_norm_eps, param_dtype=jnp.dtype(cfg.param_dtype))
+        self.to_out = _dense(cfg, (N, H), (D,), heads, ("embed",), rngs=rngs, lora=True)
+        self.attention_impl = cfg.attention_impl  # static kernel name (no parameters depend on it)
+
+    def __call__(self, h: Array) -> Array:
+        """h [B, L, D] (conditioning then video tokens) -> [B, L, D]; no mask, scale 1/sqrt(H)."""
+        q = constrain(self.norm_q(self.to_q(h)), BATCH_SEQ_HEADS)
+        k = constrain(self.norm_k(self.to_k(h)), BATCH_SEQ_HEADS)
+        v = constrain(self.to_v(h), BATCH_SEQ_HEADS)
+        # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32. With a `context`
+        # mesh axis the joint sequence stays sharded (K/V all-gathered per layer).
+        o = attention.context_parallel_attention(q, k, v, implementation=self.attention_impl)
+        o = constrain(o, BATCH_SEQ_HEADS)
+        return constrain(self.to_out(o), BATCH_SEQ_EMBED)
+
+
+class FeedForward(nnx.Module):
+    """Linear(D -> F), GELU (tanh), Linear(F -> D) (diffusers `ff.net.0.proj` / `ff.net.2`, SAT `mlp`)."""
+
+    def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
+        D, F = cfg.hidden_size, cfg.mlp_dim
+        self.proj_in = _dense(cfg, (D,), (F,), ("embed",), ("mlp",), rngs=rngs)
+        self.proj_out = _dense(cfg, (F,), (D,), ("mlp",), ("embed",), rngs=rngs)
+
+    def __call__(self, h: Array) -> Array:
+        """h [B, L, D] -> [B, L, D]."""
+        f = constrain(jax.nn.gelu(self.proj_in(h), approximate=True), ("act_batch", "act_length", "act_mlp"))
+        return constrain(self.proj_out(f), BATCH_SEQ_EMBED)
+
+
+class DiTBlock(nnx.Module):
+    """One CogVideoX block on the split streams (architecture.md §4.4; diffusers `CogVideoXBlock`).
+
+    Parameters (D width, E time_embed_dim): `norm1`, `norm2` (scale/bias [D]); `adaln.kernel`
+    [E, 12, D], `adaln.bias` [12, D] (expert adaLN, one Linear for both streams, SAT chunk order:
+    shift/scale/gate msa, shift/scale/gate mlp for the video tokens, then the same six for the
+    conditioning tokens; diffusers splits it over `norm1.linear` / `norm2.linear`); `attn1`
+    (:class:`Attention`); `ff` (:class:`FeedForward`). The model creates `num_layers` of these with
+    `nnx.vmap` (leading "layers" axis on every parameter) and scans them.
+    """
+
+    def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
+        D, N, H, E = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.time_embed_dim
         if N * H != D:
             raise ValueError(f"num_heads * head_dim = {N * H} must equal hidden_size {D}")
         pd = jnp.dtype(cfg.param_dtype)
-        k = iter(jax.random.split(rngs.params(), 24))
-        self.norm1_scale = _param(next(k), _ones, (L, D), ("layers", "norm"), pd)
-        self.norm1_bias = _param(next(k), _zeros, (L, D), ("layers", "norm"), pd)
-        self.norm2_scale = _param(next(k), _ones, (L, D), ("layers", "norm"), pd)
-        self.norm2_bias = _param(next(k), _zeros, (L, D), ("layers", "norm"), pd)
+        self.norm1 = LayerNorm(D, cfg.norm_eps, param_dtype=pd)
+        self.norm2 = LayerNorm(D, cfg.norm_eps, param_dtype=pd)
         # SAT's `reinit` would zero the adaLN Linear; it is not called at construction, so small random.
-        self.adaln_kernel = _param(next(k), _fan_in_normal(E), (L, E, 12, D), ("layers", None, None, "embed"), pd)
-        self.adaln_bias = _param(next(k), _zeros, (L, 12, D), ("layers", None, "embed"), pd)
-        self.qkv_kernel = _param(next(k), _fan_in_normal(D), (L, D, 3, N, H),
-                                 ("layers", "embed", None, "heads", "head_dim"), pd)
-        self.qkv_bias = _param(next(k), _zeros, (L, 3, N, H), ("layers", None, "heads", "head_dim"), pd)
-        self.q_norm_scale = _param(next(k), _ones, (L, H), ("layers", "norm"), pd)
-        self.q_norm_bias = _param(next(k), _zeros, (L, H), ("layers", "norm"), pd)
-        self.k_norm_scale = _param(next(k), _ones, (L, H), ("layers", "norm"), pd)
-        self.k_norm_bias = _param(next(k), _zeros, (L, H), ("layers", "norm"), pd)
-        self.out_kernel = _param(next(k), _fan_in_normal(D), (L, N, H, D), ("layers", "heads", "head_dim", "embed"), pd)
-        self.out_bias = _param(next(k), _zeros, (L, D), ("layers", "embed"), pd)
-        self.mlp_in_kernel = _param(next(k), _fan_in_normal(D), (L, D, F), ("layers", "embed", "mlp"), pd)
-        self.mlp_in_bias = _param(next(k), _zeros, (L, F), ("layers", "mlp"), pd)
-        self.mlp_out_kernel = _param(next(k), _fan_in_normal(F), (L, F, D), ("layers", "mlp", "embed"), pd)
-        self.mlp_out_bias = _param(next(k), _zeros, (L, D), ("layers", "embed"), pd)
-        r = cfg.lora_rank
-        if r:
-            # SAT lora2: A ~ kaiming-uniform (a=sqrt(5)) i.e. U(+-1/sqrt(fan_in)), B = 0.
-            ka = jax.random.split(next(k), 2)
-            bound = 1.0 / math.sqrt(D)
-            uni = lambda key, shape, dtype: jax.random.uniform(key, shape, dtype, -bound, bound)  # noqa: E731
-            self.qkv_lora_a = _param(ka[0], uni, (L, 3, D, r), ("layers", None, "embed", "lora"), pd, LoRAParam)
-            self.qkv_lora_b = _param(ka[0], _zeros, (L, 3, r, N, H), ("layers", None, "lora", "heads", "head_dim"),
-                                     pd, LoRAParam)
-            self.out_lora_a = _param(ka[1], uni, (L, N, H, r), ("layers", "heads", "head_dim", "lora"), pd, LoRAParam)
-            self.out_lora_b = _param(ka[1], _zeros, (L, r, D), ("layers", "lora", "embed"), pd, LoRAParam)
+        self.adaln = _dense(cfg, (E,), (12, D), (None,), (None, "embed"), rngs=rngs)
+        self.attn1 = Attention(cfg, rngs=rngs)
+        self.ff = FeedForward(cfg, rngs=rngs)
 
-    def stacked(self) -> dict[str, Array]:
-        """All stacked parameter arrays by name (leading axis = layer)."""
-        return {name: v[...] for name, v in vars(self).items() if isinstance(v, nnx.Variable)}
+    def __call__(self, txt: Array, img: Array, emb: Array) -> tuple[Array, Array]:
+        """txt [B, Lt, D] conditioning tokens, img [B, Lv, D] video tokens, emb [B, E] time (+flow)
+        embedding (activation dtype) -> updated (txt, img)."""
+        lt = txt.shape[1]
+        mod = self.adaln(jax.nn.silu(emb))  # [B, 12, D]
+        m = [mod[:, i][:, None, :] for i in range(12)]
 
+        def modulate(norm: LayerNorm, x: Array, shift: Array, scale: Array) -> Array:
+            return norm(x) * (1 + scale) + shift
 
-def _block(cfg: DiTConfig, txt: Array, img: Array, emb: Array, p: dict[str, Array]) -> tuple[Array, Array]:
-    """One CogVideoX block on the split streams (architecture.md §4.4; diffusers `CogVideoXBlock`).
-
-    Args:
-      txt: [B, Lt, D] conditioning tokens; img: [B, Lv, D] video tokens (activation dtype).
-      emb: [B, E] time (+flow) embedding; p: this layer's parameters (no leading layer axis).
-
-    Returns:
-      Updated (txt, img).
-    """
-    dt = img.dtype
-    c = lambda name: p[name].astype(dt)  # noqa: E731
-    lt = txt.shape[1]
-    mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), c("adaln_kernel")) + c("adaln_bias")[None]
-    m = [mod[:, i][:, None, :] for i in range(12)]
-
-    def attn_in(x, norm, shift, scale):
-        return _layer_norm(x, p[norm + "_scale"], p[norm + "_bias"], cfg.norm_eps) * (1 + scale) + shift
-
-    h = jnp.concatenate([attn_in(txt, "norm1", m[6], m[7]), attn_in(img, "norm1", m[0], m[1])], axis=1)
-    h = constrain(h, BATCH_SEQ_EMBED)
-    qkv = jnp.einsum("BLD,DKNH->KBLNH", h, c("qkv_kernel")) + c("qkv_bias")[:, None, None]
-    if cfg.lora_rank:
-        lora = jnp.einsum("BLD,KDR->KBLR", h, c("qkv_lora_a"))
-        qkv = qkv + cfg.lora_scaling * jnp.einsum("KBLR,KRNH->KBLNH", lora, c("qkv_lora_b"))
-    q, k, v = qkv[0], qkv[1], qkv[2]
-    q = _layer_norm(q, p["q_norm_scale"], p["q_norm_bias"], cfg.qk_norm_eps)
-    k = _layer_norm(k, p["k_norm_scale"], p["k_norm_bias"], cfg.qk_norm_eps)
-    q, k, v = (constrain(a, BATCH_SEQ_HEADS) for a in (q, k, v))
-    # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32. With a `context`
-    # mesh axis the joint sequence stays sharded (K/V all-gathered per layer).
-    o = attention.context_parallel_attention(q, k, v, implementation=cfg.attention_impl)
-    o = constrain(o, BATCH_SEQ_HEADS)
-    out = jnp.einsum("BLNH,NHD->BLD", o, c("out_kernel")) + c("out_bias")
-    if cfg.lora_rank:
-        lora = jnp.einsum("BLNH,NHR->BLR", o, c("out_lora_a"))
-        out = out + cfg.lora_scaling * jnp.einsum("BLR,RD->BLD", lora, c("out_lora_b"))
-    out = constrain(out, BATCH_SEQ_EMBED)
-    txt = txt + m[8] * out[:, :lt]
-    img = img + m[2] * out[:, lt:]
-
-    h = jnp.concatenate([attn_in(txt, "norm2", m[9], m[10]), attn_in(img, "norm2", m[3], m[4])], axis=1)
-    h = constrain(h, BATCH_SEQ_EMBED)
-    f = jnp.einsum("BLD,DF->BLF", h, c("mlp_in_kernel")) + c("mlp_in_bias")
-    f = constrain(jax.nn.gelu(f, approximate=True), ("act_batch", "act_length", "act_mlp"))
-    f = jnp.einsum("BLF,FD->BLD", f, c("mlp_out_kernel")) + c("mlp_out_bias")
-    f = constrain(f, BATCH_SEQ_EMBED)
-    txt = txt + m[11] * f[:, :lt]
-    img = img + m[5] * f[:, lt:]
-    return constrain(txt, BATCH_SEQ_EMBED), constrain(img, BATCH_SEQ_EMBED)
+        h = jnp.concatenate([modulate(self.norm1, txt, m[6], m[7]), modulate(self.norm1, img, m[0], m[1])], axis=1)
+        out = self.attn1(constrain(h, BATCH_SEQ_EMBED))
+        txt = txt + m[8] * out[:, :lt]
+        img = img + m[2] * out[:, lt:]
+        h = jnp.concatenate([modulate(self.norm2, txt, m[9], m[10]), modulate(self.norm2, img, m[3], m[4])], axis=1)
+        f = self.ff(constrain(h, BATCH_SEQ_EMBED))
+        txt = txt + m[11] * f[:, :lt]
+        img = img + m[5] * f[:, lt:]
+        return constrain(txt, BATCH_SEQ_EMBED), constrain(img, BATCH_SEQ_EMBED)
 
 
 class CogVideoXDiT(nnx.Module):
@@ -366,7 +375,13 @@ class CogVideoXDiT(nnx.Module):
         self.time_embed = MLPEmbedder(D, E, zero_out=False, param_dtype=pd, rngs=rngs)
         if cfg.use_flow:
             self.flow_embed = MLPEmbedder(D, E, zero_out=True, param_dtype=pd, rngs=rngs)
-        self.blocks = DiTBlocks(cfg, rngs=rngs)
+
+        @nnx.split_rngs(splits=cfg.num_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_blocks(r: nnx.Rngs) -> DiTBlock:
+            return DiTBlock(cfg, rngs=r)
+
+        self.blocks = make_blocks(nnx.Rngs(params=next(k)))
         self.final_norm_scale = _param(next(k), _ones, (D,), ("norm",), pd)
         self.final_norm_bias = _param(next(k), _zeros, (D,), ("norm",), pd)
         self.out_adaln_kernel = _param(next(k), _fan_in_normal(E), (E, 2, D), (None, None, "embed"), pd)
@@ -399,20 +414,21 @@ class CogVideoXDiT(nnx.Module):
             flow = jnp.broadcast_to(jnp.asarray(flow), (B,))
         emb = self.embed_time(timesteps, flow, dt)
 
-        x = latents.astype(dt).reshape(B, T, C, h, p, w, p).transpose(0, 1, 3, 5, 2, 4, 6)
-        x = x.reshape(B, T * h * w, C * p * p)
+        x = einops.rearrange(latents.astype(dt), "B T C (h p) (w q) -> B (T h w) (C p q)", p=p, q=p)
         img = x @ self.patch_kernel[...].astype(dt) + self.patch_bias[...].astype(dt)
         pos = sincos_pos_embed_3d(cfg.hidden_size, T, h, w, cfg.spatial_interpolation_scale,
                                   cfg.temporal_interpolation_scale)
         img = constrain(img + jnp.asarray(pos, dt)[None], BATCH_SEQ_EMBED)
         txt = constrain(cond.astype(dt), BATCH_SEQ_EMBED)
 
-        def body(carry, layer_params):
-            return _block(cfg, carry[0], carry[1], emb, layer_params), None
+        # jax.lax.scan over the split block state rather than nnx.scan: the samplers call the DiT inside
+        # their own lax loops with the module closed over, where nnx transforms refuse a captured module.
+        graphdef, block_state = nnx.split(self.blocks)
 
-        if cfg.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
-        (txt, img), _ = jax.lax.scan(body, (txt, img), self.blocks.stacked())
+        def body(carry: tuple[Array, Array], st: nnx.State) -> tuple[tuple[Array, Array], None]:
+            return nnx.merge(graphdef, st)(carry[0], carry[1], emb), None
+
+        (txt, img), _ = jax.lax.scan(remat_lib.remat(body, cfg.remat), (txt, img), block_state)
 
         # The conditioning tokens are dropped after the (per-token) final_layernorm.
         img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
@@ -421,47 +437,42 @@ class CogVideoXDiT(nnx.Module):
         img = _layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)
         img = img * (1 + mod[:, 1][:, None]) + mod[:, 0][:, None]
         out = img @ self.proj_out_kernel[...].astype(dt) + self.proj_out_bias[...].astype(dt)
-        co = cfg.out_channels
-        out = out.reshape(B, T, h, w, co, p, p).transpose(0, 1, 4, 2, 5, 3, 6)
-        return out.reshape(B, T, co, Hh, Ww)
+        return einops.rearrange(out, "B (T h w) (C p q) -> B T C (h p) (w q)", T=T, h=h, w=w, p=p, q=p)
 
 
-def flow_value(motion_level: Any, table: tuple[float, ...] = (0.5, 2.5, 10.0, 15.0, 40.0)) -> Array:
-    """Motion level -> flow value fed to `flow_embed` (architecture.md §4.8, `cuculate_level`).
+def flow_value(motion_level: Any, table: Sequence[float] = (0.5, 2.5, 10.0, 15.0, 40.0), xp: Any = jnp) -> Any:
+    """Motion level -> flow value fed to `flow_embed`: the one rule, for play and training (§4.8).
+
+    Source: the release's `cuculate_level` (`inference_Decoder.py`).
 
     Args:
       motion_level: int or int array of levels; 1..len(table)-1 pick `table[level - 1]`, anything
         else (5, 0, negative, a parse failure encoded as -1) picks the last entry.
       table: `cfg.dit.flow_table` (default: the `inference_Decoder.py` table; app.py's is (0.5, 1, 5, 20, 40)).
+      xp: the array module, `jax.numpy` (default, traceable) or `numpy` (host-side batch building).
 
     Returns:
       float32 array of the level's shape.
     """
-    lv = jnp.asarray(motion_level, jnp.int32)
-    tab = jnp.asarray(table, jnp.float32)
-    ok = (lv >= 1) & (lv <= tab.shape[0] - 1)
-    return jnp.where(ok, tab[jnp.clip(lv - 1, 0, tab.shape[0] - 1)], tab[-1])
+    lv = xp.asarray(motion_level).astype(xp.int32)
+    tab = xp.asarray(table, dtype=xp.float32)
+    n = tab.shape[0]
+    ok = (lv >= 1) & (lv <= n - 1)
+    return xp.where(ok, tab[xp.clip(lv - 1, 0, n - 1)], tab[-1]).astype(xp.float32)
 
 
 def merge_lora(model: CogVideoXDiT) -> CogVideoXDiT:
-    """Returns a LoRA-free copy of `model` with `W += (alpha/r) B A` folded in (architecture.md §4.6).
+    """Returns a LoRA-free copy of `model` with `W += (alpha/r) A B` folded in (architecture.md §4.6).
 
-    The result has `lora_rank=0` and gives the same outputs (up to float rounding); use it for inference.
+    The result has `lora_rank=0` and gives the same outputs (up to float rounding); use it for
+    inference. `model` itself is left unchanged.
     """
-    cfg = model.cfg
-    merged_cfg = dataclasses.replace(cfg, lora_rank=0)
+    merged_cfg = dataclasses.replace(model.cfg, lora_rank=0)
+    graphdef, state = nnx.split(model)
+    folded = merge_lora_in_place(nnx.merge(graphdef, jax.tree.map(lambda x: x, state)))
     new = nnx.eval_shape(lambda: CogVideoXDiT(merged_cfg, rngs=nnx.Rngs(0)))
-    state = nnx.state(model, nnx.Param)
-    pure = state.to_pure_dict()
-    if cfg.lora_rank:
-        b = pure["blocks"]
-        s = cfg.lora_scaling
-        b["qkv_kernel"] = b["qkv_kernel"] + s * jnp.einsum("LKDR,LKRNH->LDKNH", b.pop("qkv_lora_a"),
-                                                           b.pop("qkv_lora_b"))
-        b["out_kernel"] = b["out_kernel"] + s * jnp.einsum("LNHR,LRD->LNHD", b.pop("out_lora_a"),
-                                                           b.pop("out_lora_b"))
     new_state = nnx.state(new, nnx.Param)
-    new_state.replace_by_pure_dict(pure)
+    new_state.replace_by_pure_dict(nnx.state(folded, nnx.Param).to_pure_dict())
     nnx.update(new, new_state)
     return new
 
@@ -474,7 +485,7 @@ def prepare_for_inference(model: CogVideoXDiT, dtype: Any = None) -> CogVideoXDi
     fp32 -> bf16 weight casts of every denoising step."""
     dt = jnp.dtype(dtype or model.cfg.dtype)
     merged = merge_lora(model)
-    new_cfg = dataclasses.replace(merged.cfg, param_dtype=dt.name, remat=False)
+    new_cfg = dataclasses.replace(merged.cfg, param_dtype=dt.name, remat="none")
     new = nnx.eval_shape(lambda: CogVideoXDiT(new_cfg, rngs=nnx.Rngs(0)))
     pure = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a,
                         nnx.state(merged, nnx.Param).to_pure_dict())
@@ -488,8 +499,8 @@ def prepare_for_inference(model: CogVideoXDiT, dtype: Any = None) -> CogVideoXDi
 # The shot encoder's E_a parameters (ip_proj, text_proj, mix LayerNorms) belong to that module.
 TRAINABLE_SETS: dict[str, tuple[str, ...]] = {
     "warmup": ("flow_embed",),
-    "joint": ("flow_embed", "adaln_kernel", "adaln_bias"),
-    "adaptation": ("flow_embed", "adaln_kernel", "adaln_bias"),
+    "joint": ("flow_embed", "adaln"),
+    "adaptation": ("flow_embed", "adaln"),
 }
 
 
@@ -497,8 +508,8 @@ def trainable_filter(phase: str) -> Any:
     """nnx filter of the DiT parameters trained in `phase` ("warmup", "joint", "adaptation").
 
     LoRA factors (LoRAParam) are always trainable, as in SAT `disable_untrainable_params`; the
-    block adaLN (`adaLN_modulations`) trains in joint and adaptation phases, the final layer's
-    adaLN does not (its SAT name `adaLN_modulation` does not match). Raises KeyError for other phases.
+    block adaLN (`blocks.adaln`, SAT `adaLN_modulations`) trains in joint and adaptation phases, the
+    final layer's adaLN (`out_adaln_*`, SAT `adaLN_modulation`) does not. Raises KeyError for other phases.
     """
     names = TRAINABLE_SETS[phase]
 

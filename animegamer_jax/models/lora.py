@@ -11,7 +11,8 @@ with ``A: (*in_features, rank)`` (peft ``lora_A.weight`` transposed, kaiming-uni
 ``B: (rank, *out_features)`` (peft ``lora_B.weight`` transposed, zero init), so a fresh adapter is
 an exact no-op. :func:`merge_lora` folds ``scaling * A . B`` into ``W`` for inference.
 
-Nothing here knows a model: the DiT uses the same module. Modules created under ``nnx.vmap`` (stacked
+Nothing here knows a model: Mistral's projections and the DiT's (attention q/k/v/out with LoRA,
+adaLN and MLP without) are all this module. Modules created under ``nnx.vmap`` (stacked
 layers) carry leading axes on every parameter; :func:`merge_lora` handles them.
 """
 
@@ -50,6 +51,8 @@ class LoRAEinsum(nnx.Module):
       dropout: dropout rate on the LoRA branch input (peft ``lora_dropout``), active only when a
         ``dropout_rng`` is passed to ``__call__``.
       use_bias: adds a bias of shape ``out_features`` (axes ``out_axes``).
+      kernel_init: ``(key, shape, dtype) -> array`` for the base kernel; default peft's
+        kaiming-uniform ``U(+-1/sqrt(fan_in))`` (the DiT passes its SAT-style normal init).
       dtype: computation dtype (inputs and params are cast to it); param_dtype: storage dtype.
       rngs: ``nnx.Rngs`` with a ``params`` stream.
 
@@ -70,6 +73,7 @@ class LoRAEinsum(nnx.Module):
         use_bias: bool = False,
         dtype: Any = jnp.float32,
         param_dtype: Any = jnp.float32,
+        kernel_init: Any = None,
         rngs: nnx.Rngs,
     ):
         self.in_features = tuple(int(d) for d in in_features)
@@ -84,8 +88,10 @@ class LoRAEinsum(nnx.Module):
         self.dropout = float(dropout)
         self.dtype = dtype
         fan_in = math.prod(self.in_features)
+        kshape = self.in_features + self.out_features
         self.kernel = nnx.Param(
-            _uniform_fan_in(rngs.params(), self.in_features + self.out_features, param_dtype, fan_in),
+            _uniform_fan_in(rngs.params(), kshape, param_dtype, fan_in) if kernel_init is None
+            else kernel_init(rngs.params(), kshape, param_dtype),
             out_sharding=tuple(in_axes) + tuple(out_axes),
         )
         self.bias = (
@@ -120,6 +126,8 @@ class LoRAEinsum(nnx.Module):
             raise ValueError(f"LoRAEinsum: input shape {x.shape} does not end with {self.in_features}")
         x = x.astype(self.dtype)
         y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=n_in)
+        if self.bias is not None:  # bias before the LoRA branch: `W x + b + s B A x` (SAT lora2 order)
+            y = y + self.bias[...].astype(self.dtype)
         if self.lora_a is not None:
             h = x
             if dropout_rng is not None and self.dropout > 0.0:
@@ -127,8 +135,6 @@ class LoRAEinsum(nnx.Module):
                 h = jnp.where(keep, h / (1.0 - self.dropout), 0.0).astype(self.dtype)
             low = jnp.tensordot(h, self.lora_a[...].astype(self.dtype), axes=n_in)
             y = y + self.scaling * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
-        if self.bias is not None:
-            y = y + self.bias[...].astype(self.dtype)
         return y
 
     def delta(self) -> jax.Array:

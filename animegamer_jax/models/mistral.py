@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
@@ -74,8 +75,11 @@ class MistralConfig:
     lora_alpha: float = 1.0
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ALL_LORA_TARGETS
-    remat: bool = False
+    remat: str = "none"  # models/remat.py policy of the layer scan
     attention_impl: str | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
 
     @classmethod
     def from_config(cls, c: Any, **overrides: Any) -> "MistralConfig":
@@ -360,20 +364,12 @@ class Mistral(nnx.Module):
             y, new_kv = layer(carry, positions, mask, kv, start, key)
             return y, new_kv
 
-        if cfg.remat:
-            body = jax.checkpoint(body, prevent_cse=False)
+        body = remat_lib.remat(body, cfg.remat)
         kv_in = None if cache is None else (cache.k, cache.v)
         x, kv_out = jax.lax.scan(body, x, (layer_state, kv_in, layer_keys))
         hidden = self.norm(x)
         new_cache = None if cache is None else KVCache(kv_out[0], kv_out[1], start + l)
         return MistralOutput(self.logits(hidden) if return_logits else None, hidden, new_cache)
-
-
-def count_params(state: Any) -> int:
-    """Number of scalar parameters in an (abstract) NNX state or module."""
-    if isinstance(state, nnx.Module):
-        state = nnx.state(state, nnx.Param)
-    return int(sum(x.size for x in jax.tree.leaves(state) if hasattr(x, "size")))
 
 
 def trainable_filter(path: Sequence[Any], value: Any) -> bool:

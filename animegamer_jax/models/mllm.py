@@ -298,9 +298,8 @@ class TurnSequence:
     num_history: int
 
 
-def build_sequence(
-    tokenizer: Any,
-    instructions: Sequence[str],
+def turn_layout(
+    text_ids: Sequence[Sequence[int]],
     history_states: Sequence[Sequence[int]] = (),
     *,
     num_queries: int = 226,
@@ -308,11 +307,16 @@ def build_sequence(
     target_states: Sequence[int] | None = None,
     release_history_states: bool = False,
 ) -> TurnSequence:
-    """Token layout for the last instruction given the earlier ones (architecture.md §1.3-§1.6).
+    """The one MLLM token layout, for training (:func:`build_sequence`) and play
+    (``game/state.py`` ``build_turn_input``); architecture.md §1.3-§1.6.
+
+    ``[<s>]``, then per included turn ``<TURN> text <img><frame> <frame_0..Q-1> </frame></img>``
+    followed, for a history turn, by its 14 world ids (``tokenizer.world_ids``, with the release's
+    duplicated ``</ST>``); the current turn ends with ``<ML>`` instead (then, in training, the 11
+    labelled state tokens).
 
     Args:
-      tokenizer: an ``AnimeGamerTokenizer`` (``encode_plain``, ``video_block_ids``, ``world_ids``).
-      instructions: instruction texts of turns 0..k (the last is the current turn).
+      text_ids: instruction token ids (no BOS, no ``<TURN>``) of turns 0..k; the last is the current turn.
       history_states: [ML, SC, ET, ST] of turns 0..k-1 (their own predicted / labelled states).
       num_queries: Q query tokens per turn (226).
       history_window: W; at most W-1 history turns (the latest ones) are included.
@@ -325,13 +329,13 @@ def build_sequence(
       history turn, oldest first; e.g. turns ``k-W+1 .. k-1``).
 
     Raises:
-      ValueError: fewer history_states than history turns, or history_window < 1.
+      ValueError: no turn, fewer history_states than history turns, or history_window < 1.
     """
     from animegamer_jax import tokenizer as tk
 
     if history_window < 1:
         raise ValueError(f"history_window must be >= 1, got {history_window}")
-    k = len(instructions) - 1
+    k = len(text_ids) - 1
     if k < 0:
         raise ValueError("need at least one instruction")
     if len(history_states) < k:
@@ -340,7 +344,7 @@ def build_sequence(
     ids: list[int] = [tk.BOS_ID]
     cmp: list[bool] = [False]
     gen: list[bool] = [False]
-    block = tokenizer.video_block_ids(num_queries)
+    block = tk.AnimeGamerTokenizer.video_block_ids(num_queries)
 
     def add(seq: Sequence[int], c: bool = False, g: bool = False) -> None:
         ids.extend(seq)
@@ -348,13 +352,13 @@ def build_sequence(
         gen.extend([g] * len(seq))
 
     for t in range(first, k + 1):
-        add([tk.TURN_ID] + list(tokenizer.encode_plain(instructions[t])))
+        add([tk.TURN_ID] + list(text_ids[t]))
         add(block[:2])
         add(block[2:-2], c=t < k, g=t == k)
         add(block[-2:])
         if t < k:
             st = (0, 0, 0, 0) if release_history_states else tuple(history_states[t])
-            add(tokenizer.world_ids(*st))
+            add(tk.AnimeGamerTokenizer.world_ids(*st))
     add([tk.ML_ID])
     labels = [IGNORE_INDEX] * len(ids)
     if target_states is not None:
@@ -365,6 +369,14 @@ def build_sequence(
         labels.extend(tail)
     return TurnSequence(np.asarray(ids, np.int32), np.asarray(cmp), np.asarray(gen),
                         np.asarray(labels, np.int32), k - first)
+
+
+def build_sequence(tokenizer: Any, instructions: Sequence[str], history_states: Sequence[Sequence[int]] = (),
+                   **layout: Any) -> TurnSequence:
+    """:func:`turn_layout` of instruction texts (encoded with ``tokenizer.encode_plain``), the
+    training path; ``layout`` takes :func:`turn_layout`'s keyword arguments (``num_queries``,
+    ``history_window``, ``target_states``, ``release_history_states``). Errors as :func:`turn_layout`."""
+    return turn_layout([tokenizer.encode_plain(t) for t in instructions], history_states, **layout)
 
 
 def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:

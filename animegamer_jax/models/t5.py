@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax.models import remat as remat_lib
+from animegamer_jax.models.common import param
 from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
@@ -46,6 +48,10 @@ class T5Config:
     relative_attention_max_distance: int = 128
     layer_norm_eps: float = 1e-6
     dtype: str = "float32"
+    remat: str = "none"  # models/remat.py policy of the block scan
+
+    def __post_init__(self):
+        object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
     attention_impl: str = "auto"  # animegamer_jax.models.attention implementation (no params depend on it)
 
     @classmethod
@@ -77,8 +83,8 @@ def relative_position_buckets(q_len: int, k_len: int, num_buckets: int, max_dist
 
 
 def _param(rngs, shape, names, std=1.0):
-    init = jax.nn.initializers.normal(std)
-    return nnx.Param(nnx.with_partitioning(init, names)(rngs.params(), shape, jnp.float32))
+    """N(0, std) float32 parameter (``models/common.param``)."""
+    return param(rngs, jax.nn.initializers.normal(std), shape, names)
 
 
 class RMSNorm(nnx.Module):
@@ -196,5 +202,5 @@ class T5Encoder(nnx.Module):
         def body(h, st):
             return nnx.merge(graphdef, st)(h, bias, mask), None
 
-        x, _ = jax.lax.scan(body, x, state)
+        x, _ = jax.lax.scan(remat_lib.remat(body, self.cfg.remat), x, state)
         return self.final_layer_norm(x)

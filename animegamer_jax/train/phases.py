@@ -79,14 +79,18 @@ PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The config the train models are built from: fp32 master weights everywhere (activations keep
     the configured compute dtype), so the optimizer state is fp32 too; with ``train.remat`` every
-    scanned block of the MLLM and DiT is rematerialized (``jax.checkpoint``) in the backward pass."""
+    scanned block of the MLLM and DiT gets that remat policy (models/remat.py; "none" keeps the
+    sections' own ``remat``; booleans of older configs: True = "full")."""
+    from animegamer_jax.models import remat
+
     c = copy.deepcopy(config)
-    with c.unlocked():
+    policy = remat.policy_name(config.train.get("remat", "none"))
+    with c.unlocked(), c.ignore_type():
         for section in ("mllm", "dit"):
             if "param_dtype" in c[section]:
                 c[section].param_dtype = "float32"
-            if bool(config.train.get("remat", False)):
-                c[section].remat = True
+            if policy != "none":
+                c[section].remat = policy
     return c
 
 
@@ -343,13 +347,10 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Any) -> np.ndarray:
-    """Motion level -> flow value on the host, the same rule as play (``cogvideox_dit.flow_value``,
-    §4.8 ``cuculate_level``): levels 1..len(table)-1 pick ``table[level - 1]``, anything else the
-    last entry."""
-    table = np.asarray(flow_table, np.float32)
-    lv = np.asarray(motion_level, np.int64)
-    ok = (lv >= 1) & (lv <= len(table) - 1)
-    return np.where(ok, table[np.clip(lv - 1, 0, len(table) - 1)], table[-1]).astype(np.float32)
+    """Motion level -> flow value on the host: play's rule (``cogvideox_dit.flow_value``, §4.8) in numpy."""
+    from animegamer_jax.models.cogvideox_dit import flow_value
+
+    return flow_value(motion_level, tuple(flow_table), xp=np)
 
 
 def _to_unit(frames: np.ndarray) -> np.ndarray:
