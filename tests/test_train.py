@@ -275,3 +275,15 @@ def test_two_process_training_agrees(tmp_path):
     assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
     data_files = sorted(f for f in os.listdir(tmp_path / "checkpoints" / "4" / "data") if f.endswith(".json"))
     assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]
+
+
+def test_write_system_never_replaces_a_users_folder(tmp_path):
+    """write_system replaces only a system checkpoint of ours; a user's folder survives untouched."""
+    from animegamer_jax.train import pipeline
+
+    users = tmp_path / "system"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="is not a system checkpoint.*left untouched"):
+        pipeline.write_system(None, None, None, str(users))
+    assert (users / "notes.txt").read_text() == "mine"

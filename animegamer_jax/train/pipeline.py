@@ -65,6 +65,13 @@ def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str
 def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections.ConfigDict, out_dir: str,
                  init_checkpoint: str = "") -> str:
     """System checkpoint of the trained model's components (+ the init checkpoint's other components)."""
+    out_dir = str(paths.as_path(out_dir))
+    if (paths.exists(out_dir) and any(paths.as_path(out_dir).iterdir())
+            and not paths.exists(paths.join(out_dir, "manifest", "metadata"))):
+        # a user's files are never replaced: only a system checkpoint of ours (it has a manifest)
+        raise FileExistsError(f"{out_dir} exists and is not a system checkpoint (no manifest/metadata); "
+                              f"it is left untouched. Fix: move it away or point "
+                              f"--config.train.system_checkpoint elsewhere")
     model, _ = trainer.split(state)
     comps: dict[str, Any] = {n: getattr(model, n) for n in model.component_names}
     if init_checkpoint:
@@ -73,7 +80,6 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
         if rest:
             comps.update(system_checkpoint.load_system(init_checkpoint, phases.training_config(config),
                                                        trainer.mesh, names=rest, rules=trainer.rules))
-    out_dir = str(paths.as_path(out_dir))
     if paths.is_url(out_dir):
         # No rename on object stores: the folder is written in place, integrity.json last
         # (system_checkpoint.is_complete / verify_checkpoint trust nothing before it).
