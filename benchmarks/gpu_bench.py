@@ -120,14 +120,14 @@ def main(argv=None) -> int:
     def chain_cache(args_, out):
         # prefill/decode donate the cache: feed the returned one back (length grows, shape fixed)
         tok, cache = out
-        from animegamer_jax.models import mistral as mst
+        from animegamer_jax.models.mistral import model as mst
 
         fresh = mst.KVCache(cache.k, cache.v, jnp.zeros((), jnp.int32))
         return (args_[0], args_[1], fresh)
 
     def chain_decode(args_, out):
         tok, cache = out
-        from animegamer_jax.models import mistral as mst
+        from animegamer_jax.models.mistral import model as mst
 
         return (args_[0], tok.astype(jnp.int32), mst.KVCache(cache.k, cache.v, jnp.asarray(tp.turn_length(cfg), jnp.int32)))
 

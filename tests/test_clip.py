@@ -10,8 +10,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert import clip as cc
-from animegamer_jax.models import clip as mc
+from animegamer_jax.models.clip import convert as cc
+from animegamer_jax.models.clip import model as mc
 
 VOCAB, CTX, EOT = 100, 16, 99
 

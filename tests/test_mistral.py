@@ -14,9 +14,9 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert import mistral as cm
-from animegamer_jax.models import mistral as mst
-from animegamer_jax.convert.common import count_params
+from animegamer_jax.models.mistral import convert as cm
+from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.convert.common import count_params, load_state_dict, restore_state, save_state
 from animegamer_jax.models.lora import LoRAParam, merge_lora
 from tests.random_weights import random_model
 
@@ -115,8 +115,8 @@ def test_v01_config_form():
 def test_orbax_roundtrip(window_pair, tmp_path):
     _, ours = window_pair
     state = nnx.state(ours)
-    cm.save_state(state, str(tmp_path / "ckpt"))
-    back = cm.restore_state(str(tmp_path / "ckpt"), state)
+    save_state(state, str(tmp_path / "ckpt"))
+    back = restore_state(state, str(tmp_path / "ckpt"))
     for (p, a), (_, b) in zip(nnx.to_flat_state(state), nnx.to_flat_state(back)):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
@@ -194,9 +194,9 @@ _FULL_SIZE = textwrap.dedent(
     import numpy as np
     from flax import nnx
     from configs import animegamer_2b_7b
-    from animegamer_jax.convert.common import count_params
-    from animegamer_jax.models import mistral as mst
-    from animegamer_jax.models.mllm import GameStateMLLM
+    from animegamer_jax.convert.common import count_params, load_state_dict, restore_state, save_state
+    from animegamer_jax.models.mistral import model as mst
+    from animegamer_jax.models.mistral.mllm import GameStateMLLM
     from animegamer_jax.parallel import mesh as pm
     cfg = animegamer_2b_7b.get_config()
     m0 = nnx.eval_shape(lambda: mst.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(0), lora_rank=0, vocab_size=32000))
@@ -255,7 +255,7 @@ def test_load_state_dict_formats(window_pair, tmp_path):
     assert os.path.exists(tmp_path / "sharded" / "model.safetensors.index.json")
     torch.save(tm.state_dict(), tmp_path / "pytorch_model.bin")
     for src in (str(tmp_path / "sharded"), str(tmp_path), str(tmp_path / "pytorch_model.bin")):
-        got = cm.load_state_dict(src)
+        got = load_state_dict(src)
         assert sorted(got) == sorted(ref), src
         for k in ref:
             np.testing.assert_array_equal(got[k], ref[k], err_msg=f"{src}: {k}")

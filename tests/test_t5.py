@@ -10,8 +10,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert import t5 as ct
-from animegamer_jax.models import t5 as mt
+from animegamer_jax.convert.common import restore_state
+from animegamer_jax.models.t5 import convert as ct
+from animegamer_jax.models.t5 import model as mt
 
 VOCAB = 100
 
@@ -47,7 +48,7 @@ def test_t5_parity_from_saved_file(tmp_path):
     ct.convert_file(tmp_path / "hf", cfg, tmp_path / "orbax")
     abstract = nnx.eval_shape(lambda: mt.T5Encoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)
-    model = nnx.merge(graphdef, ct.restore_state(abstract, tmp_path / "orbax"))
+    model = nnx.merge(graphdef, restore_state(abstract, tmp_path / "orbax"))
 
     rng = np.random.default_rng(0)
     ids = rng.integers(2, VOCAB, size=(2, 30))

@@ -107,7 +107,7 @@ def test_trainable_sets_and_errors():
     levels = np.array([1, 2, 3, 4, 5, 9, 0, -1])
     np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
                                   [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
-    from animegamer_jax.models.cogvideox_dit import flow_value  # play uses the same rule
+    from animegamer_jax.models.cogvideox.dit import flow_value  # play uses the same rule
     np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
                                   np.asarray(flow_value(levels, tuple(cfg.dit.flow_table))))
 

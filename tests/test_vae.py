@@ -12,8 +12,9 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert.cogvideox_vae import build_vae, diffusers_to_state, load_diffusers_state_dict
-from animegamer_jax.models.cogvideox_vae import (
+from animegamer_jax.convert.common import load_state_dict
+from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
+from animegamer_jax.models.cogvideox.vae import (
     VAEConfig,
     chunk_plan,
     decode_latents,
@@ -50,7 +51,7 @@ def models(tmp_path_factory):
     path = tmp_path_factory.mktemp("vae")
     ref.save_pretrained(path)
     cfg = VAEConfig(**TINY)
-    ours = build_vae(cfg, diffusers_to_state(load_diffusers_state_dict(str(path)), cfg))
+    ours = build_vae(cfg, diffusers_to_state(load_state_dict(str(path)), cfg))
     return ref, ours
 
 

@@ -4,7 +4,7 @@ Wraps loaded NNX modules (animegamer_jax/system_checkpoint.py ``load_system``) a
 :class:`~animegamer_jax.game.engine.GameSystem` whose three functions take the modules' states as
 jit arguments (weights are never baked in as constants):
 
-* **MLLM** (architecture.md §1.3-1.7, models/mllm.py): the history query slots take the projected
+* **MLLM** (architecture.md §1.3-1.7, models/mistral/mllm.py): the history query slots take the projected
   history representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the
   padding mask: sequences are right-padded to one length per game shape) and the representation is
   read at the engine's ``read_idx`` (the query positions, or the release's last 226 valid positions),
@@ -41,9 +41,9 @@ from flax import nnx
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.engine import GameSystem, flow_value
-from animegamer_jax.models import cogvideox_dit as dit_lib
-from animegamer_jax.models import mistral as mst
-from animegamer_jax.models.mllm import hybrid_attention_mask
+from animegamer_jax.models.cogvideox import dit as dit_lib
+from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
 
 #: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
 STATE_TOKENS = 10
@@ -169,7 +169,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
         vcfg = components["vae"].cfg
         if vcfg.tile_size <= 0:
-            from animegamer_jax.models.cogvideox_vae import chunk_plan
+            from animegamer_jax.models.cogvideox.vae import chunk_plan
 
             decode_plan = chunk_plan(latent_shape[0], *vcfg.decode_chunks)
 
