@@ -25,6 +25,7 @@ from animegamer_jax.diffusion import samplers
 from animegamer_jax.models import lora as lora_lib
 from animegamer_jax.models.cogvideox.dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
                                                  trainable_filter)
+from tests.convert_checks import assert_names_bad_keys
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
 CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
@@ -237,16 +238,13 @@ def test_sat_names_with_lora_convert_to_same_outputs(ref):
 
 
 def test_converters_fail_loudly(ref):
-    sd = dict(ref["sd"])
-    del sd["transformer_blocks.1.attn1.to_k.weight"]
-    sd["transformer_blocks.0.attn1.extra.weight"] = sd["proj_out.bias"]
-    sd["norm_final.weight"] = sd["norm_final.weight"][:5]
-    with pytest.raises(conv.ConversionError) as e:
-        conv.from_diffusers(sd, CFG)
-    msg = str(e.value)
-    assert "missing keys (1): transformer_blocks.1.attn1.to_k.weight" in msg
-    assert "unexpected keys (1): transformer_blocks.0.attn1.extra.weight" in msg
-    assert "norm_final.weight: got (5,), expected (32,)" in msg
+    sd = ref["sd"]
+    assert_names_bad_keys(lambda bad: conv.from_diffusers(bad, CFG), sd, drop=["transformer_blocks.1.attn1.to_k.weight"],
+                          put={"transformer_blocks.0.attn1.extra.weight": sd["proj_out.bias"],
+                               "norm_final.weight": sd["norm_final.weight"][:5]},
+                          expect=["missing keys (1): ['transformer_blocks.1.attn1.to_k.weight']",
+                                  "unexpected keys (1): ['transformer_blocks.0.attn1.extra.weight']",
+                                  "norm_final.weight: got (5,), expected (32,)"])
     params, _ = conv.from_diffusers(ref["sd"], CFG)
     with pytest.raises(conv.ConversionError, match=r"missing \(\d+\): \[[^]]*flow_embed.linear_1_bias"):
         conv.build_model(CFG, params)

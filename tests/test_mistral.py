@@ -16,9 +16,10 @@ from flax import nnx
 
 from animegamer_jax.models.mistral import convert as cm
 from animegamer_jax.models.mistral import model as mst
-from animegamer_jax.convert.common import count_params, load_state_dict, restore_state, save_state
+from animegamer_jax.convert.common import load_state_dict, restore_state, save_state
 from animegamer_jax.models.lora import LoRAParam, merge_lora
 from tests.random_weights import random_model
+from tests.convert_checks import assert_names_bad_keys
 
 VOCAB = 96
 
@@ -91,16 +92,12 @@ def test_converter_reports_bad_keys(window_pair, tmp_path):
     tm, _ = window_pair
     sd = {k: v.numpy() for k, v in tm.state_dict().items()}
     cfg = cm.config_from_hf(json.loads(tm.config.to_json_string()), dtype="float32", param_dtype="float32")
-    bad = dict(sd)
-    del bad["model.layers.1.mlp.up_proj.weight"]
-    bad["model.layers.0.self_attn.q_proj.bias"] = np.zeros(64, np.float32)
-    bad["model.norm.weight"] = np.ones(63, np.float32)
-    with pytest.raises(cm.ConversionError) as e:
-        cm.convert_mistral(bad, cfg)
-    msg = str(e.value)
-    assert "missing keys (1): ['model.layers.1.mlp.up_proj.weight']" in msg
-    assert "unexpected keys (1): ['model.layers.0.self_attn.q_proj.bias']" in msg
-    assert "model.norm.weight: got (63,), expected (64,)" in msg
+    assert_names_bad_keys(lambda bad: cm.convert_mistral(bad, cfg), sd, drop=["model.layers.1.mlp.up_proj.weight"],
+                          put={"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32),
+                               "model.norm.weight": np.ones(63, np.float32)},
+                          expect=["missing keys (1): ['model.layers.1.mlp.up_proj.weight']",
+                                  "unexpected keys (1): ['model.layers.0.self_attn.q_proj.bias']",
+                                  "model.norm.weight: got (63,), expected (64,)"])
 
 
 def test_v01_config_form():
@@ -194,7 +191,7 @@ _FULL_SIZE = textwrap.dedent(
     import numpy as np
     from flax import nnx
     from configs import animegamer_2b_7b
-    from animegamer_jax.convert.common import count_params, load_state_dict, restore_state, save_state
+    from animegamer_jax.convert.common import count_params
     from animegamer_jax.models.mistral import model as mst
     from animegamer_jax.models.mistral.mllm import GameStateMLLM
     from animegamer_jax.parallel import mesh as pm

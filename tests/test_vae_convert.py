@@ -16,6 +16,7 @@ from animegamer_jax.models.cogvideox.vae_convert import (
     sat_to_diffusers_keys,
 )
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig, count_params
+from tests.convert_checks import assert_names_bad_keys
 
 TINY = dict(block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4)
 
@@ -92,16 +93,13 @@ def test_diffusers_safetensors_file(ref_sd, tmp_path):
 
 def test_mismatch_is_loud(ref_sd):
     cfg = VAEConfig(**TINY)
-    sd = dict(ref_sd)
-    del sd["decoder.mid_block.resnets.1.conv2.conv.bias"]
-    sd["encoder.quant_conv.weight"] = torch.zeros(1)
-    sd["encoder.conv_in.conv.weight"] = torch.zeros(8, 3, 3, 3, 5)
-    with pytest.raises(ConversionError) as e:
-        diffusers_to_state(sd, cfg)
-    msg = str(e.value)
-    assert "missing keys (1): decoder.mid_block.resnets.1.conv2.conv.bias" in msg
-    assert "unexpected keys (1): encoder.quant_conv.weight" in msg
-    assert "mis-shaped keys (1): encoder.conv_in.conv.weight: expected (3, 3, 3, 3, 8) (ours), found (3, 3, 5, 3, 8)" in msg
+    assert_names_bad_keys(lambda bad: diffusers_to_state(bad, cfg), ref_sd, drop=["decoder.mid_block.resnets.1.conv2.conv.bias"],
+                          put={"encoder.quant_conv.weight": torch.zeros(1),
+                               "encoder.conv_in.conv.weight": torch.zeros(8, 3, 3, 3, 5)},
+                          expect=["missing keys (1): ['decoder.mid_block.resnets.1.conv2.conv.bias']",
+                                  "unexpected keys (1): ['encoder.quant_conv.weight']",
+                                  "mis-shaped keys (1): ['encoder.conv_in.conv.weight: expected (3, 3, 3, 3, 8) (ours), "
+                                  "found (3, 3, 5, 3, 8)']"])
     with pytest.raises(ConversionError, match="missing keys"):
         diffusers_to_state(ref_sd, VAEConfig(**{**TINY, "layers_per_block": 2}))
 

@@ -237,15 +237,16 @@ def state_from_pure_dict(abstract: nnx.State, pure: Mapping[str, Any], what: str
     Raises:
       ConversionError: a path of the state absent from ``pure``, an extra path, or a shape mismatch.
     """
-    want = dict(nnx.to_flat_state(abstract))
-    got = nnx.traversals.flatten_mapping(dict(pure))
-    dotted = lambda p: ".".join(map(str, p))  # noqa: E731
+    key = lambda p: tuple(map(str, p))  # noqa: E731 (orbax gives list indices back as strings)
+    want = {key(k): v for k, v in nnx.to_flat_state(abstract)}
+    got = {key(k): v for k, v in nnx.traversals.flatten_mapping(dict(pure)).items()}
+    dotted = ".".join
     raise_key_problems(
-        f"{what} does not match the model:", sep="; ",
+        f"{what} does not match the model:", 20, "; ",
         missing=[dotted(k) for k in want if k not in got], unexpected=[dotted(k) for k in got if k not in want],
         mis_shaped=[f"{dotted(k)}: got {np.shape(got[k])}, expected {tuple(v.shape)}"
                     for k, v in want.items() if k in got and tuple(np.shape(got[k])) != tuple(v.shape)])
-    return nnx.from_flat_state([(k, _replace(v, jnp.asarray(got[k], dtype=v.dtype))) for k, v in nnx.to_flat_state(abstract)])
+    return nnx.from_flat_state([(k, _replace(v, jnp.asarray(got[key(k)], dtype=v.dtype))) for k, v in nnx.to_flat_state(abstract)])
 
 
 def _replace(var: Any, value: jax.Array) -> Any:

@@ -34,8 +34,8 @@ Keys dropped on purpose (see :data:`DROPPED`): the peft ``original_module`` norm
 Reads are lazy: torch files are memory-mapped (``torch.load(mmap=True)``) and safetensors are
 opened with ``safe_open``, so a tensor is paged in only when its converter reads it, and the pages
 are dropped again after each written group (:func:`drop_file_pages`). The MLLM and the DiT are
-converted and written one leaf / one layer of a leaf at a time (``mistral.mistral_leaves``,
-``cogvideox_dit.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
+converted and written one leaf / one layer of a leaf at a time (``models.mistral.convert.mistral_leaves``,
+``models.cogvideox.dit_convert.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
 component at a time. Everything goes into a temporary sibling of DST that is renamed to DST only
 when every component is written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
 missing / unexpected / mis-shaped key, config whose sizes do not match) is collected first and
@@ -558,7 +558,7 @@ class _StateJob:
 
 
 class _LeafJob:
-    """Lazy leaves (``mistral.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
+    """Lazy leaves (``models.mistral.convert.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
 
     def __init__(self, name: str, want: dict, leaves: dict, sources: list[str]):
         self.name, self.want, self.leaves, self.sources = name, want, leaves, sources

@@ -19,7 +19,7 @@ latents show their footage.
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
 only; the release code also trains flow and LoRA, §5.3). a2 and c use the DiT module's own
-"joint" / "adaptation" sets (``cogvideox_dit.trainable_filter``), which include its LoRA factors.
+"joint" / "adaptation" sets (``models.cogvideox.dit.trainable_filter``), which include its LoRA factors.
 
 Diffusion loss (§5.3): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``, MSE on v (equal
 to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features -> zeros with
@@ -348,7 +348,7 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Any) -> np.ndarray:
-    """Motion level -> flow value on the host: play's rule (``cogvideox_dit.flow_value``, §4.8) in numpy."""
+    """Motion level -> flow value on the host: play's rule (``models.cogvideox.dit.flow_value``, §4.8) in numpy."""
     from animegamer_jax.models.cogvideox.dit import flow_value
 
     return flow_value(motion_level, tuple(flow_table), xp=np)

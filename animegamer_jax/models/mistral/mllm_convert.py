@@ -163,7 +163,7 @@ def animegamer_mllm_leaves(sd: Mapping[str, Any], cfg: MLLMConfig, *, lora_alpha
     """:func:`convert_animegamer_mllm` (LoRA kept) as lazy leaves, for streaming writers.
 
     Returns:
-      (config actually used, ``{our path: mistral.Leaf or np.ndarray}``): the Mistral leaves under
+      (config actually used, ``{our path: convert.Leaf or np.ndarray}``): the Mistral leaves under
       ``("llm", ...)`` evaluate one leaf / one layer at a time; the resamplers are arrays.
 
     Raises:

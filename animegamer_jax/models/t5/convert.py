@@ -41,7 +41,7 @@ def _detect_prefix(keys) -> str:
 def t5_leaves(state_dict: Mapping[str, Any], cfg: T5Config) -> tuple[dict[tuple, Any], StateDictReader, str]:
     """The key map of :func:`convert_t5` as lazy leaves: ``{our path: Leaf | array | None}``.
 
-    Stacked block leaves are ``mistral.Leaf`` objects read one layer at a time; a leaf whose source
+    Stacked block leaves are ``models.mistral.convert.Leaf`` objects read one layer at a time; a leaf whose source
     keys are absent is None (the reader lists them in ``missing``). Also returns the reader (used /
     missing source keys) and the detected key prefix.
 
