@@ -151,7 +151,7 @@ def raise_key_problems(what: str, limit: int | None = None, sep: str = "\n", **p
     """Raises one :class:`ConversionError` naming every problem, or returns when there is none.
 
     ``problems`` maps a label (``missing_keys``, ``unexpected_keys``, ``mis_shaped_keys``, ...;
-    underscores are read as spaces) to the offending keys; each non-empty list becomes one part
+    ``mis_`` reads ``mis-``, other underscores spaces) to the offending keys; each non-empty list becomes one part
     ``"<label> (<count>): [...]"`` (at most ``limit`` keys shown), joined with ``sep`` after ``what``.
     """
     parts = []
@@ -159,7 +159,7 @@ def raise_key_problems(what: str, limit: int | None = None, sep: str = "\n", **p
         items = sorted(items)
         if items:
             shown = items if limit is None or len(items) <= limit else items[:limit] + [f"... (+{len(items) - limit} more)"]
-            parts.append(f"{label.replace('_', ' ')} ({len(items)}): {shown}")
+            parts.append(f"{label.replace('mis_', 'mis-').replace('_', ' ')} ({len(items)}): {shown}")
     if parts:
         raise ConversionError(sep.join([what] + parts))
 
