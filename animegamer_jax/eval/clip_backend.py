@@ -8,7 +8,7 @@ bare ``vocab_file`` argument, see environment.md). No network access.
 Image preprocessing for the metrics is the standard CLIP evaluation one: the centre square of the
 frame (CLIP's resize-shortest-side + centre-crop), resized bicubic with antialiasing to the model's
 input size, then the CLIP mean/std normalization (``models.clip.preprocess``). The shot encoder's
-no-crop squash (§3.1) is a training-time convention and is not used for scoring.
+no-crop squash (docs/encoders.md#clip-image-tower) is a training-time convention and is not used for scoring.
 """
 
 from __future__ import annotations
