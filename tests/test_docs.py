@@ -95,6 +95,21 @@ def test_no_reference_to_the_outside_fact_sheet(texts):
                      f"docs/<file>.md#<heading> instead (docs/README.md lists where each old section lives): {bad}")
 
 
+def test_section_signs_cite_the_paper(texts):
+    """A bare `§1.3` was a section of the outside fact sheet; in code, tests and the README a section
+    sign now only cites the paper ("paper §3.2", "§3.3 of the paper")."""
+    bad = []
+    for rel, t in texts.items():
+        if rel.startswith("docs" + os.sep) or rel == os.path.join("tests", "test_docs.py"):
+            continue
+        for m in re.finditer(r"§\s*\d", t):
+            around = t[max(0, m.start() - 12):m.end() + 16]
+            if not re.search(r"paper(?:'s)?\s*§|§\s*[\d.]+\s+of the paper", around, re.I):
+                bad.append(f"{rel}:{_line(t, m.start())}: ...{around.strip()}...")
+    assert not bad, ("bare section numbers (write docs/<file>.md#<heading>, see docs/README.md "
+                     "'Older section numbers', or 'paper §N'):\n" + "\n".join(bad))
+
+
 def test_every_docs_reference_resolves(texts, doc_anchors):
     bad, count = [], 0
     for rel, t in texts.items():
