@@ -3,7 +3,7 @@
 Reproduces the ids of the release's ``transformers.LlamaTokenizer`` (slow, ``legacy=False``,
 ``add_bos_token=True``) loaded from ``MLLM/VisualAR/animegamer_tokenizer``
 (docs/token_layout.md#tokenizer-and-special-tokens) without transformers, whose v5 ``LlamaTokenizer`` silently
-builds a 3-token vocabulary from a bare ``tokenizer.model`` (environment.md):
+builds a 3-token vocabulary from a bare ``tokenizer.model`` (docs/token_layout.md#tokenizer-and-special-tokens):
 
 1. ``▁`` in the text is read as a space, and one ``▁`` is prepended (``add_prefix_space``).
 2. The text is split on the 284 added tokens (longest match). A leading lone ``▁`` before a

@@ -95,6 +95,16 @@ def test_no_reference_to_the_outside_fact_sheet(texts):
                      f"docs/<file>.md#<heading> instead (docs/README.md lists where each old section lives): {bad}")
 
 
+def test_no_reference_to_notes_outside_the_repository(texts):
+    """The workplace's notes beside the checkout (../shared/docs: design, environment, style) are not
+    shipped; their facts live in docs/ and the README. (The release fixture in ../shared/fixtures is
+    test data, not a citation, and stays.)"""
+    notes = re.compile(r"shared/docs/|(?<![\w/])(?:design|environment|style)\.md")
+    bad = [f"{rel}:{_line(t, m.start())}: {m.group(0)}" for rel, t in texts.items()
+           if rel != os.path.join("tests", "test_docs.py") for m in notes.finditer(t)]
+    assert not bad, "references to notes outside the repository (cite docs/<file>.md#<heading>):\n" + "\n".join(bad)
+
+
 def test_section_signs_cite_the_paper(texts):
     """A bare `§1.3` was a section of the outside fact sheet; in code, tests and the README a section
     sign now only cites the paper ("paper §3.2", "§3.3 of the paper")."""

@@ -181,7 +181,7 @@ def estimate_motion_level(frames: np.ndarray, bins: Sequence[float], r: float = 
     Returns:
       level in 1..len(bins)+1.
     """
-    from animegamer_jax.data import motion  # data/ owns the estimator (design.md)
+    from animegamer_jax.data import motion  # data/ owns the estimator (docs/design.md#who-may-import-whom)
 
     fn = scope_fn or motion.motion_scope
     return motion.motion_level(fn(frames, r=r), bins)
