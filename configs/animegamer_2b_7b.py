@@ -191,7 +191,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.sampler = "dpmpp_2m"  # "dpmpp_2m" (release) or "ddim"
     c.diffusion.cfg_scale = 6.0  # DynamicCFG max scale
     c.diffusion.cfg_exp = 5.0  # DynamicCFG exponent
-    c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (docs/diffusion.md#guidance table)
+    c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (docs/diffusion.md#guidance)
     c.diffusion.text_dropout = 0.05  # training CFG dropout of the text branch (batch text set to '')
     c.diffusion.text_ucg_rate = 0.1  # independent per-sample T5 zeroing (conditioner ucg_rate, docs/diffusion.md#training-loss)
     c.diffusion.image_dropout = 0.05  # training CFG dropout of the image branch

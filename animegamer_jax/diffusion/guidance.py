@@ -4,8 +4,8 @@ DynamicCFG (docs/diffusion.md#guidance): `s(step) = 1 + scale * (1 - cos(pi * (s
 applied to the x0-predictions `D = D_u + s (D_c - D_u)` (equivalent to CFG on v, D being linear in v).
   * "intended" (our default): step = loop index i = 0..n-1, a smooth rise from 1 to ~6.86 for n = 50.
   * "release": step = num_steps - tau_i with tau the DDPM index (what the released sampler computes),
-    which gives the erratic docs/diffusion.md#guidance table; diffusers `CogVideoXPipeline(use_dynamic_cfg=True)` uses the
-    same expression (`num_inference_steps - t`).
+    which gives the erratic scales of docs/diffusion.md#guidance; diffusers
+    `CogVideoXPipeline(use_dynamic_cfg=True)` uses the same expression (`num_inference_steps - t`).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class Turn:
 
     @property
     def text(self) -> str:
-        """The canonical instruction string fed to the MLLM (docs/token_layout.md#instruction-text format)."""
+        """The canonical instruction string fed to the MLLM (format: docs/token_layout.md#instruction-text)."""
         return f"Character: {' and '.join(self.characters)}; Motion: {self.motion}; Background: {self.background}."
 
     @property

@@ -6,7 +6,7 @@ docs/dit.md (numbers, block, output, LoRA) and docs/dit.md#checkpoint-keys (para
 
 Architectural notes not obvious from the reference:
   * The 226 conditioning tokens are the action-aware representation s_a [B, 226, 1920] itself
-    (docs/dit.md#conditioning-paths paths 2 and 3). There is no text projection inside this module: diffusers'
+    (paths 2 and 3 of docs/dit.md#conditioning-paths). There is no text projection inside this module: diffusers'
     `patch_embed.text_proj` and AnimeGamer's E_a (`text_proj`/`ip_proj`/mix LayerNorms) live outside,
     in the shot encoder.
   * The motion scope ("flow") enters as `flow_embed(sinusoid(flow))` added to the timestep embedding
@@ -357,7 +357,7 @@ class CogVideoXDiT(nnx.Module):
       latents: [B, T, C_in, H, W] noisy latents (DiT layout, scaled by 1.15258426; docs/diffusion.md#latent-scale).
       cond: [B, text_length, D] action-aware representation s_a (or any projected 226-token prefix).
       timesteps: [B] integer DDPM index 0..999 (float accepted; docs/dit.md#timestep-and-flow-embedding).
-      flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow table), or None for zero flow embedding contribution.
+      flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for zero flow embedding contribution.
     Returns:
       v-prediction [B, T, C_out, H, W] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
     Raises:
