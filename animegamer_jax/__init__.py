@@ -1,6 +1,6 @@
 """animegamer-jax: a JAX/Flax NNX reimplementation of AnimeGamer (arXiv 2504.01014).
 
-Subpackages (see ../shared/docs/design.md for who may import whom):
+Subpackages (docs/design.md#who-may-import-whom says who may import whom):
   models/     pure networks, one folder per family with its converter's key table: mistral/ (Mistral,
               MLLM), cogvideox/ (DiT, VAE), clip/, t5/, shot_encoder/; shared attention, lora, remat
   diffusion/  schedules, losses and samplers that take a denoise function
