@@ -96,21 +96,27 @@ class UsageError(ValueError):
 HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
-def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = ""
-                ) -> tuple[object, list[str]]:
+def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = "",
+                positional: Sequence[str] | None = None) -> tuple[object, list[str]]:
     """Parses ``argv`` (``argv[0]`` = program) with a command's own ``absl.flags.FlagValues``.
 
     ``define(flag_values, argv)`` defines the command's flags on ``flag_values`` (config files
     through ``config_flags.DEFINE_config_file(..., flag_values=fv, sys_argv=argv)``). A private
     FlagValues per call lets a command run in-process any number of times (tests, notebooks) next
     to other commands with flags of the same names. ``--help`` prints ``doc`` and every flag, and
-    raises ``SystemExit(0)``.
+    raises ``SystemExit(0)``. Subcommands and positional arguments (``convert release SRC DST``)
+    are what absl leaves after the flags (flags may come before or after them).
+
+    Args:
+      positional: names of the positional arguments the command requires (``("SRC", "DST")``);
+        a different count is a :class:`UsageError` naming them. None: not checked.
 
     Returns:
       (flag values, positional arguments after the program name).
 
     Raises:
-      UsageError: unknown flag, bad value or a missing required flag.
+      UsageError: unknown flag, bad value, a missing required flag, or (with ``positional``) missing
+        or extra positional arguments.
     """
     from absl import flags
 
@@ -124,10 +130,14 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
     except (flags.Error, ValueError, TypeError) as e:
         raise UsageError(f"bad config or override {overrides}: {e}") from None
     if any(a in HELP_ARGS for a in argv[1:]):
-        print((doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
+        usage = f"usage: {argv[0]} {' '.join(positional)} [flags]\n\n" if positional else ""
+        print(usage + (doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
         raise SystemExit(0)
     try:
         rest = fv(argv)
     except flags.Error as e:
         raise UsageError(f"{e}. See --help") from None
+    if positional is not None and len(rest) - 1 != len(positional):
+        raise UsageError(f"expected {' '.join(positional)}, got {rest[1:] or 'nothing'}. "
+                         f"Usage: {argv[0]} {' '.join(positional)} [flags]; see --help")
     return fv, rest[1:]
