@@ -32,7 +32,7 @@ def test_every_kind_is_absl_with_config_overrides_in_help(capsys):
         assert out.startswith(f"usage: python -m animegamer_jax.convert {kind} "), (kind, out[:200])
         assert "flags:" in out and "argparse" not in out
         if kind not in ("mistral", "check-release"):
-            assert "--config:" in out and re.search(r"--config\.[a-z0-9.]+=v overrides a field", out), kind
+            assert "--config:" in out and re.search(r"--config\.[a-z0-9.]+=v overrides a field", " ".join(out.split())), kind
     with pytest.raises(SystemExit):
         cli.main(["clip", "--help"])
     assert "--[no]text_tower" in capsys.readouterr().out  # --notext_tower: the vision tower only
