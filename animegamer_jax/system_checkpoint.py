@@ -414,7 +414,7 @@ def check_component(directory: str, name: str, target_pure: Any) -> None:
         hint = ""
         if name == "dit" and "blocks/qkv_kernel" in unexpected:
             hint = (". Fix: this DiT has the old flat block layout; rewrite the checkpoint with "
-                    "`python -m animegamer_jax.convert.cogvideox_dit migrate SRC DST`")
+                    "`python -m animegamer_jax.convert dit migrate SRC DST`")
         raise SystemCheckpointError(
             f"component {name!r} in {directory} does not match the module built from the config: "
             f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}{hint}")
