@@ -161,5 +161,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script ``animegamer-t5-tokenizer`` (pyproject.toml)."""
     raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()
