@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, parallel, paths
@@ -95,7 +95,8 @@ def _config_given(argv) -> bool:
     return any(re.match(r"^--?config(=|$)", a) for a in argv[1:])
 
 
-def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = None, doc: str = ""):
+def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = None, doc: str = "",
+                     exclude: Sequence[str] = ()):
     """Parses a game command line: :func:`common_flags`, ``define(fv)``'s own flags and ``--config``.
 
     ``--config=FILE`` (ml_collections ``config_flags.DEFINE_config_file``) loads a config file; without
@@ -104,7 +105,8 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
     configs/tiny.py. ``--config.a.b=value`` overrides a field either way; ``--mode`` is applied.
 
     Args:
-      prog: program name shown in errors; argv: the arguments after it.
+      prog: program name shown in errors; argv: the arguments after it; exclude: names of
+        :func:`common_flags` the command does not take (serve: ``overwrite``).
 
     Returns:
       (flag values, positional arguments, config).
@@ -123,6 +125,8 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
         if define is not None:
             define(fv)
         common_flags(fv)
+        for name in exclude:
+            delattr(fv, name)
 
     saved = None
     if not _config_given(argv) and not any(a in cli_lib.HELP_ARGS for a in argv[1:]):

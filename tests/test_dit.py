@@ -440,7 +440,7 @@ def test_migrate_system_checkpoint_end_to_end(tmp_path):
     pure = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), sc._pure(target))
     old = dict(pure, blocks=_legacy_blocks(pure["blocks"]))
     src = sc.save_system(str(tmp_path / "old"), {"dit": old}, config)
-    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*cogvideox_dit migrate"):
+    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*convert dit migrate"):
         sc.load_system(src, names=["dit"])
     dst = conv.migrate_system_checkpoint(src, str(tmp_path / "new"))
     got = nnx.state(sc.load_system(dst, names=["dit"])["dit"], nnx.Param).to_pure_dict()

@@ -383,31 +383,53 @@ def load_config_file(path: str) -> Any:
     return mod.get_config()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m animegamer_jax.convert.clip SRC OUT [--config F] [--vision_only] [--layout L]``.
+_CLI_DOC = """open_clip ViT-B-16 state dict or an HF CLIP folder -> orbax.
 
-    SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the
-    activation come from ``--hf_config`` (an HF ``config.json``) if given, else from the config
-    file's ``clip`` section. OUT: orbax directory.
+SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the activation
+come from ``--hf_config`` (an HF ``config.json``) if given, else from the config file's ``clip``
+section. OUT: orbax directory, local or gs://."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `clip` section has the sizes (ignored with --hf_config); "
+                                    "--config.clip.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_string("hf_config", "", "An HF CLIP config.json (its sizes win over --config).", flag_values=fv)
+    flags.DEFINE_enum("layout", "auto", ["auto", "open_clip", "hf"], "Key names of SRC (auto: detected).",
+                      flag_values=fv)
+    flags.DEFINE_bool("text_tower", True, "Convert the text tower too (--notext_tower: the vision tower only, "
+                      "what the game system uses).", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.convert clip SRC OUT [--config=F] [--notext_tower] [--layout=L]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import argparse
     import json
+    import sys
 
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("src")
-    p.add_argument("out")
-    p.add_argument("--config", default="configs/animegamer_2b_7b.py")
-    p.add_argument("--hf_config", default="")
-    p.add_argument("--layout", default="auto", choices=["auto", "open_clip", "hf"])
-    p.add_argument("--vision_only", action="store_true")
-    a = p.parse_args(argv)
-    if a.hf_config:
-        with open(a.hf_config, encoding="utf-8") as f:
-            cfg = config_from_hf(json.load(f))
+    from animegamer_jax import cli
+
+    try:
+        f, (src, out) = cli.parse_flags(["python -m animegamer_jax.convert clip",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "OUT"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if f.hf_config:
+        cfg = config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
     else:
-        cfg = CLIPConfig.from_config(load_config_file(a.config).clip)
-    save_state(convert_clip(load_state_dict(a.src), cfg, vision_only=a.vision_only, layout=a.layout), a.out)
-    print(f"wrote {paths.as_path(a.out)} ({'vision tower' if a.vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+        cfg = CLIPConfig.from_config(f.config.clip)
+    vision_only = not f.text_tower
+    save_state(convert_clip(load_state_dict(src), cfg, vision_only=vision_only, layout=f.layout), out)
+    print(f"wrote {paths.as_path(out)} ({'vision tower' if vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+    return 0
 
 
 __all__ = [
@@ -417,4 +439,4 @@ __all__ = [
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

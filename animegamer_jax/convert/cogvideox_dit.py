@@ -507,29 +507,54 @@ def convert(kind: str, src: str, dst: str, cfg: DiTConfig) -> dict[str, np.ndarr
     return extras
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: `python -m animegamer_jax.convert.cogvideox_dit --kind sat --src DIR --dst DIR [--config PY]`.
+_CLI_DOC = """SAT mp_rank_00_model_states.pt folder or diffusers CogVideoXTransformer3DModel -> orbax.
 
-    The DiT sizes come from the config's `dit` section (default configs/animegamer_2b_7b.py); extras
-    (text/ip projections, mix LayerNorms) are saved beside the checkpoint as `dit_extras.npz`.
+Usage: python -m animegamer_jax.convert dit SRC DST --kind={sat,diffusers} [--config=F]
+       python -m animegamer_jax.convert dit migrate OLD_SYSTEM NEW_SYSTEM
+
+SRC: a SAT checkpoint dir / .pt, or a diffusers dir / .safetensors; DST: output directory (orbax
+item `dit` + dit_config.json). The DiT sizes come from the config's `dit` section (default
+configs/animegamer_2b_7b.py); extras (text/ip projections, mix LayerNorms) are saved beside the
+checkpoint as `dit_extras.npz`. `migrate` rewrites a system checkpoint written before the DiT
+blocks became NNX modules (same arrays, new nesting)."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `dit` section has the sizes; --config.dit.x=v overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_enum("kind", None, ["sat", "diffusers"], "Layout of SRC.", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert dit SRC DST --kind=sat [--config=PY]`` (or ``dit migrate SRC DST``).
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import argparse
-    import importlib.util
+    import sys
 
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--kind", choices=("sat", "diffusers"), required=True)
-    ap.add_argument("--src", required=True, help="SAT checkpoint dir / .pt, or diffusers dir / .safetensors")
-    ap.add_argument("--dst", required=True, help="output directory (orbax item `dit` + dit_config.json)")
-    ap.add_argument("--config", default="configs/animegamer_2b_7b.py")
-    args = ap.parse_args(argv)
-    spec = importlib.util.spec_from_file_location("dit_cfg", args.config)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    cfg = DiTConfig.from_config(mod.get_config().dit)
-    extras = convert(args.kind, args.src, args.dst, cfg)
-    with paths.as_path(paths.join(args.dst, "dit_extras.npz")).open("wb") as f:
-        np.savez(f, **extras)
-    print(f"wrote {args.dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
+    from animegamer_jax import cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["migrate"]:
+        return _migrate_main(argv[1:])
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert dit", *argv], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "DST"))
+        if f.kind is None:
+            raise cli.UsageError("--kind is required: --kind=sat (SAT engine) or --kind=diffusers")
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cfg = DiTConfig.from_config(f.config.dit)
+    extras = convert(f.kind, src, dst, cfg)
+    with paths.as_path(paths.join(dst, "dit_extras.npz")).open("wb") as fh:
+        np.savez(fh, **extras)
+    print(f"wrote {dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,13 +625,14 @@ def migrate_system_checkpoint(src: str, dst: str) -> str:
 
     from animegamer_jax import system_checkpoint as sc
 
+    src, dst = str(paths.as_path(src)), str(paths.as_path(dst))
     manifest = sc.read_manifest(src)
-    if os.path.exists(os.path.join(os.path.abspath(src), sc.INTEGRITY_FILE)):
+    if paths.exists(paths.join(src, sc.INTEGRITY_FILE)):
         sc.verify_checkpoint(src, "full")  # migrate only what is intact
     if "dit" not in manifest["components"]:
         raise ConversionError(f"{src} has no `dit` component to migrate")
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
-        dit = ck.restore(os.path.join(os.path.abspath(src), "dit"))
+        dit = ck.restore(paths.join(src, "dit"))
     dit = jax.tree.map(np.asarray, dit)
     if not is_legacy_blocks(dit["blocks"]):
         raise ConversionError(f"{src}: the `dit` blocks are already in the NNX module layout")
@@ -622,21 +648,29 @@ def migrate_system_checkpoint(src: str, dst: str) -> str:
     return sc.save_system(dst, {n: comps[n] for n in manifest["components"]}, config)
 
 
-def _migrate_main(argv: list[str] | None = None) -> None:
-    """CLI: `python -m animegamer_jax.convert.cogvideox_dit migrate SRC DST`."""
-    import argparse
+def _migrate_main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert dit migrate SRC DST`` (also ``python -m
+    animegamer_jax.convert.cogvideox_dit migrate SRC DST``); returns the exit status."""
+    import sys
 
-    ap = argparse.ArgumentParser(description="migrate a system checkpoint's DiT to the NNX block layout")
-    ap.add_argument("src")
-    ap.add_argument("dst")
-    a = ap.parse_args(argv)
-    print(f"wrote {migrate_system_checkpoint(a.src, a.dst)}")
+    from animegamer_jax import cli
+
+    try:
+        _, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert dit migrate", *(argv or [])],
+                                        lambda fv, argv: None,
+                                        "Rewrites a system checkpoint's DiT into the NNX block layout (SRC, DST: "
+                                        "system checkpoint folders, local or gs://; DST must not exist).",
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        print(f"wrote {migrate_system_checkpoint(src, dst)}")
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    import sys
-
-    if sys.argv[1:2] == ["migrate"]:
-        _migrate_main(sys.argv[2:])
-    else:
-        main()
+    raise SystemExit(main())

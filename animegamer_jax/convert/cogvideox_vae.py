@@ -250,21 +250,44 @@ def convert(src: str, dst: str, cfg: VAEConfig, fmt: str = "auto") -> nnx.State:
     return state
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m animegamer_jax.convert vae SRC DST [--config configs/animegamer_2b_7b.py] [--format auto]``."""
-    import argparse
+_CLI_DOC = """SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX -> orbax.
 
-    from animegamer_jax.config import load_config
+SRC: 3d-vae.pt, a diffusers vae folder or a .safetensors file; DST: output orbax directory. The
+model's sizes come from the config's ``vae`` section (default configs/animegamer_2b_7b.py)."""
 
-    ap = argparse.ArgumentParser(description="SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX -> orbax")
-    ap.add_argument("src", help="3d-vae.pt, a diffusers vae folder or a .safetensors file")
-    ap.add_argument("dst", help="output orbax directory")
-    ap.add_argument("--config", default="configs/animegamer_2b_7b.py", help="config whose `vae` section describes the model")
-    ap.add_argument("--format", default="auto", choices=("auto", "sat", "diffusers"))
-    args = ap.parse_args(argv)
-    convert(args.src, args.dst, VAEConfig.from_config(load_config(args.config).vae), args.format)
-    print(f"wrote {args.dst}")
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `vae` section has the sizes; "
+                                    "--config.vae.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_enum("format", "auto", ["auto", "sat", "diffusers"], "Layout of SRC (auto: detected).",
+                      flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert vae SRC DST [--config=configs/animegamer_2b_7b.py] [--format=auto]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
+    """
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert vae",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    convert(src, dst, VAEConfig.from_config(f.config.vae), f.format)
+    print(f"wrote {dst}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -152,33 +152,51 @@ def convert_file(src: str | os.PathLike, cfg: T5Config, out_dir: str | os.PathLi
     save_state(convert_t5(load_state_dict(src), cfg), out_dir)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m animegamer_jax.convert.t5 SRC OUT [--hf_config config.json | --config F]``.
+_CLI_DOC = """HF T5EncoderModel safetensors -> orbax.
 
-    SRC: HF T5 safetensors / ``.bin`` file or folder (``google/t5-v1_1-xxl``); OUT: orbax directory.
+SRC: HF T5 safetensors / ``.bin`` file or folder (``google/t5-v1_1-xxl``); OUT: orbax directory,
+local or gs://. Sizes from ``--hf_config`` (an HF config.json) if given, else the config's ``t5``."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `t5` section has the sizes (ignored with --hf_config); "
+                                    "--config.t5.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_string("hf_config", "", "An HF T5 config.json (its sizes win over --config).", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.convert t5 SRC OUT [--hf_config=config.json | --config=F]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import argparse
     import json
+    import sys
 
-    from animegamer_jax.convert.clip import load_config_file
+    from animegamer_jax import cli
 
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("src")
-    p.add_argument("out")
-    p.add_argument("--config", default="configs/animegamer_2b_7b.py")
-    p.add_argument("--hf_config", default="")
-    a = p.parse_args(argv)
-    if a.hf_config:
-        with open(a.hf_config, encoding="utf-8") as f:
-            cfg = config_from_hf(json.load(f))
+    try:
+        f, (src, out) = cli.parse_flags(["python -m animegamer_jax.convert t5",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "OUT"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if f.hf_config:
+        cfg = config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
     else:
-        cfg = T5Config.from_config(load_config_file(a.config).t5)
-    convert_file(a.src, cfg, a.out)
-    print(f"wrote {paths.as_path(a.out)}")
+        cfg = T5Config.from_config(f.config.t5)
+    convert_file(src, cfg, out)
+    print(f"wrote {paths.as_path(out)}")
+    return 0
 
 
 __all__ = ["ConversionError", "config_from_hf", "convert_file", "convert_t5", "load_t5", "restore_state"]
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
