@@ -332,7 +332,8 @@ class DiTBlock(nnx.Module):
         """txt [B, Lt, D] conditioning tokens, img [B, Lv, D] video tokens, emb [B, E] time (+flow)
         embedding (activation dtype) -> updated (txt, img)."""
         lt = txt.shape[1]
-        mod = self.adaln(jax.nn.silu(emb))  # [B, 12, D]
+        # [B, 12, D], laid out like activations (D whole) however the adaLN kernel is sharded
+        mod = constrain(self.adaln(jax.nn.silu(emb)), ("act_batch", None, "act_embed"))
         m = [mod[:, i][:, None, :] for i in range(12)]
 
         def modulate(norm: LayerNorm, x: Array, shift: Array, scale: Array) -> Array:
