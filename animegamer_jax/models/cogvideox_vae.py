@@ -26,7 +26,13 @@ Not obvious from the reference:
   * Memory (benchmarks/vae_bench.py, XLA CPU compile, not executed): full config, 5x60x90 latents,
     bf16, release plan: 83.6 GiB temp untiled, 16.2 GiB with 32-latent tiles; CPU conv workspaces
     inflate these. Decode memory does not grow with the frame count (the scan carries only the
-    cache): medium config 5 vs 13 latents -> 3.1 vs 1.8 GiB temp.
+    cache): medium config 5 vs 13 latents -> 3.1 vs 1.8 GiB temp. ``tile_size = -1`` (paper config)
+    picks the tiling from the device's memory (:func:`pick_decode_tiling`): on one CPU device (16 GiB
+    fallback) tile 30, 15.3 GiB peak; on 8 devices in play's latency layout (frames split 4 x 2)
+    untiled, 12.2 GiB per device (``python -m benchmarks aot --layout latency --pieces vae_decode``).
+  * Tiled decode is not diffusers' ``tiled_decode``: equal tiles, evenly spread, and a normalised
+    linear cross-fade (every pixel a convex mix), where diffusers crops ragged tiles and blends
+    only the overlap; neither reproduces the untiled decode (per-tile GroupNorm statistics).
 """
 
 from __future__ import annotations
