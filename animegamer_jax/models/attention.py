@@ -40,7 +40,7 @@ Masks are expressed once, as positions (:class:`AttentionMask`): key j is visibl
     and kv_valid[j] and dense[i, j],
 
 the causal / sliding-window rule of HF Mistral (``sliding_window_overlay``), the bidirectional
-query block of AnimeGamer's hybrid mask (architecture.md §1.4) and key padding. Every kernel
+query block of AnimeGamer's hybrid mask (docs/token_layout.md#masks) and key padding. Every kernel
 evaluates exactly this rule (the blockwise one per tile, :meth:`AttentionMask.tile`). Rows that
 see no key at all return zeros in the blockwise path (the dense paths return the mean of V);
 no model of this project produces such rows on positions it reads.
