@@ -788,8 +788,8 @@ DECODE_BYTES_FACTOR = 120.0
 #: per-device overhead of a decode whose frames are sharded over devices (halo exchange, replicated
 #: small tensors): the latency layout on 8 devices compiles to 11.7 GiB temp vs 83.7 / 8 = 10.5.
 SHARDED_DECODE_OVERHEAD = 1.25
-#: auto tiling's budget when the device reports no memory limit (XLA:CPU): the full-size goal per
-#: device (issue 14: "VAE decode <= 16 GiB").
+#: auto tiling's budget when the device reports no memory limit (XLA:CPU): the project's per-device
+#: target for the full-size decode, checked with ``python -m benchmarks aot --pieces vae_decode``.
 CPU_DECODE_BUDGET_GIB = 16.0
 #: fraction of a device's free memory (``bytes_limit - bytes_in_use``) auto tiling may plan for
 DEVICE_BUDGET_FRACTION = 0.8
