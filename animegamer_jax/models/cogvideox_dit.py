@@ -435,7 +435,7 @@ class CogVideoXDiT(nnx.Module):
         # The conditioning tokens are dropped after the (per-token) final_layernorm.
         img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
         mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), self.out_adaln_kernel[...].astype(dt))
-        mod = mod + self.out_adaln_bias[...].astype(dt)[None]
+        mod = constrain(mod + self.out_adaln_bias[...].astype(dt)[None], ("act_batch", None, "act_embed"))
         img = _layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)
         img = img * (1 + mod[:, 1][:, None]) + mod[:, 0][:, None]
         out = img @ self.proj_out_kernel[...].astype(dt) + self.proj_out_bias[...].astype(dt)
