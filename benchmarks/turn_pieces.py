@@ -164,7 +164,8 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         dt = jnp.dtype(mcfg.dtype)
         if b.abstract:
             # the cache is laid out like activations: batch over the data axes
-            s = NamedSharding(b.mesh, parallel.logical_to_spec((None, "act_batch", None, None, None), b.rules))
+            s = NamedSharding(b.mesh, parallel.logical_to_spec((None, "act_batch", None, None, None), b.rules,
+                                                               shape=shape, mesh=b.mesh))
             cache = mst.KVCache(jax.ShapeDtypeStruct(shape, dt, sharding=s), jax.ShapeDtypeStruct(shape, dt, sharding=s),
                                 jax.ShapeDtypeStruct((), jnp.int32, sharding=b.replicated))
         else:
@@ -220,14 +221,19 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
                      note=f"{plan.num_steps} steps x CFG batch 2, {batch} game(s), play's program")
     if name == "vae_decode":
+        # exactly play's VAE stage (game/real.py vae_decoder: tiling / chunks as play resolves them)
+        from animegamer_jax.game.real import vae_decoder
+        from animegamer_jax.models.cogvideox.vae import VAEConfig
+
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
-        scale = float(cfg.vae.scaling_factor)
+        # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
+        n_dev = getattr(b, "decode_devices", 0) or b.mesh.size
+        decode = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev)[0]
 
         def vae_decode(state, latents):
-            return nnx.merge(v_graph, state).decode(latents / scale)
+            return decode({"vae": state}, latents)
 
-        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)),
-                     note=f"chunks {tuple(cfg.vae.decode_chunks)}")
+        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)), note=f"play's decode; {decode.why}")
     raise KeyError(f"unknown turn piece {name!r}; known: {TURN_PIECES}")
 
 

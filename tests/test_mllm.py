@@ -292,8 +292,8 @@ def test_mllm_cli_roundtrip(tmp_path):
         sd[f"{name}.proj.0.weight"], sd[f"{name}.proj.0.bias"] = torch.randn(b, a), torch.randn(b)
         sd[f"{name}.proj.2.weight"], sd[f"{name}.proj.2.bias"] = torch.randn(b, b), torch.randn(b)
     torch.save(sd, tmp_path / "pytorch_model.bin")
-    convert_cli.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"), "--config", "configs/tiny.py",
-              "--param_dtype", "float32", "--lora_alpha", "4"])
+    assert convert_cli.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"), "--config", "configs/tiny.py",
+                             "--param_dtype", "float32", "--lora_alpha", "4"]) == 0
     cfg, state = cam.convert_animegamer_mllm({k: v.numpy() for k, v in sd.items()},
                                              ml.MLLMConfig.from_config(c, param_dtype="float32"), lora_alpha=4.0)
     assert (cfg.llm.lora_rank, cfg.llm.lora_targets, cfg.llm.lora_alpha) == (2, ("q_proj", "v_proj"), 4.0)

@@ -6,29 +6,61 @@ The key map is :mod:`animegamer_jax.models.clip.convert` (beside the model); thi
 from __future__ import annotations
 
 from animegamer_jax import paths
-from animegamer_jax.convert.common import cli_parser, load_state_dict, save_state, section_config
+from animegamer_jax.convert.common import load_state_dict, save_state
 from animegamer_jax.models.clip import convert as cc
 from animegamer_jax.models.clip.model import CLIPConfig
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``SRC OUT [--config F | --hf_config config.json] [--vision_only] [--layout L]``.
+_CLI_DOC = """open_clip ViT-B-16 state dict or an HF CLIP folder -> orbax.
 
-    SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the
-    activation come from ``--hf_config`` (an HF ``config.json``) if given, else from the config
-    file's ``clip`` section. OUT: orbax directory.
+SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the activation
+come from ``--hf_config`` (an HF ``config.json``) if given, else from the config file's ``clip``
+section. OUT: orbax directory, local or gs://."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `clip` section has the sizes (ignored with --hf_config); "
+                                    "--config.clip.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_string("hf_config", "", "An HF CLIP config.json (its sizes win over --config).", flag_values=fv)
+    flags.DEFINE_enum("layout", "auto", ["auto", "open_clip", "hf"], "Key names of SRC (auto: detected).",
+                      flag_values=fv)
+    flags.DEFINE_bool("text_tower", True, "Convert the text tower too (--notext_tower: the vision tower only, "
+                      "what the game system uses).", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.convert clip SRC OUT [--config=F] [--notext_tower] [--layout=L]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    p = cli_parser("clip", main.__doc__)
-    p.add_argument("src")
-    p.add_argument("out")
-    p.add_argument("--hf_config", default="")
-    p.add_argument("--layout", default="auto", choices=["auto", "open_clip", "hf"])
-    p.add_argument("--vision_only", action="store_true")
-    a = p.parse_args(argv)
-    cfg = section_config(a, "clip", CLIPConfig.from_config, cc.config_from_hf)
-    save_state(cc.convert_clip(load_state_dict(a.src), cfg, vision_only=a.vision_only, layout=a.layout), a.out)
-    print(f"wrote {paths.as_path(a.out)} ({'vision tower' if a.vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+    import json
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        f, (src, out) = cli.parse_flags(["python -m animegamer_jax.convert clip",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "OUT"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if f.hf_config:
+        cfg = cc.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
+    else:
+        cfg = CLIPConfig.from_config(f.config.clip)
+    vision_only = not f.text_tower
+    save_state(cc.convert_clip(load_state_dict(src), cfg, vision_only=vision_only, layout=f.layout), out)
+    print(f"wrote {paths.as_path(out)} ({'vision tower' if vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+    return 0
+
+
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -7,45 +7,86 @@ model); this is their CLI (also ``python -m animegamer_jax.convert.cogvideox_dit
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
 from animegamer_jax import paths
-from animegamer_jax.convert.common import cli_parser, section_config
 from animegamer_jax.models.cogvideox import dit_convert as cd
 from animegamer_jax.models.cogvideox.dit import DiTConfig
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``--kind sat --src DIR --dst DIR [--config PY]``, or ``migrate SRC DST``.
+_CLI_DOC = """SAT mp_rank_00_model_states.pt folder or diffusers CogVideoXTransformer3DModel -> orbax.
 
-    The DiT sizes come from the config's `dit` section (default configs/animegamer_2b_7b.py); extras
-    (text/ip projections, mix LayerNorms) are saved beside the checkpoint as `dit_extras.npz`.
+Usage: python -m animegamer_jax.convert dit SRC DST --kind={sat,diffusers} [--config=F]
+       python -m animegamer_jax.convert dit migrate OLD_SYSTEM NEW_SYSTEM
+
+SRC: a SAT checkpoint dir / .pt, or a diffusers dir / .safetensors; DST: output directory (orbax
+item `dit` + dit_config.json). The DiT sizes come from the config's `dit` section (default
+configs/animegamer_2b_7b.py); extras (text/ip projections, mix LayerNorms) are saved beside the
+checkpoint as `dit_extras.npz`. `migrate` rewrites a system checkpoint written before the DiT
+blocks became NNX modules (same arrays, new nesting)."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `dit` section has the sizes; --config.dit.x=v overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_enum("kind", None, ["sat", "diffusers"], "Layout of SRC.", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert dit SRC DST --kind=sat [--config=PY]`` (or ``dit migrate SRC DST``).
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    argv = sys.argv[1:] if argv is None else argv
+    import sys
+
+    from animegamer_jax import cli
+
+    argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["migrate"]:
         return _migrate_main(argv[1:])
-    ap = cli_parser("dit", main.__doc__)
-    ap.add_argument("--kind", choices=("sat", "diffusers"), required=True)
-    ap.add_argument("--src", required=True, help="SAT checkpoint dir / .pt, or diffusers dir / .safetensors")
-    ap.add_argument("--dst", required=True, help="output directory (orbax item `dit` + dit_config.json)")
-    args = ap.parse_args(argv)
-    cfg = section_config(args, "dit", DiTConfig.from_config)
-    extras = cd.convert(args.kind, args.src, args.dst, cfg)
-    with paths.as_path(paths.join(args.dst, "dit_extras.npz")).open("wb") as f:
-        np.savez(f, **extras)
-    print(f"wrote {args.dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert dit", *argv], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "DST"))
+        if f.kind is None:
+            raise cli.UsageError("--kind is required: --kind=sat (SAT engine) or --kind=diffusers")
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cfg = DiTConfig.from_config(f.config.dit)
+    extras = cd.convert(f.kind, src, dst, cfg)
+    with paths.as_path(paths.join(dst, "dit_extras.npz")).open("wb") as fh:
+        np.savez(fh, **extras)
+    print(f"wrote {dst}: DiT {cfg.num_layers} layers x {cfg.hidden_size}, extras {sorted(extras)}")
+    return 0
 
 
-def _migrate_main(argv: list[str]) -> None:
-    """CLI: ``migrate SRC DST``."""
-    ap = cli_parser("dit migrate", "migrate a system checkpoint's DiT to the NNX block layout", config=False)
-    ap.add_argument("src")
-    ap.add_argument("dst")
-    a = ap.parse_args(argv)
-    print(f"wrote {cd.migrate_system_checkpoint(a.src, a.dst)}")
+def _migrate_main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert dit migrate SRC DST`` (also ``python -m
+    animegamer_jax.convert.cogvideox_dit migrate SRC DST``); returns the exit status."""
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        _, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert dit migrate", *(argv or [])],
+                                        lambda fv, argv: None,
+                                        "Rewrites a system checkpoint's DiT into the NNX block layout (SRC, DST: "
+                                        "system checkpoint folders, local or gs://; DST must not exist).",
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        print(f"wrote {cd.migrate_system_checkpoint(src, dst)}")
+    except cd.ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -5,21 +5,49 @@ The key map is :mod:`animegamer_jax.models.cogvideox.vae_convert` (beside the mo
 
 from __future__ import annotations
 
-from animegamer_jax.convert.common import cli_parser, section_config
+from animegamer_jax import paths
 from animegamer_jax.models.cogvideox import vae_convert as cv
 from animegamer_jax.models.cogvideox.vae import VAEConfig
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``SRC DST [--config configs/animegamer_2b_7b.py] [--format auto]``."""
-    p = cli_parser("vae", "SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX -> orbax")
-    p.add_argument("src", help="3d-vae.pt, a diffusers vae folder or a .safetensors file")
-    p.add_argument("dst", help="output orbax directory")
-    p.add_argument("--format", default="auto", choices=("auto", "sat", "diffusers"))
-    args = p.parse_args(argv)
-    cv.convert(args.src, args.dst, section_config(args, "vae", VAEConfig.from_config), args.format)
-    print(f"wrote {args.dst}")
+_CLI_DOC = """SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX -> orbax.
+
+SRC: 3d-vae.pt, a diffusers vae folder or a .safetensors file; DST: output orbax directory. The
+model's sizes come from the config's ``vae`` section (default configs/animegamer_2b_7b.py)."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `vae` section has the sizes; "
+                                    "--config.vae.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_enum("format", "auto", ["auto", "sat", "diffusers"], "Layout of SRC (auto: detected).",
+                      flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert vae SRC DST [--config=configs/animegamer_2b_7b.py] [--format=auto]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
+    """
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert vae",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cv.convert(src, dst, VAEConfig.from_config(f.config.vae), f.format)
+    print(f"wrote {dst}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

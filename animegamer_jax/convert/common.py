@@ -1,5 +1,5 @@
 """What every checkpoint converter shares (one of each): the error class, the state-dict reader,
-the key checks, the orbax writer / reader of one network's parameters, and the CLI pieces.
+the key checks, and the orbax writer / reader of one network's parameters.
 
 The key tables themselves live beside each model (``animegamer_jax/models/<family>/*convert.py``);
 the ``animegamer_jax.convert.<kind>`` modules are the command-line fronts of those converters.
@@ -7,7 +7,6 @@ the ``animegamer_jax.convert.<kind>`` modules are the command-line fronts of tho
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -251,36 +250,3 @@ def state_from_pure_dict(abstract: nnx.State, pure: Mapping[str, Any], what: str
 
 def _replace(var: Any, value: jax.Array) -> Any:
     return var.replace(value) if isinstance(var, nnx.Variable) else value
-
-
-# ---------------------------------------------------------------------------------------------
-# Command-line fronts (animegamer_jax/convert/<kind>.py)
-
-DEFAULT_CONFIG = "configs/animegamer_2b_7b.py"
-
-
-def cli_parser(kind: str, description: str, config: bool = True) -> argparse.ArgumentParser:
-    """The parser of ``python -m animegamer_jax.convert <kind>``, with ``--config`` (the file whose
-    sections give the sizes; read by :func:`section_config`) unless ``config`` is False."""
-    p = argparse.ArgumentParser(prog=f"python -m animegamer_jax.convert {kind}", description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    if config:
-        p.add_argument("--config", default=DEFAULT_CONFIG, help="config file whose sections give the sizes")
-    return p
-
-
-def section_config(args: argparse.Namespace, section: str, from_config: Callable[[Any], Any],
-                   from_hf: Callable[[Mapping[str, Any]], Any] | None = None) -> Any:
-    """A model config from ``--hf_config`` (an HF ``config.json``, through ``from_hf``) when given,
-    else from the ``section`` of ``--config`` (through ``from_config``).
-
-    Raises:
-      animegamer_jax.config.ConfigError: an unknown config file.
-    """
-    from animegamer_jax.config import load_config
-
-    if from_hf is not None and getattr(args, "hf_config", ""):
-        with open(args.hf_config, encoding="utf-8") as f:
-            return from_hf(json.load(f))
-    config = load_config(args.config)
-    return from_config(config[section] if section else config)

@@ -7,25 +7,46 @@ from __future__ import annotations
 
 from typing import Any
 
-from animegamer_jax.convert.common import cli_parser
 from animegamer_jax.models.mistral import convert as cm
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``SRC_HF_DIR DST [--param_dtype bfloat16] [--vocab_size N]``; writes ``DST/params``
-    (orbax) and ``DST/mistral_config.json``."""
-    p = cli_parser("mistral", "HF Mistral checkpoint -> orbax (animegamer-jax layout)")
-    p.add_argument("src", help="HF model directory (config.json + safetensors / pytorch_model.bin)")
-    p.add_argument("dst", help="output directory (orbax state in DST/params)")
-    p.add_argument("--param_dtype", default="bfloat16")
-    p.add_argument("--vocab_size", type=int, default=None, help="only for an already resized checkpoint")
-    a = p.parse_args(argv)
-    over: dict[str, Any] = {"param_dtype": a.param_dtype, "dtype": a.param_dtype}
-    if a.vocab_size:
-        over["vocab_size"] = a.vocab_size
-    cfg, _ = cm.convert_hf_checkpoint(a.src, a.dst, **over)
-    print(f"wrote {a.dst}/params: {cfg}")
+_CLI_DOC = """HF Mistral checkpoint -> orbax (animegamer-jax layout).
+
+SRC: HF model directory (config.json + safetensors / pytorch_model.bin), local or a URL;
+DST: output directory (orbax state in DST/params), local or gs://."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+
+    flags.DEFINE_string("param_dtype", "bfloat16", "dtype of the stored parameters (and of compute).", flag_values=fv)
+    flags.DEFINE_integer("vocab_size", None, "Only for an already resized checkpoint (default: config.json's).",
+                         flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert mistral SRC_HF_DIR DST [--param_dtype=bfloat16] [--vocab_size=N]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
+    """
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert mistral",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    over: dict[str, Any] = {"param_dtype": f.param_dtype, "dtype": f.param_dtype}
+    if f.vocab_size:
+        over["vocab_size"] = f.vocab_size
+    cfg, _ = cm.convert_hf_checkpoint(src, dst, **over)
+    print(f"wrote {dst}/params: {cfg}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -6,24 +6,54 @@ The key map is :mod:`animegamer_jax.models.t5.convert` (beside the model); this 
 from __future__ import annotations
 
 from animegamer_jax import paths
-from animegamer_jax.convert.common import cli_parser, section_config
 from animegamer_jax.models.t5 import convert as ct
 from animegamer_jax.models.t5.model import T5Config
 
 
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``SRC OUT [--hf_config config.json | --config F]``.
+_CLI_DOC = """HF T5EncoderModel safetensors -> orbax.
 
-    SRC: HF T5 safetensors / ``.bin`` file or folder (``google/t5-v1_1-xxl``); OUT: orbax directory.
+SRC: HF T5 safetensors / ``.bin`` file or folder (``google/t5-v1_1-xxl``); OUT: orbax directory,
+local or gs://. Sizes from ``--hf_config`` (an HF config.json) if given, else the config's ``t5``."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `t5` section has the sizes (ignored with --hf_config); "
+                                    "--config.t5.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_string("hf_config", "", "An HF T5 config.json (its sizes win over --config).", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.convert t5 SRC OUT [--hf_config=config.json | --config=F]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    p = cli_parser("t5", main.__doc__)
-    p.add_argument("src")
-    p.add_argument("out")
-    p.add_argument("--hf_config", default="")
-    a = p.parse_args(argv)
-    ct.convert_file(a.src, section_config(a, "t5", T5Config.from_config, ct.config_from_hf), a.out)
-    print(f"wrote {paths.as_path(a.out)}")
+    import json
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        f, (src, out) = cli.parse_flags(["python -m animegamer_jax.convert t5",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "OUT"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if f.hf_config:
+        cfg = ct.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
+    else:
+        cfg = T5Config.from_config(f.config.t5)
+    ct.convert_file(src, cfg, out)
+    print(f"wrote {paths.as_path(out)}")
+    return 0
+
+
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

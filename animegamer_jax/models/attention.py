@@ -566,7 +566,7 @@ def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | N
     from animegamer_jax.parallel import mesh as pmesh
 
     def spec(x, names):
-        return pmesh._fit_spec(pmesh.logical_to_spec(names), x.shape, mesh)
+        return pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
 
     q_spec = spec(q, ("act_batch", "act_length", "act_heads", None))
     kv_spec = spec(k, ("act_batch", "act_length", "act_kv_heads", None))

@@ -19,7 +19,6 @@ Every converter fails loudly (ConversionError) naming missing, unexpected and mi
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -509,13 +508,14 @@ def migrate_system_checkpoint(src: str, dst: str) -> str:
 
     from animegamer_jax import system_checkpoint as sc
 
+    src, dst = str(paths.as_path(src)), str(paths.as_path(dst))
     manifest = sc.read_manifest(src)
-    if os.path.exists(os.path.join(os.path.abspath(src), sc.INTEGRITY_FILE)):
+    if paths.exists(paths.join(src, sc.INTEGRITY_FILE)):
         sc.verify_checkpoint(src, "full")  # migrate only what is intact
     if "dit" not in manifest["components"]:
         raise ConversionError(f"{src} has no `dit` component to migrate")
     with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
-        dit = ck.restore(os.path.join(os.path.abspath(src), "dit"))
+        dit = ck.restore(paths.join(src, "dit"))
     dit = jax.tree.map(np.asarray, dit)
     if not is_legacy_blocks(dit["blocks"]):
         raise ConversionError(f"{src}: the `dit` blocks are already in the NNX module layout")
