@@ -216,30 +216,30 @@ def _import(path: str) -> Any:
 
 
 def _build_mllm(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.mllm:GameStateMLLM").from_config(config, rngs=rngs)
+    return _import("animegamer_jax.models.mistral.mllm:GameStateMLLM").from_config(config, rngs=rngs)
 
 
 def _build_dit(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    dit = _import("animegamer_jax.models.cogvideox_dit:CogVideoXDiT")
-    dit_cfg = _import("animegamer_jax.models.cogvideox_dit:DiTConfig").from_config(
+    dit = _import("animegamer_jax.models.cogvideox.dit:CogVideoXDiT")
+    dit_cfg = _import("animegamer_jax.models.cogvideox.dit:DiTConfig").from_config(
         config.dit, text_length=int(config.rep.num_text_tokens + config.rep.num_image_tokens))
     return dit(dit_cfg, rngs=rngs)
 
 
 def _build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.cogvideox_vae:CogVideoXVAE").from_config(config.vae, rngs=rngs)
+    return _import("animegamer_jax.models.cogvideox.vae:CogVideoXVAE").from_config(config.vae, rngs=rngs)
 
 
 def _build_shot_encoder(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.shot_encoder:ShotEncoder").from_config(config, rngs=rngs)
+    return _import("animegamer_jax.models.shot_encoder.model:ShotEncoder").from_config(config, rngs=rngs)
 
 
 def _build_clip(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.clip:CLIP").from_config(config.clip, rngs=rngs)
+    return _import("animegamer_jax.models.clip.model:CLIP").from_config(config.clip, rngs=rngs)
 
 
 def _build_t5(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.t5:T5Encoder").from_config(config.t5, rngs=rngs)
+    return _import("animegamer_jax.models.t5.model:T5Encoder").from_config(config.t5, rngs=rngs)
 
 
 #: component name -> builder(config, rngs) -> module (full config in, each builder picks its sections)

@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax.convert import cogvideox_dit as conv
+from animegamer_jax.convert.common import load_state_dict
+from animegamer_jax.models.cogvideox import dit_convert as conv
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.models import lora as lora_lib
-from animegamer_jax.models.cogvideox_dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
+from animegamer_jax.models.cogvideox.dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
                                                  trainable_filter)
+from tests.convert_checks import assert_names_bad_keys
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
 CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
@@ -67,7 +69,7 @@ def _run(model, ref, flow=None):
 
 @pytest.mark.parity
 def test_parity_vs_diffusers_from_saved_file(ref, tmp_path):
-    sd = conv.read_torch_state_dict(ref["path"])
+    sd = load_state_dict(ref["path"])
     params, extras = conv.from_diffusers(sd, CFG)
     np.testing.assert_array_equal(extras["text_proj.weight"], ref["sd"]["patch_embed.text_proj.weight"].numpy())
     model = conv.build_model(CFG, params, keep_init=("flow_embed", "lora"))
@@ -236,18 +238,15 @@ def test_sat_names_with_lora_convert_to_same_outputs(ref):
 
 
 def test_converters_fail_loudly(ref):
-    sd = dict(ref["sd"])
-    del sd["transformer_blocks.1.attn1.to_k.weight"]
-    sd["transformer_blocks.0.attn1.extra.weight"] = sd["proj_out.bias"]
-    sd["norm_final.weight"] = sd["norm_final.weight"][:5]
-    with pytest.raises(conv.ConversionError) as e:
-        conv.from_diffusers(sd, CFG)
-    msg = str(e.value)
-    assert "missing keys (1): transformer_blocks.1.attn1.to_k.weight" in msg
-    assert "unexpected keys (1): transformer_blocks.0.attn1.extra.weight" in msg
-    assert "norm_final.weight: got (5,), expected (32,)" in msg
+    sd = ref["sd"]
+    assert_names_bad_keys(lambda bad: conv.from_diffusers(bad, CFG), sd, drop=["transformer_blocks.1.attn1.to_k.weight"],
+                          put={"transformer_blocks.0.attn1.extra.weight": sd["proj_out.bias"],
+                               "norm_final.weight": sd["norm_final.weight"][:5]},
+                          expect=["missing keys (1): ['transformer_blocks.1.attn1.to_k.weight']",
+                                  "unexpected keys (1): ['transformer_blocks.0.attn1.extra.weight']",
+                                  "norm_final.weight: got (5,), expected (32,)"])
     params, _ = conv.from_diffusers(ref["sd"], CFG)
-    with pytest.raises(conv.ConversionError, match="missing: flow_embed.linear_1_bias"):
+    with pytest.raises(conv.ConversionError, match=r"missing \(\d+\): \[[^]]*flow_embed.linear_1_bias"):
         conv.build_model(CFG, params)
     with pytest.raises(conv.ConversionError, match="no LoRA"):
         conv.from_sat({"model.diffusion_model.time_embed.0.weight": np.zeros((16, 32))},
@@ -328,7 +327,7 @@ _EVAL_SHAPE_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from animegamer_jax import parallel
-    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
     from configs import animegamer_2b_7b
     c = animegamer_2b_7b.get_config()
     cfg = DiTConfig.from_config(c.dit)
@@ -455,7 +454,7 @@ def test_migrate_system_checkpoint_end_to_end(tmp_path):
 
 def test_prepare_for_inference_merges_and_casts():
     """Play's one-time weight preparation: LoRA merged + cast; fp32 result equals the unmerged model."""
-    from animegamer_jax.models.cogvideox_dit import prepare_for_inference
+    from animegamer_jax.models.cogvideox.dit import prepare_for_inference
     from animegamer_jax.models.lora import LoRAParam
 
     cfg = dataclasses.replace(CFG, lora_rank=4, lora_alpha=2.0)
@@ -492,7 +491,7 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
         from animegamer_jax.config import load_config
         from animegamer_jax.game.engine import apply_layout, apply_mode
         from animegamer_jax.game.real import dit_sampler
-        from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+        from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
         cfg = apply_mode(load_config("configs/tiny.py", [
             "dit.hidden_size=32", "dit.num_heads=2", "dit.head_dim=16", "dit.time_embed_dim=16", "dit.lora_rank=0",

@@ -12,8 +12,9 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert.cogvideox_vae import build_vae, diffusers_to_state, load_diffusers_state_dict
-from animegamer_jax.models.cogvideox_vae import (
+from animegamer_jax.convert.common import load_state_dict
+from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
+from animegamer_jax.models.cogvideox.vae import (
     VAEConfig,
     chunk_plan,
     decode_latents,
@@ -50,7 +51,7 @@ def models(tmp_path_factory):
     path = tmp_path_factory.mktemp("vae")
     ref.save_pretrained(path)
     cfg = VAEConfig(**TINY)
-    ours = build_vae(cfg, diffusers_to_state(load_diffusers_state_dict(str(path)), cfg))
+    ours = build_vae(cfg, diffusers_to_state(load_state_dict(str(path)), cfg))
     return ref, ours
 
 
@@ -214,7 +215,7 @@ def test_decode_tiling_from_device_memory():
     """Auto tiling (vae.tile_size = -1): untiled when it fits, else the largest tile, else 1-latent
     time chunks; the budget comes from the config override, else the device's memory_stats, else
     the documented CPU fallback; a decode split over 8 devices fits 8x more."""
-    from animegamer_jax.models import cogvideox_vae as V
+    from animegamer_jax.models.cogvideox import vae as V
 
     full = VAEConfig(dtype="bfloat16")  # paper sizes
     shape = (5, 60, 90)

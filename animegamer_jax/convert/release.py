@@ -17,13 +17,13 @@ only routes files and prefixes to them):
 ==============  =====================================================  ==============================
 component       source                                                  converter
 ==============  =====================================================  ==============================
-mllm            MLLM .bin (+ Mistral folder for absent base keys)        convert/animegamer_mllm.py
-dit             engine ``model.diffusion_model.*``                       convert/cogvideox_dit.py
-shot_encoder    engine ``model.diffusion_model.mixins.patch_embed.*``    convert/shot_encoder.py
-vae             ``vae/3d-vae.pt`` (else engine ``first_stage_model.*``)   convert/cogvideox_vae.py
-t5              engine ``conditioner.embedders.0.transformer.*`` (else   convert/t5.py
+mllm            MLLM .bin (+ Mistral folder for absent base keys)        models/mistral/mllm_convert.py
+dit             engine ``model.diffusion_model.*``                       models/cogvideox/dit_convert.py
+shot_encoder    engine ``model.diffusion_model.mixins.patch_embed.*``    models/shot_encoder/convert.py
+vae             ``vae/3d-vae.pt`` (else engine ``first_stage_model.*``)   models/cogvideox/vae_convert.py
+t5              engine ``conditioner.embedders.0.transformer.*`` (else   models/t5/convert.py
                 the T5 folder)
-clip            engine ``clip_img_encoder.model.*`` + the OpenCLIP file's  convert/clip.py
+clip            engine ``clip_img_encoder.model.*`` + the OpenCLIP file's  models/clip/convert.py
                 text ``transformer.*`` (the engine deletes that tower)
 ==============  =====================================================  ==============================
 
@@ -42,8 +42,8 @@ stores, which have no atomic folder rename) and removed again if the conversion 
 Reads are lazy: torch files are memory-mapped (``torch.load(mmap=True)``) and safetensors are
 opened with ``safe_open``, so a tensor is paged in only when its converter reads it, and the pages
 are dropped again after each written group (:func:`drop_file_pages`). The MLLM and the DiT are
-converted and written one leaf / one layer of a leaf at a time (``mistral.mistral_leaves``,
-``cogvideox_dit.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
+converted and written one leaf / one layer of a leaf at a time (``models.mistral.convert.mistral_leaves``,
+``models.cogvideox.dit_convert.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
 component at a time. Everything goes into a temporary sibling of DST that is renamed to DST only
 when every component is written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
 missing / unexpected / mis-shaped key, config whose sizes do not match) is collected first and
@@ -360,7 +360,7 @@ def _run(file: str, name: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except ReleaseError:
         raise
-    except ValueError as e:  # the converters' ConversionError / VAECheckpointError
+    except ValueError as e:  # the converters' ConversionError
         raise ReleaseError([f"{file}: {name}: {one_line(e)[:4000]}. Fix: {FIX_KEYS}"]) from None
 
 
@@ -375,8 +375,8 @@ def _keep(sd: Mapping[str, Any]) -> dict[str, Any]:
 def _mllm(files: ReleaseFiles, config, config_path: str):
     from flax import nnx
 
-    from animegamer_jax.convert import animegamer_mllm as am
-    from animegamer_jax.models.mllm import GameStateMLLM, MLLMConfig
+    from animegamer_jax.models.mistral import mllm_convert as am
+    from animegamer_jax.models.mistral.mllm import GameStateMLLM, MLLMConfig
 
     m = config.mllm
     sd = load_torch_lazy(files.mllm)
@@ -424,9 +424,9 @@ def _engine_check(files: ReleaseFiles, engine: Mapping[str, Any]) -> list[str]:
 def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
     from flax import nnx
 
-    from animegamer_jax.convert import cogvideox_dit as cd
-    from animegamer_jax.convert.mistral import Leaf
-    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+    from animegamer_jax.models.cogvideox import dit_convert as cd
+    from animegamer_jax.models.mistral.convert import Leaf
+    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
     d = config.dit
     nq = int(config.rep.num_text_tokens + config.rep.num_image_tokens)
@@ -457,8 +457,8 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
 
 
 def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.convert import shot_encoder as cse
-    from animegamer_jax.models.shot_encoder import ShotEncoderConfig
+    from animegamer_jax.models.shot_encoder import convert as cse
+    from animegamer_jax.models.shot_encoder.model import ShotEncoderConfig
 
     cfg = ShotEncoderConfig.from_config(config)
     p = SHOT_ENCODER_PREFIX
@@ -473,8 +473,8 @@ def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config
 
 
 def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.convert import cogvideox_vae as cv
-    from animegamer_jax.models.cogvideox_vae import VAEConfig
+    from animegamer_jax.models.cogvideox import vae_convert as cv
+    from animegamer_jax.models.cogvideox.vae import VAEConfig
 
     cfg = VAEConfig.from_config(config.vae)
     if files.vae:
@@ -495,9 +495,9 @@ def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
 def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
     from flax import nnx
 
-    from animegamer_jax.convert import t5 as ct5
-    from animegamer_jax.convert.mistral import Leaf
-    from animegamer_jax.models.t5 import T5Config, T5Encoder
+    from animegamer_jax.models.t5 import convert as ct5
+    from animegamer_jax.models.mistral.convert import Leaf
+    from animegamer_jax.models.t5.model import T5Config, T5Encoder
 
     cfg = T5Config.from_config(config.t5)
     p = "conditioner.embedders.0.transformer."
@@ -535,8 +535,8 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
 
 
 def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.convert import clip as cc
-    from animegamer_jax.models.clip import CLIPConfig
+    from animegamer_jax.models.clip import convert as cc
+    from animegamer_jax.models.clip.model import CLIPConfig
 
     cfg = CLIPConfig.from_config(config.clip)
     p = "clip_img_encoder.model."
@@ -577,7 +577,7 @@ def _check_leaves(file: str, name: str, abstract, leaves: Mapping[tuple, Any]) -
     """
     from flax import nnx
 
-    from animegamer_jax.convert.mistral import Leaf
+    from animegamer_jax.models.mistral.convert import Leaf
 
     want = {_key(p): (tuple(v.get_raw_value().shape), v.get_raw_value().dtype) for p, v in nnx.to_flat_state(abstract)}
     got = {_key(p): ((v.layers,) + v.shape if v.layers else v.shape) if isinstance(v, Leaf) else tuple(np.shape(v))
@@ -630,13 +630,13 @@ class _StateJob:
 
 
 class _LeafJob:
-    """Lazy leaves (``mistral.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
+    """Lazy leaves (``models.mistral.convert.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
 
     def __init__(self, name: str, want: dict, leaves: dict, sources: list[str]):
         self.name, self.want, self.leaves, self.sources = name, want, leaves, sources
 
     def write(self, writer) -> None:
-        from animegamer_jax.convert.mistral import Leaf
+        from animegamer_jax.models.mistral.convert import Leaf
 
         for path, leaf in self.leaves.items():
             shape, dtype = self.want[_key(path)]
@@ -660,7 +660,7 @@ class _DiTJob:
         self.want, self.top, self.sd, self.cfg, self.rank, self.sources = want, top, sd, cfg, rank, sources
 
     def write(self, writer) -> None:
-        from animegamer_jax.convert import cogvideox_dit as cd
+        from animegamer_jax.models.cogvideox import dit_convert as cd
 
         for path, v in self.top.items():
             writer.add("dit", _key(path), np.asarray(v).astype(self.want[_key(path)][1]))

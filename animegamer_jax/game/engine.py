@@ -53,7 +53,7 @@ from animegamer_jax import parallel
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.game.script import Game
 from animegamer_jax.game.state import GameRun, Meters, WindowSpec, encode_instruction, stack_inputs
-from animegamer_jax.models.cogvideox_dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
+from animegamer_jax.models.cogvideox.dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
 
 STAGES = ("mllm", "sampling", "vae")
 

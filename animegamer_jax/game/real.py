@@ -4,7 +4,7 @@ Wraps loaded NNX modules (animegamer_jax/system_checkpoint.py ``load_system``) a
 :class:`~animegamer_jax.game.engine.GameSystem` whose three functions take the modules' states as
 jit arguments (weights are never baked in as constants):
 
-* **MLLM** (docs/token_layout.md, models/mllm.py): the history query slots take the projected
+* **MLLM** (docs/token_layout.md, models/mistral/mllm.py): the history query slots take the projected
   history representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the
   padding mask: sequences are right-padded to one length per game shape) and the representation is
   read at the engine's ``read_idx`` (the query positions, or the release's last 226 valid positions),
@@ -42,9 +42,9 @@ from flax import nnx
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.engine import GameSystem, flow_value
-from animegamer_jax.models import cogvideox_dit as dit_lib
-from animegamer_jax.models import mistral as mst
-from animegamer_jax.models.mllm import hybrid_attention_mask
+from animegamer_jax.models.cogvideox import dit as dit_lib
+from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
 
 #: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
 STATE_TOKENS = 10
@@ -213,7 +213,7 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None):
     """
     import logging
 
-    from animegamer_jax.models.cogvideox_vae import resolve_decode_tiling
+    from animegamer_jax.models.cogvideox.vae import resolve_decode_tiling
 
     scale = float(config.vae.scaling_factor)
     t, h, w = int(config.dit.num_latent_frames), int(config.dit.sample_height), int(config.dit.sample_width)

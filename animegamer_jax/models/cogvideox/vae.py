@@ -3,7 +3,7 @@
 Follows the CogVideoX-2B SAT VAE (`vae_modules/cp_enc_dec.py`, paper §3.2 "3D-VAE from [77]") and
 its diffusers port `AutoencoderKLCogVideoX` (diffusers 0.42 `autoencoder_kl_cogvideox.py`); facts in
 docs/vae.md. Submodule and parameter names mirror the diffusers names so that the checkpoint
-map (animegamer_jax/convert/cogvideox_vae.py) is a short, mechanical table.
+map (animegamer_jax/models/cogvideox/vae_convert.py) is a short, mechanical table.
 
 Layouts:
   * Inside, every activation is channels-last ``[B, T, H, W, C]``.
