@@ -68,7 +68,7 @@ def _convert(f, src: str, dst: str) -> int:
 def _migrate_main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m animegamer_jax.convert dit migrate SRC DST`` (also ``python -m
     animegamer_jax.convert.cogvideox_dit migrate SRC DST``); returns the exit status."""
-    from animegamer_jax import cli
+    from animegamer_jax import cli, system_checkpoint
 
     def migrate(_, src: str, dst: str) -> int:
         print(f"wrote {cd.migrate_system_checkpoint(src, dst)}")
@@ -77,7 +77,7 @@ def _migrate_main(argv: list[str] | None = None) -> int:
     return cli.run_command("python -m animegamer_jax.convert dit migrate", argv or [], lambda fv, argv: None,
                            "Rewrites a system checkpoint's DiT into the NNX block layout (SRC, DST: system "
                            "checkpoint folders, local or gs://; DST must not exist).", ("SRC", "DST"), migrate,
-                           errors=(cd.ConversionError,))
+                           errors=(cd.ConversionError, system_checkpoint.SystemCheckpointError))
 
 
 if __name__ == "__main__":
