@@ -22,7 +22,7 @@ from animegamer_jax.game import real
 from animegamer_jax.game.state import (CachePlan, GameRun, TurnRecord, WindowSpec, build_cached_turn_input,
                                        encode_instruction, stack_cached_inputs)
 from animegamer_jax.models import attention as attn
-from animegamer_jax.models.mllm import GameStateMLLM, hybrid_attention_mask, turn_layout
+from animegamer_jax.models.mllm import GameStateMLLM, collate, hybrid_attention_mask, turn_layout
 
 W, TURNS, TOL = 3, 6, 1e-5
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
@@ -179,3 +179,26 @@ def test_engine_cache_rebuilt_by_recompute_plays_on_equal(setup):
             np.testing.assert_allclose(b.rep, a.rep, atol=TOL, rtol=0, err_msg=f"turn {k}")
     assert engine.cache_sizes()["mllm"] == 0  # the cached turn ran, not the recompute program
     assert engine.mllm_cached_fn._cache_size() == 1  # one compile for every turn
+
+
+def test_training_uses_the_turn_window_mask(setup):
+    """The training loss reads ``turn_ids`` from ``collate``: with W covering every turn of the row
+    it equals the default mask's loss; with W = 1 history turns are cut off and it differs."""
+    cfg, mllm, spec = setup
+    q = spec.num_queries
+    ids = [list(encode_instruction(t, spec)) for t in TEXTS[:3]]
+    seq = turn_layout(ids, [(1, 0, 0, 0), (2, 1, -1, 0)], num_queries=q, history_window=3, target_states=(3, 1, 0, -1))
+    batch = {k: jnp.asarray(v) for k, v in collate([seq], pad_to=len(seq.input_ids) + 5).items()}
+    assert batch["turn_ids"].shape == batch["input_ids"].shape
+    rng = np.random.default_rng(1)
+    batch["history_reps"] = jnp.asarray(rng.normal(size=(1, 2, q, cfg.rep.dim)), jnp.float32)
+    batch["target_reps"] = jnp.asarray(rng.normal(size=(1, q, cfg.rep.dim)), jnp.float32)
+    g, s = nnx.split(mllm)
+
+    def loss(history_attention, w):
+        m = nnx.merge(g, s)
+        m.cfg = dataclasses.replace(m.cfg, history_attention=history_attention, history_window=w)
+        return float(nnx.jit(lambda mm, b: mm.loss(b)[0])(m, batch))
+
+    default, wide, narrow = loss("window_recompute", 3), loss("turn_window", 3), loss("turn_window", 1)
+    assert abs(default - wide) < 1e-5 and abs(default - narrow) > 1e-4, (default, wide, narrow)
