@@ -19,7 +19,7 @@ from flax import nnx
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.config import load_config
 from animegamer_jax.game import real
-from animegamer_jax.game.state import (CachePlan, GameRun, TurnRecord, WindowSpec, build_cached_turn_input,
+from animegamer_jax.game.state import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
                                        encode_instruction, stack_cached_inputs)
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mllm import GameStateMLLM, collate, hybrid_attention_mask, turn_layout
