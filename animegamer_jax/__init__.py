@@ -1,6 +1,6 @@
 """animegamer-jax: a JAX/Flax NNX reimplementation of AnimeGamer (arXiv 2504.01014).
 
-Subpackages (see ../shared/docs/design.md for who may import whom):
+Subpackages (docs/design.md#who-may-import-whom says who may import whom):
   models/     pure networks (Mistral MLLM, CogVideoX DiT and VAE, CLIP, T5, shot encoder)
   diffusion/  schedules, losses and samplers that take a denoise function
   data/       films -> clips -> labels -> ArrayRecord -> Grain loaders

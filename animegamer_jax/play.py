@@ -70,7 +70,7 @@ def common_flags(fv) -> None:
 
 
 def checkpoint_config(checkpoint: str, verify: str = "fast"):
-    """The config saved in a system checkpoint, after its integrity check (design.md: a system
+    """The config saved in a system checkpoint, after its integrity check (docs/design.md#one-checkpoint-directory-for-a-whole-system: a system
     checkpoint carries the config it was built with, so ``play --checkpoint DIR`` needs nothing else).
 
     Raises:

@@ -1,5 +1,4 @@
-"""One orbax checkpoint directory holding a whole AnimeGamer system (design.md "One checkpoint
-directory for a whole system").
+"""One orbax checkpoint directory holding a whole AnimeGamer system (docs/design.md#one-checkpoint-directory-for-a-whole-system).
 
 Layout (an orbax composite checkpoint, written atomically by ``ocp.Checkpointer``)::
 

@@ -1,4 +1,4 @@
-"""T5 tokenization of action texts (architecture.md §3.2) and the tiny sentencepiece for tests.
+"""T5 tokenization of action texts (docs/encoders.md#t5-action-text) and the tiny sentencepiece for tests.
 
 The release calls HF ``T5Tokenizer(text, max_length=30, padding="max_length", truncation=True)``:
 sentencepiece pieces, truncated to ``max_length - 1`` so that EOS ``</s>`` (id 1) always ends the
@@ -30,7 +30,7 @@ class T5Tokenizer:
 
     Args:
       model_file: path to a T5 ``spiece.model`` (pad 0, eos 1, unk 2).
-      max_length: tokens per text (30 in the release: §3.2 ``is_plan_3``).
+      max_length: tokens per text (30 in the release: docs/encoders.md#t5-action-text ``is_plan_3``).
 
     Raises:
       ValueError: the model's pad / eos ids are not T5's 0 / 1.

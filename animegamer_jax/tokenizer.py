@@ -2,8 +2,8 @@
 
 Reproduces the ids of the release's ``transformers.LlamaTokenizer`` (slow, ``legacy=False``,
 ``add_bos_token=True``) loaded from ``MLLM/VisualAR/animegamer_tokenizer``
-(../shared/docs/architecture.md §1.2) without transformers, whose v5 ``LlamaTokenizer`` silently
-builds a 3-token vocabulary from a bare ``tokenizer.model`` (environment.md):
+(docs/token_layout.md#tokenizer-and-special-tokens) without transformers, whose v5 ``LlamaTokenizer`` silently
+builds a 3-token vocabulary from a bare ``tokenizer.model`` (docs/token_layout.md#tokenizer-and-special-tokens):
 
 1. ``▁`` in the text is read as a space, and one ``▁`` is prepended (``add_prefix_space``).
 2. The text is split on the 284 added tokens (longest match). A leading lone ``▁`` before a
@@ -48,12 +48,13 @@ ET_ID, ET_END_ID = 32278, 32279
 ST_ID, ST_END_ID = 32280, 32281
 TURN_ID, TURN_END_ID = 32282, 32283
 
-#: state fields in model output order (§1.5)
+#: state fields in model output order (docs/token_layout.md#state-fields)
 STATE_FIELDS = ("ML", "SC", "ET", "ST")
 
 
 def _added_tokens() -> list[tuple[str, bool]]:
-    """The 284 added tokens in id order, each with its ``special`` flag (§1.2 table)."""
+    """The 284 added tokens in id order, each with its ``special`` flag (the table of
+    docs/token_layout.md#tokenizer-and-special-tokens)."""
     toks: list[tuple[str, bool]] = [(f"<frame_{i:05d}>", False) for i in range(NUM_FRAME_TOKENS)]
     toks += [("<img>", True), ("</img>", True), ("<vid>", True), ("</vid>", True),
              ("<frame>", True), ("</frame>", True)]
@@ -169,7 +170,7 @@ class AnimeGamerTokenizer:
     def encode_plain(self, text: str) -> list[int]:
         """Sentencepiece ids of text that directly follows a token (no leading ``▁``).
 
-        This is how the instruction text after ``<TURN>`` is tokenized (§1.2).
+        This is how the instruction text after ``<TURN>`` is tokenized (docs/token_layout.md#tokenizer-and-special-tokens).
 
         Raises:
           ValueError: the text contains an added token.
@@ -214,7 +215,7 @@ class AnimeGamerTokenizer:
             out.append(self.sp.decode(run))
         return "".join(out)
 
-    # ---- AnimeGamer layouts (§1.3) ----
+    # ---- AnimeGamer layouts (docs/token_layout.md#per-turn-layout) ----
     @staticmethod
     def video_block_ids(num_queries: int = 226) -> list[int]:
         """``<img><frame><frame_00000>...<frame_{n-1}></frame></img>``: n + 4 ids (230 at n=226).
@@ -228,7 +229,7 @@ class AnimeGamerTokenizer:
 
     @staticmethod
     def world_ids(ml: int, sc: int, et: int, st: int) -> list[int]:
-        """The 14-id history state string, with the release's duplicated ``</ST>`` (§1.3).
+        """The 14-id history state string, with the release's duplicated ``</ST>`` (docs/token_layout.md#per-turn-layout).
 
         ``<ML><S_ml></ML><SC><S_sc></SC><ET><S_et></ET><ST><S_st></ST></ST></TURN>``.
         """
@@ -241,7 +242,7 @@ class AnimeGamerTokenizer:
         """Allowed ids at each of the 11 generated positions after the prompt's final ``<ML>``.
 
         Position 0, 3, 6, 9 hold a ``<Strength_k>``; the others are fixed
-        (``</ML> <SC> _ </SC> <ET> _ </ET> <ST> _ </ST>``), §1.5.
+        (``</ML> <SC> _ </SC> <ET> _ </ET> <ST> _ </ST>``), docs/token_layout.md#state-fields.
         """
         strengths = tuple(range(STRENGTH_BASE_ID, STRENGTH_BASE_ID + 11))
         return (strengths, (ML_END_ID,), (SC_ID,), strengths, (SC_END_ID,), (ET_ID,), strengths,

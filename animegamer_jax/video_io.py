@@ -1,7 +1,7 @@
 """Video I/O helpers: float frames <-> uint8, MP4 (H.264 via PyAV) and GIF writing, reading.
 
 Frames are ``[T, H, W, 3]`` (one clip) throughout; the VAE's video range is [-1, 1]
-(architecture.md §5.6: final video ``clamp((x + 1) / 2, 0, 1)``), data clips are uint8.
+(docs/diffusion.md#latent-scale: final video ``clamp((x + 1) / 2, 0, 1)``), data clips are uint8.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18, preset: str | 
       path: output file.
       frames: ``[T, H, W, 3]`` uint8, or float in [-1, 1] (converted by :func:`to_uint8`).
         H and W must be even (yuv420p).
-      fps: frames per second (AnimeGamer clips: 8 fps, architecture.md §8.1).
+      fps: frames per second (AnimeGamer clips: 8 fps, docs/data.md#clips).
       crf: x264 constant rate factor (lower = better quality; 0 = lossless luma).
       preset: x264 preset ("veryfast", ...); None = x264's default ("medium").
       container_format: the container (None = "mp4", also for paths without a video suffix,

@@ -4,7 +4,7 @@
     python benchmarks/cost_model.py --turn_seconds=24 --peak_tflops=989   # MFU of the paper's 24 s/turn
     python benchmarks/cost_model.py --config=configs/tiny.py
 
-Pure Python (no JAX), from the config sections (architecture.md §2, §4, §6; sizes in
+Pure Python (no JAX), from the config sections (docs/mllm.md, docs/dit.md, docs/vae.md; sizes in
 configs/animegamer_2b_7b.py). Conventions:
 - A matmul [m, k] x [k, n] costs 2 m k n FLOPs; convolutions 2 x outputs x C_in x kernel volume.
   Norms, activations, softmax and the sampler arithmetic are not counted (< 1 % here).
@@ -53,7 +53,7 @@ def conv(out_elements: float, c_in: int, c_out: int, kernel_volume: int) -> floa
     return 2.0 * out_elements * c_out * c_in * kernel_volume
 
 
-# ---------------------------------------------------------------- DiT (§4)
+# ---------------------------------------------------------------- DiT (docs/dit.md)
 
 def dit_tokens(dit: Any, text_tokens: int) -> tuple[int, int]:
     """(video tokens, total tokens) of one DiT sample: 5 x 30 x 45 = 6750 and 6976 at paper size."""
@@ -94,7 +94,7 @@ def dit_forward_flops(dit: Any, text_tokens: int, lora: bool = True) -> dict[str
             "lora": layers * per_layer_lora, "embed_out": embed_out}
 
 
-# ---------------------------------------------------------------- 3D VAE (§6)
+# ---------------------------------------------------------------- 3D VAE (docs/vae.md)
 
 def _resnet(vol: float, c_in: int, c_out: int, spatial_norm_ch: int = 0) -> float:
     f = conv(vol, c_in, c_out, 27) + conv(vol, c_out, c_out, 27)
@@ -106,7 +106,7 @@ def _resnet(vol: float, c_in: int, c_out: int, spatial_norm_ch: int = 0) -> floa
 
 
 def vae_decode_flops(vae: Any, latent_t: int, latent_h: int, latent_w: int) -> float:
-    """FLOPs of decoding one latent clip [latent_t, C, latent_h, latent_w] (CogVideoX decoder, §6.2).
+    """FLOPs of decoding one latent clip [latent_t, C, latent_h, latent_w] (CogVideoX decoder, docs/vae.md#building-blocks).
 
     Level order (highest channels first): mid (2 resnets), then per level ``layers_per_block + 1``
     resnets and an upsample (time x2 for the first ``log2(temporal_compression_ratio)`` levels,
@@ -138,7 +138,8 @@ def vae_decode_flops(vae: Any, latent_t: int, latent_h: int, latent_w: int) -> f
 
 
 def vae_encode_flops(vae: Any, frames: int, height: int, width: int) -> float:
-    """FLOPs of encoding one clip [frames, height, width, 3] (CogVideoX encoder, §6.2), mean + logvar out."""
+    """FLOPs of encoding one clip [frames, height, width, 3] (CogVideoX encoder,
+    docs/vae.md#building-blocks), mean + logvar out."""
     chans = list(_get(vae, "block_out_channels"))
     z = _get(vae, "latent_channels")
     n_res = _get(vae, "layers_per_block")
@@ -161,7 +162,7 @@ def vae_encode_flops(vae: Any, frames: int, height: int, width: int) -> float:
     return f
 
 
-# ---------------------------------------------------------------- Mistral + resamplers (§2)
+# ---------------------------------------------------------------- Mistral + resamplers (docs/mllm.md)
 
 def mistral_forward_flops(mllm: Any, new_tokens: int, context: int = 0, causal: bool = True,
                           logits_positions: int | None = None) -> dict[str, float]:
@@ -206,7 +207,7 @@ def mistral_forward_flops(mllm: Any, new_tokens: int, context: int = 0, causal: 
 
 
 def turn_sequence_length(cfg: Any, text_tokens: int = 25) -> tuple[int, int]:
-    """(MLLM sequence length of one turn with a full window, query tokens) (architecture.md §1.3).
+    """(MLLM sequence length of one turn with a full window, query tokens) (docs/token_layout.md#per-turn-layout).
 
     A history turn is 1 + text + 230 + 14 tokens, the current turn 1 + text + 230 + 1, plus BOS.
     """

@@ -8,7 +8,7 @@ for ahead-of-time lowering). Inference pieces use bf16 weights with LoRA merged 
 as play does (``dit_sampling`` is play's own ``game.real.dit_sampler`` on
 ``prepare_for_inference`` weights); train pieces keep the config's parameter dtype and LoRA.
 
-Turn pieces (architecture.md §0):
+Turn pieces (docs/overview.md#one-turn):
   mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
   mllm_decode   pass A: one greedy step on the cache (run max_new_tokens - 1 times)
   mllm_pass_b   pass B: one forward without logits (the 226-query read-out)

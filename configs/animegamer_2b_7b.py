@@ -1,7 +1,7 @@
 """AnimeGamer at paper size: CogVideoX-2B DiT + 3D VAE, Mistral-7B-Instruct-v0.1, ViT-B/16, T5-v1.1-XXL.
 
-Numbers follow ../shared/docs/architecture.md (the paper, arXiv 2504.01014, and the released
-TencentARC/AnimeGamer inference code); section numbers in comments refer to that file.
+Numbers follow the paper (arXiv 2504.01014) and the released TencentARC/AnimeGamer inference code, as
+written up in docs/ (docs/README.md); comments name the doc and heading of each fact.
 
 Use:
   python -m animegamer_jax.train --config=configs/animegamer_2b_7b.py --config.train.phase=b \
@@ -54,21 +54,21 @@ def get_config() -> ml_collections.ConfigDict:
         ("act_channels", None),
     )
 
-    # ---- action-aware representation s_a (§3) ----
+    # ---- action-aware representation s_a (docs/encoders.md) ----
     c.rep = ml_collections.ConfigDict()
     c.rep.dim = 1920  # width of s_a (= DiT hidden size)
-    c.rep.num_text_tokens = 30  # T5 tokens of the action text (§3.2, max_length 30)
+    c.rep.num_text_tokens = 30  # T5 tokens of the action text (docs/encoders.md#t5-action-text, max_length 30)
     c.rep.num_image_tokens = 196  # CLIP ViT-B/16 patch tokens of the first frame (14x14)
     # total query/representation tokens = 30 + 196 = 226 (text first)
 
-    # ---- shot encoder E_a (§3.3) ----
+    # ---- shot encoder E_a (docs/encoders.md#shot-encoder-projection) ----
     c.shot_encoder = ml_collections.ConfigDict()
     c.shot_encoder.text_dim = 4096  # T5-v1.1-XXL width (f_md)
     c.shot_encoder.image_dim = 768  # CLIP ViT-B/16 width (f_v)
     c.shot_encoder.layer_norm_eps = 1e-5  # txt/ip_mix_layer_norm eps (nn.LayerNorm default)
     c.shot_encoder.dtype = "float32"  # E_a compute dtype (226 tokens: cheap; keeps MLLM regression targets exact)
 
-    # ---- CLIP ViT-B/16 (OpenCLIP laion2b_s34b_b88k), frozen (§3.1) ----
+    # ---- CLIP ViT-B/16 (OpenCLIP laion2b_s34b_b88k), frozen (docs/encoders.md#clip-image-tower) ----
     c.clip = ml_collections.ConfigDict()
     c.clip.image_size = 224  # input resolution after the no-crop bicubic resize
     c.clip.patch_size = 16  # ViT patch size
@@ -89,7 +89,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.clip.remat = "none"  # remat policy of both towers' block scans (models/remat.py)
     c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "xla", "blockwise", "cudnn", "splash"
 
-    # ---- T5-v1.1-XXL encoder, frozen (§3.2) ----
+    # ---- T5-v1.1-XXL encoder, frozen (docs/encoders.md#t5-action-text) ----
     c.t5 = ml_collections.ConfigDict()
     c.t5.vocab_size = 32128  # T5 sentencepiece vocabulary (+ extra ids)
     c.t5.d_model = 4096  # width
@@ -100,15 +100,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.t5.relative_attention_num_buckets = 32  # relative position buckets
     c.t5.relative_attention_max_distance = 128  # relative position max distance
     c.t5.layer_norm_eps = 1e-6  # T5 RMS norm eps
-    c.t5.max_length = 30  # tokens per action text (padded/truncated; §3.2 is_plan_3)
+    c.t5.max_length = 30  # tokens per action text (padded/truncated; docs/encoders.md#t5-action-text is_plan_3)
     c.t5.dtype = "float32"  # fp32: bf16 without a mask blows up the residual stream
     c.t5.remat = "none"  # remat policy of the block scan (models/remat.py)
     c.t5.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
     c.t5.spiece_model = ""  # path to the user's T5 spiece.model (shipped with the T5 weights)
 
-    # ---- MLLM: Mistral-7B-Instruct-v0.1 + LoRA + resamplers (§2) ----
+    # ---- MLLM: Mistral-7B-Instruct-v0.1 + LoRA + resamplers (docs/mllm.md) ----
     c.mllm = ml_collections.ConfigDict()
-    c.mllm.vocab_size = 32284  # 32000 sentencepiece + 284 AnimeGamer tokens (§1.2)
+    c.mllm.vocab_size = 32284  # 32000 sentencepiece + 284 AnimeGamer tokens (docs/token_layout.md#tokenizer-and-special-tokens)
     c.mllm.hidden_size = 4096  # model width
     c.mllm.intermediate_size = 14336  # SwiGLU inner width
     c.mllm.num_layers = 32  # decoder layers (scanned)
@@ -121,21 +121,21 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.max_position_embeddings = 32768  # RoPE table limit
     c.mllm.dtype = "bfloat16"  # activation dtype (release: bf16)
     c.mllm.param_dtype = "bfloat16"  # weight dtype at inference; training keeps fp32 masters
-    c.mllm.lora_rank = 32  # LoRA rank r (§2.3)
+    c.mllm.lora_rank = 32  # LoRA rank r (docs/mllm.md#lora)
     c.mllm.lora_alpha = 32.0  # LoRA alpha (scaling alpha/r = 1)
     c.mllm.lora_dropout = 0.05  # LoRA dropout during training
     c.mllm.lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA modules
     c.mllm.history_window = 3  # W: turns the MLLM sees, current included (release: 1)
     c.mllm.history_attention = "window_recompute"  # or "turn_window": KV cache kept across turns (docs/token_layout.md)
     c.mllm.readout = "query"  # "query" = hidden states at the 226 query positions; "last" = release's [-226:]
-    c.mllm.lm_loss_scale = 1.0  # CE weight (§2.4)
-    c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (§2.4)
+    c.mllm.lm_loss_scale = 1.0  # CE weight (docs/mllm.md#losses)
+    c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (docs/mllm.md#losses)
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
-    c.mllm.max_new_tokens = 11  # state tokens decoded per turn after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (11, §1.5)
+    c.mllm.max_new_tokens = 11  # state tokens after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (docs/token_layout.md#state-fields)
     c.mllm.remat = "none"  # remat policy of the decoder-layer scan: none | full | save_dots | offload_dots (models/remat.py)
     c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
 
-    # ---- decoder D_a: CogVideoX-2B DiT (§4) ----
+    # ---- decoder D_a: CogVideoX-2B DiT (docs/dit.md) ----
     c.dit = ml_collections.ConfigDict()
     c.dit.hidden_size = 1920  # width (30 heads x 64)
     c.dit.num_layers = 30  # transformer blocks (scanned)
@@ -155,17 +155,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.qk_norm_eps = 1e-6  # q/k LayerNorm eps
     c.dit.final_norm_eps = 1e-6  # final-layer norm_final eps (SAT 1e-6; diffusers uses 1e-5)
     c.dit.text_length = 226  # conditioning tokens = rep.num_text_tokens + rep.num_image_tokens
-    c.dit.use_flow = True  # motion-scope (flow) embedding added to the timestep embedding (§4.3)
-    c.dit.lora_rank = 64  # LoRA rank on attention (§4.6)
-    c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (§4.6, UNCERTAIN upstream)
+    c.dit.use_flow = True  # flow embedding added to the timestep embedding (docs/dit.md#timestep-and-flow-embedding)
+    c.dit.lora_rank = 64  # LoRA rank on attention (docs/dit.md#lora)
+    c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (docs/dit.md#lora, UNCERTAIN upstream)
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
     c.dit.param_dtype = "float32"  # master weights
     c.dit.remat = "full"  # remat policy of the block scan: none | full | save_dots | offload_dots (models/remat.py)
     c.dit.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl); L = 6976 at full size
-    # motion level (1..5) -> flow value fed to flow_embed (§4.8, inference_Decoder.py table)
+    # motion level (1..5) -> flow value fed to flow_embed (docs/dit.md#motion-level-to-flow, inference_Decoder.py table)
     c.dit.flow_table = (0.5, 2.5, 10.0, 15.0, 40.0)
 
-    # ---- 3D causal VAE (§6) ----
+    # ---- 3D causal VAE (docs/vae.md) ----
     c.vae = ml_collections.ConfigDict()
     c.vae.in_channels = 3  # RGB
     c.vae.latent_channels = 16  # latent channels
@@ -174,7 +174,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.norm_num_groups = 32  # GroupNorm groups
     c.vae.norm_eps = 1e-6  # GroupNorm eps
     c.vae.temporal_compression_ratio = 4  # 17 frames -> 5 latents
-    c.vae.scaling_factor = 1.15258426  # latent scale (§5.6)
+    c.vae.scaling_factor = 1.15258426  # latent scale (docs/diffusion.md#latent-scale)
     c.vae.decode_chunks = (3, 2)  # (first, step) latent frames per decode chunk (release plan [0:3], [3:5])
     c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
     c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
@@ -182,7 +182,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.encoder_in_channels = 0  # encoder conv_in width (SAT ch); 0 = block_out_channels[0] (= ch at paper size)
     c.vae.dtype = "bfloat16"  # activations (release fp16)
 
-    # ---- diffusion (§5) ----
+    # ---- diffusion (docs/diffusion.md) ----
     c.diffusion = ml_collections.ConfigDict()
     c.diffusion.num_train_timesteps = 1000  # DDPM steps
     c.diffusion.beta_start = 0.00085  # scaled_linear start
@@ -192,12 +192,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.sampler = "dpmpp_2m"  # "dpmpp_2m" (release) or "ddim"
     c.diffusion.cfg_scale = 6.0  # DynamicCFG max scale
     c.diffusion.cfg_exp = 5.0  # DynamicCFG exponent
-    c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (§5.5 table)
+    c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (docs/diffusion.md#guidance)
     c.diffusion.text_dropout = 0.05  # training CFG dropout of the text branch (batch text set to '')
-    c.diffusion.text_ucg_rate = 0.1  # independent per-sample zeroing of the T5 features (conditioner ucg_rate, §5.3)
+    c.diffusion.text_ucg_rate = 0.1  # independent per-sample T5 zeroing (conditioner ucg_rate, docs/diffusion.md#training-loss)
     c.diffusion.image_dropout = 0.05  # training CFG dropout of the image branch
 
-    # ---- data pipeline (§8.1) ----
+    # ---- data pipeline (docs/data.md) ----
     c.data = ml_collections.ConfigDict()
     c.data.height = 480  # clip height (px)
     c.data.width = 720  # clip width (px)
@@ -215,7 +215,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.num_workers = 0  # grain worker processes (0 = in-process)
     c.data.shuffle_seed = 0  # grain index-sampler seed (shuffle order, multi-turn lengths)
 
-    # ---- training (§8.2, Appendix C.1) ----
+    # ---- training (docs/training.md#phases, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
     c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation, "vae", or "all"
     c.train.pipeline = ("a1", "a2", "b", "c")  # phases run by --config.train.phase=all, in order
@@ -256,7 +256,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.progress = True  # tqdm progress bar with ETA on process 0
     c.train.allow_resume_mismatch = False  # resume a workdir whose checkpoint has another phase/batch/schedule
 
-    # ---- game generation (§0, §1) ----
+    # ---- game generation (docs/overview.md#one-turn, docs/token_layout.md) ----
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
     c.game.reference_max_new_tokens = 200  # reference mode: free greedy pass-A budget (release max_new_tokens)
@@ -270,7 +270,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet
 
-    # ---- evaluation: Table 1 metrics and the benchmark runner (§9; animegamer_jax/eval) ----
+    # ---- evaluation: Table 1 metrics and the benchmark runner (docs/evaluation.md; animegamer_jax/eval) ----
     c.eval = ml_collections.ConfigDict()
     c.eval.benchmark = "data/benchmark/benchmark.json"  # benchmark file (eval/benchmark_file.py format)
     c.eval.out_dir = "outputs/eval"  # report.md / report.json (+ games/ with the generated games)
@@ -279,7 +279,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
     c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
 
-    # ---- automatic clip labelling (§3.3; `python -m animegamer_jax.data.label`) ----
+    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.data.label`) ----
     c.label = ml_collections.ConfigDict()
     c.label.num_frames = 4  # uniformly sampled frames of each clip shown to the captioner (paper: 4)
     c.label.max_references = 2  # reference images per character (CHARS/<name>/*.png, sorted) in the prompt

@@ -8,7 +8,7 @@ import pytest
 from animegamer_jax.diffusion import guidance, losses, samplers
 from animegamer_jax.diffusion.schedules import DiffusionSchedule
 
-# architecture.md §5.5: the release DynamicCFG scales (exact float64 evaluation of the reference).
+# docs/diffusion.md#guidance: the release DynamicCFG scales (exact float64 evaluation of the reference).
 RELEASE_CFG_TABLE = [
     2.2915, 2.5435, 6.9744, 6.4204, 2.7881, 4.2719, 1.0376, 4.1704, 1.6180, 6.9831,
     1.0048, 2.8720, 6.9768, 1.6331, 4.3297, 2.4366, 6.3773, 6.0068, 3.4479, 3.1981,
@@ -33,7 +33,7 @@ def test_alphas_cumprod_match_diffusers():
     ref = _diffusers_scheduler().alphas_cumprod.double().numpy()
     np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-15)
     a = np.sqrt(ours)
-    # architecture.md §5.1 training-table values.
+    # docs/diffusion.md#schedule training-table values.
     np.testing.assert_allclose(a[[0, 250, 500, 750]], [0.998726, 0.62374, 0.30875, 0.10411], atol=1e-5)
     assert a[999] == 0.0
 
@@ -45,7 +45,7 @@ def test_sampler_sequence_and_snapping():
     a = sch.sampler_a(50)
     assert a.shape == (51,) and a[0] == 0.0 and a[-1] == 1.0
     np.testing.assert_allclose(a[[1, 2, 48, 49]], [0.00522, 0.01092, 0.94562, 0.97394], atol=1e-5)
-    # The denoiser snaps tau=39 and tau=19 to training indices 38 and 18 (§5.1).
+    # The denoiser snaps tau=39 and tau=19 to training indices 38 and 18 (docs/diffusion.md#schedule).
     table = sch.train_a()
     snapped = sch.snap_to_train(a[[48, 49]])
     np.testing.assert_array_equal(snapped, table[[38, 18]])
@@ -102,7 +102,7 @@ def test_ddim_matches_diffusers_step_by_step():
 
 
 def _dpmpp_reference(x, cond, uncond, scales, noises):
-    """architecture.md §5.4 in float64 numpy, infinities left to IEEE arithmetic."""
+    """docs/diffusion.md#sampler in float64 numpy, infinities left to IEEE arithmetic."""
     T, s = 1000, 3.0
     betas = np.linspace(0.00085 ** 0.5, 0.012 ** 0.5, T) ** 2
     abar = np.cumprod(1 - betas)

@@ -151,7 +151,7 @@ def test_remat_policies_same_values_and_grads(ref):
 
 
 def _to_sat(sd, cfg, rank, rng, scaling):
-    """diffusers state dict -> SAT names (inverse of architecture.md §7.2), with LoRA folded out.
+    """diffusers state dict -> SAT names (inverse of docs/dit.md#checkpoint-keys), with LoRA folded out.
 
     LoRA matrices are random and the `.original` base weights are W - scaling * B A, so merging
     them gives back the diffusers weights exactly (up to float rounding).

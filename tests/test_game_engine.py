@@ -331,7 +331,7 @@ def test_play_bad_script_line(tmp_path, capsys):
 
 
 def test_config_comes_from_the_checkpoint_when_not_given(capsys):
-    """design.md: `play --checkpoint DIR` needs nothing else; --config and overrides still win."""
+    """docs/design.md#one-checkpoint-directory-for-a-whole-system: `play --checkpoint DIR` needs nothing else; --config and overrides still win."""
     from animegamer_jax import cli
     from animegamer_jax.play import define_flags, parse_game_flags
 

@@ -1,4 +1,4 @@
-"""Game state: meters, the sliding window, and the MLLM token layout vs the release's (§1.3-1.6)."""
+"""Game state: meters, the sliding window, and the MLLM token layout vs the release's (docs/token_layout.md)."""
 
 import numpy as np
 import pytest
@@ -27,7 +27,8 @@ def world_string(ml, sc, et, st):
 
 
 def release_layout(history, current, nq, window):
-    """The release's prompt (inference_MLLM.py as described in §1.3-1.4), built from strings.
+    """The release's prompt (inference_MLLM.py as described in docs/token_layout.md#per-turn-layout and
+    docs/token_layout.md#masks), built from strings.
 
     ``history``: list of (text, states); the release puts ``<Strength_0>`` in every history field.
     """
@@ -76,7 +77,7 @@ def test_reference_layout_equals_release_paper_size():
         np.testing.assert_array_equal(inp.cmp_mask[:n], r_cmp)
         np.testing.assert_array_equal(inp.gen_mask[:n], r_gen)
         assert not inp.ids[n:].any() and not inp.attention_mask[n:].any()
-        # release read-out: the last 226 positions (off by 3 vs the queries, §1.7)
+        # release read-out: the last 226 positions (off by 3 vs the queries, docs/token_layout.md#read-out)
         np.testing.assert_array_equal(inp.read_idx, np.arange(n - 226, n))
         assert inp.ids[inp.last_idx] == tk.ML_ID
         run.finish_turn(ids_cur, (k + 1, 2, -1, 3), np.full((226, 8), k, np.float32))

@@ -117,7 +117,7 @@ def test_mllm_converter_reports_bad_keys(release):
 
 
 def _torch_release_mask(attn_1d, window):
-    """The release's custom 4-D mask (§1.4), written independently: additive float [B, 1, L, L]."""
+    """The release's custom 4-D mask (docs/token_layout.md#masks), written independently: additive float [B, 1, L, L]."""
     b, l = attn_1d.shape
     allowed = torch.tril(torch.ones(l, l, dtype=torch.bool))
     if window:
@@ -334,7 +334,7 @@ def test_train_step_updates_only_trainable_set():
 
 
 def test_last_readout_skips_right_padding():
-    """readout="last" reads the last Q *valid* positions of each row, never pads (§1.7)."""
+    """readout="last" reads the last Q *valid* positions of each row, never pads (docs/token_layout.md#read-out)."""
     import types
 
     import jax.numpy as jnp

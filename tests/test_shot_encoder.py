@@ -69,7 +69,7 @@ def test_parity_and_uncond():
     u = np.asarray(model.uncond(3))
     assert u.shape == (3, 14, 24)
     assert np.abs(u - want_u).max() <= 1e-5
-    # Two constant rows from the biases, not zeros (§3.4).
+    # Two constant rows from the biases, not zeros (docs/encoders.md#unconditional-embedding).
     np.testing.assert_allclose(u[:, :5], np.broadcast_to(u[:1, :1], (3, 5, 24)), atol=1e-6)
     np.testing.assert_allclose(u[:, 5:], np.broadcast_to(u[:1, 5:6], (3, 9, 24)), atol=1e-6)
     assert np.abs(u).max() > 0.1 and np.abs(u[0, 0] - u[0, 5]).max() > 1e-3

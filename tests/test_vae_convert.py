@@ -32,7 +32,7 @@ def ref_sd():
 
 
 def _to_sat(sd, num_levels=4):
-    """diffusers -> SAT names, written independently of the converter (inverse of §7.3)."""
+    """diffusers -> SAT names, written independently of the converter (inverse of docs/vae.md#checkpoint-keys)."""
     out = {}
     for k, v in sd.items():
         m = re.match(r"decoder\.up_blocks\.(\d+)\.(.*)", k)

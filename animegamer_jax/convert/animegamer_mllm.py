@@ -1,6 +1,6 @@
 """AnimeGamer MLLM ``pytorch_model.bin`` (peft-wrapped Mistral + resamplers) -> GameStateMLLM state.
 
-Key families (architecture.md §7.1), both peft naming generations accepted:
+Key families (docs/mllm.md#checkpoint-keys), both peft naming generations accepted:
 
     llm.base_model.model.<hf name>.base_layer.weight          (peft >= 0.7)  -> <hf name>.weight
     llm.base_model.model.<hf name>.weight                     (older peft)   -> <hf name>.weight
@@ -12,7 +12,7 @@ Key families (architecture.md §7.1), both peft naming generations accepted:
     output_resampler.proj.{0,2}.{weight,bias}  -> output_resampler.fc{1,2}.{kernel,bias}
 
 LoRA is kept (``lora_a``/``lora_b`` params, rank read from the checkpoint) or merged
-(``W = W_base + (alpha / r) * B @ A``, §7.1). A plain (non-peft) ``llm.model...`` layout is accepted
+(``W = W_base + (alpha / r) * B @ A``, docs/mllm.md#checkpoint-keys). A plain (non-peft) ``llm.model...`` layout is accepted
 too. Missing, unexpected and mis-shaped keys raise ``ConversionError`` with the lists.
 """
 

@@ -2,7 +2,7 @@
 
 Two source layouts (auto-detected, or forced with ``layout=``):
 
-* **open_clip** (``ViT-B-16`` / ``laion2b_s34b_b88k``, what the release loads, architecture.md §3.1):
+* **open_clip** (``ViT-B-16`` / ``laion2b_s34b_b88k``, what the release loads, docs/encoders.md#clip-image-tower):
   ``visual.conv1.weight``, ``visual.class_embedding``, ``visual.positional_embedding``,
   ``visual.ln_pre``, ``visual.transformer.resblocks.{i}.{ln_1, attn.in_proj_weight/bias,
   attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}``, ``visual.ln_post``, ``visual.proj`` (D, E),

@@ -1,6 +1,6 @@
 """Checkpoint converters for the CogVideoX / AnimeGamer DiT: diffusers and SAT -> our NNX state (orbax).
 
-Sources (architecture.md §7.1, §7.2):
+Sources (docs/checkpoints.md#release-files, docs/dit.md#checkpoint-keys):
   * diffusers `CogVideoXTransformer3DModel` state dicts (`diffusion_pytorch_model*.safetensors`).
     `patch_embed.text_proj` (a single Linear(4096 -> D)) has no counterpart in our DiT, whose 226-token
     prefix is the already-projected representation s_a; it is returned among the extras so a caller
@@ -159,7 +159,7 @@ def _block_params(cfg: DiTConfig, norm1: tuple, norm2: tuple, adaln: tuple, qkv_
 
 
 def block_from_diffusers(sd: Mapping[str, np.ndarray], prefix: str, cfg: DiTConfig) -> Flat:
-    """One diffusers `CogVideoXBlock` (keys under `prefix`) -> our `DiTBlock` paths (architecture.md §7.2).
+    """One diffusers `CogVideoXBlock` (keys under `prefix`) -> our `DiTBlock` paths (docs/dit.md#checkpoint-keys).
 
     diffusers' `norm1.linear` / `norm2.linear` (6 chunks each) are merged into the 12-chunk `adaln`.
     """
@@ -181,7 +181,7 @@ def block_from_diffusers(sd: Mapping[str, np.ndarray], prefix: str, cfg: DiTConf
 
 
 def from_diffusers(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat, dict[str, np.ndarray]]:
-    """Converts a diffusers `CogVideoXTransformer3DModel` state dict (architecture.md §7.2).
+    """Converts a diffusers `CogVideoXTransformer3DModel` state dict (docs/dit.md#checkpoint-keys).
 
     Args:
       state_dict: diffusers key -> tensor/array (torch tensors accepted).
@@ -211,7 +211,7 @@ def from_diffusers(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat,
 
 
 def sat_expected_shapes(cfg: DiTConfig, lora_rank: int) -> dict[str, tuple[int, ...]]:
-    """SAT DiT key (prefix stripped, `.original` removed) -> shape (architecture.md §7.2).
+    """SAT DiT key (prefix stripped, `.original` removed) -> shape (docs/dit.md#checkpoint-keys).
 
     `lora_rank` > 0 adds `matrix_A.{i}` [r, D] / `matrix_B.{i}` [D, r] for q/k/v (i = 0, 1, 2) and dense (i = 0).
     """
@@ -315,7 +315,7 @@ def sat_layer(sd: Mapping[str, Any], cfg: DiTConfig, r: int, l: int) -> Flat:
 
     LoRA: kept as ``lora_a`` / ``lora_b`` leaves of ``attn1.to_q/to_k/to_v/to_out`` when
     ``cfg.lora_rank > 0``, else merged into the base weights, ``W += (lora_alpha / r) B A`` per
-    q/k/v chunk and for dense (architecture.md §4.6).
+    q/k/v chunk and for dense (docs/dit.md#lora).
     """
     D, E, F, N, H, C, Co, p = _dims(cfg)
     get = lambda k: _np(sd[k])  # noqa: E731
@@ -351,7 +351,7 @@ def sat_layer(sd: Mapping[str, Any], cfg: DiTConfig, r: int, l: int) -> Flat:
 
 
 def from_sat(state_dict: Mapping[str, Any], cfg: DiTConfig) -> tuple[Flat, dict[str, np.ndarray]]:
-    """Converts an AnimeGamer / CogVideoX SAT DiT state dict (architecture.md §4.6, §7.2).
+    """Converts an AnimeGamer / CogVideoX SAT DiT state dict (docs/dit.md#lora, docs/dit.md#checkpoint-keys).
 
     Args:
       state_dict: the checkpoint dict (`{"module": {...}}` accepted), keys with or without the

@@ -1,6 +1,6 @@
 """CogVideoX VAE checkpoints (SAT ``3d-vae.pt``, diffusers safetensors) -> our NNX state / orbax.
 
-Names (architecture.md §7.3). Our parameter paths mirror diffusers' ``AutoencoderKLCogVideoX``:
+Names (docs/vae.md#checkpoint-keys). Our parameter paths mirror diffusers' ``AutoencoderKLCogVideoX``:
 ``encoder.down_blocks.0.resnets.1.conv1.conv.kernel`` <-> ``...conv1.conv.weight``; the only
 differences are the leaf names and layouts:
 
@@ -61,7 +61,7 @@ def _to_numpy(v: Any) -> np.ndarray:
 
 
 def sat_to_diffusers_keys(state_dict: Mapping[str, Any], num_levels: int = 4) -> dict[str, Any]:
-    """Renames a SAT ``3d-vae.pt`` state dict to diffusers names (architecture.md §7.3).
+    """Renames a SAT ``3d-vae.pt`` state dict to diffusers names (docs/vae.md#checkpoint-keys).
 
     Args:
       state_dict: SAT keys (``encoder.down.0.block.1.norm1.weight``, ...); a leading
@@ -152,7 +152,7 @@ def diffusers_to_state(state_dict: Mapping[str, Any], cfg: VAEConfig) -> nnx.Sta
 
 
 def sat_to_state(state_dict: Mapping[str, Any], cfg: VAEConfig) -> nnx.State:
-    """SAT ``3d-vae.pt`` state dict -> our state (renames of §7.3, then :func:`diffusers_to_state`).
+    """SAT ``3d-vae.pt`` state dict -> our state (renames of docs/vae.md#checkpoint-keys, then :func:`diffusers_to_state`).
 
     Raises:
       VAECheckpointError: as :func:`diffusers_to_state`, keys named in diffusers spelling.

@@ -3,7 +3,7 @@
 Reads ``model.safetensors``, sharded ``model-0000x-of-0000y.safetensors`` with
 ``model.safetensors.index.json``, ``pytorch_model.bin`` (or its sharded index) and the HF
 ``config.json`` (both the transformers-5 form with ``rope_parameters`` / explicit ``head_dim`` and
-the Mistral-7B-v0.1 form with top-level ``rope_theta``; environment.md "Checkpoint formats").
+the Mistral-7B-v0.1 form with top-level ``rope_theta``; docs/mllm.md#checkpoint-keys).
 
 Key map (HF ``nn.Linear`` weights are [out, in]; ours keep head axes, see models/mistral.py)::
 

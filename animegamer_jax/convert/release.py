@@ -69,7 +69,7 @@ SHOT_ENCODER_PREFIX = "model.diffusion_model.mixins.patch_embed."
 DROPPED = {
     r"\.original_module\.weight$": "peft's frozen copy of a norm; peft runs modules_to_save.default",
     r"mixins\.pos_embed\.pos_embedding$": "fixed 3-D sin-cos table, recomputed by our DiT",
-    r"mixins\.patch_embed\.output_mix_layer_norm\.": "E_a parameter the release never applies (architecture.md §3.3)",
+    r"mixins\.patch_embed\.output_mix_layer_norm\.": "E_a parameter the release never applies (docs/encoders.md)",
     r"^loss\.": "VAE training loss (the release loader drops it: ignore_keys ['loss'])",
     r"rotary_emb\.inv_freq$": "RoPE buffer, recomputed",
 }

@@ -1,6 +1,6 @@
 """Release E_a weights (SAT DiT checkpoint, ``mixins.patch_embed.*``) -> our :class:`ShotEncoder`.
 
-Source names (architecture.md §7 "extras"), torch Linear weights (out, in):
+Source names (docs/encoders.md#checkpoint-keys), torch Linear weights (out, in):
 ``{prefix}text_proj.{0,2}.{weight,bias}``, ``{prefix}ip_proj.{0,2}.{weight,bias}``,
 ``{prefix}{txt,ip}_mix_layer_norm.{weight,bias}``; ``{prefix}output_mix_layer_norm.*`` is skipped
 on purpose (unused on this path). Keys outside ``prefix`` are ignored (the rest of the DiT belongs

@@ -1,6 +1,6 @@
 """animegamer_jax.data: films -> scene cuts -> 2 s clips -> motion scope -> labels -> ArrayRecord -> Grain.
 
-Modules (paper Sec. 3.3, Appendix B; architecture.md Sec. 8.1):
+Modules (paper Sec. 3.3, Appendix B; docs/data.md):
   video.py    PyAV decode / encode, VideoError naming the file
   scenes.py   PySceneDetect ContentDetector on our decoded frames -> Scene(start_frame, end_frame)
   clips.py    plan_clips / plan_film (2 s segments, 17 frames at config fps), extract_clips (resize +

@@ -1,4 +1,4 @@
-"""Film -> fixed-length clips (paper Sec. 3.3, Appendix B; architecture.md Sec. 8.1).
+"""Film -> fixed-length clips (paper Sec. 3.3, Appendix B; docs/data.md#clips).
 
 Each shot (scene) is cut into back-to-back segments of `clip_seconds` (2 s) in timestamp order; the
 remainder shorter than one segment is dropped, so no clip crosses a scene cut. From a segment we sample

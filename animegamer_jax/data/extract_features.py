@@ -1,4 +1,4 @@
-"""Precompute the shot encoder's frozen inputs per clip: f_v (CLIP) and f_md (T5), architecture.md §3.
+"""Precompute the shot encoder's frozen inputs per clip: f_v (CLIP) and f_md (T5), docs/encoders.md.
 
   python -m animegamer_jax.data.extract_features --config=configs/animegamer_2b_7b.py \
       --dataset=data/prepared/animegamer_samples --out=data/prepared/animegamer_samples_features \
@@ -12,9 +12,9 @@
 For every clip of a prepared dataset (storage.py layout):
 
 * ``f_v``  = CLIP ViT penultimate patch tokens of ``first_frame`` (uint8 -> [-1, 1] -> the
-  release's preprocessing), (num_clips, 196, 768) at full size (§3.1);
+  release's preprocessing), (num_clips, 196, 768) at full size (docs/encoders.md#clip-image-tower);
 * ``f_md`` = T5 encoder output of the clip's ``action`` text tokenized to ``t5.max_length`` (pad 0,
-  EOS, no attention mask), (num_clips, 30, 4096) (§3.2).
+  EOS, no attention mask), (num_clips, 30, 4096) (docs/encoders.md#t5-action-text).
 
 Output (a sidecar of the dataset; records are immutable ArrayRecords): ``<out>/f_v.npy``,
 ``<out>/f_md.npy`` (``np.lib.format`` files, memory-mappable), ``<out>/done.npy`` (bool per clip)

@@ -22,7 +22,7 @@ A labels file is JSON Lines, one object per line, three kinds:
   with a `clip` line.
 - Blank lines and lines starting with '#' are ignored.
 
-The MLLM instruction of a clip follows the release's format (architecture.md Sec. 1.1):
+The MLLM instruction of a clip follows the release's format (docs/token_layout.md#instruction-text):
   "Character: <names>; Motion: <action>; Background: <background>."
 
 Automatic labelling (the paper captions with InternVL from reference images of the protagonists and 4
@@ -61,7 +61,7 @@ class ClipLabel:
 
     @property
     def instruction(self) -> str:
-        """The MLLM instruction text (release format, architecture.md Sec. 1.1)."""
+        """The MLLM instruction text (release format, docs/token_layout.md#instruction-text)."""
         names = ", ".join(self.characters) if self.characters else "none"
         return f"Character: {names}; Motion: {self.action}; Background: {self.background}."
 

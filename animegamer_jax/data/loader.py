@@ -8,7 +8,7 @@ Two kinds of example:
     instruction / action / background / film_id str, characters str (names joined by ", "),
     plus every precomputed feature field of the dataset.
 - mode "turns" (MLLM training, phase b): a run of 1..max_turns consecutive clips of ONE film (paper
-  Sec. 3.4 / App. C: "random-length subset"; architecture.md Sec. 8.1). The length is drawn per
+  Sec. 3.4 / App. C: "random-length subset"; docs/data.md#multi-turn-examples). The length is drawn per
   example from grain's per-record RNG (so it changes across epochs yet is reproducible from the
   seed). Fields are padded to max_turns so examples batch:
     num_turns int32 [], turn_mask bool [max_turns], index int32 [max_turns] (dataset index, -1 pad),
@@ -221,7 +221,8 @@ class TokenizeTurns(grain.transforms.Map):
 
     Added fields (padding turns are all PAD_ID = 0, length 0):
       turn_ids int32 [max_turns, max_text_tokens]: `<TURN>` + the instruction's tokens, exactly as the
-        release tokenizes "<TURN>" + instruction (architecture.md Sec. 1.1 / 1.3), PAD_ID padded.
+        release tokenizes "<TURN>" + instruction (docs/token_layout.md#instruction-text,
+        docs/token_layout.md#per-turn-layout), PAD_ID padded.
       turn_len int32 [max_turns]: valid length of each row of turn_ids.
       world_ids int32 [max_turns, 14]: the turn's state string
         `<ML><S_ml></ML><SC><S_sc></SC><ET><S_et></ET><ST><S_st></ST></ST></TURN>` built from its

@@ -1,4 +1,4 @@
-"""Motion scope of a clip and its 5-level quantization (paper Sec. 3.3; architecture.md Sec. 8.1).
+"""Motion scope of a clip and its 5-level quantization (paper Sec. 3.3; docs/data.md#motion-scope).
 
 Paper: MemFlow optical flow per frame, absolute values, background removed with threshold r = 0.2,
 mean of the rest = the shot's motion scope, quantized to 5 levels (ML 1..5).
@@ -20,7 +20,7 @@ Substitutions and decisions (documented here; evaluation's ACC-F / MAE-F reuse t
 - Levels: level = 1 + number of bin edges <= scope (edges ascending, 4 edges -> levels 1..5).
   The paper gives no edges. Default edges (config.data.motion_bins = (1.118, 5.0, 12.247, 24.495)):
   the geometric midpoints between the release's per-level representative flow values
-  (inference_Decoder.py `cuculate_level`: 0.5, 2.5, 10, 15, 40; architecture.md Sec. 4.8), i.e. a
+  (inference_Decoder.py `cuculate_level`: 0.5, 2.5, 10, 15, 40; docs/dit.md#motion-level-to-flow), i.e. a
   scope is given the level whose representative value is nearest in log scale. Those values are what
   the decoder's flow embedding sees per level at inference, so training clips binned this way carry
   consistent conditioning. On the sample footage (prepared at 480x720) this spreads the 7 clips over

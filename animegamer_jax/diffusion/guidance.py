@@ -1,11 +1,11 @@
 """Classifier-free guidance: DynamicCFG scale schedules and training-time condition dropout.
 
-DynamicCFG (architecture.md §5.5): `s(step) = 1 + scale * (1 - cos(pi * (step / num_steps)^exp)) / 2`,
+DynamicCFG (docs/diffusion.md#guidance): `s(step) = 1 + scale * (1 - cos(pi * (step / num_steps)^exp)) / 2`,
 applied to the x0-predictions `D = D_u + s (D_c - D_u)` (equivalent to CFG on v, D being linear in v).
   * "intended" (our default): step = loop index i = 0..n-1, a smooth rise from 1 to ~6.86 for n = 50.
   * "release": step = num_steps - tau_i with tau the DDPM index (what the released sampler computes),
-    which gives the erratic §5.5 table; diffusers `CogVideoXPipeline(use_dynamic_cfg=True)` uses the
-    same expression (`num_inference_steps - t`).
+    which gives the erratic scales of docs/diffusion.md#guidance; diffusers
+    `CogVideoXPipeline(use_dynamic_cfg=True)` uses the same expression (`num_inference_steps - t`).
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ def dynamic_cfg_scales(num_steps: int, timesteps: np.ndarray, scale: float = 6.0
 
 
 def cfg_dropout(key: jax.Array, cond: Any, uncond: Any, rate: float) -> Any:
-    """Per-sample condition dropout for CFG training (architecture.md §5.3).
+    """Per-sample condition dropout for CFG training (docs/diffusion.md#training-loss).
 
     Args:
       key: PRNG key.
       cond: pytree of arrays with leading batch dim B.
       uncond: matching pytree of the unconditional values, with leading dim B or 1 (broadcast),
-        e.g. zeros, or the bias-only E_a output of zero inputs (§3.4).
+        e.g. zeros, or the bias-only E_a output of zero inputs (docs/encoders.md#unconditional-embedding).
       rate: probability that a sample's condition is replaced (0.05 text, 0.05 image, 0.1 ucg).
 
     Returns:

@@ -1,4 +1,6 @@
-"""v-prediction parameterization, noising, timestep sampling and the training loss (architecture.md §5.2-5.3).
+"""v-prediction parameterization, noising, timestep sampling and the training loss.
+
+Facts: docs/diffusion.md#v-prediction, docs/diffusion.md#training-loss.
 
 With `a = sqrt(alpha_bar_tau)` and `sigma = sqrt(1 - a^2)`:
   x_t = a x_0 + sigma eps,  v = a eps - sigma x_0,  D(x_t) = a x_t - sigma v_pred  (SAT `VideoScaling`).

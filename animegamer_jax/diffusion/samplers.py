@@ -12,7 +12,7 @@ Model-agnostic: the network enters as
 weights are not baked in as constants; the step loop is one `lax.scan`, so it compiles once for all
 steps. A `SamplerPlan` holds every per-step coefficient, computed in float64 numpy outside jit.
 
-DPM++ 2M (architecture.md §5.4, SAT `VPSDEDPMPP2MSampler`), lambda(a) = log(a / sqrt(1 - a^2)),
+DPM++ 2M (docs/diffusion.md#sampler, SAT `VPSDEDPMPP2MSampler`), lambda(a) = log(a / sqrt(1 - a^2)),
 h = lambda(a_{i+1}) - lambda(a_i):
   D_i = CFG(a~_i x - sqrt(1 - a~_i^2) v)  (a~: a_i snapped to the training table; network gets tau_i)
   x <- m1 x - m2 D' + sigma_n xi,  m1 = sqrt((1-a_{i+1}^2)/(1-a_i^2)) e^{-h},  m2 = expm1(-2h) a_{i+1},
@@ -134,7 +134,7 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
 
     Args:
       denoise_fn: `(x, timesteps, cond_batch) -> v` (module docstring).
-      latents: [B, ...] initial noise (standard normal, unscaled; §5.4).
+      latents: [B, ...] initial noise (standard normal, unscaled; docs/diffusion.md#sampler).
       cond: conditioning pytree, leaves [B, ...].
       uncond: unconditional pytree like `cond` (leaves [B, ...]); None disables guidance (batch B).
         With guidance the network sees one batch `concat([uncond, cond])` of 2B, constrained to
@@ -145,7 +145,7 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
       return_trajectory: also return x after every step ([n, B, ...]).
       step_noise: given noise, float [n, B, ...] (latents' shape per step): step i adds
         `plan.noise_std[i] * step_noise[i]` instead of drawing. With `latents` as the given initial
-        noise this makes a run fully determined by external draws (release parity, §5.4).
+        noise this makes a run fully determined by external draws (release parity, docs/diffusion.md#sampler).
 
     Raises:
       ValueError: `step_noise` whose shape is not [plan.num_steps, *latents.shape], or neither

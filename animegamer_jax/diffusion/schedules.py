@@ -1,4 +1,4 @@
-"""Zero-terminal-SNR DDPM discretization with SNR shift (architecture.md §5.1).
+"""Zero-terminal-SNR DDPM discretization with SNR shift (docs/diffusion.md#schedule).
 
 All tables are computed once in float64 numpy (static for a given number of steps) and enter jitted
 code as constants. Conventions: `a` is sqrt(alpha_bar) (SAT's `alphas_cumprod_sqrt`), `sigma` is
@@ -37,7 +37,8 @@ class DiffusionSchedule:
                    beta_end=diffusion.beta_end, snr_shift_scale=diffusion.snr_shift_scale)
 
     def shifted_alphas_cumprod(self) -> np.ndarray:
-        """float64 [num_train]: SNR-shifted alpha_bar before the zero-terminal-SNR rescale (§5.1 steps 1-3)."""
+        """float64 [num_train]: SNR-shifted alpha_bar before the zero-terminal-SNR rescale
+        (docs/diffusion.md#schedule)."""
         betas = np.linspace(self.beta_start ** 0.5, self.beta_end ** 0.5, self.num_train_timesteps,
                             dtype=np.float64) ** 2
         abar = np.cumprod(1.0 - betas)
@@ -66,7 +67,7 @@ class DiffusionSchedule:
         return np.linspace(self.num_train_timesteps - 1, 0, num_steps, endpoint=False).astype(np.int64)
 
     def sampler_a(self, num_steps: int) -> np.ndarray:
-        """float64 [num_steps + 1]: the SAT sampler sequence, highest noise first, 1.0 appended (§5.1).
+        """float64 [num_steps + 1]: the SAT sampler sequence, highest noise first, 1.0 appended (docs/diffusion.md#schedule).
 
         The zero-SNR rescale runs over the selected subset only (a_first = a(tau_min), a_last = a(tau_max)),
         so e.g. tau=19 gives 0.97394 here vs 0.97292 in the training table; a[0] = 0.

@@ -1,4 +1,4 @@
-"""Evaluation: the paper's Table 1 metrics and the benchmark runner (paper §4.2; architecture.md §9).
+"""Evaluation: the paper's Table 1 metrics and the benchmark runner (paper §4.2; docs/evaluation.md).
 
 - ``metrics``: CLIP-I, CLIP-T, CLIP-T^E, ACC-F / MAE-F (data pipeline's motion estimator), ACC-S / MAE-S,
   optional DreamSim; ``evaluate_turns`` computes every column from generated turns.

@@ -31,7 +31,7 @@ from animegamer_jax.eval import metrics
 from animegamer_jax.eval.benchmark_file import Benchmark, load_benchmark
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
 
-# The paper's AnimeGamer row of Table 1 (architecture.md §9.2), printed beside ours for reference.
+# The paper's AnimeGamer row of Table 1 (docs/evaluation.md#table-1), printed beside ours for reference.
 PAPER_ROW = {"CLIP-I": 0.8132, "DreamSim": 0.7403, "CLIP-T": 0.4161, "CLIP-T^E": 0.4012, "ACC-F": 0.6744,
              "MAE-F": 0.4238, "ACC-S": 0.6773, "MAE-S": 0.5872, "s/turn": 24.0}
 

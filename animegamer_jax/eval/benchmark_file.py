@@ -1,6 +1,6 @@
 """The benchmark file format: games of rounds with ground-truth states and character references.
 
-Mirrors the paper's benchmark (§4.2; architecture.md §9.1: GPT-4o simulated games of 10 rounds,
+Mirrors the paper's benchmark (paper §4.2; docs/evaluation.md#benchmark: GPT-4o simulated games of 10 rounds,
 each round an instruction plus ground-truth character states). One JSON file::
 
     {
@@ -17,7 +17,7 @@ each round an instruction plus ground-truth character states). One JSON file::
 
 A round may give its instruction as one string ``"instruction": "Character: ...; Motion: ...;
 Background: ..."`` instead of the three fields. ``states`` holds the ground-truth motion level ML
-(1..5) and the state changes SC, ET, ST (-5..5), the MLLM's output fields (§1.5). Every character a
+(1..5) and the state changes SC, ET, ST (-5..5), the MLLM's output fields (docs/token_layout.md#state-fields). Every character a
 round names needs a reference image (any size, RGB; CLIP resizes it).
 
 Every problem raises :class:`BenchmarkError` naming the file, the game / round and the fix.

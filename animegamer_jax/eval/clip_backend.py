@@ -3,12 +3,12 @@
 The weights go through the project's converter (``animegamer_jax.convert.clip``: HF names -> ours,
 loud on mismatch) into ``animegamer_jax.models.clip.CLIP``; the text goes through the folder's own
 BPE tokenizer (``CLIPTokenizer.from_pretrained(folder)``, local files only; transformers 5 ignores a
-bare ``vocab_file`` argument, see environment.md). No network access.
+bare ``vocab_file`` argument, docs/evaluation.md#metrics). No network access.
 
 Image preprocessing for the metrics is the standard CLIP evaluation one: the centre square of the
 frame (CLIP's resize-shortest-side + centre-crop), resized bicubic with antialiasing to the model's
 input size, then the CLIP mean/std normalization (``models.clip.preprocess``). The shot encoder's
-no-crop squash (§3.1) is a training-time convention and is not used for scoring.
+no-crop squash (docs/encoders.md#clip-image-tower) is a training-time convention and is not used for scoring.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Table 1 metrics of AnimeGamer (paper §4.2, Table 1; architecture.md §9.1).
+"""Table 1 metrics of AnimeGamer (paper §4.2, Table 1; docs/evaluation.md#metrics).
 
 Every metric here works on already-computed embeddings, levels or states (numpy), so it is exact,
 cheap and testable on constructed inputs; the networks that make the embeddings (CLIP, see
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-STATE_FIELDS = ("ML", "SC", "ET", "ST")  # order of the MLLM's state output (architecture.md §1.5)
+STATE_FIELDS = ("ML", "SC", "ET", "ST")  # order of the MLLM's state output (docs/token_layout.md#state-fields)
 METER_FIELDS = ("SC", "ET", "ST")  # the fields ACC-S / MAE-S score
 TABLE1_COLUMNS = ("CLIP-I", "DreamSim", "CLIP-T", "CLIP-T^E", "ACC-F", "MAE-F", "ACC-S", "MAE-S", "s/turn")
 
@@ -181,7 +181,7 @@ def estimate_motion_level(frames: np.ndarray, bins: Sequence[float], r: float = 
     Returns:
       level in 1..len(bins)+1.
     """
-    from animegamer_jax.data import motion  # data/ owns the estimator (design.md)
+    from animegamer_jax.data import motion  # data/ owns the estimator (docs/design.md#who-may-import-whom)
 
     fn = scope_fn or motion.motion_scope
     return motion.motion_level(fn(frames, r=r), bins)

@@ -2,7 +2,7 @@
 
 Modules:
   script.py    game scripts (one instruction a line, or JSONL batches) -> Game / Turn
-  state.py     meters, the sliding window of past turns and the MLLM token layout (§1.3-1.6)
+  state.py     meters, the sliding window of past turns and the MLLM token layout (docs/token_layout.md)
   engine.py    GameEngine: batches of games advanced turn by turn through three jitted stages
   session.py   TurnByTurnGame: one game played a turn at a time, with undo (the web server's games)
   real.py      the real stages: GameStateMLLM -> CogVideoX DiT + DPM++ 2M (dynamic CFG) -> VAE

@@ -1,13 +1,14 @@
 """The game engine: a batch of games advanced turn by turn through three jitted stages.
 
-One turn (architecture.md §0, paper §3.2 "Inference"):
+One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
 
 1. **MLLM** (``system.mllm``): token layout of the last W turns (game/state.py) + history
    representations -> predicted states ``[ML, SC, ET, ST]`` (constrained greedy decoding) and the
    representation s_a ``[Q, D]``.
-2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``, §4.8) ->
-   DPM++ 2M with dynamic CFG (uncond = E_a's unconditional embedding, §3.4/§5.5) -> latents.
-3. **VAE** (``system.decode``): latents -> frames float ``[F, H, W, 3]`` in [0, 1] (§5.6).
+2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``,
+   docs/dit.md#motion-level-to-flow) -> DPM++ 2M with dynamic CFG (uncond = E_a's unconditional
+   embedding, docs/encoders.md#unconditional-embedding, docs/diffusion.md#guidance) -> latents.
+3. **VAE** (``system.decode``): latents -> frames float ``[F, H, W, 3]`` in [0, 1] (docs/diffusion.md#latent-scale).
 4. **Writing** (game/writers.py): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
 
 The three stages are ``jax.jit`` functions of (params, inputs) whose input shapes depend only on
@@ -95,9 +96,14 @@ class GameSystem:
 def apply_mode(config):
     """A copy of ``config`` with ``game.mode`` applied to the model sections.
 
+<<<<<<< HEAD
     ``reference`` (the release, architecture.md table at the top): ``mllm.history_window = 1``,
     ``mllm.readout = "last"``, ``mllm.history_attention = "window_recompute"``,
     ``diffusion.cfg_schedule = "release"``.
+=======
+    ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
+    ``mllm.readout = "last"``, ``diffusion.cfg_schedule = "release"``.
+>>>>>>> main
 
     Raises:
       ValueError: unknown ``game.mode``.

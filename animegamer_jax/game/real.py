@@ -4,7 +4,7 @@ Wraps loaded NNX modules (animegamer_jax/system_checkpoint.py ``load_system``) a
 :class:`~animegamer_jax.game.engine.GameSystem` whose three functions take the modules' states as
 jit arguments (weights are never baked in as constants):
 
-* **MLLM** (architecture.md §1.3-1.7, models/mllm.py): the history query slots take the projected
+* **MLLM** (docs/token_layout.md, models/mllm.py): the history query slots take the projected
   history representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the
   padding mask: sequences are right-padded to one length per game shape) and the representation is
   read at the engine's ``read_idx`` (the query positions, or the release's last 226 valid positions),
@@ -12,22 +12,27 @@ jit arguments (weights are never baked in as constants):
   embeddings, constrained to the state grammar (``AnimeGamerTokenizer.state_grammar``) and run with
   a KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
   position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded.
+<<<<<<< HEAD
   States are read from the generated ids at positions 0, 3, 6, 9 (§1.5).
   With ``mllm.history_attention = "turn_window"`` the turn is :func:`mllm_turn_cached` instead: the
   game's KV cache is kept between turns (game/state.py ``CachePlan``) and only the new tokens are
   prefilled, once for both passes (see there for what is shared).
+=======
+  States are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields).
+>>>>>>> main
   In ``reference`` mode pass A is the release's free greedy decoding (its logits processor, up to
   ``game.reference_max_new_tokens`` ids) and the states come from its text parser on the host
   (game/reference.py; ``GameSystem.parse_states``).
-* **Sampling** (§4.7-4.8, §5.4-5.5, diffusion/samplers.py): ML -> flow value (``dit.flow_table``),
-  cond = s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond, §3.4) with the same flow,
-  one CFG batch per step. The sampler is vmapped over games so each game's noise comes from its own
-  key (``split(key)``: initial latents, SDE noise), which makes a game's output independent of the
-  batch it is played in. Given noise replaces both draws: ``sample(..., noise={"initial": [B, T, C,
+* **Sampling** (docs/dit.md#conditioning-paths, docs/dit.md#motion-level-to-flow,
+  docs/diffusion.md#sampler, docs/diffusion.md#guidance; diffusion/samplers.py): ML -> flow value
+  (``dit.flow_table``), cond = s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond,
+  docs/encoders.md#unconditional-embedding) with the same flow, one CFG batch per step. The sampler
+  is vmapped over games so each game's noise comes from its own key (``split(key)``: initial
+  latents, SDE noise), which makes a game's output independent of the batch it is played in. Given noise replaces both draws: ``sample(..., noise={"initial": [B, T, C,
   h, w], "steps": [B, n, T, C, h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a
   is rounded to bfloat16 before the DiT, as the release does.
-* **VAE** (§5.6): ``decode(latents / scaling_factor)`` (spatially tiled when ``vae.tile_size`` > 0)
-  -> frames, mapped from [-1, 1] to [0, 1] and clipped. Untiled, the system also has
+* **VAE** (docs/diffusion.md#latent-scale): ``decode(latents / scaling_factor)`` (spatially tiled
+  when ``vae.tile_size`` > 0) -> frames, mapped from [-1, 1] to [0, 1] and clipped. Untiled, the system also has
   ``decode_chunk``: one chunk of the same causal chunk plan (``vae.decode_chunks``) per call, the
   cache carried by the caller, so a server can show the first frames while the rest decode.
 """
@@ -403,7 +408,7 @@ def dit_sampler(g_dit, config):
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
-    """VAE output in [-1, 1] -> float32 [B, F, H, W, 3] in [0, 1] (§5.6), accepting [B, F, H, W, 3]
+    """VAE output in [-1, 1] -> float32 [B, F, H, W, 3] in [0, 1] (docs/diffusion.md#latent-scale), accepting [B, F, H, W, 3]
     or the channels-first [B, 3, F, H, W] / [B, F, 3, H, W] layouts."""
     v = video.astype(jnp.float32)
     if v.ndim == 5 and v.shape[-1] != 3:

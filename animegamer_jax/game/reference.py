@@ -1,8 +1,9 @@
 """``reference`` mode pieces: what the release's inference scripts do, for output parity.
 
 Each function reproduces one documented behaviour of TencentARC/AnimeGamer at ``5971114``
-(``inference_MLLM.py``, ``inference_Decoder.py``; ../shared/docs/architecture.md §1.5, §2.5, §5.4,
-§6.3; the fixture README "Release behaviour a reimplementation must reproduce"):
+(``inference_MLLM.py``, ``inference_Decoder.py``; docs/token_layout.md#state-fields,
+docs/mllm.md#logits-processor, docs/diffusion.md#sampler, docs/vae.md#chunked-decoding; the
+fixture README "Release behaviour a reimplementation must reproduce"):
 
 * :func:`video_token_logits`: ``AutoVideoTokenGenerationProcessor(num_vid_gen_tokens=100)``.
 * :func:`release_text` / :func:`parse_release_states`: the slow-tokenizer decode of pass A and the
@@ -33,7 +34,7 @@ def video_token_chain(num_vid_gen_tokens: int = NUM_VID_GEN_TOKENS) -> np.ndarra
 
 def video_token_logits(prev: jax.Array, logits: jax.Array,
                        num_vid_gen_tokens: int = NUM_VID_GEN_TOKENS) -> jax.Array:
-    """The release's logits processor (architecture.md §2.5), applied before the greedy argmax.
+    """The release's logits processor (docs/mllm.md#logits-processor), applied before the greedy argmax.
 
     If the previous token is in the chain ``[<frame>, <frame_0..n-1>]`` the next chain id gets
     ``max(logits) + 10`` (forced); otherwise the logits of ``<frame_00000..n-1>`` and ``</frame>``
@@ -91,7 +92,7 @@ def release_text(ids: Sequence[int], tok: tk.AnimeGamerTokenizer | None = None) 
 
 def parse_release_states(text: str) -> tuple[int, int, int, int]:
     """The release parser: ``text.split(' ')``, ``int(part[10:-1])`` of parts 0, 3, 6, 9 as
-    [ML, SC, ET, ST]; any exception gives ``(0, 0, 0, 0)`` (architecture.md §1.5)."""
+    [ML, SC, ET, ST]; any exception gives ``(0, 0, 0, 0)`` (docs/token_layout.md#state-fields)."""
     try:
         parts = text.split(" ")
         return tuple(int(parts[i][10:-1]) for i in (0, 3, 6, 9))  # type: ignore[return-value]

@@ -1,6 +1,6 @@
 """Game scripts: one instruction a line (paper form) or JSONL for batch generation.
 
-Line form (architecture.md §1.1, the release's ``game_demo/demo.txt``)::
+Line form (docs/token_layout.md#instruction-text, the release's ``game_demo/demo.txt``)::
 
     Character: Qiqi; Motion: gently fly on broomstick; Background: night sky.
 
@@ -55,7 +55,7 @@ class Turn:
 
     @property
     def text(self) -> str:
-        """The canonical instruction string fed to the MLLM (§1.1 format)."""
+        """The canonical instruction string fed to the MLLM (format: docs/token_layout.md#instruction-text)."""
         return f"Character: {' and '.join(self.characters)}; Motion: {self.motion}; Background: {self.background}."
 
     @property

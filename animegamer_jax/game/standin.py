@@ -4,7 +4,7 @@ Used by the engine tests and by ``play --standin`` when no trained checkpoint is
 outputs are labelled ``"random stand-in"`` everywhere. Each stage keeps the data flow the real one
 has, so the engine's invariants are testable: the MLLM stand-in embeds the ids, overwrites the
 history query slots with projected history representations, runs one attention layer with the
-release's mask semantics (causal + the current turn's bidirectional query block, §1.4), reads s_a
+release's mask semantics (causal + the current turn's bidirectional query block, docs/token_layout.md#masks), reads s_a
 at ``read_idx`` and the states after ``last_idx``; the sampler runs N steps from per-row noise
 conditioned on s_a and the flow value; the decoder upsamples latents 4x in time (+1 frame) and 8x
 in space like the CogVideoX VAE.
@@ -21,7 +21,7 @@ from animegamer_jax.game.engine import GameSystem, flow_value
 
 
 def attention_bias(attention_mask: jax.Array) -> jax.Array:
-    """Additive attention bias ``[B, L, L]`` from the release's 1-D mask (§1.4).
+    """Additive attention bias ``[B, L, L]`` from the release's 1-D mask (docs/token_layout.md#masks).
 
     Causal; positions with mask 0 are padding; the span from the first to the last ``-1`` is one
     fully visible block.

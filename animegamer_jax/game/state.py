@@ -1,6 +1,6 @@
 """Per-game state: running meters, the sliding window of past turns, and the MLLM token layout.
 
-Follows ../shared/docs/architecture.md §1.3-1.6 (the layout itself is built once, by
+Follows docs/token_layout.md (the layout itself is built once, by
 ``models/mllm.py`` ``turn_layout``, for training and play):
 
 * Sequence = ``[<s>]`` + up to W-1 history turns + the current turn. A history turn is
@@ -15,12 +15,16 @@ Follows ../shared/docs/architecture.md §1.3-1.6 (the layout itself is built onc
 Sequences are right-padded to one fixed length per game shape (:func:`sequence_length`), so the
 jitted MLLM step compiles once; the per-row read-out positions are passed as index arrays.
 
+<<<<<<< HEAD
 With ``mllm.history_attention = "turn_window"`` (docs/token_layout.md "History attention") the MLLM
 keeps a KV cache across turns instead: :class:`CachePlan` is its slot plan and
 :func:`build_cached_turn_input` the new tokens of one turn (cut from the same ``turn_layout``);
 :class:`GameRun` holds the game's cache between turns.
 
 Meters follow the release demo ``app.py`` (§1.5): social, entertainment and stamina start at 50,
+=======
+Meters follow the release demo ``app.py`` (docs/token_layout.md#state-fields): social, entertainment and stamina start at 50,
+>>>>>>> main
 each turn adds ``5 x`` the predicted change (SC, ET, ST) and clamps to 0..100. The app's display
 quirk (showing 5 less when a change is 0, without storing it) is a UI bug and is not copied.
 """
@@ -36,7 +40,7 @@ import numpy as np
 from animegamer_jax import tokenizer as tk
 
 METER_NAMES = ("social", "entertainment", "stamina")
-#: world ids per history turn (§1.3, includes the duplicated ``</ST>``)
+#: world ids per history turn (docs/token_layout.md#per-turn-layout, includes the duplicated ``</ST>``)
 WORLD_LEN = 14
 
 
@@ -46,7 +50,7 @@ class InstructionTooLongError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Meters:
-    """The three character meters of a game (app.py semantics, §1.5)."""
+    """The three character meters of a game (app.py semantics, docs/token_layout.md#state-fields)."""
 
     social: int = 50
     entertainment: int = 50
@@ -93,9 +97,13 @@ class WindowSpec:
       max_text: instruction token budget per turn (sequences are padded to it).
       readout: ``"query"`` (hidden states at the query positions) or ``"last"`` (release ``[-Q:]``).
       history_states: ``"own"`` (each history turn shows its predicted states) or ``"zero"``
+<<<<<<< HEAD
         (the release's ``<Strength_0>`` bug, §1.3).
       history_attention: ``"window_recompute"`` (the release's layout, rebuilt from the last W
         turns every turn) or ``"turn_window"`` (KV cache kept across turns, :class:`CachePlan`).
+=======
+        (the release's ``<Strength_0>`` bug, docs/token_layout.md#per-turn-layout).
+>>>>>>> main
     """
 
     window: int

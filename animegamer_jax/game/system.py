@@ -1,7 +1,7 @@
 """Builds the :class:`~animegamer_jax.game.engine.GameSystem` a command plays with.
 
 ``--checkpoint DIR``: every component from one system checkpoint directory
-(``animegamer_jax/system_checkpoint.py`` layout, design.md "One checkpoint directory for a whole system").
+(``animegamer_jax/system_checkpoint.py`` layout, docs/design.md#one-checkpoint-directory-for-a-whole-system).
 ``--standin``: the clearly-labelled random stand-in (game/standin.py), for when no checkpoint exists.
 """
 

@@ -23,7 +23,7 @@ delete, and a game counts as finished only when :func:`verify_game` finds every 
 its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
 crf 18) through PyAV's bundled libx264 with one encoder thread and fixed settings (:func:`write_mp4`);
 the frame size is padded to even numbers because yuv420p needs it.
-HUD: the three meters (social, entertainment, stamina, app.py semantics, architecture.md §1.5) as
+HUD: the three meters (social, entertainment, stamina, app.py semantics, docs/token_layout.md#state-fields) as
 bars with values, and the instruction text, drawn with PIL under the frame.
 """
 

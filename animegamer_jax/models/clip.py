@@ -1,6 +1,6 @@
 """CLIP ViT (OpenCLIP ViT-B/16 laion2b_s34b_b88k layout) in Flax NNX: vision and text towers.
 
-Follows architecture.md §3.1 (the release's ``FrozenOpenCLIPImageEmbedder_196``) and the
+Follows docs/encoders.md#clip-image-tower (the release's ``FrozenOpenCLIPImageEmbedder_196``) and the
 open_clip / HF ``CLIPModel`` architecture (pre-LN transformer, QuickGELU or exact GELU read from
 the config):
 
@@ -46,7 +46,7 @@ from animegamer_jax.models.common import param as _param
 from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
-#: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``), §3.1.
+#: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``), docs/encoders.md#clip-image-tower.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -281,7 +281,7 @@ def resize(images: jax.Array, size: int, method: str = "kornia") -> jax.Array:
 
 
 def preprocess(images: jax.Array, image_size: int = 224, resize_method: str = "kornia") -> jax.Array:
-    """The release's CLIP preprocessing of the reference frame (architecture.md §3.1).
+    """The release's CLIP preprocessing of the reference frame (docs/encoders.md#clip-image-tower).
 
     Args:
       images: (B, H, W, 3) float in [-1, 1] (any H, W; the release feeds 480 x 720).
@@ -342,7 +342,8 @@ class CLIPVisionTransformer(nnx.Module):
         return _run_blocks(self.blocks, self.embed(pixels), n, None, self.cfg.remat)
 
     def patch_tokens(self, pixels: jax.Array) -> jax.Array:
-        """f_v: penultimate-block patch tokens without CLS and without ln_post, (B, P, D) (§3.1)."""
+        """f_v: penultimate-block patch tokens without CLS and without ln_post, (B, P, D)
+        (docs/encoders.md#clip-image-tower)."""
         return self(pixels, self.cfg.vision_layers - 1)[:, 1:]
 
     def encode_reference(self, images: jax.Array, resize_method: str = "kornia") -> jax.Array:
@@ -392,7 +393,7 @@ class CLIPTextTransformer(nnx.Module):
 
 
 class CLIP(nnx.Module):
-    """Full CLIP (both towers and projections) for the CLIP-I / CLIP-T metrics (§9).
+    """Full CLIP (both towers and projections) for the CLIP-I / CLIP-T metrics (docs/evaluation.md).
 
     ``visual_projection`` (Dv, E) and ``text_projection`` (Dt, E) multiply from the right
     (open_clip ``proj`` layout); ``logit_scale`` is the log temperature.

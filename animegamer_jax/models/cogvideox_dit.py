@@ -2,20 +2,21 @@
 
 Follows the SAT implementation used by AnimeGamer (`VDM_Decoder/dit_video_concat.py`) and is
 weight-compatible with diffusers `CogVideoXTransformer3DModel` (sin-cos, non-RoPE variant); facts in
-shared/docs/architecture.md §4 (numbers, block, output, LoRA) and §7.2 (parameter names).
+docs/dit.md (numbers, block, output, LoRA) and docs/dit.md#checkpoint-keys (parameter names).
 
 Architectural notes not obvious from the reference:
   * The 226 conditioning tokens are the action-aware representation s_a [B, 226, 1920] itself
-    (§4.7 paths 2 and 3). There is no text projection inside this module: diffusers'
+    (paths 2 and 3 of docs/dit.md#conditioning-paths). There is no text projection inside this module: diffusers'
     `patch_embed.text_proj` and AnimeGamer's E_a (`text_proj`/`ip_proj`/mix LayerNorms) live outside,
     in the shot encoder.
   * The motion scope ("flow") enters as `flow_embed(sinusoid(flow))` added to the timestep embedding
-    (§4.3); its last Linear is zero-initialized, so an untrained flow branch is exactly a no-op.
+    (docs/dit.md#timestep-and-flow-embedding); its last Linear is zero-initialized, so an untrained
+    flow branch is exactly a no-op.
   * Expert adaLN: one Linear(time_embed_dim -> 12*D) per block gives separate shift/scale/gate for the
-    conditioning tokens and for the video tokens (§4.4); stored as [layers, E, 12, D] in SAT chunk order.
+    conditioning tokens and for the video tokens (docs/dit.md#block); stored as [layers, E, 12, D] in SAT chunk order.
   * LayerNorm eps: block norms and `final_layernorm` use `norm_eps` (1e-5, SAT default), q/k norms use
     `qk_norm_eps` (1e-6); the final-layer norm uses `final_norm_eps` (SAT 1e-6, diffusers 1e-5).
-  * LoRA with SAT `lora2` semantics (§4.6): separate A/B for q, k and v and for the output projection,
+  * LoRA with SAT `lora2` semantics (docs/dit.md#lora): separate A/B for q, k and v and for the output projection,
     `out = W x + b + (alpha / r) * B A x`, through the one LoRA module (models/lora.py `LoRAEinsum`,
     `LoRAParam`); `merge_lora` folds it into the base weights for inference.
   * `DiTBlock` is an NNX module (submodules named after diffusers' `CogVideoXBlock`: norm1, norm2,
@@ -54,7 +55,7 @@ BATCH_SEQ_HEADS = ("act_batch", "act_length", "act_heads", None)
 
 @dataclasses.dataclass(frozen=True)
 class DiTConfig:
-    """Sizes and numerics of the DiT (architecture.md §4.1; defaults are CogVideoX-2B / AnimeGamer).
+    """Sizes and numerics of the DiT (docs/dit.md#numbers; defaults are CogVideoX-2B / AnimeGamer).
 
     Attributes:
       hidden_size: model width D (1920).
@@ -71,7 +72,7 @@ class DiTConfig:
       qk_norm_eps: q/k LayerNorms (1e-6).
       final_norm_eps: final-layer `norm_final` (SAT 1e-6; diffusers uses 1e-5).
       lora_rank: LoRA rank r on q/k/v/out (64); 0 builds no LoRA parameters.
-      lora_alpha: LoRA alpha; scaling = alpha / r (SAT lora2 default alpha 1 -> 1/64, §4.6).
+      lora_alpha: LoRA alpha; scaling = alpha / r (SAT lora2 default alpha 1 -> 1/64, docs/dit.md#lora).
       use_flow: build the motion-scope embedding (AnimeGamer); False gives plain CogVideoX.
       dtype: activation dtype name ("float32" / "bfloat16").
       param_dtype: parameter dtype name.
@@ -159,7 +160,7 @@ _ones = nnx.initializers.ones_init()
 
 
 def timestep_sinusoid(t: Array, dim: int, max_period: float = 10000.0) -> Array:
-    """Sinusoidal embedding `concat(cos(t f), sin(t f))`, cos first (architecture.md §4.3).
+    """Sinusoidal embedding `concat(cos(t f), sin(t f))`, cos first (docs/dit.md#timestep-and-flow-embedding).
 
     Args:
       t: [B] timesteps (integer DDPM index) or flow values (raw float), any numeric dtype.
@@ -183,7 +184,7 @@ def _sincos_1d(dim: int, pos: np.ndarray) -> np.ndarray:
 
 def sincos_pos_embed_3d(dim: int, frames: int, height: int, width: int, spatial_scale: float,
                         temporal_scale: float) -> np.ndarray:
-    """Fixed 3-D sin-cos position table for the video tokens (architecture.md §4.2).
+    """Fixed 3-D sin-cos position table for the video tokens (docs/dit.md#input-sequence).
 
     Args:
       dim: model width D (divisible by 16).
@@ -264,7 +265,7 @@ class Attention(nnx.Module):
 
     Parameters: `to_q`/`to_k`/`to_v.kernel` [D, N, H], `.bias` [N, H]; `norm_q`/`norm_k` scale/bias [H];
     `to_out.kernel` [N, H, D], `.bias` [D]; with LoRA rank r > 0 (SAT lora2, one A/B per q, k, v and
-    dense; §4.6) `to_q.lora_a` [D, r], `to_q.lora_b` [r, N, H], `to_out.lora_a` [N, H, r],
+    dense; docs/dit.md#lora) `to_q.lora_a` [D, r], `to_q.lora_b` [r, N, H], `to_out.lora_a` [N, H, r],
     `to_out.lora_b` [r, D].
     """
 
@@ -306,7 +307,7 @@ class FeedForward(nnx.Module):
 
 
 class DiTBlock(nnx.Module):
-    """One CogVideoX block on the split streams (architecture.md §4.4; diffusers `CogVideoXBlock`).
+    """One CogVideoX block on the split streams (docs/dit.md#block; diffusers `CogVideoXBlock`).
 
     Parameters (D width, E time_embed_dim): `norm1`, `norm2` (scale/bias [D]); `adaln.kernel`
     [E, 12, D], `adaln.bias` [12, D] (expert adaLN, one Linear for both streams, SAT chunk order:
@@ -353,12 +354,12 @@ class CogVideoXDiT(nnx.Module):
     """CogVideoX-2B DiT predicting v from noisy latents, s_a conditioning, timestep and motion scope.
 
     Call: `model(latents, cond, timesteps, flow=None) -> v`
-      latents: [B, T, C_in, H, W] noisy latents (DiT layout, scaled by 1.15258426; §5.6).
+      latents: [B, T, C_in, H, W] noisy latents (DiT layout, scaled by 1.15258426; docs/diffusion.md#latent-scale).
       cond: [B, text_length, D] action-aware representation s_a (or any projected 226-token prefix).
-      timesteps: [B] integer DDPM index 0..999 (float accepted; §4.3).
-      flow: [B] float motion-scope value (§4.8 table), or None for zero flow embedding contribution.
+      timesteps: [B] integer DDPM index 0..999 (float accepted; docs/dit.md#timestep-and-flow-embedding).
+      flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for zero flow embedding contribution.
     Returns:
-      v-prediction [B, T, C_out, H, W] in the activation dtype (§4.5, §5.2).
+      v-prediction [B, T, C_out, H, W] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
     Raises:
       ValueError: wrong conditioning length or width, or H/W not divisible by the patch size.
     """
@@ -392,7 +393,7 @@ class CogVideoXDiT(nnx.Module):
         self.proj_out_bias = _param(next(k), _zeros, (kout,), ("conv_out",), pd)
 
     def embed_time(self, timesteps: Array, flow: Array | None, dtype: Any) -> Array:
-        """[B] timesteps, [B] flow -> [B, E] conditioning embedding in `dtype` (§4.3)."""
+        """[B] timesteps, [B] flow -> [B, E] conditioning embedding in `dtype` (docs/dit.md#timestep-and-flow-embedding)."""
         D = self.cfg.hidden_size
         emb = self.time_embed(timestep_sinusoid(timesteps, D).astype(dtype))
         if self.cfg.use_flow and flow is not None:
@@ -441,7 +442,7 @@ class CogVideoXDiT(nnx.Module):
 
 
 def flow_value(motion_level: Any, table: Sequence[float] = (0.5, 2.5, 10.0, 15.0, 40.0), xp: Any = jnp) -> Any:
-    """Motion level -> flow value fed to `flow_embed`: the one rule, for play and training (§4.8).
+    """Motion level -> flow value fed to `flow_embed`: the one rule, for play and training (docs/dit.md#motion-level-to-flow).
 
     Source: the release's `cuculate_level` (`inference_Decoder.py`).
 
@@ -462,7 +463,7 @@ def flow_value(motion_level: Any, table: Sequence[float] = (0.5, 2.5, 10.0, 15.0
 
 
 def merge_lora(model: CogVideoXDiT) -> CogVideoXDiT:
-    """Returns a LoRA-free copy of `model` with `W += (alpha/r) A B` folded in (architecture.md §4.6).
+    """Returns a LoRA-free copy of `model` with `W += (alpha/r) A B` folded in (docs/dit.md#lora).
 
     The result has `lora_rank=0` and gives the same outputs (up to float rounding); use it for
     inference. `model` itself is left unchanged.
@@ -495,7 +496,7 @@ def prepare_for_inference(model: CogVideoXDiT, dtype: Any = None) -> CogVideoXDi
     return new
 
 
-# Trainable parameter sets of the three phases (architecture.md §5.3; matched on our parameter paths).
+# Trainable parameter sets of the three phases (docs/training.md#trainable-sets; matched on our parameter paths).
 # The shot encoder's E_a parameters (ip_proj, text_proj, mix LayerNorms) belong to that module.
 TRAINABLE_SETS: dict[str, tuple[str, ...]] = {
     "warmup": ("flow_embed",),

@@ -2,13 +2,13 @@
 
 Follows the CogVideoX-2B SAT VAE (`vae_modules/cp_enc_dec.py`, paper §3.2 "3D-VAE from [77]") and
 its diffusers port `AutoencoderKLCogVideoX` (diffusers 0.42 `autoencoder_kl_cogvideox.py`); facts in
-architecture.md §6. Submodule and parameter names mirror the diffusers names so that the checkpoint
+docs/vae.md. Submodule and parameter names mirror the diffusers names so that the checkpoint
 map (animegamer_jax/convert/cogvideox_vae.py) is a short, mechanical table.
 
 Layouts:
   * Inside, every activation is channels-last ``[B, T, H, W, C]``.
   * Public video: ``[B, T, H, W, 3]`` float in [-1, 1] (T = 1 + 4k for the causal VAE).
-  * Public latents: ``[B, T_lat, C, h, w]`` (the DiT's layout, architecture.md / design.md),
+  * Public latents: ``[B, T_lat, C, h, w]`` (the DiT's layout, docs/vae.md#configuration),
     T_lat = 1 + (T - 1) / 4, h = H / 8, w = W / 8 at the paper config.
 
 Not obvious from the reference:
@@ -18,7 +18,7 @@ Not obvious from the reference:
     ``jax.lax.scan`` over equal-size chunks. No hidden mutable state.
   * GroupNorm / SpatialNorm statistics are per chunk (as in SAT and diffusers), so the chunk plan
     changes the numbers; ``decode`` takes the plan explicitly. The release decodes latents [0:3]
-    then [3:5] (architecture.md §6.3), which is also diffusers' plan for an odd latent count.
+    then [3:5] (docs/vae.md#chunked-decoding), which is also diffusers' plan for an odd latent count.
   * Odd-frame rule: with odd T > 1 the first frame is special in temporal down/upsampling and in
     the SpatialNorm latent resize (frame 0 resized alone, the rest together).
   * The decoder's resnet and output norms are SpatialNorm3D with eps 1e-6 hard-coded (diffusers),
@@ -51,7 +51,7 @@ _ACT_AXES = ("act_batch", "act_frames", "act_height", "act_width", "act_channels
 
 @dataclasses.dataclass(frozen=True)
 class VAEConfig:
-    """Hyper-parameters of the CogVideoX VAE (architecture.md §6.1, §7.3 diffusers config).
+    """Hyper-parameters of the CogVideoX VAE (docs/vae.md#configuration, docs/vae.md#checkpoint-keys diffusers config).
 
     Attributes:
       in_channels: video channels (3, RGB).
@@ -62,7 +62,7 @@ class VAEConfig:
       norm_num_groups: GroupNorm groups (32).
       norm_eps: encoder resnet GroupNorm eps (1e-6).
       temporal_compression_ratio: 4 (log2 = number of levels that also compress time).
-      scaling_factor: latent scale 1.15258426 (architecture.md §5.6).
+      scaling_factor: latent scale 1.15258426 (docs/diffusion.md#latent-scale).
       decode_chunks: (first, step): latent frames in the first decode chunk, then per chunk.
       encode_chunks: (first, step) for encoding; (0, 0) encodes the whole clip at once (SAT
         training); (8, 8) is diffusers' framewise encoding.
@@ -137,7 +137,7 @@ def diffusers_plan(num_frames: int, batch: int) -> tuple[int, ...]:
     """diffusers' framewise plan (``_encode`` with batch 8, ``_decode`` with batch 2).
 
     ``max(T // batch, 1)`` chunks; the first takes the ``T % batch`` leftover frames too.
-    For 5 latents and batch 2 this is (3, 2), the SAT release plan (architecture.md §6.3).
+    For 5 latents and batch 2 this is (3, 2), the SAT release plan (docs/vae.md#chunked-decoding).
     """
     n = max(num_frames // batch, 1)
     if n == 1:
@@ -296,7 +296,7 @@ class CausalConv3d(nnx.Module):
 
     Time is padded in front with ``kt - 1`` frames: the cached frames of the previous chunk, or
     copies of the first frame when ``cache`` is None; space is zero padded by ``(k - 1) // 2``.
-    The new cache is the last ``kt - 1`` frames of the time-padded input (architecture.md §6.2).
+    The new cache is the last ``kt - 1`` frames of the time-padded input (docs/vae.md#building-blocks).
     """
 
     def __init__(self, cin: int, cout: int, k: int, *, dtype, rngs: nnx.Rngs):
@@ -363,7 +363,7 @@ def nearest_resize(z: Array, size: tuple[int, int, int]) -> Array:
 class SpatialNorm3D(nnx.Module):
     """``GroupNorm(f) * conv_y(zq) + conv_b(zq)`` with zq nearest-resized to f (odd-frame rule).
 
-    ``conv_y``/``conv_b`` are causal 1x1x1 convs (no time cache needed). architecture.md §6.2.
+    ``conv_y``/``conv_b`` are causal 1x1x1 convs (no time cache needed). docs/vae.md#building-blocks.
     """
 
     def __init__(self, f_channels: int, zq_channels: int, groups: int, *, dtype, rngs: nnx.Rngs):
@@ -766,7 +766,7 @@ def tiled_apply(
 
 
 # ----------------------------------------------------------------------------------------------
-# Latent-scale helpers (architecture.md §5.6)
+# Latent-scale helpers (docs/diffusion.md#latent-scale)
 # ----------------------------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@
 A :class:`LoRAEinsum` maps ``x[..., *in_features] -> y[..., *out_features]`` with a kernel of shape
 ``(*in_features, *out_features)`` (so multi-head projections keep their head axes, gemma style) and,
 when ``rank > 0``, adds the LoRA update of Hu et al. 2021 as implemented by ``peft`` (the reference
-of AnimeGamer's MLLM, architecture.md §2.3)::
+of AnimeGamer's MLLM, docs/mllm.md#lora)::
 
     y = x . W  +  (alpha / rank) * (dropout(x) . A) . B
 
@@ -163,7 +163,7 @@ def merge_lora(module: nnx.Module) -> nnx.Module:
     """Merges every :class:`LoRAEinsum` adapter inside ``module`` into its kernel, in place.
 
     After merging the module has no :class:`LoRAParam` left and computes ``x . (W + s A B)``
-    (``W = W_base + (alpha/r) B A`` in peft's orientation, architecture.md §7.1). Returns ``module``.
+    (``W = W_base + (alpha/r) B A`` in peft's orientation, docs/mllm.md#checkpoint-keys). Returns ``module``.
     """
     for _, m in nnx.iter_modules(module):
         if isinstance(m, LoRAEinsum):

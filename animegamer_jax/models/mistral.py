@@ -1,7 +1,7 @@
 """Mistral decoder (Mistral-7B v0.1 family) in Flax NNX, with LoRA and a KV cache.
 
 Follows ``transformers.models.mistral.modeling_mistral`` (the reference of AnimeGamer's MLLM,
-architecture.md §2.1): RMSNorm (fp32 statistics), RoPE in the HF "rotate_half" layout
+docs/mllm.md#base-llm): RMSNorm (fp32 statistics), RoPE in the HF "rotate_half" layout
 (theta from config), grouped-query attention with scale ``head_dim**-0.5``, optional sliding
 window (key j visible from query i iff ``j <= i`` and ``i - j < sliding_window``, as HF's
 ``sliding_window_overlay``), SwiGLU MLP, no biases, untied ``lm_head``.
@@ -394,7 +394,7 @@ class Mistral(nnx.Module):
 
 
 def trainable_filter(path: Sequence[Any], value: Any) -> bool:
-    """The paper's trainable set (architecture.md §2.3): LoRA factors, every RMSNorm weight,
+    """The paper's trainable set (docs/mllm.md#lora): LoRA factors, every RMSNorm weight,
     ``embed_tokens``, ``lm_head`` and the resamplers. Use as an nnx filter, e.g.
     ``nnx.Optimizer(model, tx, wrt=trainable_filter)`` or ``nnx.state(model, trainable_filter)``."""
     from animegamer_jax.models.lora import LoRAParam

@@ -1,25 +1,29 @@
 """GameStateMLLM: Mistral + LoRA + resamplers, the "game engine" of AnimeGamer (paper §3.2).
 
-Reference: the release's ``ContinuousLVLM_Video`` (architecture.md §1.3-§1.7, §2). One turn:
+Reference: the release's ``ContinuousLVLM_Video`` (docs/token_layout.md, docs/mllm.md). One turn:
 
 * the sequence (built by :func:`build_sequence`) is ``<s>``, up to W-1 history turns
   (``<TURN> text <img><frame> 226 queries </frame></img>`` + 14 world ids with the duplicated
   ``</ST>``), then the current turn ending in ``<ML>``;
 * history query positions (``cmp_mask``) get their turn's representation s_a [226, 1920] through
-  the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j (§1.6);
+  the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j (docs/token_layout.md#history-window);
 * the current turn's 226 query positions (``gen_mask``) keep the ``<frame_i>`` embeddings and see
+<<<<<<< HEAD
   each other fully (hybrid mask, §1.4); everything else is causal (+ sliding window);
   ``history_attention = "turn_window"`` (not the release's; docs/token_layout.md "History
   attention") also limits every token of turn t to turns t-W+1..t (``turn_ids``), which lets play
   keep the KV cache across turns (game/real.py ``mllm_turn_cached``);
+=======
+  each other fully (hybrid mask, docs/token_layout.md#masks); everything else is causal (+ sliding window);
+>>>>>>> main
 * the representation is read at the query positions (``readout="query"``, training-exact) or at
-  the last 226 positions (``readout="last"``, the release's off-by-3, §1.7), post final RMSNorm,
+  the last 226 positions (``readout="last"``, the release's off-by-3, docs/token_layout.md#read-out), post final RMSNorm,
   then the output resampler (4096 -> 1920 -> 1920);
 * states [ML, SC, ET, ST] come from a separate purely causal greedy pass constrained to the legal
   grammar ``<Strength_a></ML><SC><Strength_b></SC><ET><Strength_c></ET><ST><Strength_d></ST>``,
-  parsed from ids at generated positions 0, 3, 6, 9 (§1.5);
+  parsed from ids at generated positions 0, 3, 6, 9 (docs/token_layout.md#state-fields);
 * training loss ``lm_loss_scale * CE(labels) + rec_loss_scale * MSE + cos_loss_scale * (1 - cos)``
-  (§2.4).
+  (docs/mllm.md#losses).
 """
 
 from __future__ import annotations
@@ -113,9 +117,14 @@ class MLLMOutput:
 
 
 def hybrid_attention_mask(gen_mask: jax.Array, window: int | None,
+<<<<<<< HEAD
                           padding_mask: jax.Array | None = None, turn_ids: jax.Array | None = None,
                           turn_window: int | None = None) -> attn.AttentionMask:
     """Release attention mask (§1.4) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
+=======
+                          padding_mask: jax.Array | None = None) -> attn.AttentionMask:
+    """Release attention mask (docs/token_layout.md#masks) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
+>>>>>>> main
 
     Causal (and ``q - k < window``) everywhere, plus the full square ``[first..last] x [first..last]``
     where first/last are the first and last True of ``gen_mask`` [B, L] per row (the current turn's
@@ -153,7 +162,7 @@ def query_positions(gen_mask: jax.Array, num_queries: int) -> jax.Array:
 
 
 class GameStateMLLM(nnx.Module):
-    """Mistral (+LoRA) with input/output resamplers (architecture.md §2).
+    """Mistral (+LoRA) with input/output resamplers (docs/mllm.md).
 
     Params: ``llm`` (:class:`~animegamer_jax.models.mistral.Mistral`), ``input_resampler``
     (rep_dim -> D -> D), ``output_resampler`` (D -> rep_dim -> rep_dim).
@@ -175,7 +184,7 @@ class GameStateMLLM(nnx.Module):
 
     def embed_inputs(self, input_ids: jax.Array, cmp_mask: jax.Array | None,
                      history_reps: jax.Array | None) -> jax.Array:
-        """Token embeddings with history query positions overwritten (§1.6).
+        """Token embeddings with history query positions overwritten (docs/token_layout.md#history-window).
 
         Args:
           input_ids: int [B, L].
@@ -199,7 +208,7 @@ class GameStateMLLM(nnx.Module):
         """hidden [B, L, D] -> s_a [B, Q, rep_dim] via the output resampler.
 
         ``mode`` "query" (default from config): the Q positions of ``gen_mask``; "last": the last Q
-        valid positions of each row (release ``hidden[:, -226:]``, §1.7; with right padding the
+        valid positions of each row (release ``hidden[:, -226:]``, docs/token_layout.md#read-out; with right padding the
         valid length comes from ``padding_mask`` bool [B, L], so pads are never read).
 
         Raises: ValueError for another mode.
@@ -249,7 +258,7 @@ class GameStateMLLM(nnx.Module):
         return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout, padding_mask))
 
     def loss(self, batch: dict[str, jax.Array], dropout_rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Training loss (§2.4) on a batch from :func:`collate`.
+        """Training loss (docs/mllm.md#losses) on a batch from :func:`collate`.
 
         batch: input_ids, gen_mask, cmp_mask, history_reps, padding_mask, labels (int [B, L],
         IGNORE_INDEX = no label, HF-aligned: the logits at i-1 predict labels[i]), target_reps
@@ -283,7 +292,7 @@ class GameStateMLLM(nnx.Module):
         history_reps: jax.Array | None = None,
         grammar: Sequence[Sequence[int]] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Pass A: purely causal greedy decoding constrained to the state grammar (§1.5).
+        """Pass A: purely causal greedy decoding constrained to the state grammar (docs/token_layout.md#state-fields).
 
         Args:
           input_ids: int [B, L], every row ending with ``<ML>`` (no padding: equal lengths).
@@ -319,7 +328,7 @@ class GameStateMLLM(nnx.Module):
 
 
 # ---------------------------------------------------------------------------------------------
-# Sequence builder (host side, numpy): the release layout of §1.3 with our sliding window.
+# Sequence builder (host side, numpy): the release layout of docs/token_layout.md#per-turn-layout with our sliding window.
 
 
 @dataclasses.dataclass
@@ -351,7 +360,7 @@ def turn_layout(
     release_history_states: bool = False,
 ) -> TurnSequence:
     """The one MLLM token layout, for training (:func:`build_sequence`) and play
-    (``game/state.py`` ``build_turn_input``); architecture.md §1.3-§1.6.
+    (``game/state.py`` ``build_turn_input``); docs/token_layout.md.
 
     ``[<s>]``, then per included turn ``<TURN> text <img><frame> <frame_0..Q-1> </frame></img>``
     followed, for a history turn, by its 14 world ids (``tokenizer.world_ids``, with the release's
@@ -366,7 +375,7 @@ def turn_layout(
       target_states: when given (training), the 11 state-grammar tokens of the current turn are
         appended after ``<ML>`` and labelled.
       release_history_states: True writes ``<Strength_0>`` in every history field (the release's
-        index bug, §1.3) instead of the turn's own states.
+        index bug, docs/token_layout.md#per-turn-layout) instead of the turn's own states.
 
     Returns: :class:`TurnSequence` (history slot j of ``history_reps`` belongs to the j-th included
       history turn, oldest first; e.g. turns ``k-W+1 .. k-1``).
@@ -450,5 +459,5 @@ def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int
         "turn_ids": np.stack([pad(s.turn_ids, s.turn_ids[-1]) for s in seqs]),
     }
 
-#: nnx filter for the paper's trainable set (LoRA, RMSNorms, embeddings, lm_head, resamplers; §2.3).
+#: nnx filter for the paper's trainable set (LoRA, RMSNorms, embeddings, lm_head, resamplers; docs/mllm.md#lora).
 trainable_filter = mst.trainable_filter

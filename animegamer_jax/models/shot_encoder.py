@@ -1,6 +1,6 @@
 """Shot encoder E_a: the action-aware multimodal representation s_a (paper §3.2 Eq. 1).
 
-architecture.md §3.3 (release: ``ImagePatchEmbeddingMixin`` with ``ip_hidden_size=768``,
+docs/encoders.md#shot-encoder-projection (release: ``ImagePatchEmbeddingMixin`` with ``ip_hidden_size=768``,
 ``use_attention_mix=False``)::
 
     text  = LN_txt(Linear(1920->1920)(GELU(Linear(4096->1920)(f_md))))    # (B, 30, 1920)
@@ -11,7 +11,7 @@ GELU is exact (erf); the LayerNorms are affine with eps 1e-5 (``nn.LayerNorm`` d
 ``output_mix_layer_norm`` exists in the release checkpoint but is unused on this path, so it is
 not a parameter here (its converter skips it on purpose).
 
-The unconditional embedding for CFG (§3.4) is E_a of zero inputs through the *trained*
+The unconditional embedding for CFG (docs/encoders.md#unconditional-embedding) is E_a of zero inputs through the *trained*
 projections: two constant vectors from the biases, not zeros.
 
 Checkpoint names (SAT DiT checkpoint, ``model.diffusion_model.mixins.patch_embed.``):
@@ -107,7 +107,8 @@ class ShotEncoder(nnx.Module):
         return constrain(out, ("act_batch", "act_length", "act_embed"))
 
     def uncond(self, batch_size: int = 1) -> jax.Array:
-        """Unconditional s_a for CFG (§3.4): E_a of zeros(B, Lt, text_dim) and zeros(B, Li, image_dim).
+        """Unconditional s_a for CFG (docs/encoders.md#unconditional-embedding): E_a of
+        zeros(B, Lt, text_dim) and zeros(B, Li, image_dim).
 
         Returns (B, Lt + Li, dim); row-constant within each branch and generally non-zero.
         """

@@ -1,6 +1,6 @@
 """T5 v1.1 encoder (``google/t5-v1_1-xxl`` ``T5EncoderModel``) in Flax NNX, frozen text encoder f_md.
 
-Follows architecture.md §3.2 and HF ``transformers/models/t5/modeling_t5.py`` (encoder stack):
+Follows docs/encoders.md#t5-action-text and HF ``transformers/models/t5/modeling_t5.py`` (encoder stack):
 
 * token embedding ``shared`` (V, D), no scaling, no absolute positions;
 * per block: T5 RMS norm (no mean, no bias; fp32 statistics) -> self-attention with *no*
@@ -12,7 +12,7 @@ Follows architecture.md §3.2 and HF ``transformers/models/t5/modeling_t5.py`` (
 
 No attention mask by default (the release passes none, so pads are attended: CogVideoX
 convention). The default compute dtype is fp32: without a mask, bf16 overflows the residual
-stream of T5 v1.1 XXL (architecture.md quirk table).
+stream of T5 v1.1 XXL (docs/release_quirks.md).
 
 Blocks are stacked (leading ``layers`` axis) and run with ``jax.lax.scan``.
 """

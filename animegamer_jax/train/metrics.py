@@ -1,6 +1,6 @@
 """Training observability: clu metric averages, TensorBoard summaries, throughput and MFU.
 
-Decision (environment.md, clu trap): ``clu.metric_writers`` imports TensorFlow, which we do not
+Decision (README "Environment notes"): ``clu.metric_writers`` imports TensorFlow, which we do not
 install, so summaries are written with ``tensorboardX`` (pure Python, same event format; open with
 ``tensorboard --logdir WORKDIR/tensorboard``). ``clu.metrics`` (no TF) averages the per-step scalars
 between summaries. Only process 0 writes.

@@ -1,11 +1,11 @@
-"""Optimizer and learning-rate schedule of every training phase (architecture.md §8.2, paper App. C.1).
+"""Optimizer and learning-rate schedule of every training phase (docs/training.md#phases, paper App. C.1).
 
 AdamW with fp32 moments (optax keeps moments in the dtype of the parameters, and our master weights
 are fp32; ``mu_dtype`` pins the first moment to fp32 even for bf16 params), linear warm-up then
 cosine decay, global-norm gradient clipping, and gradient accumulation with ``optax.MultiSteps``
 (one optimizer update every ``grad_accum_steps`` micro-batches; the schedule counts updates).
 
-Per-phase peak LR and length follow the paper table (§8.2): a1 2e-4 x 10k, a2 2e-4 x 80k,
+Per-phase peak LR and length follow the paper table (docs/training.md#phases): a1 2e-4 x 10k, a2 2e-4 x 80k,
 b 5e-5 x 15k, c 5e-5 x 10k; ``config.train.learning_rate`` / ``num_steps`` override them when > 0.
 """
 
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-#: phase -> (peak learning rate, optimizer steps) from the paper (architecture.md §8.2)
+#: phase -> (peak learning rate, optimizer steps) from the paper (docs/training.md#phases)
 PAPER_SCHEDULE: dict[str, tuple[float, int]] = {
     "a1": (2e-4, 10_000),
     "a2": (2e-4, 80_000),

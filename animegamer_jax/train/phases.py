@@ -1,4 +1,4 @@
-"""The AnimeGamer training phases (paper §3.2, App. C.1; architecture.md §2.3-2.4, §5.3, §8.2), plus
+"""The AnimeGamer training phases (paper §3.2, App. C.1; docs/training.md), plus
 the 3D causal VAE's own autoencoder phase "vae" for configs without converted VAE weights.
 
 Every phase trains one composite :class:`TrainModel` holding the components it needs; an NNX filter
@@ -18,16 +18,16 @@ VAE as a KL-regularized autoencoder (:func:`vae_loss`) under a clip-size curricu
 latents show their footage.
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
-only; the release code also trains flow and LoRA, §5.3). a2 and c use the DiT module's own
+only; the release code also trains flow and LoRA, docs/training.md#trainable-sets). a2 and c use the DiT module's own
 "joint" / "adaptation" sets (``cogvideox_dit.trainable_filter``), which include its LoRA factors.
 
-Diffusion loss (§5.3): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``, MSE on v (equal
+Diffusion loss (docs/diffusion.md#training-loss): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``, MSE on v (equal
 to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features -> zeros with
 ``diffusion.text_dropout`` and, independently, ``diffusion.text_ucg_rate``, CLIP features -> zeros with ``diffusion.image_dropout`` (so the learnt
-uncond is E_a of zeros, §3.4); in phase c the MLLM representation is replaced by that uncond with
-``diffusion.text_dropout``.
+uncond is E_a of zeros, docs/encoders.md#unconditional-embedding); in phase c the MLLM
+representation is replaced by that uncond with ``diffusion.text_dropout``.
 
-Phase b targets (§2.4): the target turn's s_a = E_a(T5(action), CLIP(first frame)) from the frozen
+Phase b targets (docs/mllm.md#losses): the target turn's s_a = E_a(T5(action), CLIP(first frame)) from the frozen
 (phase-a-trained) shot encoder; history slots carry the history turns' E_a representations
 (teacher forcing; at play time they are the MLLM's own predictions).
 
@@ -176,7 +176,7 @@ def _encode_features(model: TrainModel, batch: Mapping[str, jax.Array], prefix: 
 def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
              key: jax.Array) -> jax.Array:
     """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames [B, T, H, W, 3]
-    (frozen VAE; ``z = scaling_factor * sample(q(z|x))`` as SAT's ``encode_first_stage``, §5.6)."""
+    (frozen VAE; ``z = scaling_factor * sample(q(z|x))`` as SAT's ``encode_first_stage``, docs/diffusion.md#latent-scale)."""
     if "latents" in batch:
         return batch["latents"].astype(jnp.float32)
     if not hasattr(model, "vae"):
@@ -199,7 +199,7 @@ def decoder_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Arr
     f_md, f_v = _encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
     # The release also zeroes T5 features per sample at the conditioner's ucg_rate, independently
-    # (§5.3): about 1 - 0.95 * 0.9 = 14.5% of samples train the text-free branch.
+    # (docs/diffusion.md#training-loss): about 1 - 0.95 * 0.9 = 14.5% of samples train the text-free branch.
     f_md, drop_u = guidance.cfg_dropout(k_u, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_ucg_rate)
     drop_t = drop_t | drop_u
     f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
@@ -229,7 +229,7 @@ def _mllm_batch(model: TrainModel, batch: Mapping[str, jax.Array]) -> dict[str, 
 
 def mllm_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
               config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Phase b: ``lm_loss_scale CE + rec_loss_scale MSE (+ cos)`` of the MLLM (§2.4)."""
+    """Phase b: ``lm_loss_scale CE + rec_loss_scale MSE (+ cos)`` of the MLLM (docs/mllm.md#losses)."""
     total, parts = model.mllm.loss(_mllm_batch(model, batch), dropout_rng=rng)
     return total, {k: v for k, v in parts.items() if k != "loss"}
 
@@ -253,7 +253,7 @@ def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.
 
 def vae_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
     """Decode chunk plan giving back ``1 + 4 (T_lat - 1)`` frames: the release plan (3, 2, 2, ...)
-    (architecture.md §6.3), or one chunk for 1 or 3 latents.
+    (docs/vae.md#chunked-decoding), or one chunk for 1 or 3 latents.
 
     Raises:
       ValueError: ``T_lat == 2`` (2 latents decode to 8 or 2 frames, never 5: train on 1, 9 or 17 frames).
@@ -296,7 +296,7 @@ def vae_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Array,
 def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray]]) -> float:
     """``1 / std`` of the posterior means of ``batches`` (``frames`` [B, T, H, W, 3] in [-1, 1]): the
     latent scale that gives the DiT unit-variance latents, found as LDM / CogVideoX found theirs
-    (the std of a batch of latents; CogVideoX's is 1.15258426, architecture.md §5.6)."""
+    (the std of a batch of latents; CogVideoX's is 1.15258426, docs/diffusion.md#latent-scale)."""
     enc = nnx.jit(lambda m, x: m.encode(x).mean)
     means = [np.asarray(jax.device_get(enc(vae, jnp.asarray(b["frames"])))).ravel() for b in batches]
     std = float(np.std(np.concatenate(means)))
@@ -350,7 +350,8 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Any) -> np.ndarray:
-    """Motion level -> flow value on the host: play's rule (``cogvideox_dit.flow_value``, §4.8) in numpy."""
+    """Motion level -> flow value on the host: play's rule (``cogvideox_dit.flow_value``,
+    docs/dit.md#motion-level-to-flow) in numpy."""
     from animegamer_jax.models.cogvideox_dit import flow_value
 
     return flow_value(motion_level, tuple(flow_table), xp=np)
@@ -506,7 +507,7 @@ def sample_video(model: TrainModel, batch: Mapping[str, jax.Array], key: jax.Arr
                  config: ml_collections.ConfigDict) -> jax.Array:
     """One clip [1, T, H, W, 3] in [-1, 1] for the first example of a decoder-phase batch.
 
-    s_a comes from E_a (a1/a2) or the MLLM (c); CFG uses the bias-only uncond (§3.4) with the
+    s_a comes from E_a (a1/a2) or the MLLM (c); CFG uses the bias-only uncond (docs/encoders.md#unconditional-embedding) with the
     configured sampler and DynamicCFG; latents are decoded by the frozen VAE (÷ scaling factor).
     """
     from animegamer_jax.diffusion import samplers
