@@ -96,14 +96,9 @@ class GameSystem:
 def apply_mode(config):
     """A copy of ``config`` with ``game.mode`` applied to the model sections.
 
-<<<<<<< HEAD
-    ``reference`` (the release, architecture.md table at the top): ``mllm.history_window = 1``,
+    ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
     ``mllm.readout = "last"``, ``mllm.history_attention = "window_recompute"``,
     ``diffusion.cfg_schedule = "release"``.
-=======
-    ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
-    ``mllm.readout = "last"``, ``diffusion.cfg_schedule = "release"``.
->>>>>>> main
 
     Raises:
       ValueError: unknown ``game.mode``.

@@ -12,14 +12,10 @@ jit arguments (weights are never baked in as constants):
   embeddings, constrained to the state grammar (``AnimeGamerTokenizer.state_grammar``) and run with
   a KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
   position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded.
-<<<<<<< HEAD
-  States are read from the generated ids at positions 0, 3, 6, 9 (§1.5).
+  States are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields).
   With ``mllm.history_attention = "turn_window"`` the turn is :func:`mllm_turn_cached` instead: the
   game's KV cache is kept between turns (game/state.py ``CachePlan``) and only the new tokens are
   prefilled, once for both passes (see there for what is shared).
-=======
-  States are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields).
->>>>>>> main
   In ``reference`` mode pass A is the release's free greedy decoding (its logits processor, up to
   ``game.reference_max_new_tokens`` ids) and the states come from its text parser on the host
   (game/reference.py; ``GameSystem.parse_states``).

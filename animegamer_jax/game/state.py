@@ -15,16 +15,12 @@ Follows docs/token_layout.md (the layout itself is built once, by
 Sequences are right-padded to one fixed length per game shape (:func:`sequence_length`), so the
 jitted MLLM step compiles once; the per-row read-out positions are passed as index arrays.
 
-<<<<<<< HEAD
-With ``mllm.history_attention = "turn_window"`` (docs/token_layout.md "History attention") the MLLM
-keeps a KV cache across turns instead: :class:`CachePlan` is its slot plan and
+With ``mllm.history_attention = "turn_window"`` (docs/token_layout.md#history-attention-mllmhistory_attention)
+the MLLM keeps a KV cache across turns instead: :class:`CachePlan` is its slot plan and
 :func:`build_cached_turn_input` the new tokens of one turn (cut from the same ``turn_layout``);
 :class:`GameRun` holds the game's cache between turns.
 
-Meters follow the release demo ``app.py`` (§1.5): social, entertainment and stamina start at 50,
-=======
 Meters follow the release demo ``app.py`` (docs/token_layout.md#state-fields): social, entertainment and stamina start at 50,
->>>>>>> main
 each turn adds ``5 x`` the predicted change (SC, ET, ST) and clamps to 0..100. The app's display
 quirk (showing 5 less when a change is 0, without storing it) is a UI bug and is not copied.
 """
@@ -97,13 +93,9 @@ class WindowSpec:
       max_text: instruction token budget per turn (sequences are padded to it).
       readout: ``"query"`` (hidden states at the query positions) or ``"last"`` (release ``[-Q:]``).
       history_states: ``"own"`` (each history turn shows its predicted states) or ``"zero"``
-<<<<<<< HEAD
-        (the release's ``<Strength_0>`` bug, §1.3).
+        (the release's ``<Strength_0>`` bug, docs/token_layout.md#per-turn-layout).
       history_attention: ``"window_recompute"`` (the release's layout, rebuilt from the last W
         turns every turn) or ``"turn_window"`` (KV cache kept across turns, :class:`CachePlan`).
-=======
-        (the release's ``<Strength_0>`` bug, docs/token_layout.md#per-turn-layout).
->>>>>>> main
     """
 
     window: int

@@ -41,14 +41,11 @@ Masks are expressed once, as positions (:class:`AttentionMask`): key j is visibl
     and (not seg_window or k_seg[j] < 0 or q_seg[i] - k_seg[j] < seg_window),
 
 the causal / sliding-window rule of HF Mistral (``sliding_window_overlay``), the bidirectional
-<<<<<<< HEAD
-query block of AnimeGamer's hybrid mask (architecture.md §1.4), key padding, and a sliding window
-over segments (the MLLM's ``history_attention = "turn_window"``, docs/token_layout.md: segment =
-game turn, a query of turn t sees keys of turns t-W+1..t; segment < 0 marks keys every query may
-see, the ``<s>`` attention sink). Every kernel
-=======
-query block of AnimeGamer's hybrid mask (docs/token_layout.md#masks) and key padding. Every kernel
->>>>>>> main
+query block of AnimeGamer's hybrid mask (docs/token_layout.md#masks), key padding, and a sliding
+window over segments (the MLLM's ``history_attention = "turn_window"``,
+docs/token_layout.md#history-attention-mllmhistory_attention: segment = game turn, a query of turn t
+sees keys of turns t-W+1..t; segment < 0 marks keys every query may see, the ``<s>`` attention
+sink). Every kernel
 evaluates exactly this rule (the blockwise one per tile, :meth:`AttentionMask.tile`). Rows that
 see no key at all return zeros in the blockwise path (the dense paths return the mean of V);
 no model of this project produces such rows on positions it reads.

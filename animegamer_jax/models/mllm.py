@@ -8,14 +8,11 @@ Reference: the release's ``ContinuousLVLM_Video`` (docs/token_layout.md, docs/ml
 * history query positions (``cmp_mask``) get their turn's representation s_a [226, 1920] through
   the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j (docs/token_layout.md#history-window);
 * the current turn's 226 query positions (``gen_mask``) keep the ``<frame_i>`` embeddings and see
-<<<<<<< HEAD
-  each other fully (hybrid mask, §1.4); everything else is causal (+ sliding window);
-  ``history_attention = "turn_window"`` (not the release's; docs/token_layout.md "History
-  attention") also limits every token of turn t to turns t-W+1..t (``turn_ids``), which lets play
-  keep the KV cache across turns (game/real.py ``mllm_turn_cached``);
-=======
   each other fully (hybrid mask, docs/token_layout.md#masks); everything else is causal (+ sliding window);
->>>>>>> main
+  ``history_attention = "turn_window"`` (not the release's;
+  docs/token_layout.md#history-attention-mllmhistory_attention) also limits every token of turn t
+  to turns t-W+1..t (``turn_ids``), which lets play keep the KV cache across turns (game/real.py
+  ``mllm_turn_cached``);
 * the representation is read at the query positions (``readout="query"``, training-exact) or at
   the last 226 positions (``readout="last"``, the release's off-by-3, docs/token_layout.md#read-out), post final RMSNorm,
   then the output resampler (4096 -> 1920 -> 1920);
@@ -44,7 +41,7 @@ from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
 IGNORE_INDEX = -100
-#: ``mllm.history_attention`` values (docs/token_layout.md "History attention"): the release's
+#: ``mllm.history_attention`` values (docs/token_layout.md#history-attention-mllmhistory_attention): the release's
 #: layout recomputed over the last W turns every turn, or a turn-granular sliding window.
 HISTORY_ATTENTION = ("window_recompute", "turn_window")
 
@@ -117,14 +114,9 @@ class MLLMOutput:
 
 
 def hybrid_attention_mask(gen_mask: jax.Array, window: int | None,
-<<<<<<< HEAD
                           padding_mask: jax.Array | None = None, turn_ids: jax.Array | None = None,
                           turn_window: int | None = None) -> attn.AttentionMask:
-    """Release attention mask (§1.4) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
-=======
-                          padding_mask: jax.Array | None = None) -> attn.AttentionMask:
     """Release attention mask (docs/token_layout.md#masks) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
->>>>>>> main
 
     Causal (and ``q - k < window``) everywhere, plus the full square ``[first..last] x [first..last]``
     where first/last are the first and last True of ``gen_mask`` [B, L] per row (the current turn's
