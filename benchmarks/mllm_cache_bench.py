@@ -69,6 +69,12 @@ def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> d
     def fb():
         return jax.block_until_ready(recompute(st, batch_b))
 
+    def gflop(fn, *args):
+        ca = fn.lower(*args).compile().cost_analysis()
+        ca = ca[0] if isinstance(ca, (list, tuple)) else ca
+        return float(ca.get("flops", 0.0)) / 1e9
+
+    flops = {"cached": gflop(cached, st, cache, batch_a), "recompute": gflop(recompute, st, batch_b)}
     fa(), fb()
     ta, tb = interleaved(fa, fb, rounds)
     # check: A's s_a equals pass B of a full recompute of the whole game with the same mask
@@ -86,7 +92,7 @@ def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> d
                                   f"{plan.block} new tokens over {plan.size} slots; recompute: 2 x {spec.seq_len}",
             "cached_s": ta, "recompute_s": tb, "cached_median_s": _median(ta), "recompute_median_s": _median(tb),
             "recompute_over_cached": _median(tb) / _median(ta), "check_max_abs_diff_vs_full_recompute": diff,
-            "compile_s": {"cached_incl_warmup_turns": compile_a, "recompute": compile_b}}
+            "compiled_gflop": flops, "compile_s": {"cached_incl_warmup_turns": compile_a, "recompute": compile_b}}
 
 
 def main(args) -> int:
@@ -113,11 +119,13 @@ def main(args) -> int:
               f"recompute/cached {r['recompute_over_cached']:.2f} (s_a vs full recompute "
               f"{r['check_max_abs_diff_vs_full_recompute']:.1e})", flush=True)
     print(f"\n{backend}, {cores} core(s), ABAB x {args.rounds} rounds, medians; commit {_git_commit()['commit'][:10]}\n")
-    print("| size | shape | cached s | window recompute s | recompute/cached | s_a vs full recompute |\n"
-          "|---|---|---:|---:|---:|---|")
+    print("| size | shape | cached s | window recompute s | recompute/cached | GFLOP cached / recompute "
+          "(compiled) | s_a vs full recompute |\n|---|---|---:|---:|---:|---:|---|")
     for r in rows:
+        f = r["compiled_gflop"]
         print(f"| {r['size']} | {r['note']} | {r['cached_median_s']:.4f} | {r['recompute_median_s']:.4f} | "
-              f"{r['recompute_over_cached']:.2f} | {r['check_max_abs_diff_vs_full_recompute']:.1e} |")
+              f"{r['recompute_over_cached']:.2f} | {f['cached']:.2f} / {f['recompute']:.2f} | "
+              f"{r['check_max_abs_diff_vs_full_recompute']:.1e} |")
     report = {**_git_commit(), "backend": backend, "devices": ndev, "threads": cores, "jax": jax.__version__,
               "rounds": args.rounds, "config": args.config, "turn": args.turn, "window": args.window,
               "sizes": {r["size"]: SIZES[r["size"]] for r in rows}, "rows": rows, "load_average": os.getloadavg()}
