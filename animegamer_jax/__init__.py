@@ -1,12 +1,14 @@
 """animegamer-jax: a JAX/Flax NNX reimplementation of AnimeGamer (arXiv 2504.01014).
 
 Subpackages (docs/design.md#who-may-import-whom says who may import whom):
-  models/     pure networks (Mistral MLLM, CogVideoX DiT and VAE, CLIP, T5, shot encoder)
+  models/     pure networks, one folder per family with its converter's key table: mistral/ (Mistral,
+              MLLM), cogvideox/ (DiT, VAE), clip/, t5/, shot_encoder/; shared attention, lora, remat
   diffusion/  schedules, losses and samplers that take a denoise function
   data/       films -> clips -> labels -> ArrayRecord -> Grain loaders
   train/      the three training phases
   game/       game play and batch generation, writers
-  convert/    PyTorch / SAT / HF checkpoints -> our orbax layout
+  convert/    PyTorch / SAT / HF checkpoints -> our orbax layout: the CLI fronts, the release
+              converter and the helpers every key table shares (common.py)
   eval/       metrics and benchmark runner
   parallel/   mesh, logical axis rules, multi-host start
 """

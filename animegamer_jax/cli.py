@@ -50,17 +50,69 @@ def quiet_logs(verbosity: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1" if verbosity < 0 else "0")
 
 
-def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None) -> None:
+def check_config_overrides(argv: Sequence[str], fv) -> None:
+    """Checks ``--config.a.b=v`` overrides of a command whose flags are ``fv`` (absl's global FLAGS
+    for the :func:`run` commands) before ``absl.app.run`` parses them, so a bad one is one line.
+
+    Raises:
+      UsageError: overrides without ``--config`` on a command that has no default config (train:
+        the fix names the flag), or an override of an unknown key / with a bad value.
+    """
+    from absl import flags
+
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    if not overrides or "config" not in fv:
+        return
+    given = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
+    if not given and fv["config"].default is None:
+        raise UsageError(f"{' '.join(overrides)} overrides fields of --config, which this command has no "
+                         f"default for. Fix: add --config=configs/tiny.py (or configs/animegamer_2b_7b.py)")
+    if not given:
+        return  # a default config file: its overrides were applied (and checked) when it was defined
+    from ml_collections import config_flags
+
+    probe = flags.FlagValues()  # absl cannot parse ``fv`` twice (override flags would be defined twice)
+    try:
+        config_flags.DEFINE_config_file("config", None, flag_values=probe, lock_config=False, sys_argv=list(argv))
+        probe(list(argv), known_only=True)
+    except (AttributeError, KeyError) as e:
+        raise UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}") from None
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad config override {overrides}: {e}") from None
+    except flags.Error:
+        pass  # absl reports it with its usage text
+
+
+def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None,
+        define: Callable[[], None] | None = None) -> None:
     """``absl.app.run(main)`` with resolved config paths and quiet library logs.
 
     The absl default verbosity becomes WARNING (-1): absl prints INFO by default when flags are
-    parsed through ``app.run``; ``--verbosity=0`` restores it.
+    parsed through ``app.run``; ``--verbosity=0`` restores it. ``define()`` defines the command's
+    global flags: ``config_flags.DEFINE_config_file`` with a default file applies ``--config.a.b=v``
+    overrides right there, so a bad override is reported here as one line (exit status 2) instead
+    of a traceback; so is one given to a command without a default config and without ``--config``.
     """
     from absl import app, flags, logging
 
+    if define is not None:
+        try:
+            define()
+        except (AttributeError, KeyError) as e:
+            overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
+            print(f"error: unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}", file=sys.stderr)
+            sys.exit(2)
+        except (ValueError, TypeError) as e:
+            print(f"error: bad config or override: {e}", file=sys.stderr)
+            sys.exit(2)
     argv = resolve_config_args(sys.argv if argv is None else argv)
     if not any(a.startswith(("--verbosity", "-v=", "--v=")) or a in ("-v", "--v") for a in argv):
         argv.insert(1, "--verbosity=-1")
+    try:
+        check_config_overrides(argv, flags.FLAGS)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
     def _main(args: list[str]) -> int | None:
         quiet_logs(flags.FLAGS.verbosity)
@@ -96,21 +148,27 @@ class UsageError(ValueError):
 HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
 
-def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = ""
-                ) -> tuple[object, list[str]]:
+def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = "",
+                positional: Sequence[str] | None = None) -> tuple[object, list[str]]:
     """Parses ``argv`` (``argv[0]`` = program) with a command's own ``absl.flags.FlagValues``.
 
     ``define(flag_values, argv)`` defines the command's flags on ``flag_values`` (config files
     through ``config_flags.DEFINE_config_file(..., flag_values=fv, sys_argv=argv)``). A private
     FlagValues per call lets a command run in-process any number of times (tests, notebooks) next
     to other commands with flags of the same names. ``--help`` prints ``doc`` and every flag, and
-    raises ``SystemExit(0)``.
+    raises ``SystemExit(0)``. Subcommands and positional arguments (``convert release SRC DST``)
+    are what absl leaves after the flags (flags may come before or after them).
+
+    Args:
+      positional: names of the positional arguments the command requires (``("SRC", "DST")``);
+        a different count is a :class:`UsageError` naming them. None: not checked.
 
     Returns:
       (flag values, positional arguments after the program name).
 
     Raises:
-      UsageError: unknown flag, bad value or a missing required flag.
+      UsageError: unknown flag, bad value, a missing required flag, or (with ``positional``) missing
+        or extra positional arguments.
     """
     from absl import flags
 
@@ -124,10 +182,14 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
     except (flags.Error, ValueError, TypeError) as e:
         raise UsageError(f"bad config or override {overrides}: {e}") from None
     if any(a in HELP_ARGS for a in argv[1:]):
-        print((doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
+        usage = f"usage: {argv[0]} {' '.join(positional)} [flags]\n\n" if positional else ""
+        print(usage + (doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
         raise SystemExit(0)
     try:
         rest = fv(argv)
     except flags.Error as e:
         raise UsageError(f"{e}. See --help") from None
+    if positional is not None and len(rest) - 1 != len(positional):
+        raise UsageError(f"expected {' '.join(positional)}, got {rest[1:] or 'nothing'}. "
+                         f"Usage: {argv[0]} {' '.join(positional)} [flags]; see --help")
     return fv, rest[1:]

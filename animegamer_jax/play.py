@@ -18,19 +18,25 @@ name; a folder of that name that this program did not write is never touched, an
 of an earlier run is kept unless ``--overwrite``. Every instruction of a script is checked (fields,
 token length, file:line) before the first turn. Interactive play writes the game after every turn
 (same layout) and ends cleanly on Ctrl-D or Ctrl-C; messages give the input line number.
+
+Devices: the one game runs on every device (``game.play_layout = "latency"``, the default: CFG halves
+on ``data``, the DiT's sequence on ``context``, weights sharded over all devices, no filler rows;
+game/engine.py ``apply_layout``). ``--config.game.play_layout=batch`` uses ``config.mesh`` as is.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import jax
 
 from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
-from animegamer_jax.game.engine import GameEngine, TurnResult, apply_mode, game_record
+from animegamer_jax.game.engine import GameEngine, TurnResult, apply_layout, apply_mode, game_record
 from animegamer_jax.game.script import Game, GameScriptError, load_script, parse_instruction
 from animegamer_jax.game.state import InstructionTooLongError, encode_instruction, validate_games
 from animegamer_jax.game.system import CheckpointError, resolve_system
@@ -95,7 +101,8 @@ def _config_given(argv) -> bool:
     return any(re.match(r"^--?config(=|$)", a) for a in argv[1:])
 
 
-def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = None, doc: str = ""):
+def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = None, doc: str = "",
+                     exclude: Sequence[str] = ()):
     """Parses a game command line: :func:`common_flags`, ``define(fv)``'s own flags and ``--config``.
 
     ``--config=FILE`` (ml_collections ``config_flags.DEFINE_config_file``) loads a config file; without
@@ -104,7 +111,8 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
     configs/tiny.py. ``--config.a.b=value`` overrides a field either way; ``--mode`` is applied.
 
     Args:
-      prog: program name shown in errors; argv: the arguments after it.
+      prog: program name shown in errors; argv: the arguments after it; exclude: names of
+        :func:`common_flags` the command does not take (serve: ``overwrite``).
 
     Returns:
       (flag values, positional arguments, config).
@@ -123,6 +131,8 @@ def parse_game_flags(prog: str, argv, define: Callable[[object], None] | None = 
         if define is not None:
             define(fv)
         common_flags(fv)
+        for name in exclude:
+            delattr(fv, name)
 
     saved = None
     if not _config_given(argv) and not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
@@ -281,10 +291,16 @@ def main(argv: list[str] | None = None) -> int:
         game_id = game.game_id if game is not None else (f.game_id or "interactive")
         writers.check_game_id(game_id, "--game-id (default: the script's file name)")
         writers.check_target(out_dir, game_id, f.overwrite)
+        # one game on every device (latency layout) unless --config.game.play_layout=batch
+        layout = str(config.game.get("play_layout", "latency"))
+        try:
+            config = apply_layout(config, layout, jax.device_count())
+        except ValueError as e:
+            raise ConfigError(f"{e}. Fix: --config.game.play_layout=latency or =batch") from None
         mesh = parallel.mesh_from_config(config)
         system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
                                 random_fallback=f.demo, verify=f.verify_checkpoint)
-        engine = GameEngine(config, system, mesh=mesh)
+        engine = GameEngine(config, system, mesh=mesh, latency=layout == "latency")
         if game is not None:
             validate_games([game], engine.spec, engine.tok)
         seed = f.seed if f.seed is not None else int(config.game.seed)

@@ -6,6 +6,7 @@ Usage::
     python -m animegamer_jax.serve --checkpoint DIR --port 8080 --host 0.0.0.0 --out /data/games
     python -m animegamer_jax.serve --standin                                       # random stand-in system
     python -m animegamer_jax.serve --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
+    python -m animegamer_jax.serve --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
 
 The page has character / motion / background fields (or one whole instruction line), Generate,
 Undo and Restart, the current clip in a video player (its frames shown as the VAE decodes them),
@@ -22,29 +23,25 @@ import sys
 import threading
 import time
 
-from absl import app, flags, logging
-from ml_collections import config_flags
 
-FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    "config", None, "Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
-    "--config.a.b=v overrides a field.", lock_config=False)
-flags.DEFINE_string("checkpoint", "", "System checkpoint directory (save_system layout); default "
-                    "config.game.checkpoint.")
-flags.DEFINE_enum("verify_checkpoint", "fast", ["fast", "full"], "Checkpoint check before loading "
-                  "(play's --verify-checkpoint): fast = manifest and sizes, full = every file's digest.")
-flags.DEFINE_bool("standin", False, "Play a randomly initialised stand-in system (untrained; labelled).")
-flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour.")
-flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).")
-flags.DEFINE_string("out", None, "Folder of the game folders (default config.game.out_dir).")
-flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).")
-flags.DEFINE_integer("port", 7860, "TCP port.")
-flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the "
-                  "first player does not wait for compilation.")
+
+def define_flags(fv) -> None:
+    """serve's own flags on ``fv``, next to play's :func:`~animegamer_jax.play.common_flags` and
+    ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
+    ``--config.a.b=v`` overrides a field of either)."""
+    from absl import flags
+
+    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", flag_values=fv)
+    flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).", flag_values=fv)
+    flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
+    flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "
+                      "player does not wait for compilation (--nowarmup: compile on the first turn).", flag_values=fv)
+    flags.DEFINE_integer("verbosity", -1, "Log level: -1 = warnings only (default), 0 = INFO of every library "
+                         "(orbax's per-array restore lines ...).", flag_values=fv)
 
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
-                 seed: int | None = None, verify: str = "fast"):
+                 seed: int | None = None, verify: str = "fast", random_fallback: bool = False):
     """The :class:`~animegamer_jax.web.server.GameServer` of a config and a system (worker not started).
 
     Raises:
@@ -57,7 +54,8 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
 
     play.setup_jax()
     mesh = parallel.mesh_from_config(config)
-    system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify)
+    system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
+                            random_fallback=random_fallback)
     engine = GameEngine(config, system, mesh=mesh)
     return GameServer(engine, out or config.game.out_dir, seed)
 
@@ -98,48 +96,36 @@ class HttpThread:
         self._thread.join(30)
 
 
-def _config():
-    from animegamer_jax import play
-
-    from animegamer_jax.config import load_config
-
-    if FLAGS.config is not None:
-        config = FLAGS.config
-    elif FLAGS.checkpoint:
-        config = play.checkpoint_config(FLAGS.checkpoint, FLAGS.verify_checkpoint)
-    else:
-        config = load_config("configs/tiny.py")
-    if FLAGS.mode:
-        config.game.mode = FLAGS.mode
-    return config
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    if not FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # not orbax's per-array restore lines; -v 0 shows them
+def main(argv: list[str] | None = None) -> int:
+    """Serves the game of ``argv`` (flags only) until Ctrl-C; returns the exit status (2 with a
+    one-line message on bad input)."""
     import uvicorn
+    from absl import logging
 
-    from animegamer_jax import play
+    from animegamer_jax import cli, play
     from animegamer_jax.web.app import create_app
 
     try:
-        config = _config()
-        server = build_server(config, FLAGS.checkpoint, FLAGS.standin, FLAGS.out, FLAGS.seed,
-                              FLAGS.verify_checkpoint)
+        f, rest, config = play.parse_game_flags("animegamer-serve", sys.argv[1:] if argv is None else argv,
+                                                define_flags, __doc__, exclude=("overwrite",))
+        if rest:
+            raise cli.UsageError(f"unexpected arguments {rest}; serve takes flags only")
+        cli.quiet_logs(f.verbosity)
+        logging.set_verbosity(f.verbosity)
+        server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
+                              random_fallback=f.demo)
     except play.CLI_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
           f"games in {server.out_dir}/", flush=True)
-    if FLAGS.warmup:
+    if f.warmup:
         print("compiling (one throwaway turn)...", flush=True)
         print(f"ready after {server.warmup():.1f} s", flush=True)
     server.start()
-    print(f"serving on http://{FLAGS.host}:{FLAGS.port}/ (Ctrl-C stops)", flush=True)
+    print(f"serving on http://{f.host}:{f.port}/ (Ctrl-C stops)", flush=True)
     try:
-        uvicorn.run(create_app(server), host=FLAGS.host, port=FLAGS.port, log_level="warning")
+        uvicorn.run(create_app(server), host=f.host, port=f.port, log_level="warning")
     finally:
         server.stop(timeout=5)
     return 0
@@ -147,9 +133,7 @@ def main(argv: list[str]) -> int:
 
 def cli() -> None:
     """Console script ``animegamer-serve``."""
-    from animegamer_jax import cli as cli_lib
-
-    cli_lib.run(lambda argv: sys.exit(main(argv)))
+    sys.exit(main())
 
 
 if __name__ == "__main__":

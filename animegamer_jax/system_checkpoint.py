@@ -216,30 +216,30 @@ def _import(path: str) -> Any:
 
 
 def _build_mllm(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.mllm:GameStateMLLM").from_config(config, rngs=rngs)
+    return _import("animegamer_jax.models.mistral.mllm:GameStateMLLM").from_config(config, rngs=rngs)
 
 
 def _build_dit(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    dit = _import("animegamer_jax.models.cogvideox_dit:CogVideoXDiT")
-    dit_cfg = _import("animegamer_jax.models.cogvideox_dit:DiTConfig").from_config(
+    dit = _import("animegamer_jax.models.cogvideox.dit:CogVideoXDiT")
+    dit_cfg = _import("animegamer_jax.models.cogvideox.dit:DiTConfig").from_config(
         config.dit, text_length=int(config.rep.num_text_tokens + config.rep.num_image_tokens))
     return dit(dit_cfg, rngs=rngs)
 
 
 def _build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.cogvideox_vae:CogVideoXVAE").from_config(config.vae, rngs=rngs)
+    return _import("animegamer_jax.models.cogvideox.vae:CogVideoXVAE").from_config(config.vae, rngs=rngs)
 
 
 def _build_shot_encoder(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.shot_encoder:ShotEncoder").from_config(config, rngs=rngs)
+    return _import("animegamer_jax.models.shot_encoder.model:ShotEncoder").from_config(config, rngs=rngs)
 
 
 def _build_clip(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.clip:CLIP").from_config(config.clip, rngs=rngs)
+    return _import("animegamer_jax.models.clip.model:CLIP").from_config(config.clip, rngs=rngs)
 
 
 def _build_t5(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-    return _import("animegamer_jax.models.t5:T5Encoder").from_config(config.t5, rngs=rngs)
+    return _import("animegamer_jax.models.t5.model:T5Encoder").from_config(config.t5, rngs=rngs)
 
 
 #: component name -> builder(config, rngs) -> module (full config in, each builder picks its sections)
@@ -413,7 +413,7 @@ def check_component(directory: str, name: str, target_pure: Any) -> None:
         hint = ""
         if name == "dit" and "blocks/qkv_kernel" in unexpected:
             hint = (". Fix: this DiT has the old flat block layout; rewrite the checkpoint with "
-                    "`python -m animegamer_jax.convert.cogvideox_dit migrate SRC DST`")
+                    "`python -m animegamer_jax.convert dit migrate SRC DST`")
         raise SystemCheckpointError(
             f"component {name!r} in {directory} does not match the module built from the config: "
             f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}{hint}")
@@ -520,7 +520,10 @@ class SystemWriter:
         w.finish()                                                       # then rename tmp_dir
 
     Args:
-      directory: new directory (must not exist), normally a temporary sibling of the target.
+      directory: new directory (must not exist), normally a temporary sibling of the target; or a
+        URL (``gs://bucket/system``: tensorstore's ``gcs`` kvstore, other schemes as tensorstore
+        URLs), written in place since object stores cannot rename a folder; ``integrity.json``,
+        written last by :meth:`finish`, marks it complete (:func:`is_complete`).
       config: the config every component was built from (saved as JSON).
 
     Raises:
@@ -531,10 +534,10 @@ class SystemWriter:
     CHUNK_BYTES = 64 << 20
 
     def __init__(self, directory: str, config: ml_collections.ConfigDict):
-        self.directory = os.path.abspath(directory)
-        if os.path.exists(self.directory):
+        self.directory = str(paths.as_path(directory))
+        if fileio.exists(self.directory):
             raise SystemCheckpointError(f"{self.directory} exists; SystemWriter writes a new directory")
-        os.makedirs(self.directory)
+        fileio.makedirs(self.directory)
         self.config = config
         self._tree: dict[str, dict[str, Any]] = {}
         self.counts: dict[str, int] = {}
@@ -555,7 +558,7 @@ class SystemWriter:
                            "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False}}
         self.counts[name] = self.counts.get(name, 0) + int(np.prod(shape))
         dt = np.dtype(dtype)
-        spec = {"driver": "zarr", "kvstore": {"driver": "file", "path": os.path.join(self.directory, name, ".".join(keys))},
+        spec = {"driver": "zarr", "kvstore": _kvstore(fileio.join(self.directory, name, ".".join(keys))),
                 "metadata": {"shape": list(shape), "chunks": list(chunks), "dtype": "bfloat16" if dt.name == "bfloat16" else dt.str,
                              "compressor": {"id": "zstd", "level": 1}, "dimension_separator": "."},
                 "create": True}
@@ -606,32 +609,43 @@ class SystemWriter:
         handlers = {}
         pytree = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
         json_h = "orbax.checkpoint._src.handlers.json_checkpoint_handler.JsonCheckpointHandler"
+        d = self.directory
         for n, tree in self._tree.items():
-            with open(os.path.join(self.directory, n, "_METADATA"), "w", encoding="utf-8") as f:
-                json.dump({"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
-                           "store_array_data_equal_to_fill_value": True, "custom_metadata": None}, f)
-            _commit(os.path.join(self.directory, n))
+            fileio.write_text_atomic(fileio.join(d, n, "_METADATA"), json.dumps(
+                {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+                 "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
+            _commit(fileio.join(d, n))
             handlers[n] = pytree
         manifest = {"format": FORMAT_VERSION, "components": sorted(self._tree), "param_counts": self.counts}
         for n, payload in (("config", config_to_json(self.config)), ("manifest", manifest)):
-            os.makedirs(os.path.join(self.directory, n))
-            with open(os.path.join(self.directory, n, "metadata"), "w", encoding="utf-8") as f:
-                json.dump(payload, f)
-            _commit(os.path.join(self.directory, n))
+            fileio.makedirs(fileio.join(d, n))
+            fileio.write_text_atomic(fileio.join(d, n, "metadata"), json.dumps(payload))
+            _commit(fileio.join(d, n))
             handlers[n] = json_h
         now = time.time_ns()
-        with open(os.path.join(self.directory, "_CHECKPOINT_METADATA"), "w", encoding="utf-8") as f:
-            json.dump({"item_handlers": handlers, "metrics": {}, "performance_metrics": {},
-                       "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}, f)
-        _commit(self.directory)
+        fileio.write_text_atomic(fileio.join(d, "_CHECKPOINT_METADATA"), json.dumps(
+            {"item_handlers": handlers, "metrics": {}, "performance_metrics": {},
+             "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}))
+        _commit(d)
         write_integrity(self.directory)  # last, as save_system does (load_system requires it)
         self._done = True
         return self.directory
 
 
 def _commit(directory: str) -> None:
-    with open(os.path.join(directory, "commit_success.txt"), "w", encoding="utf-8") as f:
-        f.write(f"Checkpoint commit was successful to {directory}")
+    fileio.write_text_atomic(fileio.join(directory, "commit_success.txt"),
+                             f"Checkpoint commit was successful to {directory}")
+
+
+def _kvstore(path: str) -> dict | str:
+    """tensorstore kvstore spec of a local path or a URL (``gs://b/p``: the ``gcs`` driver, which
+    honours ``TENSORSTORE_GCS_HTTP_URL``, paths.configure_gcs_emulator; else a tensorstore URL)."""
+    if not paths.is_url(path):
+        return {"driver": "file", "path": path}
+    if path.startswith("gs://"):
+        bucket, _, key = path[len("gs://"):].partition("/")
+        return {"driver": "gcs", "bucket": bucket, "path": key.rstrip("/") + "/"}
+    return path.rstrip("/") + "/"
 
 
 _CLI_DOC = """Check a system checkpoint's files, or write their integrity.json.
@@ -685,5 +699,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli() -> None:
+    """Console script ``animegamer-system-checkpoint`` (pyproject.toml)."""
+    raise SystemExit(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -131,16 +131,40 @@ def train_tiny_spiece(out_path: str | os.PathLike, vocab_size: int = 256) -> str
     return out_path
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
+_CLI_DOC = "Train the tiny T5 sentencepiece used by configs/tiny.py."
 
-    p = argparse.ArgumentParser(description="Train the tiny T5 sentencepiece used by configs/tiny.py.")
-    p.add_argument("--out", default="data/tiny_t5_spiece.model")
-    p.add_argument("--vocab_size", type=int, default=256)
-    args = p.parse_args(argv)
-    path = train_tiny_spiece(args.out, args.vocab_size)
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+
+    flags.DEFINE_string("out", "data/tiny_t5_spiece.model", "Output .model file.", flag_values=fv)
+    flags.DEFINE_integer("vocab_size", 256, "Most pieces of the trained model.", flag_values=fv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m animegamer_jax.t5_tokenizer [--out=data/tiny_t5_spiece.model] [--vocab_size=256]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
+    """
+    import sys
+
+    from animegamer_jax import cli
+
+    try:
+        f, _ = cli.parse_flags(["python -m animegamer_jax.t5_tokenizer", *(sys.argv[1:] if argv is None else argv)],
+                               _define_flags, _CLI_DOC, positional=())
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = train_tiny_spiece(f.out, f.vocab_size)
     print(f"wrote {path} ({T5Tokenizer(path).vocab_size} pieces)")
+    return 0
+
+
+def cli() -> None:
+    """Console script ``animegamer-t5-tokenizer`` (pyproject.toml)."""
+    raise SystemExit(main())
 
 
 if __name__ == "__main__":
-    main()
+    cli()

@@ -28,6 +28,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
+from animegamer_jax.convert.common import load_state_dict  # noqa: E402
+
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
@@ -43,8 +45,8 @@ def _median(fn, repeats: int) -> float:
 def bench_dit(cfg, repeats, tmp):
     from diffusers import CogVideoXTransformer3DModel
 
-    from animegamer_jax.convert import cogvideox_dit as conv
-    from animegamer_jax.models.cogvideox_dit import DiTConfig
+    from animegamer_jax.models.cogvideox import dit_convert as conv
+    from animegamer_jax.models.cogvideox.dit import DiTConfig
 
     q = cfg.rep.num_text_tokens + cfg.rep.num_image_tokens
     d = cfg.dit
@@ -62,7 +64,7 @@ def bench_dit(cfg, repeats, tmp):
         for p in tm.parameters():
             p.add_(0.05 * torch.randn_like(p))
     tm.save_pretrained(os.path.join(tmp, "dit"))
-    params, extras = conv.from_diffusers(conv.read_torch_state_dict(os.path.join(tmp, "dit")), dc)
+    params, extras = conv.from_diffusers(load_state_dict(os.path.join(tmp, "dit")), dc)
     ours = conv.build_model(dc, params, keep_init=("flow_embed",))
     x = np.random.RandomState(0).randn(2, d.num_latent_frames, d.in_channels, d.sample_height, d.sample_width).astype(np.float32)
     txt = np.random.RandomState(1).randn(2, q, d.hidden_size).astype(np.float32)
@@ -91,8 +93,8 @@ def bench_dit(cfg, repeats, tmp):
 def bench_vae(cfg, repeats, tmp):
     from diffusers import AutoencoderKLCogVideoX
 
-    from animegamer_jax.convert import cogvideox_vae as vconv
-    from animegamer_jax.models.cogvideox_vae import VAEConfig, diffusers_plan
+    from animegamer_jax.models.cogvideox import vae_convert as vconv
+    from animegamer_jax.models.cogvideox.vae import VAEConfig, diffusers_plan
 
     v = cfg.vae
     torch.manual_seed(0)
@@ -100,7 +102,7 @@ def bench_vae(cfg, repeats, tmp):
                                 layers_per_block=v.layers_per_block, norm_num_groups=v.norm_num_groups).eval()
     tm.save_pretrained(os.path.join(tmp, "vae"))
     vcfg = VAEConfig.from_config(cfg.vae)
-    ours = vconv.build_vae(vcfg, vconv.diffusers_to_state(vconv.load_diffusers_state_dict(os.path.join(tmp, "vae")), vcfg))
+    ours = vconv.build_vae(vcfg, vconv.diffusers_to_state(load_state_dict(os.path.join(tmp, "vae")), vcfg))
     z = np.random.RandomState(0).randn(1, cfg.dit.num_latent_frames, v.latent_channels, cfg.dit.sample_height,
                                        cfg.dit.sample_width).astype(np.float32)
     graphdef, state = nnx.split(ours)
@@ -128,8 +130,8 @@ def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):
     from transformers import MistralConfig as HFMistralConfig
     from transformers import MistralForCausalLM
 
-    from animegamer_jax.convert import mistral as mconv
-    from animegamer_jax.models import mistral as mst
+    from animegamer_jax.models.mistral import convert as mconv
+    from animegamer_jax.models.mistral import model as mst
 
     m = cfg.mllm
     hc = HFMistralConfig(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,

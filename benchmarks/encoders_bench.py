@@ -22,8 +22,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert import clip as cc
-from animegamer_jax.convert import t5 as ct
+from animegamer_jax.models.clip import convert as cc
+from animegamer_jax.models.t5 import convert as ct
 
 jax.config.update("jax_default_matmul_precision", "highest")
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One short GPU check: full-size AnimeGamer game turn (random weights) and a few train steps.
+# One short GPU check: full-size AnimeGamer game turns exactly as `play` runs them (play's GameEngine,
+# latency layout, on the demo's randomly initialised system: benchmarks/gpu_bench.py) and a few train steps.
 #
 #   bash benchmarks/gpu_check.sh [OUT_DIR]        # default OUT_DIR: $OUT or ./gpu_check_out
 #
@@ -58,7 +59,7 @@ EOF
 EXTRA=()
 if [ "${GPU_CHECK_DRY_RUN:-0}" = "1" ]; then
   say "dry run: CPU, configs/tiny.py, no install"
-  EXTRA=(--config configs/tiny.py --allow_cpu --repeats 1)
+  EXTRA=(--config configs/tiny.py --allow_cpu --repeats 1 --turns 2)
 elif gpu_ok; then
   say "JAX GPU stack present"
 else

@@ -35,7 +35,7 @@ def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> d
     from animegamer_jax.game import real
     from animegamer_jax.game.state import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
                                            build_turn_input, encode_instruction, stack_cached_inputs, stack_inputs)
-    from animegamer_jax.models.mllm import GameStateMLLM, turn_layout
+    from animegamer_jax.models.mistral.mllm import GameStateMLLM, turn_layout
     from benchmarks.__main__ import interleaved, _median
 
     cfg = load_config(config, SIZES[size] + [f"mllm.history_window={window}", "mllm.history_attention=turn_window"])

@@ -41,8 +41,8 @@ def main() -> None:
 
     assert jax.default_backend() == "cpu", jax.default_backend()
     sys.path.insert(0, ROOT)
-    from animegamer_jax.convert.cogvideox_dit import sat_expected_shapes
-    from animegamer_jax.models.cogvideox_dit import DiTConfig
+    from animegamer_jax.models.cogvideox.dit_convert import sat_expected_shapes
+    from animegamer_jax.models.cogvideox.dit import DiTConfig
     from configs import animegamer_2b_7b
 
     if os.path.exists(a.scratch):

@@ -48,7 +48,7 @@ def turn_length(cfg, text_tokens: int = 25) -> int:
 # ---------------------------------------------------------------- module builders
 
 def dit_module_config(cfg, inference: bool):
-    from animegamer_jax.models.cogvideox_dit import DiTConfig
+    from animegamer_jax.models.cogvideox.dit import DiTConfig
 
     dc = DiTConfig.from_config(cfg.dit, text_length=num_queries(cfg))
     if inference:
@@ -57,19 +57,19 @@ def dit_module_config(cfg, inference: bool):
 
 
 def build_dit(cfg, inference: bool, seed: int = 0):
-    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT
+    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT
 
     return CogVideoXDiT(dit_module_config(cfg, inference), rngs=nnx.Rngs(seed))
 
 
 def build_vae(cfg, seed: int = 0):
-    from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+    from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
 
     return CogVideoXVAE.from_config(cfg.vae, rngs=nnx.Rngs(seed))
 
 
 def build_mistral(cfg, inference: bool, seed: int = 0):
-    from animegamer_jax.models.mistral import Mistral
+    from animegamer_jax.models.mistral.model import Mistral
 
     over = {"lora_rank": 0} if inference else {"remat": "full"}
     return Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
@@ -153,7 +153,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
     """
     q, d = num_queries(cfg), int(cfg.rep.dim)
     if name.startswith("mllm_"):
-        from animegamer_jax.models import mistral as mst
+        from animegamer_jax.models.mistral import model as mst
 
         m_graph, m_state = _cached(b, "mistral_inference", lambda: build_mistral(cfg, inference=True))
         length = turn_length(cfg, text_tokens)
@@ -164,7 +164,8 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         dt = jnp.dtype(mcfg.dtype)
         if b.abstract:
             # the cache is laid out like activations: batch over the data axes
-            s = NamedSharding(b.mesh, parallel.logical_to_spec((None, "act_batch", None, None, None), b.rules))
+            s = NamedSharding(b.mesh, parallel.logical_to_spec((None, "act_batch", None, None, None), b.rules,
+                                                               shape=shape, mesh=b.mesh))
             cache = mst.KVCache(jax.ShapeDtypeStruct(shape, dt, sharding=s), jax.ShapeDtypeStruct(shape, dt, sharding=s),
                                 jax.ShapeDtypeStruct((), jnp.int32, sharding=b.replicated))
         else:
@@ -196,7 +197,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         from animegamer_jax.diffusion import samplers
         from animegamer_jax.game.engine import apply_mode
         from animegamer_jax.game.real import dit_sampler
-        from animegamer_jax.models.cogvideox_dit import prepare_for_inference
+        from animegamer_jax.models.cogvideox.dit import prepare_for_inference
 
         d_graph, d_state = _cached(b, "dit_inference",
                                    lambda: prepare_for_inference(build_dit(cfg, inference=False)))
@@ -220,14 +221,19 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
                      note=f"{plan.num_steps} steps x CFG batch 2, {batch} game(s), play's program")
     if name == "vae_decode":
+        # exactly play's VAE stage (game/real.py vae_decoder: tiling / chunks as play resolves them)
+        from animegamer_jax.game.real import vae_decoder
+        from animegamer_jax.models.cogvideox.vae import VAEConfig
+
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
-        scale = float(cfg.vae.scaling_factor)
+        # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
+        n_dev = getattr(b, "decode_devices", 0) or b.mesh.size
+        decode = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev)[0]
 
         def vae_decode(state, latents):
-            return nnx.merge(v_graph, state).decode(latents / scale)
+            return decode({"vae": state}, latents)
 
-        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)),
-                     note=f"chunks {tuple(cfg.vae.decode_chunks)}")
+        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)), note=f"play's decode; {decode.why}")
     raise KeyError(f"unknown turn piece {name!r}; known: {TURN_PIECES}")
 
 
@@ -266,9 +272,9 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
     q, d = num_queries(cfg), int(cfg.rep.dim)
     if name == "train_a2_dit":
         from animegamer_jax.diffusion import losses
-        from animegamer_jax.models import cogvideox_dit as dit_lib
+        from animegamer_jax.models.cogvideox import dit as dit_lib
 
-        # trained set = LoRA + flow embedding + block adaLN (models/cogvideox_dit.py "joint")
+        # trained set = LoRA + flow embedding + block adaLN (models/cogvideox/dit.py "joint")
         graphdef, params, rest = _split_train(b, lambda: build_dit(cfg, inference=False),
                                               dit_lib.trainable_filter("joint"))
 
@@ -287,9 +293,9 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
         return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
                      note=f"global batch {n}, remat {cfg.dit.remat}")
     if name == "train_b_mllm":
-        from animegamer_jax.models import mistral as mst
+        from animegamer_jax.models.mistral import model as mst
 
-        # trained set = LoRA + RMSNorms + embeddings (models/mistral.py trainable_filter)
+        # trained set = LoRA + RMSNorms + embeddings (models/mistral/model.py trainable_filter)
         graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False), mst.trainable_filter)
 
         def mllm_loss(model, batch):

@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from flax import nnx
 
-from animegamer_jax.convert.cogvideox_vae import build_vae, diffusers_to_state
-from animegamer_jax.models.cogvideox_vae import CogVideoXVAE, VAEConfig, count_params, diffusers_plan
+from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
+from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig, count_params, diffusers_plan
 
 CONFIGS = {
     "tiny": (dict(block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4), 4),
@@ -109,7 +109,7 @@ def _native_conv3d(x, kernel, pad):
 
 def bench_train_step(shapes: str, reps: int) -> None:
     """Train-step time of the tiny VAE, unfolded 2-D conv (ours) vs native 3-D conv, ABAB."""
-    from animegamer_jax.models import cogvideox_vae as V
+    from animegamer_jax.models.cogvideox import vae as V
     from configs import tiny
 
     backend = jax.default_backend()

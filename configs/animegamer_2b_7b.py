@@ -177,7 +177,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.scaling_factor = 1.15258426  # latent scale (docs/diffusion.md#latent-scale)
     c.vae.decode_chunks = (3, 2)  # (first, step) latent frames per decode chunk (release plan [0:3], [3:5])
     c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
-    c.vae.tile_size = 0  # spatial tile (latent px) for tiled decode; 0 = untiled
+    c.vae.tile_size = -1  # spatial tile (latent px) for tiled decode; 0 = untiled; -1 = auto from device memory (models/cogvideox/vae.py pick_decode_tiling)
+    c.vae.decode_memory_gib = 0.0  # auto tiling budget per device; 0 = from jax memory_stats (16 GiB fallback on CPU)
     c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
     c.vae.encoder_in_channels = 0  # encoder conv_in width (SAT ch); 0 = block_out_channels[0] (= ch at paper size)
     c.vae.dtype = "bfloat16"  # activations (release fp16)
@@ -266,6 +267,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.game.meter_start = 50  # character meters start value (app.py)
     c.game.meter_step = 5  # meter change per unit of state change
     c.game.max_instruction_tokens = 48  # per-turn instruction budget; sequences are padded to it (one compile)
+    c.game.play_layout = "latency"  # play: one game on all devices (game/engine.py apply_layout); "batch" = config.mesh
     c.game.checkpoint = ""  # system checkpoint directory (animegamer_jax/system_checkpoint.py layout) to play
     c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet

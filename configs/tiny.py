@@ -17,70 +17,59 @@ import ml_collections
 from configs import animegamer_2b_7b
 
 
+def toy_sizes(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Sets, in place, the toy sizes this config shares with configs/release_tiny.py (float32, one
+    data-parallel mesh axis, 2-layer stacks); each config then sets the sizes where they differ."""
+    c.mesh.shape = (-1, 1, 1, 1)  # pure data parallelism over whatever devices exist
+    c.rep.dim = 64
+    c.shot_encoder.text_dim = 32  # = t5.d_model
+    c.clip.update(vision_width=32, vision_layers=3, vision_heads=2, vision_mlp_dim=64,  # penultimate = after block 2
+                  text_width=32, text_layers=2, text_heads=2, text_vocab_size=1000, text_context_length=16,
+                  dtype="float32")
+    c.t5.update(d_model=32, d_kv=16, num_layers=2)
+    c.mllm.update(intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, dtype="float32",
+                  param_dtype="float32")
+    c.dit.update(hidden_size=64, num_layers=2, num_heads=2, head_dim=32, dtype="float32", remat="none",
+                 sample_height=8, sample_width=12)  # 64 x 96 px / 8
+    c.vae.update(layers_per_block=1, dtype="float32")
+    c.data.update(height=64, width=96)
+    c.train.remat = "none"  # toy sizes: no activation memory to save
+    return c
+
+
 def get_config() -> ml_collections.ConfigDict:
     """Returns the tiny configuration (full structure, toy sizes)."""
-    c = animegamer_2b_7b.get_config()
+    c = toy_sizes(animegamer_2b_7b.get_config())
     c.name = "tiny"
-    c.mesh.shape = (-1, 1, 1, 1)  # pure data parallelism over whatever devices exist
 
-    c.rep.dim = 64
     c.rep.num_text_tokens = 8
     c.rep.num_image_tokens = 16  # 32 px / patch 8 = 4x4
-
-    c.shot_encoder.text_dim = 32  # = t5.d_model
     c.shot_encoder.image_dim = 32  # = clip.vision_width
 
     c.clip.image_size = 32
     c.clip.patch_size = 8
-    c.clip.vision_width = 32
-    c.clip.vision_layers = 3  # penultimate = after block 2
-    c.clip.vision_heads = 2
-    c.clip.vision_mlp_dim = 64
-    c.clip.text_width = 32
-    c.clip.text_layers = 2
-    c.clip.text_heads = 2
     c.clip.text_mlp_dim = 64
-    c.clip.text_vocab_size = 1000
-    c.clip.text_context_length = 16
     c.clip.embed_dim = 32
-    c.clip.dtype = "float32"
 
     c.t5.vocab_size = 1000
-    c.t5.d_model = 32
-    c.t5.d_kv = 16
     c.t5.d_ff = 64
-    c.t5.num_layers = 2
     c.t5.num_heads = 2
     c.t5.max_length = 8
     c.t5.spiece_model = "data/tiny_t5_spiece.model"  # small sentencepiece trained on data/ labels
 
     c.mllm.hidden_size = 64
-    c.mllm.intermediate_size = 128
-    c.mllm.num_layers = 2
-    c.mllm.num_heads = 4
-    c.mllm.num_kv_heads = 2
     c.mllm.head_dim = 16
     c.mllm.sliding_window = 0
     c.mllm.max_position_embeddings = 4096
-    c.mllm.dtype = "float32"
-    c.mllm.param_dtype = "float32"
     c.mllm.lora_rank = 4
     c.mllm.lora_alpha = 4.0
     c.mllm.history_window = 3
 
-    c.dit.hidden_size = 64
-    c.dit.num_layers = 2
-    c.dit.num_heads = 2
-    c.dit.head_dim = 32
     c.dit.time_embed_dim = 32
     c.dit.in_channels = 4  # = vae.latent_channels
     c.dit.out_channels = 4
-    c.dit.sample_height = 8  # 64 px / 8
-    c.dit.sample_width = 12  # 96 px / 8
     c.dit.lora_rank = 4
     c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
-    c.dit.dtype = "float32"
-    c.dit.remat = "none"
 
     # 4 latent channels: the shape of the shipped checkpoints/tiny_system (random VAE). Its trained
     # successor uses CogVideoX's 16 (41x compression instead of 163x): train it with
@@ -88,14 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
     # (README "Train the tiny system"); these become the defaults once that system ships.
     c.vae.latent_channels = 4
     c.vae.block_out_channels = (8, 16, 16, 32)
-    c.vae.layers_per_block = 1
     c.vae.norm_num_groups = 4
-    c.vae.dtype = "float32"
 
     c.diffusion.num_sampling_steps = 8
 
-    c.data.height = 64
-    c.data.width = 96
     c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)
 
     c.train.global_batch_size = 2
@@ -116,7 +101,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0
-    c.train.remat = "none"  # toy sizes: no activation memory to save
     c.train.max_seq_len = 256  # 3 turns of 1 + text + 28 + 14 tokens at 24 queries
 
     c.game.checkpoint = "checkpoints/tiny_system"  # the shipped tiny system (save_system layout)

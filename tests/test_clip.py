@@ -10,8 +10,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert import clip as cc
-from animegamer_jax.models import clip as mc
+from animegamer_jax.models.clip import convert as cc
+from animegamer_jax.models.clip import model as mc
+from tests.convert_checks import assert_names_bad_keys
 
 VOCAB, CTX, EOT = 100, 16, 99
 
@@ -146,16 +147,11 @@ def test_converter_is_loud():
     hf = _hf_clip("gelu")
     cfg = cc.config_from_hf(hf.config.to_dict())
     sd = dict(hf.state_dict())
-    bad = dict(sd)
-    del bad["vision_model.encoder.layers.1.mlp.fc1.bias"]
-    bad["vision_model.extra.weight"] = torch.zeros(3)
-    bad["text_projection.weight"] = torch.zeros(16, 8)
-    with pytest.raises(cc.ConversionError) as e:
-        cc.convert_clip(bad, cfg)
-    msg = str(e.value)
-    assert "vision_model.encoder.layers.1.mlp.fc1.bias" in msg and "missing" in msg
-    assert "unexpected source keys" in msg and "vision_model.extra.weight" in msg
-    assert "text_projection: source gives (8, 16), model expects (24, 16)" in msg
+    assert_names_bad_keys(lambda bad: cc.convert_clip(bad, cfg), sd, drop=["vision_model.encoder.layers.1.mlp.fc1.bias"],
+                          put={"vision_model.extra.weight": torch.zeros(3), "text_projection.weight": torch.zeros(16, 8)},
+                          expect=["missing source keys (1): ['vision_model.encoder.layers.1.mlp.fc1.bias']",
+                                  "unexpected source keys (1): ['vision_model.extra.weight']",
+                                  "text_projection: source gives (8, 16), model expects (24, 16)"])
     oc = _open_clip_names(sd)
     del oc["visual.positional_embedding"]
     with pytest.raises(cc.ConversionError, match=r"visual\.positional_embedding"):

@@ -108,48 +108,118 @@ def _local_snapshot(*dirs):
     return out
 
 
+#: the training child: tiny phase a2 (3 steps, a checkpoint every step) with workdir argv[1], the
+#: shipped tiny system as init checkpoint. There is no prepared dataset in a fresh clone (``make``
+#: builds it), so the batches are test_train_phases' synthetic ones; with argv[2] == "stall" the data
+#: source stalls at the 3rd batch, so the run is certainly mid-way when the test kills it.
+_TRAIN_CHILD = r"""
+import os, sys, time
+from tests.test_train_phases import SETUP
+exec(SETUP)
+from animegamer_jax.train import pipeline
+cfg = test_config("a2")
+cfg.train.update(num_steps=3, checkpoint_every=1, log_every=1, progress=False,
+                 init_checkpoint=os.path.join(os.environ["ROOT"], "checkpoints", "tiny_system"))
+
+def data():
+    n = 0
+    while True:
+        n += 1
+        if sys.argv[2] == "stall" and n > 2:
+            print("data source stalled", flush=True)
+            time.sleep(3600)
+        yield loader_example(cfg, "a2")
+
+# --fast_compile of `python -m animegamer_jax.train`
+print("system:", pipeline.run_phase(cfg, sys.argv[1], data=data(),
+                                    compiler_options={"xla_backend_optimization_level": 0}), flush=True)
+"""
+
+
+def _committed_steps(gcs, ckpts="bucket/run/checkpoints"):
+    gcs.invalidate_cache()
+    if not gcs.exists(ckpts):
+        return []
+    return sorted(int(p.rsplit("/", 2)[-2]) for p in gcs.find(ckpts)
+                  if p.endswith("/commit_success.txt") and p.rsplit("/", 2)[-2].isdigit())
+
+
 @pytest.mark.slow
-def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path, monkeypatch, capsys):
-    """Tiny phase a2 with workdir gs://bucket/run, stopped after step 1 and resumed to step 2, then
-    `play --checkpoint gs://bucket/run/system --out gs://bucket/games` with the script on gs:// too:
-    every expected object is in the emulator and no file appeared on the local disk."""
-    from animegamer_jax import play, system_checkpoint
-    from animegamer_jax.train import metrics, pipeline
-    from tests.test_train_phases import FAST, loader_example, test_config
+def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
+    """Tiny phase a2 in a child process with workdir gs://bucket/run, SIGKILLed once a checkpoint is
+    committed, resumed by a second child to the end, then `python -m animegamer_jax.play
+    gs://bucket/scripts/duel.txt --checkpoint gs://bucket/run/system --out gs://bucket/games`: every
+    expected object is in the emulator and nothing was written to the local disk (the children's
+    HOME, working directory and TMPDIR stay empty; no new file in the checkout)."""
+    import signal
+    import subprocess
+    import sys
+    import time
 
-    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
-    cwd.mkdir(), tmp.mkdir()
-    monkeypatch.chdir(cwd)
-    monkeypatch.setenv("TMPDIR", str(tmp))
-    monkeypatch.setattr("tempfile.tempdir", str(tmp))
+    from animegamer_jax import system_checkpoint
+    from animegamer_jax.train import metrics
+
+    home, cwd, tmp, logs = (tmp_path / n for n in ("home", "cwd", "tmp", "logs"))
+    for d in (home, cwd, tmp, logs):
+        d.mkdir()
     repo_before = _local_snapshot(ROOT)
-
-    cfg = test_config("a2")
-    cfg.train.update(num_steps=2, checkpoint_every=1, log_every=1, progress=False,
-                     init_checkpoint=os.path.join(ROOT, "checkpoints", "tiny_system"))
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(tmp), ROOT=ROOT, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_THREEFRY_PARTITIONABLE="0")
     run = "gs://bucket/run"
+    t0 = time.perf_counter()
 
-    def data():
-        return iter(lambda: loader_example(cfg, "a2"), None)
+    def child(args, name):
+        out, err = open(logs / f"{name}.out", "w"), open(logs / f"{name}.err", "w")
+        return subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=out, stderr=err), (out, err)
 
-    assert pipeline.run_phase(cfg, run, data=data(), compiler_options=FAST, stop_after=1) == ""
-    assert gcs.exists("bucket/run/checkpoints/1") and not gcs.exists("bucket/run/system")
-    out = pipeline.run_phase(cfg, run, data=data(), compiler_options=FAST)  # resumes at step 1
-    assert out == "gs://bucket/run/system" and system_checkpoint.is_complete(out)
-    steps = sorted(int(p.rsplit("/", 1)[1]) for p in gcs.ls("bucket/run/checkpoints") if p.rsplit("/", 1)[1].isdigit())
-    assert steps == [1, 2]
+    def text(name):
+        return (logs / f"{name}.out").read_text() + (logs / f"{name}.err").read_text()[-6000:]
+
+    # 1. train until a checkpoint is committed, then SIGKILL (no chance to clean up or flush)
+    proc, files = child(["-c", _TRAIN_CHILD, run, "stall"], "train1")
+    deadline = time.time() + 600
+    while not _committed_steps(gcs):
+        assert proc.poll() is None, f"the first run ended (rc {proc.returncode}) before a checkpoint:\n{text('train1')}"
+        assert time.time() < deadline, text("train1")
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(60) == -signal.SIGKILL
+    [f.close() for f in files]
+    killed_at = _committed_steps(gcs)
+    t_kill = time.perf_counter() - t0
+    assert killed_at and max(killed_at) < 3 and not gcs.exists("bucket/run/system")
+
+    # 2. resume in a new process: from the newest committed step to step 3, then the system checkpoint
+    proc, files = child(["-c", _TRAIN_CHILD, run, "go"], "train2")
+    rc = proc.wait(600)
+    [f.close() for f in files]
+    assert rc == 0, text("train2")
+    assert "system: gs://bucket/run/system" in text("train2")
+    out = "gs://bucket/run/system"
+    assert system_checkpoint.is_complete(out)
+    assert 3 in _committed_steps(gcs) and set(killed_at) <= set(_committed_steps(gcs)) | {1, 2}
     events = sorted(p for p in gcs.ls("bucket/run/tensorboard") if "tfevents" in p)
-    assert len(events) == 2  # one event file per run: the first logged step 1, the resumed one step 2
-    assert [s for s, _ in metrics.read_scalars("gs://bucket/run/tensorboard")["loss"]] == [1, 2]
+    assert len(events) == 2  # one event file per process
+    losses = metrics.read_scalars("gs://bucket/run/tensorboard")["loss"]
+    assert {s for s, _ in losses} == {1, 2, 3} and max(s for s, _ in losses[:1]) == 1
+    t_resume = time.perf_counter() - t0
 
+    # 3. play the trained system from gs:// into gs:// (the script on gs:// too)
     gcs.pipe("bucket/scripts/duel.txt", (TEXTS[0] + "\n").encode())
-    capsys.readouterr()
-    assert play.main(["gs://bucket/scripts/duel.txt", "--checkpoint", out, "--out", "gs://bucket/games"]) == 0
-    printed = capsys.readouterr().out
+    proc, files = child(["-m", "animegamer_jax.play", "gs://bucket/scripts/duel.txt", "--checkpoint", out,
+                         "--out", "gs://bucket/games"], "play")
+    rc = proc.wait(600)
+    [f.close() for f in files]
+    printed = text("play")
+    assert rc == 0, printed
     assert "outputs: gs://bucket/games/duel/" in printed and "checkpoint gs://bucket/run/system" in printed
+    t_total = time.perf_counter() - t0
+    print(f"\ntimes: killed after {t_kill:.1f} s (committed steps {killed_at}), resumed run done at "
+          f"{t_resume:.1f} s, play done at {t_total:.1f} s")
 
+    gcs.invalidate_cache()
     objects = sorted(gcs.find("bucket"))
-    print("\nemulator objects after the test:\n" + "\n".join(objects))
+    print("emulator objects after the test:\n" + "\n".join(objects))
     game = {p.removeprefix("bucket/games/duel/") for p in objects if p.startswith("bucket/games/duel/")}
     assert game == {"turn_000.mp4", "turn_000.gif", "game.mp4", "contact_sheet.png", "index.html", "game.json",
                     "timings.json", ".animegamer-game"}
@@ -162,8 +232,8 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path, monkeypatch, caps
     assert writers.read_video("gs://bucket/games/duel/game.mp4").shape[0] > 0
     assert writers.verify_game("gs://bucket/games/duel") is None  # sizes + sha256 of every file, read back
     assert system_checkpoint.verify_checkpoint(out, "full")  # integrity.json of the gs:// system
-    # nothing on the local disk: no new file in the working directory, temp dir or the checkout
-    assert os.listdir(cwd) == [] and os.listdir(tmp) == []
+    # nothing on the local disk: the children's HOME, working directory and temp dir stay empty
+    assert _local_snapshot(home) == set() and os.listdir(cwd) == [] and os.listdir(tmp) == []
     # (other tests may add files to the checkout meanwhile: look for what this run would write)
     ours = [p for p in _local_snapshot(ROOT) - repo_before
             if "gs:" in p or "bucket" in p or "tfevents" in p or os.path.basename(p) in _OUTPUT_NAMES]
@@ -179,3 +249,63 @@ def test_dataset_urls_name_the_gcsfuse_fix():
         storage.shard_paths("gs://bucket/ds", index={"shards": [{"file": "clips.array_record-00000-of-00001"}]})
     with pytest.raises(ValueError, match="gcsfuse"):
         prepare.prepare_dataset([("f", "film.mp4")], "labels.jsonl", "gs://bucket/ds", tiny.get_config().data)
+
+
+RELEASE_FIXTURE = os.path.join(ROOT, "..", "shared", "fixtures", "release_tiny")
+
+
+@pytest.mark.slow  # ~2 min idle: every zarr leaf is a few requests to the single-threaded emulator
+@pytest.mark.skipif(not os.path.isdir(os.path.join(RELEASE_FIXTURE, "release")),
+                    reason="release fixture absent (CI clones shared/ beside the repo)")
+def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
+    """`convert release gs://bucket/release gs://bucket/converted`: the remote files are copied into the
+    local cache as they are needed (said on stdout) and memory-mapped there, the system checkpoint is
+    written straight to gs:// and is byte-identical to a local conversion; a failed one leaves nothing
+    at DST; the default cache is a temporary folder removed afterwards."""
+    import tempfile
+
+    from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax.convert import check_release, release
+
+    config = os.path.join(ROOT, "configs", "release_tiny.py")
+    gcs.put(os.path.join(RELEASE_FIXTURE, "release"), "bucket/release", recursive=True)
+    cache = tmp_path / "cache"
+    assert release.main(["gs://bucket/release", "gs://bucket/converted", "--config", config,
+                         f"--cache_dir={cache}"]) == 0
+    out = capsys.readouterr().out
+    assert "copying gs://bucket/release/AnimeGamer/VDM_Decoder-Qiqi/10000/mp_rank_00_model_states.pt (" in out
+    assert f"to the local cache {cache}/AnimeGamer/VDM_Decoder-Qiqi/10000/mp_rank_00_model_states.pt" in out
+    assert "wrote gs://bucket/converted: " in out
+    assert sc.is_complete("gs://bucket/converted")
+    assert (cache / "vae" / "3d-vae.pt").is_file()  # a user-given cache is kept (reused by a rerun)
+
+    local = str(tmp_path / "local")
+    assert release.main([os.path.join(RELEASE_FIXTURE, "release"), local, "--config", config]) == 0
+    assert "copying" not in capsys.readouterr().out  # local files are memory-mapped in place
+    remote_files = sc.verify_checkpoint("gs://bucket/converted", "fast")["files"]
+    local_files = sc.verify_checkpoint(local, "fast")["files"]
+    assert sorted(remote_files) == sorted(local_files)
+    differ = sorted(k for k in local_files if local_files[k]["sha256"] != remote_files[k]["sha256"])
+    # only the files that record the directory or the time differ
+    assert {os.path.basename(k) for k in differ} <= {"commit_success.txt", "_CHECKPOINT_METADATA"}, differ
+    assert sc.read_manifest(local) == sc.read_manifest("gs://bucket/converted")
+
+    # the default cache: a temporary folder, removed afterwards; a failure leaves nothing at DST
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    paper = os.path.join(ROOT, "configs", "animegamer_2b_7b.py")  # sizes that do not fit the tiny weights
+    assert release.main(["gs://bucket/release", "gs://bucket/bad", "--config", paper]) == 1
+    err = capsys.readouterr().err
+    assert "error: gs://bucket/release/AnimeGamer/MLLM-Qiqi/pytorch_model.bin: key" in err
+    assert "nothing written at gs://bucket/bad" in err
+    gcs.invalidate_cache()
+    assert not gcs.exists("bucket/bad") and os.listdir(tmp) == []
+    assert release.main(["gs://bucket/nope", "gs://bucket/bad2", "--config", config]) == 1
+    assert "error: gs://bucket/nope: release folder not found" in capsys.readouterr().err
+
+    # check-release reads a case from a URL too (its noise floors beside the cases folder)
+    gcs.put(os.path.join(RELEASE_FIXTURE, "noise_floor.json"), "bucket/fixture/noise_floor.json")
+    case = sorted(os.listdir(os.path.join(RELEASE_FIXTURE, "cases")))[0].rsplit(".", 1)[0]
+    assert check_release.tolerances(f"gs://bucket/fixture/cases/{case}.npz") == \
+        check_release.tolerances(os.path.join(RELEASE_FIXTURE, "cases", f"{case}.npz"))

@@ -19,11 +19,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax.convert import cogvideox_dit as conv
+from animegamer_jax.convert.common import load_state_dict
+from animegamer_jax.models.cogvideox import dit_convert as conv
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.models import lora as lora_lib
-from animegamer_jax.models.cogvideox_dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
+from animegamer_jax.models.cogvideox.dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
                                                  trainable_filter)
+from tests.convert_checks import assert_names_bad_keys
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
 CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
@@ -67,7 +69,7 @@ def _run(model, ref, flow=None):
 
 @pytest.mark.parity
 def test_parity_vs_diffusers_from_saved_file(ref, tmp_path):
-    sd = conv.read_torch_state_dict(ref["path"])
+    sd = load_state_dict(ref["path"])
     params, extras = conv.from_diffusers(sd, CFG)
     np.testing.assert_array_equal(extras["text_proj.weight"], ref["sd"]["patch_embed.text_proj.weight"].numpy())
     model = conv.build_model(CFG, params, keep_init=("flow_embed", "lora"))
@@ -236,18 +238,15 @@ def test_sat_names_with_lora_convert_to_same_outputs(ref):
 
 
 def test_converters_fail_loudly(ref):
-    sd = dict(ref["sd"])
-    del sd["transformer_blocks.1.attn1.to_k.weight"]
-    sd["transformer_blocks.0.attn1.extra.weight"] = sd["proj_out.bias"]
-    sd["norm_final.weight"] = sd["norm_final.weight"][:5]
-    with pytest.raises(conv.ConversionError) as e:
-        conv.from_diffusers(sd, CFG)
-    msg = str(e.value)
-    assert "missing keys (1): transformer_blocks.1.attn1.to_k.weight" in msg
-    assert "unexpected keys (1): transformer_blocks.0.attn1.extra.weight" in msg
-    assert "norm_final.weight: got (5,), expected (32,)" in msg
+    sd = ref["sd"]
+    assert_names_bad_keys(lambda bad: conv.from_diffusers(bad, CFG), sd, drop=["transformer_blocks.1.attn1.to_k.weight"],
+                          put={"transformer_blocks.0.attn1.extra.weight": sd["proj_out.bias"],
+                               "norm_final.weight": sd["norm_final.weight"][:5]},
+                          expect=["missing keys (1): ['transformer_blocks.1.attn1.to_k.weight']",
+                                  "unexpected keys (1): ['transformer_blocks.0.attn1.extra.weight']",
+                                  "norm_final.weight: got (5,), expected (32,)"])
     params, _ = conv.from_diffusers(ref["sd"], CFG)
-    with pytest.raises(conv.ConversionError, match="missing: flow_embed.linear_1_bias"):
+    with pytest.raises(conv.ConversionError, match=r"missing \(\d+\): \[[^]]*flow_embed.linear_1_bias"):
         conv.build_model(CFG, params)
     with pytest.raises(conv.ConversionError, match="no LoRA"):
         conv.from_sat({"model.diffusion_model.time_embed.0.weight": np.zeros((16, 32))},
@@ -328,7 +327,7 @@ _EVAL_SHAPE_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from flax import nnx
     from animegamer_jax import parallel
-    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
     from configs import animegamer_2b_7b
     c = animegamer_2b_7b.get_config()
     cfg = DiTConfig.from_config(c.dit)
@@ -440,7 +439,7 @@ def test_migrate_system_checkpoint_end_to_end(tmp_path):
     pure = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), sc._pure(target))
     old = dict(pure, blocks=_legacy_blocks(pure["blocks"]))
     src = sc.save_system(str(tmp_path / "old"), {"dit": old}, config)
-    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*cogvideox_dit migrate"):
+    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*convert dit migrate"):
         sc.load_system(src, names=["dit"])
     dst = conv.migrate_system_checkpoint(src, str(tmp_path / "new"))
     got = nnx.state(sc.load_system(dst, names=["dit"])["dit"], nnx.Param).to_pure_dict()
@@ -455,7 +454,7 @@ def test_migrate_system_checkpoint_end_to_end(tmp_path):
 
 def test_prepare_for_inference_merges_and_casts():
     """Play's one-time weight preparation: LoRA merged + cast; fp32 result equals the unmerged model."""
-    from animegamer_jax.models.cogvideox_dit import prepare_for_inference
+    from animegamer_jax.models.cogvideox.dit import prepare_for_inference
     from animegamer_jax.models.lora import LoRAParam
 
     cfg = dataclasses.replace(CFG, lora_rank=4, lora_alpha=2.0)
@@ -477,9 +476,11 @@ def test_prepare_for_inference_merges_and_casts():
 
 
 def test_cfg_and_context_parallel_sampling_equals_one_device():
-    """One game on 8 fake devices, CFG halves on `data` (2) and the joint text+video sequence on
-    `context` (4): the sampled latents equal the 1-device result, K/V are all-gathered (context
-    parallel attention), and each device does about 1/8 of the compiled FLOPs."""
+    """One game on 8 fake devices in play's latency layout (game/engine.py apply_layout: CFG halves on
+    `data` (2), the joint text+video sequence on `context` (4), weights sharded over all 8), through
+    play's own sampler (game/real.py dit_sampler, batch 1, no filler rows): the sampled latents equal
+    the 1-device result within 1e-5, K/V are all-gathered (context parallel attention), the
+    weights are split 8 ways, and each device does about 1/8 of the compiled FLOPs."""
     from tests.subproc import run_python
 
     out = run_python("""
@@ -488,31 +489,35 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
         from flax import nnx
         from animegamer_jax import parallel
         from animegamer_jax.config import load_config
-        from animegamer_jax.diffusion import samplers
-        from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+        from animegamer_jax.game.engine import apply_layout, apply_mode
+        from animegamer_jax.game.real import dit_sampler
+        from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
-        cfg = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
-                        out_channels=4, text_length=8, lora_rank=0, attention_impl="blockwise")
-        g, st = nnx.split(CogVideoXDiT(cfg, rngs=nnx.Rngs(0)))
-        plan = samplers.plan_from_config(load_config("configs/tiny.py").diffusion, num_steps=2)
+        cfg = apply_mode(load_config("configs/tiny.py", [
+            "dit.hidden_size=32", "dit.num_heads=2", "dit.head_dim=16", "dit.time_embed_dim=16", "dit.lora_rank=0",
+            "dit.num_latent_frames=2", "dit.sample_height=8", "dit.sample_width=8", "dit.attention_impl=blockwise",
+            "rep.dim=32", "rep.num_text_tokens=4", "rep.num_image_tokens=4", "diffusion.num_sampling_steps=2"]))
+        g, st = nnx.split(CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=8), rngs=nnx.Rngs(0)))
+        sample = dit_sampler(g, cfg)  # 8 text + 2 x 4 x 4 = 40 tokens
         r = np.random.default_rng(0)
-        x = jnp.asarray(r.normal(size=(1, 2, 4, 8, 8)), jnp.float32)  # 8 text + 2 x 4 x 4 = 40 tokens
-        cond, unc = (jnp.asarray(r.normal(size=(1, 8, 32)), jnp.float32) for _ in range(2))
-        args = (st, x, cond, unc, jnp.asarray([2.5]), jax.random.PRNGKey(1))
+        rep, unc = jnp.asarray(r.normal(size=(1, 8, 32)), jnp.float32), jnp.asarray(r.normal(size=(8, 32)), jnp.float32)
+        ml, keys = jnp.asarray([2], jnp.int32), jnp.asarray([[0, 7]], jnp.uint32)
+        run = lambda st, unc, rep, ml, keys: sample({"dit": st, "uncond": unc}, rep, ml, keys)  # noqa: E731
 
-        def run(st, x, cond, unc, flow, key):
-            def denoise(x, t, c):
-                return nnx.merge(g, st)(x, c["cond"], t, c["flow"])
-            return samplers.sample(denoise, x, {"cond": cond, "flow": flow}, {"cond": unc, "flow": flow}, key, plan)
-
-        one = jax.jit(run).lower(*args).compile()
-        ref = np.asarray(one(*args))
-        with parallel.sharding_context(parallel.make_mesh((2, 1, 1, 4)), parallel.DEFAULT_RULES):
-            par = jax.jit(run).lower(*args).compile()
-            out = np.asarray(par(*args))
+        one = jax.jit(run).lower(st, unc, rep, ml, keys).compile()
+        ref = np.asarray(one(st, unc, rep, ml, keys))
+        lat = apply_layout(cfg, "latency", 8)
+        mesh, rules = parallel.mesh_from_config(lat), parallel.rules_from_config(lat)
+        assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 1, "context": 4}, mesh.shape
+        st8 = jax.device_put(st, parallel.param_shardings(st, mesh, rules))  # as GameEngine places them
+        w = st8["blocks"]["attn1"]["to_q"]["kernel"][...]
+        split = w.addressable_shards[0].data.size * 8 == w.size
+        with parallel.sharding_context(mesh, rules):
+            par = jax.jit(run).lower(st8, unc, rep, ml, keys).compile()
+            out = np.asarray(par(st8, unc, rep, ml, keys))
         ratio = par.cost_analysis()["flops"] * 8 / one.cost_analysis()["flops"]
-        print("RESULT", float(np.abs(out - ref).max()), "all-gather" in par.as_text(), ratio)
+        print("RESULT", float(np.abs(out - ref).max()), "all-gather" in par.as_text(), split, ratio)
     """)
-    diff, gathered, ratio = out.split("RESULT")[1].split()
-    assert float(diff) <= 1e-5 and gathered == "True"
+    diff, gathered, split, ratio = out.split("RESULT")[1].split()
+    assert float(diff) <= 1e-5 and gathered == "True" and split == "True"
     assert float(ratio) <= 1.3, f"per-device FLOPs x 8 / one-device FLOPs = {ratio}"

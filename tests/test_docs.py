@@ -153,7 +153,7 @@ def test_links_between_docs_resolve(doc_anchors):
 
 
 def test_code_paths_named_in_docs_exist(doc_anchors):
-    """A path in backticks (`models/mllm.py`, `animegamer_jax/diffusion/`) names a file or folder of
+    """A path in backticks (`models/mistral/mllm.py`, `animegamer_jax/diffusion/`) names a file or folder of
     the repository, at the root or under animegamer_jax/: moved code must take its docs along."""
     bad = []
     for fn in sorted(doc_anchors):

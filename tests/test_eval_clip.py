@@ -44,7 +44,7 @@ def test_clip_embedder_matches_hf_clipmodel(tmp_path):
     from PIL import Image
     from transformers import CLIPTokenizer
 
-    from animegamer_jax.models.clip import CLIP_MEAN, CLIP_STD
+    from animegamer_jax.models.clip.model import CLIP_MEAN, CLIP_STD
 
     hf = _tiny_hf_clip(tmp_path)
     emb = embedders.embedder_from_flag(str(tmp_path))

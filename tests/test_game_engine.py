@@ -95,6 +95,8 @@ def test_mllm_input_holds_last_w_turns(engine, monkeypatch):
 
 
 def test_batch_of_4_on_8_devices_equals_one_by_one():
+    """Batch layout (4 games + filler rows on 8 devices) and play's latency layout (one game on 8
+    devices, batch 1) both give each game's 1-device result."""
     out = run_python("""
         import numpy as np, jax
         from animegamer_jax.config import load_config
@@ -111,13 +113,25 @@ def test_batch_of_4_on_8_devices_equals_one_by_one():
         batched = big.play(games)
         one = GameEngine(cfg, sysm, mesh=parallel.mesh_from_config(cfg, devices=jax.devices()[:1]))
         assert one.batch_size == 1
+        # play's default latency layout: one game on all 8 devices, batch 1 (no filler rows)
+        from animegamer_jax.game.engine import apply_layout
+        lat_cfg = apply_layout(cfg, "latency", 8)
+        lat = GameEngine(lat_cfg, sysm, latency=True)
+        assert lat.batch_size == 1 and dict(lat.mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 1, "context": 4}
+        rows = []
+        orig_step = lat.step
+        lat.step = lambda runs, *a, **k: (rows.append(len(runs)), orig_step(runs, *a, **k))[1]
         worst = 0.0
-        for g, rb in zip(games, batched):
+        for i, (g, rb) in enumerate(zip(games, batched)):
             r1 = one.play([g])[0]
             assert len(r1["turns"]) == len(rb["turns"]) == len(g.turns)
-            for a, b in zip(r1["turns"], rb["turns"]):
+            pairs = list(zip(r1["turns"], rb["turns"]))
+            if i < 2:
+                pairs += list(zip(r1["turns"], lat.play([g])[0]["turns"]))
+            for a, b in pairs:
                 assert a.states == b.states and a.meters == b.meters
                 worst = max(worst, float(np.abs(a.frames - b.frames).max()))
+        assert set(rows) == {1}, rows
         print("WORST", worst)
     """.replace("TEXTS_HERE", repr(TEXTS)), devices=8)
     worst = float(out.split("WORST")[1])

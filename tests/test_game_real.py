@@ -33,7 +33,7 @@ def test_mllm_turn_on_padded_batch_equals_model_passes():
 from flax import nnx
 from animegamer_jax.game.real import mllm_turn
 from animegamer_jax.game.state import GameRun, WindowSpec, encode_instruction, stack_inputs
-from animegamer_jax.models.mllm import GameStateMLLM
+from animegamer_jax.models.mistral.mllm import GameStateMLLM
 cfg = load_config("configs/tiny.py")
 mllm = nnx.merge(*jax.jit(lambda: nnx.split(GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0))))())
 # the padded, jitted MLLM turn equals the model's own unpadded passes
@@ -75,9 +75,9 @@ from animegamer_jax.system_checkpoint import save_system
 cfg = load_config("configs/tiny.py")
 ckpt = os.path.join(tempfile.mkdtemp(), "sys")
 # random tiny modules (all four components), saved through save_system
-from animegamer_jax.models.mllm import GameStateMLLM
-from animegamer_jax.models.shot_encoder import ShotEncoder
-from animegamer_jax.models.cogvideox_vae import CogVideoXVAE
+from animegamer_jax.models.mistral.mllm import GameStateMLLM
+from animegamer_jax.models.shot_encoder.model import ShotEncoder
+from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
 from animegamer_jax.system_checkpoint import COMPONENT_BUILDERS  # the one builder registry
 @jax.jit
 def init():

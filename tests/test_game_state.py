@@ -181,8 +181,8 @@ def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
 
 @pytest.mark.parametrize("window,history_states", [(3, "own"), (2, "zero"), (1, "own")])
 def test_training_and_play_give_the_same_layout(window, history_states):
-    """models/mllm.build_sequence (training) and game/state.build_turn_input (play): same ids and masks."""
-    from animegamer_jax.models.mllm import build_sequence
+    """models/mistral/mllm.build_sequence (training) and game/state.build_turn_input (play): same ids and masks."""
+    from animegamer_jax.models.mistral.mllm import build_sequence
 
     tok = tk.get_tokenizer()
     spec = WindowSpec(window, 24, 48, "query", history_states)

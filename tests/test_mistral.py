@@ -14,11 +14,12 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert import mistral as cm
-from animegamer_jax.models import mistral as mst
-from animegamer_jax.convert.common import count_params
+from animegamer_jax.models.mistral import convert as cm
+from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.convert.common import load_state_dict, restore_state, save_state
 from animegamer_jax.models.lora import LoRAParam, merge_lora
 from tests.random_weights import random_model
+from tests.convert_checks import assert_names_bad_keys
 
 VOCAB = 96
 
@@ -91,16 +92,12 @@ def test_converter_reports_bad_keys(window_pair, tmp_path):
     tm, _ = window_pair
     sd = {k: v.numpy() for k, v in tm.state_dict().items()}
     cfg = cm.config_from_hf(json.loads(tm.config.to_json_string()), dtype="float32", param_dtype="float32")
-    bad = dict(sd)
-    del bad["model.layers.1.mlp.up_proj.weight"]
-    bad["model.layers.0.self_attn.q_proj.bias"] = np.zeros(64, np.float32)
-    bad["model.norm.weight"] = np.ones(63, np.float32)
-    with pytest.raises(cm.ConversionError) as e:
-        cm.convert_mistral(bad, cfg)
-    msg = str(e.value)
-    assert "missing keys (1): ['model.layers.1.mlp.up_proj.weight']" in msg
-    assert "unexpected keys (1): ['model.layers.0.self_attn.q_proj.bias']" in msg
-    assert "model.norm.weight: got (63,), expected (64,)" in msg
+    assert_names_bad_keys(lambda bad: cm.convert_mistral(bad, cfg), sd, drop=["model.layers.1.mlp.up_proj.weight"],
+                          put={"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32),
+                               "model.norm.weight": np.ones(63, np.float32)},
+                          expect=["missing keys (1): ['model.layers.1.mlp.up_proj.weight']",
+                                  "unexpected keys (1): ['model.layers.0.self_attn.q_proj.bias']",
+                                  "model.norm.weight: got (63,), expected (64,)"])
 
 
 def test_v01_config_form():
@@ -115,8 +112,8 @@ def test_v01_config_form():
 def test_orbax_roundtrip(window_pair, tmp_path):
     _, ours = window_pair
     state = nnx.state(ours)
-    cm.save_state(state, str(tmp_path / "ckpt"))
-    back = cm.restore_state(str(tmp_path / "ckpt"), state)
+    save_state(state, str(tmp_path / "ckpt"))
+    back = restore_state(state, str(tmp_path / "ckpt"))
     for (p, a), (_, b) in zip(nnx.to_flat_state(state), nnx.to_flat_state(back)):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
@@ -195,8 +192,8 @@ _FULL_SIZE = textwrap.dedent(
     from flax import nnx
     from configs import animegamer_2b_7b
     from animegamer_jax.convert.common import count_params
-    from animegamer_jax.models import mistral as mst
-    from animegamer_jax.models.mllm import GameStateMLLM
+    from animegamer_jax.models.mistral import model as mst
+    from animegamer_jax.models.mistral.mllm import GameStateMLLM
     from animegamer_jax.parallel import mesh as pm
     cfg = animegamer_2b_7b.get_config()
     m0 = nnx.eval_shape(lambda: mst.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(0), lora_rank=0, vocab_size=32000))
@@ -255,7 +252,7 @@ def test_load_state_dict_formats(window_pair, tmp_path):
     assert os.path.exists(tmp_path / "sharded" / "model.safetensors.index.json")
     torch.save(tm.state_dict(), tmp_path / "pytorch_model.bin")
     for src in (str(tmp_path / "sharded"), str(tmp_path), str(tmp_path / "pytorch_model.bin")):
-        got = cm.load_state_dict(src)
+        got = load_state_dict(src)
         assert sorted(got) == sorted(ref), src
         for k in ref:
             np.testing.assert_array_equal(got[k], ref[k], err_msg=f"{src}: {k}")

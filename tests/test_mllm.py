@@ -11,10 +11,11 @@ import torch
 from flax import nnx
 
 from animegamer_jax import tokenizer as tk
-from animegamer_jax.convert import animegamer_mllm as cam
-from animegamer_jax.convert.mistral import ConversionError
-from animegamer_jax.models import mistral as mst
-from animegamer_jax.models import mllm as ml
+from animegamer_jax.convert import animegamer_mllm as convert_cli
+from animegamer_jax.models.mistral import mllm_convert as cam
+from animegamer_jax.convert.common import ConversionError, restore_state
+from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.models.mistral import mllm as ml
 from animegamer_jax.models.lora import LoRAParam
 from tests.random_weights import random_model
 
@@ -276,7 +277,7 @@ def test_mllm_cli_roundtrip(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     from configs import tiny
-    from animegamer_jax.convert import mistral as cm
+    from animegamer_jax.models.mistral import convert as cm
 
     c = tiny.get_config()
     m = c.mllm
@@ -291,12 +292,12 @@ def test_mllm_cli_roundtrip(tmp_path):
         sd[f"{name}.proj.0.weight"], sd[f"{name}.proj.0.bias"] = torch.randn(b, a), torch.randn(b)
         sd[f"{name}.proj.2.weight"], sd[f"{name}.proj.2.bias"] = torch.randn(b, b), torch.randn(b)
     torch.save(sd, tmp_path / "pytorch_model.bin")
-    cam.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"), "--config", "configs/tiny.py",
-              "--param_dtype", "float32", "--lora_alpha", "4"])
+    assert convert_cli.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"), "--config", "configs/tiny.py",
+                             "--param_dtype", "float32", "--lora_alpha", "4"]) == 0
     cfg, state = cam.convert_animegamer_mllm({k: v.numpy() for k, v in sd.items()},
                                              ml.MLLMConfig.from_config(c, param_dtype="float32"), lora_alpha=4.0)
     assert (cfg.llm.lora_rank, cfg.llm.lora_targets, cfg.llm.lora_alpha) == (2, ("q_proj", "v_proj"), 4.0)
-    back = cm.restore_state(str(tmp_path / "out" / "params"), state)
+    back = restore_state(state, str(tmp_path / "out" / "params"))
     for (p, a), (_, b) in zip(nnx.to_flat_state(state), nnx.to_flat_state(back)):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
@@ -340,7 +341,7 @@ def test_last_readout_skips_right_padding():
     import jax.numpy as jnp
     import numpy as np
 
-    from animegamer_jax.models.mllm import GameStateMLLM
+    from animegamer_jax.models.mistral.mllm import GameStateMLLM
 
     q, length = 3, 8
     fake = types.SimpleNamespace(cfg=types.SimpleNamespace(readout="last", num_queries=q),

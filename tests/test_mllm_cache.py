@@ -22,7 +22,7 @@ from animegamer_jax.game import real
 from animegamer_jax.game.state import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
                                        encode_instruction, stack_cached_inputs)
 from animegamer_jax.models import attention as attn
-from animegamer_jax.models.mllm import GameStateMLLM, collate, hybrid_attention_mask, turn_layout
+from animegamer_jax.models.mistral.mllm import GameStateMLLM, collate, hybrid_attention_mask, turn_layout
 
 W, TURNS, TOL = 3, 6, 1e-5
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",

@@ -151,7 +151,7 @@ def test_pickled_bookkeeping_needs_allow_pickle(tmp_path, capsys):
         torch.save(obj, out)
 
     lines = _fails(_copy_release(tmp_path, {ENGINE: add_args}), tmp_path, capsys)
-    assert len(lines) == 1 and ENGINE in lines[0] and "--allow-pickle" in lines[0] and "\x1b" not in lines[0]
+    assert len(lines) == 1 and ENGINE in lines[0] and "--allow_pickle" in lines[0] and "\x1b" not in lines[0]
 
 
 def test_config_sizes_do_not_match(tmp_path, capsys):

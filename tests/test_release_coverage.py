@@ -101,7 +101,7 @@ def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
     from flax import nnx
 
     from animegamer_jax import system_checkpoint as sc
-    from animegamer_jax.convert import mistral as cm
+    from animegamer_jax.models.mistral import convert as cm
     from animegamer_jax.convert import release
 
     paper, one = _paper_and_one_layer()
@@ -137,7 +137,7 @@ def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
         t0 = time.perf_counter()
         converted[name] = call()
         print(f"{name}: converted in {time.perf_counter() - t0:.1f} s")
-    from animegamer_jax.convert.mistral import Leaf
+    from animegamer_jax.models.mistral.convert import Leaf
 
     produced = 0
     total = 0
@@ -159,7 +159,7 @@ def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
                 else:
                     got[key] = tuple(np.shape(leaf))
             if isinstance(job, release._DiTJob):
-                from animegamer_jax.convert import cogvideox_dit as cd
+                from animegamer_jax.models.cogvideox import dit_convert as cd
 
                 for k, v in cd.sat_layer(job.sd, job.cfg, job.rank, 0).items():
                     got["/".join(("blocks",) + k)] = (1,) + v.shape

@@ -9,9 +9,9 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert import shot_encoder as cs
-from animegamer_jax.convert.clip import ConversionError
-from animegamer_jax.models import shot_encoder as ms
+from animegamer_jax.models.shot_encoder import convert as cs
+from animegamer_jax.convert.common import ConversionError
+from animegamer_jax.models.shot_encoder import model as ms
 
 CFG = ms.ShotEncoderConfig(dim=24, text_dim=16, image_dim=12, num_text_tokens=5, num_image_tokens=9)
 
@@ -107,8 +107,8 @@ def test_full_size_eval_shape():
 
 def test_tiny_end_to_end_from_frames_and_text():
     """tiny config: frame -> CLIP f_v, text -> T5 f_md, -> E_a (B, 8 + 16, 64)."""
-    from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
-    from animegamer_jax.models.t5 import T5Config, T5Encoder
+    from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
+    from animegamer_jax.models.t5.model import T5Config, T5Encoder
     from animegamer_jax.t5_tokenizer import T5Tokenizer
     from configs import tiny
 

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from animegamer_jax import parallel
 from animegamer_jax.data import extract_features as ef
 from animegamer_jax.data import storage
-from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
-from animegamer_jax.models.t5 import T5Config, T5Encoder
+from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
+from animegamer_jax.models.t5.model import T5Config, T5Encoder
 from animegamer_jax.t5_tokenizer import T5Tokenizer
 
 def random_model(make, seed=0, scale=0.2):
@@ -118,8 +118,8 @@ def test_feature_encoder_sharded_over_data_and_fsdp_matches_one_device():
         from flax import nnx
         from animegamer_jax import parallel
         from animegamer_jax.data.extract_features import FeatureEncoder
-        from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
-        from animegamer_jax.models.t5 import T5Config, T5Encoder
+        from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
+        from animegamer_jax.models.t5.model import T5Config, T5Encoder
         from configs import tiny
         jax.config.update("jax_default_matmul_precision", "highest")
         cfg = tiny.get_config()

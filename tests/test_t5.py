@@ -10,8 +10,10 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert import t5 as ct
-from animegamer_jax.models import t5 as mt
+from animegamer_jax.convert.common import restore_state
+from animegamer_jax.models.t5 import convert as ct
+from animegamer_jax.models.t5 import model as mt
+from tests.convert_checks import assert_names_bad_keys
 
 VOCAB = 100
 
@@ -47,7 +49,7 @@ def test_t5_parity_from_saved_file(tmp_path):
     ct.convert_file(tmp_path / "hf", cfg, tmp_path / "orbax")
     abstract = nnx.eval_shape(lambda: mt.T5Encoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)
-    model = nnx.merge(graphdef, ct.restore_state(abstract, tmp_path / "orbax"))
+    model = nnx.merge(graphdef, restore_state(abstract, tmp_path / "orbax"))
 
     rng = np.random.default_rng(0)
     ids = rng.integers(2, VOCAB, size=(2, 30))
@@ -85,16 +87,12 @@ def test_converter_is_loud():
     hf = _hf_t5()
     cfg = ct.config_from_hf(hf.config.to_dict())
     sd = dict(hf.state_dict())
-    bad = dict(sd)
-    del bad["encoder.block.1.layer.1.DenseReluDense.wi_1.weight"]
-    bad["encoder.block.0.layer.0.SelfAttention.q.bias"] = torch.zeros(32)
-    bad["encoder.final_layer_norm.weight"] = torch.ones(16)
-    with pytest.raises(ct.ConversionError) as e:
-        ct.convert_t5(bad, cfg)
-    msg = str(e.value)
-    assert "missing source keys" in msg and "encoder.block.1.layer.1.DenseReluDense.wi_1.weight" in msg
-    assert "unexpected source keys" in msg and "encoder.block.0.layer.0.SelfAttention.q.bias" in msg
-    assert "final_layer_norm.scale: source gives (16,), model expects (32,)" in msg
+    assert_names_bad_keys(lambda bad: ct.convert_t5(bad, cfg), sd, drop=["encoder.block.1.layer.1.DenseReluDense.wi_1.weight"],
+                          put={"encoder.block.0.layer.0.SelfAttention.q.bias": torch.zeros(32),
+                               "encoder.final_layer_norm.weight": torch.ones(16)},
+                          expect=["missing source keys (1): ['encoder.block.1.layer.1.DenseReluDense.wi_1.weight']",
+                                  "unexpected source keys", "'encoder.block.0.layer.0.SelfAttention.q.bias'",
+                                  "final_layer_norm.scale: source gives (16,), model expects (32,)"])
     clash = dict(sd, **{"shared.weight": sd["encoder.embed_tokens.weight"] + 1})
     with pytest.raises(ct.ConversionError, match="differ"):
         ct.convert_t5(clash, cfg)

@@ -2,9 +2,6 @@
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +13,7 @@ from animegamer_jax import parallel
 from animegamer_jax import system_checkpoint
 from animegamer_jax.train import loop, metrics, optim
 from configs import tiny
-from tests.subproc import ROOT, run_python
+from tests.subproc import run_processes, run_python
 
 # Shared by this process and the subprocesses (8 fake devices, two jax.distributed processes).
 TOY = r'''
@@ -259,17 +256,7 @@ jax.distributed.shutdown()
 
 @pytest.mark.multiprocess
 def test_two_process_training_agrees(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port), str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for i in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, e) in zip(procs, outs):
-        assert p.returncode == 0, e[-4000:]
-    res = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+    res = run_processes(_WORKER, tmp_path, devices=2, timeout=300)
     assert [r["devices"] for r in res] == [4, 4]
     assert len(res[0]["losses"]) == 4 and res[0]["losses"] == res[1]["losses"]
     assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]

@@ -1,11 +1,7 @@
 """The four training phases at the tiny config: loss goes down, kill + resume == uninterrupted,
 trainable sets, batch building, and phase (b) across two jax.distributed processes."""
 
-import json
 import os
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -13,7 +9,7 @@ import pytest
 
 from animegamer_jax import parallel
 from animegamer_jax.train import loop, optim, phases
-from tests.subproc import ROOT
+from tests.subproc import run_processes
 
 # Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
 SETUP = r'''
@@ -107,7 +103,7 @@ def test_trainable_sets_and_errors():
     levels = np.array([1, 2, 3, 4, 5, 9, 0, -1])
     np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
                                   [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
-    from animegamer_jax.models.cogvideox_dit import flow_value  # play uses the same rule
+    from animegamer_jax.models.cogvideox.dit import flow_value  # play uses the same rule
     np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
                                   np.asarray(flow_value(levels, tuple(cfg.dit.flow_table))))
 
@@ -151,17 +147,7 @@ jax.distributed.shutdown()
 
 @pytest.mark.multiprocess
 def test_phase_b_two_processes_agree(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port), str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for i in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    for p, (_, e) in zip(procs, outs):
-        assert p.returncode == 0, e[-4000:]
-    res = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+    res = run_processes(_WORKER, tmp_path, devices=1, timeout=600)
     assert [r["devices"] for r in res] == [2, 2]
     assert len(res[0]["losses"]) == 3 and res[0]["losses"] == res[1]["losses"]
     assert res[0]["losses"][-1] < res[0]["losses"][0]

@@ -8,7 +8,7 @@ import pytest
 
 from animegamer_jax import parallel
 from animegamer_jax.eval import vae as vae_eval
-from animegamer_jax.models import cogvideox_vae
+from animegamer_jax.models.cogvideox import vae as cogvideox_vae
 from animegamer_jax.train import loop, optim, phases
 from configs import tiny
 

@@ -8,17 +8,15 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert.cogvideox_vae import (
-    VAECheckpointError,
+from animegamer_jax.convert.common import ConversionError, load_state_dict, restore_state
+from animegamer_jax.models.cogvideox.vae_convert import (
     build_vae,
     convert,
     diffusers_to_state,
-    load_diffusers_state_dict,
-    load_sat_state_dict,
-    restore_state,
     sat_to_diffusers_keys,
 )
-from animegamer_jax.models.cogvideox_vae import CogVideoXVAE, VAEConfig, count_params
+from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig, count_params
+from tests.convert_checks import assert_names_bad_keys
 
 TINY = dict(block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4)
 
@@ -74,11 +72,11 @@ def test_sat_file_to_orbax_matches_diffusers(ref_sd, tmp_path):
     assert got_flat.keys() == want.keys()
     for k in want:
         np.testing.assert_array_equal(got_flat[k], want[k])
-    restored = _flat(restore_state(str(tmp_path / "orbax"), cfg))
+    restored = _flat(restore_state(nnx.eval_shape(lambda: CogVideoXVAE(cfg, rngs=nnx.Rngs(0))), str(tmp_path / "orbax")))
     for k in want:
         np.testing.assert_array_equal(restored[k], want[k])
     # SAT engine checkpoints carry a first_stage_model. prefix.
-    prefixed = {f"first_stage_model.{k}": v for k, v in load_sat_state_dict(str(tmp_path / "3d-vae.pt")).items()}
+    prefixed = {f"first_stage_model.{k}": v for k, v in load_state_dict(str(tmp_path / "3d-vae.pt")).items()}
     assert set(sat_to_diffusers_keys(prefixed)) == set(ref_sd)
 
 
@@ -87,7 +85,7 @@ def test_diffusers_safetensors_file(ref_sd, tmp_path):
 
     save_file({k: v.contiguous() for k, v in ref_sd.items()}, tmp_path / "diffusion_pytorch_model.safetensors")
     cfg = VAEConfig(**TINY)
-    model = build_vae(cfg, diffusers_to_state(load_diffusers_state_dict(str(tmp_path)), cfg))
+    model = build_vae(cfg, diffusers_to_state(load_state_dict(str(tmp_path)), cfg))
     np.testing.assert_array_equal(
         np.asarray(model.encoder.conv_out.conv.bias[...]), ref_sd["encoder.conv_out.conv.bias"].numpy()
     )
@@ -95,17 +93,14 @@ def test_diffusers_safetensors_file(ref_sd, tmp_path):
 
 def test_mismatch_is_loud(ref_sd):
     cfg = VAEConfig(**TINY)
-    sd = dict(ref_sd)
-    del sd["decoder.mid_block.resnets.1.conv2.conv.bias"]
-    sd["encoder.quant_conv.weight"] = torch.zeros(1)
-    sd["encoder.conv_in.conv.weight"] = torch.zeros(8, 3, 3, 3, 5)
-    with pytest.raises(VAECheckpointError) as e:
-        diffusers_to_state(sd, cfg)
-    msg = str(e.value)
-    assert "missing keys (1): decoder.mid_block.resnets.1.conv2.conv.bias" in msg
-    assert "unexpected keys (1): encoder.quant_conv.weight" in msg
-    assert "mis-shaped keys (1): encoder.conv_in.conv.weight: expected (3, 3, 3, 3, 8) (ours), found (3, 3, 5, 3, 8)" in msg
-    with pytest.raises(VAECheckpointError, match="missing keys"):
+    assert_names_bad_keys(lambda bad: diffusers_to_state(bad, cfg), ref_sd, drop=["decoder.mid_block.resnets.1.conv2.conv.bias"],
+                          put={"encoder.quant_conv.weight": torch.zeros(1),
+                               "encoder.conv_in.conv.weight": torch.zeros(8, 3, 3, 3, 5)},
+                          expect=["missing keys (1): ['decoder.mid_block.resnets.1.conv2.conv.bias']",
+                                  "unexpected keys (1): ['encoder.quant_conv.weight']",
+                                  "mis-shaped keys (1): ['encoder.conv_in.conv.weight: expected (3, 3, 3, 3, 8) (ours), "
+                                  "found (3, 3, 5, 3, 8)']"])
+    with pytest.raises(ConversionError, match="missing keys"):
         diffusers_to_state(ref_sd, VAEConfig(**{**TINY, "layers_per_block": 2}))
 
 

@@ -1,4 +1,8 @@
-"""``python -m animegamer_jax.convert <kind> ...``: outside checkpoints -> our orbax layout.
+"""``python -m animegamer_jax.convert <kind> SRC DST [flags]``: outside checkpoints -> our orbax layout.
+
+Every kind takes absl flags after (or between) its positional paths, and a config file where the
+sizes come from one: ``--config=configs/release_tiny.py --config.dit.num_layers=2`` (without
+``--config`` the overrides apply to configs/animegamer_2b_7b.py). SRC and DST may be URLs.
 
 Kinds (each takes ``--help``):
   mistral           HF Mistral folder (sharded safetensors + index, or pytorch_model.bin)
@@ -6,6 +10,7 @@ Kinds (each takes ``--help``):
   clip              open_clip ViT-B-16 state dict or an HF CLIP folder
   t5                HF T5EncoderModel safetensors
   dit               SAT mp_rank_00_model_states.pt folder or diffusers CogVideoXTransformer3DModel
+                    (``dit migrate OLD NEW``: a system checkpoint of the old DiT block layout)
   vae               SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX
   release           the whole release download (checkpoints/ folder) -> one system checkpoint
   check-release     play a recorded release turn on a converted system; per-stage max |diff|

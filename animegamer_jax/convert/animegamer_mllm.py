@@ -1,243 +1,69 @@
-"""AnimeGamer MLLM ``pytorch_model.bin`` (peft-wrapped Mistral + resamplers) -> GameStateMLLM state.
+"""``python -m animegamer_jax.convert animegamer-mllm BIN DST``: the release MLLM ``.bin`` -> orbax.
 
-Key families (docs/mllm.md#checkpoint-keys), both peft naming generations accepted:
-
-    llm.base_model.model.<hf name>.base_layer.weight          (peft >= 0.7)  -> <hf name>.weight
-    llm.base_model.model.<hf name>.weight                     (older peft)   -> <hf name>.weight
-    llm.base_model.model.<hf name>.lora_{A,B}.default.weight  (or without ".default")
-                                                              -> <hf name>.lora_{A,B}.weight
-    llm.base_model.model.<norm>.modules_to_save.default.weight -> <norm>.weight  (trained copy)
-    llm.base_model.model.<norm>.original_module.weight        -> dropped (frozen original)
-    input_resampler.proj.{0,2}.{weight,bias}   -> input_resampler.fc{1,2}.{kernel,bias}
-    output_resampler.proj.{0,2}.{weight,bias}  -> output_resampler.fc{1,2}.{kernel,bias}
-
-LoRA is kept (``lora_a``/``lora_b`` params, rank read from the checkpoint) or merged
-(``W = W_base + (alpha / r) * B @ A``, docs/mllm.md#checkpoint-keys). A plain (non-peft) ``llm.model...`` layout is accepted
-too. Missing, unexpected and mis-shaped keys raise ``ConversionError`` with the lists.
+The key map is :mod:`animegamer_jax.models.mistral.mllm_convert` (beside the model); this is its CLI.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import re
-from collections.abc import Mapping
-from typing import Any
-
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-
 from animegamer_jax import paths
-from animegamer_jax.convert.mistral import (
-    ConversionError,
-    _to_numpy,
-    abstract_state,
-    check_keys,
-    fill_state,
-    mistral_pure_dict,
-)
-from animegamer_jax.models.mllm import GameStateMLLM, MLLMConfig
-
-_LORA_RE = re.compile(r"^(?P<mod>.+)\.lora_(?P<ab>[AB])(?:\.default)?\.weight$")
+from animegamer_jax.convert.common import load_state_dict, save_state
+from animegamer_jax.models.mistral import mllm_convert as am
+from animegamer_jax.models.mistral.mllm import MLLMConfig
 
 
-def normalize_peft_keys(sd: Mapping[str, Any], llm_prefix: str = "llm.") -> tuple[dict[str, Any], dict[str, Any]]:
-    """Splits a release state dict into (llm dict with HF names + normalized LoRA names, other keys).
+_CLI_DOC = """AnimeGamer MLLM pytorch_model.bin -> orbax.
 
-    Raises:
-      ConversionError: a key that appears twice after normalization (e.g. both peft generations).
+BIN is the release ``MLLM-*/pytorch_model.bin``. If it holds only the trainable subset (no base
+weights), pass ``--base`` with the HF Mistral-7B-Instruct-v0.1 directory: its weights fill the
+frozen base keys (the release's embeddings/lm_head, already resized to 32284, win). The sizes come
+from ``--config`` (default configs/animegamer_2b_7b.py); ``--config.mllm.x=v`` overrides a field."""
+
+
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `mllm` section has the sizes; --config.a.b=v overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("base", None, "HF Mistral dir for base weights missing from BIN.", flag_values=fv)
+    flags.DEFINE_bool("merge_lora", False, "Fold the LoRA into the base weights (--nomerge_lora: keep it "
+                      "separate, the default).", flag_values=fv)
+    flags.DEFINE_float("lora_alpha", None, "Default: config mllm.lora_alpha (release 32).", flag_values=fv)
+    flags.DEFINE_string("param_dtype", "bfloat16", "dtype of the stored parameters.", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert animegamer-mllm BIN DST [--config=F] [--merge_lora]``.
+
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    llm: dict[str, Any] = {}
-    rest: dict[str, Any] = {}
-    for key, val in sd.items():
-        if not key.startswith(llm_prefix):
-            rest[key] = val
-            continue
-        k = key[len(llm_prefix):]
-        if k.startswith("base_model.model."):
-            k = k[len("base_model.model."):]
-        if ".original_module." in k:
-            continue
-        k = k.replace(".modules_to_save.default.", ".").replace(".base_layer.", ".")
-        m = _LORA_RE.match(k)
-        if m:
-            k = f"{m['mod']}.lora_{m['ab']}.weight"
-        if k in llm:
-            raise ConversionError(f"key {key!r} normalizes to {k!r}, which another key already gave")
-        llm[k] = val
-    return llm, rest
-
-
-def _detect_rank(llm_sd: Mapping[str, Any]) -> int:
-    ranks = {int(np.shape(v)[0]) for k, v in llm_sd.items() if k.endswith(".lora_A.weight")}
-    if len(ranks) > 1:
-        raise ConversionError(f"LoRA factors with different ranks {sorted(ranks)}")
-    return ranks.pop() if ranks else 0
-
-
-def _lora_targets(llm_sd: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(sorted({k.split(".")[-3] for k in llm_sd if k.endswith(".lora_A.weight")}))
-
-
-def _merge(llm_sd: dict[str, Any], scaling: float) -> dict[str, Any]:
-    out = {k: v for k, v in llm_sd.items() if ".lora_" not in k}
-    for k in llm_sd:
-        if k.endswith(".lora_A.weight"):
-            mod = k[: -len(".lora_A.weight")]
-            a = np.asarray(_to_numpy(llm_sd[k]), np.float32)
-            b = np.asarray(_to_numpy(llm_sd[mod + ".lora_B.weight"]), np.float32)
-            w = np.asarray(_to_numpy(out[mod + ".weight"]), np.float32)
-            out[mod + ".weight"] = w + scaling * (b @ a)
-    return out
-
-
-def _resampler_pure(rest: Mapping[str, Any], cfg: MLLMConfig, dt: Any) -> dict[str, Any]:
-    d, r = cfg.llm.hidden_size, cfg.rep_dim
-    exp = {
-        "input_resampler.proj.0.weight": (d, r), "input_resampler.proj.0.bias": (d,),
-        "input_resampler.proj.2.weight": (d, d), "input_resampler.proj.2.bias": (d,),
-        "output_resampler.proj.0.weight": (r, d), "output_resampler.proj.0.bias": (r,),
-        "output_resampler.proj.2.weight": (r, r), "output_resampler.proj.2.bias": (r,),
-    }
-    check_keys(rest, exp, "animegamer mllm (resamplers / non-llm keys)")
-
-    def g(k: str) -> np.ndarray:
-        return np.asarray(_to_numpy(rest[k]), np.float32)
-
-    out: dict[str, Any] = {}
-    for name in ("input_resampler", "output_resampler"):
-        out[name] = {
-            "fc1": {"kernel": g(f"{name}.proj.0.weight").T.astype(dt), "bias": g(f"{name}.proj.0.bias").astype(dt)},
-            "fc2": {"kernel": g(f"{name}.proj.2.weight").T.astype(dt), "bias": g(f"{name}.proj.2.bias").astype(dt)},
-        }
-    return out
-
-
-def convert_animegamer_mllm(
-    sd: Mapping[str, Any],
-    cfg: MLLMConfig,
-    *,
-    merge_lora: bool = False,
-    lora_alpha: float | None = None,
-    llm_prefix: str = "llm.",
-) -> tuple[MLLMConfig, nnx.State]:
-    """Release MLLM state dict -> (config actually used, ``nnx.State`` of ``GameStateMLLM``).
-
-    Args:
-      sd: ``{name: tensor/array}`` from the release ``pytorch_model.bin``.
-      cfg: base config (sizes, dtypes); LoRA rank and targets are taken from the checkpoint.
-      merge_lora: fold ``(alpha/r) B A`` into the base weights; the result has ``lora_rank=0``.
-      lora_alpha: LoRA alpha (default ``cfg.llm.lora_alpha``; the release uses 32 with r=32).
-
-    Raises:
-      ConversionError: missing / unexpected / mis-shaped keys (listed), mixed ranks.
-    """
-    llm_sd, rest = normalize_peft_keys(sd, llm_prefix)
-    rank = _detect_rank(llm_sd)
-    alpha = cfg.llm.lora_alpha if lora_alpha is None else float(lora_alpha)
-    if rank and merge_lora:
-        llm_sd = _merge(llm_sd, alpha / rank)
-        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=0)
-    elif rank:
-        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=rank, lora_alpha=alpha, lora_targets=_lora_targets(llm_sd))
-    else:
-        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=0)
-    cfg = dataclasses.replace(cfg, llm=llm_cfg)
-    pure = {"llm": mistral_pure_dict(llm_sd, llm_cfg)}
-    dt = jnp.dtype(llm_cfg.param_dtype)
-    pure.update(_resampler_pure(rest, cfg, dt))
-    state = fill_state(abstract_state(lambda: GameStateMLLM(cfg, rngs=nnx.Rngs(0))), pure)
-    return cfg, state
-
-
-def add_base_weights(sd: dict[str, Any], base_sd: Mapping[str, Any]) -> dict[str, Any]:
-    """Fills the frozen base keys a trainable-subset ``.bin`` lacks from an HF Mistral state dict.
-
-    ``sd`` (release names) is updated in place: every HF key of ``base_sd`` whose normalized name is
-    absent from ``sd`` is added as ``llm.base_model.model.<key>``; keys the release already has (its
-    resized embeddings / lm_head) win. Returns ``sd``.
-    """
-    llm_sd, _ = normalize_peft_keys(sd)
-    for k in base_sd.keys():
-        if k not in llm_sd:
-            sd["llm.base_model.model." + k] = base_sd[k]
-    return sd
-
-
-def animegamer_mllm_leaves(sd: Mapping[str, Any], cfg: MLLMConfig, *, lora_alpha: float | None = None,
-                           llm_prefix: str = "llm.") -> tuple[MLLMConfig, dict[tuple, Any]]:
-    """:func:`convert_animegamer_mllm` (LoRA kept) as lazy leaves, for streaming writers.
-
-    Returns:
-      (config actually used, ``{our path: mistral.Leaf or np.ndarray}``): the Mistral leaves under
-      ``("llm", ...)`` evaluate one leaf / one layer at a time; the resamplers are arrays.
-
-    Raises:
-      ConversionError: missing / unexpected / mis-shaped keys (listed), mixed ranks.
-    """
-    from animegamer_jax.convert.mistral import mistral_leaves
-
-    llm_sd, rest = normalize_peft_keys(sd, llm_prefix)
-    rank = _detect_rank(llm_sd)
-    alpha = cfg.llm.lora_alpha if lora_alpha is None else float(lora_alpha)
-    if rank:
-        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=rank, lora_alpha=alpha, lora_targets=_lora_targets(llm_sd))
-    else:
-        llm_cfg = dataclasses.replace(cfg.llm, lora_rank=0)
-    cfg = dataclasses.replace(cfg, llm=llm_cfg)
-    leaves: dict[tuple, Any] = {("llm",) + p: leaf for p, leaf in mistral_leaves(llm_sd, llm_cfg).items()}
-    for name, sub in _resampler_pure(rest, cfg, np.float32).items():
-        for fc, d in sub.items():
-            for k, v in d.items():
-                leaves[(name, fc, k)] = v
-    return cfg, leaves
-
-
-def _load_root_config(path: str) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_agj_cfg", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m animegamer_jax.convert.animegamer_mllm BIN DST [--config F] [--merge_lora]``.
-
-    BIN is the release ``MLLM-*/pytorch_model.bin``. If it holds only the trainable subset (no
-    base weights), pass ``--base`` with the HF Mistral-7B-Instruct-v0.1 directory: its weights fill
-    the frozen base keys (the release's embeddings/lm_head, already resized to 32284, win).
-    """
-    import argparse
     import json
-    import os
+    import sys
 
-    from animegamer_jax.convert import mistral as cm
+    from animegamer_jax import cli
 
-    p = argparse.ArgumentParser(description="AnimeGamer MLLM pytorch_model.bin -> orbax")
-    p.add_argument("bin")
-    p.add_argument("dst")
-    p.add_argument("--config", default=os.path.join(os.path.dirname(__file__), "../../configs/animegamer_2b_7b.py"))
-    p.add_argument("--base", default=None, help="HF Mistral dir for base weights missing from BIN")
-    p.add_argument("--merge_lora", action="store_true")
-    p.add_argument("--lora_alpha", type=float, default=None, help="default: config mllm.lora_alpha (release 32)")
-    p.add_argument("--param_dtype", default="bfloat16")
-    a = p.parse_args(argv)
-    cfg = MLLMConfig.from_config(_load_root_config(a.config), param_dtype=a.param_dtype, dtype=a.param_dtype,
-                                 lora_rank=0)
-    sd = cm.load_state_dict(a.bin)
-    print(f"{len(sd)} keys in {a.bin}; first: {sorted(sd)[:5]}")
-    if a.base:
-        add_base_weights(sd, cm.load_state_dict(a.base))
-    cfg, state = convert_animegamer_mllm(sd, cfg, merge_lora=a.merge_lora, lora_alpha=a.lora_alpha)
-    paths.makedirs(a.dst)
-    cm.save_state(state, paths.join(a.dst, "params"))
-    with paths.as_path(paths.join(a.dst, "mllm_config.json")).open("w") as f:
+    try:
+        f, (bin_path, dst) = cli.parse_flags(["python -m animegamer_jax.convert animegamer-mllm",
+                                              *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                             positional=("BIN", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cfg = MLLMConfig.from_config(f.config, param_dtype=f.param_dtype, dtype=f.param_dtype, lora_rank=0)
+    sd = load_state_dict(bin_path)
+    print(f"{len(sd)} keys in {bin_path}; first: {sorted(sd)[:5]}")
+    if f.base:
+        am.add_base_weights(sd, load_state_dict(f.base))
+    cfg, state = am.convert_animegamer_mllm(sd, cfg, merge_lora=f.merge_lora, lora_alpha=f.lora_alpha)
+    paths.makedirs(dst)
+    save_state(state, paths.join(dst, "params"))
+    with paths.as_path(paths.join(dst, "mllm_config.json")).open("w") as fh:
         json.dump({"lora_rank": cfg.llm.lora_rank, "lora_alpha": cfg.llm.lora_alpha,
-                   "lora_targets": list(cfg.llm.lora_targets), "merged": a.merge_lora}, f)
-    print(f"wrote {a.dst}/params (lora_rank={cfg.llm.lora_rank}, merged={a.merge_lora})")
+                   "lora_targets": list(cfg.llm.lora_targets), "merged": f.merge_lora}, fh)
+    print(f"wrote {dst}/params (lora_rank={cfg.llm.lora_rank}, merged={f.merge_lora})")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

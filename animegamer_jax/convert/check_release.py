@@ -27,6 +27,7 @@ when every stage holds. Runs in float32 at the highest matmul precision.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import sys
@@ -34,6 +35,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from animegamer_jax import paths
 
 FACTOR = 10.0
 #: fixture README "Noise floor and tolerances", used when noise_floor.json is not beside the case
@@ -75,12 +78,11 @@ def _close(name: str, ours: np.ndarray, ref: np.ndarray, tol: float, detail: str
 
 def tolerances(case_path: str) -> dict[str, tuple[float, str]]:
     """``{stage: (tolerance, how it was set)}`` for the float stages of one case."""
-    case = os.path.splitext(os.path.basename(case_path))[0]
-    floor_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(case_path))), "noise_floor.json")
+    case_p = paths.as_path(case_path)
+    floor_file = case_p.parent.parent / "noise_floor.json"  # <fixture>/cases/<name>.npz -> <fixture>/
     floors: dict[str, Any] = {}
-    if os.path.exists(floor_file):
-        with open(floor_file, encoding="utf-8") as f:
-            floors = json.load(f).get("float32_vs_float64", {}).get(case, {})
+    if floor_file.exists():
+        floors = json.loads(floor_file.read_text()).get("float32_vs_float64", {}).get(case_p.stem, {})
     out = {}
     for stage, key in FLOOR_KEYS.items():
         if key in floors:
@@ -121,7 +123,7 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
     Args:
       dst_or_engine: the system checkpoint directory, or an engine from :func:`reference_engine`
         (reused across cases: the stages compile once).
-      case_path: ``cases/<name>.npz``; its ``.json`` sidecar gives the instruction.
+      case_path: ``cases/<name>.npz`` (local or a URL); its ``.json`` sidecar gives the instruction.
 
     Raises:
       FileNotFoundError: the case file is missing.
@@ -133,11 +135,12 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
     from animegamer_jax.game.engine import flow_value, turn_key
     from animegamer_jax.game.state import encode_instruction, stack_inputs
 
-    if not os.path.isfile(case_path):
+    case_p = paths.as_path(case_path)  # local or a URL (gs://...): read through epath
+    if not case_p.is_file():
         raise FileNotFoundError(f"{case_path}: case file not found. Fix: pass a cases/*.npz of the fixture")
-    rec = dict(np.load(case_path))
-    with open(os.path.splitext(case_path)[0] + ".json", encoding="utf-8") as f:
-        meta = json.load(f)
+    with case_p.open("rb") as f:
+        rec = dict(np.load(io.BytesIO(f.read())))
+    meta = json.loads(case_p.with_suffix(".json").read_text())
     engine = reference_engine(dst_or_engine) if isinstance(dst_or_engine, (str, os.PathLike)) else dst_or_engine
     config = engine.config
     tols = tolerances(case_path)
@@ -194,23 +197,22 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m animegamer_jax.convert check-release DST CASE.npz``; exit 0 iff all stages hold."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m animegamer_jax.convert check-release", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("dst", help="system checkpoint written by `convert release`")
-    p.add_argument("case", help="a recorded case (cases/<name>.npz with its .json sidecar)")
-    a = p.parse_args(argv)
+    """CLI: ``python -m animegamer_jax.convert check-release DST CASE.npz``; exit 0 iff all stages hold
+    (1: a stage fails, 2: a bad command line or input)."""
+    from animegamer_jax import cli
     from animegamer_jax.game.system import CheckpointError
 
     try:
-        stages = check_release(a.dst, a.case)
-    except (FileNotFoundError, CheckpointError) as e:
+        _, (dst, case) = cli.parse_flags(["python -m animegamer_jax.convert check-release",
+                                          *(sys.argv[1:] if argv is None else argv)], lambda fv, argv: None,
+                                         __doc__, positional=("DST", "CASE.npz"))
+        stages = check_release(dst, case)
+    except (cli.UsageError, FileNotFoundError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     ok = all(s.ok for s in stages)
-    print(f"{os.path.basename(a.case)}: {'all stages hold' if ok else 'FAILED: ' + ', '.join(s.name for s in stages if not s.ok)}")
+    name = str(case).rstrip("/").rsplit("/", 1)[-1]
+    print(f"{name}: {'all stages hold' if ok else 'FAILED: ' + ', '.join(s.name for s in stages if not s.ok)}")
     return 0 if ok else 1
 
 

@@ -1,420 +1,66 @@
-"""open_clip / HF CLIP state dicts -> our :mod:`animegamer_jax.models.clip` parameters.
+"""``python -m animegamer_jax.convert clip SRC OUT``: an open_clip / HF CLIP state dict -> orbax.
 
-Two source layouts (auto-detected, or forced with ``layout=``):
-
-* **open_clip** (``ViT-B-16`` / ``laion2b_s34b_b88k``, what the release loads, docs/encoders.md#clip-image-tower):
-  ``visual.conv1.weight``, ``visual.class_embedding``, ``visual.positional_embedding``,
-  ``visual.ln_pre``, ``visual.transformer.resblocks.{i}.{ln_1, attn.in_proj_weight/bias,
-  attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}``, ``visual.ln_post``, ``visual.proj`` (D, E),
-  ``token_embedding``, ``positional_embedding``, ``transformer.resblocks.{i}...``, ``ln_final``,
-  ``text_projection`` (D, E), ``logit_scale``.
-* **HF** ``CLIPModel`` / ``CLIPVisionModel``: ``vision_model.embeddings.{patch_embedding,
-  class_embedding, position_embedding}``, ``vision_model.pre_layrnorm``,
-  ``vision_model.encoder.layers.{i}.{self_attn.{q,k,v,out}_proj, layer_norm1, mlp.fc1, mlp.fc2,
-  layer_norm2}``, ``vision_model.post_layernorm``, ``visual_projection`` (E, D), ``text_model.*``,
-  ``text_projection`` (E, D), ``logit_scale``; the ``vision_model.`` prefix may be absent.
-
-Conversion is strict: any target parameter left unfilled, any source key left unused, and any
-shape mismatch raises :class:`ConversionError` naming every offending key. With
-``vision_only=True`` the text tower / projection keys of a full checkpoint are skipped on purpose
-(the release deletes the text tower).
-
-The activation is not in the weights: read it from the checkpoint's config
-(:func:`config_from_hf` / :func:`config_from_open_clip`); OpenAI CLIP uses ``quick_gelu``, the
-laion2b ViT-B-16 exact ``gelu``.
+The key map is :mod:`animegamer_jax.models.clip.convert` (beside the model); this is its CLI.
 """
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Callable, Mapping
-from typing import Any
-
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-
 from animegamer_jax import paths
-from animegamer_jax.convert.common import ConversionError  # noqa: F401 (the one error class, re-exported)
-from animegamer_jax.models.clip import CLIP, CLIPConfig, CLIPVisionTransformer
-
-#: Buffers some checkpoints carry that hold no learned parameter.
-_BUFFERS = re.compile(r"(^|\.)(position_ids|attn_mask)$")
+from animegamer_jax.convert.common import load_state_dict, save_state
+from animegamer_jax.models.clip import convert as cc
+from animegamer_jax.models.clip.model import CLIPConfig
 
 
-def to_numpy(x: Any) -> np.ndarray:
-    """torch tensor (any dtype, incl. bf16) or array -> float32/int numpy array."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu()
-        if x.is_floating_point():
-            x = x.float()
-        x = x.numpy()
-    x = np.asarray(x)
-    return x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x
+_CLI_DOC = """open_clip ViT-B-16 state dict or an HF CLIP folder -> orbax.
+
+SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the activation
+come from ``--hf_config`` (an HF ``config.json``) if given, else from the config file's ``clip``
+section. OUT: orbax directory, local or gs://."""
 
 
-class StateDictReader:
-    """Reads source keys once each and records missing ones (for strict conversion)."""
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
 
-    def __init__(self, state_dict: Mapping[str, Any], ignore: Callable[[str], bool] = lambda k: False):
-        self.sd = dict(state_dict)
-        self.used: set[str] = set()
-        self.missing: list[str] = []
-        self.ignore = ignore
-
-    def get(self, key: str) -> np.ndarray | None:
-        if key not in self.sd:
-            self.missing.append(key)
-            return None
-        self.used.add(key)
-        return to_numpy(self.sd[key])
-
-    def stack(self, fmt: str, n: int, fn: Callable[[np.ndarray], np.ndarray] = lambda a: a) -> np.ndarray | None:
-        """Reads ``fmt.format(i)`` for i < n, applies ``fn`` and stacks on a new leading axis."""
-        arrs = [self.get(fmt.format(i)) for i in range(n)]
-        if any(a is None for a in arrs):
-            return None
-        return np.stack([fn(a) for a in arrs])
-
-    def unexpected(self) -> list[str]:
-        return sorted(k for k in self.sd if k not in self.used and not _BUFFERS.search(k) and not self.ignore(k))
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config whose `clip` section has the sizes (ignored with --hf_config); "
+                                    "--config.clip.x=v overrides a field.", flag_values=fv, lock_config=False,
+                                    sys_argv=argv)
+    flags.DEFINE_string("hf_config", "", "An HF CLIP config.json (its sizes win over --config).", flag_values=fv)
+    flags.DEFINE_enum("layout", "auto", ["auto", "open_clip", "hf"], "Key names of SRC (auto: detected).",
+                      flag_values=fv)
+    flags.DEFINE_bool("text_tower", True, "Convert the text tower too (--notext_tower: the vision tower only, "
+                      "what the game system uses).", flag_values=fv)
 
 
-def fill_state(abstract_module: nnx.Module, values: Mapping[tuple, np.ndarray | None], reader: StateDictReader, what: str) -> nnx.State:
-    """Checks ``values`` (our param path -> array) against an abstract module and returns its State.
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.convert clip SRC OUT [--config=F] [--notext_tower] [--layout=L]``.
 
-    Raises:
-      ConversionError: listing target params with no value, source keys that were expected but
-        absent, source keys not consumed, and values whose shape differs from the target.
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    state = nnx.state(abstract_module, nnx.Param)
-    target = nnx.traversals.flatten_mapping(nnx.to_pure_dict(state))
-    problems = []
-    missing_src = sorted(set(reader.missing))
-    if missing_src:
-        problems.append(f"missing source keys ({len(missing_src)}): {missing_src}")
-    unfilled = sorted(".".join(map(str, p)) for p in target if p not in values)
-    if unfilled:
-        problems.append(f"target params with no mapping ({len(unfilled)}): {unfilled}")
-    extra_targets = sorted(".".join(map(str, p)) for p in values if p not in target)
-    if extra_targets:
-        problems.append(f"mapped to unknown target params: {extra_targets}")
-    unexpected = reader.unexpected()
-    if unexpected:
-        problems.append(f"unexpected source keys ({len(unexpected)}): {unexpected}")
-    shapes = []
-    for p, v in values.items():
-        if v is None or p not in target:
-            continue
-        if tuple(v.shape) != tuple(target[p].shape):
-            shapes.append(f"{'.'.join(map(str, p))}: source gives {tuple(v.shape)}, model expects {tuple(target[p].shape)}")
-    if shapes:
-        problems.append("shape mismatches: " + "; ".join(shapes))
-    if problems:
-        raise ConversionError(f"{what}: " + " | ".join(problems))
-    pure = nnx.traversals.unflatten_mapping({p: np.asarray(v, dtype=target[p].dtype) for p, v in values.items()})
-    nnx.replace_by_pure_dict(state, pure)
-    return state
-
-
-def detect_layout(state_dict: Mapping[str, Any]) -> str:
-    """Returns ``"open_clip"`` or ``"hf"`` from the key names."""
-    keys = list(state_dict)
-    if any(k.startswith(("visual.", "conv1.", "transformer.resblocks.")) or k == "class_embedding" for k in keys):
-        return "open_clip"
-    return "hf"
-
-
-def _blocks_open_clip(r: StateDictReader, prefix: str, n: int, d: int, heads: int) -> dict[tuple, Any]:
-    hd = d // heads
-    f = prefix + "resblocks.{}."
-    in_w = r.stack(f + "attn.in_proj_weight", n)
-    in_b = r.stack(f + "attn.in_proj_bias", n)
-    out: dict[tuple, Any] = {}
-    for j, name in enumerate("qkv"):
-        # in_proj_weight rows are [q; k; v], each (D_out, D_in) for y = x W^T.
-        out[("attn", f"{name}_kernel")] = None if in_w is None else in_w[:, j * d:(j + 1) * d].transpose(0, 2, 1).reshape(n, d, heads, hd)
-        out[("attn", f"{name}_bias")] = None if in_b is None else in_b[:, j * d:(j + 1) * d].reshape(n, heads, hd)
-    out[("attn", "o_kernel")] = r.stack(f + "attn.out_proj.weight", n, lambda w: w.T.reshape(heads, hd, d))
-    out[("attn", "o_bias")] = r.stack(f + "attn.out_proj.bias", n)
-    for ours, theirs in (("ln_1", "ln_1"), ("ln_2", "ln_2")):
-        out[(ours, "scale")] = r.stack(f + theirs + ".weight", n)
-        out[(ours, "bias")] = r.stack(f + theirs + ".bias", n)
-    for ours in ("c_fc", "c_proj"):
-        out[(ours, "kernel")] = r.stack(f + f"mlp.{ours}.weight", n, lambda w: w.T)
-        out[(ours, "bias")] = r.stack(f + f"mlp.{ours}.bias", n)
-    return out
-
-
-def _blocks_hf(r: StateDictReader, prefix: str, n: int, d: int, heads: int) -> dict[tuple, Any]:
-    hd = d // heads
-    f = prefix + "encoder.layers.{}."
-    out: dict[tuple, Any] = {}
-    for name in "qkv":
-        out[("attn", f"{name}_kernel")] = r.stack(f + f"self_attn.{name}_proj.weight", n, lambda w: w.T.reshape(d, heads, hd))
-        out[("attn", f"{name}_bias")] = r.stack(f + f"self_attn.{name}_proj.bias", n, lambda b: b.reshape(heads, hd))
-    out[("attn", "o_kernel")] = r.stack(f + "self_attn.out_proj.weight", n, lambda w: w.T.reshape(heads, hd, d))
-    out[("attn", "o_bias")] = r.stack(f + "self_attn.out_proj.bias", n)
-    for ours, theirs in (("ln_1", "layer_norm1"), ("ln_2", "layer_norm2")):
-        out[(ours, "scale")] = r.stack(f + theirs + ".weight", n)
-        out[(ours, "bias")] = r.stack(f + theirs + ".bias", n)
-    for ours, theirs in (("c_fc", "fc1"), ("c_proj", "fc2")):
-        out[(ours, "kernel")] = r.stack(f + f"mlp.{theirs}.weight", n, lambda w: w.T)
-        out[(ours, "bias")] = r.stack(f + f"mlp.{theirs}.bias", n)
-    return out
-
-
-def _ln(r: StateDictReader, ours: tuple, theirs: str) -> dict[tuple, Any]:
-    return {ours + ("scale",): r.get(theirs + ".weight"), ours + ("bias",): r.get(theirs + ".bias")}
-
-
-def _prefixed(base: tuple, d: Mapping[tuple, Any]) -> dict[tuple, Any]:
-    return {base + k: v for k, v in d.items()}
-
-
-def _conv(w: np.ndarray | None) -> np.ndarray | None:
-    # torch conv (D, C, p, p) -> ours (p, p, C, D), matching the (row, col, channel) patch flattening.
-    return None if w is None else w.transpose(2, 3, 1, 0)
-
-
-def _vision_values(r: StateDictReader, cfg: CLIPConfig, layout: str) -> dict[tuple, Any]:
-    d, n, h = cfg.vision_width, cfg.vision_layers, cfg.vision_heads
-    if layout == "open_clip":
-        p = "visual."
-        v = {
-            ("conv1",): _conv(r.get(p + "conv1.weight")),
-            ("class_embedding",): r.get(p + "class_embedding"),
-            ("positional_embedding",): r.get(p + "positional_embedding"),
-            **_ln(r, ("ln_pre",), p + "ln_pre"),
-            **_ln(r, ("ln_post",), p + "ln_post"),
-            **_prefixed(("blocks",), _blocks_open_clip(r, p + "transformer.", n, d, h)),
-        }
-    else:
-        p = "vision_model." if any(k.startswith("vision_model.") for k in r.sd) else ""
-        v = {
-            ("conv1",): _conv(r.get(p + "embeddings.patch_embedding.weight")),
-            ("class_embedding",): r.get(p + "embeddings.class_embedding"),
-            ("positional_embedding",): r.get(p + "embeddings.position_embedding.weight"),
-            **_ln(r, ("ln_pre",), p + "pre_layrnorm"),
-            **_ln(r, ("ln_post",), p + "post_layernorm"),
-            **_prefixed(("blocks",), _blocks_hf(r, p, n, d, h)),
-        }
-    return v
-
-
-def _text_values(r: StateDictReader, cfg: CLIPConfig, layout: str) -> dict[tuple, Any]:
-    d, n, h = cfg.text_width, cfg.text_layers, cfg.text_heads
-    if layout == "open_clip":
-        return {
-            ("text", "token_embedding"): r.get("token_embedding.weight"),
-            ("text", "positional_embedding"): r.get("positional_embedding"),
-            **_ln(r, ("text", "ln_final"), "ln_final"),
-            **_prefixed(("text", "blocks"), _blocks_open_clip(r, "transformer.", n, d, h)),
-            ("visual_projection",): r.get("visual.proj"),
-            ("text_projection",): r.get("text_projection"),
-            ("logit_scale",): r.get("logit_scale"),
-        }
-    p = "text_model."
-    vp, tp = r.get("visual_projection.weight"), r.get("text_projection.weight")
-    return {
-        ("text", "token_embedding"): r.get(p + "embeddings.token_embedding.weight"),
-        ("text", "positional_embedding"): r.get(p + "embeddings.position_embedding.weight"),
-        **_ln(r, ("text", "ln_final"), p + "final_layer_norm"),
-        **_prefixed(("text", "blocks"), _blocks_hf(r, p, n, d, h)),
-        ("visual_projection",): None if vp is None else vp.T,
-        ("text_projection",): None if tp is None else tp.T,
-        ("logit_scale",): r.get("logit_scale"),
-    }
-
-
-def _is_text_key(k: str) -> bool:
-    return k.startswith(("text_model.", "text_projection", "visual_projection", "logit_scale", "token_embedding",
-                         "positional_embedding", "transformer.", "ln_final", "visual.proj"))
-
-
-def convert_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bool = False, layout: str = "auto") -> nnx.State:
-    """Converts an open_clip or HF CLIP state dict to the Param state of our model.
-
-    Args:
-      state_dict: name -> torch tensor / numpy array.
-      cfg: target sizes (must match the checkpoint; the activation is not checked by weights).
-      vision_only: target :class:`CLIPVisionTransformer` (f_v extraction); text tower and
-        projection keys in the source are then skipped. Else target :class:`CLIP`.
-      layout: ``"auto"``, ``"open_clip"`` or ``"hf"``.
-
-    Returns:
-      ``nnx.State`` of Params (float32 numpy leaves) for ``CLIP(cfg)`` or
-      ``CLIPVisionTransformer(cfg)``; apply with ``nnx.update(model, state)``.
-
-    Raises:
-      ConversionError: missing / unexpected / mis-shaped keys (all listed), or a bad layout.
-    """
-    if layout == "auto":
-        layout = detect_layout(state_dict)
-    if layout not in ("open_clip", "hf"):
-        raise ConversionError(f"unknown CLIP layout {layout!r}; use 'open_clip' or 'hf'")
-    reader = StateDictReader(state_dict, ignore=_is_text_key if vision_only else (lambda k: False))
-    if vision_only:
-        values = _vision_values(reader, cfg, layout)
-        abstract = nnx.eval_shape(lambda: CLIPVisionTransformer(cfg, rngs=nnx.Rngs(0)))
-        what = f"CLIP vision tower ({layout} layout)"
-    else:
-        values = {**_prefixed(("visual",), _vision_values(reader, cfg, layout)), **_text_values(reader, cfg, layout)}
-        abstract = nnx.eval_shape(lambda: CLIP(cfg, rngs=nnx.Rngs(0)))
-        what = f"CLIP ({layout} layout)"
-    return fill_state(abstract, values, reader, what)
-
-
-def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> CLIPConfig:
-    """CLIPConfig from an HF ``CLIPConfig`` dict (``config.json``); the activation comes from
-    ``vision_config.hidden_act``. ``overrides`` (e.g. ``dtype``) win."""
-    v, t = hf_config.get("vision_config", hf_config), hf_config.get("text_config", {})
-    kw = dict(
-        image_size=v["image_size"], patch_size=v["patch_size"], vision_width=v["hidden_size"],
-        vision_layers=v["num_hidden_layers"], vision_heads=v["num_attention_heads"],
-        vision_mlp_dim=v["intermediate_size"], hidden_act=v.get("hidden_act", "quick_gelu"),
-        layer_norm_eps=v.get("layer_norm_eps", 1e-5),
-        embed_dim=hf_config.get("projection_dim", v.get("projection_dim", 512)),
-    )
-    if t:
-        kw.update(
-            text_width=t["hidden_size"], text_layers=t["num_hidden_layers"], text_heads=t["num_attention_heads"],
-            text_mlp_dim=t["intermediate_size"], text_vocab_size=t["vocab_size"],
-            text_context_length=t["max_position_embeddings"],
-        )
-        eos = t.get("eos_token_id")
-        # HF pools at argmax(ids) when eos_token_id == 2 (legacy configs), else at the first eos.
-        kw["eot_token_id"] = None if eos in (None, 2) else int(eos)
-    kw.update(overrides)
-    return CLIPConfig(**kw)
-
-
-def config_from_open_clip(model_cfg: Mapping[str, Any], **overrides: Any) -> CLIPConfig:
-    """CLIPConfig from an open_clip model config (``model_configs/ViT-B-16.json`` layout):
-    ``{"embed_dim", "quick_gelu"?, "vision_cfg": {image_size, layers, width, patch_size, mlp_ratio?},
-    "text_cfg": {context_length, vocab_size, width, heads, layers}}``. Vision heads = width // 64
-    (open_clip's ``head_width`` default)."""
-    v, t = model_cfg["vision_cfg"], model_cfg.get("text_cfg", {})
-    vw = v["width"]
-    kw = dict(
-        image_size=v["image_size"], patch_size=v["patch_size"], vision_width=vw, vision_layers=v["layers"],
-        vision_heads=vw // v.get("head_width", 64), vision_mlp_dim=int(vw * v.get("mlp_ratio", 4.0)),
-        embed_dim=model_cfg["embed_dim"], hidden_act="quick_gelu" if model_cfg.get("quick_gelu") else "gelu",
-    )
-    if t:
-        tw = t["width"]
-        kw.update(text_width=tw, text_layers=t["layers"], text_heads=t["heads"], text_mlp_dim=int(tw * t.get("mlp_ratio", 4.0)),
-                  text_vocab_size=t["vocab_size"], text_context_length=t["context_length"])
-    kw.update(overrides)
-    return CLIPConfig(**kw)
-
-
-def load_state_dict(path: str | os.PathLike) -> dict[str, Any]:
-    """Reads a ``.safetensors`` file (numpy) or a torch ``.bin`` / ``.pt`` / ``.pth`` file; a folder
-    is read as the union of its ``*.safetensors`` files (HF shards), else of its ``*.bin`` files.
-
-    A torch file holding ``{"state_dict": ...}`` is unwrapped.
-
-    Raises:
-      FileNotFoundError: a folder without weight files.
-    """
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        names = sorted(os.listdir(path))
-        files = [n for n in names if n.endswith(".safetensors")] or [n for n in names if n.endswith(".bin")]
-        if not files:
-            raise FileNotFoundError(f"no *.safetensors or *.bin weight files in {path}")
-        out: dict[str, Any] = {}
-        for n in files:
-            out.update(load_state_dict(os.path.join(path, n)))
-        return out
-    if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file
-
-        return dict(load_file(path))
-    import torch
-
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(sd, Mapping) and "state_dict" in sd and isinstance(sd["state_dict"], Mapping):
-        sd = sd["state_dict"]
-    return dict(sd)
-
-
-def save_state(state: nnx.State, directory: str | os.PathLike) -> None:
-    """Writes an NNX Param state as an orbax checkpoint at ``directory`` (absolute path made here)."""
-    import orbax.checkpoint as ocp
-
-    directory = paths.as_path(directory)  # local (made absolute) or a URL
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(directory, nnx.to_pure_dict(state))
-
-
-def restore_state(abstract_module: nnx.Module, directory: str | os.PathLike) -> nnx.State:
-    """Restores the Param state written by :func:`save_state` into the layout of ``abstract_module``
-    (e.g. ``nnx.eval_shape(lambda: CLIP(cfg, rngs=nnx.Rngs(0)))``)."""
-    import orbax.checkpoint as ocp
-
-    state = nnx.state(abstract_module, nnx.Param)
-    directory = paths.as_path(directory)
-    with ocp.StandardCheckpointer() as ckptr:
-        pure = ckptr.restore(directory)
-    nnx.replace_by_pure_dict(state, pure)
-    return state
-
-
-def load_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bool = False, layout: str = "auto") -> nnx.Module:
-    """Builds ``CLIP(cfg)`` (or the vision tower) and loads ``state_dict`` through :func:`convert_clip`."""
-    cls = CLIPVisionTransformer if vision_only else CLIP
-    # Merge into an abstract model: no random init (all variables are Params, all converted).
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0))))
-    state = convert_clip(state_dict, cfg, vision_only=vision_only, layout=layout)
-    return nnx.merge(graphdef, jax.tree.map(jnp.asarray, state))
-
-
-def load_config_file(path: str) -> Any:
-    """``get_config()`` of a config file such as ``configs/animegamer_2b_7b.py``."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_agj_config", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.get_config()
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m animegamer_jax.convert.clip SRC OUT [--config F] [--vision_only] [--layout L]``.
-
-    SRC: open_clip ``.bin`` / ``.pt`` or HF ``.safetensors`` (file or folder); sizes and the
-    activation come from ``--hf_config`` (an HF ``config.json``) if given, else from the config
-    file's ``clip`` section. OUT: orbax directory.
-    """
-    import argparse
     import json
+    import sys
 
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("src")
-    p.add_argument("out")
-    p.add_argument("--config", default="configs/animegamer_2b_7b.py")
-    p.add_argument("--hf_config", default="")
-    p.add_argument("--layout", default="auto", choices=["auto", "open_clip", "hf"])
-    p.add_argument("--vision_only", action="store_true")
-    a = p.parse_args(argv)
-    if a.hf_config:
-        with open(a.hf_config, encoding="utf-8") as f:
-            cfg = config_from_hf(json.load(f))
+    from animegamer_jax import cli
+
+    try:
+        f, (src, out) = cli.parse_flags(["python -m animegamer_jax.convert clip",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "OUT"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if f.hf_config:
+        cfg = cc.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
     else:
-        cfg = CLIPConfig.from_config(load_config_file(a.config).clip)
-    save_state(convert_clip(load_state_dict(a.src), cfg, vision_only=a.vision_only, layout=a.layout), a.out)
-    print(f"wrote {paths.as_path(a.out)} ({'vision tower' if a.vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+        cfg = CLIPConfig.from_config(f.config.clip)
+    vision_only = not f.text_tower
+    save_state(cc.convert_clip(load_state_dict(src), cfg, vision_only=vision_only, layout=f.layout), out)
+    print(f"wrote {paths.as_path(out)} ({'vision tower' if vision_only else 'full CLIP'}, act {cfg.hidden_act})")
+    return 0
 
 
-__all__ = [
-    "ConversionError", "StateDictReader", "config_from_hf", "config_from_open_clip", "convert_clip",
-    "detect_layout", "fill_state", "load_clip", "load_config_file", "load_state_dict", "restore_state", "save_state", "to_numpy",
-]
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,359 +1,52 @@
-"""HF Mistral checkpoints -> our :class:`animegamer_jax.models.mistral.Mistral` state (orbax).
+"""``python -m animegamer_jax.convert mistral SRC DST``: an HF Mistral folder -> orbax.
 
-Reads ``model.safetensors``, sharded ``model-0000x-of-0000y.safetensors`` with
-``model.safetensors.index.json``, ``pytorch_model.bin`` (or its sharded index) and the HF
-``config.json`` (both the transformers-5 form with ``rope_parameters`` / explicit ``head_dim`` and
-the Mistral-7B-v0.1 form with top-level ``rope_theta``; docs/mllm.md#checkpoint-keys).
-
-Key map (HF ``nn.Linear`` weights are [out, in]; ours keep head axes, see models/mistral.py)::
-
-    model.embed_tokens.weight                 [V, D]     -> embed_tokens            [V, D]
-    model.layers.{i}.self_attn.q_proj.weight  [N*H, D]   -> layers.q_proj.kernel[i] [D, N, H]
-    model.layers.{i}.self_attn.{k,v}_proj     [K*H, D]   -> layers.{k,v}_proj.kernel[i] [D, K, H]
-    model.layers.{i}.self_attn.o_proj.weight  [D, N*H]   -> layers.o_proj.kernel[i] [N, H, D]
-    model.layers.{i}.mlp.{gate,up}_proj       [F, D]     -> layers.{gate,up}_proj.kernel[i] [D, F]
-    model.layers.{i}.mlp.down_proj.weight     [D, F]     -> layers.down_proj.kernel[i] [F, D]
-    model.layers.{i}.{input,post_attention}_layernorm.weight [D] -> layers.*.weight[i]
-    model.norm.weight [D] -> norm.weight;  lm_head.weight [V, D] -> lm_head [D, V]
-
-LoRA factors in normalized peft form ``<module>.lora_A.weight [r, in]`` / ``lora_B.weight [out, r]``
-map to ``lora_a [*in, r]`` / ``lora_b [r, *out]`` (see convert/animegamer_mllm.py for peft names).
-Every missing, unexpected or mis-shaped key raises :class:`ConversionError` listing the keys.
+The key map is :mod:`animegamer_jax.models.mistral.convert` (beside the model); this is its CLI.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
-from collections.abc import Mapping
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
-
-from animegamer_jax import paths
-from animegamer_jax.convert.common import ConversionError  # noqa: F401 (the one error class, re-exported)
-from animegamer_jax.models.mistral import Mistral, MistralConfig
-
-# Non-parameter buffers that old checkpoints carry; safe to drop.
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-_PROJ = {
-    "q_proj": "self_attn.q_proj",
-    "k_proj": "self_attn.k_proj",
-    "v_proj": "self_attn.v_proj",
-    "o_proj": "self_attn.o_proj",
-    "gate_proj": "mlp.gate_proj",
-    "up_proj": "mlp.up_proj",
-    "down_proj": "mlp.down_proj",
-}
+from animegamer_jax.models.mistral import convert as cm
 
 
-def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> MistralConfig:
-    """MistralConfig from an HF ``config.json`` dict (rope_theta top-level or in rope_parameters)."""
-    rope = hf.get("rope_parameters") or {}
-    theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    kw = dict(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
-        num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
-        head_dim=head_dim,
-        rope_theta=float(theta),
-        rms_norm_eps=hf.get("rms_norm_eps", 1e-5),
-        sliding_window=hf.get("sliding_window") or None,
-    )
-    if hf.get("tie_word_embeddings"):
-        raise ConversionError("tied word embeddings are not supported (Mistral has an untied lm_head)")
-    kw.update(overrides)
-    return MistralConfig(**kw)
+_CLI_DOC = """HF Mistral checkpoint -> orbax (animegamer-jax layout).
+
+SRC: HF model directory (config.json + safetensors / pytorch_model.bin), local or a URL;
+DST: output directory (orbax state in DST/params), local or gs://."""
 
 
-def _to_numpy(t: Any) -> np.ndarray:
-    if isinstance(t, np.ndarray):
-        return t
-    import torch
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
 
-    if isinstance(t, torch.Tensor):
-        t = t.detach()
-        if t.dtype == torch.bfloat16:
-            t = t.float()
-        return t.cpu().numpy()
-    return np.asarray(t)
+    flags.DEFINE_string("param_dtype", "bfloat16", "dtype of the stored parameters (and of compute).", flag_values=fv)
+    flags.DEFINE_integer("vocab_size", None, "Only for an already resized checkpoint (default: config.json's).",
+                         flag_values=fv)
 
 
-def load_state_dict(path: str) -> dict[str, np.ndarray]:
-    """Loads a checkpoint file or HF directory into ``{name: np.ndarray}`` (bf16 -> fp32).
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert mistral SRC_HF_DIR DST [--param_dtype=bfloat16] [--vocab_size=N]``.
 
-    Raises:
-      FileNotFoundError: no known weight file in the directory.
+    Returns the exit status (2 with a one-line message on a bad command line).
     """
-    if os.path.isdir(path):
-        for name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            idx = os.path.join(path, name)
-            if os.path.exists(idx):
-                with open(idx) as f:
-                    files = sorted(set(json.load(f)["weight_map"].values()))
-                out: dict[str, np.ndarray] = {}
-                for fn in files:
-                    out.update(load_state_dict(os.path.join(path, fn)))
-                return out
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            if os.path.exists(os.path.join(path, name)):
-                return load_state_dict(os.path.join(path, name))
-        raise FileNotFoundError(f"no model.safetensors / pytorch_model.bin (or index) in {path}")
-    if path.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    import sys
 
-        return {k: _to_numpy(v) for k, v in load_file(path).items()}
-    import torch
+    from animegamer_jax import cli
 
-    sd = torch.load(path, map_location="cpu", weights_only=True)
-    if "module" in sd and isinstance(sd["module"], Mapping):
-        sd = sd["module"]
-    return {k: _to_numpy(v) for k, v in sd.items()}
-
-
-def load_hf_config(path: str) -> dict[str, Any]:
-    """Reads ``config.json`` from an HF model directory."""
-    with open(os.path.join(path, "config.json")) as f:
-        return json.load(f)
-
-
-def _expected_keys(cfg: MistralConfig, prefix: str) -> dict[str, tuple[int, ...]]:
-    """HF-layout key -> shape for the model described by cfg (LoRA keys included when rank > 0)."""
-    d, n, kv, h, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.intermediate_size, cfg.vocab_size)
-    io = {
-        "q_proj": (d, n * h), "k_proj": (d, kv * h), "v_proj": (d, kv * h), "o_proj": (n * h, d),
-        "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d),
-    }
-    exp = {f"{prefix}model.embed_tokens.weight": (v, d), f"{prefix}model.norm.weight": (d,),
-           f"{prefix}lm_head.weight": (v, d)}
-    for i in range(cfg.num_layers):
-        lp = f"{prefix}model.layers.{i}."
-        exp[lp + "input_layernorm.weight"] = (d,)
-        exp[lp + "post_attention_layernorm.weight"] = (d,)
-        for name, hf in _PROJ.items():
-            fin, fout = io[name]
-            exp[lp + hf + ".weight"] = (fout, fin)
-            if cfg.lora_rank and name in cfg.lora_targets:
-                exp[lp + hf + ".lora_A.weight"] = (cfg.lora_rank, fin)
-                exp[lp + hf + ".lora_B.weight"] = (fout, cfg.lora_rank)
-    return exp
-
-
-def check_keys(sd: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]], what: str) -> None:
-    """Raises :class:`ConversionError` listing missing, unexpected and mis-shaped keys."""
-    missing = sorted(k for k in expected if k not in sd)
-    unexpected = sorted(k for k in sd if k not in expected and not k.endswith(_IGNORED_SUFFIXES))
-    bad = sorted(
-        f"{k}: got {tuple(np.shape(sd[k]))}, expected {expected[k]}"
-        for k in expected if k in sd and tuple(np.shape(sd[k])) != tuple(expected[k])
-    )
-    if missing or unexpected or bad:
-        parts = [f"{what}: checkpoint does not match the model"]
-        if missing:
-            parts.append(f"missing keys ({len(missing)}): {missing}")
-        if unexpected:
-            parts.append(f"unexpected keys ({len(unexpected)}): {unexpected}")
-        if bad:
-            parts.append(f"mis-shaped keys ({len(bad)}): {bad}")
-        raise ConversionError("\n".join(parts))
-
-
-@dataclasses.dataclass(frozen=True)
-class Leaf:
-    """How to compute one converted leaf: ``fn()`` (whole) or ``fn(i)`` per layer (``layers`` > 0),
-    giving float32 arrays of ``shape`` (per layer when stacked); stored as ``dtype``."""
-
-    fn: Any
-    shape: tuple[int, ...]
-    layers: int = 0
-
-
-def mistral_leaves(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "") -> dict[tuple, Leaf]:
-    """The key map of :func:`mistral_pure_dict` as lazy leaves (our path -> :class:`Leaf`).
-
-    Each leaf reads only its own source tensors when evaluated, so a converter can write one leaf
-    (or one layer of one leaf) at a time.
-
-    Raises:
-      ConversionError: missing / unexpected / mis-shaped keys (all listed).
-    """
-    check_keys(sd, _expected_keys(cfg, prefix), "mistral")
-    d, n, kv, h, f, v = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                         cfg.intermediate_size, cfg.vocab_size)
-    out_shape = {"q_proj": (n, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (d,),
-                 "gate_proj": (f,), "up_proj": (f,), "down_proj": (d,)}
-    in_shape = {"q_proj": (d,), "k_proj": (d,), "v_proj": (d,), "o_proj": (n, h),
-                "gate_proj": (d,), "up_proj": (d,), "down_proj": (f,)}
-    L = cfg.num_layers
-
-    def get(k: str) -> np.ndarray:
-        return np.asarray(_to_numpy(sd[prefix + k]), np.float32)
-
-    leaves: dict[tuple, Leaf] = {
-        ("embed_tokens",): Leaf(lambda: get("model.embed_tokens.weight"), (v, d)),
-        ("norm", "weight"): Leaf(lambda: get("model.norm.weight"), (d,)),
-        ("lm_head",): Leaf(lambda: get("lm_head.weight").T, (d, v)),
-    }
-    for norm in ("input_layernorm", "post_attention_layernorm"):
-        leaves[("layers", norm, "weight")] = Leaf(
-            lambda i, norm=norm: get(f"model.layers.{i}.{norm}.weight"), (d,), L)
-    for name, hf in _PROJ.items():
-        ins, outs = in_shape[name], out_shape[name]
-        leaves[("layers", name, "kernel")] = Leaf(
-            lambda i, hf=hf, ins=ins, outs=outs: get(f"model.layers.{i}.{hf}.weight").T.reshape(ins + outs), ins + outs, L)
-        if cfg.lora_rank and name in cfg.lora_targets:
-            r = cfg.lora_rank
-            leaves[("layers", name, "lora_a")] = Leaf(
-                lambda i, hf=hf, ins=ins: get(f"model.layers.{i}.{hf}.lora_A.weight").T.reshape(ins + (r,)), ins + (r,), L)
-            leaves[("layers", name, "lora_b")] = Leaf(
-                lambda i, hf=hf, outs=outs: get(f"model.layers.{i}.{hf}.lora_B.weight").T.reshape((r,) + outs), (r,) + outs, L)
-    return leaves
-
-
-def evaluate_leaf(leaf: Leaf, dtype: Any) -> np.ndarray:
-    """A :class:`Leaf`'s full array in ``dtype`` (stacked leaves filled layer by layer)."""
-    if not leaf.layers:
-        return np.asarray(leaf.fn()).astype(dtype)
-    out = np.empty((leaf.layers,) + leaf.shape, dtype)
-    for i in range(leaf.layers):
-        out[i] = leaf.fn(i)
-    return out
-
-
-def mistral_pure_dict(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "") -> dict[str, Any]:
-    """HF-layout state dict -> nested pure dict of numpy arrays in our layout (param_dtype).
-
-    Args:
-      sd: ``{name: array}`` with HF names (optionally under ``prefix``) and, when
-        ``cfg.lora_rank > 0``, normalized LoRA names ``<module>.lora_{A,B}.weight``.
-      cfg: target model config.
-
-    Raises:
-      ConversionError: missing / unexpected / mis-shaped keys (all listed).
-    """
-    dt = jnp.dtype(cfg.param_dtype) if isinstance(cfg.param_dtype, str) else cfg.param_dtype
-    out: dict[str, Any] = {}
-    for path, leaf in mistral_leaves(sd, cfg, prefix).items():
-        node = out
-        for k in path[:-1]:
-            node = node.setdefault(k, {})
-        node[path[-1]] = evaluate_leaf(leaf, dt)
-    return out
-
-
-def abstract_state(model_fn) -> nnx.State:
-    """Abstract (shape-only) state of the module built by ``model_fn``."""
-    return nnx.state(nnx.eval_shape(model_fn))
-
-
-def fill_state(abstract: nnx.State, pure: Mapping[str, Any]) -> nnx.State:
-    """Puts the arrays of a nested pure dict into an abstract NNX state (shapes checked).
-
-    Raises:
-      ConversionError: a path of the state absent from ``pure``, an extra path, or a shape mismatch.
-    """
-    want = {k: v for k, v in nnx.to_flat_state(abstract)}
-    flat_pure: dict[tuple, Any] = {}
-
-    def walk(prefix: tuple, node: Any) -> None:
-        if isinstance(node, Mapping):
-            for k, v in node.items():
-                walk(prefix + (k,), v)
-        else:
-            flat_pure[prefix] = node
-
-    walk((), pure)
-    missing = sorted(".".join(map(str, k)) for k in want if k not in flat_pure)
-    extra = sorted(".".join(map(str, k)) for k in flat_pure if k not in want)
-    bad = sorted(
-        f"{'.'.join(map(str, k))}: got {np.shape(flat_pure[k])}, expected {tuple(v.shape)}"
-        for k, v in want.items() if k in flat_pure and tuple(np.shape(flat_pure[k])) != tuple(v.shape)
-    )
-    if missing or extra or bad:
-        raise ConversionError(
-            f"state does not match the model: missing {missing}; unexpected {extra}; mis-shaped {bad}"
-        )
-    leaves = {k: jnp.asarray(flat_pure[k], dtype=v.dtype) for k, v in want.items()}
-    flat = [(k, _replace(v, leaves[k])) for k, v in nnx.to_flat_state(abstract)]
-    return nnx.from_flat_state(flat)
-
-
-def _replace(var: Any, value: jax.Array) -> Any:
-    if isinstance(var, nnx.Variable):
-        return var.replace(value)
-    return value
-
-
-def convert_mistral(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "") -> nnx.State:
-    """HF Mistral state dict -> ``nnx.State`` of ``Mistral(cfg)`` (see module docstring for the map)."""
-    pure = mistral_pure_dict(sd, cfg, prefix)
-    return fill_state(abstract_state(lambda: Mistral(cfg, rngs=nnx.Rngs(0))), pure)
-
-
-def save_state(state: nnx.State, path: str) -> None:
-    """Writes an NNX state as an orbax checkpoint at ``path`` (absolute; must not exist)."""
-    import orbax.checkpoint as ocp
-
-    ckptr = ocp.StandardCheckpointer()
-    ckptr.save(paths.as_path(path), nnx.to_pure_dict(state))
-    ckptr.wait_until_finished()
-
-
-def restore_state(path: str, abstract: nnx.State) -> nnx.State:
-    """Reads an orbax checkpoint written by :func:`save_state` into the structure of ``abstract``."""
-    import orbax.checkpoint as ocp
-
-    target = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(abstract))
-    pure = ocp.StandardCheckpointer().restore(paths.as_path(path), target)
-    return fill_state(abstract, pure)
-
-
-def convert_hf_checkpoint(src: str, dst: str | None = None, **overrides: Any) -> tuple[MistralConfig, nnx.State]:
-    """HF directory (config.json + weights) -> (config, state).
-
-    When ``dst`` is given the state is saved with orbax under ``dst/params`` and the config as
-    ``dst/mistral_config.json``.
-
-    ``overrides`` set MistralConfig fields (e.g. ``param_dtype="bfloat16"``, ``vocab_size=32284``
-    for an already resized checkpoint).
-    """
-    cfg = config_from_hf(load_hf_config(src), **overrides)
-    state = convert_mistral(load_state_dict(src), cfg)
-    if dst:
-        paths.makedirs(dst)
-        save_state(state, paths.join(dst, "params"))
-        paths.as_path(paths.join(dst, "mistral_config.json")).write_text(json.dumps(
-            {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
-             for k, v in dataclasses.asdict(cfg).items()}, indent=1))
-    return cfg, state
-
-
-def main(argv: list[str] | None = None) -> None:
-    """CLI: ``python -m animegamer_jax.convert.mistral SRC_HF_DIR DST [--param_dtype bfloat16] [--vocab_size N]``."""
-    import argparse
-
-    p = argparse.ArgumentParser(description="HF Mistral checkpoint -> orbax (animegamer-jax layout)")
-    p.add_argument("src", help="HF model directory (config.json + safetensors / pytorch_model.bin)")
-    p.add_argument("dst", help="output directory (orbax state in DST/params)")
-    p.add_argument("--param_dtype", default="bfloat16")
-    p.add_argument("--vocab_size", type=int, default=None, help="only for an already resized checkpoint")
-    a = p.parse_args(argv)
-    over: dict[str, Any] = {"param_dtype": a.param_dtype, "dtype": a.param_dtype}
-    if a.vocab_size:
-        over["vocab_size"] = a.vocab_size
-    cfg, _ = convert_hf_checkpoint(a.src, a.dst, **over)
-    print(f"wrote {a.dst}/params: {cfg}")
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert mistral",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    over: dict[str, Any] = {"param_dtype": f.param_dtype, "dtype": f.param_dtype}
+    if f.vocab_size:
+        over["vocab_size"] = f.vocab_size
+    cfg, _ = cm.convert_hf_checkpoint(src, dst, **over)
+    print(f"wrote {dst}/params: {cfg}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

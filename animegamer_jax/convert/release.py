@@ -17,13 +17,13 @@ only routes files and prefixes to them):
 ==============  =====================================================  ==============================
 component       source                                                  converter
 ==============  =====================================================  ==============================
-mllm            MLLM .bin (+ Mistral folder for absent base keys)        convert/animegamer_mllm.py
-dit             engine ``model.diffusion_model.*``                       convert/cogvideox_dit.py
-shot_encoder    engine ``model.diffusion_model.mixins.patch_embed.*``    convert/shot_encoder.py
-vae             ``vae/3d-vae.pt`` (else engine ``first_stage_model.*``)   convert/cogvideox_vae.py
-t5              engine ``conditioner.embedders.0.transformer.*`` (else   convert/t5.py
+mllm            MLLM .bin (+ Mistral folder for absent base keys)        models/mistral/mllm_convert.py
+dit             engine ``model.diffusion_model.*``                       models/cogvideox/dit_convert.py
+shot_encoder    engine ``model.diffusion_model.mixins.patch_embed.*``    models/shot_encoder/convert.py
+vae             ``vae/3d-vae.pt`` (else engine ``first_stage_model.*``)   models/cogvideox/vae_convert.py
+t5              engine ``conditioner.embedders.0.transformer.*`` (else   models/t5/convert.py
                 the T5 folder)
-clip            engine ``clip_img_encoder.model.*`` + the OpenCLIP file's  convert/clip.py
+clip            engine ``clip_img_encoder.model.*`` + the OpenCLIP file's  models/clip/convert.py
                 text ``transformer.*`` (the engine deletes that tower)
 ==============  =====================================================  ==============================
 
@@ -31,11 +31,19 @@ Keys dropped on purpose (see :data:`DROPPED`): the peft ``original_module`` norm
 ``modules_to_save.default``), the recomputed ``pos_embed.pos_embedding`` table, E_a's unused
 ``output_mix_layer_norm``, the VAE ``loss.*`` entries, and DeepSpeed bookkeeping beside ``module``.
 
+SRC and DST may be URLs (``gs://bucket/release``; etils.epath / fsspec). A remote SRC's files are
+copied, as each is first needed, into a local cache folder (``--cache_dir``, default a temporary
+folder removed afterwards), with one line per file saying so: ``torch.load(mmap=True)`` and
+``safe_open`` memory-map local files only, and reading a 14 GB engine file through a stream would
+hold all of it in memory instead of paging in one layer at a time. A remote DST is written in place
+(``SystemWriter`` on the URL, integrity.json last as the completion marker, as orbax does on object
+stores, which have no atomic folder rename) and removed again if the conversion fails.
+
 Reads are lazy: torch files are memory-mapped (``torch.load(mmap=True)``) and safetensors are
 opened with ``safe_open``, so a tensor is paged in only when its converter reads it, and the pages
 are dropped again after each written group (:func:`drop_file_pages`). The MLLM and the DiT are
-converted and written one leaf / one layer of a leaf at a time (``mistral.mistral_leaves``,
-``cogvideox_dit.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
+converted and written one leaf / one layer of a leaf at a time (``models.mistral.convert.mistral_leaves``,
+``models.cogvideox.dit_convert.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
 component at a time. Everything goes into a temporary sibling of DST that is renamed to DST only
 when every component is written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
 missing / unexpected / mis-shaped key, config whose sizes do not match) is collected first and
@@ -45,7 +53,6 @@ reported together, one line each, naming the file, the key and the fix.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import re
@@ -56,6 +63,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
+
+from animegamer_jax import paths
 
 #: engine-file prefixes and the component each feeds
 ENGINE_PREFIXES = {
@@ -81,7 +90,7 @@ T5_DIR = "google/t5-v1_1-xxl"
 CLIP_FILE = "laion/CLIP-ViT-B-16-laion2B-s34B-b88K/open_clip_pytorch_model.bin"
 MISTRAL_DIR = "Mistral-7B-Instruct-v0.1"
 FIX_REDOWNLOAD = "download the file again and compare its size / SHA256 with the release"
-#: ``--allow-pickle``: read torch files with full pickle (``weights_only=False``); off by default
+#: ``--allow_pickle``: read torch files with full pickle (``weights_only=False``); off by default
 ALLOW_PICKLE = False
 
 
@@ -106,6 +115,68 @@ def one_line(msg: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\x1b\[[0-9;]*m", "", str(msg))).strip()
 
 
+def _abs(path: str) -> str:
+    """A user path as shown and used: URLs unchanged, local paths absolute (``paths.as_path``)."""
+    return str(paths.as_path(path))
+
+
+def _glob(folder: str, pattern: str) -> list[str]:
+    """``folder/pattern`` matches (local or URL), sorted."""
+    p = paths.as_path(folder)
+    return sorted(os.fspath(h) for h in p.glob(pattern)) if p.is_dir() else []
+
+
+def _rel(path: str, root: str) -> str:
+    return path[len(root.rstrip("/")) + 1:] if path.startswith(root.rstrip("/") + "/") else path
+
+
+class LocalCache:
+    """Local copies of a remote release's files, made as each file is first read.
+
+    ``local(path)`` is ``path`` itself for local files; for a URL it copies the object once into
+    ``directory`` (keeping its path below the release folder) and returns the copy, logging the
+    size. A copy of the right size from an earlier run in a user-given ``directory`` is reused.
+    ``close()`` removes the folder when this object created it.
+    """
+
+    def __init__(self, src: str, directory: str | None = None, log: Callable[[str], None] = print):
+        self.src, self.log = _abs(src), log
+        self._own = directory is None
+        self.directory = directory
+        self.copies: dict[str, str] = {}
+
+    def local(self, path: str) -> str:
+        if not paths.is_url(path):
+            return path
+        if path in self.copies:
+            return self.copies[path]
+        import fsspec
+
+        if self.directory is None:
+            self.directory = tempfile.mkdtemp(prefix="animegamer-release-cache-")
+        out = os.path.join(self.directory, _rel(path, self.src).lstrip("/") or os.path.basename(path))
+        fs, _ = fsspec.core.url_to_fs(path)
+        size = int(fs.info(path)["size"])
+        if not (os.path.isfile(out) and os.path.getsize(out) == size):
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            self.log(f"copying {path} ({size / 2**30:.2f} GiB) to the local cache {out}: torch / safetensors "
+                     f"memory-map local files only")
+            part = out + ".part"
+            fs.get(path, part)
+            os.replace(part, out)
+        self.copies[path] = out
+        return out
+
+    def close(self) -> None:
+        if self._own and self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        self.copies = {}
+
+
+#: the cache of the conversion in progress (``convert_release`` sets it); local files pass through
+_cache = LocalCache("")
+
+
 # ----------------------------------------------------------------------------------------------
 # Lazy reading
 # ----------------------------------------------------------------------------------------------
@@ -119,7 +190,7 @@ class LazySafetensors(Mapping):
         self._handles = []
         for f in files:
             try:
-                h = safe_open(f, framework="pt")
+                h = safe_open(_cache.local(f), framework="pt")
             except Exception as e:  # noqa: BLE001 - safetensors raises several error types
                 raise ReleaseError([f"{f}: cannot read the safetensors header ({one_line(e)}); the file is "
                                     f"truncated or corrupt. Fix: {FIX_REDOWNLOAD}"]) from None
@@ -152,18 +223,18 @@ def load_torch_lazy(path: str) -> dict[str, Any]:
     """
     import torch
 
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
         raise ReleaseError([f"{path}: file not found. Fix: put the release file there (see the layout "
                             f"in `python -m animegamer_jax.convert release --help`)"])
     try:
-        obj = torch.load(path, map_location="cpu", mmap=True, weights_only=not ALLOW_PICKLE)
+        obj = torch.load(_cache.local(path), map_location="cpu", mmap=True, weights_only=not ALLOW_PICKLE)
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / pickle errors / EOFError
         msg = one_line(e)
         if "weights_only" in msg or "Unsupported global" in msg:
             # e.g. a DeepSpeed file whose bookkeeping beside 'module' pickles Python objects
             raise ReleaseError([f"{path}: holds pickled Python objects beside the tensors ({msg[:160]}), which "
                                 f"the safe loader refuses. Fix: if you trust the file (the release's own), rerun "
-                                f"with --allow-pickle"]) from None
+                                f"with --allow_pickle"]) from None
         raise ReleaseError([f"{path}: cannot be read as a torch checkpoint ({msg[:200]}); the file "
                             f"is truncated or corrupt. Fix: {FIX_REDOWNLOAD}"]) from None
     for k in ("module", "state_dict"):
@@ -176,10 +247,10 @@ def load_torch_lazy(path: str) -> dict[str, Any]:
 
 def load_folder_lazy(path: str) -> Mapping[str, Any]:
     """An HF folder's weights: ``*.safetensors`` (lazily) or ``pytorch_model*.bin`` (memory-mapped)."""
-    st = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    st = _glob(path, "*.safetensors")
     if st:
         return LazySafetensors(st)
-    bins = sorted(glob.glob(os.path.join(path, "pytorch_model*.bin")))
+    bins = _glob(path, "pytorch_model*.bin")
     if not bins:
         raise ReleaseError([f"{path}: no *.safetensors or pytorch_model*.bin. Fix: put the release folder there"])
     out: dict[str, Any] = {}
@@ -205,15 +276,15 @@ class ReleaseFiles:
 
 
 def _one(src: str, pattern: str, character: str | None, what: str, problems: list[str]) -> str | None:
-    hits = sorted(glob.glob(os.path.join(src, pattern)))
+    hits = _glob(src, pattern)
     if character:
         hits = [h for h in hits if f"-{character}" in h]
     if not hits:
-        problems.append(f"{os.path.join(src, pattern)}: no {what} found. Fix: put the release's {what} there"
+        problems.append(f"{paths.join(src, pattern)}: no {what} found. Fix: put the release's {what} there"
                         + (f" (for character {character!r})" if character else ""))
         return None
     if len(hits) > 1:
-        problems.append(f"{os.path.join(src, pattern)}: several {what}s {[os.path.relpath(h, src) for h in hits]}. "
+        problems.append(f"{paths.join(src, pattern)}: several {what}s {[_rel(h, src) for h in hits]}. "
                         f"Fix: choose one with --character NAME")
         return None
     return hits[0]
@@ -226,22 +297,22 @@ def locate(src: str, character: str | None = None) -> ReleaseFiles:
       ReleaseError: SRC missing, the MLLM / decoder files missing or ambiguous, a bad ``latest``.
     """
     problems: list[str] = []
-    if not os.path.isdir(src):
+    src = _abs(src)
+    if not paths.isdir(src):
         raise ReleaseError([f"{src}: release folder not found. Fix: pass the folder that holds "
                             f"AnimeGamer/, vae/, google/, laion/ (the release's checkpoints/)"])
     mllm = _one(src, MLLM_GLOB, character, "MLLM pytorch_model.bin", problems)
     dec = _one(src, DECODER_GLOB, character, "VDM_Decoder folder", problems)
     engine = None
     if dec:
-        latest = os.path.join(dec, "latest")
-        if not os.path.isfile(latest):
+        latest = paths.join(dec, "latest")
+        if not paths.isfile(latest):
             problems.append(f"{latest}: file not found. Fix: the SAT folder needs `latest` naming the "
                             f"iteration folder (e.g. 10000)")
         else:
-            with open(latest, encoding="utf-8") as f:
-                it = f.read().strip()
-            engine = os.path.join(dec, it, "mp_rank_00_model_states.pt")
-            if not os.path.isfile(engine):
+            it = paths.as_path(latest).read_text().strip()
+            engine = paths.join(dec, it, "mp_rank_00_model_states.pt")
+            if not paths.isfile(engine):
                 problems.append(f"{engine}: file not found (named by {latest}). Fix: put the decoder's "
                                 f"mp_rank_00_model_states.pt there")
                 engine = None
@@ -249,8 +320,8 @@ def locate(src: str, character: str | None = None) -> ReleaseFiles:
         raise ReleaseError(problems)
 
     def opt(rel: str) -> str | None:
-        p = os.path.join(src, rel)
-        return p if os.path.exists(p) else None
+        p = paths.join(src, rel)
+        return p if paths.exists(p) else None
 
     return ReleaseFiles(src, mllm, engine, opt(VAE_FILE), opt(T5_DIR), opt(CLIP_FILE), opt(MISTRAL_DIR))
 
@@ -289,7 +360,7 @@ def _run(file: str, name: str, fn: Callable[[], Any]) -> Any:
         return fn()
     except ReleaseError:
         raise
-    except ValueError as e:  # the converters' ConversionError / VAECheckpointError
+    except ValueError as e:  # the converters' ConversionError
         raise ReleaseError([f"{file}: {name}: {one_line(e)[:4000]}. Fix: {FIX_KEYS}"]) from None
 
 
@@ -304,8 +375,8 @@ def _keep(sd: Mapping[str, Any]) -> dict[str, Any]:
 def _mllm(files: ReleaseFiles, config, config_path: str):
     from flax import nnx
 
-    from animegamer_jax.convert import animegamer_mllm as am
-    from animegamer_jax.models.mllm import GameStateMLLM, MLLMConfig
+    from animegamer_jax.models.mistral import mllm_convert as am
+    from animegamer_jax.models.mistral.mllm import GameStateMLLM, MLLMConfig
 
     m = config.mllm
     sd = load_torch_lazy(files.mllm)
@@ -325,7 +396,7 @@ def _mllm(files: ReleaseFiles, config, config_path: str):
     if base_missing:
         if not files.mistral:
             return None, [f"{files.mllm}: holds no base weights (e.g. llm.base_model.model.model.layers.0.self_attn."
-                          f"q_proj.base_layer.weight) and {os.path.join(files.src, MISTRAL_DIR)} is absent. Fix: put "
+                          f"q_proj.base_layer.weight) and {paths.join(files.src, MISTRAL_DIR)} is absent. Fix: put "
                           f"the Mistral-7B-Instruct-v0.1 folder there"]
         am.add_base_weights(sd, load_folder_lazy(files.mistral))
     cfg = MLLMConfig.from_config(config, lora_rank=0)
@@ -353,9 +424,9 @@ def _engine_check(files: ReleaseFiles, engine: Mapping[str, Any]) -> list[str]:
 def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
     from flax import nnx
 
-    from animegamer_jax.convert import cogvideox_dit as cd
-    from animegamer_jax.convert.mistral import Leaf
-    from animegamer_jax.models.cogvideox_dit import CogVideoXDiT, DiTConfig
+    from animegamer_jax.models.cogvideox import dit_convert as cd
+    from animegamer_jax.models.mistral.convert import Leaf
+    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
     d = config.dit
     nq = int(config.rep.num_text_tokens + config.rep.num_image_tokens)
@@ -386,8 +457,8 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
 
 
 def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.convert import shot_encoder as cse
-    from animegamer_jax.models.shot_encoder import ShotEncoderConfig
+    from animegamer_jax.models.shot_encoder import convert as cse
+    from animegamer_jax.models.shot_encoder.model import ShotEncoderConfig
 
     cfg = ShotEncoderConfig.from_config(config)
     p = SHOT_ENCODER_PREFIX
@@ -402,8 +473,8 @@ def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config
 
 
 def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.convert import cogvideox_vae as cv
-    from animegamer_jax.models.cogvideox_vae import VAEConfig
+    from animegamer_jax.models.cogvideox import vae_convert as cv
+    from animegamer_jax.models.cogvideox.vae import VAEConfig
 
     cfg = VAEConfig.from_config(config.vae)
     if files.vae:
@@ -411,7 +482,7 @@ def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
     elif any(k.startswith("first_stage_model.") for k in engine):
         file, sd = files.engine, _sub(engine, "first_stage_model.")
     else:
-        return None, [f"{os.path.join(files.src, VAE_FILE)}: file not found and {files.engine} has no "
+        return None, [f"{paths.join(files.src, VAE_FILE)}: file not found and {files.engine} has no "
                       f"first_stage_model.* keys. Fix: put the release's 3d-vae.pt there"]
     rev0 = cfg.block_out_channels[-1]
     msg = _size_check(file, sd, "decoder.conv_in.conv.weight", (rev0, cfg.latent_channels, 3, 3, 3),
@@ -424,9 +495,9 @@ def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
 def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
     from flax import nnx
 
-    from animegamer_jax.convert import t5 as ct5
-    from animegamer_jax.convert.mistral import Leaf
-    from animegamer_jax.models.t5 import T5Config, T5Encoder
+    from animegamer_jax.models.t5 import convert as ct5
+    from animegamer_jax.models.mistral.convert import Leaf
+    from animegamer_jax.models.t5.model import T5Config, T5Encoder
 
     cfg = T5Config.from_config(config.t5)
     p = "conditioner.embedders.0.transformer."
@@ -435,7 +506,7 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
     elif files.t5:
         file, sd = files.t5, load_folder_lazy(files.t5)
     else:
-        return None, [f"{files.engine}: no {p}* keys and {os.path.join(files.src, T5_DIR)} is absent. "
+        return None, [f"{files.engine}: no {p}* keys and {paths.join(files.src, T5_DIR)} is absent. "
                       f"Fix: put the google/t5-v1_1-xxl folder there"], None
     emb = "shared.weight" if "shared.weight" in sd else "encoder.embed_tokens.weight"
     msg = _size_check(file, sd, emb, (cfg.vocab_size, cfg.d_model), "t5.vocab_size, t5.d_model", config_path)
@@ -460,12 +531,12 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
     abstract = nnx.state(nnx.eval_shape(lambda: T5Encoder(cfg, rngs=nnx.Rngs(0))), nnx.Param)
     want = _check_leaves(file, "t5", abstract, values)
     return _LeafJob("t5", want, values, [files.engine if file == files.engine else file]
-                    + sorted(glob.glob(os.path.join(files.t5 or "", "*.safetensors")))), [], file
+                    + (_glob(files.t5, "*.safetensors") if files.t5 else [])), [], file
 
 
 def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.convert import clip as cc
-    from animegamer_jax.models.clip import CLIPConfig
+    from animegamer_jax.models.clip import convert as cc
+    from animegamer_jax.models.clip.model import CLIPConfig
 
     cfg = CLIPConfig.from_config(config.clip)
     p = "clip_img_encoder.model."
@@ -479,10 +550,10 @@ def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: s
             sd.update({k: v for k, v in full.items() if k.startswith("transformer.")})
             file = f"{files.engine} + {files.clip}"
     elif not sd:
-        return None, [f"{files.engine}: no {p}* keys and {os.path.join(files.src, CLIP_FILE)} is absent. "
+        return None, [f"{files.engine}: no {p}* keys and {paths.join(files.src, CLIP_FILE)} is absent. "
                       f"Fix: put the OpenCLIP ViT-B-16 laion2b_s34b_b88k open_clip_pytorch_model.bin there"], None
     if not any(k.startswith("transformer.") for k in sd):
-        return None, [f"{os.path.join(files.src, CLIP_FILE)}: file not found; the engine's CLIP has no text "
+        return None, [f"{paths.join(files.src, CLIP_FILE)}: file not found; the engine's CLIP has no text "
                       f"tower (transformer.resblocks.*). Fix: put the OpenCLIP file there"], file
     msg = _size_check(file, sd, "visual.conv1.weight",
                       (cfg.vision_width, 3, cfg.patch_size, cfg.patch_size), "clip.vision_width, clip.patch_size", config_path)
@@ -506,7 +577,7 @@ def _check_leaves(file: str, name: str, abstract, leaves: Mapping[tuple, Any]) -
     """
     from flax import nnx
 
-    from animegamer_jax.convert.mistral import Leaf
+    from animegamer_jax.models.mistral.convert import Leaf
 
     want = {_key(p): (tuple(v.get_raw_value().shape), v.get_raw_value().dtype) for p, v in nnx.to_flat_state(abstract)}
     got = {_key(p): ((v.layers,) + v.shape if v.layers else v.shape) if isinstance(v, Leaf) else tuple(np.shape(v))
@@ -520,15 +591,16 @@ def _check_leaves(file: str, name: str, abstract, leaves: Mapping[tuple, Any]) -
     return want
 
 
-def drop_file_pages(paths: list[str]) -> None:
-    """Drops the resident pages of this process's private mappings of ``paths`` (Linux).
+def drop_file_pages(files: list[str]) -> None:
+    """Drops the resident pages of this process's private mappings of ``files`` (Linux; a remote
+    file's local copy).
 
     The memory-mapped source files are read once, leaf by leaf; without this their clean file pages
     stay in the process's resident set. Pages are re-read from the file if touched again.
     """
     import ctypes
 
-    real = {os.path.realpath(p) for p in paths if p and os.path.isfile(p)}
+    real = {os.path.realpath(q) for q in (_cache.copies.get(f, f) for f in files if f) if os.path.isfile(q)}
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         with open("/proc/self/maps", encoding="utf-8") as f:
@@ -558,13 +630,13 @@ class _StateJob:
 
 
 class _LeafJob:
-    """Lazy leaves (``mistral.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
+    """Lazy leaves (``models.mistral.convert.Leaf``: one layer at a time) or arrays, cast to the model's dtypes."""
 
     def __init__(self, name: str, want: dict, leaves: dict, sources: list[str]):
         self.name, self.want, self.leaves, self.sources = name, want, leaves, sources
 
     def write(self, writer) -> None:
-        from animegamer_jax.convert.mistral import Leaf
+        from animegamer_jax.models.mistral.convert import Leaf
 
         for path, leaf in self.leaves.items():
             shape, dtype = self.want[_key(path)]
@@ -588,7 +660,7 @@ class _DiTJob:
         self.want, self.top, self.sd, self.cfg, self.rank, self.sources = want, top, sd, cfg, rank, sources
 
     def write(self, writer) -> None:
-        from animegamer_jax.convert import cogvideox_dit as cd
+        from animegamer_jax.models.cogvideox import dit_convert as cd
 
         for path, v in self.top.items():
             writer.add("dit", _key(path), np.asarray(v).astype(self.want[_key(path)][1]))
@@ -612,17 +684,19 @@ COMPONENT_ORDER = ("mllm", "dit", "shot_encoder", "t5", "clip", "vae")  # cheap 
 
 
 def convert_release(src: str, dst: str, config, *, config_path: str = "", character: str | None = None,
-                    log: Callable[[str], None] = print) -> dict[str, int]:
+                    log: Callable[[str], None] = print, cache_dir: str | None = None) -> dict[str, int]:
     """Converts a release download at ``src`` into one system checkpoint at ``dst``.
 
     Args:
-      src: the release's ``checkpoints/`` folder (module docstring layout).
-      dst: the new system checkpoint directory (must not exist).
+      src: the release's ``checkpoints/`` folder (module docstring layout), local or a URL.
+      dst: the new system checkpoint directory (must not exist), local or a URL.
       config: the ml_collections config whose sizes the weights must have (saved in the checkpoint).
       config_path: shown in messages.
       character: the ``<Character>`` of ``MLLM-<Character>`` / ``VDM_Decoder-<Character>`` when SRC
         holds several.
       log: progress sink.
+      cache_dir: local folder for the copies of a remote ``src``'s files (default: a temporary
+        folder, removed afterwards); unused for a local ``src``.
 
     Returns:
       ``{component: parameter count}`` as written to the manifest.
@@ -634,14 +708,22 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
 
     from animegamer_jax import system_checkpoint as sc
 
-    dst = os.path.abspath(dst)
-    if os.path.exists(dst):
+    global _cache
+
+    dst = _abs(dst)
+    if paths.exists(dst):
         raise ReleaseError([f"{dst}: already exists. Fix: pass a new DST (this command never overwrites)"])
     files = locate(src, character)
-    parent = os.path.dirname(dst)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.partial-", dir=parent)
+    remote_dst = paths.is_url(dst)
+    tmp = None
+    if not remote_dst:  # a temporary sibling, renamed to DST at the end (atomic)
+        parent = os.path.dirname(dst)
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.partial-", dir=parent)
     problems: list[str] = []
+    _cache = LocalCache(files.src, cache_dir, log)
+    writer = None
+    done = False
     try:
         try:
             engine = load_torch_lazy(files.engine)
@@ -650,7 +732,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
             engine = None
         if engine is not None:
             problems += _engine_check(files, engine)
-        writer = sc.SystemWriter(os.path.join(tmp, "system"), config)
+        writer = sc.SystemWriter(dst if remote_dst else os.path.join(tmp, "system"), config)
         for name in COMPONENT_ORDER:
             t0 = time.perf_counter()
             file = files.mllm if name == "mllm" else files.engine
@@ -676,53 +758,76 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
             job.write(writer)  # into the temporary directory; discarded on any later problem
             del job
             jax.clear_caches()
-            shown = " + ".join(os.path.relpath(f, files.src) for f in file.split(" + "))
+            shown = " + ".join(_rel(f, files.src) for f in file.split(" + "))
             log(f"{name}: {writer.counts.get(name, 0):,} parameters from {shown} ({time.perf_counter() - t0:.1f} s)")
         if problems:
             raise ReleaseError(problems)
         writer.finish()
         sc.read_manifest(writer.directory)
-        os.rename(writer.directory, dst)
+        if not remote_dst:
+            os.rename(writer.directory, dst)
         counts = dict(writer.counts)
+        done = True
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if remote_dst and writer is not None and not done:
+            paths.rmtree(dst)  # created by this run (DST did not exist): a failed conversion leaves nothing
+        _cache.close()
+        _cache = LocalCache("")
     return counts
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m animegamer_jax.convert release SRC DST [--config F] [--character NAME]``.
+def _define_flags(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
 
-    SRC is the release's ``checkpoints/`` folder (layout in the module docstring); DST a new system
-    checkpoint that ``play --checkpoint``, ``generate``, ``eval`` and
-    ``train --config.train.init_checkpoint`` read. Exit status 1 with one line per problem.
+    config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config with the sizes of the weights (default: paper "
+                                    "size, configs/animegamer_2b_7b.py); --config.a.b=v overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("character", None, "MLLM-<NAME> / VDM_Decoder-<NAME> when SRC holds several.", flag_values=fv)
+    flags.DEFINE_bool("allow_pickle", False, "Read torch files with full pickle (only for files you trust, e.g. "
+                      "DeepSpeed files whose bookkeeping entries pickle Python objects); default: the safe "
+                      "weights-only loader.", flag_values=fv)
+    flags.DEFINE_alias("allow-pickle", "allow_pickle", flag_values=fv)
+    flags.DEFINE_string("cache_dir", None, "Where a remote (gs://...) SRC's files are copied to be memory-mapped "
+                        "(default: a new temporary folder, removed afterwards).", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``python -m animegamer_jax.convert release SRC DST [--config=F] [--character=NAME]``.
+
+    SRC is the release's ``checkpoints/`` folder (layout in the module docstring), local or a URL;
+    DST a new system checkpoint (local or gs://) that ``play --checkpoint``, ``generate``, ``eval``
+    and ``train --config.train.init_checkpoint`` read. Exit status 1 with one line per problem, 2
+    on a bad command line.
     """
-    import argparse
     import sys
 
-    from animegamer_jax.config import load_config
+    from ml_collections import config_flags
 
-    p = argparse.ArgumentParser(prog="python -m animegamer_jax.convert release",
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("src", help="the release's checkpoints/ folder")
-    p.add_argument("dst", help="new system checkpoint directory (must not exist)")
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="config with the sizes of the weights (default: paper size)")
-    p.add_argument("--character", default=None, help="MLLM-<NAME> / VDM_Decoder-<NAME> when SRC holds several")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="read torch files with full pickle (only for files you trust, e.g. DeepSpeed files "
-                        "whose bookkeeping entries pickle Python objects)")
-    a = p.parse_args(argv)
+    from animegamer_jax import cli
+
+    try:
+        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert release",
+                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, __doc__,
+                                        positional=("SRC", "DST"))
+    except cli.UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     global ALLOW_PICKLE
-    ALLOW_PICKLE = bool(a.allow_pickle)
-    config = load_config(a.config)
+    ALLOW_PICKLE = bool(f.allow_pickle)
+    config, config_path = f.config, config_flags.get_config_filename(f["config"])
     t0 = time.perf_counter()
     try:
-        counts = convert_release(a.src, a.dst, config, config_path=a.config, character=a.character)
+        counts = convert_release(src, dst, config, config_path=config_path, character=f.character,
+                                 cache_dir=f.cache_dir)
     except ReleaseError as e:
         for line in e.problems:
             print(f"error: {line}", file=sys.stderr)
-        print(f"nothing written at {os.path.abspath(a.dst)}", file=sys.stderr)
+        print(f"nothing written at {_abs(dst)}", file=sys.stderr)
         return 1
-    print(f"wrote {os.path.abspath(a.dst)}: {', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))} parameters "
+    print(f"wrote {_abs(dst)}: {', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))} parameters "
           f"({time.perf_counter() - t0:.1f} s)")
     return 0
 

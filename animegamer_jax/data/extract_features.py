@@ -47,8 +47,8 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import parallel, paths
-from animegamer_jax.models.clip import CLIPConfig, CLIPVisionTransformer
-from animegamer_jax.models.t5 import T5Config, T5Encoder
+from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
+from animegamer_jax.models.t5.model import T5Config, T5Encoder
 
 FORMAT = "animegamer_jax.features/1"
 FIELDS = ("f_v", "f_md")
@@ -248,8 +248,9 @@ def load_models(cfg: Any, mesh: jax.sharding.Mesh, rules, *, clip_weights: str =
     Raises:
       ValueError: a weight path missing without ``random_init``.
     """
-    from animegamer_jax.convert import clip as cc
-    from animegamer_jax.convert import t5 as ct
+    from animegamer_jax.convert.common import load_state_dict, restore_state
+    from animegamer_jax.models.clip import convert as cc
+    from animegamer_jax.models.t5 import convert as ct
 
     clip_cfg, t5_cfg = CLIPConfig.from_config(cfg.clip), T5Config.from_config(cfg.t5)
     specs = (
@@ -266,7 +267,7 @@ def load_models(cfg: Any, mesh: jax.sharding.Mesh, rules, *, clip_weights: str =
             continue
         abstract = nnx.eval_shape(make)
         graphdef, _ = nnx.split(abstract)
-        state = cc.restore_state(abstract, path) if _is_orbax_dir(path) else convert(cc.load_state_dict(path))
+        state = restore_state(abstract, path) if _is_orbax_dir(path) else convert(load_state_dict(path))
         state = jax.device_put(state, parallel.param_shardings(state, mesh, rules))
         models.append(nnx.merge(graphdef, state))
     return models[0], models[1]
@@ -324,8 +325,7 @@ def cli() -> None:
     """Console script (pyproject.toml)."""
     from animegamer_jax import cli as cli_lib
 
-    _define_flags()
-    cli_lib.run(main)
+    cli_lib.run(main, define=_define_flags)
 
 
 if __name__ == "__main__":

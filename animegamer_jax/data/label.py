@@ -543,8 +543,7 @@ def cli() -> None:
     """Console script ``animegamer-label``."""
     from animegamer_jax import cli as cli_lib
 
-    _define_flags()
-    cli_lib.run(main)
+    cli_lib.run(main, define=_define_flags)
 
 
 if __name__ == "__main__":

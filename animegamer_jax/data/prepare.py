@@ -267,8 +267,7 @@ def cli() -> None:
     """Console script (pyproject.toml)."""
     from animegamer_jax import cli as cli_lib
 
-    _define_flags()
-    cli_lib.run(main)
+    cli_lib.run(main, define=_define_flags)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """CLIP embeddings for the metrics from a local Hugging Face ``CLIPModel`` folder, run with our Flax CLIP.
 
-The weights go through the project's converter (``animegamer_jax.convert.clip``: HF names -> ours,
-loud on mismatch) into ``animegamer_jax.models.clip.CLIP``; the text goes through the folder's own
+The weights go through the project's converter (``animegamer_jax.models.clip.convert``: HF names -> ours,
+loud on mismatch) into ``animegamer_jax.models.clip.model.CLIP``; the text goes through the folder's own
 BPE tokenizer (``CLIPTokenizer.from_pretrained(folder)``, local files only; transformers 5 ignores a
 bare ``vocab_file`` argument, docs/evaluation.md#metrics). No network access.
 
 Image preprocessing for the metrics is the standard CLIP evaluation one: the centre square of the
 frame (CLIP's resize-shortest-side + centre-crop), resized bicubic with antialiasing to the model's
-input size, then the CLIP mean/std normalization (``models.clip.preprocess``). The shot encoder's
+input size, then the CLIP mean/std normalization (``models.clip.model.preprocess``). The shot encoder's
 no-crop squash (docs/encoders.md#clip-image-tower) is a training-time convention and is not used for scoring.
 """
 
@@ -42,12 +42,13 @@ def load(path: str, batch_size: int = 16) -> Embedder:
 
     Raises:
       FileNotFoundError: missing config, weights or tokenizer files.
-      animegamer_jax.convert.clip.ConversionError: weights that do not match the config.
+      animegamer_jax.convert.common.ConversionError: weights that do not match the config.
     """
     from transformers import CLIPTokenizer
 
-    from animegamer_jax.convert import clip as convert_clip
-    from animegamer_jax.models.clip import preprocess
+    from animegamer_jax.convert.common import load_state_dict
+    from animegamer_jax.models.clip import convert as convert_clip
+    from animegamer_jax.models.clip.model import preprocess
 
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -55,7 +56,7 @@ def load(path: str, batch_size: int = 16) -> Embedder:
     with open(cfg_path) as f:
         hf_cfg = json.load(f)
     cfg = convert_clip.config_from_hf(hf_cfg, dtype="float32")
-    model = convert_clip.load_clip(convert_clip.load_state_dict(path), cfg)
+    model = convert_clip.load_clip(load_state_dict(path), cfg)
     if not (os.path.isfile(os.path.join(path, "vocab.json")) or os.path.isfile(os.path.join(path, "tokenizer.json"))):
         raise FileNotFoundError(f"{path}: no tokenizer files (vocab.json + merges.txt or tokenizer.json)")
     tokenizer = CLIPTokenizer.from_pretrained(path, local_files_only=True)
@@ -95,5 +96,5 @@ def load(path: str, batch_size: int = 16) -> Embedder:
                         max_length=cfg.text_context_length)["input_ids"]
         return _batched(_text, np.asarray(ids, np.int32))
 
-    return Embedder(f"CLIP {os.path.basename(os.path.normpath(path))} (local HF weights via convert.clip)",
+    return Embedder(f"CLIP {os.path.basename(os.path.normpath(path))} (local HF weights via models.clip.convert)",
                     image, text)

@@ -5,7 +5,7 @@ An :class:`Embedder` is a label plus two functions: ``image(frames uint8 [N, H, 
 
 - :func:`clip_embedder`: a CLIP model from a local Hugging Face ``CLIPModel`` folder
   (``config.json``, ``model.safetensors`` or ``pytorch_model.bin``, ``vocab.json``, ``merges.txt``),
-  converted to our Flax CLIP (``animegamer_jax.convert.clip``) and run jitted; text through the folder's
+  converted to our Flax CLIP (``animegamer_jax.models.clip.convert``) and run jitted; text through the folder's
   own BPE tokenizer (``transformers.CLIPTokenizer``, local files only). The paper does not say which
   CLIP scores Table 1 (UNCERTAIN); OpenAI ViT-L/14 is the usual choice for CLIP-I/CLIP-T.
 - :func:`standin_embedder`: a deterministic random-feature stand-in used when no CLIP weights are

@@ -219,5 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli() -> None:
+    """Console script ``animegamer-eval-vae`` (pyproject.toml)."""
+    raise SystemExit(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -14,7 +14,19 @@ One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
 The three stages are ``jax.jit`` functions of (params, inputs) whose input shapes depend only on
 the game shape (batch B = the mesh's data-parallel size, padded sequence length L, Q, D), so each
 compiles once; compilation time is measured from JAX's own compile events and reported apart from
-run time. Games in a batch are independent rows: their noise comes from their own keys, so a game
+run time. Every stage is traced and run inside the engine's mesh and logical rules
+(``parallel.sharding_context``), so the models' sharding constraints are active.
+
+Two layouts (:func:`apply_layout`, ``config.game.play_layout``):
+
+* ``batch`` (generate, and play with ``--config.game.play_layout=batch``): the config's mesh; one
+  game per data-parallel slice, B = data-parallel size (a short batch is padded with filler rows).
+* ``latency`` (play's default): ONE game on every device, B = 1 and no filler rows. The mesh is
+  :func:`latency_mesh_shape` (CFG halves on ``data``, the DiT's joint sequence on ``context``:
+  cfg 2 x context n/2); weights are sharded over every device (``embed`` on data, fsdp and
+  context, ZeRO-3 style, all-gathered per layer) and the VAE's frames over height (``context``) and
+  width (``data``). Compiled per-device memory and FLOPs: ``python -m benchmarks aot --layout
+  latency`` (benchmarks/aot_full_size.py). Games in a batch are independent rows: their noise comes from their own keys, so a game
 gives the same output alone or in a batch. Turn k of a game samples with the key
 :func:`turn_key` ``(game_seed, k)``.
 
@@ -34,6 +46,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
@@ -41,7 +54,7 @@ from animegamer_jax import tokenizer as tk
 from animegamer_jax.game.script import Game
 from animegamer_jax.game.state import (GameRun, Meters, WindowSpec, build_cached_turn_input, encode_instruction,
                                        stack_cached_inputs, stack_inputs)
-from animegamer_jax.models.cogvideox_dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
+from animegamer_jax.models.cogvideox.dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
 
 STAGES = ("mllm", "sampling", "vae")
 
@@ -114,6 +127,47 @@ def apply_mode(config):
     return config
 
 
+#: play's layouts (``config.game.play_layout``; module docstring)
+LAYOUTS = ("latency", "batch")
+
+#: logical rules the latency layout sets on top of the config's (module docstring)
+LATENCY_RULES = (
+    ("embed", ("data", "fsdp", "context")),
+    ("act_height", "context"),
+    ("act_width", "data"),
+)
+
+
+def latency_mesh_shape(num_devices: int) -> tuple[int, int, int, int]:
+    """(data, fsdp, tensor, context) of the latency layout: CFG halves on ``data`` (2) and the rest
+    of the devices on ``context``; ``(1, 1, 1, n)`` for an odd count (1 device: all ones)."""
+    n = int(num_devices)
+    return (2, 1, 1, n // 2) if n % 2 == 0 else (1, 1, 1, n)
+
+
+def apply_layout(config, layout: str, num_devices: int):
+    """A copy of ``config`` with ``layout`` applied to ``mesh.shape`` and ``sharding_rules``.
+
+    ``batch``: unchanged. ``latency``: mesh :func:`latency_mesh_shape` ``(num_devices)`` over the
+    standard axes and :data:`LATENCY_RULES` replacing the config's entries of those names.
+
+    Raises:
+      ValueError: unknown layout.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"game.play_layout must be one of {LAYOUTS}, got {layout!r}")
+    config = copy.deepcopy(config)
+    if layout == "latency":
+        axes = tuple(config.mesh.axes)
+        if axes != parallel.MESH_AXES:
+            raise ValueError(f"the latency layout needs mesh axes {parallel.MESH_AXES}, the config has {axes}")
+        config.mesh.shape = latency_mesh_shape(num_devices)
+        over = dict(LATENCY_RULES)
+        rules = [(k, over.pop(k, v)) for k, v in parallel.rules_from_config(config)]
+        config.sharding_rules = tuple(rules + list(over.items()))
+    return config
+
+
 def _splitmix64(x: int) -> int:
     x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
@@ -179,22 +233,25 @@ class GameEngine:
     """Plays batches of games with a :class:`GameSystem` on a mesh.
 
     Args:
-      config: the run config (``game.mode`` already applied or not: applied here).
+      config: the run config (``game.mode`` already applied or not: applied here; the layout's
+        mesh and rules already applied, :func:`apply_layout`).
       system: the per-turn functions and params.
       mesh: the device mesh; the batch is split over its data axes (default: from config).
+      latency: one game on the whole mesh (batch 1, no filler rows; inputs replicated, the work
+        split by the models' sharding constraints); False: ``batch`` layout (module docstring).
     """
 
-    def __init__(self, config, system: GameSystem, mesh=None):
+    def __init__(self, config, system: GameSystem, mesh=None, latency: bool = False):
         self.config = apply_mode(config)
         self.system = system
         self.mesh = mesh if mesh is not None else parallel.mesh_from_config(self.config)
         self.rules = parallel.rules_from_config(self.config)
         self.spec = WindowSpec.from_config(self.config)
         self.rep_dim = self.config.rep.dim
-        self.batch_size = parallel.data_parallel_size(self.mesh, self.rules)
+        self.latency = bool(latency)
+        self.batch_size = 1 if self.latency else parallel.data_parallel_size(self.mesh, self.rules)
         self.tok = tk.get_tokenizer()
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        self._replicated = replicated
+        self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
 
         def place(x):
             # keep arrays already laid out on this mesh (e.g. FSDP-sharded checkpoint weights)
@@ -202,7 +259,16 @@ class GameEngine:
                 return x
             return jax.device_put(x, replicated)
 
-        self.params = jax.tree.map(place, system.params)
+        def place_component(v):
+            # NNX states go where their logical annotations and the rules say; the rest replicated
+            if isinstance(v, nnx.State):
+                return jax.device_put(v, parallel.param_shardings(v, self.mesh, self.rules))
+            return jax.tree.map(place, v)
+
+        if isinstance(system.params, dict):
+            self.params = {k: place_component(v) for k, v in system.params.items()}
+        else:
+            self.params = jax.tree.map(place, system.params)
         self.mllm_fn = jax.jit(system.mllm)
         self.sample_fn = jax.jit(system.sample)
         self.decode_fn = jax.jit(system.decode)
@@ -227,7 +293,7 @@ class GameEngine:
     def _timed(self, stage: str, fn, *args):
         timer = _CompileTimer()
         t0 = time.perf_counter()
-        with timer.measure():
+        with timer.measure(), parallel.sharding_context(self.mesh, self.rules):
             out = fn(*args)
             out = jax.block_until_ready(out)
         wall = time.perf_counter() - t0
@@ -236,6 +302,8 @@ class GameEngine:
         return out, max(0.0, wall - timer.seconds), timer.seconds
 
     def _shard(self, tree):
+        if self.latency:  # one game: every device sees the whole (tiny) input
+            return jax.tree.map(lambda x: jax.device_put(np.asarray(x), self._replicated), tree)
         return parallel.shard_batch(tree, self.mesh, self.rules)
 
     def game_seed(self, game: Game) -> int:
@@ -349,7 +417,10 @@ class GameEngine:
           InstructionTooLongError: an instruction over ``game.max_instruction_tokens``.
         """
         if not games or len(games) > self.batch_size:
-            raise ValueError(f"play takes 1..{self.batch_size} games, got {len(games)}")
+            raise ValueError(f"play takes 1..{self.batch_size} games, got {len(games)}"
+                             + (" (latency layout: one game on all devices)" if self.latency else ""))
+        # batch layout: a short batch is padded with copies of game 0 (outputs dropped); the
+        # latency layout has batch 1, so never pads
         rows = list(games) + [games[0]] * (self.batch_size - len(games))
         text_ids = [[encode_instruction(t.text, self.spec, self.tok) for t in g.turns] for g in rows]
         runs = [self.new_run() for _ in rows]

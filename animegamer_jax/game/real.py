@@ -4,7 +4,7 @@ Wraps loaded NNX modules (animegamer_jax/system_checkpoint.py ``load_system``) a
 :class:`~animegamer_jax.game.engine.GameSystem` whose three functions take the modules' states as
 jit arguments (weights are never baked in as constants):
 
-* **MLLM** (docs/token_layout.md, models/mllm.py): the history query slots take the projected
+* **MLLM** (docs/token_layout.md, models/mistral/mllm.py): the history query slots take the projected
   history representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the
   padding mask: sequences are right-padded to one length per game shape) and the representation is
   read at the engine's ``read_idx`` (the query positions, or the release's last 226 valid positions),
@@ -28,7 +28,7 @@ jit arguments (weights are never baked in as constants):
   h, w], "steps": [B, n, T, C, h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a
   is rounded to bfloat16 before the DiT, as the release does.
 * **VAE** (docs/diffusion.md#latent-scale): ``decode(latents / scaling_factor)`` (spatially tiled
-  when ``vae.tile_size`` > 0) -> frames, mapped from [-1, 1] to [0, 1] and clipped. Untiled, the system also has
+  when ``vae.tile_size`` > 0, or as the device's memory allows when -1: :func:`vae_decoder`) -> frames, mapped from [-1, 1] to [0, 1] and clipped. Untiled, the system also has
   ``decode_chunk``: one chunk of the same causal chunk plan (``vae.decode_chunks``) per call, the
   cache carried by the caller, so a server can show the first frames while the rest decode.
 """
@@ -47,10 +47,10 @@ from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.state import CachePlan
 from animegamer_jax.game.engine import GameSystem, flow_value
-from animegamer_jax.models import cogvideox_dit as dit_lib
 from animegamer_jax.models import attention as attn
-from animegamer_jax.models import mistral as mst
-from animegamer_jax.models.mllm import hybrid_attention_mask
+from animegamer_jax.models.cogvideox import dit as dit_lib
+from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
 
 #: number of generated ids needed to read the four states (positions 0, 3, 6, 9)
 STATE_TOKENS = 10
@@ -320,31 +320,10 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a
     params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
     decode_plan, decode_chunk = (), None  # chunked decode for streaming (untiled VAE only)
-    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
-                    config.dit.sample_width)
     if decode_fn is None:
         g_vae, s_vae = nnx.split(components["vae"])
         params["vae"] = s_vae
-        scale = float(config.vae.scaling_factor)
-
-        def decode(p, latents):
-            vae = nnx.merge(g_vae, p["vae"])
-            z = latents / scale
-            video = vae.tiled_decode(z) if vae.cfg.tile_size > 0 else vae.decode(z)
-            return _to_unit_frames(video, latents.shape)
-
-        vcfg = components["vae"].cfg
-        if vcfg.tile_size <= 0:
-            from animegamer_jax.models.cogvideox_vae import chunk_plan
-
-            decode_plan = chunk_plan(latent_shape[0], *vcfg.decode_chunks)
-
-            def decode_chunk(p, latents, cache):
-                # one step of CogVideoXVAE.decode's chunk loop (run_chunked), same plan and caches
-                vae = nnx.merge(g_vae, p["vae"])
-                z = jnp.moveaxis(latents / scale, 2, -1).astype(jnp.dtype(vae.cfg.dtype))
-                video, cache = vae.decoder(z, cache)
-                return _to_unit_frames(video.astype(jnp.float32), latents.shape), cache
+        decode, decode_chunk, decode_plan = vae_decoder(g_vae, components["vae"].cfg, config)
     else:
         def decode(p, latents):
             return decode_fn(latents)
@@ -364,6 +343,72 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
         parse = reference.states_from_generated
     return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
                       decode_plan=decode_plan, parse_states=parse, **cached)
+
+
+def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | None = None) -> int:
+    """Devices one decoded frame ``[H, W]`` is split over by the config's mesh and rules (the VAE's
+    ``act_height`` / ``act_width`` constraints; 8 in the latency layout on 8 devices, else 1)."""
+    from types import SimpleNamespace
+
+    from animegamer_jax import parallel
+
+    n = jax.device_count() if num_devices is None else int(num_devices)
+    try:
+        shape = parallel.resolve_mesh_shape(tuple(config.mesh.shape), n, tuple(config.mesh.axes))
+    except parallel.ShardingConfigError:
+        return 1
+    mesh = SimpleNamespace(axis_names=tuple(config.mesh.axes), axis_sizes=shape)
+    spec = parallel.logical_to_spec(("act_batch", "act_frames", "act_height", "act_width", "act_channels"),
+                                    parallel.rules_from_config(config), shape=(1, 1, *frame_hw, 1), mesh=mesh)
+    sizes = dict(zip(mesh.axis_names, shape))
+    out = 1
+    for entry in (spec[2], spec[3]):
+        for a in ((entry,) if isinstance(entry, str) else (entry or ())):
+            out *= sizes[a]
+    return out
+
+
+def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None):
+    """Play's VAE stage: ``(decode, decode_chunk, decode_plan)``.
+
+    ``decode(p, latents [B, T, C, h, w] scaled) -> frames [B, F, H, W, 3]`` in [0, 1] with
+    ``p["vae"]`` the VAE state: ``VAE_dec(latents / scaling_factor)``, tiled and chunked as
+    ``cogvideox_vae.resolve_decode_tiling`` decides (``vae.tile_size`` -1: from the device's memory
+    and the frame's shards on the mesh, :func:`vae_spatial_shards`). Untiled, ``decode_chunk(p,
+    latents_chunk, cache) -> (frames, cache)`` runs one chunk of ``decode_plan`` (streaming);
+    tiled, both are None / (). ``decode.why`` says what was chosen. ``num_devices``: the mesh's
+    device count (default ``jax.device_count()``). Used by :func:`build_real_system` and
+    benchmarks/turn_pieces.py.
+    """
+    import logging
+
+    from animegamer_jax.models.cogvideox.vae import resolve_decode_tiling
+
+    scale = float(config.vae.scaling_factor)
+    t, h, w = int(config.dit.num_latent_frames), int(config.dit.sample_height), int(config.dit.sample_width)
+    sf = vcfg.spatial_factor
+    shards = vae_spatial_shards(config, (sf * h, sf * w), num_devices)
+    tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards)
+    logging.getLogger(__name__).info("VAE decode: %s", why)
+
+    def decode(p, latents):
+        vae = nnx.merge(g_vae, p["vae"])
+        z = latents / scale
+        video = vae.tiled_decode(z, tile_size=tile, plan=plan) if tile > 0 else vae.decode(z, plan)
+        return _to_unit_frames(video, latents.shape)
+
+    decode.why = why
+    if tile > 0:
+        return decode, None, ()
+
+    def decode_chunk(p, latents, cache):
+        # one step of CogVideoXVAE.decode's chunk loop (run_chunked), same plan and caches
+        vae = nnx.merge(g_vae, p["vae"])
+        z = jnp.moveaxis(latents / scale, 2, -1).astype(jnp.dtype(vae.cfg.dtype))
+        video, cache = vae.decoder(z, cache)
+        return _to_unit_frames(video.astype(jnp.float32), latents.shape), cache
+
+    return decode, decode_chunk, tuple(plan)
 
 
 def dit_sampler(g_dit, config):

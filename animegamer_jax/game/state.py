@@ -1,7 +1,7 @@
 """Per-game state: running meters, the sliding window of past turns, and the MLLM token layout.
 
 Follows docs/token_layout.md (the layout itself is built once, by
-``models/mllm.py`` ``turn_layout``, for training and play):
+``models/mistral/mllm.py`` ``turn_layout``, for training and play):
 
 * Sequence = ``[<s>]`` + up to W-1 history turns + the current turn. A history turn is
   ``<TURN> text <img><frame><frame_0..n-1></frame></img>`` + the 14 world ids (with the release's
@@ -215,7 +215,7 @@ def build_turn_input(history: Sequence[TurnRecord], current_ids: Sequence[int], 
       spec: window / read-out / padding.
       rep_dim: D of the representations.
     """
-    from animegamer_jax.models.mllm import turn_layout  # the one token layout (training uses it too)
+    from animegamer_jax.models.mistral.mllm import turn_layout  # the one token layout (training uses it too)
 
     nh = spec.window - 1
     used = list(history[len(history) - nh:]) if nh > 0 else []
@@ -375,13 +375,13 @@ def build_cached_turn_input(history: Sequence[TurnRecord], current_ids: Sequence
                             rep_dim: int, plan: CachePlan | None = None) -> CachedTurnInput:
     """The new tokens of turn ``k = len(history)`` for the rolling cache (:class:`CachePlan`).
 
-    They are cut from ``models/mllm.py`` ``turn_layout`` of turns k-1 (history form) and k, the
+    They are cut from ``models/mistral/mllm.py`` ``turn_layout`` of turns k-1 (history form) and k, the
     one token layout, so ids and masks are those of a full recompute over the whole game.
 
     Raises:
       InstructionTooLongError: an instruction over ``spec.max_text`` tokens.
     """
-    from animegamer_jax.models.mllm import turn_layout
+    from animegamer_jax.models.mistral.mllm import turn_layout
 
     plan = plan or CachePlan.from_spec(spec)
     q, k = spec.num_queries, len(history)

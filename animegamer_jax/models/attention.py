@@ -60,6 +60,7 @@ import functools
 import logging
 from typing import Any
 
+import einops
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -185,10 +186,11 @@ def _reference(q, k, v, bias, mask: AttentionMask, scale):
     b, l, n, h = q.shape
     s = k.shape[1]
     kh, g = _group(q, k)
-    qg = q.reshape(b, l, kh, g, h)
+    qg = einops.rearrange(q, "B L (K G) H -> B L K G H", K=kh)  # query heads grouped by their K/V head
     logits = jnp.einsum("BLKGH,BSKH->BKGLS", qg, k, preferred_element_type=jnp.float32) * scale
     if bias is not None:
-        logits = logits + jnp.broadcast_to(bias.astype(jnp.float32), (b, n, l, s)).reshape(b, kh, g, l, s)
+        logits = logits + einops.rearrange(jnp.broadcast_to(bias.astype(jnp.float32), (b, n, l, s)),
+                                           "B (K G) L S -> B K G L S", K=kh)
     m = mask.materialize(b, l, s)
     if m is not None:
         logits = jnp.where(m[:, None, None], logits, _NEG)
@@ -196,7 +198,7 @@ def _reference(q, k, v, bias, mask: AttentionMask, scale):
     if m is not None:  # fully masked rows -> 0 (the blockwise convention)
         p = jnp.where(m.any(-1)[:, None, None, :, None], p, 0.0)
     o = jnp.einsum("BKGLS,BSKH->BLKGH", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    return o.reshape(b, l, n, h).astype(q.dtype)
+    return einops.rearrange(o, "B L K G H -> B L (K G) H").astype(q.dtype)
 
 
 def _xla(q, k, v, bias, mask: AttentionMask, scale, implementation="xla"):
@@ -253,16 +255,17 @@ def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, blo
     # Padded queries (segment 0) see only padded / invalid keys (segment 0): finite rows, dropped
     # below, and no NaN reaches the backward pass.
     kv_seg = jnp.concatenate([valid.astype(jnp.int32), jnp.zeros((b, sp - s), jnp.int32)], 1)
-    qp = jnp.pad(q * jnp.asarray(scale, q.dtype), ((0, 0), (0, lp - l), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+    qp = einops.rearrange(jnp.pad(q * jnp.asarray(scale, q.dtype), ((0, 0), (0, lp - l), (0, 0), (0, 0))),
+                          "B L N H -> B N L H")  # splash takes heads before the sequence
     kp = jnp.pad(k, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
     vp = jnp.pad(v, ((0, 0), (0, sp - s), (0, 0), (0, 0)))
     # Grouped heads share K/V: repeat them (splash's MQA mode covers only K = 1).
-    kp = jnp.repeat(kp, g, axis=2).transpose(0, 2, 1, 3)
-    vp = jnp.repeat(vp, g, axis=2).transpose(0, 2, 1, 3)
+    kp = einops.repeat(kp, "B S K H -> B (K G) S H", G=g)
+    vp = einops.repeat(vp, "B S K H -> B (K G) S H", G=g)
     seg = sk.SegmentIds(q=q_seg, kv=kv_seg)
     o = jax.vmap(kernel)(qp, kp, vp, segment_ids=seg)
     del kh
-    return o.transpose(0, 2, 1, 3)[:, :l].astype(q.dtype)
+    return einops.rearrange(o, "B N L H -> B L N H")[:, :l].astype(q.dtype)
 
 
 # --- blockwise -------------------------------------------------------------------------------
@@ -276,6 +279,24 @@ def _pad_to(x: Array, axis: int, size: int, value: Any = 0) -> Array:
     return jnp.pad(x, pad, constant_values=value)
 
 
+def _q_tiles(x: Array, nq: int, bq: int, kh: int) -> Array:
+    """Queries (or dO, O) [B, L, N, H] -> query blocks [nq, B, bq, K, G, H] (L zero-padded to nq * bq)."""
+    return einops.rearrange(_pad_to(x, 1, nq * bq), "B (T Q) (K G) H -> T B Q K G H", Q=bq, K=kh)
+
+
+def _kv_tiles(x: Array, nk: int, bk: int) -> Array:
+    """Keys or values [B, S, K, H] -> key blocks [nk, B, bk, K, H] (S zero-padded to nk * bk)."""
+    return einops.rearrange(_pad_to(x, 1, nk * bk), "B (U S) K H -> U B S K H", S=bk)
+
+
+def _untile(x: Array) -> Array:
+    """Inverse of :func:`_q_tiles` / :func:`_kv_tiles` (the padding kept): [nq, B, bq, K, G, H] ->
+    [B, nq * bq, K * G, H], or [nk, B, bk, K, H] -> [B, nk * bk, K, H]."""
+    if x.ndim == 6:
+        return einops.rearrange(x, "T B Q K G H -> B (T Q) (K G) H")
+    return einops.rearrange(x, "U B S K H -> B (U S) K H")
+
+
 def _tiles(q, k, v, mask: AttentionMask, bq: int, bk: int):
     """Blocks along the sequence axes. Returns q [nq,B,bq,K,G,H], k/v [nk,B,bk,K,H], qpos
     [nq,B,bq], kpos [nk,B,bk], kvalid [nk,B,bk], dense [nq,nk,B,bq,bk] (or None) and qseg
@@ -285,18 +306,17 @@ def _tiles(q, k, v, mask: AttentionMask, bq: int, bk: int):
     kh, g = _group(q, k)
     nq, nk = -(-l // bq), -(-s // bk)
     qpos, kpos = mask.positions(b, l, s)
-    qpos = _pad_to(qpos, 1, nq * bq).reshape(b, nq, bq).transpose(1, 0, 2)
-    kpos = _pad_to(kpos, 1, nk * bk).reshape(b, nk, bk).transpose(1, 0, 2)
+    qpos = einops.rearrange(_pad_to(qpos, 1, nq * bq), "B (T Q) -> T B Q", Q=bq)
+    kpos = einops.rearrange(_pad_to(kpos, 1, nk * bk), "B (U S) -> U B S", S=bk)
     valid = jnp.ones((b, s), bool) if mask.kv_valid is None else jnp.broadcast_to(mask.kv_valid, (b, s)).astype(bool)
-    kvalid = _pad_to(valid, 1, nk * bk, False).reshape(b, nk, bk).transpose(1, 0, 2)
+    kvalid = einops.rearrange(_pad_to(valid, 1, nk * bk, False), "B (U S) -> U B S", S=bk)
     dense = None
     if mask.dense is not None:
         d = jnp.broadcast_to(mask.dense, (b, l, s)).astype(bool)
         d = _pad_to(_pad_to(d, 1, nq * bq, False), 2, nk * bk, False)
-        dense = d.reshape(b, nq, bq, nk, bk).transpose(1, 3, 0, 2, 4)
-    qt = _pad_to(q, 1, nq * bq).reshape(b, nq, bq, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
-    kt = _pad_to(k, 1, nk * bk).reshape(b, nk, bk, kh, h).transpose(1, 0, 2, 3, 4)
-    vt = _pad_to(v, 1, nk * bk).reshape(b, nk, bk, kh, h).transpose(1, 0, 2, 3, 4)
+        dense = einops.rearrange(d, "B (T Q) (U S) -> T U B Q S", Q=bq, S=bk)
+    qt = _q_tiles(q, nq, bq, kh)
+    kt, vt = _kv_tiles(k, nk, bk), _kv_tiles(v, nk, bk)
     qseg, kseg = mask.segments(b, l, s)
     if qseg is not None:
         qseg = _pad_to(qseg, 1, nq * bq).reshape(b, nq, bq).transpose(1, 0, 2)
@@ -316,7 +336,7 @@ def _bias_tile(bias, iq, ik, bq, bk, kh, g):
     """bias [Bb, N, Lp, Sp] fp32 -> tile [Bb, K, G, bq, bk]."""
     bb = bias.shape[0]
     t = jax.lax.dynamic_slice(bias, (0, 0, iq * bq, ik * bk), (bb, bias.shape[1], bq, bk))
-    return t.reshape(bb, kh, g, bq, bk)
+    return einops.rearrange(t, "B (K G) Q S -> B K G Q S", K=kh)
 
 
 def _blockwise_fwd_core(mask: AttentionMask, scale, bq, bk, q, k, v, bias):
@@ -349,19 +369,19 @@ def _blockwise_fwd_core(mask: AttentionMask, scale, bq, bk, q, k, v, bias):
                 corr = jnp.exp(m - m_new)
                 lsum = lsum * corr + p.sum(-1)
                 pv = jnp.einsum("BKGQS,BSKH->BQKGH", p.astype(vb.dtype), vb, preferred_element_type=jnp.float32)
-                o = o * corr.transpose(0, 3, 1, 2)[..., None] + pv
+                o = o * einops.rearrange(corr, "B K G Q -> B Q K G 1") + pv
                 return o, m_new, lsum
 
             return jax.lax.cond(vis.any(), compute, lambda c: c, carry), None
 
         (o, m, lsum), _ = jax.lax.scan(kv_step, init, (jnp.arange(nk), kt, vt, kpos, kvalid, kseg))
         safe = jnp.where(lsum > 0, lsum, 1.0)
-        o = o / safe.transpose(0, 3, 1, 2)[..., None]
+        o = o / einops.rearrange(safe, "B K G Q -> B Q K G 1")
         lse = jnp.where(lsum > 0, m + jnp.log(safe), jnp.inf)  # inf: row sees nothing -> p = 0 in bwd
         return o.astype(q.dtype), lse
 
     o, lse = jax.lax.map(q_block, (jnp.arange(nq), qt, qpos, qseg))
-    o = o.transpose(1, 0, 2, 3, 4, 5).reshape(b, nq * bq, n, h)[:, :l]
+    o = _untile(o)[:, :l]
     return o, lse
 
 
@@ -387,8 +407,7 @@ def _bw_bwd(mask_static, scale, bq, bk, res, do):
     kh, g = _group(q, k)
     qt, kt, vt, qpos, kpos, kvalid, dense, qseg, kseg = _tiles(q, k, v, mask, bq, bk)
     nq, nk = qt.shape[0], kt.shape[0]
-    dot = _pad_to(do, 1, nq * bq).reshape(b, nq, bq, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
-    ot = _pad_to(o, 1, nq * bq).reshape(b, nq, bq, kh, g, h).transpose(1, 0, 2, 3, 4, 5)
+    dot, ot = _q_tiles(do, nq, bq, kh), _q_tiles(o, nq, bq, kh)
     # D_i = rowsum(dO * O): [nq, B, K, G, bq]
     delta = jnp.einsum("TBQKGH,TBQKGH->TBKGQ", dot.astype(jnp.float32), ot.astype(jnp.float32))
 
@@ -425,9 +444,9 @@ def _bw_bwd(mask_static, scale, bq, bk, res, do):
 
     dq0 = jnp.zeros(qt.shape, jnp.float32)
     dq, (dk, dv) = jax.lax.scan(kv_block, dq0, (jnp.arange(nk), kt, vt, kpos, kvalid, kseg))
-    dq = dq.transpose(1, 0, 2, 3, 4, 5).reshape(b, nq * bq, n, h)[:, :l].astype(q.dtype)
-    dk = dk.transpose(1, 0, 2, 3, 4).reshape(b, nk * bk, kh, h)[:, :s].astype(k.dtype)
-    dv = dv.transpose(1, 0, 2, 3, 4).reshape(b, nk * bk, kh, h)[:, :s].astype(v.dtype)
+    dq = _untile(dq)[:, :l].astype(q.dtype)
+    dk = _untile(dk)[:, :s].astype(k.dtype)
+    dv = _untile(dv)[:, :s].astype(v.dtype)
     zero_mask = jax.tree.map(lambda a: None, mask_arrays)
     return dq, dk, dv, zero_mask
 
@@ -585,7 +604,7 @@ def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | N
     from animegamer_jax.parallel import mesh as pmesh
 
     def spec(x, names):
-        return pmesh._fit_spec(pmesh.logical_to_spec(names), x.shape, mesh)
+        return pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
 
     q_spec = spec(q, ("act_batch", "act_length", "act_heads", None))
     kv_spec = spec(k, ("act_batch", "act_length", "act_kv_heads", None))

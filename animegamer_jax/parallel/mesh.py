@@ -165,23 +165,35 @@ def sharding_context(mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> Iterato
         yield mesh
 
 
-def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | None = None) -> PartitionSpec:
+def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | None = None,
+                    shape: Sequence[int] | None = None, mesh: Any = None) -> PartitionSpec:
     """Maps logical axis names to a ``PartitionSpec`` with the given (or the active) rules.
 
     A mesh axis already used by an earlier dimension is dropped (replicated) for later ones,
     so e.g. ``("act_batch", "act_length")`` stays valid when both map to overlapping axes.
+    With ``shape`` and ``mesh``, a mesh axis that does not divide its dimension (what
+    :func:`_fit_spec` drops) is not counted as used, so a later dimension can take it: a batch of
+    1 leaves ``data`` free for ``act_width`` (latency layout, game/engine.py ``apply_layout``).
     """
     rules = core_spmd.get_logical_axis_rules() if rules is None else rules
     table = {k: v for k, v in rules}
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes)) if shape is not None and mesh is not None else None
     used: set[str] = set()
     out = []
-    for name in logical_axes:
+    for i, name in enumerate(logical_axes):
         mesh_axes = table.get(name) if name is not None else None
         if mesh_axes is None:
             out.append(None)
             continue
         axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
         axes = tuple(a for a in axes if a not in used)
+        if sizes is not None:
+            kept, prod = [], 1
+            for a in axes:
+                if shape[i] % (prod * sizes[a]) == 0:
+                    kept.append(a)
+                    prod *= sizes[a]
+            axes = tuple(kept)
         used.update(axes)
         out.append(None if not axes else axes[0] if len(axes) == 1 else axes)
     return PartitionSpec(*out)
@@ -227,7 +239,7 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
     mesh = _active_mesh()
     if mesh is None or not core_spmd.get_logical_axis_rules():
         return x
-    spec = _fit_spec(logical_to_spec(logical_axes), x.shape, mesh)
+    spec = _fit_spec(logical_to_spec(logical_axes, shape=x.shape, mesh=mesh), x.shape, mesh)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 

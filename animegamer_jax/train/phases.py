@@ -19,7 +19,7 @@ latents show their footage.
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
 only; the release code also trains flow and LoRA, docs/training.md#trainable-sets). a2 and c use the DiT module's own
-"joint" / "adaptation" sets (``cogvideox_dit.trainable_filter``), which include its LoRA factors.
+"joint" / "adaptation" sets (``models.cogvideox.dit.trainable_filter``), which include its LoRA factors.
 
 Diffusion loss (docs/diffusion.md#training-loss): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``, MSE on v (equal
 to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features -> zeros with
@@ -134,7 +134,8 @@ def trainable_filter(phase: str) -> Any:
     Raises:
       ValueError: unknown phase.
     """
-    from animegamer_jax.models import cogvideox_dit, mllm
+    from animegamer_jax.models.cogvideox import dit as cogvideox_dit
+    from animegamer_jax.models.mistral import mllm
 
     if phase == "a1":
         flow = lambda path, v: isinstance(v, nnx.Param) and "flow_embed" in {str(p) for p in path}  # noqa: E731
@@ -261,7 +262,7 @@ def vae_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
     if num_latent_frames == 2:
         raise ValueError("2 latent frames (5 video frames) have no decode plan that returns 5 frames; "
                          "use clips of 1, 9 or 17 frames (train.vae_curriculum)")
-    from animegamer_jax.models import cogvideox_vae
+    from animegamer_jax.models.cogvideox import vae as cogvideox_vae
 
     return cogvideox_vae.release_decode_plan(num_latent_frames)
 
@@ -350,9 +351,9 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Any) -> np.ndarray:
-    """Motion level -> flow value on the host: play's rule (``cogvideox_dit.flow_value``,
+    """Motion level -> flow value on the host: play's rule (``models.cogvideox.dit.flow_value``,
     docs/dit.md#motion-level-to-flow) in numpy."""
-    from animegamer_jax.models.cogvideox_dit import flow_value
+    from animegamer_jax.models.cogvideox.dit import flow_value
 
     return flow_value(motion_level, tuple(flow_table), xp=np)
 
@@ -461,7 +462,7 @@ class BatchBuilder:
         return out
 
     def mllm_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        from animegamer_jax.models import mllm
+        from animegamer_jax.models.mistral import mllm
 
         cfg = self.config
         w = int(cfg.mllm.history_window)

@@ -333,7 +333,8 @@ class DiTBlock(nnx.Module):
         """txt [B, Lt, D] conditioning tokens, img [B, Lv, D] video tokens, emb [B, E] time (+flow)
         embedding (activation dtype) -> updated (txt, img)."""
         lt = txt.shape[1]
-        mod = self.adaln(jax.nn.silu(emb))  # [B, 12, D]
+        # [B, 12, D], laid out like activations (D whole) however the adaLN kernel is sharded
+        mod = constrain(self.adaln(jax.nn.silu(emb)), ("act_batch", None, "act_embed"))
         m = [mod[:, i][:, None, :] for i in range(12)]
 
         def modulate(norm: LayerNorm, x: Array, shift: Array, scale: Array) -> Array:
@@ -434,7 +435,7 @@ class CogVideoXDiT(nnx.Module):
         # The conditioning tokens are dropped after the (per-token) final_layernorm.
         img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
         mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), self.out_adaln_kernel[...].astype(dt))
-        mod = mod + self.out_adaln_bias[...].astype(dt)[None]
+        mod = constrain(mod + self.out_adaln_bias[...].astype(dt)[None], ("act_batch", None, "act_embed"))
         img = _layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)
         img = img * (1 + mod[:, 1][:, None]) + mod[:, 0][:, None]
         out = img @ self.proj_out_kernel[...].astype(dt) + self.proj_out_bias[...].astype(dt)

@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax.models import attention as attn
-from animegamer_jax.models import mistral as mst
+from animegamer_jax.models.mistral import model as mst
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
@@ -156,7 +156,7 @@ def query_positions(gen_mask: jax.Array, num_queries: int) -> jax.Array:
 class GameStateMLLM(nnx.Module):
     """Mistral (+LoRA) with input/output resamplers (docs/mllm.md).
 
-    Params: ``llm`` (:class:`~animegamer_jax.models.mistral.Mistral`), ``input_resampler``
+    Params: ``llm`` (:class:`~animegamer_jax.models.mistral.model.Mistral`), ``input_resampler``
     (rep_dim -> D -> D), ``output_resampler`` (D -> rep_dim -> rep_dim).
     """
 

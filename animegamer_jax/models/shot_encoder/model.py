@@ -16,7 +16,7 @@ projections: two constant vectors from the biases, not zeros.
 
 Checkpoint names (SAT DiT checkpoint, ``model.diffusion_model.mixins.patch_embed.``):
 ``text_proj.0`` / ``text_proj.2`` -> ``text_proj.fc_in`` / ``text_proj.fc_out``; same for ``ip_proj``;
-``txt_mix_layer_norm`` / ``ip_mix_layer_norm`` -> same names (see ``convert/shot_encoder.py``).
+``txt_mix_layer_norm`` / ``ip_mix_layer_norm`` -> same names (see ``models/shot_encoder/convert.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from animegamer_jax.models.clip import Dense, LayerNorm
+from animegamer_jax.models.clip.model import Dense, LayerNorm
 from animegamer_jax.parallel import constrain
 
 

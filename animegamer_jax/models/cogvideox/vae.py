@@ -3,7 +3,7 @@
 Follows the CogVideoX-2B SAT VAE (`vae_modules/cp_enc_dec.py`, paper §3.2 "3D-VAE from [77]") and
 its diffusers port `AutoencoderKLCogVideoX` (diffusers 0.42 `autoencoder_kl_cogvideox.py`); facts in
 docs/vae.md. Submodule and parameter names mirror the diffusers names so that the checkpoint
-map (animegamer_jax/convert/cogvideox_vae.py) is a short, mechanical table.
+map (animegamer_jax/models/cogvideox/vae_convert.py) is a short, mechanical table.
 
 Layouts:
   * Inside, every activation is channels-last ``[B, T, H, W, C]``.
@@ -26,7 +26,13 @@ Not obvious from the reference:
   * Memory (benchmarks/vae_bench.py, XLA CPU compile, not executed): full config, 5x60x90 latents,
     bf16, release plan: 83.6 GiB temp untiled, 16.2 GiB with 32-latent tiles; CPU conv workspaces
     inflate these. Decode memory does not grow with the frame count (the scan carries only the
-    cache): medium config 5 vs 13 latents -> 3.1 vs 1.8 GiB temp.
+    cache): medium config 5 vs 13 latents -> 3.1 vs 1.8 GiB temp. ``tile_size = -1`` (paper config)
+    picks the tiling from the device's memory (:func:`pick_decode_tiling`): on one CPU device (16 GiB
+    fallback) tile 30, 15.3 GiB peak; on 8 devices in play's latency layout (frames split 4 x 2)
+    untiled, 12.2 GiB per device (``python -m benchmarks aot --layout latency --pieces vae_decode``).
+  * Tiled decode is not diffusers' ``tiled_decode``: equal tiles, evenly spread, and a normalised
+    linear cross-fade (every pixel a convex mix), where diffusers crops ragged tiles and blends
+    only the overlap; neither reproduces the untiled decode (per-tile GroupNorm statistics).
 """
 
 from __future__ import annotations
@@ -66,8 +72,12 @@ class VAEConfig:
       decode_chunks: (first, step): latent frames in the first decode chunk, then per chunk.
       encode_chunks: (first, step) for encoding; (0, 0) encodes the whole clip at once (SAT
         training); (8, 8) is diffusers' framewise encoding.
-      tile_size: spatial tile in latent pixels for tiled decode; 0 = untiled.
+      tile_size: spatial tile in latent pixels for tiled decode; 0 = untiled; -1 = auto: the
+        largest decode (untiled, else the largest tile, else 1-latent time chunks) whose estimated
+        memory fits the device (:func:`pick_decode_tiling`).
       tile_overlap: overlap fraction between neighbouring tiles.
+      decode_memory_gib: auto tiling's memory budget per device in GiB; 0 = from the device
+        (:func:`device_decode_budget`: 80 % of ``memory_stats()`` free bytes, 16 GiB on CPU).
       encoder_in_channels: width of the encoder's ``conv_in`` (SAT ``ch``); 0 = ``block_out_channels[0]``
         (SAT ``ch * ch_mult[0]``, equal at paper size where ``ch_mult[0] = 1``).
       dtype: activation dtype name ("float32", "bfloat16"); parameters stay float32.
@@ -86,6 +96,7 @@ class VAEConfig:
     encode_chunks: tuple[int, int] = (0, 0)
     tile_size: int = 0
     tile_overlap: float = 0.25
+    decode_memory_gib: float = 0.0
     encoder_in_channels: int = 0
     dtype: str = "float32"
 
@@ -766,6 +777,109 @@ def tiled_apply(
 
 
 # ----------------------------------------------------------------------------------------------
+# Decode memory: automatic tile and chunk choice
+# ----------------------------------------------------------------------------------------------
+
+#: bytes of decode temporaries per (output pixel x output frame of the largest chunk x channel of the
+#: top level x byte of the activation dtype), calibrated on XLA:CPU compiled memory (nothing run):
+#: ``python -m benchmarks.vae_bench --full_memory`` (full config, bf16, 5x60x90 latents, release plan:
+#: 83.7 GiB temp untiled, 16.2 GiB with 32-latent tiles -> 113 and 116 here; rounded up).
+DECODE_BYTES_FACTOR = 120.0
+#: per-device overhead of a decode whose frames are sharded over devices (halo exchange, replicated
+#: small tensors): the latency layout on 8 devices compiles to 11.7 GiB temp vs 83.7 / 8 = 10.5.
+SHARDED_DECODE_OVERHEAD = 1.25
+#: auto tiling's budget when the device reports no memory limit (XLA:CPU): the project's per-device
+#: target for the full-size decode, checked with ``python -m benchmarks aot --pieces vae_decode``.
+CPU_DECODE_BUDGET_GIB = 16.0
+#: fraction of a device's free memory (``bytes_limit - bytes_in_use``) auto tiling may plan for
+DEVICE_BUDGET_FRACTION = 0.8
+
+
+def _chunk_frames(plan: Sequence[int], ratio: int) -> int:
+    """Output frames of the largest chunk: the first chunk of s latents gives 1 + r (s - 1), later ones r s."""
+    return max([1 + ratio * (plan[0] - 1)] + [ratio * s for s in plan[1:]])
+
+
+def decode_memory_bytes(cfg: VAEConfig, tile: tuple[int, int], plan: Sequence[int], shards: int = 1) -> float:
+    """Estimated per-device temporaries of decoding one ``tile`` (latent h, w) with a chunk ``plan``.
+
+    ``DECODE_BYTES_FACTOR x itemsize x block_out_channels[0] x (sf h)(sf w) x frames of the largest
+    chunk``, divided by ``shards`` devices holding parts of each frame (times
+    ``SHARDED_DECODE_OVERHEAD`` when > 1). Decode memory is one chunk's activations (the scan
+    carries only the causal cache), so the frame count of the clip does not enter.
+    """
+    sf = cfg.spatial_factor
+    px = (sf * int(tile[0])) * (sf * int(tile[1]))
+    frames = _chunk_frames(tuple(plan), cfg.temporal_compression_ratio)
+    est = DECODE_BYTES_FACTOR * jnp.dtype(cfg.dtype).itemsize * cfg.block_out_channels[0] * px * frames
+    return est / shards * (SHARDED_DECODE_OVERHEAD if shards > 1 else 1.0)
+
+
+def device_decode_budget(cfg: VAEConfig, device: Any = None) -> tuple[float, str]:
+    """(bytes, where from) that auto tiling may plan for on ``device`` (default ``jax.devices()[0]``).
+
+    ``cfg.decode_memory_gib`` > 0 wins; else ``DEVICE_BUDGET_FRACTION`` of the device's free memory
+    from ``memory_stats()`` (``bytes_limit - bytes_in_use``, GPU/TPU); else (XLA:CPU reports no
+    limit) ``CPU_DECODE_BUDGET_GIB``.
+    """
+    if cfg.decode_memory_gib > 0:
+        return cfg.decode_memory_gib * 2**30, "vae.decode_memory_gib"
+    device = jax.devices()[0] if device is None else device
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # some backends raise instead of returning None
+        stats = {}
+    limit = stats.get("bytes_limit")
+    if limit:
+        free = float(limit) - float(stats.get("bytes_in_use", 0))
+        return DEVICE_BUDGET_FRACTION * free, f"{device.device_kind} memory_stats"
+    return CPU_DECODE_BUDGET_GIB * 2**30, f"fallback {CPU_DECODE_BUDGET_GIB:g} GiB ({device.platform})"
+
+
+def pick_decode_tiling(cfg: VAEConfig, latent_shape: Sequence[int], budget_bytes: float,
+                       shards: int = 1) -> tuple[int, tuple[int, ...]]:
+    """The largest decode of ``latent_shape`` (T_lat, h, w) whose :func:`decode_memory_bytes` fits.
+
+    Tried in order, first fit wins: with the release chunk plan (``cfg.decode_chunks``), untiled,
+    then square tiles from ``max(h, w)`` down to 8 latent px (clipped to the plane, 2 px steps);
+    then the same with 1-latent time chunks (diffusers' tiled decode likewise decodes each tile in
+    small time chunks with carried caches). Nothing fits: 8 px tiles with 1-latent chunks.
+
+    Returns:
+      (tile size in latent px, 0 = untiled; chunk plan).
+    """
+    t, h, w = (int(v) for v in latent_shape)
+    plans = [chunk_plan(t, *cfg.decode_chunks)]
+    if plans[0] != chunk_plan(t, 1, 1):
+        plans.append(chunk_plan(t, 1, 1))
+    for plan in plans:
+        if decode_memory_bytes(cfg, (h, w), plan, shards) <= budget_bytes:
+            return 0, plan
+        for tile in range(max(h, w), 7, -2):
+            if tile >= h and tile >= w:
+                continue  # that is the untiled decode
+            if decode_memory_bytes(cfg, (min(tile, h), min(tile, w)), plan, shards) <= budget_bytes:
+                return tile, plan
+    return 8, plans[-1]
+
+
+def resolve_decode_tiling(cfg: VAEConfig, latent_shape: Sequence[int], shards: int = 1,
+                          device: Any = None) -> tuple[int, tuple[int, ...], str]:
+    """(tile, plan, why) for ``cfg``: ``tile_size >= 0`` as configured with the release plan;
+    ``-1`` from :func:`pick_decode_tiling` under :func:`device_decode_budget`; ``why`` says which
+    (for logs)."""
+    t, h, w = (int(v) for v in latent_shape)
+    release = chunk_plan(t, *cfg.decode_chunks)
+    if cfg.tile_size >= 0:
+        return cfg.tile_size, release, f"vae.tile_size={cfg.tile_size}"
+    budget, src = device_decode_budget(cfg, device)
+    tile, plan = pick_decode_tiling(cfg, latent_shape, budget, shards)
+    est = decode_memory_bytes(cfg, (min(tile or h, h), min(tile or w, w)), plan, shards)
+    return tile, plan, (f"auto: {'untiled' if not tile else f'tile {tile}'}, chunks {plan}, estimated "
+                        f"{est / 2**30:.1f} GiB of a {budget / 2**30:.1f} GiB budget ({src}, {shards} shard(s))")
+
+
+# ----------------------------------------------------------------------------------------------
 # Latent-scale helpers (docs/diffusion.md#latent-scale)
 # ----------------------------------------------------------------------------------------------
 
@@ -796,14 +910,18 @@ def decode_latents(
     Args:
       latents: ``[B, T_lat, C, h, w]`` scaled (as the DiT produces them).
       plan: decode chunk plan; default the release plan.
-      tiled: spatial tiling; default ``cfg.tile_size > 0``.
+      tiled: spatial tiling; default ``cfg.tile_size > 0`` (-1: :func:`resolve_decode_tiling`).
 
     Returns:
       ``[B, T, 8h, 8w, 3]`` float32 in [-1, 1]; ``video_io.to_uint8`` maps it to uint8 frames.
     """
     z = latents / vae.cfg.scaling_factor
-    tiled = vae.cfg.tile_size > 0 if tiled is None else tiled
-    x = vae.tiled_decode(z, plan=plan) if tiled else vae.decode(z, plan)
+    tile = vae.cfg.tile_size
+    if tile < 0:  # auto: from the device's memory
+        tile, auto_plan, _ = resolve_decode_tiling(vae.cfg, (latents.shape[1],) + tuple(latents.shape[3:]))
+        plan = auto_plan if plan is None else plan
+    tiled = tile > 0 if tiled is None else tiled
+    x = vae.tiled_decode(z, tile_size=tile or None, plan=plan) if tiled else vae.decode(z, plan)
     return jnp.clip(x, -1.0, 1.0)
 
 

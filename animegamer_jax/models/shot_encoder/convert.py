@@ -15,8 +15,8 @@ from typing import Any
 
 from flax import nnx
 
-from animegamer_jax.convert.clip import StateDictReader, fill_state
-from animegamer_jax.models.shot_encoder import ShotEncoder, ShotEncoderConfig
+from animegamer_jax.convert.common import StateDictReader, fill_state
+from animegamer_jax.models.shot_encoder.model import ShotEncoder, ShotEncoderConfig
 
 #: Where E_a lives in the release's SAT checkpoint.
 SAT_PREFIX = "model.diffusion_model.mixins.patch_embed."
