@@ -3,6 +3,8 @@
     python -m benchmarks compare [--sizes tiny,medium] [--pieces dit,vae,mistral_prefill,mistral_generate]
                                  [--rounds 7] [--threads 2] [--out compare_torch.json]
     python -m benchmarks aot [aot_full_size.py flags]     # compiled per-device memory / FLOPs tables
+    python -m benchmarks mllm_cache [--sizes tiny,medium] [--turn 5] [--window 3] [--rounds 7] [--threads 2]
+                                    [--out mllm_cache.json]  # one MLLM turn, persistent cache vs window recompute
 
 ``compare`` follows the project's rule for side-by-side figures (GUIDE "Speed and memory"):
 
@@ -39,7 +41,7 @@ def _early_threads(argv: list[str]) -> int:
     return n
 
 
-if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "compare":
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] in ("compare", "mllm_cache"):
     # Must happen before jax / torch start their thread pools.
     _n = _early_threads(sys.argv)
     _cpus = sorted(os.sched_getaffinity(0))
@@ -204,13 +206,26 @@ def compare(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("compare", "aot"):
+    if not argv or argv[0] not in ("compare", "aot", "mllm_cache"):
         print(__doc__)
         return 2
     if argv[0] == "aot":
         from benchmarks import aot_full_size
 
         return aot_full_size.main(argv[1:])
+    if argv[0] == "mllm_cache":
+        from benchmarks import mllm_cache_bench
+
+        ap = argparse.ArgumentParser(prog="python -m benchmarks mllm_cache", description=mllm_cache_bench.__doc__)
+        ap.add_argument("--config", default="configs/tiny.py", help="base config the sizes override")
+        ap.add_argument("--sizes", default="tiny,medium")
+        ap.add_argument("--turn", type=int, default=5, help="the timed turn (0-based); earlier turns fill the cache")
+        ap.add_argument("--window", type=int, default=3, help="W, mllm.history_window")
+        ap.add_argument("--rounds", type=int, default=7)
+        ap.add_argument("--threads", type=int, default=2, help="cores the process is pinned to (before JAX starts)")
+        ap.add_argument("--backend", default="cpu", help="asserted JAX backend")
+        ap.add_argument("--out", default="mllm_cache.json")
+        return mllm_cache_bench.main(ap.parse_args(argv[1:]))
     ap = argparse.ArgumentParser(prog="python -m benchmarks compare", description="JAX vs torch, ABAB, CPU")
     ap.add_argument("--config", default="configs/tiny.py", help="base config the sizes override")
     ap.add_argument("--sizes", default="tiny,medium")

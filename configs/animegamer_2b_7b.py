@@ -126,6 +126,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.lora_dropout = 0.05  # LoRA dropout during training
     c.mllm.lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # LoRA modules
     c.mllm.history_window = 3  # W: turns the MLLM sees, current included (release: 1)
+    c.mllm.history_attention = "window_recompute"  # or "turn_window": KV cache kept across turns (docs/token_layout.md)
     c.mllm.readout = "query"  # "query" = hidden states at the 226 query positions; "last" = release's [-226:]
     c.mllm.lm_loss_scale = 1.0  # CE weight (docs/mllm.md#losses)
     c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (docs/mllm.md#losses)

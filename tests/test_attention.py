@@ -26,6 +26,10 @@ def qkv():
     return q, k, v
 
 
+SEG = jnp.asarray(np.stack([np.r_[-1, np.repeat(np.arange(4), [20, 9, 30, 15])],
+                            np.r_[-1, np.repeat(np.arange(5), [5, 25, 14, 20, 10])]]), jnp.int32)
+
+
 def _masks():
     r = np.random.default_rng(1)
     valid = jnp.asarray(np.arange(L)[None] < np.array([[L], [60]]))
@@ -40,6 +44,9 @@ def _masks():
         "offset_positions": A.causal_mask(q_pos=jnp.broadcast_to(jnp.arange(L) + 5, (B, L)),
                                           k_pos=jnp.broadcast_to(jnp.arange(L) + 5, (B, L))),
         "dense": A.AttentionMask(dense=jnp.asarray(r.random((B, L, L)) > 0.3)),
+        # turns of uneven length, a turn window of 2, position 0 a sink (segment -1), hybrid block
+        "turn_window": A.causal_mask(block_first=jnp.array([60, 50]), block_last=jnp.array([70, 49]),
+                                     q_seg=SEG, k_seg=SEG, seg_window=2, kv_valid=valid),
     }
 
 
@@ -55,7 +62,7 @@ def attend(q, k, v, impl, mask=None, bias=None, scale=None, **kw):
 
 # every mask through the blockwise kernel; the dense XLA path (jax's own kernel) on the two richest
 @pytest.mark.parametrize("name,impl", [(n, "blockwise") for n in MASKS]
-                         + [("hybrid_block_padding", "xla"), ("dense", "xla")])
+                         + [("hybrid_block_padding", "xla"), ("dense", "xla"), ("turn_window", "xla")])
 def test_kernel_matches_reference(qkv, name, impl):
     q, k, v = qkv
     m = MASKS[name]
@@ -91,7 +98,18 @@ def test_reference_matches_dense_softmax(qkv):
     np.testing.assert_allclose(np.asarray(got), want, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["hybrid_block_padding"])
+def test_turn_window_rule_on_known_entries():
+    """Segment window 2: a query of turn t sees turns t-1 and t (causally) and the sink."""
+    seg = jnp.asarray([[-1, 0, 0, 1, 1, 2, 2]], jnp.int32)
+    m = np.asarray(A.causal_mask(q_seg=seg, k_seg=seg, seg_window=2).materialize(1, 7, 7)[0])
+    assert m[5, 0] and m[5, 3] and m[5, 4] and m[5, 5] and not m[5, 6]  # sink, turn 1, own turn causal
+    assert not m[5, 1] and not m[5, 2]  # turn 0 is 2 turns back
+    assert m[3, 1] and m[3, 0] and m[0, 0]
+    with pytest.raises(ValueError, match="q_seg and k_seg"):
+        A.causal_mask(seg_window=2).materialize(1, 7, 7)
+
+
+@pytest.mark.parametrize("name", ["hybrid_block_padding", "turn_window"])
 def test_blockwise_gradients_match_reference(qkv, name):
     """The custom VJP (FlashAttention backward) against autodiff of the reference."""
     q, k, v = qkv

@@ -52,7 +52,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from animegamer_jax import parallel
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.game.script import Game
-from animegamer_jax.game.state import GameRun, Meters, WindowSpec, encode_instruction, stack_inputs
+from animegamer_jax.game.state import (GameRun, Meters, WindowSpec, build_cached_turn_input, encode_instruction,
+                                       stack_cached_inputs, stack_inputs)
 from animegamer_jax.models.cogvideox.dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
 
 STAGES = ("mllm", "sampling", "vae")
@@ -82,6 +83,12 @@ class GameSystem:
       decode_plan: the latent chunk sizes ``decode_chunk`` is run with (sum = T_lat).
       identity: what the weights are, for output fingerprints (a checkpoint's content digest,
         system_checkpoint.checkpoint_identity); empty = the label.
+      mllm_cached: with ``mllm.history_attention = "turn_window"``: ``(params, cache, batch) ->
+        (states int32 [B, 4], rep float32 [B, Q, D], cache)`` on the games' persistent KV cache
+        (game/real.py ``mllm_turn_cached``; batch = game/state.py ``stack_cached_inputs``).
+      mllm_prefill: ``(params, cache, batch) -> cache``, the same turn's shared prefill only
+        (rebuilding a cache by recompute); init_cache: ``batch -> empty cache``;
+        cache_plan: the game/state.py ``CachePlan`` both use.
     """
 
     params: Any
@@ -93,13 +100,18 @@ class GameSystem:
     decode_chunk: Callable[..., tuple[jax.Array, Any]] | None = None
     decode_plan: tuple[int, ...] = ()
     identity: str = ""
+    mllm_cached: Callable[..., tuple[jax.Array, jax.Array, Any]] | None = None
+    mllm_prefill: Callable[..., Any] | None = None
+    init_cache: Callable[[int], Any] | None = None
+    cache_plan: Any = None
 
 
 def apply_mode(config):
     """A copy of ``config`` with ``game.mode`` applied to the model sections.
 
     ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
-    ``mllm.readout = "last"``, ``diffusion.cfg_schedule = "release"``.
+    ``mllm.readout = "last"``, ``mllm.history_attention = "window_recompute"``,
+    ``diffusion.cfg_schedule = "release"``.
 
     Raises:
       ValueError: unknown ``game.mode``.
@@ -108,6 +120,7 @@ def apply_mode(config):
     if config.game.mode == "reference":
         config.mllm.history_window = 1
         config.mllm.readout = "last"
+        config.mllm.history_attention = "window_recompute"
         config.diffusion.cfg_schedule = "release"
     elif config.game.mode != "default":
         raise ValueError(f"game.mode must be 'default' or 'reference', got {config.game.mode!r}")
@@ -262,6 +275,15 @@ class GameEngine:
         self.decode_chunk_fn = jax.jit(system.decode_chunk) if system.decode_chunk is not None else None
         self.compile_s = dict.fromkeys(STAGES, 0.0)
         self.compiles = dict.fromkeys(STAGES, 0)
+        self.cache_rebuilds = 0  # games whose MLLM cache was rebuilt by recompute (turn_window)
+        self.persistent_cache = self.spec.history_attention == "turn_window"
+        if self.persistent_cache:
+            if system.mllm_cached is None:
+                raise ValueError(f"mllm.history_attention='turn_window' needs a system with a cached MLLM turn; "
+                                 f"{system.label!r} has none. Fix: play a real system (checkpoint or random "
+                                 f"init), or use --config.mllm.history_attention=window_recompute")
+            self.mllm_cached_fn = jax.jit(system.mllm_cached)
+            self.mllm_prefill_fn = jax.jit(system.mllm_prefill)
 
     def cache_sizes(self) -> dict[str, int]:
         """Compiled executables held by each stage's jit (1 each once warmed up on one game shape)."""
@@ -311,9 +333,12 @@ class GameEngine:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
           and stage timings ``{"mllm_s", "sampling_s", "vae_s"}`` (run time, compile excluded).
         """
-        inputs = [run.next_input(ids) for run, ids in zip(runs, current_ids)]
-        batch = self._shard(stack_inputs(inputs))
-        (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
+        if self.persistent_cache:
+            states, rep, t_mllm = self._mllm_cached(runs, current_ids)
+        else:
+            inputs = [run.next_input(ids) for run, ids in zip(runs, current_ids)]
+            batch = self._shard(stack_inputs(inputs))
+            (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
         if self.system.parse_states is not None:  # generated ids -> states on the host
             states = self._shard(self.system.parse_states(np.asarray(jax.device_get(states))))
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
@@ -327,6 +352,41 @@ class GameEngine:
                 on_frames(0, np.asarray(jax.device_get(frames)))
         states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
         return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae}
+
+    def _synced_cache(self, run: GameRun):
+        """``run``'s MLLM cache for its finished turns, rebuilt by recompute when it has none that
+        matches (a new, undone or resumed game): the shared prefill of every finished turn in order,
+        from that turn's stored states and s_a. Returns the batch-1 cache."""
+        if run.cache_matches():
+            return run.kv_cache
+        plan = self.system.cache_plan
+        cache = jax.device_put(self.system.init_cache(1), self._replicated)  # the jit outputs' sharding
+        if run.history:
+            self.cache_rebuilds += 1
+        for t, rec in enumerate(run.history):
+            inp = build_cached_turn_input(run.history[:t], rec.text_ids, run.spec, run.rep_dim, plan)
+            cache, _, _ = self._timed("mllm", self.mllm_prefill_fn, self.params, cache,
+                                      jax.device_put(stack_cached_inputs([inp]), self._replicated))
+        run.kv_cache, run.kv_records = cache, tuple(run.history)
+        return cache
+
+    def _mllm_cached(self, runs: Sequence[GameRun], current_ids: Sequence[Sequence[int]]):
+        """The MLLM stage on the games' persistent caches; each run's updated cache is left in
+        ``run.kv_pending`` (adopted by ``finish_turn``). Returns (states, rep, run seconds)."""
+        from animegamer_jax.game.real import TurnKVCache
+
+        t0 = time.perf_counter()
+        compile0 = self.compile_s["mllm"]
+        caches = [self._synced_cache(run) for run in runs]
+        plan = self.system.cache_plan
+        rows = [run.next_cached_input(ids, plan) for run, ids in zip(runs, current_ids)]
+        cache = TurnKVCache.concat(caches)
+        batch = jax.device_put(stack_cached_inputs(rows), self._replicated)
+        (states, rep, new_cache), _, _ = self._timed("mllm", self.mllm_cached_fn, self.params, cache, batch)
+        for b, run in enumerate(runs):
+            run.kv_pending = (tuple(run.history), new_cache if len(runs) == 1 else new_cache.rows(b, b + 1))
+        wall = time.perf_counter() - t0 - (self.compile_s["mllm"] - compile0)
+        return states, rep, max(0.0, wall)
 
     def _decode_streaming(self, latents, on_frames) -> tuple[np.ndarray, float]:
         """``decode`` run one chunk of ``system.decode_plan`` at a time, the causal cache carried

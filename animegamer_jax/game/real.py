@@ -13,6 +13,9 @@ jit arguments (weights are never baked in as constants):
   a KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
   position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded.
   States are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields).
+  With ``mllm.history_attention = "turn_window"`` the turn is :func:`mllm_turn_cached` instead: the
+  game's KV cache is kept between turns (game/state.py ``CachePlan``) and only the new tokens are
+  prefilled, once for both passes (see there for what is shared).
   In ``reference`` mode pass A is the release's free greedy decoding (its logits processor, up to
   ``game.reference_max_new_tokens`` ids) and the states come from its text parser on the host
   (game/reference.py; ``GameSystem.parse_states``).
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -41,7 +45,9 @@ from flax import nnx
 
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
+from animegamer_jax.game.state import CachePlan
 from animegamer_jax.game.engine import GameSystem, flow_value
+from animegamer_jax.models import attention as attn
 from animegamer_jax.models.cogvideox import dit as dit_lib
 from animegamer_jax.models.mistral import model as mst
 from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
@@ -131,6 +137,165 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
     return states.astype(jnp.int32), rep
 
 
+@flax.struct.dataclass
+class TurnKVCache:
+    """One game's (or a batch's) rolling MLLM cache, slots as game/state.py ``CachePlan``.
+
+    k, v: [num_layers, B, S, K, H] (compute dtype); k_pos: int32 [B, S] game position of each
+    slot; k_turn: int32 [B, S] its turn (-1 = ``<s>``); valid: bool [B, S] slot holds a token.
+    """
+
+    k: jax.Array
+    v: jax.Array
+    k_pos: jax.Array
+    k_turn: jax.Array
+    valid: jax.Array
+
+    @classmethod
+    def init(cls, cfg: mst.MistralConfig, batch: int, plan: CachePlan) -> "TurnKVCache":
+        """An empty cache (no valid slot) for ``batch`` games."""
+        kv = mst.KVCache.init(cfg, batch, plan.size)
+        z = jnp.zeros((batch, plan.size), jnp.int32)
+        return cls(kv.k, kv.v, z, z, jnp.zeros((batch, plan.size), bool))
+
+    def rows(self, i: int, j: int) -> "TurnKVCache":
+        """Games ``i:j`` of the batch."""
+        return TurnKVCache(self.k[:, i:j], self.v[:, i:j], self.k_pos[i:j], self.k_turn[i:j], self.valid[i:j])
+
+    @staticmethod
+    def concat(caches: list["TurnKVCache"]) -> "TurnKVCache":
+        """Stacks per-game caches along the batch axis."""
+        if len(caches) == 1:
+            return caches[0]
+        return TurnKVCache(jnp.concatenate([c.k for c in caches], 1), jnp.concatenate([c.v for c in caches], 1),
+                           *(jnp.concatenate([getattr(c, f) for c in caches], 0) for f in ("k_pos", "k_turn", "valid")))
+
+
+def _cached_forward(llm, cache: TurnKVCache, x, pos, turn, slots, new_valid, window: int, *,
+                    block: tuple[jax.Array, jax.Array] | None = None, hide: jax.Array | None = None):
+    """Writes N new tokens at ``slots`` and runs them against the whole cache.
+
+    x [B, N, D] embeddings; pos, turn, slots int32 [B, N]; new_valid bool [B, N]; block
+    (first, last) positions of the bidirectional query block [B] or None (purely causal); hide
+    bool [S] slots hidden from this call (the other pass's scratch). Mask: causal + Mistral's
+    sliding window + the turn window W (``AttentionMask.seg_window``, ``<s>`` a sink).
+    Returns (hidden [B, N, D] post-norm, cache).
+    """
+    rows = jnp.arange(x.shape[0])[:, None]
+    cache = cache.replace(k_pos=cache.k_pos.at[rows, slots].set(pos), k_turn=cache.k_turn.at[rows, slots].set(turn),
+                          valid=cache.valid.at[rows, slots].set(new_valid))
+    kv_valid = cache.valid if hide is None else cache.valid & ~hide[None]
+    first, last = (None, None) if block is None else block
+    mask = attn.causal_mask(llm.cfg.window, q_pos=pos, k_pos=cache.k_pos, kv_valid=kv_valid, block_first=first,
+                            block_last=last, q_seg=turn, k_seg=cache.k_turn, seg_window=window)
+    out = llm(inputs_embeds=x, positions=pos, attention_mask=mask, return_logits=False,
+              cache=mst.KVCache(cache.k, cache.v, jnp.zeros((), jnp.int32)), cache_slots=slots)
+    return out.hidden, cache.replace(k=out.cache.k, v=out.cache.v)
+
+
+def _scratch(plan: CachePlan, start: int, n: int) -> jax.Array:
+    return jnp.zeros((plan.size,), bool).at[start:start + n].set(True)
+
+
+def mllm_prefill_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], plan: CachePlan,
+                        readout: str = "query") -> tuple[jax.Array, TurnKVCache]:
+    """The shared prefill of a cached turn (also what rebuilds a cache by recompute).
+
+    Writes the previous turn's history suffix (its s_a through ``input_resampler`` and its
+    world ids), the current turn's prefix and its query block under the hybrid mask (pass B, in
+    scratch B) in one forward over the cache; returns (s_a float32 [B, Q, D], cache). ``batch``:
+    game/state.py ``stack_cached_inputs``. Scratch A (last turn's pass A) is emptied first.
+    """
+    q = plan.num_queries
+    x = mllm.embed_inputs(batch["ids"], batch["cmp_mask"], batch["hist_rep"][:, None])
+    cache = cache.replace(valid=cache.valid & ~_scratch(plan, plan.scratch_a, plan.block + plan.decode_tokens)[None])
+    hidden, cache = _cached_forward(mllm.llm, cache, x, batch["positions"], batch["turn_ids"], batch["slots"],
+                                    batch["valid"], plan.window, block=(batch["block_first"], batch["block_last"]))
+    blk = hidden[:, -plan.block:]
+    read = blk[:, :q] if readout == "query" else blk[:, plan.block - q:]
+    return mllm.output_resampler(read).astype(jnp.float32), cache
+
+
+def mllm_turn_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], plan: CachePlan,
+                     readout: str = "query") -> tuple[jax.Array, jax.Array, TurnKVCache, jax.Array]:
+    """One MLLM turn on the game's persistent cache (``history_attention = "turn_window"``).
+
+    Shared by passes A and B (one prefill, :func:`mllm_prefill_cached`): everything before the
+    current query block, i.e. the history turns (cached from earlier turns), the previous turn's
+    suffix and the current prefix ``<TURN> text <img><frame>``: both passes see these tokens
+    with the same causal (+ turn window) mask, so their keys/values are the same. Not shared:
+    the query block and ``</frame></img><ML>``, which pass B sees bidirectionally (hybrid mask)
+    and pass A causally, so from layer 1 on their keys differ; pass A recomputes these Q + 3
+    tokens in scratch A (scratch B hidden from it), then decodes the ``plan.decode_tokens``
+    state ids one per step, constrained to the state grammar.
+
+    Args:
+      mllm: a ``GameStateMLLM``; cache: :class:`TurnKVCache` of the game(s) (``CachePlan``
+        slots); batch: game/state.py ``stack_cached_inputs``; readout: "query" | "last".
+
+    Returns:
+      (states int32 [B, 4], rep float32 [B, Q, D], cache, pass-A logits float32 [B, T, V]).
+    """
+    rep, cache = mllm_prefill_cached(mllm, cache, batch, plan, readout)
+    llm = mllm.llm
+    b, n = batch["ids"].shape
+    nb = plan.block
+    xa = mllm.embed_inputs(batch["ids"][:, n - nb:], None, None)  # the block holds no history slot
+    pos_a, turn_a = batch["positions"][:, n - nb:], batch["turn_ids"][:, n - nb:]
+    slots_a = jnp.broadcast_to(plan.scratch_a + jnp.arange(nb, dtype=jnp.int32), (b, nb))
+    hide_b = _scratch(plan, plan.scratch_b, nb)
+    hidden, cache = _cached_forward(llm, cache, xa, pos_a, turn_a, slots_a, jnp.ones((b, nb), bool), plan.window,
+                                    hide=hide_b)
+    grammar = tk.AnimeGamerTokenizer.state_grammar()[:plan.decode_tokens]
+    allowed = np.zeros((len(grammar), llm.cfg.vocab_size), bool)
+    for t, ok in enumerate(grammar):
+        allowed[t, list(ok)] = True
+    allowed = jnp.asarray(allowed)
+
+    def pick(t, logits):
+        return jnp.argmax(jnp.where(allowed[t], logits, -jnp.inf), axis=-1).astype(jnp.int32)
+
+    logits0 = llm.logits(hidden[:, -1:])[:, 0]
+    tok0 = pick(0, logits0)
+    cur = batch["turn"][:, None]
+
+    def step(carry, t):
+        tok, c = carry
+        pos = (batch["ml_pos"] + t)[:, None]
+        slot = jnp.broadcast_to(plan.scratch_a + nb + t - 1, (b, 1)).astype(jnp.int32)
+        h, c = _cached_forward(llm, c, llm.embed(tok[:, None]), pos, cur, slot, jnp.ones((b, 1), bool),
+                               plan.window, hide=hide_b)
+        lg = llm.logits(h)[:, 0]
+        nxt = pick(t, lg)
+        return (nxt, c), (nxt, lg)
+
+    (_, cache), (toks, lgs) = jax.lax.scan(step, (tok0, cache), jnp.arange(1, plan.decode_tokens, dtype=jnp.int32))
+    toks = jnp.concatenate([tok0[:, None], toks.T], axis=1)
+    logits = jnp.concatenate([logits0[:, None], jnp.moveaxis(lgs, 0, 1)], axis=1)
+    states = toks[:, jnp.array([0, 3, 6, 9])] - tk.STRENGTH_BASE_ID + tk.STRENGTH_MIN
+    return states.astype(jnp.int32), rep, cache, logits
+
+
+def cached_mllm_functions(g_mllm, llm_cfg: mst.MistralConfig, config) -> dict[str, Any]:
+    """The :class:`GameSystem` fields of the persistent-cache MLLM turn (``mllm_cached``,
+    ``mllm_prefill``, ``init_cache``, ``cache_plan``) for the MLLM graphdef ``g_mllm`` whose state
+    is ``params["mllm"]``; ``config`` with ``game.mode`` applied."""
+    from animegamer_jax.game.state import WindowSpec
+
+    plan = CachePlan.from_spec(WindowSpec.from_config(config), STATE_TOKENS)
+    readout = str(config.mllm.readout)
+
+    def mllm_cached(p, cache, batch):
+        states, rep, cache, _ = mllm_turn_cached(nnx.merge(g_mllm, p["mllm"]), cache, batch, plan, readout)
+        return states, rep, cache
+
+    def mllm_prefill(p, cache, batch):
+        return mllm_prefill_cached(nnx.merge(g_mllm, p["mllm"]), cache, batch, plan, readout)[1]
+
+    return {"mllm_cached": mllm_cached, "mllm_prefill": mllm_prefill, "cache_plan": plan,
+            "init_cache": lambda batch: TurnKVCache.init(llm_cfg, batch, plan)}
+
+
 def build_real_system(components: dict[str, Any], config, label: str, decode_fn=None) -> GameSystem:
     """Wraps loaded modules as a :class:`GameSystem`.
 
@@ -166,6 +331,10 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     def mllm(p, batch):
         return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window, decoding, max_new)
 
+    cached = {}
+    if config.mllm.get("history_attention", "window_recompute") == "turn_window":
+        cached = cached_mllm_functions(g_mllm, components["mllm"].cfg.llm, config)
+
     sample = dit_sampler(g_dit, config)
     parse = None
     if decoding == "free":
@@ -173,7 +342,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
         parse = reference.states_from_generated
     return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan, parse_states=parse)
+                      decode_plan=decode_plan, parse_states=parse, **cached)
 
 
 def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | None = None) -> int:

@@ -15,6 +15,11 @@ Follows docs/token_layout.md (the layout itself is built once, by
 Sequences are right-padded to one fixed length per game shape (:func:`sequence_length`), so the
 jitted MLLM step compiles once; the per-row read-out positions are passed as index arrays.
 
+With ``mllm.history_attention = "turn_window"`` (docs/token_layout.md#history-attention-mllmhistory_attention)
+the MLLM keeps a KV cache across turns instead: :class:`CachePlan` is its slot plan and
+:func:`build_cached_turn_input` the new tokens of one turn (cut from the same ``turn_layout``);
+:class:`GameRun` holds the game's cache between turns.
+
 Meters follow the release demo ``app.py`` (docs/token_layout.md#state-fields): social, entertainment and stamina start at 50,
 each turn adds ``5 x`` the predicted change (SC, ET, ST) and clamps to 0..100. The app's display
 quirk (showing 5 less when a change is 0, without storing it) is a UI bug and is not copied.
@@ -89,6 +94,8 @@ class WindowSpec:
       readout: ``"query"`` (hidden states at the query positions) or ``"last"`` (release ``[-Q:]``).
       history_states: ``"own"`` (each history turn shows its predicted states) or ``"zero"``
         (the release's ``<Strength_0>`` bug, docs/token_layout.md#per-turn-layout).
+      history_attention: ``"window_recompute"`` (the release's layout, rebuilt from the last W
+        turns every turn) or ``"turn_window"`` (KV cache kept across turns, :class:`CachePlan`).
     """
 
     window: int
@@ -96,6 +103,7 @@ class WindowSpec:
     max_text: int
     readout: str = "query"
     history_states: str = "own"
+    history_attention: str = "window_recompute"
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -104,6 +112,9 @@ class WindowSpec:
             raise ValueError(f"readout must be 'query' or 'last', got {self.readout!r}")
         if self.history_states not in ("own", "zero"):
             raise ValueError(f"history_states must be 'own' or 'zero', got {self.history_states!r}")
+        if self.history_attention not in ("window_recompute", "turn_window"):
+            raise ValueError(f"mllm.history_attention must be 'window_recompute' or 'turn_window', got "
+                             f"{self.history_attention!r}")
 
     @classmethod
     def from_config(cls, config) -> "WindowSpec":
@@ -119,7 +130,7 @@ class WindowSpec:
         if mode != "default":
             raise ValueError(f"game.mode must be 'default' or 'reference', got {mode!r}")
         return cls(config.mllm.history_window, nq, config.game.max_instruction_tokens,
-                   config.mllm.readout, "own")
+                   config.mllm.readout, "own", config.mllm.get("history_attention", "window_recompute"))
 
     @property
     def seq_len(self) -> int:
@@ -246,15 +257,215 @@ def stack_inputs(rows: Sequence[TurnInput]) -> dict[str, np.ndarray]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# history_attention = "turn_window": the MLLM's KV cache kept across turns.
+
+#: tokens of a history turn after its query block starts: Q reps, </frame></img>, 14 world ids
+def _suffix_len(q: int) -> int:
+    return q + 2 + WORLD_LEN
+
+
+@dataclasses.dataclass(frozen=True)
+class CachePlan:
+    """Slot plan of one game's rolling KV cache (the Mistral-7B rolling buffer at turn granularity).
+
+    Every token of turn t attends to turns t-W+1..t only (and ``<s>``), so a turn's keys/values
+    never change once written and turns older than W-1 are never read again. Slots:
+
+    * ``0``: ``<s>`` (attention sink, kept for the whole game);
+    * ``W + 1`` turn regions of :attr:`region` slots, turn t in region ``t % (W + 1)``: its
+      prefix ``<TURN> text <img><frame>`` (padded to ``3 + max_text``), written in turn t's own
+      step, then its history suffix (Q projected reps, ``</frame></img>``, 14 world ids), written
+      at the start of turn t+1 once its s_a and states exist. W + 1 regions (not W) let turn t+1's
+      prefix and turn t's suffix go in one prefill: the suffix still reads turn t-W+1, whose
+      region only turn t+2 overwrites;
+    * scratch B (Q + 3 slots): the current turn's query block + ``</frame></img><ML>`` under the
+      hybrid mask (pass B);
+    * scratch A (Q + 3 + T slots): the same block under the causal mask, then the T decoded
+      state ids (pass A).
+
+    Positions are those of the whole game as one sequence (``<s>`` at 0, history turns of
+    ``n_text + Q + 19`` tokens), so the cache equals a full recompute of the game with the same
+    mask; RoPE makes scores depend only on position differences, which the window bounds.
+    """
+
+    window: int
+    num_queries: int
+    max_text: int
+    decode_tokens: int = 10
+
+    @property
+    def prefix(self) -> int:
+        """Slots of a turn's prefix area (``<TURN>``, text, ``<img><frame>``)."""
+        return 3 + self.max_text
+
+    @property
+    def region(self) -> int:
+        return self.prefix + _suffix_len(self.num_queries)
+
+    @property
+    def num_regions(self) -> int:
+        return self.window + 1
+
+    @property
+    def block(self) -> int:
+        """Query block + ``</frame></img><ML>`` of the current turn (Q + 3)."""
+        return self.num_queries + 3
+
+    @property
+    def scratch_b(self) -> int:
+        return 1 + self.num_regions * self.region
+
+    @property
+    def scratch_a(self) -> int:
+        return self.scratch_b + self.block
+
+    @property
+    def size(self) -> int:
+        """Cache slots S."""
+        return self.scratch_a + self.block + self.decode_tokens
+
+    @property
+    def new_tokens(self) -> int:
+        """Tokens of one step's prefill: previous turn's suffix, current prefix, query block."""
+        return _suffix_len(self.num_queries) + self.prefix + self.block
+
+    def region_start(self, turn: int) -> int:
+        return 1 + (turn % self.num_regions) * self.region
+
+    @classmethod
+    def from_spec(cls, spec: "WindowSpec", decode_tokens: int = 10) -> "CachePlan":
+        return cls(spec.window, spec.num_queries, spec.max_text, decode_tokens)
+
+
+def turn_start(history: Sequence[TurnRecord], num_queries: int) -> int:
+    """Position of turn ``len(history)``'s ``<TURN>`` in the game as one sequence (``<s>`` at 0)."""
+    return 1 + sum(3 + len(r.text_ids) + _suffix_len(num_queries) for r in history)
+
+
+@dataclasses.dataclass
+class CachedTurnInput:
+    """One row of a cached MLLM step (numpy). N = ``CachePlan.new_tokens``.
+
+    Attributes:
+      ids: int32 [N] new tokens: the previous turn's history suffix (or ``<s>`` at turn 0),
+        the current turn's prefix, its query block + ``</frame></img><ML>``; padding = PAD_ID.
+      cmp_mask: bool [N] positions taking the previous turn's projected s_a.
+      hist_rep: float32 [Q, D] the previous turn's s_a (zeros at turn 0).
+      positions: int32 [N] game positions; turn_ids: int32 [N] game turn (-1 = ``<s>``).
+      slots: int32 [N] cache slots written; valid: bool [N] real (not padding) tokens.
+      block_first, block_last: positions of the current query block; ml_pos: position of ``<ML>``.
+      turn: the current turn index k.
+    """
+
+    ids: np.ndarray
+    cmp_mask: np.ndarray
+    hist_rep: np.ndarray
+    positions: np.ndarray
+    turn_ids: np.ndarray
+    slots: np.ndarray
+    valid: np.ndarray
+    block_first: int
+    block_last: int
+    ml_pos: int
+    turn: int
+
+
+def build_cached_turn_input(history: Sequence[TurnRecord], current_ids: Sequence[int], spec: WindowSpec,
+                            rep_dim: int, plan: CachePlan | None = None) -> CachedTurnInput:
+    """The new tokens of turn ``k = len(history)`` for the rolling cache (:class:`CachePlan`).
+
+    They are cut from ``models/mistral/mllm.py`` ``turn_layout`` of turns k-1 (history form) and k, the
+    one token layout, so ids and masks are those of a full recompute over the whole game.
+
+    Raises:
+      InstructionTooLongError: an instruction over ``spec.max_text`` tokens.
+    """
+    from animegamer_jax.models.mistral.mllm import turn_layout
+
+    plan = plan or CachePlan.from_spec(spec)
+    q, k = spec.num_queries, len(history)
+    if len(current_ids) > spec.max_text:
+        raise InstructionTooLongError(f"instruction of {len(current_ids)} ids > game.max_instruction_tokens="
+                                      f"{spec.max_text}")
+    prev = [history[-1]] if k else []
+    seq = turn_layout([r.text_ids for r in prev] + [tuple(current_ids)], [r.states for r in prev],
+                      num_queries=q, history_window=2, release_history_states=spec.history_states == "zero")
+    # layout index i -> game position: index 1 is turn k-1's <TURN> (or, at k = 0, turn 0's)
+    offset = turn_start(history[:-1], q) - 1 if k else 0
+    turns = np.where(seq.turn_ids < 0, -1, seq.turn_ids + max(k - 1, 0)).astype(np.int32)
+    g0 = int(np.flatnonzero(seq.gen_mask)[0])
+    p0 = int(np.flatnonzero(turns == k)[0])
+    n_s, n_p, n_b = _suffix_len(q), plan.prefix, plan.block
+    if k:
+        c0 = int(np.flatnonzero(seq.cmp_mask)[0])
+        suf = np.arange(c0, p0)
+        suf_slots = plan.region_start(k - 1) + plan.prefix + np.arange(n_s)
+    else:
+        suf = np.arange(0, 1)  # <s>
+        suf_slots = np.r_[0, plan.region_start(-1) + plan.prefix + np.arange(1, n_s)]
+    pre = np.arange(p0, g0)
+    blk = np.arange(g0, len(seq.input_ids))
+    assert len(suf) <= n_s and len(blk) == n_b, (len(suf), len(blk))
+
+    def part(idx: np.ndarray, n: int, arr: np.ndarray, fill: Any) -> np.ndarray:
+        return np.concatenate([arr[idx], np.full(n - len(idx), fill, arr.dtype)])
+
+    pos = np.arange(len(seq.input_ids), dtype=np.int32) + offset
+
+    def cat(arr: np.ndarray, fill: Any) -> np.ndarray:
+        return np.concatenate([part(suf, n_s, arr, fill), part(pre, n_p, arr, fill), part(blk, n_b, arr, fill)])
+
+    valid = np.concatenate([np.arange(n_s) < len(suf), np.arange(n_p) < len(pre), np.ones(n_b, bool)])
+    slots = np.concatenate([suf_slots, plan.region_start(k) + np.arange(n_p),
+                            plan.scratch_b + np.arange(n_b)]).astype(np.int32)
+    hist_rep = np.asarray(prev[0].rep, np.float32) if k else np.zeros((q, rep_dim), np.float32)
+    return CachedTurnInput(
+        ids=cat(seq.input_ids, tk.PAD_ID), cmp_mask=cat(seq.cmp_mask, False), hist_rep=hist_rep,
+        positions=cat(pos, 0), turn_ids=cat(turns, k), slots=slots, valid=valid,
+        block_first=int(pos[g0]), block_last=int(pos[g0 + q - 1]), ml_pos=int(pos[-1]), turn=k)
+
+
+def stack_cached_inputs(rows: Sequence[CachedTurnInput]) -> dict[str, np.ndarray]:
+    """Stacks rows into the batch dict of ``game/real.py`` ``mllm_turn_cached`` (leading dim B)."""
+    keys = ("ids", "cmp_mask", "hist_rep", "positions", "turn_ids", "slots", "valid")
+    out = {k: np.stack([getattr(r, k) for r in rows]) for k in keys}
+    for k in ("block_first", "block_last", "ml_pos", "turn"):
+        out[k] = np.asarray([getattr(r, k) for r in rows], np.int32)
+    return out
+
+
+def _same_records(a: Sequence[TurnRecord], b: Sequence[TurnRecord]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
 @dataclasses.dataclass
 class GameRun:
-    """The running state of one game: finished turns (the window source) and the meters."""
+    """The running state of one game: finished turns (the window source) and the meters.
+
+    With ``history_attention = "turn_window"`` it also keeps the MLLM's KV cache
+    (``kv_cache``, device arrays of batch 1, valid for exactly the turns in ``kv_records``); an
+    engine step leaves its updated cache in ``kv_pending`` and :meth:`finish_turn` adopts it. A
+    run without a matching cache (new, undone, resumed) gets it rebuilt by recompute
+    (``GameEngine``).
+    """
 
     spec: WindowSpec
     rep_dim: int
     meters: Meters = dataclasses.field(default_factory=Meters)
     history: list[TurnRecord] = dataclasses.field(default_factory=list)
     meter_log: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    kv_cache: Any = None
+    kv_records: tuple[TurnRecord, ...] = ()
+    kv_pending: tuple[tuple[TurnRecord, ...], Any] | None = None
+
+    def cache_matches(self) -> bool:
+        """True when ``kv_cache`` holds exactly this run's finished turns."""
+        return self.kv_cache is not None and _same_records(self.kv_records, self.history)
+
+    def next_cached_input(self, current_ids: Sequence[int], plan: CachePlan | None = None) -> CachedTurnInput:
+        """The new tokens of the next turn for the rolling cache."""
+        return build_cached_turn_input(self.history, current_ids, self.spec, self.rep_dim, plan)
 
     def next_input(self, current_ids: Sequence[int]) -> TurnInput:
         """The MLLM input of the next turn."""
@@ -264,7 +475,11 @@ class GameRun:
                     meter_step: int = 5) -> Meters:
         """Records a finished turn (its own states and representation) and updates the meters."""
         st = tuple(int(v) for v in states)
+        pending, self.kv_pending = self.kv_pending, None
+        adopt = pending is not None and _same_records(pending[0], self.history)
         self.history.append(TurnRecord(tuple(text_ids), st, np.asarray(rep, np.float32)))  # type: ignore[arg-type]
+        self.kv_cache = pending[1] if adopt else None
+        self.kv_records = tuple(self.history) if adopt else ()
         self.meters = self.meters.update(st, meter_step)
         self.meter_log.append(self.meters.as_dict())
         return self.meters

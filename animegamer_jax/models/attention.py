@@ -37,10 +37,15 @@ Masks are expressed once, as positions (:class:`AttentionMask`): key j is visibl
 
     (not causal or k_pos[j] <= q_pos[i]) and (not window or q_pos[i] - k_pos[j] < window)
     or (block_first <= q_pos[i] <= block_last and block_first <= k_pos[j] <= block_last),
-    and kv_valid[j] and dense[i, j],
+    and kv_valid[j] and dense[i, j]
+    and (not seg_window or k_seg[j] < 0 or q_seg[i] - k_seg[j] < seg_window),
 
 the causal / sliding-window rule of HF Mistral (``sliding_window_overlay``), the bidirectional
-query block of AnimeGamer's hybrid mask (docs/token_layout.md#masks) and key padding. Every kernel
+query block of AnimeGamer's hybrid mask (docs/token_layout.md#masks), key padding, and a sliding
+window over segments (the MLLM's ``history_attention = "turn_window"``,
+docs/token_layout.md#history-attention-mllmhistory_attention: segment = game turn, a query of turn t
+sees keys of turns t-W+1..t; segment < 0 marks keys every query may see, the ``<s>`` attention
+sink). Every kernel
 evaluates exactly this rule (the blockwise one per tile, :meth:`AttentionMask.tile`). Rows that
 see no key at all return zeros in the blockwise path (the dense paths return the mean of V);
 no model of this project produces such rows on positions it reads.
@@ -81,7 +86,11 @@ class AttentionMask:
         block (rows with ``first > last`` have none).
       dense: bool [B, L, S] (or broadcastable) explicit extra mask, ANDed; the escape hatch for
         masks the fields above cannot express.
-      causal: static bool; window: static int or None (sliding window, Mistral semantics).
+      q_seg: int32 [B, L], k_seg: int32 [B, S] segment ids (turns) for ``seg_window``; a key
+        with a negative segment is visible to every query (attention sink).
+      causal: static bool; window: static int or None (sliding window, Mistral semantics);
+      seg_window: static int or None: key j visible from query i only if
+        ``q_seg[i] - k_seg[j] < seg_window`` (or ``k_seg[j] < 0``).
     """
 
     q_pos: Array | None = None
@@ -90,13 +99,17 @@ class AttentionMask:
     block_first: Array | None = None
     block_last: Array | None = None
     dense: Array | None = None
+    q_seg: Array | None = None
+    k_seg: Array | None = None
     causal: bool = flax.struct.field(pytree_node=False, default=False)
     window: int | None = flax.struct.field(pytree_node=False, default=None)
+    seg_window: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @property
     def is_empty(self) -> bool:
         """True when every key is visible from every query."""
-        return (not self.causal and not self.window and self.kv_valid is None and self.dense is None)
+        return (not self.causal and not self.window and self.kv_valid is None and self.dense is None
+                and not self.seg_window)
 
     def positions(self, b: int, l: int, s: int) -> tuple[Array, Array]:
         """(q_pos [B, L], k_pos [B, S]) int32 with the defaults filled in."""
@@ -104,9 +117,11 @@ class AttentionMask:
         k = self.k_pos if self.k_pos is not None else jnp.arange(s, dtype=jnp.int32)[None]
         return jnp.broadcast_to(q, (b, l)).astype(jnp.int32), jnp.broadcast_to(k, (b, s)).astype(jnp.int32)
 
-    def tile(self, q_pos: Array, k_pos: Array, kv_valid: Array | None, dense: Array | None) -> Array | None:
+    def tile(self, q_pos: Array, k_pos: Array, kv_valid: Array | None, dense: Array | None,
+             q_seg: Array | None = None, k_seg: Array | None = None) -> Array | None:
         """The rule on one tile. q_pos [B, l], k_pos [B, s] int32; kv_valid [B, s] bool or None;
-        dense [B, l, s] bool or None. Returns bool [B, l, s] (True = visible) or None (all)."""
+        dense [B, l, s] bool or None; q_seg [B, l] / k_seg [B, s] int32 (needed when
+        ``seg_window`` is set). Returns bool [B, l, s] (True = visible) or None (all)."""
         m = None
         d = q_pos[:, :, None] - k_pos[:, None, :]
         if self.causal:
@@ -124,18 +139,35 @@ class AttentionMask:
             m = kv if m is None else m & kv
         if dense is not None:
             m = dense if m is None else m & dense
+        if self.seg_window:
+            sd = q_seg[:, :, None] - k_seg[:, None, :]
+            sv = (k_seg[:, None, :] < 0) | (sd < self.seg_window)
+            m = sv if m is None else m & sv
         return m
+
+    def segments(self, b: int, l: int, s: int) -> tuple[Array | None, Array | None]:
+        """(q_seg [B, L], k_seg [B, S]) int32, or (None, None) without ``seg_window``.
+
+        Raises: ValueError when ``seg_window`` is set without both segment arrays."""
+        if not self.seg_window:
+            return None, None
+        if self.q_seg is None or self.k_seg is None:
+            raise ValueError("AttentionMask: seg_window needs both q_seg and k_seg")
+        return (jnp.broadcast_to(self.q_seg, (b, l)).astype(jnp.int32),
+                jnp.broadcast_to(self.k_seg, (b, s)).astype(jnp.int32))
 
     def materialize(self, b: int, l: int, s: int) -> Array | None:
         """Dense bool [B, L, S] mask (None when nothing is masked)."""
         q, k = self.positions(b, l, s)
         kv = None if self.kv_valid is None else jnp.broadcast_to(self.kv_valid, (b, s)).astype(bool)
         dense = None if self.dense is None else jnp.broadcast_to(self.dense, (b, l, s)).astype(bool)
-        return self.tile(q, k, kv, dense)
+        return self.tile(q, k, kv, dense, *self.segments(b, l, s))
 
 
 def causal_mask(window: int | None = None, **kw: Any) -> AttentionMask:
     """Causal (+ sliding window) :class:`AttentionMask`; ``kw`` sets the other fields."""
+    if kw.get("seg_window") is not None:
+        kw["seg_window"] = int(kw["seg_window"]) or None
     return AttentionMask(causal=True, window=int(window) if window else None, **kw)
 
 
@@ -183,7 +215,7 @@ def _xla(q, k, v, bias, mask: AttentionMask, scale, implementation="xla"):
 def _cudnn(q, k, v, bias, mask: AttentionMask, scale):
     l, s = q.shape[1], k.shape[1]
     native = (mask.q_pos is None and mask.k_pos is None and mask.block_first is None and mask.dense is None
-              and mask.kv_valid is None and (l == s or not mask.causal))
+              and mask.kv_valid is None and not mask.seg_window and (l == s or not mask.causal))
     if not native:  # cuDNN still runs; the mask goes in dense
         return _xla(q, k, v, bias, mask, scale, implementation="cudnn")
     window = (mask.window - 1, 0) if mask.window else None
@@ -196,7 +228,7 @@ def _cudnn(q, k, v, bias, mask: AttentionMask, scale):
 def _splash_supported(q, k, bias, mask: AttentionMask) -> bool:
     l, s = q.shape[1], k.shape[1]
     return (bias is None and mask.q_pos is None and mask.k_pos is None and mask.block_first is None
-            and mask.dense is None and (l == s or not mask.causal))
+            and mask.dense is None and not mask.seg_window and (l == s or not mask.causal))
 
 
 def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, block: int = 128):
@@ -267,7 +299,8 @@ def _untile(x: Array) -> Array:
 
 def _tiles(q, k, v, mask: AttentionMask, bq: int, bk: int):
     """Blocks along the sequence axes. Returns q [nq,B,bq,K,G,H], k/v [nk,B,bk,K,H], qpos
-    [nq,B,bq], kpos [nk,B,bk], kvalid [nk,B,bk] and dense [nq,nk,B,bq,bk] (or None)."""
+    [nq,B,bq], kpos [nk,B,bk], kvalid [nk,B,bk], dense [nq,nk,B,bq,bk] (or None) and qseg
+    [nq,B,bq] / kseg [nk,B,bk] (or None)."""
     b, l, n, h = q.shape
     s = k.shape[1]
     kh, g = _group(q, k)
@@ -284,7 +317,11 @@ def _tiles(q, k, v, mask: AttentionMask, bq: int, bk: int):
         dense = einops.rearrange(d, "B (T Q) (U S) -> T U B Q S", Q=bq, S=bk)
     qt = _q_tiles(q, nq, bq, kh)
     kt, vt = _kv_tiles(k, nk, bk), _kv_tiles(v, nk, bk)
-    return qt, kt, vt, qpos, kpos, kvalid, dense
+    qseg, kseg = mask.segments(b, l, s)
+    if qseg is not None:
+        qseg = _pad_to(qseg, 1, nq * bq).reshape(b, nq, bq).transpose(1, 0, 2)
+        kseg = _pad_to(kseg, 1, nk * bk).reshape(b, nk, bk).transpose(1, 0, 2)
+    return qt, kt, vt, qpos, kpos, kvalid, dense, qseg, kseg
 
 
 def _tile_scores(qb, kb, bias_t, vis, scale):
@@ -306,21 +343,21 @@ def _blockwise_fwd_core(mask: AttentionMask, scale, bq, bk, q, k, v, bias):
     """Forward over tiles. Returns (o [B, L, N, H] q.dtype, lse [nq, B, K, G, bq] fp32)."""
     b, l, n, h = q.shape
     kh, g = _group(q, k)
-    qt, kt, vt, qpos, kpos, kvalid, dense = _tiles(q, k, v, mask, bq, bk)
+    qt, kt, vt, qpos, kpos, kvalid, dense, qseg, kseg = _tiles(q, k, v, mask, bq, bk)
     nq, nk = qt.shape[0], kt.shape[0]
     if bias is not None:
         bias = jnp.broadcast_to(bias.astype(jnp.float32), (bias.shape[0], n, l, k.shape[1]))
         bias = _pad_to(_pad_to(bias, 2, nq * bq), 3, nk * bk)
 
     def q_block(args):
-        iq, qb, qp = args
+        iq, qb, qp, qs = args
         init = (jnp.zeros(qb.shape, jnp.float32),
                 jnp.full((b, kh, g, bq), _NEG, jnp.float32), jnp.zeros((b, kh, g, bq), jnp.float32))
 
         def kv_step(carry, xs):
-            ik, kb, vb, kp, kvd = xs
+            ik, kb, vb, kp, kvd, ks = xs
             dn = None if dense is None else dense[iq, ik]
-            vis = mask.tile(qp, kp, kvd, dn)
+            vis = mask.tile(qp, kp, kvd, dn, qs, ks)
             vis = jnp.ones((b, bq, bk), bool) if vis is None else vis
 
             def compute(c):
@@ -337,13 +374,13 @@ def _blockwise_fwd_core(mask: AttentionMask, scale, bq, bk, q, k, v, bias):
 
             return jax.lax.cond(vis.any(), compute, lambda c: c, carry), None
 
-        (o, m, lsum), _ = jax.lax.scan(kv_step, init, (jnp.arange(nk), kt, vt, kpos, kvalid))
+        (o, m, lsum), _ = jax.lax.scan(kv_step, init, (jnp.arange(nk), kt, vt, kpos, kvalid, kseg))
         safe = jnp.where(lsum > 0, lsum, 1.0)
         o = o / einops.rearrange(safe, "B K G Q -> B Q K G 1")
         lse = jnp.where(lsum > 0, m + jnp.log(safe), jnp.inf)  # inf: row sees nothing -> p = 0 in bwd
         return o.astype(q.dtype), lse
 
-    o, lse = jax.lax.map(q_block, (jnp.arange(nq), qt, qpos))
+    o, lse = jax.lax.map(q_block, (jnp.arange(nq), qt, qpos, qseg))
     o = _untile(o)[:, :l]
     return o, lse
 
@@ -368,20 +405,20 @@ def _bw_bwd(mask_static, scale, bq, bk, res, do):
     b, l, n, h = q.shape
     s = k.shape[1]
     kh, g = _group(q, k)
-    qt, kt, vt, qpos, kpos, kvalid, dense = _tiles(q, k, v, mask, bq, bk)
+    qt, kt, vt, qpos, kpos, kvalid, dense, qseg, kseg = _tiles(q, k, v, mask, bq, bk)
     nq, nk = qt.shape[0], kt.shape[0]
     dot, ot = _q_tiles(do, nq, bq, kh), _q_tiles(o, nq, bq, kh)
     # D_i = rowsum(dO * O): [nq, B, K, G, bq]
     delta = jnp.einsum("TBQKGH,TBQKGH->TBKGQ", dot.astype(jnp.float32), ot.astype(jnp.float32))
 
     def kv_block(dq_acc, xs):
-        ik, kb, vb, kp, kvd = xs
+        ik, kb, vb, kp, kvd, ks = xs
 
         def q_step(carry, ys):
             dk, dv = carry
-            iq, qb, dob, qp, lse_b, dl = ys
+            iq, qb, dob, qp, lse_b, dl, qs = ys
             dn = None if dense is None else dense[iq, ik]
-            vis = mask.tile(qp, kp, kvd, dn)
+            vis = mask.tile(qp, kp, kvd, dn, qs, ks)
             vis = jnp.ones((b, bq, bk), bool) if vis is None else vis
 
             def compute(c):
@@ -402,11 +439,11 @@ def _bw_bwd(mask_static, scale, bq, bk, res, do):
             return jax.lax.cond(vis.any(), compute, skip, (dk, dv))
 
         zeros = jnp.zeros((b, bk, kh, h), jnp.float32)
-        (dk, dv), dq_parts = jax.lax.scan(q_step, (zeros, zeros), (jnp.arange(nq), qt, dot, qpos, lse, delta))
+        (dk, dv), dq_parts = jax.lax.scan(q_step, (zeros, zeros), (jnp.arange(nq), qt, dot, qpos, lse, delta, qseg))
         return dq_acc + dq_parts, (dk, dv)
 
     dq0 = jnp.zeros(qt.shape, jnp.float32)
-    dq, (dk, dv) = jax.lax.scan(kv_block, dq0, (jnp.arange(nk), kt, vt, kpos, kvalid))
+    dq, (dk, dv) = jax.lax.scan(kv_block, dq0, (jnp.arange(nk), kt, vt, kpos, kvalid, kseg))
     dq = _untile(dq)[:, :l].astype(q.dtype)
     dk = _untile(dk)[:, :s].astype(k.dtype)
     dv = _untile(dv)[:, :s].astype(v.dtype)
@@ -417,8 +454,8 @@ def _bw_bwd(mask_static, scale, bq, bk, res, do):
 _blockwise_nobias.defvjp(_bw_fwd, _bw_bwd)
 
 
-def _static_mask(static: tuple[bool, int | None], arrays: dict[str, Array | None]) -> AttentionMask:
-    return AttentionMask(causal=static[0], window=static[1], **arrays)
+def _static_mask(static: tuple[bool, int | None, int | None], arrays: dict[str, Array | None]) -> AttentionMask:
+    return AttentionMask(causal=static[0], window=static[1], seg_window=static[2], **arrays)
 
 
 def _blockwise(q, k, v, bias, mask: AttentionMask, scale, block_q: int, block_k: int):
@@ -427,8 +464,9 @@ def _blockwise(q, k, v, bias, mask: AttentionMask, scale, block_q: int, block_k:
     if bias is not None:  # bias may be trainable (T5): plain autodiff through the tiles
         return jax.checkpoint(lambda *a: _blockwise_fwd_core(mask, scale, bq, bk, *a)[0])(q, k, v, bias)
     arrays = {"q_pos": mask.q_pos, "k_pos": mask.k_pos, "kv_valid": mask.kv_valid,
-              "block_first": mask.block_first, "block_last": mask.block_last, "dense": mask.dense}
-    return _blockwise_nobias((mask.causal, mask.window), float(scale), bq, bk, q, k, v, arrays)
+              "block_first": mask.block_first, "block_last": mask.block_last, "dense": mask.dense,
+              "q_seg": mask.q_seg, "k_seg": mask.k_seg}
+    return _blockwise_nobias((mask.causal, mask.window, mask.seg_window), float(scale), bq, bk, q, k, v, arrays)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ Host batches (numpy, built by :class:`BatchBuilder` from the issue-7 loaders):
                      f32 [B, T_lat, C, h, w] (already scaled; ``train.encode_latents=False``);
                      with ``train.precomputed_features`` f_md [B, Lt, Dt] / f_v [B, P, Dv] replace
                      t5_ids / first_frame (the frozen encoders then stay out of the step).
-  mllm (b, c):       input_ids, cmp_mask, gen_mask, labels, padding_mask [B, L] (``mllm.collate``),
+  mllm (b, c):       input_ids, cmp_mask, gen_mask, labels, padding_mask, turn_ids [B, L] (``mllm.collate``;
+                     turn_ids feed the ``mllm.history_attention="turn_window"`` mask),
                      turn_t5_ids int32 [B, M, Lt], turn_first_frame f32 [B, M, H, W, 3],
                      target_turn int32 [B], history_turns int32 [B, W-1] (slot -> turn index)
                      (or precomputed turn_f_md [B, M, Lt, Dt] / turn_f_v [B, M, P, Dv]);
@@ -220,7 +221,8 @@ def _turn_reps(model: TrainModel, batch: Mapping[str, jax.Array]) -> jax.Array:
 def _mllm_batch(model: TrainModel, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     reps = _turn_reps(model, batch)
     take = lambda idx: jnp.take_along_axis(reps, idx.reshape(idx.shape + (1, 1)), axis=1)  # noqa: E731
-    out = {k: batch[k] for k in ("input_ids", "gen_mask", "cmp_mask", "padding_mask", "labels")}
+    out = {k: batch[k] for k in ("input_ids", "gen_mask", "cmp_mask", "padding_mask", "labels", "turn_ids")
+           if k in batch}
     out["target_reps"] = take(batch["target_turn"][:, None])[:, 0]
     out["history_reps"] = take(batch["history_turns"])
     return out
@@ -239,7 +241,8 @@ def adaptation_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.
     k_d, k_n, k_z = jax.random.split(rng, 3)
     mb = _mllm_batch(model, batch)
     out = model.mllm(mb["input_ids"], gen_mask=mb["gen_mask"], cmp_mask=mb["cmp_mask"],
-                     history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False)
+                     history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False,
+                     turn_ids=mb.get("turn_ids"))
     rep = jax.lax.stop_gradient(out.rep)
     uncond = jax.lax.stop_gradient(model.shot_encoder.uncond(1)).astype(rep.dtype)
     cond, dropped = guidance.cfg_dropout(k_d, rep, uncond, config.diffusion.text_dropout)
@@ -514,7 +517,8 @@ def sample_video(model: TrainModel, batch: Mapping[str, jax.Array], key: jax.Arr
     if "input_ids" in first:
         mb = _mllm_batch(model, first)
         cond = model.mllm(mb["input_ids"], gen_mask=mb["gen_mask"], cmp_mask=mb["cmp_mask"],
-                          history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False).rep
+                          history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False,
+                          turn_ids=mb.get("turn_ids")).rep
     else:
         f_md, f_v = _encode_features(model, first)
         cond = model.shot_encoder(f_md, f_v)

@@ -9,6 +9,10 @@ Reference: the release's ``ContinuousLVLM_Video`` (docs/token_layout.md, docs/ml
   the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j (docs/token_layout.md#history-window);
 * the current turn's 226 query positions (``gen_mask``) keep the ``<frame_i>`` embeddings and see
   each other fully (hybrid mask, docs/token_layout.md#masks); everything else is causal (+ sliding window);
+  ``history_attention = "turn_window"`` (not the release's;
+  docs/token_layout.md#history-attention-mllmhistory_attention) also limits every token of turn t
+  to turns t-W+1..t (``turn_ids``), which lets play keep the KV cache across turns (game/real.py
+  ``mllm_turn_cached``);
 * the representation is read at the query positions (``readout="query"``, training-exact) or at
   the last 226 positions (``readout="last"``, the release's off-by-3, docs/token_layout.md#read-out), post final RMSNorm,
   then the output resampler (4096 -> 1920 -> 1920);
@@ -37,6 +41,9 @@ from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
 IGNORE_INDEX = -100
+#: ``mllm.history_attention`` values (docs/token_layout.md#history-attention-mllmhistory_attention): the release's
+#: layout recomputed over the last W turns every turn, or a turn-granular sliding window.
+HISTORY_ATTENTION = ("window_recompute", "turn_window")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,9 +55,20 @@ class MLLMConfig:
     num_queries: int = 226  # query / representation tokens (30 text + 196 image)
     history_window: int = 3  # W: turns seen, current included
     readout: str = "query"  # "query" | "last"
+    history_attention: str = "window_recompute"  # | "turn_window" (HISTORY_ATTENTION)
     lm_loss_scale: float = 1.0
     rec_loss_scale: float = 1.0
     cos_loss_scale: float = 0.0
+
+    def __post_init__(self):
+        if self.history_attention not in HISTORY_ATTENTION:
+            raise ValueError(f"mllm.history_attention must be one of {HISTORY_ATTENTION}, got "
+                             f"{self.history_attention!r}")
+
+    @property
+    def turn_window(self) -> int | None:
+        """W when every token attends only to the last W turns (``"turn_window"``), else None."""
+        return int(self.history_window) if self.history_attention == "turn_window" else None
 
     @classmethod
     def from_config(cls, cfg: Any, **llm_overrides: Any) -> "MLLMConfig":
@@ -62,6 +80,7 @@ class MLLMConfig:
             num_queries=cfg.rep.num_text_tokens + cfg.rep.num_image_tokens,
             history_window=m.history_window,
             readout=m.readout,
+            history_attention=m.get("history_attention", "window_recompute"),
             lm_loss_scale=m.lm_loss_scale,
             rec_loss_scale=m.rec_loss_scale,
             cos_loss_scale=m.cos_loss_scale,
@@ -95,19 +114,30 @@ class MLLMOutput:
 
 
 def hybrid_attention_mask(gen_mask: jax.Array, window: int | None,
-                          padding_mask: jax.Array | None = None) -> attn.AttentionMask:
+                          padding_mask: jax.Array | None = None, turn_ids: jax.Array | None = None,
+                          turn_window: int | None = None) -> attn.AttentionMask:
     """Release attention mask (docs/token_layout.md#masks) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
 
     Causal (and ``q - k < window``) everywhere, plus the full square ``[first..last] x [first..last]``
     where first/last are the first and last True of ``gen_mask`` [B, L] per row (the current turn's
     queries; rows without any True are purely causal). Padding keys (``padding_mask`` bool [B, L]
-    False) are masked. Positions are sequence indices ``0..L-1``.
+    False) are masked. Positions are sequence indices ``0..L-1``. With ``turn_window`` W (the
+    ``"turn_window"`` history attention) a token of turn ``turn_ids[i]`` (int [B, L], -1 for
+    ``<s>``, :func:`turn_layout`) sees only keys of turns ``turn_ids[i]-W+1 .. turn_ids[i]`` and ``<s>``.
+
+    Raises: ValueError: ``turn_window`` without ``turn_ids``.
     """
     l = gen_mask.shape[1]
     any_q = gen_mask.any(axis=1)
     first = jnp.where(any_q, jnp.argmax(gen_mask, axis=1), l).astype(jnp.int32)
     last = jnp.where(any_q, l - 1 - jnp.argmax(gen_mask[:, ::-1], axis=1), -1).astype(jnp.int32)
     kv = None if padding_mask is None else padding_mask.astype(bool)
+    if turn_window:
+        if turn_ids is None:
+            raise ValueError("history_attention='turn_window' needs the layout's turn_ids")
+        seg = jnp.asarray(turn_ids, jnp.int32)
+        return attn.causal_mask(window, block_first=first, block_last=last, kv_valid=kv, q_seg=seg, k_seg=seg,
+                                seg_window=int(turn_window))
     return attn.causal_mask(window, block_first=first, block_last=last, kv_valid=kv)
 
 
@@ -200,17 +230,22 @@ class GameStateMLLM(nnx.Module):
         readout: str | None = None,
         return_logits: bool = True,
         dropout_rng: jax.Array | None = None,
+        turn_ids: jax.Array | None = None,
     ) -> MLLMOutput:
         """Pass B (and training forward): hybrid-mask forward + representation read-out.
 
         Args:
           input_ids int [B, L]; gen_mask bool [B, L] current-turn query positions; cmp_mask bool
-          [B, L] history query positions; history_reps [B, S, Q, rep_dim]; padding_mask bool [B, L].
+          [B, L] history query positions; history_reps [B, S, Q, rep_dim]; padding_mask bool [B, L];
+          turn_ids int [B, L] (:class:`TurnSequence`; used, and then required, with
+          ``history_attention="turn_window"``).
 
         Returns: :class:`MLLMOutput`.
+
+        Raises: ValueError: ``turn_window`` without ``turn_ids``.
         """
         x = self.embed_inputs(input_ids, cmp_mask, history_reps)
-        mask = hybrid_attention_mask(gen_mask, self.cfg.llm.window, padding_mask)
+        mask = hybrid_attention_mask(gen_mask, self.cfg.llm.window, padding_mask, turn_ids, self.cfg.turn_window)
         out = self.llm(inputs_embeds=x, attention_mask=mask, return_logits=return_logits, dropout_rng=dropout_rng)
         return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout, padding_mask))
 
@@ -226,7 +261,7 @@ class GameStateMLLM(nnx.Module):
         c = self.cfg
         out = self(batch["input_ids"], gen_mask=batch["gen_mask"], cmp_mask=batch.get("cmp_mask"),
                    history_reps=batch.get("history_reps"), padding_mask=batch.get("padding_mask"),
-                   dropout_rng=dropout_rng)
+                   dropout_rng=dropout_rng, turn_ids=batch.get("turn_ids"))
         logits = out.logits[:, :-1]
         labels = batch["labels"][:, 1:]
         valid = labels != IGNORE_INDEX
@@ -258,9 +293,15 @@ class GameStateMLLM(nnx.Module):
 
         Returns:
           (states int32 [B, 4] = [ML, SC, ET, ST], generated ids int32 [B, len(grammar)]).
+
+        Raises: ValueError with ``history_attention="turn_window"`` (its pass A is
+          game/real.py ``mllm_turn_cached``).
         """
         from animegamer_jax import tokenizer as tk
 
+        if self.cfg.turn_window:
+            raise ValueError("predict_states decodes with the plain causal mask; with "
+                             "history_attention='turn_window' use game/real.py mllm_turn_cached")
         grammar = grammar or tk.AnimeGamerTokenizer.state_grammar()
         b = input_ids.shape[0]
         v = self.cfg.llm.vocab_size
@@ -288,7 +329,9 @@ class TurnSequence:
 
     input_ids int32; cmp_mask bool (history query positions, in history-slot order);
     gen_mask bool (current-turn queries); labels int32 (IGNORE_INDEX except the target state
-    tokens when built with ``target_states``); num_history: history turns included.
+    tokens when built with ``target_states``); num_history: history turns included;
+    turn_ids int32: the included turn each position belongs to (0 = the oldest included turn,
+    ``num_history`` = the current one, -1 = ``<s>``), for the ``"turn_window"`` mask.
     """
 
     input_ids: np.ndarray
@@ -296,6 +339,7 @@ class TurnSequence:
     gen_mask: np.ndarray
     labels: np.ndarray
     num_history: int
+    turn_ids: np.ndarray | None = None
 
 
 def turn_layout(
@@ -344,14 +388,19 @@ def turn_layout(
     ids: list[int] = [tk.BOS_ID]
     cmp: list[bool] = [False]
     gen: list[bool] = [False]
+    turn: list[int] = [-1]
     block = tk.AnimeGamerTokenizer.video_block_ids(num_queries)
 
     def add(seq: Sequence[int], c: bool = False, g: bool = False) -> None:
         ids.extend(seq)
         cmp.extend([c] * len(seq))
         gen.extend([g] * len(seq))
+        turn.extend([len(turn_starts) - 1] * len(seq))
+
+    turn_starts: list[int] = []
 
     for t in range(first, k + 1):
+        turn_starts.append(len(ids))
         add([tk.TURN_ID] + list(text_ids[t]))
         add(block[:2])
         add(block[2:-2], c=t < k, g=t == k)
@@ -368,7 +417,7 @@ def turn_layout(
         add(tail)
         labels.extend(tail)
     return TurnSequence(np.asarray(ids, np.int32), np.asarray(cmp), np.asarray(gen),
-                        np.asarray(labels, np.int32), k - first)
+                        np.asarray(labels, np.int32), k - first, np.asarray(turn, np.int32))
 
 
 def build_sequence(tokenizer: Any, instructions: Sequence[str], history_states: Sequence[Sequence[int]] = (),
@@ -380,7 +429,8 @@ def build_sequence(tokenizer: Any, instructions: Sequence[str], history_states: 
 
 
 def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int = 0) -> dict[str, np.ndarray]:
-    """Right-pads rows to a common length: input_ids, cmp_mask, gen_mask, labels, padding_mask [B, L].
+    """Right-pads rows to a common length: input_ids, cmp_mask, gen_mask, labels, padding_mask,
+    turn_ids [B, L] (padding keeps the row's last turn id; its keys are masked by padding_mask).
 
     Raises: ValueError when a row is longer than ``pad_to``.
     """
@@ -398,6 +448,7 @@ def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int
         "gen_mask": np.stack([pad(s.gen_mask, False) for s in seqs]),
         "labels": np.stack([pad(s.labels, IGNORE_INDEX) for s in seqs]),
         "padding_mask": np.stack([pad(np.ones(len(s.input_ids), bool), False) for s in seqs]),
+        "turn_ids": np.stack([pad(s.turn_ids, s.turn_ids[-1]) for s in seqs]),
     }
 
 #: nnx filter for the paper's trainable set (LoRA, RMSNorms, embeddings, lm_head, resamplers; docs/mllm.md#lora).

@@ -22,7 +22,10 @@ KV cache (:class:`KVCache`): ``k``, ``v``: ``[num_layers, B, S_max, K, H]`` in t
 ``length``: int32 scalar, number of filled positions (= next write index, shared by the batch).
 The buffer is linear (not a ring): the sliding window is applied through the mask, so any
 ``S_max`` >= prompt + generated tokens works and decoding across the window length is exact.
-Prefill writes positions ``[length, length + L)``; a decode step writes one position.
+Prefill writes positions ``[length, length + L)``; a decode step writes one position. With
+``cache_slots`` (int [B, L]) the new keys/values are scattered to those slots instead and the
+caller's :class:`~animegamer_jax.models.attention.AttentionMask` says which slots hold which
+positions (``k_pos``, ``kv_valid``): the MLLM's turn-granular rolling buffer (game/real.py).
 
 Shapes: B batch, L query length, S key length, D model width, N query heads, K kv heads,
 H head dim, F MLP width, V vocab.
@@ -215,7 +218,8 @@ class DecoderLayer(nnx.Module):
         cache_index: jax.Array | None,
         dropout_rng: jax.Array | None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x [B, L, D] -> ([B, L, D], updated (k, v) [B, S, K, H] or None)."""
+        """x [B, L, D] -> ([B, L, D], updated (k, v) [B, S, K, H] or None). ``cache_index``: int32
+        scalar (contiguous write at that index) or [B, L] slots (scattered write)."""
         cfg = self.cfg
         keys = [None] * 7 if dropout_rng is None else list(jax.random.split(dropout_rng, 7))
         h = self.input_layernorm(x)
@@ -227,8 +231,13 @@ class DecoderLayer(nnx.Module):
         new_kv = None
         if cache_kv is not None:
             ck, cv = cache_kv
-            ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
-            cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
+            if jnp.ndim(cache_index) == 2:  # scattered slots [B, L]
+                rows = jnp.arange(ck.shape[0])[:, None]
+                ck = ck.at[rows, cache_index].set(k.astype(ck.dtype))
+                cv = cv.at[rows, cache_index].set(v.astype(cv.dtype))
+            else:
+                ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, cache_index, 0, 0))
+                cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, cache_index, 0, 0))
             new_kv = (ck, cv)
             k, v = ck.astype(q.dtype), cv.astype(q.dtype)
         o = attention(q, k, v, mask, implementation=cfg.attention_impl)
@@ -299,6 +308,7 @@ class Mistral(nnx.Module):
         cache: KVCache | None = None,
         return_logits: bool = True,
         dropout_rng: jax.Array | None = None,
+        cache_slots: jax.Array | None = None,
     ) -> MistralOutput:
         """Runs the decoder.
 
@@ -314,12 +324,16 @@ class Mistral(nnx.Module):
             returned cache has ``length + L``. Keys past the new length are masked.
           return_logits: False skips the lm_head (pass B of the MLLM needs hidden states only).
           dropout_rng: PRNG key enabling LoRA dropout; None = deterministic.
+          cache_slots: int [B, L] cache slots the new keys/values go to (with ``cache``): then
+            ``positions`` and an AttentionMask with ``q_pos``, ``k_pos`` and ``kv_valid`` of every
+            slot are required, no length-based validity is added and ``cache.length`` is kept.
 
         Returns:
           :class:`MistralOutput` (logits [B, L, V] float32, hidden [B, L, D], cache).
 
         Raises:
-          ValueError: both or neither of input_ids / inputs_embeds; a prompt longer than the cache.
+          ValueError: both or neither of input_ids / inputs_embeds; a prompt longer than the cache;
+            ``cache_slots`` without a cache, positions or a full AttentionMask.
         """
         cfg = self.cfg
         if (input_ids is None) == (inputs_embeds is None):
@@ -327,6 +341,12 @@ class Mistral(nnx.Module):
         x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds.astype(_dtype(cfg.dtype))
         x = pmesh.constrain(x, ("act_batch", "act_length", "act_embed"))
         b, l = x.shape[:2]
+        if cache_slots is not None:
+            am = attention_mask
+            if (cache is None or positions is None or not isinstance(am, attn.AttentionMask)
+                    or am.q_pos is None or am.k_pos is None or am.kv_valid is None):
+                raise ValueError("Mistral: cache_slots needs a cache, positions and an AttentionMask with "
+                                 "q_pos, k_pos and kv_valid")
         start = jnp.zeros((), jnp.int32) if cache is None else cache.length
         if positions is None:
             positions = jnp.broadcast_to(start + jnp.arange(l, dtype=jnp.int32), (b, l))
@@ -339,7 +359,7 @@ class Mistral(nnx.Module):
             if l > s:
                 raise ValueError(f"Mistral: {l} tokens do not fit a KV cache of {s} positions")
             k_pos = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-            valid = k_pos < start + l
+            valid = None if cache_slots is not None else k_pos < start + l
         q_pos = jnp.broadcast_to(start + jnp.arange(l, dtype=jnp.int32), (b, l))
         if attention_mask is None:
             mask = attn.causal_mask(cfg.window)
@@ -361,14 +381,15 @@ class Mistral(nnx.Module):
         def body(carry: jax.Array, xs: Any) -> tuple[jax.Array, Any]:
             st, kv, key = xs
             layer = nnx.merge(graphdef, st)
-            y, new_kv = layer(carry, positions, mask, kv, start, key)
+            y, new_kv = layer(carry, positions, mask, kv, start if cache_slots is None else cache_slots, key)
             return y, new_kv
 
         body = remat_lib.remat(body, cfg.remat)
         kv_in = None if cache is None else (cache.k, cache.v)
         x, kv_out = jax.lax.scan(body, x, (layer_state, kv_in, layer_keys))
         hidden = self.norm(x)
-        new_cache = None if cache is None else KVCache(kv_out[0], kv_out[1], start + l)
+        new_len = start + l if cache_slots is None else start
+        new_cache = None if cache is None else KVCache(kv_out[0], kv_out[1], new_len)
         return MistralOutput(self.logits(hidden) if return_logits else None, hidden, new_cache)
 
 
