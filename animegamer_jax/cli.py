@@ -193,3 +193,30 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
         raise UsageError(f"expected {' '.join(positional)}, got {rest[1:] or 'nothing'}. "
                          f"Usage: {argv[0]} {' '.join(positional)} [flags]; see --help")
     return fv, rest[1:]
+
+
+def run_command(prog: str, argv: Sequence[str] | None, define: Callable[[object, list[str]], None], doc: str,
+                positional: Sequence[str], body: Callable[..., int],
+                errors: tuple[type[BaseException], ...] = ()) -> int:
+    """The ``main(argv)`` of a command with positional arguments (``convert clip SRC OUT``): parses
+    ``[prog, *argv]`` with :func:`parse_flags` and returns ``body(flag_values, *positional_values)``.
+
+    Args:
+      prog: the program as the usage line shows it (``"python -m animegamer_jax.convert clip"``).
+      argv: the arguments after the program; None: ``sys.argv[1:]``.
+      define, doc, positional: as for :func:`parse_flags`.
+      body: the command itself; returns the exit status. It may raise :class:`UsageError` for a
+        check of its own (a flag that is required).
+      errors: further exception types that ``body`` raises for a bad input (a missing file): each
+        is reported as one ``error: ...`` line on stderr, exit status 2, like a bad command line.
+
+    Returns:
+      ``body``'s exit status, or 2 after printing ``error: <message>`` to stderr on a
+      :class:`UsageError` (or one of ``errors``). ``--help`` raises ``SystemExit(0)``.
+    """
+    try:
+        f, rest = parse_flags([prog, *(sys.argv[1:] if argv is None else argv)], define, doc, positional=positional)
+        return body(f, *rest)
+    except (UsageError, *errors) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

@@ -48,6 +48,8 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
         (["dit", "migrate", "only_src"], "expected SRC DST"),
         (["clip", "a", "b", "--vision_only"], "Unknown command line flag 'vision_only'"),
         (["check-release", "dst"], "expected DST CASE.npz"),
+        (["check-release", str(tmp_path / "dst"), str(tmp_path / "nope.npz")], "case file not found"),
+        (["dit", "migrate", str(tmp_path / "nope"), str(tmp_path / "out")], "is not a system checkpoint"),
     ]
     for argv, want in cases:
         assert cli.main(argv) == 2, argv

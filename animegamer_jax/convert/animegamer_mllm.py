@@ -38,18 +38,15 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import json
-    import sys
-
     from animegamer_jax import cli
 
-    try:
-        f, (bin_path, dst) = cli.parse_flags(["python -m animegamer_jax.convert animegamer-mllm",
-                                              *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
-                                             positional=("BIN", "DST"))
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("python -m animegamer_jax.convert animegamer-mllm", argv, _define_flags, _CLI_DOC,
+                           ("BIN", "DST"), _convert)
+
+
+def _convert(f, bin_path: str, dst: str) -> int:
+    import json
+
     cfg = MLLMConfig.from_config(f.config, param_dtype=f.param_dtype, dtype=f.param_dtype, lora_rank=0)
     sd = load_state_dict(bin_path)
     print(f"{len(sd)} keys in {bin_path}; first: {sorted(sd)[:5]}")

@@ -202,14 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     from animegamer_jax import cli
     from animegamer_jax.game.system import CheckpointError
 
-    try:
-        _, (dst, case) = cli.parse_flags(["python -m animegamer_jax.convert check-release",
-                                          *(sys.argv[1:] if argv is None else argv)], lambda fv, argv: None,
-                                         __doc__, positional=("DST", "CASE.npz"))
-        stages = check_release(dst, case)
-    except (cli.UsageError, FileNotFoundError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("python -m animegamer_jax.convert check-release", argv, lambda fv, argv: None, __doc__,
+                           ("DST", "CASE.npz"), _report, errors=(FileNotFoundError, CheckpointError))
+
+
+def _report(_, dst: str, case: str) -> int:
+    """Runs :func:`check_release` and prints its verdict line; the exit status of :func:`main`."""
+    stages = check_release(dst, case)
     ok = all(s.ok for s in stages)
     name = str(case).rstrip("/").rsplit("/", 1)[-1]
     print(f"{name}: {'all stages hold' if ok else 'FAILED: ' + ', '.join(s.name for s in stages if not s.ok)}")

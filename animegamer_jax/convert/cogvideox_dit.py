@@ -48,14 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["migrate"]:
         return _migrate_main(argv[1:])
-    try:
-        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert dit", *argv], _define_flags, _CLI_DOC,
-                                        positional=("SRC", "DST"))
-        if f.kind is None:
-            raise cli.UsageError("--kind is required: --kind=sat (SAT engine) or --kind=diffusers")
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("python -m animegamer_jax.convert dit", argv, _define_flags, _CLI_DOC,
+                           ("SRC", "DST"), _convert)
+
+
+def _convert(f, src: str, dst: str) -> int:
+    from animegamer_jax import cli
+
+    if f.kind is None:
+        raise cli.UsageError("--kind is required: --kind=sat (SAT engine) or --kind=diffusers")
     cfg = DiTConfig.from_config(f.config.dit)
     extras = cd.convert(f.kind, src, dst, cfg)
     with paths.as_path(paths.join(dst, "dit_extras.npz")).open("wb") as fh:
@@ -67,25 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 def _migrate_main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m animegamer_jax.convert dit migrate SRC DST`` (also ``python -m
     animegamer_jax.convert.cogvideox_dit migrate SRC DST``); returns the exit status."""
-    import sys
+    from animegamer_jax import cli, system_checkpoint
 
-    from animegamer_jax import cli
-
-    try:
-        _, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert dit migrate", *(argv or [])],
-                                        lambda fv, argv: None,
-                                        "Rewrites a system checkpoint's DiT into the NNX block layout (SRC, DST: "
-                                        "system checkpoint folders, local or gs://; DST must not exist).",
-                                        positional=("SRC", "DST"))
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
+    def migrate(_, src: str, dst: str) -> int:
         print(f"wrote {cd.migrate_system_checkpoint(src, dst)}")
-    except cd.ConversionError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+        return 0
+
+    return cli.run_command("python -m animegamer_jax.convert dit migrate", argv or [], lambda fv, argv: None,
+                           "Rewrites a system checkpoint's DiT into the NNX block layout (SRC, DST: system "
+                           "checkpoint folders, local or gs://; DST must not exist).", ("SRC", "DST"), migrate,
+                           errors=(cd.ConversionError, system_checkpoint.SystemCheckpointError))
 
 
 if __name__ == "__main__":

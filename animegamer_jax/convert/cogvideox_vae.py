@@ -33,17 +33,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import sys
-
     from animegamer_jax import cli
 
-    try:
-        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert vae",
-                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
-                                        positional=("SRC", "DST"))
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("python -m animegamer_jax.convert vae", argv, _define_flags, _CLI_DOC,
+                           ("SRC", "DST"), _convert)
+
+
+def _convert(f, src: str, dst: str) -> int:
     cv.convert(src, dst, VAEConfig.from_config(f.config.vae), f.format)
     print(f"wrote {dst}")
     return 0

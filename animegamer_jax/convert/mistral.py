@@ -29,17 +29,13 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import sys
-
     from animegamer_jax import cli
 
-    try:
-        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert mistral",
-                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
-                                        positional=("SRC", "DST"))
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("python -m animegamer_jax.convert mistral", argv, _define_flags, _CLI_DOC,
+                           ("SRC", "DST"), _convert)
+
+
+def _convert(f, src: str, dst: str) -> int:
     over: dict[str, Any] = {"param_dtype": f.param_dtype, "dtype": f.param_dtype}
     if f.vocab_size:
         over["vocab_size"] = f.vocab_size

@@ -802,19 +802,17 @@ def main(argv: list[str] | None = None) -> int:
     and ``train --config.train.init_checkpoint`` read. Exit status 1 with one line per problem, 2
     on a bad command line.
     """
+    from animegamer_jax import cli
+
+    return cli.run_command("python -m animegamer_jax.convert release", argv, _define_flags, __doc__,
+                           ("SRC", "DST"), _convert)
+
+
+def _convert(f, src: str, dst: str) -> int:
     import sys
 
     from ml_collections import config_flags
 
-    from animegamer_jax import cli
-
-    try:
-        f, (src, dst) = cli.parse_flags(["python -m animegamer_jax.convert release",
-                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, __doc__,
-                                        positional=("SRC", "DST"))
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     global ALLOW_PICKLE
     ALLOW_PICKLE = bool(f.allow_pickle)
     config, config_path = f.config, config_flags.get_config_filename(f["config"])

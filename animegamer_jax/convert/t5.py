@@ -32,18 +32,15 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    import json
-    import sys
-
     from animegamer_jax import cli
 
-    try:
-        f, (src, out) = cli.parse_flags(["python -m animegamer_jax.convert t5",
-                                         *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC,
-                                        positional=("SRC", "OUT"))
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("python -m animegamer_jax.convert t5", argv, _define_flags, _CLI_DOC,
+                           ("SRC", "OUT"), _convert)
+
+
+def _convert(f, src: str, out: str) -> int:
+    import json
+
     if f.hf_config:
         cfg = ct.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
     else:
