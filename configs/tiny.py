@@ -66,16 +66,15 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.history_window = 3
 
     c.dit.time_embed_dim = 32
-    c.dit.in_channels = 4  # = vae.latent_channels
-    c.dit.out_channels = 4
+    c.dit.in_channels = 16  # = vae.latent_channels
+    c.dit.out_channels = 16
     c.dit.lora_rank = 4
     c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
 
-    # 4 latent channels: the shape of the shipped checkpoints/tiny_system (random VAE). Its trained
-    # successor uses CogVideoX's 16 (41x compression instead of 163x): train it with
-    # TINY16 = --config.vae.latent_channels=16 --config.dit.in_channels=16 --config.dit.out_channels=16
-    # (README "Train the tiny system"); these become the defaults once that system ships.
-    c.vae.latent_channels = 4
+    # CogVideoX's 16 latent channels (8x spatial, 4x temporal compression: 64x96 -> 8x12x16 latents),
+    # the shape of the shipped checkpoints/tiny_system, whose VAE the "vae" phase trained. (The first
+    # shipped system, commit f3d25f0, had 4 channels and a random VAE.)
+    c.vae.latent_channels = 16
     c.vae.block_out_channels = (8, 16, 16, 32)
     c.vae.norm_num_groups = 4
 
@@ -91,7 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     # autoencoder on the sample clips (phase "vae"): single frames at 64x96, then 9-frame clips on
     # 32x48 crops, then 9-frame clips at 64x96 (each stage compiles its own step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    c.train.pipeline_steps = (8000, 200, 1500, 1500, 500)
+    c.train.pipeline_steps = (8000, 200, 6000, 4000, 500)  # the shipped checkpoints/tiny_system (README)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
     c.train.vae_curriculum = ((0, 1, 64, 96), (3000, 9, 32, 48), (6000, 9, 64, 96))
     c.train.vae_windows_per_clip = 4
