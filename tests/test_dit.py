@@ -495,7 +495,8 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
 
         cfg = apply_mode(load_config("configs/tiny.py", [
             "dit.hidden_size=32", "dit.num_heads=2", "dit.head_dim=16", "dit.time_embed_dim=16", "dit.lora_rank=0",
-            "dit.num_latent_frames=2", "dit.sample_height=8", "dit.sample_width=8", "dit.attention_impl=blockwise",
+            # 4 latent channels: keeps the replicated patch embedding / proj_out small beside the sharded blocks
+            "dit.in_channels=4", "dit.out_channels=4", "dit.num_latent_frames=2", "dit.sample_height=8", "dit.sample_width=8", "dit.attention_impl=blockwise",
             "rep.dim=32", "rep.num_text_tokens=4", "rep.num_image_tokens=4", "diffusion.num_sampling_steps=2"]))
         g, st = nnx.split(CogVideoXDiT(DiTConfig.from_config(cfg.dit, text_length=8), rngs=nnx.Rngs(0)))
         sample = dit_sampler(g, cfg)  # 8 text + 2 x 4 x 4 = 40 tokens
