@@ -201,7 +201,10 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     events = sorted(p for p in gcs.ls("bucket/run/tensorboard") if "tfevents" in p)
     assert len(events) == 2  # one event file per process
     losses = metrics.read_scalars("gs://bucket/run/tensorboard")["loss"]
-    assert {s for s, _ in losses} == {1, 2, 3} and max(s for s, _ in losses[:1]) == 1
+    # The resumed process logs every step after the newest committed one. The killed process's
+    # summaries of the steps before it may be lost: SIGKILL leaves no chance to flush the event file.
+    logged = {s for s, _ in losses}
+    assert set(range(max(killed_at) + 1, 4)) <= logged <= {1, 2, 3}, (killed_at, logged)
     t_resume = time.perf_counter() - t0
 
     # 3. play the trained system from gs:// into gs:// (the script on gs:// too)
