@@ -250,6 +250,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.init_checkpoint = ""  # system checkpoint dir (converted weights or an earlier phase) to start from
     c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
+    c.train.dit_trainable = "paper"  # phase a2's DiT set: "paper" (LoRA + flow_embed + block adaLN) or "all" (toy DiT from scratch)
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
     c.train.remat = "full"  # training: remat policy of every MLLM / DiT block scan (overrides mllm.remat / dit.remat unless "none")
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step

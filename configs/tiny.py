@@ -97,6 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The VAE trains on the 7 back-to-back 2 s clips of the sample film (data/README.md); the film
     # frames between them are its held-out set (python -m animegamer_jax.eval.vae).
     c.train.vae_dataset_dir = "data/prepared/tiny_vae"
+    # No pretrained CogVideoX exists at toy size either: phase a2 trains every DiT parameter (a LoRA on a
+    # random DiT draws noise, the first retrained system's blocky frames); a1 and c keep the paper's sets.
+    c.train.dit_trainable = "all"
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0

@@ -128,12 +128,20 @@ def _under(prefix: str, inner: Any = None) -> Any:
     return f
 
 
-def trainable_filter(phase: str) -> Any:
+def trainable_filter(phase: str, dit_trainable: str = "paper") -> Any:
     """NNX filter of the variables trained in ``phase`` (paths are relative to :class:`TrainModel`).
 
+    ``dit_trainable`` (``config.train.dit_trainable``) picks the DiT set of phase a2: ``"paper"``
+    trains the paper's / release's set (LoRA + ``flow_embed`` + block adaLN on top of the pretrained
+    CogVideoX); ``"all"`` trains every DiT parameter, for toy configs that have no pretrained
+    CogVideoX to adapt (configs/tiny.py: a random base under LoRA draws noise). Phases a1 and c keep
+    their sets either way.
+
     Raises:
-      ValueError: unknown phase.
+      ValueError: unknown phase or ``dit_trainable``.
     """
+    if dit_trainable not in ("paper", "all"):
+        raise ValueError(f"train.dit_trainable={dit_trainable!r}; use 'paper' or 'all'")
     from animegamer_jax.models.cogvideox import dit as cogvideox_dit
     from animegamer_jax.models.mistral import mllm
 
@@ -141,6 +149,8 @@ def trainable_filter(phase: str) -> Any:
         flow = lambda path, v: isinstance(v, nnx.Param) and "flow_embed" in {str(p) for p in path}  # noqa: E731
         return nnx.Any(_under("shot_encoder"), _under("dit", flow))
     if phase == "a2":
+        if dit_trainable == "all":
+            return nnx.Any(_under("shot_encoder"), _under("dit"))
         return nnx.Any(_under("shot_encoder"), _under("dit", cogvideox_dit.trainable_filter("joint")))
     if phase == "b":
         return _under("mllm", mllm.trainable_filter)
@@ -343,7 +353,8 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
         phase=phase, components=comps,
         model_fn=lambda: TrainModel(tcfg, comps, rngs=nnx.Rngs(seed)),
         loss_fn=lambda model, batch, rng: loss(model, batch, rng, config),
-        trainable=trainable_filter(phase), outputs=PHASE_OUTPUTS[phase])
+        trainable=trainable_filter(phase, str(config.train.get("dit_trainable", "paper"))),
+        outputs=PHASE_OUTPUTS[phase])
 
 
 # ---------------------------------------------------------------------------------------------
