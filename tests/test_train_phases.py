@@ -108,6 +108,29 @@ def test_trainable_sets_and_errors():
                                   np.asarray(flow_value(levels, tuple(cfg.dit.flow_table))))
 
 
+def test_a2_dit_trainable_all_vs_paper():
+    """configs/tiny.py trains the whole DiT in a2 (no pretrained CogVideoX at toy size); "paper" keeps
+    the release's LoRA + flow + block adaLN subset; a1 and c do not change."""
+    from flax import nnx
+
+    cfg = test_config("a2")
+    assert cfg.train.dit_trainable == "all"
+    spec = phases.phase_spec(cfg, "a2")
+    model = spec.model_fn()
+
+    def count(f):
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, f)))
+
+    enc, dit = count(phases._under("shot_encoder")), count(phases._under("dit"))
+    assert count(spec.trainable) == enc + dit
+    paper = count(phases.trainable_filter("a2", "paper"))
+    assert enc < paper < enc + dit
+    for ph in ("a1", "c"):
+        assert count(phases.trainable_filter(ph, "all")) == count(phases.trainable_filter(ph, "paper"))
+    with pytest.raises(ValueError, match="dit_trainable='lora'"):
+        phases.trainable_filter("a2", "lora")
+
+
 def test_mllm_batch_builder_layout():
     cfg = test_config("c")
     b = phases.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
