@@ -12,8 +12,8 @@ function (softmax in float32):
     operands, 4-D scores, the scale folded into q). The fastest path on XLA:CPU at the project's
     sizes (``python -m benchmarks compare --pieces attention`` times every kernel beside torch's SDPA).
 ``"xla"``
-    ``jax.nn.dot_product_attention(implementation="xla")`` (dense; its ``BTNH`` einsums run 2-3x
-    slower than ``"dense"`` on XLA:CPU).
+    ``jax.nn.dot_product_attention(implementation="xla")`` (dense; slower than ``"dense"`` on
+    XLA:CPU at the benchmark's sizes).
 ``"blockwise"``
     Memory-efficient attention (Rabe & Staats 2021, "Self-attention does not need O(n^2)
     memory"; the online softmax of FlashAttention, Dao et al. 2022): queries in blocks of
@@ -247,8 +247,8 @@ def _dense(q, k, v, bias, mask: AttentionMask, scale):
 def _dense_block(q, k, v, bias, mask: AttentionMask, scale):
     """The reference's function laid out for plain GEMMs: head-major operands, the G query heads of
     a K/V head stacked along the query axis ([B, K, G*L, H]), the scale folded into q, and 4-D
-    scores [B, K, G*L, S] (a 5-D score tensor or jax.nn.dot_product_attention's BTNH einsums took
-    2-2.7x as long on XLA:CPU at the DiT's medium shape; ``python -m benchmarks compare --pieces attention``)."""
+    scores [B, K, G*L, S]: on XLA:CPU a 5-D score tensor, or jax.nn.dot_product_attention's BTNH
+    einsums, are slower (``python -m benchmarks compare --pieces attention`` times "xla" beside "dense")."""
     b, l, n, h = q.shape
     s = k.shape[1]
     kh, g = _group(q, k)
