@@ -1,6 +1,6 @@
 """The benchmark runner: JAX vs the PyTorch references side by side, reproducibly.
 
-    python -m benchmarks compare [--sizes tiny,medium] [--pieces dit,vae,mistral_prefill,mistral_generate]
+    python -m benchmarks compare [--sizes tiny,medium] [--pieces dit,attention,vae,mistral_prefill,mistral_generate]
                                  [--rounds 7] [--threads 2] [--out compare_torch.json]
     python -m benchmarks aot [aot_full_size.py flags]     # compiled per-device memory / FLOPs tables
     python -m benchmarks mllm_cache [--sizes tiny,medium] [--turn 5] [--window 3] [--rounds 7] [--threads 2]
@@ -59,7 +59,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-PIECES = ("dit", "vae", "mistral_prefill", "mistral_generate")
+PIECES = ("dit", "attention", "vae", "mistral_prefill", "mistral_generate")
 
 #: per size: config overrides of configs/tiny.py for each piece, and the Mistral prompt / new tokens
 SIZES = {
@@ -167,6 +167,23 @@ def compare(args) -> int:
             q = cfg.rep.num_text_tokens + cfg.rep.num_image_tokens
             add("DiT forward", f"{d.num_layers} layers, {d.num_heads}x{d.head_dim} heads, batch 2, {vid} video + {q} "
                 f"text tokens", r["fns"], f"max abs diff {r['max_abs_diff']:.1e}", r["compile_s"])
+        if "attention" in pieces:
+            cfg = load_config(args.config, spec["dit"])
+            d = cfg.dit
+            l = (d.num_latent_frames * (d.sample_height // d.patch_size) * (d.sample_width // d.patch_size)
+                 + cfg.rep.num_text_tokens + cfg.rep.num_image_tokens)
+            r = ct.bench_attention(2, l, d.num_heads, d.num_heads, d.head_dim, False, 3)
+            var = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["variants"].items())
+            add("attention (DiT)", f"batch 2, {l} tokens, {d.num_heads}x{d.head_dim} heads; auto -> {r['chosen']} "
+                f"(JAX kernels: {var})", r["fns"], f"max abs diff {r['max_abs_diff']:.1e}")
+            cfg = load_config(args.config, spec["mistral"])
+            m = cfg.mllm
+            l = spec["prompt"] or turn_length(cfg)
+            r = ct.bench_attention(1, l, m.num_heads, m.num_kv_heads, m.head_dim, True, 3)
+            var = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["variants"].items())
+            add("attention (Mistral prefill)", f"batch 1, {l} tokens causal, {m.num_heads}/{m.num_kv_heads}x"
+                f"{m.head_dim} heads; auto -> {r['chosen']} (JAX kernels: {var})", r["fns"],
+                f"max abs diff {r['max_abs_diff']:.1e}")
         if "vae" in pieces:
             cfg = load_config(args.config, spec["vae"])
             r = ct.bench_vae(cfg, 1, tmp)

@@ -8,6 +8,9 @@ from the torch model through OUR converters (so outputs must agree), and returns
 (``"fns"``: JAX, torch), the JAX compile time and the output check:
   bench_dit       CogVideoXDiT (jit)  vs diffusers CogVideoXTransformer3DModel (CFG batch 2, fp32)
   bench_vae       CogVideoXVAE.decode vs diffusers AutoencoderKLCogVideoX.decode (diffusers' chunk plan)
+  bench_attention models/attention.py dot_product_attention (the "auto" kernel; every CPU kernel
+                  timed once more in "variants") vs torch scaled_dot_product_attention, at the DiT's
+                  joint sequence of the config (batch 2, no mask) or a causal GQA prompt
   bench_mistral   greedy generate with KV cache (jit per step) vs transformers
                   MistralForCausalLM.generate(do_sample=False, use_cache=True); ``"pass_b"``: the
                   prompt forward without logits on both sides (prefill)
@@ -124,6 +127,38 @@ def bench_vae(cfg, repeats, tmp):
     diff = float(np.abs(out_j - out_t).max()) if out_j.shape == out_t.shape else float("nan")
     return {"jax_s": jt, "torch_s": tt_s, "compile_s": compile_s, "max_abs_diff": diff,
             "fns": (lambda: jax.block_until_ready(dec(state, jnp.asarray(z))), run_t)}
+
+
+def bench_attention(b: int, l: int, n: int, kh: int, h: int, causal: bool, repeats: int):
+    """q [b, l, n, h], k/v [b, l, kh, h] fp32 random; JAX "auto" (jitted) vs torch SDPA (K/V heads
+    repeated to n, as transformers' SDPA path does). Returns the callables, the kernel "auto" chose,
+    the max |difference| and "variants": median seconds of each JAX kernel that runs on CPU."""
+    from animegamer_jax.models import attention as A
+
+    r = np.random.RandomState(0)
+    q = r.randn(b, l, n, h).astype(np.float32)
+    k, v = (r.randn(b, l, kh, h).astype(np.float32) for _ in range(2))
+    mask = A.causal_mask() if causal else None
+    qj, kj, vj = map(jnp.asarray, (q, k, v))
+
+    def jitted(impl):
+        return jax.jit(lambda q, k, v: A.dot_product_attention(q, k, v, mask=mask, implementation=impl))
+
+    fns = {impl: jitted(impl) for impl in ("auto", "reference", "dense", "xla", "blockwise")}
+    outs = {impl: np.asarray(jax.block_until_ready(f(qj, kj, vj))) for impl, f in fns.items()}
+    qt, kt, vt = (torch.tensor(x).transpose(1, 2) for x in (q, k, v))
+    kt, vt = kt.repeat_interleave(n // kh, 1), vt.repeat_interleave(n // kh, 1)
+
+    def run_t():
+        with torch.no_grad():
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    out_t = run_t().transpose(1, 2).numpy()
+    variants = {impl: _median(lambda f=f: jax.block_until_ready(f(qj, kj, vj)), max(repeats, 3))
+                for impl, f in fns.items() if impl != "auto"}
+    return {"fns": (lambda: jax.block_until_ready(fns["auto"](qj, kj, vj)), run_t),
+            "chosen": A.resolve("auto", qj, kj, mask=mask), "variants": variants,
+            "max_abs_diff": max(float(np.abs(o - out_t).max()) for o in outs.values())}
 
 
 def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):

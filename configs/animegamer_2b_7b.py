@@ -87,7 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.clip.layer_norm_eps = 1e-5  # LayerNorm eps
     c.clip.dtype = "bfloat16"  # compute dtype (release runs fp16)
     c.clip.remat = "none"  # remat policy of both towers' block scans (models/remat.py)
-    c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "xla", "blockwise", "cudnn", "splash"
+    c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "dense", "xla", "blockwise", "cudnn", "splash"
 
     # ---- T5-v1.1-XXL encoder, frozen (docs/encoders.md#t5-action-text) ----
     c.t5 = ml_collections.ConfigDict()
@@ -134,6 +134,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.max_new_tokens = 11  # state tokens after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (docs/token_layout.md#state-fields)
     c.mllm.remat = "none"  # remat policy of the decoder-layer scan: none | full | save_dots | offload_dots (models/remat.py)
     c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
+    c.mllm.decode_layers = "auto"  # Mistral prefill/decode_step: "scan", "unstacked" (per-layer weights, XLA:CPU), "auto" (unstacked on CPU)
 
     # ---- decoder D_a: CogVideoX-2B DiT (docs/dit.md) ----
     c.dit = ml_collections.ConfigDict()

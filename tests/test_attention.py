@@ -60,8 +60,8 @@ def attend(q, k, v, impl, mask=None, bias=None, scale=None, **kw):
     return f(q, k, v, mask, bias)
 
 
-# every mask through the blockwise kernel; the dense XLA path (jax's own kernel) on the two richest
-@pytest.mark.parametrize("name,impl", [(n, "blockwise") for n in MASKS]
+# every mask through the blockwise and the dense (CPU auto) kernels; jax's own XLA kernel on the richest
+@pytest.mark.parametrize("name,impl", [(n, "blockwise") for n in MASKS] + [(n, "dense") for n in MASKS]
                          + [("hybrid_block_padding", "xla"), ("dense", "xla"), ("turn_window", "xla")])
 def test_kernel_matches_reference(qkv, name, impl):
     q, k, v = qkv
@@ -134,8 +134,24 @@ def test_bias_paths_match_reference(qkv):
     ref = attend(q, k, v, "reference", m, bias, 1.0)
     out = attend(q, k, v, "blockwise", m, bias, 1.0, block_q=16, block_k=32)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
-    out = attend(q, k, v, "xla", m, bias, 1.0)
-    np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
+    for impl in ("xla", "dense"):
+        out = attend(q, k, v, impl, m, bias, 1.0)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
+
+
+def test_dense_gradients_match_reference(qkv):
+    """Autodiff through the dense kernel (CPU training uses it below the size limit)."""
+    q, k, v = qkv
+    m = MASKS["turn_window"]
+    w = jnp.cos(jnp.arange(B * L * N * H, dtype=jnp.float32)).reshape(B, L, N, H)
+
+    def loss(impl):
+        return lambda q, k, v: jnp.sum(w * A.dot_product_attention(q, k, v, mask=m, implementation=impl))
+
+    want = jax.jit(jax.grad(loss("reference"), argnums=(0, 1, 2)))(q, k, v)
+    got = jax.jit(jax.grad(loss("dense"), argnums=(0, 1, 2)))(q, k, v)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5, rtol=0)
 
 
 
@@ -167,6 +183,7 @@ def test_blockwise_never_materialises_scores():
 
     scores = A.score_bytes(1, n, ll, ll)  # 128 MiB
     assert temp_bytes("xla") >= scores
+    assert temp_bytes("dense") >= scores
     assert temp_bytes("blockwise") < scores / 8
 
 
@@ -174,9 +191,33 @@ def test_auto_choice_and_log(caplog):
     small = jnp.zeros((1, 64, 2, 16))
     big = jax.ShapeDtypeStruct((1, 8192, 2, 16), jnp.float32)
     with caplog.at_level(logging.INFO, logger=A.__name__):
-        assert A.resolve("auto", small, small) == "xla"
+        assert A.resolve("auto", small, small) == "dense"
         assert A.resolve(None, big, big) == "blockwise"
     assert any("attention auto -> blockwise" in r.getMessage() for r in caplog.records)
     assert A.resolve("blockwise", small, small) == "blockwise"
     with pytest.raises(ValueError, match="implementation"):
         A.resolve("flash9", small, small)
+
+
+@pytest.mark.parametrize("mask_kind", ["causal", "window_padding", "turn_window"])
+def test_dense_causal_blocks_match_reference(mask_kind):
+    """At >= CAUSAL_SPLIT_MIN queries with default positions "dense" runs causal query blocks
+    (keys past each block skipped); the result is the reference's, with and without a T5-style bias."""
+    ll = A.CAUSAL_SPLIT_MIN + 45
+    r = np.random.default_rng(4)
+    q = jnp.asarray(r.normal(size=(B, ll, N, H)), jnp.float32)
+    k = jnp.asarray(r.normal(size=(B, ll, K, H)), jnp.float32)
+    v = jnp.asarray(r.normal(size=(B, ll, K, H)), jnp.float32)
+    valid = jnp.asarray(np.arange(ll)[None] < np.array([[ll], [ll - 40]]))
+    seg = jnp.asarray(np.minimum(np.arange(ll) // 37, 9)[None].repeat(B, 0), jnp.int32)
+    m = {"causal": A.causal_mask(), "window_padding": A.causal_mask(50, kv_valid=valid),
+         "turn_window": A.causal_mask(q_seg=seg, k_seg=seg, seg_window=2, kv_valid=valid)}[mask_kind]
+    assert A._causal_blocks(m, ll, ll) == A.CAUSAL_BLOCKS
+    bias = jnp.asarray(r.normal(size=(1, N, ll, ll)), jnp.float32)
+    for b in (None, bias):
+        ref = attend(q, k, v, "reference", m, b)
+        out = attend(q, k, v, "dense", m, b)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
+    # explicit positions (a KV cache) or a bidirectional block keep one block
+    assert A._causal_blocks(m.replace(q_pos=jnp.arange(ll)[None]), ll, ll) == 1
+    assert A._causal_blocks(A.causal_mask(block_first=jnp.array([3, 3]), block_last=jnp.array([9, 9])), ll, ll) == 1

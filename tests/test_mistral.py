@@ -133,6 +133,35 @@ def test_cached_greedy_equals_uncached(window_pair):
     assert mst._decode_step._cache_size() == n_exec + 1  # one executable for all 15 decode steps
 
 
+def test_unstacked_decode_equals_scanned(window_pair):
+    """``decode_layers="unstacked"`` (CPU's "auto": per-layer weights split once, looped) generates the
+    scanned path's tokens and logits; the split is reused until the stacked weights change."""
+    _, ours = window_pair
+    prompt = jnp.asarray(np.random.RandomState(3).randint(0, VOCAB, (2, 6)))
+    gd, st = nnx.split(ours)
+    scan = nnx.merge(gd, st)
+    scan.cfg = dataclasses.replace(ours.cfg, decode_layers="scan")
+    unst = nnx.merge(gd, st)
+    unst.cfg = dataclasses.replace(ours.cfg, decode_layers="unstacked")
+    assert mst.unstacked_layers(scan) is None
+    per = mst.unstacked_layers(unst)
+    assert len(per) == ours.cfg.num_layers and mst.unstacked_layers(unst) is per  # split once
+    t_scan, l_scan = mst.greedy_generate(scan, 12, input_ids=prompt, cache_len=24)
+    t_unst, l_unst = mst.greedy_generate(unst, 12, input_ids=prompt, cache_len=24)
+    np.testing.assert_array_equal(np.asarray(t_unst), np.asarray(t_scan))
+    np.testing.assert_allclose(np.asarray(l_unst), np.asarray(l_scan), atol=1e-5, rtol=0)
+    q = unst.layers.q_proj.kernel
+    q.value = q.value * 2.0  # a weight update: the cached split is stale and must be redone
+    per2 = mst.unstacked_layers(unst)
+    assert per2 is not per
+    np.testing.assert_allclose(np.asarray(jax.tree.leaves(per2)[0]),
+                               np.asarray(jax.tree.leaves(nnx.state(unst.layers))[0][0]))
+    with pytest.raises(ValueError, match="decode_layers"):
+        bad = nnx.merge(gd, st)
+        bad.cfg = dataclasses.replace(ours.cfg, decode_layers="loop")
+        mst.unstacked_layers(bad)
+
+
 def _lora_cfg(rank=4):
     return mst.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                              num_kv_heads=2, head_dim=8, sliding_window=None, dtype="float32",

@@ -7,8 +7,13 @@ function (softmax in float32):
 ``"reference"``
     Plain einsum + softmax over the full ``[B, N, L, S]`` score tensor. The specification every
     other path is tested against.
+``"dense"``
+    The same function as the reference laid out for plain GEMMs (head-major ``[B, K, G*L, H]``
+    operands, 4-D scores, the scale folded into q). The fastest path on XLA:CPU at the project's
+    sizes (``python -m benchmarks compare --pieces attention`` times every kernel beside torch's SDPA).
 ``"xla"``
-    ``jax.nn.dot_product_attention(implementation="xla")`` (dense; what XLA fuses best at small L).
+    ``jax.nn.dot_product_attention(implementation="xla")`` (dense; slower than ``"dense"`` on
+    XLA:CPU at the benchmark's sizes).
 ``"blockwise"``
     Memory-efficient attention (Rabe & Staats 2021, "Self-attention does not need O(n^2)
     memory"; the online softmax of FlashAttention, Dao et al. 2022): queries in blocks of
@@ -28,7 +33,7 @@ function (softmax in float32):
     mode (any backend; used by the CPU tests).
 ``"auto"``
     GPU: cuDNN when the dtype/head size allow it, else blockwise. TPU: splash when the mask
-    allows it, else blockwise. Other backends (CPU): the dense XLA path while the fp32 score
+    allows it, else blockwise. Other backends (CPU): ``"dense"`` while the fp32 score
     tensor of one call stays under ``dense_limit_bytes`` (XLA:CPU runs small dense attention
     faster than a loop of tiles), blockwise above. The choice is logged once per distinct
     (backend, implementation, shape) at INFO level.
@@ -68,7 +73,7 @@ import jax.numpy as jnp
 Array = jax.Array
 log = logging.getLogger(__name__)
 
-IMPLEMENTATIONS = ("auto", "reference", "xla", "blockwise", "cudnn", "splash")
+IMPLEMENTATIONS = ("auto", "reference", "dense", "xla", "blockwise", "cudnn", "splash")
 #: fp32 score bytes of one call below which ``auto`` keeps the dense XLA path off GPU/TPU.
 DENSE_LIMIT_BYTES = 64 * 2**20
 _NEG = -1e30  # finite "minus infinity" for masked scores (exp underflows to exactly 0)
@@ -199,6 +204,71 @@ def _reference(q, k, v, bias, mask: AttentionMask, scale):
         p = jnp.where(m.any(-1)[:, None, None, :, None], p, 0.0)
     o = jnp.einsum("BKGLS,BSKH->BLKGH", p.astype(v.dtype), v, preferred_element_type=jnp.float32)
     return einops.rearrange(o, "B L K G H -> B L (K G) H").astype(q.dtype)
+
+
+#: "dense" splits a causal self-attention of at least this many queries into CAUSAL_BLOCKS query
+#: blocks, block i seeing keys [0, end of block i) only: (n + 1) / (2 n) of the score FLOPs.
+CAUSAL_SPLIT_MIN = 256
+CAUSAL_BLOCKS = 4
+
+
+def _causal_blocks(mask: AttentionMask, l: int, s: int) -> int:
+    """Query blocks for "dense": > 1 only when the mask is causal with default positions
+    (query i is key i) and nothing else lets a query see a later key (no bidirectional block,
+    no explicit dense mask), so keys past a block's last query are hidden from the whole block."""
+    if (mask.causal and l == s and l >= CAUSAL_SPLIT_MIN and mask.q_pos is None and mask.k_pos is None
+            and mask.block_first is None and mask.dense is None):
+        return CAUSAL_BLOCKS
+    return 1
+
+
+def _dense(q, k, v, bias, mask: AttentionMask, scale):
+    """:func:`_dense_block` over the whole sequence, or over causal query blocks (:func:`_causal_blocks`)."""
+    b, l = q.shape[:2]
+    s = k.shape[1]
+    nb = _causal_blocks(mask, l, s)
+    if nb == 1:
+        return _dense_block(q, k, v, bias, mask, scale)
+    kv_valid = None if mask.kv_valid is None else jnp.broadcast_to(mask.kv_valid, (b, s)).astype(bool)
+    q_seg, k_seg = mask.segments(b, l, s)
+    c = -(-l // nb)
+    outs = []
+    for lo in range(0, l, c):
+        hi = min(l, lo + c)
+        sub = mask.replace(q_pos=jnp.arange(lo, hi, dtype=jnp.int32)[None], k_pos=jnp.arange(hi, dtype=jnp.int32)[None],
+                           kv_valid=None if kv_valid is None else kv_valid[:, :hi],
+                           q_seg=None if q_seg is None else q_seg[:, lo:hi],
+                           k_seg=None if k_seg is None else k_seg[:, :hi])
+        bt = None if bias is None else jnp.broadcast_to(bias, (bias.shape[0], q.shape[2], l, s))[:, :, lo:hi, :hi]
+        outs.append(_dense_block(q[:, lo:hi], k[:, :hi], v[:, :hi], bt, sub, scale))
+    return jnp.concatenate(outs, axis=1)
+
+
+def _dense_block(q, k, v, bias, mask: AttentionMask, scale):
+    """The reference's function laid out for plain GEMMs: head-major operands, the G query heads of
+    a K/V head stacked along the query axis ([B, K, G*L, H]), the scale folded into q, and 4-D
+    scores [B, K, G*L, S]: on XLA:CPU a 5-D score tensor, or jax.nn.dot_product_attention's BTNH
+    einsums, are slower (``python -m benchmarks compare --pieces attention`` times "xla" beside "dense")."""
+    b, l, n, h = q.shape
+    s = k.shape[1]
+    kh, g = _group(q, k)
+    qt = jnp.swapaxes(q * jnp.asarray(scale, q.dtype), 1, 2).reshape(b, kh, g * l, h)  # head n = kk*G + gg
+    kt = jnp.swapaxes(k, 1, 2)  # [B, K, S, H]
+    vt = jnp.swapaxes(v, 1, 2)
+    batch = ((0, 1), (0, 1))
+    logits = jax.lax.dot_general(qt, kt, (((3,), (3,)), batch), preferred_element_type=jnp.float32)
+    if bias is not None:
+        logits = logits + jnp.broadcast_to(bias.astype(jnp.float32), (b, n, l, s)).reshape(b, kh, g * l, s)
+    m = mask.materialize(b, l, s)
+    if m is not None:
+        m = jnp.broadcast_to(m[:, None], (b, g, l, s)).reshape(b, 1, g * l, s)
+        logits = jnp.where(m, logits, _NEG)
+    p = jax.nn.softmax(logits, axis=-1)
+    if m is not None:  # fully masked rows -> 0 (the blockwise convention)
+        p = jnp.where(m.any(-1, keepdims=True), p, 0.0)
+    o = jax.lax.dot_general(p.astype(v.dtype), vt, (((3,), (2,)), batch),
+                            preferred_element_type=jnp.float32)  # [B, K, G*L, H]
+    return jnp.swapaxes(o.reshape(b, n, l, h), 1, 2).astype(q.dtype)
 
 
 def _xla(q, k, v, bias, mask: AttentionMask, scale, implementation="xla"):
@@ -485,7 +555,7 @@ def _auto(q, k, bias, mask: AttentionMask, dense_limit_bytes: int) -> str:
         return "blockwise"
     if backend == "tpu":
         return "splash" if _splash_supported(q, k, bias, mask) else "blockwise"
-    return "xla" if b * n * l * s * 4 <= dense_limit_bytes else "blockwise"
+    return "dense" if b * n * l * s * 4 <= dense_limit_bytes else "blockwise"
 
 
 def resolve(implementation: str | None, q: Array, k: Array, bias: Array | None = None,
@@ -544,6 +614,8 @@ def dot_product_attention(
     impl = resolve(implementation, q, k, bias, mask, dense_limit_bytes)
     if impl == "reference":
         return _reference(q, k, v, bias, mask, scale)
+    if impl == "dense":
+        return _dense(q, k, v, bias, mask, scale)
     if impl == "xla":
         return _xla(q, k, v, bias, mask, scale)
     if impl == "cudnn":

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -80,6 +81,11 @@ class MistralConfig:
     lora_targets: tuple[str, ...] = ALL_LORA_TARGETS
     remat: str = "none"  # models/remat.py policy of the layer scan
     attention_impl: str | None = None
+    # prefill / decode_step / greedy_generate: "scan" the stacked layers, or "unstacked": a loop over
+    # per-layer weight arrays split once per model (XLA:CPU copies each scanned layer's weight
+    # slice before its dots, 100 MB per token at the benchmark's medium size); "auto": unstacked
+    # on CPU, scan elsewhere (GPU/TPU fuse the slices). Training and __call__ always scan.
+    decode_layers: str = "auto"
 
     def __post_init__(self):
         object.__setattr__(self, "remat", remat_lib.policy_name(self.remat))
@@ -309,6 +315,7 @@ class Mistral(nnx.Module):
         return_logits: bool = True,
         dropout_rng: jax.Array | None = None,
         cache_slots: jax.Array | None = None,
+        layer_states: tuple[Any, ...] | None = None,
     ) -> MistralOutput:
         """Runs the decoder.
 
@@ -327,6 +334,9 @@ class Mistral(nnx.Module):
           cache_slots: int [B, L] cache slots the new keys/values go to (with ``cache``): then
             ``positions`` and an AttentionMask with ``q_pos``, ``k_pos`` and ``kv_valid`` of every
             slot are required, no length-based validity is added and ``cache.length`` is kept.
+          layer_states: None (scan the stacked ``layers``), or one state per layer
+            (:func:`unstacked_layers`), applied in a loop instead (the ``decode_layers="unstacked"`` path
+            of :func:`prefill` / :func:`decode_step`; same function, no weight slicing in the program).
 
         Returns:
           :class:`MistralOutput` (logits [B, L, V] float32, hidden [B, L, D], cache).
@@ -372,6 +382,8 @@ class Mistral(nnx.Module):
         for extra in (valid, None if padding_mask is None else padding_mask.astype(bool)):
             if extra is not None:
                 kv_valid = extra if kv_valid is None else kv_valid & extra
+        if cache is None:  # positions 0..L-1 on both sides: the mask's defaults (lets "dense" split causal blocks)
+            q_pos = k_pos = None
         mask = mask.replace(q_pos=q_pos if mask.q_pos is None else mask.q_pos,
                             k_pos=k_pos if mask.k_pos is None else mask.k_pos, kv_valid=kv_valid)
 
@@ -386,7 +398,19 @@ class Mistral(nnx.Module):
 
         body = remat_lib.remat(body, cfg.remat)
         kv_in = None if cache is None else (cache.k, cache.v)
-        x, kv_out = jax.lax.scan(body, x, (layer_state, kv_in, layer_keys))
+        if layer_states is None:
+            x, kv_out = jax.lax.scan(body, x, (layer_state, kv_in, layer_keys))
+        else:
+            if len(layer_states) != cfg.num_layers:
+                raise ValueError(f"Mistral: {len(layer_states)} layer states for {cfg.num_layers} layers")
+            new_k, new_v = [], []
+            for i, st in enumerate(layer_states):
+                kv = None if kv_in is None else (kv_in[0][i], kv_in[1][i])
+                x, new_kv = body(x, (st, kv, None if layer_keys is None else layer_keys[i]))
+                if new_kv is not None:
+                    new_k.append(new_kv[0])
+                    new_v.append(new_kv[1])
+            kv_out = (jnp.stack(new_k), jnp.stack(new_v)) if new_k else None
         hidden = self.norm(x)
         new_len = start + l if cache_slots is None else start
         new_cache = None if cache is None else KVCache(kv_out[0], kv_out[1], new_len)
@@ -416,17 +440,46 @@ def trainable_filter(path: Sequence[Any], value: Any) -> bool:
 # serves every step: shapes are fixed by the cache size, hence no per-token recompilation.
 
 
+def unstacked_layers(model: Mistral) -> tuple[Any, ...] | None:
+    """Per-layer copies of ``model.layers``' state (``num_layers`` states, leaves without the
+    leading layer axis) for the ``decode_layers="unstacked"`` path, or None where that path is off
+    (``"scan"``, or ``"auto"`` off CPU). Split once per model and reused while the stacked
+    parameters are the same arrays (a weight update or LoRA merge makes new ones: split again).
+    Costs one more copy of the layer weights in host memory.
+
+    Raises: ValueError for an unknown ``decode_layers``.
+    """
+    mode = model.cfg.decode_layers
+    if mode not in ("auto", "scan", "unstacked"):
+        raise ValueError(f"mllm.decode_layers={mode!r}; use 'auto', 'scan' or 'unstacked'")
+    if mode == "scan" or (mode == "auto" and jax.default_backend() != "cpu"):
+        return None
+    state = nnx.state(model.layers)
+    leaves = jax.tree.leaves(state)
+    hit = _UNSTACKED.get(model)
+    if hit is not None and len(hit[0]) == len(leaves) and all(a is b for a, b in zip(hit[0], leaves)):
+        return hit[1]
+    per = tuple(jax.tree.map(lambda a, i=i: a[i], state) for i in range(model.cfg.num_layers))
+    _UNSTACKED[model] = (leaves, per)  # the stacked arrays themselves, compared by identity
+    return per
+
+
+#: model -> (its stacked layer arrays, their per-layer split)
+_UNSTACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(4,))
-def _prefill(graphdef: Any, state: Any, input_ids: Any, inputs_embeds: Any, cache: KVCache):
+def _prefill(graphdef: Any, state: Any, input_ids: Any, inputs_embeds: Any, cache: KVCache, layer_states=None):
     model = nnx.merge(graphdef, state)
-    out = model(input_ids, inputs_embeds=inputs_embeds, cache=cache)
+    out = model(input_ids, inputs_embeds=inputs_embeds, cache=cache, layer_states=layer_states)
     return out.logits[:, -1], out.cache
 
 
 @functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(3,))
-def _decode_step(graphdef: Any, state: Any, token: jax.Array, cache: KVCache, allowed: jax.Array):
+def _decode_step(graphdef: Any, state: Any, token: jax.Array, cache: KVCache, allowed: jax.Array,
+                 layer_states=None):
     model = nnx.merge(graphdef, state)
-    out = model(token[:, None], cache=cache)
+    out = model(token[:, None], cache=cache, layer_states=layer_states)
     logits = out.logits[:, -1]
     nxt = jnp.argmax(jnp.where(allowed, logits, -jnp.inf), axis=-1).astype(jnp.int32)
     return nxt, logits, out.cache
@@ -440,10 +493,11 @@ def prefill(
 ) -> tuple[jax.Array, KVCache]:
     """Jitted prompt pass. ids [B, L] or embeds [B, L, D] -> (last logits [B, V] fp32, cache).
 
-    ``cache`` is donated (do not reuse it). Compiles once per prompt length.
+    ``cache`` is donated (do not reuse it). Compiles once per prompt length. Layers as
+    ``cfg.decode_layers`` says (:func:`unstacked_layers`).
     """
     graphdef, state = nnx.split(model)
-    return _prefill(graphdef, state, input_ids, inputs_embeds, cache)
+    return _prefill(graphdef, state, input_ids, inputs_embeds, cache, unstacked_layers(model))
 
 
 def decode_step(
@@ -457,7 +511,7 @@ def decode_step(
     graphdef, state = nnx.split(model)
     if allowed is None:
         allowed = jnp.ones((token.shape[0], model.cfg.vocab_size), bool)
-    return _decode_step(graphdef, state, token.astype(jnp.int32), cache, allowed)
+    return _decode_step(graphdef, state, token.astype(jnp.int32), cache, allowed, unstacked_layers(model))
 
 
 def greedy_generate(
@@ -487,15 +541,18 @@ def greedy_generate(
     s = cache_len or -(-(l + max_new_tokens) // 64) * 64
     dt = model.cfg.dtype
     cache = KVCache.init(model.cfg, b, s, dt)
-    logits, cache = prefill(model, cache, input_ids, inputs_embeds)
+    graphdef, state = nnx.split(model)  # once: per-step splitting cost ~1 ms of host time on CPU
+    layers = unstacked_layers(model)
+    logits, cache = _prefill(graphdef, state, input_ids, inputs_embeds, cache, layers)
     toks, outs = [], []
-    allowed = allowed_fn(0, None) if allowed_fn else jnp.ones((b, model.cfg.vocab_size), bool)
+    every = jnp.ones((b, model.cfg.vocab_size), bool)
+    allowed = allowed_fn(0, None) if allowed_fn else every
     tok = jnp.argmax(jnp.where(allowed, logits, -jnp.inf), axis=-1).astype(jnp.int32)
     toks.append(tok)
     outs.append(logits)
     for t in range(1, max_new_tokens):
-        allowed = allowed_fn(t, tok) if allowed_fn else None
-        tok, logits, cache = decode_step(model, tok, cache, allowed)
+        allowed = allowed_fn(t, tok) if allowed_fn else every
+        tok, logits, cache = _decode_step(graphdef, state, tok, cache, allowed, layers)
         toks.append(tok)
         outs.append(logits)
     return jnp.stack(toks, axis=1), jnp.stack(outs, axis=1)
