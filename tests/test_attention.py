@@ -218,6 +218,14 @@ def test_dense_causal_blocks_match_reference(mask_kind):
         ref = attend(q, k, v, "reference", m, b)
         out = attend(q, k, v, "dense", m, b)
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
+    # a prompt in a fresh KV cache: S > L keys, the unfilled ones invalid
+    s_len = ll + 19
+    kc = jnp.concatenate([k, jnp.ones((B, 19, K, H), jnp.float32)], axis=1)
+    vc = jnp.concatenate([v, jnp.ones((B, 19, K, H), jnp.float32)], axis=1)
+    mc = A.causal_mask(50, kv_valid=jnp.broadcast_to(jnp.arange(s_len)[None] < ll, (B, s_len)))
+    assert A._causal_blocks(mc, ll, s_len) == A.CAUSAL_BLOCKS
+    np.testing.assert_allclose(np.asarray(attend(q, kc, vc, "dense", mc)), np.asarray(attend(q, kc, vc, "reference", mc)),
+                               atol=TOL, rtol=0)
     # explicit positions (a KV cache) or a bidirectional block keep one block
     assert A._causal_blocks(m.replace(q_pos=jnp.arange(ll)[None]), ll, ll) == 1
     assert A._causal_blocks(A.causal_mask(block_first=jnp.array([3, 3]), block_last=jnp.array([9, 9])), ll, ll) == 1

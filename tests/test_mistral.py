@@ -133,6 +133,21 @@ def test_cached_greedy_equals_uncached(window_pair):
     assert mst._decode_step._cache_size() == n_exec + 1  # one executable for all 15 decode steps
 
 
+def test_long_prompt_generate_equals_uncached(window_pair):
+    """A prompt long enough for the causal query blocks (fresh cache, ``empty_cache``): the cached
+    greedy steps equal one uncached forward."""
+    from animegamer_jax.models import attention as A
+
+    _, ours = window_pair
+    n = A.CAUSAL_SPLIT_MIN + 20
+    prompt = jnp.asarray(np.random.RandomState(5).randint(0, VOCAB, (1, n)))
+    toks, step_logits = mst.greedy_generate(ours, 4, input_ids=prompt)
+    full = jnp.concatenate([prompt, toks[:, :-1]], axis=1)
+    ref = np.asarray(_logits(ours, full))[:, n - 1:]
+    assert np.abs(np.asarray(step_logits) - ref).max() <= 1e-4
+    np.testing.assert_array_equal(np.asarray(toks), ref.argmax(-1))
+
+
 def test_unstacked_decode_equals_scanned(window_pair):
     """``decode_layers="unstacked"`` (CPU's "auto": per-layer weights split once, looped) generates the
     scanned path's tokens and logits; the split is reused until the stacked weights change."""

@@ -214,9 +214,10 @@ CAUSAL_BLOCKS = 4
 
 def _causal_blocks(mask: AttentionMask, l: int, s: int) -> int:
     """Query blocks for "dense": > 1 only when the mask is causal with default positions
-    (query i is key i) and nothing else lets a query see a later key (no bidirectional block,
-    no explicit dense mask), so keys past a block's last query are hidden from the whole block."""
-    if (mask.causal and l == s and l >= CAUSAL_SPLIT_MIN and mask.q_pos is None and mask.k_pos is None
+    (query i is key i; L <= S, e.g. a prompt in a fresh KV cache) and nothing else lets a query
+    see a later key (no bidirectional block, no explicit dense mask), so keys past a block's last
+    query are hidden from the whole block."""
+    if (mask.causal and l <= s and l >= CAUSAL_SPLIT_MIN and mask.q_pos is None and mask.k_pos is None
             and mask.block_first is None and mask.dense is None):
         return CAUSAL_BLOCKS
     return 1

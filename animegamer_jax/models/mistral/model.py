@@ -316,6 +316,7 @@ class Mistral(nnx.Module):
         dropout_rng: jax.Array | None = None,
         cache_slots: jax.Array | None = None,
         layer_states: tuple[Any, ...] | None = None,
+        empty_cache: bool = False,
     ) -> MistralOutput:
         """Runs the decoder.
 
@@ -337,6 +338,9 @@ class Mistral(nnx.Module):
           layer_states: None (scan the stacked ``layers``), or one state per layer
             (:func:`unstacked_layers`), applied in a loop instead (the ``decode_layers="unstacked"`` path
             of :func:`prefill` / :func:`decode_step`; same function, no weight slicing in the program).
+          empty_cache: static promise that ``cache`` holds nothing yet (``cache.length == 0``, a
+            prompt prefill): positions start at 0 statically, so a causal prompt runs the
+            attention's causal query blocks (models/attention.py ``_causal_blocks``).
 
         Returns:
           :class:`MistralOutput` (logits [B, L, V] float32, hidden [B, L, D], cache).
@@ -357,7 +361,7 @@ class Mistral(nnx.Module):
                     or am.q_pos is None or am.k_pos is None or am.kv_valid is None):
                 raise ValueError("Mistral: cache_slots needs a cache, positions and an AttentionMask with "
                                  "q_pos, k_pos and kv_valid")
-        start = jnp.zeros((), jnp.int32) if cache is None else cache.length
+        start = jnp.zeros((), jnp.int32) if cache is None or empty_cache else cache.length
         if positions is None:
             positions = jnp.broadcast_to(start + jnp.arange(l, dtype=jnp.int32), (b, l))
         if cache is None:
@@ -382,7 +386,8 @@ class Mistral(nnx.Module):
         for extra in (valid, None if padding_mask is None else padding_mask.astype(bool)):
             if extra is not None:
                 kv_valid = extra if kv_valid is None else kv_valid & extra
-        if cache is None:  # positions 0..L-1 on both sides: the mask's defaults (lets "dense" split causal blocks)
+        if cache is None or (empty_cache and cache_slots is None):
+            # positions 0..L-1 (0..S-1 for keys): the mask's defaults (lets "dense" split causal blocks)
             q_pos = k_pos = None
         mask = mask.replace(q_pos=q_pos if mask.q_pos is None else mask.q_pos,
                             k_pos=k_pos if mask.k_pos is None else mask.k_pos, kv_valid=kv_valid)
@@ -468,10 +473,12 @@ def unstacked_layers(model: Mistral) -> tuple[Any, ...] | None:
 _UNSTACKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(4,))
-def _prefill(graphdef: Any, state: Any, input_ids: Any, inputs_embeds: Any, cache: KVCache, layer_states=None):
+@functools.partial(jax.jit, static_argnums=(0, 6), donate_argnums=(4,))
+def _prefill(graphdef: Any, state: Any, input_ids: Any, inputs_embeds: Any, cache: KVCache, layer_states=None,
+             empty_cache: bool = False):
     model = nnx.merge(graphdef, state)
-    out = model(input_ids, inputs_embeds=inputs_embeds, cache=cache, layer_states=layer_states)
+    out = model(input_ids, inputs_embeds=inputs_embeds, cache=cache, layer_states=layer_states,
+                empty_cache=empty_cache)
     return out.logits[:, -1], out.cache
 
 
@@ -490,14 +497,17 @@ def prefill(
     cache: KVCache,
     input_ids: jax.Array | None = None,
     inputs_embeds: jax.Array | None = None,
+    *,
+    empty_cache: bool = False,
 ) -> tuple[jax.Array, KVCache]:
     """Jitted prompt pass. ids [B, L] or embeds [B, L, D] -> (last logits [B, V] fp32, cache).
 
     ``cache`` is donated (do not reuse it). Compiles once per prompt length. Layers as
-    ``cfg.decode_layers`` says (:func:`unstacked_layers`).
+    ``cfg.decode_layers`` says (:func:`unstacked_layers`). ``empty_cache``: the cache is fresh
+    (``KVCache.init``; see :meth:`Mistral.__call__`).
     """
     graphdef, state = nnx.split(model)
-    return _prefill(graphdef, state, input_ids, inputs_embeds, cache, unstacked_layers(model))
+    return _prefill(graphdef, state, input_ids, inputs_embeds, cache, unstacked_layers(model), empty_cache)
 
 
 def decode_step(
@@ -543,7 +553,7 @@ def greedy_generate(
     cache = KVCache.init(model.cfg, b, s, dt)
     graphdef, state = nnx.split(model)  # once: per-step splitting cost ~1 ms of host time on CPU
     layers = unstacked_layers(model)
-    logits, cache = _prefill(graphdef, state, input_ids, inputs_embeds, cache, layers)
+    logits, cache = _prefill(graphdef, state, input_ids, inputs_embeds, cache, layers, True)  # fresh cache
     toks, outs = [], []
     every = jnp.ones((b, model.cfg.vocab_size), bool)
     allowed = allowed_fn(0, None) if allowed_fn else every
