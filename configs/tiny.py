@@ -90,7 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     # autoencoder on the sample clips (phase "vae"): single frames at 64x96, then 9-frame clips on
     # 32x48 crops, then 9-frame clips at 64x96 (each stage compiles its own step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    c.train.pipeline_steps = (8000, 200, 6000, 4000, 500)  # the shipped checkpoints/tiny_system (README)
+    c.train.pipeline_steps = (8000, 200, 10000, 4000, 500)  # the shipped checkpoints/tiny_system (README)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
     c.train.vae_curriculum = ((0, 1, 64, 96), (3000, 9, 32, 48), (6000, 9, 64, 96))
     c.train.vae_windows_per_clip = 4
