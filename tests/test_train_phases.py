@@ -60,6 +60,7 @@ def _paths(state):
 @pytest.mark.parametrize("phase", ["a1", "a2", "b", "c"])
 def test_phase_trains_and_resumes(phase, tmp_path):
     cfg = test_config(phase)
+    cfg.train.dit_trainable = "paper"  # the paper's a2 set (tiny's "all": test_a2_dit_trainable_all_vs_paper)
     spec = phases.phase_spec(cfg)
     tx, sched = optim.make_optimizer(cfg.train)
     # A fixed key per step (same noise, timesteps, dropout every step) makes "loss goes down" exact.
