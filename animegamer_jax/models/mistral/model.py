@@ -223,9 +223,13 @@ class DecoderLayer(nnx.Module):
         cache_kv: tuple[jax.Array, jax.Array] | None,
         cache_index: jax.Array | None,
         dropout_rng: jax.Array | None,
+        cache_layer: int | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [B, L, D] -> ([B, L, D], updated (k, v) [B, S, K, H] or None). ``cache_index``: int32
-        scalar (contiguous write at that index) or [B, L] slots (scattered write)."""
+        scalar (contiguous write at that index) or [B, L] slots (scattered write). With
+        ``cache_layer`` = i, ``cache_kv`` is the whole stacked cache [num_layers, B, S, K, H]: the
+        new keys/values are written into its layer i (in place when the buffer is donated) and the
+        whole cache is returned (the unstacked decode path, :meth:`Mistral.__call__`)."""
         cfg = self.cfg
         keys = [None] * 7 if dropout_rng is None else list(jax.random.split(dropout_rng, 7))
         h = self.input_layernorm(x)
@@ -235,7 +239,18 @@ class DecoderLayer(nnx.Module):
         q = pmesh.constrain(rope(q, positions, cfg.rope_theta), ("act_batch", "act_length", "act_heads", None))
         k = rope(k, positions, cfg.rope_theta)
         new_kv = None
-        if cache_kv is not None:
+        if cache_kv is not None and cache_layer is not None:
+            ck, cv = cache_kv
+            if jnp.ndim(cache_index) == 2:
+                rows = jnp.arange(ck.shape[1])[:, None]
+                ck = ck.at[cache_layer, rows, cache_index].set(k.astype(ck.dtype))
+                cv = cv.at[cache_layer, rows, cache_index].set(v.astype(cv.dtype))
+            else:
+                ck = jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype)[None], (cache_layer, 0, cache_index, 0, 0))
+                cv = jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype)[None], (cache_layer, 0, cache_index, 0, 0))
+            new_kv = (ck, cv)
+            k, v = ck[cache_layer].astype(q.dtype), cv[cache_layer].astype(q.dtype)
+        elif cache_kv is not None:
             ck, cv = cache_kv
             if jnp.ndim(cache_index) == 2:  # scattered slots [B, L]
                 rows = jnp.arange(ck.shape[0])[:, None]
@@ -408,14 +423,12 @@ class Mistral(nnx.Module):
         else:
             if len(layer_states) != cfg.num_layers:
                 raise ValueError(f"Mistral: {len(layer_states)} layer states for {cfg.num_layers} layers")
-            new_k, new_v = [], []
+            kv_out = kv_in  # the whole stacked cache, each layer writing its slice in place
+            index = start if cache_slots is None else cache_slots
             for i, st in enumerate(layer_states):
-                kv = None if kv_in is None else (kv_in[0][i], kv_in[1][i])
-                x, new_kv = body(x, (st, kv, None if layer_keys is None else layer_keys[i]))
-                if new_kv is not None:
-                    new_k.append(new_kv[0])
-                    new_v.append(new_kv[1])
-            kv_out = (jnp.stack(new_k), jnp.stack(new_v)) if new_k else None
+                layer = nnx.merge(graphdef, st)
+                x, kv_out = layer(x, positions, mask, kv_out, index, None if layer_keys is None else layer_keys[i],
+                                  cache_layer=None if kv_out is None else i)
         hidden = self.norm(x)
         new_len = start + l if cache_slots is None else start
         new_cache = None if cache is None else KVCache(kv_out[0], kv_out[1], new_len)
