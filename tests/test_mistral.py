@@ -169,8 +169,14 @@ def test_unstacked_decode_equals_scanned(window_pair):
     q.value = q.value * 2.0  # a weight update: the cached split is stale and must be redone
     per2 = mst.unstacked_layers(unst)
     assert per2 is not per
-    np.testing.assert_allclose(np.asarray(jax.tree.leaves(per2)[0]),
-                               np.asarray(jax.tree.leaves(nnx.state(unst.layers))[0][0]))
+    np.testing.assert_array_equal(np.asarray(per2[1]["q_proj"]["kernel"][...]), np.asarray(q[...][1]))
+    # generating after the update uses the new weights: equal to a scanned copy of the updated model
+    t_new, l_new = mst.greedy_generate(unst, 12, input_ids=prompt, cache_len=24)
+    ref = nnx.merge(*nnx.split(unst))
+    ref.cfg = dataclasses.replace(ours.cfg, decode_layers="scan")
+    t_ref, l_ref = mst.greedy_generate(ref, 12, input_ids=prompt, cache_len=24)
+    assert np.abs(np.asarray(l_new) - np.asarray(l_unst)).max() > 1e-3
+    np.testing.assert_allclose(np.asarray(l_new), np.asarray(l_ref), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="decode_layers"):
         bad = nnx.merge(gd, st)
         bad.cfg = dataclasses.replace(ours.cfg, decode_layers="loop")
