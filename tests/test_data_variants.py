@@ -91,3 +91,28 @@ def test_heldout_benchmark_is_the_committed_one(monkeypatch):
     assert len(rounds) == 8 and all(g.game_id.startswith(sample.HELDOUT_FILM) for g in loaded.games)
     levels = {v: k for k, v in sample.ADVERBS.items()}
     assert all(r.states[0] == levels[r.turn.motion.split()[0]] for r in rounds)
+
+
+def test_training_variants_show_each_heldout_action_slow_and_fast(monkeypatch):
+    """The held-out turns are learnable from the training variants: every held-out round's action is
+    in a training film's labels at the same speed class (adverb level >= 4 or <= 3) with the same ET,
+    and the close-ups make the +1 ET of a fast adverb visible within one action (crawl, stretch,
+    talk, shout and more appear both slow and fast), not only across actions."""
+    monkeypatch.chdir(ROOT)
+    levels = {v: k for k, v in sample.ADVERBS.items()}
+    train = [lab for (film, _), lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.items()
+             if film != sample.HELDOUT_FILM]
+    by_action = {}
+    for lab in train:
+        adverb, action = lab.action.split(" ", 1)
+        by_action.setdefault(action, set()).add((levels[adverb] >= 4, lab.entertainment))
+    bench = sample.heldout_benchmark("data/sample_variant_labels.jsonl")
+    for game in bench["games"]:
+        for r in game["rounds"]:
+            action = r["motion"].split(" ", 1)[1]
+            assert (r["states"]["ML"] >= 4, r["states"]["ET"]) in by_action[action], r
+    both = {a for a, seen in by_action.items() if {fast for fast, _ in seen} == {False, True}}
+    assert {"crawl out of burrow", "stretch arms", "talk on phone in car", "shout on phone in car"} <= both
+    for a in both:  # fast = slow + 1 ET, as sample.clip_label's rule says
+        (slow_et,), (fast_et,) = ({e for f, e in by_action[a] if not f}, {e for f, e in by_action[a] if f})
+        assert fast_et == slow_et + 1, a
