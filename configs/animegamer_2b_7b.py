@@ -230,8 +230,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.vae_mse_weight = 1.0
     c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 480, 720))
     c.train.vae_windows_per_clip = 4
+    # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (phases.vae_windows)
+    c.train.vae_max_crop_scale = 1.0
     c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
     c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
+    # eval.vae's default dataset ("" = vae_dataset_dir): the same clip segments at the model's size when
+    # the VAE trains on a larger copy of them (multi-scale crops)
+    c.train.vae_eval_dataset_dir = ""
     c.train.global_batch_size = 16  # examples per optimizer step across all devices
     c.train.grad_accum_steps = 1  # micro-batches per optimizer step (optax.MultiSteps)
     c.train.learning_rate = 0.0  # peak LR; 0 = the paper's per phase (a1/a2 2e-4, b/c 5e-5)

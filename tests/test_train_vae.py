@@ -75,6 +75,19 @@ def test_vae_phase_trains_and_resumes(tmp_path):
     init = _paths(tr.init()[0])
     changed = {k for k in final if not np.array_equal(final[k], init[k])}
     assert any(k.startswith("vae/encoder/") for k in changed) and any(k.startswith("vae/decoder/") for k in changed)
+    # eval.vae --train_workdir reads the newest checkpoint; under another config it says so in one line
+    vae, step = vae_eval.vae_from_train_workdir(str(tmp_path / "full"), cfg)
+    assert step == 8
+    from flax import nnx
+    got = {"vae/" + k: v for k, v in _paths(nnx.state(vae, nnx.Param)).items()}
+    assert got.keys() == {k for k in final if k.startswith("vae/")}
+    for k, v in got.items():
+        np.testing.assert_array_equal(v, final[k], err_msg=k)
+    other = _config()
+    other.vae.block_out_channels = (8,)
+    with pytest.raises(ValueError, match=r"step 8 does not match this --config .*block_out_channels") as e:
+        vae_eval.vae_from_train_workdir(str(tmp_path / "full"), other)
+    assert len(str(e.value)) < 500
 
 
 def test_vae_curriculum_and_windows():
@@ -107,6 +120,47 @@ def test_vae_curriculum_and_windows():
         phases.vae_decode_plan(2)
 
 
+def test_vae_windows_multi_scale_crops():
+    """train.vae_max_crop_scale: crops of 1x..2x the window, area-resized to it; 1 = plain crops."""
+    from animegamer_jax.data import video
+
+    rs = np.random.RandomState(1)
+    ex = rs.randint(0, 256, (2, 2, 32, 48, 3)).astype(np.uint8)
+    plain = phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(3), max_windows=4)
+    again = phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(3), max_windows=4, max_scale=1.0)
+    np.testing.assert_array_equal(plain, again)
+    # clips exactly 2x the window: max_scale 2 reaches whole frames; every window is some crop of its
+    # clip frame (a scale in [1, 2]), area-resized to 16x24 and maybe mirrored
+    win = phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(5), max_windows=4, max_scale=2.0)
+    assert win.shape == (4, 1, 16, 24, 3) and win.dtype == np.uint8
+    scales = []
+    for k in range(4):  # 2 windows per 2-frame clip
+        clip = ex[k // 2]
+        best = None
+        for ch, cw in [(ch, cw) for ch in range(16, 33) for cw in range(24, 49) if abs(cw - 1.5 * ch) <= 1.0]:
+            for t0 in range(2):
+                for y0 in range(0, 32 - ch + 1):
+                    for x0 in range(0, 48 - cw + 1):
+                        crop = video.resize_to(np.ascontiguousarray(clip[t0, y0:y0 + ch, x0:x0 + cw]), 24, 16)
+                        for f in (crop, crop[:, ::-1]):
+                            if np.array_equal(f, win[k, 0]):
+                                best = ch / 16
+                                break
+                        if best:
+                            break
+                    if best:
+                        break
+                if best:
+                    break
+            if best:
+                break
+        assert best is not None, f"window {k} is no resized crop of its clip"
+        scales.append(best)
+    assert len(set(scales)) > 1 and max(scales) > 1.0, scales  # several scales, not only plain crops
+    with pytest.raises(ValueError, match="vae_max_crop_scale"):
+        phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(0), max_scale=0.5)
+
+
 def test_conv3d_as_2d_matches_native_3d_conv():
     rs = np.random.RandomState(0)
     x = jnp.asarray(rs.randn(2, 5, 6, 7, 3).astype(np.float32))
@@ -135,6 +189,27 @@ def test_psnr_eval_helpers():
     assert vae_eval.runs(idx, 1) == [slice(i, i + 1) for i in range(9)]
     a = np.zeros((4, 4))
     assert vae_eval.psnr(a, a + 0.1) == pytest.approx(20.0)
+
+
+def test_eval_dataset_must_cut_the_training_segments(tmp_path):
+    """configs/tiny.py trains the VAE on 128x192 clips and scores on the same clips at 64x96: eval.vae
+    refuses a scoring set whose clip segments differ (its "held-out" frames could be training frames)."""
+    import json
+
+    from animegamer_jax.data import storage
+
+    def dataset(name, clips, h):
+        d = tmp_path / name
+        d.mkdir()
+        (d / storage.INDEX_FILE).write_text(json.dumps({
+            "format": storage.FORMAT, "shards": [], "config": {"height": h, "width": h * 3 // 2},
+            "films": [], "clips": [{"film_id": "f", "start_time": a, "end_time": b} for a, b in clips]}))
+        return str(d)
+
+    big = dataset("big", [(0.0, 2.0), (2.0, 4.0)], 128)
+    vae_eval.check_same_segments(big, dataset("same", [(2.0, 4.0), (0.0, 2.0)], 64))
+    with pytest.raises(ValueError, match=r"cut different clip segments .*\('f', 3.0, 5.0\)"):
+        vae_eval.check_same_segments(big, dataset("other", [(0.0, 2.0), (3.0, 5.0)], 64))
 
 
 def test_pipeline_config_errors(tmp_path):

@@ -8,7 +8,9 @@ Held-out frames: for every film of the dataset (``dataset.json``), the source fr
 clip segment ``[start_time, end_time)`` of that dataset, i.e. frames the "vae" phase, which trains on
 the dataset's clips, never sees (scene remainders shorter than a clip and whole shots shorter than
 one: on the sample film two bikes.mp4 shots, the end of the bunny shot). They are
-``resize_center_crop``-ed to the dataset's (height, width), as the clips are.
+``resize_center_crop``-ed to the dataset's (height, width), as the clips are. The default dataset is
+``train.vae_eval_dataset_dir`` when the config sets one: configs/tiny.py trains on the sample clips
+stored at 128x192 (multi-scale crops) and scores on the same clip segments at the model's 64x96.
 
 Two figures (PSNR in dB of frames mapped to [0, 1], decoded output clipped to [0, 1], averaged over
 units): ``frame`` encodes and decodes every held-out frame alone (T = 1); ``clip`` does
@@ -70,6 +72,23 @@ def held_out_frames(dataset_dir: str, max_per_film: int = 0) -> list[HeldOut]:
     return out
 
 
+def check_same_segments(trained_on: str, scored_on: str) -> None:
+    """Raises ValueError unless the two prepared datasets cut the same clip segments (film id, start,
+    end) from their films: the frames held out of ``scored_on`` must be the frames the VAE, trained on
+    ``trained_on`` (e.g. the same clips stored larger), never saw."""
+    from animegamer_jax.data import storage
+
+    def segments(d):
+        return sorted((c["film_id"], float(c["start_time"]), float(c["end_time"])) for c in storage.read_index(d)["clips"])
+
+    a, b = segments(trained_on), segments(scored_on)
+    if a != b:
+        diff = sorted(set(a) ^ set(b))[:3]
+        raise ValueError(f"{scored_on} and the VAE's training set {trained_on} cut different clip segments "
+                         f"(e.g. {diff}): its held-out frames would not be held out; rebuild both with the same "
+                         f"clip plan (data/README.md), or score another dataset with --dataset")
+
+
 def runs(indices: np.ndarray, length: int) -> list[slice]:
     """Non-overlapping windows of ``length`` consecutive source indices (slices into ``indices``)."""
     out, start = [], 0
@@ -124,7 +143,8 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
     returns ``(vae, step)``. Read-only, so the run may still be going.
 
     Raises:
-      FileNotFoundError: no complete checkpoint there.
+      FileNotFoundError: no complete checkpoint there; ValueError: the checkpoint was written under another
+        config (model widths, trainable set): the message says to pass the run's overrides.
     """
     import copy
 
@@ -148,7 +168,15 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
         step = mngr.latest_step()
         if step is None:
             raise FileNotFoundError(f"{root}: no complete training checkpoint yet")
-        state, _ = mngr.restore(step, trainer.abstract_state())
+        try:
+            state, _ = mngr.restore(step, trainer.abstract_state())
+        except (ValueError, KeyError, TypeError) as e:  # orbax: a tree or shape that is not this config's
+            import logging
+            # orbax's failed reads also end as unretrieved asyncio tasks, each logged with its traceback
+            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{root} step {step} does not match this --config ({first} ...): pass the run's "
+                             f"own config and overrides, e.g. --config.vae.block_out_channels=...") from None
     finally:
         mngr.close()
     return trainer.split(state)[0].vae, int(step)
@@ -167,8 +195,9 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint holding a VAE.", flag_values=fv)
     flags.DEFINE_string("train_workdir", "", "Instead: the newest checkpoint of a 'vae' train --workdir.",
                         flag_values=fv)
-    flags.DEFINE_string("dataset", "", "Prepared dataset the VAE trained on (default train.vae_dataset_dir of the "
-                        "checkpoint's / run's config, else data.dataset_dir).", flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset whose clips the VAE trained on (default "
+                        "train.vae_eval_dataset_dir, else train.vae_dataset_dir of the checkpoint's / run's config, "
+                        "else data.dataset_dir).", flag_values=fv)
     flags.DEFINE_integer("frames", 17, "Frames per clip window (1 + 4k).", flag_values=fv)
     flags.DEFINE_integer("max_per_film", 0, "Score at most this many held-out frames per film (0: all).",
                          flag_values=fv)
@@ -193,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
             config = system_checkpoint.load_config(f.checkpoint)
             vae = system_checkpoint.load_system(f.checkpoint, config, names=["vae"])["vae"]
             source = os.path.abspath(f.checkpoint)
-        dataset = f.dataset or str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
+        dataset = f.dataset or str(config.train.get("vae_eval_dataset_dir", "") or config.train.get("vae_dataset_dir", "")
+                                   or config.data.dataset_dir)
+        trained_on = str(config.train.get("vae_dataset_dir", ""))
+        if not f.dataset and trained_on and os.path.abspath(trained_on) != os.path.abspath(dataset) \
+                and os.path.isdir(trained_on):
+            check_same_segments(trained_on, dataset)
         held = held_out_frames(dataset, f.max_per_film)
     except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError,
             ValueError, OSError) as e:

@@ -399,23 +399,39 @@ def vae_stage(curriculum: Any, step: int) -> tuple[int, int, int]:
 
 
 def vae_windows(frames: np.ndarray, num_frames: int, height: int, width: int, rng: np.random.Generator,
-                max_windows: int = 4) -> np.ndarray:
+                max_windows: int = 4, max_scale: float = 1.0) -> np.ndarray:
     """Random training windows of clips for the "vae" phase: uint8 [B, T, H, W, 3] ->
     [B * n, num_frames, height, width, 3], n = min(max_windows, T // num_frames) windows per clip, each
     at a random start frame and spatial crop, mirrored left-right with probability 1/2.
 
+    ``max_scale`` > 1 makes the crops multi-scale (``train.vae_max_crop_scale``): each window's crop is
+    ``s * (height, width)`` with ``s`` uniform in ``[1, min(max_scale, H / height, W / width)]``,
+    area-resized to ``(height, width)`` (``data.video.resize_to``). On clips stored at twice the model
+    size, ``s = 2`` is a whole frame as the model sees it and ``s = 1`` a quarter of it at full detail,
+    so a few clips give many distinct images (the "random resized crop" of image autoencoders).
+    ``max_scale = 1`` takes plain crops, bit for bit as before.
+
     Raises:
-      ValueError: a window larger than the clips.
+      ValueError: a window larger than the clips, or ``max_scale`` < 1.
     """
+    from animegamer_jax.data import video
+
     b, t, h, w = frames.shape[:4]
     if num_frames > t or height > h or width > w:
         raise ValueError(f"vae window {num_frames}x{height}x{width} is larger than the clips {t}x{h}x{w}")
+    if max_scale < 1.0:
+        raise ValueError(f"train.vae_max_crop_scale={max_scale} must be >= 1")
+    top = min(float(max_scale), h / height, w / width)
     n = max(1, min(int(max_windows), t // num_frames))
     out = []
     for i in range(b):
         for _ in range(n):
-            t0, y0, x0 = (int(rng.integers(0, d + 1)) for d in (t - num_frames, h - height, w - width))
-            win = frames[i, t0:t0 + num_frames, y0:y0 + height, x0:x0 + width]
+            s = 1.0 if top <= 1.0 else float(rng.uniform(1.0, top))
+            ch, cw = min(h, int(round(height * s))), min(w, int(round(width * s)))
+            t0, y0, x0 = (int(rng.integers(0, d + 1)) for d in (t - num_frames, h - ch, w - cw))
+            win = frames[i, t0:t0 + num_frames, y0:y0 + ch, x0:x0 + cw]
+            if (ch, cw) != (height, width):
+                win = np.stack([video.resize_to(np.ascontiguousarray(f), width, height) for f in win])
             out.append(win[:, :, ::-1] if rng.random() < 0.5 else win)
     return np.ascontiguousarray(np.stack(out))
 
@@ -457,7 +473,8 @@ class BatchBuilder:
         t, h, w = vae_stage(self.config.train.vae_curriculum, step)
         rng = np.random.default_rng([int(self.config.seed), int(step)])
         return {"frames": _to_unit(vae_windows(np.asarray(ex["frames"]), t, h, w, rng,
-                                               int(self.config.train.vae_windows_per_clip)))}
+                                               int(self.config.train.vae_windows_per_clip),
+                                               float(self.config.train.get("vae_max_crop_scale", 1.0))))}
 
     def decoder_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
         out = {"flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
