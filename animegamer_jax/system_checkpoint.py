@@ -648,12 +648,47 @@ def _kvstore(path: str) -> dict | str:
     return path.rstrip("/") + "/"
 
 
-_CLI_DOC = """Check a system checkpoint's files, or write their integrity.json.
+def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfloat16") -> str:
+    """Copies the system checkpoint ``src`` to the new directory ``dst`` with the float32 arrays of
+    ``components`` stored as ``dtype`` (smaller files; :func:`load_system` casts them back to each
+    module's own dtype, so only the rounding changes). The other components are copied as they are.
+
+    Returns the absolute ``dst``.
+
+    Raises:
+      SystemCheckpointError: ``src`` is damaged or lacks a named component, or ``dst`` exists (a
+        user's folder is never overwritten); ValueError: ``dtype`` is not a floating dtype.
+    """
+    import jax.numpy as jnp
+
+    target = jnp.dtype(dtype)
+    if not jnp.issubdtype(target, jnp.floating):
+        raise ValueError(f"cast dtype {dtype!r} is not a floating dtype (e.g. bfloat16)")
+    names = list(components)
+    held = read_manifest(src)["components"]
+    missing = [n for n in names if n not in held]
+    if missing:
+        raise SystemCheckpointError(f"{src} has no component(s) {missing}; it holds {held}")
+    if fileio.exists(str(paths.as_path(dst))):
+        raise SystemCheckpointError(f"{dst} exists; cast writes a new checkpoint (pick another folder)")
+    config = load_config(src)
+    out = {}
+    for name, module in load_system(src, config).items():
+        state = nnx.state(module)
+        if name in names:
+            state = jax.tree.map(lambda a: a.astype(target) if a.dtype == jnp.float32 else a, state)
+        out[name] = state
+    return save_system(dst, out, config)
+
+
+_CLI_DOC = """Check a system checkpoint's files, write their integrity.json, or store components smaller.
 
 Usage: python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR
+       python -m animegamer_jax.system_checkpoint cast SRC DST --components=mllm [--dtype=bfloat16]
 
 verify: check every file against integrity.json; manifest: write integrity.json for the files
-there now (only for a checkpoint you trust)."""
+there now (only for a checkpoint you trust); cast: copy SRC to the new folder DST with the float32
+arrays of --components stored as --dtype (loading casts them back)."""
 
 
 def _define_flags(fv, argv: list[str]) -> None:
@@ -661,24 +696,41 @@ def _define_flags(fv, argv: list[str]) -> None:
 
     flags.DEFINE_bool("full", False, "verify: sha256 of every byte (default --nofull: the fast check, sizes and "
                       "sampled hashes)", flag_values=fv)
+    flags.DEFINE_list("components", [], "cast: the components whose float32 arrays to store as --dtype",
+                      flag_values=fv)
+    flags.DEFINE_string("dtype", "bfloat16", "cast: the stored dtype", flag_values=fv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR``.
+    """``python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR`` or
+    ``... cast SRC DST --components=...``.
 
     verify: check every file against integrity.json; manifest: write integrity.json for the files
-    there now (only for a checkpoint you trust). Returns the exit status (2 with a one-line message).
+    there now (only for a checkpoint you trust); cast: :func:`cast_system`. Returns the exit status
+    (2 with a one-line message).
     """
     from animegamer_jax import cli
 
     try:
         f, rest = cli.parse_flags(["python -m animegamer_jax.system_checkpoint",
                                    *(sys.argv[1:] if argv is None else argv)], _define_flags, _CLI_DOC)
-        if len(rest) != 2 or rest[0] not in ("verify", "manifest"):
-            raise cli.UsageError(f"expected 'verify DIR' or 'manifest DIR', got {rest}")
+        if rest[:1] == ["cast"]:
+            if len(rest) != 3 or not f.components:
+                raise cli.UsageError(f"expected 'cast SRC DST --components=NAME[,NAME]', got {rest}")
+        elif len(rest) != 2 or rest[0] not in ("verify", "manifest"):
+            raise cli.UsageError(f"expected 'verify DIR', 'manifest DIR' or 'cast SRC DST', got {rest}")
     except cli.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if rest[0] == "cast":
+        t0 = time.perf_counter()
+        try:
+            out = cast_system(rest[1], rest[2], f.components, f.dtype)
+        except (SystemCheckpointError, ValueError, TypeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {out} ({', '.join(f.components)} stored as {f.dtype}) in {time.perf_counter() - t0:.1f}s")
+        return 0
     command, directory = rest
     if not fileio.isdir(directory):
         print(f"error: {directory}: no such checkpoint folder", file=sys.stderr)

@@ -164,3 +164,30 @@ def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"error: {d}: file {_rel(d, dit)} is truncated (") and err.count("\n") == 1, err
     assert not os.path.exists(tmp_path / "o" / "s")
+
+
+def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
+    """``system_checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
+    tiny system's MLLM is stored), loaded back at the module dtype within bf16 rounding, the rest
+    bit-identical; never onto an existing folder."""
+    import jax
+
+    src, dst = "checkpoints/tiny_system", str(tmp_path / "cast")
+    assert sc.main(["cast", src, dst, "--components=vae"]) == 0
+    assert "vae stored as bfloat16" in capsys.readouterr().out
+    size = lambda d, c: sum(os.path.getsize(p) for p in glob.glob(os.path.join(d, c, "**"), recursive=True)  # noqa: E731
+                            if os.path.isfile(p))
+    assert size(dst, "vae") < 0.6 * size(src, "vae") and abs(size(dst, "dit") - size(src, "dit")) < 0.02 * size(src, "dit")
+    a, b = sc.load_system(src), sc.load_system(dst)
+    va, vb = (jax.tree.leaves(nnx.state(m["vae"], nnx.Param)) for m in (a, b))
+    assert all(y.dtype == x.dtype for x, y in zip(va, vb))
+    assert any(not np.array_equal(x, y) for x, y in zip(va, vb))  # rounded ...
+    for x, y in zip(va, vb):  # ... to bf16's 8 bits of mantissa
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=2 ** -8, atol=1e-30)
+    for x, y in zip(*(jax.tree.leaves(nnx.state(m["dit"])) for m in (a, b))):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert sc.main(["cast", src, dst, "--components=vae"]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert sc.main(["cast", src, str(tmp_path / "x"), "--components=nope"]) == 2
+    assert "no component(s) ['nope']" in capsys.readouterr().err
+    assert sc.main(["cast", src, str(tmp_path / "y")]) == 2  # --components is required
