@@ -17,6 +17,7 @@ $(STAMP): requirements.txt
 # The main job on the embedded default (see README).
 demo: $(STAMP)
 	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo --overwrite  # a rerun replaces its own game
+	$(PY) -m animegamer_jax.play data/games/sample_tour.txt --demo --overwrite  # the three sample films
 
 # Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
 # (tests/test_serve.py). Needs root (CI runs as root); where it cannot install, the browser test is

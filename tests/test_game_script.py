@@ -26,6 +26,19 @@ def test_shipped_script_parses():
     assert t.text == "Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."
 
 
+def test_sample_tour_uses_the_labels_words():
+    """make demo's second game asks for each sample film in the words of its training labels."""
+    from animegamer_jax.data import labels
+
+    game = script.load_script("data/games/sample_tour.txt")
+    assert game.game_id == "sample_tour" and len(game.turns) == 5
+    assert {t.characters for t in game.turns} == {("Bunny",), ("Cyclist",), ("Driver",)}
+    labelled = {(lab.characters, lab.action, lab.background)
+                for lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.values()}
+    for t in game.turns:
+        assert (t.characters, t.motion, t.background) in labelled, t.text
+
+
 def test_paper_example_and_multi_character():
     t = script.parse_instruction("Character: Qiqi; Motion: gently fly on broomstick; Background: night sky.")
     assert (t.characters, t.motion, t.background) == (("Qiqi",), "gently fly on broomstick", "night sky")
