@@ -648,22 +648,35 @@ def _kvstore(path: str) -> dict | str:
     return path.rstrip("/") + "/"
 
 
+def _stored_dtypes(directory: str, name: str) -> dict[str, Any]:
+    """keystr(path) -> dtype of every array of component ``name`` as stored in ``directory`` (orbax
+    metadata; no array is read)."""
+    from etils import epath
+
+    meta = ocp.PyTreeCheckpointHandler().metadata(epath.Path(str(paths.as_path(directory))) / name)
+    tree = getattr(meta, "tree", meta)
+    return {jax.tree_util.keystr(p): leaf.dtype for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfloat16") -> str:
     """Copies the system checkpoint ``src`` to the new directory ``dst`` with the float32 arrays of
     ``components`` stored as ``dtype`` (smaller files; :func:`load_system` casts them back to each
-    module's own dtype, so only the rounding changes). The other components are copied as they are.
+    module's own dtype, so only the rounding changes). Every other array keeps the dtype it is stored
+    with in ``src`` (values and dtypes unchanged). Loads the whole system on this process's first
+    device: meant for toy and mid-size systems such as checkpoints/tiny_system.
 
     Returns the absolute ``dst``.
 
     Raises:
       SystemCheckpointError: ``src`` is damaged or lacks a named component, or ``dst`` exists (a
-        user's folder is never overwritten); ValueError: ``dtype`` is not a floating dtype.
+        user's folder is never overwritten); ValueError: ``dtype`` is not a floating dtype narrower
+        than float32 (bfloat16, float16).
     """
     import jax.numpy as jnp
 
     target = jnp.dtype(dtype)
-    if not jnp.issubdtype(target, jnp.floating):
-        raise ValueError(f"cast dtype {dtype!r} is not a floating dtype (e.g. bfloat16)")
+    if not jnp.issubdtype(target, jnp.floating) or target.itemsize >= 4:
+        raise ValueError(f"cast dtype {dtype!r}: use a floating dtype narrower than float32 (bfloat16, float16)")
     names = list(components)
     held = read_manifest(src)["components"]
     missing = [n for n in names if n not in held]
@@ -674,10 +687,13 @@ def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfl
     config = load_config(src)
     out = {}
     for name, module in load_system(src, config).items():
-        state = nnx.state(module)
+        flat, treedef = jax.tree_util.tree_flatten_with_path(_pure(module))
         if name in names:
-            state = jax.tree.map(lambda a: a.astype(target) if a.dtype == jnp.float32 else a, state)
-        out[name] = state
+            leaves = [a.astype(target) if a.dtype == jnp.float32 else a for _, a in flat]
+        else:  # load_system cast them to the config's dtype: back to what src stores
+            stored = _stored_dtypes(src, name)
+            leaves = [a.astype(stored.get(jax.tree_util.keystr(p), a.dtype)) for p, a in flat]
+        out[name] = jax.tree_util.tree_unflatten(treedef, leaves)
     return save_system(dst, out, config)
 
 

@@ -90,7 +90,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.num_steps = 200
     # No converted CogVideoX VAE exists at toy size: the pipeline first trains the tiny VAE as an
     # autoencoder on the sample clips (phase "vae"): single frames at 64x96, then 9-frame clips on
-    # 32x48 crops, then 9-frame clips at 64x96 (each stage compiles its own step once).
+    # 32x48 crops, then single frames and 9-frame 64x96 clips interleaved (vae_curriculum below; each
+    # shape compiles its step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
     c.train.pipeline_steps = (4700, 200, 10000, 4000, 500)  # the shipped checkpoints/tiny_system (README)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)

@@ -186,6 +186,12 @@ def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=2 ** -8, atol=1e-30)
     for x, y in zip(*(jax.tree.leaves(nnx.state(m["dit"])) for m in (a, b))):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # components not named keep the dtype they are stored with (the shipped MLLM: bf16), not the config's
+    for name in ("mllm", "dit"):
+        assert sc._stored_dtypes(dst, name) == sc._stored_dtypes(src, name), name
+    assert set(map(str, sc._stored_dtypes(dst, "vae").values())) == {"bfloat16"}
+    assert sc.main(["cast", src, str(tmp_path / "z"), "--components=vae", "--dtype=float64"]) == 2
+    assert "narrower than float32" in capsys.readouterr().err
     assert sc.main(["cast", src, dst, "--components=vae"]) == 2
     assert "exists" in capsys.readouterr().err
     assert sc.main(["cast", src, str(tmp_path / "x"), "--components=nope"]) == 2

@@ -13,8 +13,9 @@ Command (writes ~1 MB, about 5 s on 2 CPU cores):
   python -m animegamer_jax.data.sample --out data/prepared/sample_film.mp4
 
 Variants (:data:`VARIANTS`, more and more varied training data from the same footage): the same
-splice mirrored, zoomed in (a centre crop), slowed down (0.5x: every source frame twice, so half
-the motion per sampled frame) and sped up (1.5x). Each is one more film for the data pipeline:
+splice mirrored, zoomed in (a centre crop: 1.4x, the held-out one, and the 2x / 1.8x mirrored
+close-ups), slowed down (0.5x: every source frame twice, so half the motion per sampled frame) and
+sped up (1.5x). Each is one more film for the data pipeline:
   python -m animegamer_jax.data.sample --variants --out_dir data/prepared/variants
 """
 

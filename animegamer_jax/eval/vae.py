@@ -10,7 +10,9 @@ the dataset's clips, never sees (scene remainders shorter than a clip and whole 
 one: on the sample film two bikes.mp4 shots, the end of the bunny shot). They are
 ``resize_center_crop``-ed to the dataset's (height, width), as the clips are. The default dataset is
 ``train.vae_eval_dataset_dir`` when the config sets one: configs/tiny.py trains on the sample clips
-stored at 128x192 (multi-scale crops) and scores on the same clip segments at the model's 64x96.
+stored at 128x192 (multi-scale crops) and scores on the same clip segments at the model's 64x96;
+the command then refuses a scoring set whose segments differ from the training set's
+(:func:`check_same_segments`). An explicit ``--dataset`` is scored as given.
 
 Two figures (PSNR in dB of frames mapped to [0, 1], decoded output clipped to [0, 1], averaged over
 units): ``frame`` encodes and decodes every held-out frame alone (T = 1); ``clip`` does
@@ -224,10 +226,14 @@ def main(argv: list[str] | None = None) -> int:
             source = os.path.abspath(f.checkpoint)
         dataset = f.dataset or str(config.train.get("vae_eval_dataset_dir", "") or config.train.get("vae_dataset_dir", "")
                                    or config.data.dataset_dir)
-        trained_on = str(config.train.get("vae_dataset_dir", ""))
-        if not f.dataset and trained_on and os.path.abspath(trained_on) != os.path.abspath(dataset) \
-                and os.path.isdir(trained_on):
-            check_same_segments(trained_on, dataset)
+        # the set the "vae" phase read (pipeline.make_data): its clips must be the scored set's
+        trained_on = str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
+        if not f.dataset and os.path.abspath(trained_on) != os.path.abspath(dataset):
+            if os.path.isdir(trained_on):
+                check_same_segments(trained_on, dataset)
+            else:
+                print(f"note: {trained_on} (the VAE's training set) is not here, so the held-out frames of "
+                      f"{dataset} are not checked against its clips", file=sys.stderr)
         held = held_out_frames(dataset, f.max_per_film)
     except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError,
             ValueError, OSError) as e:
