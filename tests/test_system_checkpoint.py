@@ -119,7 +119,7 @@ def test_missing_or_damaged_integrity_file_and_remanifest(saved, tmp_path, capsy
     assert "ok: " in out and "MiB, full check in" in out
     assert sc.main(["check", d]) == 2 and sc.main(["verify", d, "--fast"]) == 2  # absl: a one-line usage error
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"error: expected 'verify DIR' or 'manifest DIR', got ['check', '{d}']"
+    assert err[0] == f"error: expected 'verify DIR', 'manifest DIR' or 'cast SRC DST', got ['check', '{d}']"
     assert err[1].startswith("error: Unknown command line flag 'fast'")
     with open(os.path.join(d, sc.INTEGRITY_FILE), "r+b") as f:
         f.truncate(40)
