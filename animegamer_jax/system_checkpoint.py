@@ -687,12 +687,11 @@ def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfl
     config = load_config(src)
     out = {}
     for name, module in load_system(src, config).items():
+        # load_system casts to the config's dtypes: decide from the dtypes src stores
+        stored = _stored_dtypes(src, name)
         flat, treedef = jax.tree_util.tree_flatten_with_path(_pure(module))
-        if name in names:
-            leaves = [a.astype(target) if a.dtype == jnp.float32 else a for _, a in flat]
-        else:  # load_system cast them to the config's dtype: back to what src stores
-            stored = _stored_dtypes(src, name)
-            leaves = [a.astype(stored.get(jax.tree_util.keystr(p), a.dtype)) for p, a in flat]
+        kinds = [stored.get(jax.tree_util.keystr(p), a.dtype) for p, a in flat]
+        leaves = [a.astype(target if name in names and k == jnp.float32 else k) for (_, a), k in zip(flat, kinds)]
         out[name] = jax.tree_util.tree_unflatten(treedef, leaves)
     return save_system(dst, out, config)
 
