@@ -195,7 +195,7 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
       writers.OutputError: the target is not ours, or holds an earlier game and not ``overwrite``.
     """
     cfg = engine.config
-    record = game_record(cfg, result, engine.system.label)
+    record = game_record(cfg, result, engine.system.label, system_description=engine.system.description)
     frames = [tr.frames for tr in result["turns"]]
     folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                 cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
@@ -211,6 +211,7 @@ def summary(folder: str, record: dict) -> str:
     lines = [f"outputs: {folder}/ (index.html gallery, game.mp4, turn_*.mp4/gif, game.json)",
              f"contact sheet: {folder}/contact_sheet.png",
              f"system: {record['system']}",
+             *([f"about the system: {record['system_description']}"] if record.get("system_description") else []),
              "wall time per stage over {} turns (run, compile excluded): ".format(n)
              + ", ".join(f"{k} {v:.2f}s" for k, v in run.items()),
              "compilation: " + ", ".join(f"{k} {v:.2f}s" for k, v in comp.items())]

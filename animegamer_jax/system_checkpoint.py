@@ -283,6 +283,7 @@ def save_system(
     config: ml_collections.ConfigDict,
     *,
     force: bool = False,
+    description: str = "",
 ) -> str:
     """Writes a system checkpoint (one orbax item per component, plus the config and a manifest).
 
@@ -294,6 +295,9 @@ def save_system(
         (orbax writes each shard once).
       config: the config every component was built from (saved as JSON).
       force: overwrite an existing checkpoint.
+      description: what the system is, in a sentence or two (what it was trained on, what it can
+        show); stored in the manifest when given and shown by the game outputs (game.json
+        ``system_description``, the gallery, play's summary, the web app).
 
     Returns:
       The absolute directory path.
@@ -316,8 +320,10 @@ def save_system(
         counts[name] = count_params(pure)
         items[name] = ocp.args.PyTreeSave(pure)
     items["config"] = ocp.args.JsonSave(config_to_json(config))
-    items["manifest"] = ocp.args.JsonSave(
-        {"format": FORMAT_VERSION, "components": sorted(components), "param_counts": counts})
+    manifest = {"format": FORMAT_VERSION, "components": sorted(components), "param_counts": counts}
+    if description:
+        manifest["description"] = str(description)
+    items["manifest"] = ocp.args.JsonSave(manifest)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
         ckptr.save(directory, ocp.args.Composite(**items), force=force)
     # orbax has committed every file; the integrity manifest goes last (load_system requires it)
@@ -338,7 +344,8 @@ def is_complete(directory: str) -> bool:
 
 
 def read_manifest(directory: str) -> dict:
-    """The manifest of a system checkpoint: ``{"format", "components", "param_counts"}``.
+    """The manifest of a system checkpoint: ``{"format", "components", "param_counts"}`` and, when
+    the writer gave one, ``"description"`` (:func:`save_system`).
 
     Raises:
       SystemCheckpointError: no checkpoint (or no manifest) at ``directory``.
@@ -658,12 +665,14 @@ def _stored_dtypes(directory: str, name: str) -> dict[str, Any]:
     return {jax.tree_util.keystr(p): leaf.dtype for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfloat16") -> str:
+def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfloat16",
+                description: str | None = None) -> str:
     """Copies the system checkpoint ``src`` to the new directory ``dst`` with the float32 arrays of
     ``components`` stored as ``dtype`` (smaller files; :func:`load_system` casts them back to each
     module's own dtype, so only the rounding changes). Every other array keeps the dtype it is stored
     with in ``src`` (values and dtypes unchanged). Loads the whole system on this process's first
-    device: meant for toy and mid-size systems such as checkpoints/tiny_system.
+    device: meant for toy and mid-size systems such as checkpoints/tiny_system. ``description``
+    replaces ``src``'s manifest description (:func:`save_system`); None keeps it.
 
     Returns the absolute ``dst``.
 
@@ -678,7 +687,8 @@ def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfl
     if not jnp.issubdtype(target, jnp.floating) or target.itemsize >= 4:
         raise ValueError(f"cast dtype {dtype!r}: use a floating dtype narrower than float32 (bfloat16, float16)")
     names = list(components)
-    held = read_manifest(src)["components"]
+    src_manifest = read_manifest(src)
+    held = src_manifest["components"]
     missing = [n for n in names if n not in held]
     if missing:
         raise SystemCheckpointError(f"{src} has no component(s) {missing}; it holds {held}")
@@ -693,17 +703,21 @@ def cast_system(src: str, dst: str, components: Iterable[str], dtype: str = "bfl
         kinds = [stored.get(jax.tree_util.keystr(p), a.dtype) for p, a in flat]
         leaves = [a.astype(target if name in names and k == jnp.float32 else k) for (_, a), k in zip(flat, kinds)]
         out[name] = jax.tree_util.tree_unflatten(treedef, leaves)
-    return save_system(dst, out, config)
+    if description is None:
+        description = str(src_manifest.get("description", ""))
+    return save_system(dst, out, config, description=description)
 
 
 _CLI_DOC = """Check a system checkpoint's files, write their integrity.json, or store components smaller.
 
 Usage: python -m animegamer_jax.system_checkpoint {verify [--full] | manifest} DIR
        python -m animegamer_jax.system_checkpoint cast SRC DST --components=mllm [--dtype=bfloat16]
+           [--description="what the system is"]
 
 verify: check every file against integrity.json; manifest: write integrity.json for the files
 there now (only for a checkpoint you trust); cast: copy SRC to the new folder DST with the float32
-arrays of --components stored as --dtype (loading casts them back)."""
+arrays of --components stored as --dtype (loading casts them back); --description replaces the
+manifest's description of the system (shown in game outputs)."""
 
 
 def _define_flags(fv, argv: list[str]) -> None:
@@ -714,6 +728,8 @@ def _define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_list("components", [], "cast: the components whose float32 arrays to store as --dtype",
                       flag_values=fv)
     flags.DEFINE_string("dtype", "bfloat16", "cast: the stored dtype", flag_values=fv)
+    flags.DEFINE_string("description", None, "cast: what the system is (trained on what, what it can show), "
+                        "stored in DST's manifest and shown in game outputs (default: SRC's)", flag_values=fv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -740,7 +756,7 @@ def main(argv: list[str] | None = None) -> int:
     if rest[0] == "cast":
         t0 = time.perf_counter()
         try:
-            out = cast_system(rest[1], rest[2], f.components, f.dtype)
+            out = cast_system(rest[1], rest[2], f.components, f.dtype, f.description)
         except (SystemCheckpointError, ValueError, TypeError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

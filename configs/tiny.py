@@ -65,6 +65,14 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.lora_alpha = 4.0
     c.mllm.history_window = 3
 
+    # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): the 2-layer, 64-wide one
+    # (0.17 M parameters, shipped until commit cd74b69) plateaued at a2 v-loss 0.135 and drew 8-px
+    # latent blocks even for its training clips (python -m animegamer_jax.eval.decoder: 14.4 dB PSNR on
+    # 12 of them); 4 layers of 4 x 32 heads (1.05 M) reach 0.03 in 20000 steps and 20.3 dB (the VAE's
+    # own reconstructions: 23.4), which shows the footage (README "What the tiny checkpoint is").
+    # s_a enters the DiT unprojected, so rep.dim = dit.hidden_size (1920 at full size).
+    c.rep.dim = 128
+    c.dit.update(hidden_size=128, num_layers=4, num_heads=4, head_dim=32)
     c.dit.time_embed_dim = 32
     c.dit.in_channels = 16  # = vae.latent_channels
     c.dit.out_channels = 16
@@ -81,6 +89,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.norm_num_groups = 4
 
     c.diffusion.num_sampling_steps = 8
+    # DynamicCFG max scale 1 (s rises from 1 to 1.5 over the 8 steps), not the paper's 6: the shipped
+    # system's samples of 12 training clips score 20.3 dB PSNR at scale 1, 16.7 at 6 (oversaturated into
+    # white blobs), 20.4 with no guidance at all (eval.decoder --cfg_scale S).
+    c.diffusion.cfg_scale = 1.0
 
     c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)
 
@@ -93,7 +105,7 @@ def get_config() -> ml_collections.ConfigDict:
     # 32x48 crops, then single frames and 9-frame 64x96 clips interleaved (vae_curriculum below; each
     # shape compiles its step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    c.train.pipeline_steps = (4700, 200, 10000, 4000, 500)  # the shipped checkpoints/tiny_system (README)
+    c.train.pipeline_steps = (4700, 200, 20000, 4000, 500)  # the shipped checkpoints/tiny_system (README)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
     # Clip steps alone pull the single-frame path down (held-out frame PSNR 26.5 -> 25.0 dB within 500
     # steps of 9-frame 32x48 crops), so the last stage interleaves: every 100 steps, 30 on single frames

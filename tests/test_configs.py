@@ -31,7 +31,8 @@ def test_tiny_keeps_structure_and_shrinks():
 
     assert keys(full) == keys(small)
     assert small.mllm.vocab_size == 32284  # real tokenizer at every size
-    assert small.dit.hidden_size < 128 and small.mllm.hidden_size < 128
+    assert small.dit.hidden_size <= 128 and small.mllm.hidden_size < 128  # 1920 / 2048 at full size
+    assert small.rep.dim == small.dit.hidden_size  # s_a enters the DiT unprojected
     assert small.shot_encoder.image_dim == small.clip.vision_width
     assert small.shot_encoder.text_dim == small.t5.d_model
     assert small.rep.num_image_tokens == (small.clip.image_size // small.clip.patch_size) ** 2

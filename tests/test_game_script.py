@@ -32,7 +32,7 @@ def test_sample_tour_uses_the_labels_words():
 
     game = script.load_script("data/games/sample_tour.txt")
     assert game.game_id == "sample_tour" and len(game.turns) == 5
-    assert {t.characters for t in game.turns} == {("Bunny",), ("Cyclist",), ("Driver",)}
+    assert {t.characters for t in game.turns} == {("Bunny",), ("Driver",), ("Pedestrian",)}
     from animegamer_jax.data import sample
 
     labelled = {(lab.characters, lab.action, lab.background)  # the training films' labels

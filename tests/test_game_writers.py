@@ -53,6 +53,18 @@ def test_write_game_files(tmp_path):
     assert writers.is_finished(folder)
 
 
+def test_gallery_says_what_the_system_is(tmp_path):
+    """index.html names the system and gives its checkpoint's description (escaped); neither line
+    without them."""
+    rec = dict(record(1), system="checkpoint checkpoints/tiny_system",
+               system_description="trained on 71 clips <of> the sample films")
+    page = open(os.path.join(writers.write_game(str(tmp_path), "g", rec, frames(1), fps=8), "index.html")).read()
+    assert ('<p class="muted" id="about">system: checkpoint checkpoints/tiny_system. trained on 71 clips '
+            '&lt;of&gt; the sample films</p>') in page
+    page = open(os.path.join(writers.write_game(str(tmp_path), "h", record(1), frames(1), fps=8), "index.html")).read()
+    assert 'id="about"' not in page
+
+
 def test_hud_changes_with_meters():
     f = writers.to_uint8(frames(1, t=1)[0])
     a = writers.draw_hud(f, {"social": 10, "entertainment": 50, "stamina": 90}, "x", 0)

@@ -101,6 +101,9 @@ def test_bad_input_is_refused_with_the_parsers_message(served):
     assert c.json("/api/restart", {"seed": "three"})[0] == 400
     status, state = c.json("/api/state")
     assert status == 200 and state["turns"] == [] and state["download"] is None
+    # what the shipped system is (its checkpoint's manifest description), for the page's #about line
+    assert state["system_description"] == system_checkpoint.read_manifest(CKPT)["description"]
+    assert "71 two-second 64x96 clips" in state["system_description"]
     assert (server.turns_played, sorted(os.listdir(server.out_dir))) == before
 
 
@@ -117,7 +120,15 @@ def test_two_games_at_once(served):
     assert ev_a[-1]["event"] == "done" and ev_b[-1]["event"] == "done", (ev_a[-1], ev_b[-1])
     # b waited behind a, and was told so (batch size 1 on one CPU device)
     assert server.engine.batch_size == 1
-    assert ev_b[0] == {"event": "queued", "position": 1, "ahead": 1}
+    # Exactly one turn was ahead of b when it was queued: position 2 when the worker had not yet taken
+    # a's turn off the queue, else 1 (a running). The worker re-announces as a starts and ends, so
+    # b is then next (position 1), with a running (ahead 1) or done (ahead 0), until b starts.
+    queued_b = [e for e in ev_b if e["event"] == "queued"]
+    assert queued_b[0] in ({"event": "queued", "position": 1, "ahead": 1},
+                           {"event": "queued", "position": 2, "ahead": 1}), queued_b
+    assert all(e["position"] == 1 and e["ahead"] in (0, 1) for e in queued_b[1:]), queued_b
+    names_b = [e["event"] for e in ev_b]
+    assert max(i for i, n in enumerate(names_b) if n == "queued") < names_b.index("started")
     for ev in (ev_a, ev_b):
         names = [e["event"] for e in ev]
         assert names.index("started") < names.index("frames") < names.index("done")
@@ -293,6 +304,9 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
     game_id = d.execute_script("return document.querySelector('#info').textContent").split()[1]
     rec = json.load(open(os.path.join(server.out_dir, game_id, "game.json")))
     assert len(rec["turns"]) == 2
+    # the page and the saved game say what the system is
+    about = d.execute_script("return document.querySelector('#about').textContent")
+    assert about == rec["system_description"] == server.engine.system.description and "71 two-second 64x96 clips" in about
     prev = start
     for meters_page, turn in ((m1, rec["turns"][0]), (m2, rec["turns"][1])):
         want = turn["meters"]

@@ -74,6 +74,9 @@ class GameSystem:
         given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
       decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
+      description: what it was trained on and can show, from the checkpoint's manifest
+        (system_checkpoint.save_system ``description``); "" when it has none. Shown in game.json
+        (``system_description``), the gallery, play's summary and the web app.
       parse_states: optional host function ``ids int [B, T] -> states int32 [B, 4]``; when set,
         ``mllm`` returns generated ids instead of states (reference mode's free decoding + the
         release's text parser, game/reference.py).
@@ -100,6 +103,7 @@ class GameSystem:
     decode_chunk: Callable[..., tuple[jax.Array, Any]] | None = None
     decode_plan: tuple[int, ...] = ()
     identity: str = ""
+    description: str = ""
     mllm_cached: Callable[..., tuple[jax.Array, jax.Array, Any]] | None = None
     mllm_prefill: Callable[..., Any] | None = None
     init_cache: Callable[[int], Any] | None = None
@@ -449,8 +453,10 @@ class GameEngine:
         return results
 
 
-def game_record(config, result: dict, system_label: str, write_s: float | None = None) -> dict:
-    """The game.json content of a played game (see game/writers.py)."""
+def game_record(config, result: dict, system_label: str, write_s: float | None = None,
+                system_description: str = "") -> dict:
+    """The game.json content of a played game (see game/writers.py); ``system_description`` is
+    :attr:`GameSystem.description`."""
     game: Game = result["game"]
     turns = []
     for k, (turn, tr, tm) in enumerate(zip(game.turns, result["turns"], result["timings"])):
@@ -475,6 +481,7 @@ def game_record(config, result: dict, system_label: str, write_s: float | None =
         "readout": cfg.mllm.readout,
         "cfg_schedule": cfg.diffusion.cfg_schedule,
         "system": system_label,
+        "system_description": system_description,
         "seed": result["seed"],
         "fps": cfg.game.fps,
         "meter_start": int(cfg.game.meter_start),

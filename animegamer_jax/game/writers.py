@@ -234,6 +234,7 @@ def _index_html(game_id: str, record: Mapping[str, Any]) -> str:
 {GALLERY_CSS}</style></head>
 <body><h1>{html.escape(game_id)}</h1>
 <p class="muted">config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.</p>
+{about_html(record)}
 <p><button id="play" class="primary">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
 &middot; <a href="contact_sheet.png">contact sheet</a> &middot; <a href="game.json">game.json</a></p>
 <div class="turns">
@@ -248,6 +249,15 @@ document.getElementById('play').onclick=()=>playFrom(0);
 playFrom(0);
 </script></body></html>
 """
+
+
+def about_html(record: dict) -> str:
+    """The gallery's line on the system that played the game: its label and, when its checkpoint
+    has one, its description (game.json ``system``, ``system_description``); "" when neither."""
+    parts = [html.escape(str(record.get(k) or "")) for k in ("system", "system_description")]
+    if not any(parts):
+        return ""
+    return f'<p class="muted" id="about">system: {". ".join(p for p in parts if p)}</p>'
 
 
 def check_game_id(game_id: str, where: str = "--game-id") -> str:

@@ -321,6 +321,7 @@ class GameServer:
             cfg = self.engine.config
             return {
                 "game_id": game.game_id, "seed": game.seed, "system": self.engine.system.label,
+                "system_description": self.engine.system.description,
                 "config": cfg.name, "mode": cfg.game.mode, "fps": float(cfg.game.fps),
                 "meters": prev, "start_meters": start, "turns": turns,
                 "busy": s.job is not None, "version": s.version,

@@ -65,6 +65,7 @@ function render(state, { play = true } = {}) {
   const n = state.turns.length;
   $("#info").textContent = `game ${state.game_id} · seed ${state.seed} · ${n} turn${n === 1 ? "" : "s"} · ` +
     `${state.config} (${state.mode}) · ${state.system}`;
+  $("#about").textContent = state.system_description || "";
   if ($("#seed").value === "") $("#seed").value = state.seed;
   const last = n ? state.turns[n - 1] : null;
   $("#meters").innerHTML = metersHtml(state.meters, last ? last.deltas : null);

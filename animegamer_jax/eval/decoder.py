@@ -1,0 +1,160 @@
+"""Decoder PSNR of a system checkpoint: D_a's samples for a prepared dataset's clips against the clips' frames.
+
+  python -m animegamer_jax.eval.decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
+  python -m animegamer_jax.eval.decoder --checkpoint DIR --cfg_scale 6 --num_sampling_steps 50   # other sampler
+
+For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
+the DiT samples latents with the checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``,
+DynamicCFG ``cfg_scale`` / ``cfg_exp`` / ``cfg_schedule``; ``--cfg_scale`` and ``--num_sampling_steps``
+override), conditioned on the clip's motion level (``dit.flow_table``), and the VAE decodes them: the
+training phases' sample video (``train/phases.py`` ``sample_video``). Two PSNRs (dB, frames mapped to
+[0, 1], decoded output clipped to [0, 1]): ``sample``, the decoded sample against the clip's frames, and
+``reconstruction``, the VAE's own encode/decode of the clip (posterior mean), the ceiling a sample can
+reach through this VAE.
+
+Scored clips: ``--clips`` evenly spaced over the dataset's clip order (all when it has fewer), each with
+its own noise (``--seed`` + its position). The default dataset is the checkpoint config's
+``data.dataset_dir``: the decoder's training clips. On those this says how well D_a reproduces what it
+was trained on (the tiny system memorises its 71 clips; it generalises to no other footage), not how
+well it generalises.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from animegamer_jax.eval.vae import psnr
+
+
+def clip_indices(num_clips: int, count: int) -> list[int]:
+    """``count`` dataset positions evenly spaced over ``range(num_clips)`` (first and last included;
+    every position when ``count >= num_clips``)."""
+    if count >= num_clips:
+        return list(range(num_clips))
+    return sorted({int(round(x)) for x in np.linspace(0, num_clips - 1, count)})
+
+
+def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, seed: int = 0) -> dict:
+    """Scores D_a's samples on ``count`` clips of ``dataset_dir`` (module docstring).
+
+    Args:
+      components: ``shot_encoder``, ``dit``, ``vae``, ``t5`` and ``clip`` modules (system_checkpoint.load_system).
+      config: the system's config (sizes, sampler, flow table, T5 tokenizer).
+
+    Returns:
+      ``{"sample": dB, "reconstruction": dB, "clips": [{"index", "film_id", "action", "motion_level",
+      "sample", "reconstruction"}, ...]}`` (means over the scored clips).
+
+    Raises:
+      FileNotFoundError / storage.DatasetError: no prepared dataset at ``dataset_dir``; ValueError: its
+        clips do not have the config's frame size or frame count.
+    """
+    import types
+
+    import jax
+    import jax.numpy as jnp
+
+    from animegamer_jax.data import loader
+    from animegamer_jax.train import phases
+
+    source = loader.ClipSource(dataset_dir)
+    model = types.SimpleNamespace(**components)
+    builder = phases.BatchBuilder(config, "a1")
+    want = (int(config.data.height), int(config.data.width))
+
+    def run(batch, key):
+        video = phases.sample_video(model, batch, key, config)
+        recon = model.vae.decode(model.vae.encode(batch["frames"]).mean)
+        return video, recon
+
+    run = jax.jit(run)
+    to_unit = lambda y: np.clip((np.asarray(jax.device_get(y), np.float64) + 1.0) / 2.0, 0.0, 1.0)  # noqa: E731
+    scored = []
+    for k, i in enumerate(clip_indices(len(source), count)):
+        rec = source[i]
+        frames = np.asarray(rec["frames"])
+        if tuple(frames.shape[1:3]) != want:
+            raise ValueError(f"{dataset_dir}: clip {i} is {frames.shape[1]}x{frames.shape[2]}, the system's config "
+                             f"makes {want[0]}x{want[1]}; pass a dataset prepared with this config (--dataset)")
+        ex = {name: np.asarray(rec[name])[None] for name in ("frames", "first_frame", "motion_level")}
+        ex["action"] = np.asarray([str(rec["action"])])
+        batch = jax.tree.map(jnp.asarray, builder(ex))
+        video, recon = run(batch, jax.random.key(seed + k))
+        target = (np.asarray(batch["frames"], np.float64)[0] + 1.0) / 2.0
+        scored.append({"index": int(i), "film_id": str(rec["film_id"]), "action": str(rec["action"]),
+                       "motion_level": int(rec["motion_level"]),
+                       "sample": psnr(to_unit(video)[0], target), "reconstruction": psnr(to_unit(recon)[0], target)})
+    return {"sample": float(np.mean([c["sample"] for c in scored])),
+            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored}
+
+
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.eval.decoder`` on ``fv`` (absl)."""
+    from absl import flags
+
+    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint (E_a, DiT, VAE, T5, CLIP).",
+                        flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset of clips to score (default: the checkpoint config's "
+                        "data.dataset_dir, its training clips).", flag_values=fv)
+    flags.DEFINE_integer("clips", 12, "Clips to score, evenly spaced over the dataset.", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Noise seed of the first scored clip (the k-th uses seed + k).", flag_values=fv)
+    flags.DEFINE_float("cfg_scale", None, "DynamicCFG max scale (default: the config's diffusion.cfg_scale).",
+                       flag_values=fv)
+    flags.DEFINE_integer("num_sampling_steps", None, "Sampler steps (default: diffusion.num_sampling_steps).",
+                         flag_values=fv)
+    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
+    from animegamer_jax import cli, paths, system_checkpoint
+    from animegamer_jax.config import ConfigError
+    from animegamer_jax.data import storage
+
+    try:
+        f, rest = cli.parse_flags(["animegamer-eval-decoder", *(sys.argv[1:] if argv is None else argv)],
+                                  define_flags, __doc__)
+        if rest:
+            raise cli.UsageError(f"unexpected arguments {rest}")
+        if f.clips < 1:
+            raise cli.UsageError(f"--clips={f.clips}: score at least one clip")
+        ckpt = paths.resource(f.checkpoint)
+        config = system_checkpoint.load_config(ckpt)
+        if f.cfg_scale is not None:
+            config.diffusion.cfg_scale = float(f.cfg_scale)
+        if f.num_sampling_steps is not None:
+            config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
+        dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
+        if not os.path.isfile(os.path.join(dataset, storage.INDEX_FILE)):
+            raise FileNotFoundError(f"{dataset}: no prepared dataset ({storage.INDEX_FILE}); build it as in "
+                                    f"data/README.md or pass --dataset")
+        components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
+        res = decoder_psnr(components, config, dataset, f.clips, f.seed)
+    except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError,
+            storage.DatasetError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    d = config.diffusion
+    for c in res["clips"]:
+        print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
+              f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
+    print(f"{os.path.abspath(ckpt)}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction "
+          f"{res['reconstruction']:.2f} dB) over {len(res['clips'])} clips of {os.path.abspath(dataset)}; "
+          f"{d.sampler} {d.num_sampling_steps} steps, DynamicCFG scale {float(d.cfg_scale):g}")
+    if f.json:
+        with open(f.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 0
+
+
+def cli() -> None:
+    """Console script ``animegamer-eval-decoder`` (pyproject.toml)."""
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()
