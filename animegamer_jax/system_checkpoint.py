@@ -729,7 +729,7 @@ def _define_flags(fv, argv: list[str]) -> None:
                       flag_values=fv)
     flags.DEFINE_string("dtype", "bfloat16", "cast: the stored dtype", flag_values=fv)
     flags.DEFINE_string("description", None, "cast: what the system is (trained on what, what it can show), "
-                        "stored in DST's manifest and shown in game outputs (default: SRC's)", flag_values=fv)
+                        "stored in DST's manifest and shown in game outputs (default: SRC's; --description= clears it)", flag_values=fv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,9 +89,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.norm_num_groups = 4
 
     c.diffusion.num_sampling_steps = 8
-    # DynamicCFG max scale 1 (s rises from 1 to 1.5 over the 8 steps), not the paper's 6: the shipped
-    # system's samples of 12 training clips score 20.3 dB PSNR at scale 1, 16.7 at 6 (oversaturated into
-    # white blobs), 20.4 with no guidance at all (eval.decoder --cfg_scale S).
+    # DynamicCFG scale 1 (s = 1 + scale (1 - cos(pi (i/8)^5)) / 2 rises to 1.5 by the 8th step), not the
+    # paper's 6 (s up to 4.1 here): the shipped system's samples of 12 training clips score 20.3 dB PSNR
+    # at scale 1, 16.7 at 6 (oversaturated into white blobs), 20.4 with no guidance at all (scale 0;
+    # python -m animegamer_jax.eval.decoder --cfg_scale S).
     c.diffusion.cfg_scale = 1.0
 
     c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)

@@ -12,20 +12,20 @@ training phases' sample video (``train/phases.py`` ``sample_video``). Two PSNRs 
 ``reconstruction``, the VAE's own encode/decode of the clip (posterior mean), the ceiling a sample can
 reach through this VAE.
 
-Scored clips: ``--clips`` evenly spaced over the dataset's clip order (all when it has fewer), each with
-its own noise (``--seed`` + its position). The default dataset is the checkpoint config's
-``data.dataset_dir``: the decoder's training clips. On those this says how well D_a reproduces what it
-was trained on (the tiny system memorises its 71 clips; it generalises to no other footage), not how
-well it generalises.
+Scored clips: ``--clips`` evenly spaced over the dataset's clip order (all when it has fewer,
+eval/metrics.py ``sample_frame_indices``), each with its own noise (``--seed`` + its position). The
+default dataset is the checkpoint config's ``data.dataset_dir``: the decoder's training clips. On those
+this says how well D_a reproduces what it was trained on (the shipped tiny system memorises its training
+clips and generalises to no other footage), not how well it generalises.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import numpy as np
+from flax import nnx
 
 from animegamer_jax.eval.vae import psnr
 
@@ -33,9 +33,38 @@ from animegamer_jax.eval.vae import psnr
 def clip_indices(num_clips: int, count: int) -> list[int]:
     """``count`` dataset positions evenly spaced over ``range(num_clips)`` (first and last included;
     every position when ``count >= num_clips``)."""
-    if count >= num_clips:
-        return list(range(num_clips))
-    return sorted({int(round(x)) for x in np.linspace(0, num_clips - 1, count)})
+    from animegamer_jax.eval.metrics import sample_frame_indices
+
+    return [int(i) for i in sample_frame_indices(num_clips, count)]
+
+
+def check_dataset(dataset_dir: str, config) -> dict:
+    """The index (``dataset.json``) of ``dataset_dir`` after checking that its clips are what the
+    system's config makes: ``data.height`` x ``data.width``, ``data.num_frames`` frames, at least one.
+
+    Raises:
+      storage.DatasetError: no prepared dataset there (local path or URL), no clips, or clips of
+        another size or length (the message names both and the fix).
+    """
+    from animegamer_jax.data import storage
+
+    index = storage.read_index(dataset_dir)
+    have = {k: index["config"].get(k) for k in ("height", "width", "num_frames")}
+    want = {k: int(config.data[k]) for k in ("height", "width", "num_frames")}
+    if have != want:
+        raise storage.DatasetError(f"{dataset_dir}: clips of {have}, the system's config makes {want}; pass a "
+                                   f"dataset prepared with this config (--dataset)")
+    if not index.get("clips"):
+        raise storage.DatasetError(f"{dataset_dir}: the dataset has no clips")
+    return index
+
+
+class _Decoder(nnx.Module):
+    """The components phase a's sample video reads (``phases.sample_video``), as one module for nnx.jit."""
+
+    def __init__(self, components: dict):
+        for name in ("shot_encoder", "dit", "vae", "t5", "clip"):
+            setattr(self, name, components[name])
 
 
 def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, seed: int = 0) -> dict:
@@ -47,49 +76,44 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
 
     Returns:
       ``{"sample": dB, "reconstruction": dB, "clips": [{"index", "film_id", "action", "motion_level",
-      "sample", "reconstruction"}, ...]}`` (means over the scored clips).
+      "sample", "reconstruction"}, ...], "dataset_clips": int, "dataset_films": [film ids]}`` (dB: means
+      over the scored clips).
 
     Raises:
-      FileNotFoundError / storage.DatasetError: no prepared dataset at ``dataset_dir``; ValueError: its
-        clips do not have the config's frame size or frame count.
+      storage.DatasetError: no prepared dataset at ``dataset_dir``, no clips, or clips of another size
+        or length than the config's (:func:`check_dataset`).
     """
-    import types
-
     import jax
     import jax.numpy as jnp
 
     from animegamer_jax.data import loader
+    from animegamer_jax.eval.vae import model_frames_to_unit
     from animegamer_jax.train import phases
 
+    check_dataset(dataset_dir, config)
     source = loader.ClipSource(dataset_dir)
-    model = types.SimpleNamespace(**components)
     builder = phases.BatchBuilder(config, "a1")
-    want = (int(config.data.height), int(config.data.width))
 
-    def run(batch, key):
-        video = phases.sample_video(model, batch, key, config)
-        recon = model.vae.decode(model.vae.encode(batch["frames"]).mean)
-        return video, recon
+    @nnx.jit
+    def run(m, batch, key):
+        video = phases.sample_video(m, batch, key, config)
+        return video, m.vae.decode(m.vae.encode(batch["frames"]).mean)
 
-    run = jax.jit(run)
-    to_unit = lambda y: np.clip((np.asarray(jax.device_get(y), np.float64) + 1.0) / 2.0, 0.0, 1.0)  # noqa: E731
+    model = _Decoder(components)
     scored = []
     for k, i in enumerate(clip_indices(len(source), count)):
         rec = source[i]
-        frames = np.asarray(rec["frames"])
-        if tuple(frames.shape[1:3]) != want:
-            raise ValueError(f"{dataset_dir}: clip {i} is {frames.shape[1]}x{frames.shape[2]}, the system's config "
-                             f"makes {want[0]}x{want[1]}; pass a dataset prepared with this config (--dataset)")
         ex = {name: np.asarray(rec[name])[None] for name in ("frames", "first_frame", "motion_level")}
         ex["action"] = np.asarray([str(rec["action"])])
         batch = jax.tree.map(jnp.asarray, builder(ex))
-        video, recon = run(batch, jax.random.key(seed + k))
-        target = (np.asarray(batch["frames"], np.float64)[0] + 1.0) / 2.0
+        video, recon = run(model, batch, jax.random.key(seed + k))
+        target = model_frames_to_unit(batch["frames"])[0]
         scored.append({"index": int(i), "film_id": str(rec["film_id"]), "action": str(rec["action"]),
-                       "motion_level": int(rec["motion_level"]),
-                       "sample": psnr(to_unit(video)[0], target), "reconstruction": psnr(to_unit(recon)[0], target)})
+                       "motion_level": int(rec["motion_level"]), "sample": psnr(model_frames_to_unit(video)[0], target),
+                       "reconstruction": psnr(model_frames_to_unit(recon)[0], target)})
     return {"sample": float(np.mean([c["sample"] for c in scored])),
-            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored}
+            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored,
+            "dataset_clips": len(source), "dataset_films": sorted({f["film_id"] for f in source.index["films"]})}
 
 
 def define_flags(fv, argv: list[str]) -> None:
@@ -102,8 +126,8 @@ def define_flags(fv, argv: list[str]) -> None:
                         "data.dataset_dir, its training clips).", flag_values=fv)
     flags.DEFINE_integer("clips", 12, "Clips to score, evenly spaced over the dataset.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Noise seed of the first scored clip (the k-th uses seed + k).", flag_values=fv)
-    flags.DEFINE_float("cfg_scale", None, "DynamicCFG max scale (default: the config's diffusion.cfg_scale).",
-                       flag_values=fv)
+    flags.DEFINE_float("cfg_scale", None, "DynamicCFG scale parameter (default: the config's diffusion.cfg_scale; "
+                       "docs/diffusion.md#guidance).", flag_values=fv)
     flags.DEFINE_integer("num_sampling_steps", None, "Sampler steps (default: diffusion.num_sampling_steps).",
                          flag_values=fv)
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
@@ -111,7 +135,7 @@ def define_flags(fv, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
-    from animegamer_jax import cli, paths, system_checkpoint
+    from animegamer_jax import cli, fileio, paths, system_checkpoint
     from animegamer_jax.config import ConfigError
     from animegamer_jax.data import storage
 
@@ -129,25 +153,25 @@ def main(argv: list[str] | None = None) -> int:
         if f.num_sampling_steps is not None:
             config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
         dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
-        if not os.path.isfile(os.path.join(dataset, storage.INDEX_FILE)):
-            raise FileNotFoundError(f"{dataset}: no prepared dataset ({storage.INDEX_FILE}); build it as in "
-                                    f"data/README.md or pass --dataset")
+        check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
+        if f.json:
+            fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
         components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
         res = decoder_psnr(components, config, dataset, f.clips, f.seed)
+        d = config.diffusion
+        for c in res["clips"]:
+            print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
+                  f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
+        print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
+              f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
+              f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
+              f"{float(d.cfg_scale):g}")
+        if f.json:
+            fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
     except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError,
             storage.DatasetError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    d = config.diffusion
-    for c in res["clips"]:
-        print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
-              f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
-    print(f"{os.path.abspath(ckpt)}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction "
-          f"{res['reconstruction']:.2f} dB) over {len(res['clips'])} clips of {os.path.abspath(dataset)}; "
-          f"{d.sampler} {d.num_sampling_steps} steps, DynamicCFG scale {float(d.cfg_scale):g}")
-    if f.json:
-        with open(f.json, "w") as fh:
-            json.dump(res, fh, indent=1)
     return 0
 
 

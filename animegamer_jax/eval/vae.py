@@ -108,6 +108,13 @@ def psnr(x: np.ndarray, y: np.ndarray) -> float:
     return float(10.0 * np.log10(1.0 / max(mse, 1e-12)))
 
 
+def model_frames_to_unit(y) -> np.ndarray:
+    """Model-space frames (any array in [-1, 1], e.g. a VAE decode) as float64 numpy in [0, 1], clipped."""
+    import jax
+
+    return np.clip((np.asarray(jax.device_get(y), np.float64) + 1.0) / 2.0, 0.0, 1.0)
+
+
 def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> dict:
     """{"frame": dB, "clip": dB or None, "num_frames_scored", "num_clips", "per_film": {...}} for ``vae``
     (a ``CogVideoXVAE``) on ``held`` (see the module docstring)."""
@@ -117,18 +124,17 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
 
     recon = nnx.jit(lambda m, x: m.decode(m.encode(x).mean))
     to_unit = lambda a: np.asarray(a, np.float32) / 127.5 - 1.0  # noqa: E731
-    from_model = lambda y: np.clip((np.asarray(jax.device_get(y)) + 1.0) / 2.0, 0.0, 1.0)  # noqa: E731
     frame_scores, clip_scores, per_film = [], [], {}
     for h in held:
         f_scores = []
         for i in range(0, len(h.frames), 8):  # 8 single frames per call
             x = to_unit(h.frames[i:i + 8])[:, None]
-            y = from_model(recon(vae, jnp.asarray(x)))
+            y = model_frames_to_unit(recon(vae, jnp.asarray(x)))
             f_scores += [psnr(y[j], (x[j] + 1.0) / 2.0) for j in range(len(x))]
         c_scores = []
         for sl in runs(h.indices, num_frames):
             x = to_unit(h.frames[sl])[None]
-            y = from_model(recon(vae, jnp.asarray(x)))
+            y = model_frames_to_unit(recon(vae, jnp.asarray(x)))
             c_scores.append(psnr(y, (x + 1.0) / 2.0))
         frame_scores += f_scores
         clip_scores += c_scores

@@ -78,7 +78,7 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
     system = build_real_system(components, config, label=label,
                                decode_fn=_standin_decode(config) if standin_vae else None)
     system.identity = identity
-    system.description = str(manifest.get("description", ""))
+    system.description = str(manifest.get("description") or "")
     return system
 
 
