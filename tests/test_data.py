@@ -296,9 +296,10 @@ def test_turns_are_consecutive_clips_of_one_film(dataset):
         assert 1 <= n <= 5 and ex["turn_mask"].tolist() == [True] * n + [False] * (5 - n)
         np.testing.assert_array_equal(idx, np.arange(idx[0], idx[0] + n))
         assert (ex["index"][n:] == -1).all() and (ex["instruction"][n:] == "").all()
+        assert (ex["action"][n:] == "").all()
         for k in range(n):
             rec = src[int(idx[k])]
-            assert ex["instruction"][k] == rec["instruction"]
+            assert ex["instruction"][k] == rec["instruction"] and ex["action"][k] == rec["action"]
             np.testing.assert_array_equal(ex["states"][k], rec["states"])
         assert "frames" not in ex
     assert len(lengths) >= 3  # lengths really vary over 28 examples
@@ -319,6 +320,30 @@ def test_tokenize_turns(dataset):
             n = int(batch["turn_len"][b, k])
             assert batch["turn_ids"][b, k, :n].tolist() == want and (batch["turn_ids"][b, k, n:] == 0).all()
             assert batch["world_ids"][b, k].tolist() == tok.world_ids(*batch["states"][b, k].tolist())
+
+
+def test_mllm_targets_encode_the_action_text(dataset):
+    """Phase b/c's s_a targets and history come from E_a(T5(action), CLIP(first frame)), the inputs E_a is
+    trained on in phase a, not from T5 of the whole instruction (which the decoder never sees)."""
+    from animegamer_jax.train import phases
+
+    cfg = tiny.get_config()
+    ld = loader.make_loader(dataset, mode="turns", batch_size=2, seed=0, num_epochs=1, shard_index=0,
+                            shard_count=1, include_frames=True)
+    ex = next(iter(ld))
+    builder = phases.BatchBuilder(cfg, "b")
+    batch = builder(ex)
+    m = ex["states"].shape[1]
+    for b in range(2):
+        for k in range(int(ex["num_turns"][b])):
+            action, instruction = str(ex["action"][b, k]), str(ex["instruction"][b, k])
+            assert action and action in instruction and action != instruction
+            np.testing.assert_array_equal(batch["turn_t5_ids"][b, k], builder.t5_tok([action])[0])
+            assert (batch["turn_t5_ids"][b, k] != builder.t5_tok([instruction])[0]).any()
+    assert batch["turn_t5_ids"].shape[:2] == (2, m)
+    no_action = {k: v for k, v in ex.items() if k != "action"}
+    with pytest.raises(KeyError, match="action"):
+        builder(no_action)
 
 
 _SHARD_SCRIPT = """

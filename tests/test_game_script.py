@@ -27,19 +27,21 @@ def test_shipped_script_parses():
 
 
 def test_sample_tour_uses_the_labels_words():
-    """make demo's second game asks for each sample film in the words of its training labels."""
+    """make demo's second game asks for the three sample films' shots in one training variant's clip order
+    (a subsequence of sample_slow's clips) and in the words of its labels."""
     from animegamer_jax.data import labels
 
     game = script.load_script("data/games/sample_tour.txt")
-    assert game.game_id == "sample_tour" and len(game.turns) == 5
-    assert {t.characters for t in game.turns} == {("Bunny",), ("Driver",), ("Pedestrian",)}
-    from animegamer_jax.data import sample
-
-    labelled = {(lab.characters, lab.action, lab.background)  # the training films' labels
-                for (film, _), lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.items()
-                if film != sample.HELDOUT_FILM}
+    assert game.game_id == "sample_tour" and len(game.turns) == 10
+    assert {t.characters for t in game.turns} >= {("Bunny",), ("Pedestrian",), ("Driver",), ("none",)}
+    slow = sorted(((i, (lab.characters or ("none",), lab.action, lab.background))
+                   for (film, i), lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.items()
+                   if film == "sample_slow"))
+    at = -1
     for t in game.turns:
-        assert (t.characters, t.motion, t.background) in labelled, t.text
+        later = [i for i, words in slow if i > at and words == (t.characters, t.motion, t.background)]
+        assert later, f"{t.text!r} is no later sample_slow clip than clip {at}"
+        at = later[0]
 
 
 def test_paper_example_and_multi_character():

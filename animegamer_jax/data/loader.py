@@ -13,7 +13,9 @@ Two kinds of example:
   seed). Fields are padded to max_turns so examples batch:
     num_turns int32 [], turn_mask bool [max_turns], index int32 [max_turns] (dataset index, -1 pad),
     clip_index int32 [max_turns] (index in the film, -1 pad), states int32 [max_turns, 4] (0 pad),
-    instruction str [max_turns] ("" pad), film_id str, feature fields [max_turns, ...] (0 pad),
+    instruction str [max_turns] ("" pad), action str [max_turns] ("" pad: the clip's action text, which
+    E_a's T5 input is in every phase, docs/encoders.md#t5-action-text), film_id str, feature fields
+    [max_turns, ...] (0 pad),
     and with include_frames=True frames [max_turns, T, H, W, 3], first_frame [max_turns, H, W, 3].
   The last turn is the one to predict; earlier turns are its history. Tokenizing into the MLLM layout
   is a separate transform (`TokenizeTurns`), since the MLLM owns the exact sequence / mask layout.
@@ -134,6 +136,7 @@ class SampleTurns(grain.transforms.RandomMap):
             "clip_index": np.full(m, -1, np.int32),
             "states": np.zeros((m, 4), np.int32),
             "instruction": np.array([""] * m, dtype=object),
+            "action": np.array([""] * m, dtype=object),
             "film_id": recs[0]["film_id"],
         }
         arrays = list(self._features) + (["frames", "first_frame"] if self.include_frames else [])
@@ -145,9 +148,11 @@ class SampleTurns(grain.transforms.RandomMap):
             out["clip_index"][k] = rec["clip_index"]
             out["states"][k] = rec["states"]
             out["instruction"][k] = rec["instruction"]
+            out["action"][k] = rec["action"]
             for name in arrays:
                 out[name][k] = rec[name]
         out["instruction"] = out["instruction"].astype(str)
+        out["action"] = out["action"].astype(str)
         return out
 
 

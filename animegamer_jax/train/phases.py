@@ -498,7 +498,6 @@ class BatchBuilder:
         num_turns = np.asarray(ex["num_turns"]).astype(np.int64)
         b, m = np.asarray(ex["states"]).shape[:2]
         instr = np.asarray(ex["instruction"]).reshape(b, m)
-        actions = np.asarray(ex["action"]).reshape(b, m) if "action" in ex else instr
         seqs, target, hist = [], np.zeros(b, np.int32), np.zeros((b, max(w - 1, 1)), np.int32)
         for i in range(b):
             n = int(num_turns[i])
@@ -514,6 +513,13 @@ class BatchBuilder:
             out["turn_f_md"] = np.asarray(ex["turn_f_md"], np.float32)
             out["turn_f_v"] = np.asarray(ex["turn_f_v"], np.float32)
         else:
+            # E_a's T5 input is the action text in every phase (a1/a2 train it on it); the whole
+            # instruction would make targets that the decoder never saw
+            if "action" not in ex:
+                raise KeyError("a turns example without 'action' (each turn's action text, E_a's T5 input): "
+                               "build it with data.loader's turns mode (SampleTurns), or pass precomputed "
+                               "turn_f_md / turn_f_v")
+            actions = np.asarray(ex["action"]).reshape(b, m)
             out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
             out["turn_first_frame"] = _to_unit(ex["first_frame"])
         out["target_turn"], out["history_turns"] = target, hist
