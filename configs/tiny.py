@@ -68,8 +68,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): the 2-layer, 64-wide one
     # (0.17 M parameters, shipped until commit cd74b69) plateaued at a2 v-loss 0.135 and drew 8-px
     # latent blocks even for its training clips (python -m animegamer_jax.eval.decoder: 14.4 dB PSNR on
-    # 12 of them); 4 layers of 4 x 32 heads (1.05 M) reach 0.03 in 20000 steps and 20.4 dB (the VAE's
-    # own reconstructions: 23.4), which shows the footage (README "What the tiny checkpoint is").
+    # 12 of them); 4 layers of 4 x 32 heads (1.05 M) reach 0.03 in 20000 steps and, after phase c,
+    # 20.4 dB (the VAE's own reconstructions: 23.4), which shows the footage (README "What the tiny
+    # checkpoint is").
     # s_a enters the DiT unprojected, so rep.dim = dit.hidden_size (1920 at full size).
     c.rep.dim = 128
     c.dit.update(hidden_size=128, num_layers=4, num_heads=4, head_dim=32)

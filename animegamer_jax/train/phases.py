@@ -517,8 +517,7 @@ class BatchBuilder:
             # instruction would make targets that the decoder never saw
             if "action" not in ex:
                 raise KeyError("a turns example without 'action' (each turn's action text, E_a's T5 input): "
-                               "build it with data.loader's turns mode (SampleTurns), or pass precomputed "
-                               "turn_f_md / turn_f_v")
+                               "build it with data.loader's turns mode (SampleTurns), which carries it")
             actions = np.asarray(ex["action"]).reshape(b, m)
             out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
             out["turn_first_frame"] = _to_unit(ex["first_frame"])
