@@ -45,6 +45,8 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
         assert c["sample"] > 18.0 and c["reconstruction"] - c["sample"] < 4.0, c
     assert "decoder sample PSNR" in capsys.readouterr().out
     assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "0"]) == 2
+    assert decoder.main(["--checkpoint", CKPT, "stray"]) == 2
+    assert "unexpected arguments ['stray']" in capsys.readouterr().err
     assert decoder.main(["--checkpoint", CKPT, "--dataset", str(tmp_path / "none")]) == 2
     assert "not a prepared dataset (no dataset.json)" in capsys.readouterr().err
 

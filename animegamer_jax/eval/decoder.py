@@ -135,43 +135,45 @@ def define_flags(fv, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
-    from animegamer_jax import cli, fileio, paths, system_checkpoint
+    from animegamer_jax import cli, system_checkpoint
     from animegamer_jax.config import ConfigError
     from animegamer_jax.data import storage
 
-    try:
-        f, rest = cli.parse_flags(["animegamer-eval-decoder", *(sys.argv[1:] if argv is None else argv)],
-                                  define_flags, __doc__)
-        if rest:
-            raise cli.UsageError(f"unexpected arguments {rest}")
-        if f.clips < 1:
-            raise cli.UsageError(f"--clips={f.clips}: score at least one clip")
-        ckpt = paths.resource(f.checkpoint)
-        config = system_checkpoint.load_config(ckpt)
-        if f.cfg_scale is not None:
-            config.diffusion.cfg_scale = float(f.cfg_scale)
-        if f.num_sampling_steps is not None:
-            config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
-        dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
-        check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
-        if f.json:
-            fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
-        components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
-        res = decoder_psnr(components, config, dataset, f.clips, f.seed)
-        d = config.diffusion
-        for c in res["clips"]:
-            print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
-                  f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
-        print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
-              f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
-              f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
-              f"{float(d.cfg_scale):g}")
-        if f.json:
-            fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
-    except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError,
-            storage.DatasetError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return cli.run_command("animegamer-eval-decoder", argv, define_flags, __doc__, None, _run,
+                           (ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError,
+                            storage.DatasetError, ValueError, OSError))
+
+
+def _run(f, *rest: str) -> int:
+    """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
+    from animegamer_jax import cli, fileio, paths, system_checkpoint
+
+    if rest:
+        raise cli.UsageError(f"unexpected arguments {list(rest)}")
+    if f.clips < 1:
+        raise cli.UsageError(f"--clips={f.clips}: score at least one clip")
+    ckpt = paths.resource(f.checkpoint)
+    config = system_checkpoint.load_config(ckpt)
+    if f.cfg_scale is not None:
+        config.diffusion.cfg_scale = float(f.cfg_scale)
+    if f.num_sampling_steps is not None:
+        config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
+    dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
+    check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
+    if f.json:
+        fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
+    components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
+    res = decoder_psnr(components, config, dataset, f.clips, f.seed)
+    d = config.diffusion
+    for c in res["clips"]:
+        print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
+              f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
+    print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
+          f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
+          f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
+          f"{float(d.cfg_scale):g}")
+    if f.json:
+        fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
     return 0
 
 
