@@ -117,12 +117,28 @@ _BACKGROUNDS = (
 )
 
 
+def sample_action_texts() -> list[str]:
+    """Every action text the sample data's labels can hold (``data/sample.py``: each shot's action after
+    each motion-level adverb, e.g. "frantically ride past van"), then the shots' backgrounds."""
+    from animegamer_jax.data import sample
+
+    shots = sample.SHOTS
+    actions = dict.fromkeys(action for _, action, _, _ in shots)
+    backgrounds = dict.fromkeys(background for _, _, background, _ in shots)
+    return [f"{adverb} {action}" for adverb in sample.ADVERBS.values() for action in actions] + list(backgrounds)
+
+
 def tiny_corpus() -> list[str]:
-    """Short action / background phrases (every subject x action x background) for the tiny model."""
-    return [f"{s} {a} {b}" for s, a, b in itertools.product(_SUBJECTS, _ACTIONS, _BACKGROUNDS)] + list(_ACTIONS) + list(_BACKGROUNDS)
+    """The tiny model's corpus: short generic phrases (every subject x action x background) and the sample
+    data's action texts (:func:`sample_action_texts`), so that every sample action is a few whole-word
+    pieces (at most 6 with the default 384 pieces: each fits ``configs/tiny.py``'s 8 T5 tokens, EOS
+    included, and no two share their 8 ids; the first model, 256 pieces of the generic phrases alone,
+    spelt "frantically" in 8 letter pieces, so five sample actions were one T5 input)."""
+    generic = [f"{s} {a} {b}" for s, a, b in itertools.product(_SUBJECTS, _ACTIONS, _BACKGROUNDS)]
+    return generic + list(_ACTIONS) + list(_BACKGROUNDS) + sample_action_texts()
 
 
-def train_tiny_spiece(out_path: str | os.PathLike, vocab_size: int = 256) -> str:
+def train_tiny_spiece(out_path: str | os.PathLike, vocab_size: int = 384) -> str:
     """Writes the tiny T5 sentencepiece of ``configs/tiny.py`` (<= ``vocab_size`` pieces) to ``out_path``."""
     out_path = os.fspath(out_path)
     os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
@@ -138,11 +154,11 @@ def _define_flags(fv, argv: list[str]) -> None:
     from absl import flags
 
     flags.DEFINE_string("out", "data/tiny_t5_spiece.model", "Output .model file.", flag_values=fv)
-    flags.DEFINE_integer("vocab_size", 256, "Most pieces of the trained model.", flag_values=fv)
+    flags.DEFINE_integer("vocab_size", 384, "Most pieces of the trained model.", flag_values=fv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m animegamer_jax.t5_tokenizer [--out=data/tiny_t5_spiece.model] [--vocab_size=256]``.
+    """``python -m animegamer_jax.t5_tokenizer [--out=data/tiny_t5_spiece.model] [--vocab_size=384]``.
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """

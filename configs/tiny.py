@@ -55,7 +55,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.t5.d_ff = 64
     c.t5.num_heads = 2
     c.t5.max_length = 8
-    c.t5.spiece_model = "data/tiny_t5_spiece.model"  # small sentencepiece trained on data/ labels
+    # a 384-piece BPE of generic phrases and every sample action text (python -m animegamer_jax.t5_tokenizer):
+    # each sample action is at most 6 whole-word pieces, so 8 tokens hold it and its EOS
+    c.t5.spiece_model = "data/tiny_t5_spiece.model"
 
     c.mllm.hidden_size = 64
     c.mllm.head_dim = 16
@@ -107,7 +109,9 @@ def get_config() -> ml_collections.ConfigDict:
     # 32x48 crops, then single frames and 9-frame 64x96 clips interleaved (vae_curriculum below; each
     # shape compiles its step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    c.train.pipeline_steps = (4700, 200, 20000, 8000, 500)  # the shipped checkpoints/tiny_system (README)
+    # the from-scratch recipe; the shipped checkpoints/tiny_system ran vae, a1 and a2 so with the first T5
+    # sentencepiece, then a1 200 and a2 8000 more steps with the current one, then b and c (README)
+    c.train.pipeline_steps = (4700, 200, 20000, 8000, 500)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
     # Clip steps alone pull the single-frame path down (held-out frame PSNR 26.5 -> 25.0 dB within 500
     # steps of 9-frame 32x48 crops), so the last stage interleaves: every 100 steps, 30 on single frames

@@ -68,3 +68,28 @@ def test_dataset_of_another_size_is_refused_before_loading(sample_clips, tmp_pat
         assert err.count("\n") == 1 and "the system's config makes {'height': 64, 'width': 96, 'num_frames': 17}" in err
     assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--json", str(tmp_path / "no" / "r.json")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_sheet_shows_frame_reconstruction_and_sample(sample_clips, tmp_path, capsys):
+    """--sheet: a row a scored clip of its middle frame, the VAE's reconstruction and the sample, each of
+    which is closer to the clip's frame than a sample of another clip is."""
+    import numpy as np
+    from PIL import Image
+
+    out = str(tmp_path / "sheet.png")
+    assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--sheet", out]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    img = np.asarray(Image.open(out).convert("RGB")).astype(np.float32)
+    h, w = 64, 96
+    assert img.shape == (2 * h + 2, 3 * w + 2 * 2, 3)  # writers.contact_sheet: 2-px white separators
+    cell = lambda r, c: img[r * (h + 2):r * (h + 2) + h, c * (w + 2):c * (w + 2) + w]  # noqa: E731
+    src = loader.ClipSource(sample_clips)
+    for r, i in enumerate(decoder.clip_indices(len(src), 2)):
+        frames = np.asarray(src[i]["frames"])
+        mid = frames[len(frames) // 2].astype(np.float32)
+        if frames.dtype != np.uint8:  # model space [-1, 1]
+            mid = (mid + 1.0) * 127.5
+        assert np.abs(cell(r, 0) - mid).mean() < 1.0  # the clip's own frame
+        for c in (1, 2):
+            own, other = np.abs(cell(r, c) - cell(r, 0)).mean(), np.abs(cell(r, c) - cell(1 - r, 0)).mean()
+            assert own < other, (r, c, own, other)

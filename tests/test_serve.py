@@ -103,7 +103,7 @@ def test_bad_input_is_refused_with_the_parsers_message(served):
     assert status == 200 and state["turns"] == [] and state["download"] is None
     # what the shipped system is (its checkpoint's manifest description), for the page's #about line
     assert state["system_description"] == system_checkpoint.read_manifest(CKPT)["description"]
-    assert "71 two-second 64x96 clips" in state["system_description"]
+    assert "81 two-second 64x96 clips" in state["system_description"]
     assert (server.turns_played, sorted(os.listdir(server.out_dir))) == before
 
 
@@ -306,7 +306,7 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
     assert len(rec["turns"]) == 2
     # the page and the saved game say what the system is
     about = d.execute_script("return document.querySelector('#about').textContent")
-    assert about == rec["system_description"] == server.engine.system.description and "71 two-second 64x96 clips" in about
+    assert about == rec["system_description"] == server.engine.system.description and "81 two-second 64x96 clips" in about
     prev = start
     for meters_page, turn in ((m1, rec["turns"][0]), (m2, rec["turns"][1])):
         want = turn["meters"]

@@ -199,6 +199,6 @@ def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
     assert sc.main(["cast", src, str(tmp_path / "y")]) == 2  # --components is required
     # the description of what the system is travels with a cast, or is replaced by --description
     about = sc.read_manifest(src).get("description", "")
-    assert "71 two-second 64x96 clips" in about and sc.read_manifest(dst)["description"] == about
+    assert "81 two-second 64x96 clips" in about and sc.read_manifest(dst)["description"] == about
     assert sc.main(["cast", src, str(tmp_path / "d"), "--components=vae", "--description=a <b> system"]) == 0
     assert sc.read_manifest(str(tmp_path / "d"))["description"] == "a <b> system"

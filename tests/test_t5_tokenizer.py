@@ -58,3 +58,10 @@ def test_committed_tiny_model_is_reproducible_and_fits_tiny_config(tmp_path):
     ids = tok(["the girl softly talk in the forest", "sit down"])
     assert ids.shape == (2, cfg.t5.max_length) and ids.max() < tok.vocab_size
     assert tok.decode(ids[1]) == "sit down"
+    # every sample action text fits the tiny config's T5 tokens whole (EOS included) and no two share
+    # their ids (the first, 256-piece model spelt "frantically" in 8 letter pieces: five actions, one input)
+    actions = tt.sample_action_texts()
+    assert len(actions) == 5 * 9 + 5
+    ids = tok(actions)
+    assert [tok.decode(r) for r in ids] == actions and (ids == tt.EOS_ID).sum(axis=1).tolist() == [1] * len(actions)
+    assert len({tuple(r) for r in ids}) == len(actions)

@@ -2,6 +2,7 @@
 
   python -m animegamer_jax.eval.decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
   python -m animegamer_jax.eval.decoder --checkpoint DIR --cfg_scale 6 --num_sampling_steps 50   # other sampler
+  python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, a row a clip
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 the DiT samples latents with the checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``,
@@ -10,7 +11,9 @@ override), conditioned on the clip's motion level (``dit.flow_table``), and the 
 training phases' sample video (``train/phases.py`` ``sample_video``). Two PSNRs (dB, frames mapped to
 [0, 1], decoded output clipped to [0, 1]): ``sample``, the decoded sample against the clip's frames, and
 ``reconstruction``, the VAE's own encode/decode of the clip (posterior mean), the ceiling a sample can
-reach through this VAE.
+reach through this VAE. ``--sheet PNG`` also writes the middle frame of each scored clip, of its VAE
+reconstruction and of the sample, side by side (a row a clip, in that order): what a sample can show,
+and what the VAE already loses.
 
 Scored clips: ``--clips`` evenly spaced over the dataset's clip order (all when it has fewer,
 eval/metrics.py ``sample_frame_indices``), each with its own noise (``--seed`` + its position). The
@@ -67,17 +70,20 @@ class _Decoder(nnx.Module):
             setattr(self, name, components[name])
 
 
-def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, seed: int = 0) -> dict:
+def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, seed: int = 0,
+                 keep_frames: bool = False) -> dict:
     """Scores D_a's samples on ``count`` clips of ``dataset_dir`` (module docstring).
 
     Args:
       components: ``shot_encoder``, ``dit``, ``vae``, ``t5`` and ``clip`` modules (system_checkpoint.load_system).
       config: the system's config (sizes, sampler, flow table, T5 tokenizer).
+      keep_frames: also return each clip's middle frame, VAE reconstruction and sample (``"frames"``).
 
     Returns:
       ``{"sample": dB, "reconstruction": dB, "clips": [{"index", "film_id", "action", "motion_level",
       "sample", "reconstruction"}, ...], "dataset_clips": int, "dataset_films": [film ids]}`` (dB: means
-      over the scored clips).
+      over the scored clips); with ``keep_frames``, ``"frames"``: one uint8 ``[3, H, W, 3]`` array a
+      scored clip (the clip's, the reconstruction's and the sample's middle frame).
 
     Raises:
       storage.DatasetError: no prepared dataset at ``dataset_dir``, no clips, or clips of another size
@@ -100,7 +106,7 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
         return video, m.vae.decode(m.vae.encode(batch["frames"]).mean)
 
     model = _Decoder(components)
-    scored = []
+    scored, frames = [], []
     for k, i in enumerate(clip_indices(len(source), count)):
         rec = source[i]
         ex = {name: np.asarray(rec[name])[None] for name in ("frames", "first_frame", "motion_level")}
@@ -111,9 +117,18 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
         scored.append({"index": int(i), "film_id": str(rec["film_id"]), "action": str(rec["action"]),
                        "motion_level": int(rec["motion_level"]), "sample": psnr(model_frames_to_unit(video)[0], target),
                        "reconstruction": psnr(model_frames_to_unit(recon)[0], target)})
-    return {"sample": float(np.mean([c["sample"] for c in scored])),
-            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored,
-            "dataset_clips": len(source), "dataset_films": sorted({f["film_id"] for f in source.index["films"]})}
+        if keep_frames:
+            mid = target.shape[0] // 2
+            frames.append(np.stack([np.asarray(target[mid]), np.asarray(model_frames_to_unit(recon)[0][mid]),
+                                    np.asarray(model_frames_to_unit(video)[0][mid])]))
+    res = {"sample": float(np.mean([c["sample"] for c in scored])),
+           "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored,
+           "dataset_clips": len(source), "dataset_films": sorted({f["film_id"] for f in source.index["films"]})}
+    if keep_frames:
+        from animegamer_jax.game import writers
+
+        res["frames"] = [writers.to_uint8(f) for f in frames]
+    return res
 
 
 def define_flags(fv, argv: list[str]) -> None:
@@ -131,6 +146,8 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_integer("num_sampling_steps", None, "Sampler steps (default: diffusion.num_sampling_steps).",
                          flag_values=fv)
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
+    flags.DEFINE_string("sheet", "", "Also write a PNG here: a row a scored clip, its middle frame, the VAE's "
+                        "reconstruction of it and the sample.", flag_values=fv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,8 +179,10 @@ def _run(f, *rest: str) -> int:
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
     if f.json:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
+    if f.sheet:
+        fileio.write_bytes_atomic(f.sheet, b"")  # ... and an unwritable --sheet
     components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
-    res = decoder_psnr(components, config, dataset, f.clips, f.seed)
+    res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet))
     d = config.diffusion
     for c in res["clips"]:
         print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
@@ -172,6 +191,13 @@ def _run(f, *rest: str) -> int:
           f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
           f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
           f"{float(d.cfg_scale):g}")
+    if f.sheet:
+        from PIL import Image
+
+        from animegamer_jax.game import writers
+
+        writers.save_image(f.sheet, Image.fromarray(writers.contact_sheet(res.pop("frames"), columns=3)), format="PNG")
+        print(f"wrote {f.sheet}: a row a clip, its frame | the VAE's reconstruction | the sample")
     if f.json:
         fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
     return 0

@@ -168,7 +168,7 @@ def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
     video_io.write_gif(path, to_uint8(frames), fps)
 
 
-def _save_image(path: str, img: Image.Image, **kw: Any) -> None:
+def save_image(path: str, img: Image.Image, **kw: Any) -> None:
     """PIL ``save`` to a local path or a URL (encoded in memory, written in one piece)."""
     buf = io.BytesIO()
     img.save(buf, **kw)
@@ -469,7 +469,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
                 t["gif"] = f"turn_{k:03d}.gif"
                 write_gif(fileio.join(tmp, t["gif"]), hud, fps)
         write_mp4(fileio.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        _save_image(fileio.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
+        save_image(fileio.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
                     format="PNG")
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
