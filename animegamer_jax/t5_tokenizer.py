@@ -118,8 +118,9 @@ _BACKGROUNDS = (
 
 
 def sample_action_texts() -> list[str]:
-    """Every action text the sample data's labels can hold (``data/sample.py``: each shot's action after
-    each motion-level adverb, e.g. "frantically ride past van"), then the shots' backgrounds."""
+    """Every action text the sample data's labels can hold (``data/sample.py``: each of the 9 shots'
+    actions after each of the 5 motion-level adverbs, e.g. "frantically ride past van": 45 texts), then
+    the shots' 5 backgrounds."""
     from animegamer_jax.data import sample
 
     shots = sample.SHOTS

@@ -70,9 +70,9 @@ def get_config() -> ml_collections.ConfigDict:
     # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): the 2-layer, 64-wide one
     # (0.17 M parameters, shipped until commit cd74b69) plateaued at a2 v-loss 0.135 and drew 8-px
     # latent blocks even for its training clips (python -m animegamer_jax.eval.decoder: 14.4 dB PSNR on
-    # 12 of them); 4 layers of 4 x 32 heads (1.05 M) reach 0.03 in 20000 steps and, after phase c,
-    # 20.4 dB (the VAE's own reconstructions: 23.4), which shows the footage (README "What the tiny
-    # checkpoint is").
+    # 12 of them); 4 layers of 4 x 32 heads (1.05 M) reach 0.03 in 20000 steps and, in the shipped system
+    # (after phase c), 21.3 dB on 12 of its 81 clips (the VAE's own reconstructions: 23.9), which shows
+    # the footage (README "What the tiny checkpoint is").
     # s_a enters the DiT unprojected, so rep.dim = dit.hidden_size (1920 at full size).
     c.rep.dim = 128
     c.dit.update(hidden_size=128, num_layers=4, num_heads=4, head_dim=32)
@@ -93,8 +93,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.diffusion.num_sampling_steps = 8
     # DynamicCFG scale 1 (s = 1 + scale (1 - cos(pi (i/8)^5)) / 2 rises to 1.5 by the 8th step), not the
-    # paper's 6 (s up to 4.1 here): the shipped system's samples of 12 training clips score 20.4 dB PSNR
-    # at scale 1, 16.7 at 6 (oversaturated into white blobs), 20.45 with no guidance at all (scale 0;
+    # paper's 6 (s up to 4.1 here): the shipped system's samples of 12 training clips score 21.3 dB PSNR
+    # at scale 1, 17.1 at 6 (oversaturated into white blobs), 21.4 with no guidance at all (scale 0;
     # python -m animegamer_jax.eval.decoder --cfg_scale S).
     c.diffusion.cfg_scale = 1.0
 
@@ -109,8 +109,8 @@ def get_config() -> ml_collections.ConfigDict:
     # 32x48 crops, then single frames and 9-frame 64x96 clips interleaved (vae_curriculum below; each
     # shape compiles its step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    # the from-scratch recipe; the shipped checkpoints/tiny_system ran vae, a1 and a2 so with the first T5
-    # sentencepiece, then a1 200 and a2 8000 more steps with the current one, then b and c (README)
+    # the from-scratch recipe; the shipped checkpoints/tiny_system ran vae, a1 and a2 with these steps and the
+    # first T5 sentencepiece, then a1 200 and a2 8000 more steps with the current one, then b and c (README)
     c.train.pipeline_steps = (4700, 200, 20000, 8000, 500)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
     # Clip steps alone pull the single-frame path down (held-out frame PSNR 26.5 -> 25.0 dB within 500

@@ -97,7 +97,8 @@ def test_training_variants_show_each_heldout_action_slow_and_fast(monkeypatch):
     """The held-out turns are learnable from the training variants: every held-out round's action is
     in a training film's labels at the same speed class (adverb level >= 4 or <= 3) with the same ET,
     and the close-ups make the +1 ET of a fast adverb visible within one action (crawl, stretch,
-    talk, shout and more appear both slow and fast), not only across actions."""
+    talk, shout and more appear both slow and fast), not only across actions; and every held-out
+    instruction's whole action text (adverb included) is some training clip's."""
     monkeypatch.chdir(ROOT)
     levels = {v: k for k, v in sample.ADVERBS.items()}
     train = [lab for (film, _), lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.items()
@@ -116,10 +117,8 @@ def test_training_variants_show_each_heldout_action_slow_and_fast(monkeypatch):
     for a in both:  # fast = slow + 1 ET, as sample.clip_label's rule says
         (slow_et,), (fast_et,) = ({e for f, e in by_action[a] if not f}, {e for f, e in by_action[a] if f})
         assert fast_et == slow_et + 1, a
-    # every held-out instruction's action text, adverb included, is in a training film's labels with
-    # the same states (sample_medium_mirror's "quickly crawl out of burrow": no other training film's
-    # crawl measures at level 4), so the held-out turns test unseen clips, not unseen words
-    seen = {(lab.action, lab.social, lab.entertainment, lab.stamina) for lab in train}
-    for game in bench["games"]:
-        for r in game["rounds"]:
-            assert (r["motion"], r["states"]["SC"], r["states"]["ET"], r["states"]["ST"]) in seen, r
+    # every held-out instruction's action text, adverb included, is a training clip's
+    # (sample_medium_mirror's "quickly crawl out of burrow": no other training film's crawl measures at
+    # level 4), so the held-out turns test unseen clips, not unseen words
+    seen = {lab.action for lab in train}
+    assert all(r["motion"] in seen for game in bench["games"] for r in game["rounds"])

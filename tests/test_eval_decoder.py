@@ -79,6 +79,8 @@ def test_sheet_shows_frame_reconstruction_and_sample(sample_clips, tmp_path, cap
     out = str(tmp_path / "sheet.png")
     assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--sheet", out]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
+    assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--sheet", str(tmp_path / "no" / "s.png")]) == 2
+    assert "its folder does not exist" in capsys.readouterr().err
     img = np.asarray(Image.open(out).convert("RGB")).astype(np.float32)
     h, w = 64, 96
     assert img.shape == (2 * h + 2, 3 * w + 2 * 2, 3)  # writers.contact_sheet: 2-px white separators

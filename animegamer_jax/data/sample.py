@@ -128,7 +128,9 @@ CASTS = ("Bunny", "Cyclist", "Pedestrian", "Driver")
 
 #: the sample film's shots, written by hand from the footage: (characters, action without adverb,
 #: background, (SC, ET, ST) of the shot); bigbuckbunny's crawl and stretch, bikes.mp4's five shots
-#: (:data:`BIKES_CUTS`), carphone's talk and shout
+#: (:data:`BIKES_CUTS`), carphone's talk and shout. Their action texts are in the tiny T5 sentencepiece's
+#: corpus (``t5_tokenizer.tiny_corpus``): a change here means a new data/tiny_t5_spiece.model (its test
+#: says so), new labels (``--labels_out``) and a retrained tiny system.
 SHOTS = ((("Bunny",), "crawl out of burrow", "day meadow", (0, 1, 0)),
          (("Bunny",), "stretch arms", "day meadow", (0, 2, 0)),
          ((), "traffic flows along road", "day road", (0, 0, 0)),
@@ -146,7 +148,7 @@ def shot_description(source: int, t: float) -> tuple[tuple[str, ...], str, str, 
     if source == 0:
         return SHOTS[0 if t < 2.0 else 1]
     if source == 1:
-        return SHOTS[2 + sum(t * 25.0 >= c for c in BIKES_CUTS)]
+        return SHOTS[2:7][sum(t * 25.0 >= c for c in BIKES_CUTS)]  # IndexError if BIKES_CUTS grows
     return SHOTS[7 if t < 2.0 else 8]
 
 

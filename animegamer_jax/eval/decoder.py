@@ -2,7 +2,7 @@
 
   python -m animegamer_jax.eval.decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
   python -m animegamer_jax.eval.decoder --checkpoint DIR --cfg_scale 6 --num_sampling_steps 50   # other sampler
-  python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, a row a clip
+  python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 the DiT samples latents with the checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``,
@@ -12,7 +12,7 @@ training phases' sample video (``train/phases.py`` ``sample_video``). Two PSNRs 
 [0, 1], decoded output clipped to [0, 1]): ``sample``, the decoded sample against the clip's frames, and
 ``reconstruction``, the VAE's own encode/decode of the clip (posterior mean), the ceiling a sample can
 reach through this VAE. ``--sheet PNG`` also writes the middle frame of each scored clip, of its VAE
-reconstruction and of the sample, side by side (a row a clip, in that order): what a sample can show,
+reconstruction and of the sample, side by side (one row per clip, in that order): what a sample can show,
 and what the VAE already loses.
 
 Scored clips: ``--clips`` evenly spaced over the dataset's clip order (all when it has fewer,
@@ -179,8 +179,8 @@ def _run(f, *rest: str) -> int:
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
     if f.json:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
-    if f.sheet:
-        fileio.write_bytes_atomic(f.sheet, b"")  # ... and an unwritable --sheet
+    if f.sheet and not paths.is_url(f.sheet) and not paths.isdir(paths.as_path(f.sheet).parent):
+        raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
     components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
     res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet))
     d = config.diffusion
@@ -197,7 +197,7 @@ def _run(f, *rest: str) -> int:
         from animegamer_jax.game import writers
 
         writers.save_image(f.sheet, Image.fromarray(writers.contact_sheet(res.pop("frames"), columns=3)), format="PNG")
-        print(f"wrote {f.sheet}: a row a clip, its frame | the VAE's reconstruction | the sample")
+        print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")
     if f.json:
         fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
     return 0

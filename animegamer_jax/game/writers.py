@@ -169,7 +169,12 @@ def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
 
 
 def save_image(path: str, img: Image.Image, **kw: Any) -> None:
-    """PIL ``save`` to a local path or a URL (encoded in memory, written in one piece)."""
+    """PIL ``img.save(buf, **kw)`` (e.g. ``format="PNG"``) to ``path``, a local path or a URL: encoded in
+    memory, then written in one piece (``fileio.write_bytes_atomic``).
+
+    Raises:
+      OSError: the folder is missing or not writable; ValueError / KeyError: PIL cannot encode ``kw``'s format.
+    """
     buf = io.BytesIO()
     img.save(buf, **kw)
     fileio.write_bytes_atomic(path, buf.getvalue())
