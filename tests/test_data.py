@@ -346,6 +346,42 @@ def test_mllm_targets_encode_the_action_text(dataset):
         builder(no_action)
 
 
+def test_stored_features_reach_every_phase(film, tmp_path):
+    """A dataset whose records carry precomputed f_md / f_v (prepare's feature_fn) feeds them to the decoder
+    phases (clips mode) and, per turn, to the MLLM phases (turns mode), with no T5 ids or first frames."""
+    from animegamer_jax.train import phases
+
+    cfg = tiny.get_config()
+    lt, dt, p, dv = cfg.t5.max_length, cfg.t5.d_model, cfg.rep.num_image_tokens, cfg.clip.vision_width
+
+    def features(clip):
+        rs = np.random.RandomState(clip.spec.clip_index)
+        return {"f_md": rs.randn(lt, dt).astype(np.float32), "f_v": rs.randn(p, dv).astype(np.float32)}
+
+    out = str(tmp_path / "featured")
+    prepare.prepare_dataset([("sample_film", film)], LABELS, out, _data_cfg(), feature_fn=features)
+    src = loader.ClipSource(out)
+    clips_ex = next(iter(loader.make_loader(out, mode="clips", batch_size=2, seed=0, num_epochs=1,
+                                            shard_index=0, shard_count=1)))
+    dec = phases.BatchBuilder(cfg, "a2")(clips_ex)
+    assert "t5_ids" not in dec and "first_frame" not in dec
+    for b in range(2):
+        rec = src[int(clips_ex["index"][b])]
+        np.testing.assert_array_equal(dec["f_md"][b], rec["f_md"])
+        np.testing.assert_array_equal(dec["f_v"][b], rec["f_v"])
+    turns_ex = next(iter(loader.make_loader(out, mode="turns", batch_size=2, seed=0, num_epochs=1,
+                                            shard_index=0, shard_count=1, include_frames=True)))
+    batch = phases.BatchBuilder(cfg, "b")(turns_ex)
+    assert "turn_t5_ids" not in batch and "turn_first_frame" not in batch
+    m = turns_ex["states"].shape[1]
+    assert batch["turn_f_md"].shape == (2, m, lt, dt) and batch["turn_f_v"].shape == (2, m, p, dv)
+    for b in range(2):
+        for k in range(int(turns_ex["num_turns"][b])):
+            rec = src[int(turns_ex["index"][b, k])]
+            np.testing.assert_array_equal(batch["turn_f_md"][b, k], rec["f_md"])
+            np.testing.assert_array_equal(batch["turn_f_v"][b, k], rec["f_v"])
+
+
 _SHARD_SCRIPT = """
 import sys
 from absl import flags

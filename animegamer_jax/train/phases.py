@@ -41,7 +41,8 @@ Host batches (numpy, built by :class:`BatchBuilder` from the issue-7 loaders):
                      turn_ids feed the ``mllm.history_attention="turn_window"`` mask),
                      turn_t5_ids int32 [B, M, Lt], turn_first_frame f32 [B, M, H, W, 3],
                      target_turn int32 [B], history_turns int32 [B, W-1] (slot -> turn index)
-                     (or precomputed turn_f_md [B, M, Lt, Dt] / turn_f_v [B, M, P, Dv]);
+                     (or precomputed turn_f_md [B, M, Lt, Dt] / turn_f_v [B, M, P, Dv], from the turns
+                     loader's per-turn f_md / f_v: a dataset's feature fields serve a1/a2 and b/c alike);
                      phase c adds flow [B] and frames / latents of the target turn.
 """
 
@@ -509,9 +510,12 @@ class BatchBuilder:
             idx = list(range(first, n - 1))
             hist[i, :len(idx)] = idx
         out = mllm.collate(seqs, pad_to=int(cfg.train.max_seq_len))
-        if "turn_f_md" in ex:  # precomputed T5 / CLIP features per turn
-            out["turn_f_md"] = np.asarray(ex["turn_f_md"], np.float32)
-            out["turn_f_v"] = np.asarray(ex["turn_f_v"], np.float32)
+        # Precomputed T5 / CLIP features per turn: the turns loader returns a dataset's per-clip feature
+        # fields under their own names (f_md / f_v, the ones a1/a2 read in clips mode), [B, M, ...]
+        feat = next((p for p in ("turn_", "") if p + "f_md" in ex), None)
+        if feat is not None:
+            out["turn_f_md"] = np.asarray(ex[feat + "f_md"], np.float32)
+            out["turn_f_v"] = np.asarray(ex[feat + "f_v"], np.float32)
         else:
             # E_a's T5 input is the action text in every phase (a1/a2 train it on it); the whole
             # instruction would make targets that the decoder never saw
