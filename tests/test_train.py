@@ -156,6 +156,43 @@ def test_resume_with_another_run_is_one_line_or_explicitly_allowed(tmp_path):
     assert (r.start_step, r.end_step) == (2, 3)
 
 
+def test_resume_checks_seed_dataset_and_batch_settings(tmp_path, monkeypatch):
+    """What shapes the batches is part of the run (train.pipeline records it): another seed, dataset or
+    phase batch setting (curriculum, turns, sequence length) refuses the resume; the same settings
+    resume, tuples comparing equal to the lists the JSON meta stored, and a dataset named from
+    another working directory is the same dataset."""
+    from animegamer_jax.train import pipeline
+
+    def config(dataset_dir):
+        c = tiny.get_config()
+        c.data.dataset_dir, c.train.vae_dataset_dir = dataset_dir, ""  # every phase reads data.dataset_dir
+        return c
+
+    cfg = config(str(tmp_path / "ds"))
+    meta = lambda c, ph: {"phase": ph, "config": "tiny", "seed": int(c.seed),  # noqa: E731
+                          "dataset": pipeline.dataset_id(c, ph), "batch_settings": pipeline.batch_settings(c, ph)}
+    assert pipeline.batch_settings(cfg, "b") == {"shuffle_seed": 0, "max_turns": 5, "max_seq_len": 256,
+                                                 "history_window": 3}
+    assert pipeline.batch_settings(cfg, "vae")["vae_curriculum"][0] == [0, 1, 64, 96]
+    tx, sched = optim.make_optimizer(_train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    for phase, change, field in [("vae", lambda c: setattr(c.train, "vae_curriculum", ((0, 1, 32, 48),)),
+                                  "batch_settings"),
+                                 ("b", lambda c: setattr(c.data, "max_turns", 3), "batch_settings"),
+                                 ("b", lambda c: setattr(c, "seed", 7), "seed"),
+                                 ("a1", lambda c: setattr(c.data, "dataset_dir", str(tmp_path / "other")), "dataset")]:
+        kw = dict(workdir=str(tmp_path / f"{phase}_{field}"), global_batch_size=4, checkpoint_every=2,
+                  num_steps=6, progress=False, async_checkpoint=False)
+        loop.fit(tr, toy_data(4), stop_after=2, meta=meta(cfg, phase), **kw)
+        other = config(cfg.data.dataset_dir)
+        change(other)
+        with pytest.raises(loop.ResumeMismatchError, match=f"; {field} |: {field} "):
+            loop.fit(tr, toy_data(4), meta=meta(other, phase), **kw)
+        monkeypatch.chdir(tmp_path)  # the same folder, named relative to another working directory
+        r = loop.fit(tr, toy_data(4), stop_after=3, meta=meta(config("ds"), phase), **kw)
+        assert (r.start_step, r.end_step) == (2, 3)
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     tx, _ = optim.make_optimizer(_train_cfg())
     tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh())

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -43,9 +44,11 @@ class ResumeMismatchError(ValueError):
     """The workdir's checkpoint was written by a run with another phase, batch, schedule or config."""
 
 
-#: fields of a run that a resume must agree on (checked against the newest checkpoint's meta)
+#: fields of a run that a resume must agree on (checked against the newest checkpoint's meta): the
+#: schedule, and what shapes the batches (seed, dataset, the phase's batch settings: a resume that
+#: changed them would go on with another data stream than the one its checkpoint was trained on)
 RUN_FIELDS = ("phase", "config", "num_steps", "global_batch_size", "grad_accum_steps", "learning_rate",
-              "warmup_steps", "end_lr_factor")
+              "warmup_steps", "end_lr_factor", "seed", "dataset", "batch_settings")
 
 
 def check_resume(saved: Mapping[str, Any], run: Mapping[str, Any], where: str) -> list[str]:
@@ -257,7 +260,7 @@ def fit(
       stop_after: return after this step (a simulated kill; the checkpoint at it is written).
       hooks: ``hook(step, state, device_batch)`` called after every step (e.g. periodic sample videos).
       allow_resume_mismatch: resume even when the checkpoint's run fields (:data:`RUN_FIELDS`:
-        ``meta`` plus ``num_steps``, ``global_batch_size``, grad accumulation) differ from this
+        ``meta`` (JSON-able) plus ``num_steps``, ``global_batch_size``, grad accumulation) differ from this
         run's; the differences are logged (``--config.train.allow_resume_mismatch=True``).
 
     Returns:
@@ -268,7 +271,8 @@ def fit(
       NonFiniteLossError: NaN/inf loss; no checkpoint is written for that step, so the newest
         checkpoint on disk is the last good one.
       ResumeMismatchError: the workdir's checkpoint comes from a run with another phase, config,
-        step count, batch or learning-rate schedule (one line naming each difference), unless
+        step count, batch, learning-rate schedule, seed, dataset or batch settings (one line naming
+        each difference), unless
         ``allow_resume_mismatch``; nothing is restored or written then.
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
@@ -277,8 +281,9 @@ def fit(
     checkpointable = ckpt_lib._is_grain_iterator(data)
     writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))
     losses: dict[int, float] = {}
-    run = dict(meta or {}, num_steps=int(num_steps), global_batch_size=int(global_batch_size),
-               grad_accum_steps=int(trainer.grad_accum_steps))
+    # as the checkpoint's JSON meta stores it (tuples become lists), so that a resume compares like with like
+    run = json.loads(json.dumps(dict(meta or {}, num_steps=int(num_steps), global_batch_size=int(global_batch_size),
+                                     grad_accum_steps=int(trainer.grad_accum_steps))))
     try:
         latest = mngr.latest_step()
         if latest is not None:

@@ -46,6 +46,28 @@ def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
     return iter(loader.make_loader_from_config(config, **_loader_kwargs(config, phase, local_batch)))
 
 
+def dataset_id(config: ml_collections.ConfigDict, phase: str) -> str:
+    """The dataset ``phase`` reads (:func:`make_data`), as a resume compares it: a URL as given, a local
+    path made absolute (the same folder named from another working directory is the same dataset)."""
+    d = str(config.train.get("vae_dataset_dir", "")) if phase == "vae" else ""
+    return str(paths.as_path(paths.resource(d or str(config.data.dataset_dir))))
+
+
+def batch_settings(config: ml_collections.ConfigDict, phase: str) -> dict[str, Any]:
+    """The settings besides seed, dataset and batch size that decide ``phase``'s batches (loader order,
+    turn counts, sequence length, crops): a resume must agree on them (``loop.RUN_FIELDS``)."""
+    out: dict[str, Any] = {"shuffle_seed": int(config.data.get("shuffle_seed", 0))}
+    if phase == "vae":
+        t = config.train
+        out.update(vae_curriculum=[list(s) for s in t.vae_curriculum],
+                   vae_windows_per_clip=int(t.vae_windows_per_clip),
+                   vae_max_crop_scale=float(t.get("vae_max_crop_scale", 1.0)))
+    elif phase in ("b", "c"):
+        out.update(max_turns=int(config.data.max_turns), max_seq_len=int(config.train.max_seq_len),
+                   history_window=int(config.mllm.history_window))
+    return out
+
+
 def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str,
                          config: ml_collections.ConfigDict) -> nnx.State:
     """Overwrites the train state's components with those present in the system checkpoint ``directory``
@@ -148,7 +170,9 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
         init_state=init_state, progress=bool(t.progress),
         meta={"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
-              "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor)},
+              "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor),
+              "seed": int(config.seed), "dataset": dataset_id(config, phase),
+              "batch_settings": batch_settings(config, phase)},
         peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
         allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
     if stop_after is not None and result.end_step < steps * accum:
