@@ -371,15 +371,18 @@ def test_stored_features_reach_every_phase(film, tmp_path):
         np.testing.assert_array_equal(dec["f_v"][b], rec["f_v"])
     turns_ex = next(iter(loader.make_loader(out, mode="turns", batch_size=2, seed=0, num_epochs=1,
                                             shard_index=0, shard_count=1, include_frames=True)))
-    batch = phases.BatchBuilder(cfg, "b")(turns_ex)
-    assert "turn_t5_ids" not in batch and "turn_first_frame" not in batch
     m = turns_ex["states"].shape[1]
-    assert batch["turn_f_md"].shape == (2, m, lt, dt) and batch["turn_f_v"].shape == (2, m, p, dv)
-    for b in range(2):
-        for k in range(int(turns_ex["num_turns"][b])):
-            rec = src[int(turns_ex["index"][b, k])]
-            np.testing.assert_array_equal(batch["turn_f_md"][b, k], rec["f_md"])
-            np.testing.assert_array_equal(batch["turn_f_v"][b, k], rec["f_v"])
+    for phase in ("b", "c"):
+        batch = phases.BatchBuilder(cfg, phase)(turns_ex)
+        assert "turn_t5_ids" not in batch and "turn_first_frame" not in batch
+        assert batch["turn_f_md"].shape == (2, m, lt, dt) and batch["turn_f_v"].shape == (2, m, p, dv)
+        for b in range(2):
+            for k in range(int(turns_ex["num_turns"][b])):
+                rec = src[int(turns_ex["index"][b, k])]
+                np.testing.assert_array_equal(batch["turn_f_md"][b, k], rec["f_md"])
+                np.testing.assert_array_equal(batch["turn_f_v"][b, k], rec["f_v"])
+    with pytest.raises(KeyError, match="stored feature 'f_md' but not 'f_v'"):
+        phases.BatchBuilder(cfg, "b")({k: v for k, v in turns_ex.items() if k != "f_v"})
 
 
 _SHARD_SCRIPT = """

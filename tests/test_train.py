@@ -156,41 +156,83 @@ def test_resume_with_another_run_is_one_line_or_explicitly_allowed(tmp_path):
     assert (r.start_step, r.end_step) == (2, 3)
 
 
-def test_resume_checks_seed_dataset_and_batch_settings(tmp_path, monkeypatch):
-    """What shapes the batches is part of the run (train.pipeline records it): another seed, dataset or
-    phase batch setting (curriculum, turns, sequence length) refuses the resume; the same settings
-    resume, tuples comparing equal to the lists the JSON meta stored, and a dataset named from
-    another working directory is the same dataset."""
+def _index_dataset(path, instruction="Motion: sit."):
+    """A prepared-dataset folder as far as its index goes (dataset.json + an empty shard)."""
+    from animegamer_jax.data import storage
+
+    os.makedirs(path, exist_ok=True)
+    shard = storage.shard_name(0, 1)
+    open(os.path.join(path, shard), "wb").close()
+    index = {"format": storage.FORMAT, "config": {"height": 64, "width": 96}, "num_clips": 1,
+             "shards": [{"file": shard, "num_records": 1}], "feature_fields": [],
+             "films": [{"film_id": "f", "path": os.path.join(path, "f.mp4")}],
+             "clips": [{"index": 0, "film_id": "f", "instruction": instruction, "states": [1, 0, 0, 0]}]}
+    with open(os.path.join(path, storage.INDEX_FILE), "w") as f:
+        json.dump(index, f)
+    return str(path)
+
+
+def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):
+    """What shapes the batches is part of the run (train.pipeline.run_meta, what run_phase records):
+    another seed, dataset content, loader order or phase batch setting (VAE curriculum, turns per
+    example) refuses the resume, one line naming it; the padding length, a moved copy of the dataset
+    and fields an older checkpoint did not record do not; tuples compare equal to the lists the JSON
+    meta stored."""
+    import shutil
+
     from animegamer_jax.train import pipeline
 
-    def config(dataset_dir):
+    ds = _index_dataset(tmp_path / "ds")
+
+    def config(**data):
         c = tiny.get_config()
-        c.data.dataset_dir, c.train.vae_dataset_dir = dataset_dir, ""  # every phase reads data.dataset_dir
+        c.data.dataset_dir, c.train.vae_dataset_dir = ds, ""
+        c.data.update(data)
         return c
 
-    cfg = config(str(tmp_path / "ds"))
-    meta = lambda c, ph: {"phase": ph, "config": "tiny", "seed": int(c.seed),  # noqa: E731
-                          "dataset": pipeline.dataset_id(c, ph), "batch_settings": pipeline.batch_settings(c, ph)}
-    assert pipeline.batch_settings(cfg, "b") == {"shuffle_seed": 0, "max_turns": 5, "max_seq_len": 256,
-                                                 "history_window": 3}
-    assert pipeline.batch_settings(cfg, "vae")["vae_curriculum"][0] == [0, 1, 64, 96]
     tx, sched = optim.make_optimizer(_train_cfg())
     tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
-    for phase, change, field in [("vae", lambda c: setattr(c.train, "vae_curriculum", ((0, 1, 32, 48),)),
-                                  "batch_settings"),
-                                 ("b", lambda c: setattr(c.data, "max_turns", 3), "batch_settings"),
-                                 ("b", lambda c: setattr(c, "seed", 7), "seed"),
-                                 ("a1", lambda c: setattr(c.data, "dataset_dir", str(tmp_path / "other")), "dataset")]:
-        kw = dict(workdir=str(tmp_path / f"{phase}_{field}"), global_batch_size=4, checkpoint_every=2,
-                  num_steps=6, progress=False, async_checkpoint=False)
-        loop.fit(tr, toy_data(4), stop_after=2, meta=meta(cfg, phase), **kw)
-        other = config(cfg.data.dataset_dir)
-        change(other)
-        with pytest.raises(loop.ResumeMismatchError, match=f"; {field} |: {field} "):
-            loop.fit(tr, toy_data(4), meta=meta(other, phase), **kw)
-        monkeypatch.chdir(tmp_path)  # the same folder, named relative to another working directory
-        r = loop.fit(tr, toy_data(4), stop_after=3, meta=meta(config("ds"), phase), **kw)
-        assert (r.start_step, r.end_step) == (2, 3)
+    shutil.copytree(ds, tmp_path / "moved")
+    other_clips = _index_dataset(tmp_path / "other", instruction="Motion: run.")
+    vae_ds = config()
+    vae_ds.train.vae_dataset_dir = other_clips
+    cases = [  # (phase, the resumed run's config, the difference it names, or None: it resumes)
+        ("vae", lambda c: setattr(c.train, "vae_curriculum", ((0, 1, 32, 48),)), "batch_settings.vae_curriculum"),
+        ("vae", lambda c: setattr(c.train, "vae_dataset_dir", other_clips), "dataset.content"),
+        ("b", lambda c: setattr(c.data, "max_turns", 3), "batch_settings.max_turns"),
+        ("c", lambda c: setattr(c.mllm, "history_window", 2), "batch_settings.history_window"),
+        ("b", lambda c: setattr(c, "seed", 7), "seed"),
+        ("a1", lambda c: setattr(c.data, "shuffle_seed", 3), "dataset.shuffle_seed"),
+        ("a1", lambda c: setattr(c.data, "dataset_dir", other_clips), "dataset.content"),
+        ("a2", lambda c: setattr(c.data, "dataset_dir", str(tmp_path / "moved")), None),
+        ("b", lambda c: setattr(c.train, "max_seq_len", 512), None),
+    ]
+    for n, (phase, change, field) in enumerate(cases):
+        kw = dict(workdir=str(tmp_path / f"run{n}"), global_batch_size=4, checkpoint_every=2, num_steps=6,
+                  progress=False, async_checkpoint=False)
+        meta = pipeline.run_meta(config(), phase)
+        meta["batch_settings"]["pair"] = (1, 2)  # a tuple: stored as a JSON list
+        assert meta["dataset"]["content"].startswith("sha256:") and meta["seed"] == 0
+        loop.fit(tr, toy_data(4), stop_after=2, meta=meta, **kw)
+        cfg = config()
+        change(cfg)
+        again = dict(pipeline.run_meta(cfg, phase), batch_settings=dict(pipeline.run_meta(cfg, phase)["batch_settings"],
+                                                                         pair=(1, 2)))
+        if field is None:
+            r = loop.fit(tr, toy_data(4), stop_after=3, meta=again, **kw)
+            assert (r.start_step, r.end_step) == (2, 3)
+            continue
+        with pytest.raises(loop.ResumeMismatchError) as e:
+            loop.fit(tr, toy_data(4), meta=again, **kw)
+        msg = str(e.value)
+        assert f"written by another run: {field} " in msg and msg.count(" -> ") == 2, msg  # it alone; "(saved -> now)"
+    assert pipeline.run_meta(vae_ds, "vae")["dataset"]["content"] != pipeline.run_meta(vae_ds, "a1")["dataset"]["content"]
+    assert "dataset" not in pipeline.run_meta(config(), "b", dataset=False)  # the caller's data: no dataset to name
+    # a checkpoint from before a field (or a key of batch_settings) was recorded: not checked on it
+    now = {"phase": "b", "seed": 0, "batch_settings": {"max_turns": 5, "history_window": 3}}
+    assert loop.check_resume({"phase": "b", "batch_settings": {"max_turns": 5}}, now, "") == []
+    assert loop.check_resume({"phase": "b", "batch_settings": {"max_turns": 4}}, now, "") == [
+        "batch_settings.max_turns 4 -> 5"]
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

@@ -95,6 +95,19 @@ def read_index(dataset_dir: str) -> dict:
     return index
 
 
+def dataset_fingerprint(index: dict) -> str:
+    """``"sha256:<16 hex>"`` of what a prepared dataset holds, from its index (:func:`read_index`): the
+    clip config, the clip rows (film, times, instruction, states, motion) and the feature fields, not
+    where it lies (film and label paths), so a copy or a move has the same fingerprint and a dataset
+    prepared again from other films or labels has another one. Used by training to refuse resuming
+    on other data (``train.pipeline.run_meta``)."""
+    import hashlib
+
+    content = {k: index.get(k) for k in ("config", "num_clips", "clips", "feature_fields")}
+    digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode("utf-8")).hexdigest()
+    return f"sha256:{digest[:16]}"
+
+
 def shard_paths(dataset_dir: str, index: dict | None = None) -> list[str]:
     """Absolute shard paths in global-index order.
 

@@ -6,7 +6,8 @@ Layout of ``WORKDIR/checkpoints/<step>/``:
                optimizer moments and counters), one orbax PyTree item, sharded as in memory;
   ``data/``    the Grain iterator state, one JSON file per process (``grain.checkpoint``);
   ``meta/``    JSON: step, last loss and the run fields a resume must match (phase, config name,
-               steps, batch, grad accumulation, LR schedule; train/loop.py ``RUN_FIELDS``).
+               steps, batch, grad accumulation, LR schedule, seed, dataset, batch settings;
+               train/loop.py ``RUN_FIELDS``, train/pipeline.py ``run_meta``).
 A step directory only appears once every item is written (orbax's atomic rename), so a run killed
 mid-save resumes from the previous complete step. Restore targets are abstract arrays carrying the
 *current* mesh's shardings (from the logical annotations), so a checkpoint written on 8 devices

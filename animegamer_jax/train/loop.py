@@ -41,22 +41,35 @@ LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Ar
 
 
 class ResumeMismatchError(ValueError):
-    """The workdir's checkpoint was written by a run with another phase, batch, schedule or config."""
+    """The workdir's checkpoint was written by a run with another phase, batch, schedule, config, seed,
+    dataset or batch settings (:data:`RUN_FIELDS`)."""
 
 
 #: fields of a run that a resume must agree on (checked against the newest checkpoint's meta): the
 #: schedule, and what shapes the batches (seed, dataset, the phase's batch settings: a resume that
-#: changed them would go on with another data stream than the one its checkpoint was trained on)
+#: changed them would go on with another data stream than the one its checkpoint was trained on);
+#: a dict-valued field (dataset, batch_settings) is compared key by key
 RUN_FIELDS = ("phase", "config", "num_steps", "global_batch_size", "grad_accum_steps", "learning_rate",
               "warmup_steps", "end_lr_factor", "seed", "dataset", "batch_settings")
 
 
 def check_resume(saved: Mapping[str, Any], run: Mapping[str, Any], where: str) -> list[str]:
-    """Differences between the saved run fields and this run's, as ``"phase 'a1' -> 'a2'"`` strings.
+    """Differences between the saved run fields and this run's, as ``"phase 'a1' -> 'a2'"`` strings
+    (``"batch_settings.max_turns 5 -> 3"`` inside a dict-valued field).
 
-    Only :data:`RUN_FIELDS` present on both sides are compared (older checkpoints lack some).
+    Only :data:`RUN_FIELDS`, and keys of dict-valued ones, present on both sides are compared (older
+    checkpoints lack some; a field recorded later never refuses their resume).
     """
-    return [f"{k} {saved[k]!r} -> {run[k]!r}" for k in RUN_FIELDS if k in saved and k in run and saved[k] != run[k]]
+    diffs = []
+    for k in RUN_FIELDS:
+        if k not in saved or k not in run:
+            continue
+        a, b = saved[k], run[k]
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            diffs += [f"{k}.{j} {a[j]!r} -> {b[j]!r}" for j in a if j in b and a[j] != b[j]]
+        elif a != b:
+            diffs.append(f"{k} {a!r} -> {b!r}")
+    return diffs
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -42,7 +42,8 @@ Host batches (numpy, built by :class:`BatchBuilder` from the issue-7 loaders):
                      turn_t5_ids int32 [B, M, Lt], turn_first_frame f32 [B, M, H, W, 3],
                      target_turn int32 [B], history_turns int32 [B, W-1] (slot -> turn index)
                      (or precomputed turn_f_md [B, M, Lt, Dt] / turn_f_v [B, M, P, Dv], from the turns
-                     loader's per-turn f_md / f_v: a dataset's feature fields serve a1/a2 and b/c alike);
+                     loader's per-turn f_md / f_v: a dataset's feature fields named f_md / f_v serve
+                     a1/a2 and b/c alike; fields named turn_f_md / turn_f_v serve b/c only);
                      phase c adds flow [B] and frames / latents of the target turn.
 """
 
@@ -512,8 +513,12 @@ class BatchBuilder:
         out = mllm.collate(seqs, pad_to=int(cfg.train.max_seq_len))
         # Precomputed T5 / CLIP features per turn: the turns loader returns a dataset's per-clip feature
         # fields under their own names (f_md / f_v, the ones a1/a2 read in clips mode), [B, M, ...]
-        feat = next((p for p in ("turn_", "") if p + "f_md" in ex), None)
+        feat = next((p for p in ("turn_", "") if p + "f_md" in ex or p + "f_v" in ex), None)
         if feat is not None:
+            if feat + "f_md" not in ex or feat + "f_v" not in ex:
+                have, lack = (feat + "f_md", feat + "f_v") if feat + "f_md" in ex else (feat + "f_v", feat + "f_md")
+                raise KeyError(f"a turns example with stored feature {have!r} but not {lack!r}: a dataset stores "
+                               f"both T5 (f_md) and CLIP (f_v) features or neither (data/prepare.py feature_fn)")
             out["turn_f_md"] = np.asarray(ex[feat + "f_md"], np.float32)
             out["turn_f_v"] = np.asarray(ex[feat + "f_v"], np.float32)
         else:

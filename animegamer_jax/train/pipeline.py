@@ -40,32 +40,56 @@ def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
     (``config.data.dataset_dir``; phase "vae": ``config.train.vae_dataset_dir`` when set)."""
     from animegamer_jax.data import loader
 
-    if phase == "vae" and str(config.train.get("vae_dataset_dir", "")):
+    dataset_dir = phase_dataset_dir(config, phase)
+    if dataset_dir != str(config.data.dataset_dir):
         config = copy.deepcopy(config)
-        config.data.dataset_dir = str(config.train.vae_dataset_dir)
+        config.data.dataset_dir = dataset_dir
     return iter(loader.make_loader_from_config(config, **_loader_kwargs(config, phase, local_batch)))
 
 
-def dataset_id(config: ml_collections.ConfigDict, phase: str) -> str:
-    """The dataset ``phase`` reads (:func:`make_data`), as a resume compares it: a URL as given, a local
-    path made absolute (the same folder named from another working directory is the same dataset)."""
-    d = str(config.train.get("vae_dataset_dir", "")) if phase == "vae" else ""
-    return str(paths.as_path(paths.resource(d or str(config.data.dataset_dir))))
+def phase_dataset_dir(config: ml_collections.ConfigDict, phase: str) -> str:
+    """The prepared dataset ``phase`` reads: ``config.data.dataset_dir``, or for phase "vae"
+    ``config.train.vae_dataset_dir`` when set (as given: a path or a URL)."""
+    if phase == "vae" and str(config.train.get("vae_dataset_dir", "")):
+        return str(config.train.vae_dataset_dir)
+    return str(config.data.dataset_dir)
 
 
-def batch_settings(config: ml_collections.ConfigDict, phase: str) -> dict[str, Any]:
-    """The settings besides seed, dataset and batch size that decide ``phase``'s batches (loader order,
-    turn counts, sequence length, crops): a resume must agree on them (``loop.RUN_FIELDS``)."""
-    out: dict[str, Any] = {"shuffle_seed": int(config.data.get("shuffle_seed", 0))}
+def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True) -> dict[str, Any]:
+    """The run fields :func:`run_phase` records with every checkpoint of ``phase`` and a resume must
+    agree on (``loop.RUN_FIELDS``; ``loop.fit`` adds step count, batch size and grad accumulation):
+
+    * ``phase``, ``config`` (its name), ``learning_rate``, ``warmup_steps``, ``end_lr_factor``, ``seed``;
+    * ``batch_settings``: the phase's settings of the host batches that its data stream and crops
+      depend on (VAE: ``train.vae_curriculum``, ``vae_windows_per_clip``, ``vae_max_crop_scale``;
+      b / c: ``data.max_turns``, ``mllm.history_window``). Not the padding length
+      (``train.max_seq_len``: raising it to fit a longer sequence may resume), nor the model's own
+      settings (a changed shape fails the restore itself);
+    * ``dataset`` (``dataset=True``, when the phase reads its prepared dataset rather than data the
+      caller gives): ``content``, :func:`storage.dataset_fingerprint` of :func:`phase_dataset_dir`'s
+      index (a moved or copied dataset resumes; one prepared again from other films or labels does
+      not), and ``shuffle_seed`` (``data.shuffle_seed``, the loader's order).
+
+    Raises:
+      storage.DatasetError: ``dataset`` and no prepared dataset at :func:`phase_dataset_dir`.
+    """
+    t = config.train
+    settings: dict[str, Any] = {}
     if phase == "vae":
-        t = config.train
-        out.update(vae_curriculum=[list(s) for s in t.vae_curriculum],
-                   vae_windows_per_clip=int(t.vae_windows_per_clip),
-                   vae_max_crop_scale=float(t.get("vae_max_crop_scale", 1.0)))
+        settings.update(vae_curriculum=[list(s) for s in t.vae_curriculum],
+                        vae_windows_per_clip=int(t.vae_windows_per_clip),
+                        vae_max_crop_scale=float(t.get("vae_max_crop_scale", 1.0)))
     elif phase in ("b", "c"):
-        out.update(max_turns=int(config.data.max_turns), max_seq_len=int(config.train.max_seq_len),
-                   history_window=int(config.mllm.history_window))
-    return out
+        settings.update(max_turns=int(config.data.max_turns), history_window=int(config.mllm.history_window))
+    meta = {"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
+            "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
+            "batch_settings": settings}
+    if dataset:
+        from animegamer_jax.data import storage
+
+        meta["dataset"] = {"content": storage.dataset_fingerprint(storage.read_index(phase_dataset_dir(config, phase))),
+                           "shuffle_seed": int(config.data.get("shuffle_seed", 0))}
+    return meta
 
 
 def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str,
@@ -128,7 +152,9 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     Raises:
       parallel.ShardingConfigError: the micro-batch does not divide the mesh's data axes (before
         anything compiles); ValueError: ``global_batch_size`` not a multiple of ``grad_accum_steps``
-        x process count.
+        x process count; loop.ResumeMismatchError: ``workdir``'s checkpoint is of another run
+        (:func:`run_meta`), unless ``train.allow_resume_mismatch``; storage.DatasetError: no prepared
+        dataset (``data`` not given).
     """
     phase = str(config.train.phase)
     init_ckpt = str(config.train.init_checkpoint)
@@ -158,6 +184,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         state = trainer.init()
         return load_init_components(trainer, state, init_ckpt, config) if init_ckpt else state
 
+    meta = run_meta(config, phase, dataset=data is None)
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
     builder = phases.BatchBuilder(config, phase)
@@ -169,10 +196,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
         async_checkpoint=bool(t.async_checkpoint), log_every=int(t.log_every), batch_fn=builder,
         init_state=init_state, progress=bool(t.progress),
-        meta={"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
-              "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor),
-              "seed": int(config.seed), "dataset": dataset_id(config, phase),
-              "batch_settings": batch_settings(config, phase)},
+        meta=meta,
         peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
         allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
     if stop_after is not None and result.end_step < steps * accum:
