@@ -95,3 +95,50 @@ def test_sheet_shows_frame_reconstruction_and_sample(sample_clips, tmp_path, cap
         for c in (1, 2):
             own, other = np.abs(cell(r, c) - cell(r, 0)).mean(), np.abs(cell(r, c) - cell(1 - r, 0)).mean()
             assert own < other, (r, c, own, other)
+
+
+def test_turn_distances_by_hand():
+    """eval.representation's figures on made-up representations: MSE over Q x D to each clip, to the
+    mean of the turn's action's clips, and the nearest clip of another action."""
+    import numpy as np
+
+    from animegamer_jax.eval import representation
+
+    clips = np.zeros((3, 2, 2), np.float32)
+    clips[0] += 1.0  # action "a"
+    clips[1] -= 1.0  # action "a"
+    clips[2] += 3.0  # action "b"
+    rows = [{"index": i, "film_id": "f", "clip_index": i, "action": a} for i, a in enumerate("aab")]
+    turn = np.full((2, 2), 0.5, np.float32)
+    (r, none), = [representation.turn_distances([turn, turn], ["a", "c"], clips, rows)]
+    assert r["clips"] == 2 and r["mse_to_mean"] == 0.25 and r["rep_mean_square"] == 0.25
+    assert (r["nearest"]["index"], r["nearest"]["mse"]) == (0, 0.25)
+    assert (r["farthest"]["index"], r["farthest"]["mse"]) == (1, 2.25)
+    assert (r["nearest_other_action"]["index"], r["nearest_other_action"]["mse"]) == (2, 6.25)
+    assert none["clips"] == 0 and none["nearest"] is none["mse_to_mean"] is None
+    assert none["nearest_other_action"]["index"] == 0
+
+
+def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys):
+    """The shipped system's predicted s_a for a labelled instruction is nearer E_a of its action's clip than
+    of any other clip of the sample film; an instruction no clip has reports no clip of its own."""
+    game = tmp_path / "g.txt"
+    game.write_text("Character: Bunny; Motion: steadily crawl out of burrow; Background: day meadow.\n"
+                    "Character: Driver; Motion: steadily talk on phone in car; Background: day car.\n"
+                    "Character: Bunny; Motion: quickly chase a butterfly; Background: day forest.\n")
+    out = str(tmp_path / "r.json")
+    from animegamer_jax.eval import representation
+
+    assert representation.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--game", str(game),
+                                "--json", out]) == 0
+    turns = json.load(open(out))["turns"]
+    assert [t["clips"] for t in turns] == [1, 1, 0]
+    for t, clip_index in zip(turns[:2], (0, 7)):
+        assert t["nearest"]["clip_index"] == clip_index and t["mse_to_mean"] == t["nearest"]["mse"]
+        assert t["nearest"]["mse"] < t["nearest_other_action"]["mse"], t
+    assert turns[2]["nearest"] is None and turns[2]["nearest_other_action"] is not None
+    assert "turn 3 'quickly chase a butterfly': 0 clips with this action" in capsys.readouterr().out
+    assert representation.main(["--checkpoint", CKPT, "--dataset", sample_clips]) == 2
+    assert "--game is required" in capsys.readouterr().err
+    assert representation.main(["--checkpoint", CKPT, "--game", str(tmp_path / "none.txt")]) == 2
+    assert capsys.readouterr().err.startswith("error: ")

@@ -186,6 +186,15 @@ def _encode_features(model: TrainModel, batch: Mapping[str, jax.Array], prefix: 
     return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
 
 
+def ea_representation(model: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """E_a's action-aware representation s_a [B, Q, rep_dim] (paper Sec. 3.2) of a decoder-phase batch
+    (``t5_ids`` [B, Lt] + ``first_frame`` [B, H, W, 3] in [-1, 1], or precomputed ``f_md`` / ``f_v``):
+    the frozen T5 / CLIP features through ``model.shot_encoder``. ``model`` is any module with
+    ``shot_encoder`` (and ``t5`` / ``clip`` for raw batches)."""
+    f_md, f_v = _encode_features(model, batch)
+    return model.shot_encoder(f_md, f_v)
+
+
 def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
              key: jax.Array) -> jax.Array:
     """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames [B, T, H, W, 3]
@@ -562,8 +571,7 @@ def sample_video(model: TrainModel, batch: Mapping[str, jax.Array], key: jax.Arr
                           history_reps=mb["history_reps"], padding_mask=mb["padding_mask"], return_logits=False,
                           turn_ids=mb.get("turn_ids")).rep
     else:
-        f_md, f_v = _encode_features(model, first)
-        cond = model.shot_encoder(f_md, f_v)
+        cond = ea_representation(model, first)
     uncond = model.shot_encoder.uncond(1).astype(cond.dtype)
     flow = first["flow"]
     d = config.dit
