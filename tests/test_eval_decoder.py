@@ -104,19 +104,21 @@ def test_turn_distances_by_hand():
 
     from animegamer_jax.eval import representation
 
-    clips = np.zeros((3, 2, 2), np.float32)
-    clips[0] += 1.0  # action "a"
-    clips[1] -= 1.0  # action "a"
-    clips[2] += 3.0  # action "b"
+    q_d = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 2.0]], np.float32)  # Q 2 x D 3, not constant
+    clips = np.stack([q_d, -0.5 * q_d, 3.0 * q_d])  # actions a, a, b
     rows = [{"index": i, "film_id": "f", "clip_index": i, "action": a} for i, a in enumerate("aab")]
-    turn = np.full((2, 2), 0.5, np.float32)
-    (r, none), = [representation.turn_distances([turn, turn], ["a", "c"], clips, rows)]
-    assert r["clips"] == 2 and r["mse_to_mean"] == 0.25 and r["rep_mean_square"] == 0.25
-    assert (r["nearest"]["index"], r["nearest"]["mse"]) == (0, 0.25)
-    assert (r["farthest"]["index"], r["farthest"]["mse"]) == (1, 2.25)
-    assert (r["nearest_other_action"]["index"], r["nearest_other_action"]["mse"]) == (2, 6.25)
+    turn = 0.4 * q_d
+    r, none = representation.turn_distances([turn, turn], ["a", "c"], clips, rows)
+    sq = float(np.mean(q_d ** 2))  # 5 / 6: every distance is (c - 0.4)^2 * sq for a clip c * q_d
+    np.testing.assert_allclose([r["mse_to_mean"], r["rep_mean_square"]], [0.15 ** 2 * sq, 0.4 ** 2 * sq], rtol=1e-5)
+    assert r["clips"] == 2 and r["nearest"]["index"] == 0 and r["farthest"]["index"] == 1
+    np.testing.assert_allclose([r["nearest"]["mse"], r["farthest"]["mse"], r["nearest_other_action"]["mse"]],
+                               [0.6 ** 2 * sq, 0.9 ** 2 * sq, 2.6 ** 2 * sq], rtol=1e-5)
+    assert r["nearest_other_action"]["index"] == 2 and r["nearest_other_action"]["action"] == "b"
     assert none["clips"] == 0 and none["nearest"] is none["mse_to_mean"] is None
     assert none["nearest_other_action"]["index"] == 0
+    with pytest.raises(ValueError, match="the clips'"):
+        representation.turn_distances([turn[:1]], ["a"], clips, rows)
 
 
 def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys):
@@ -134,10 +136,11 @@ def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys
     turns = json.load(open(out))["turns"]
     assert [t["clips"] for t in turns] == [1, 1, 0]
     for t, clip_index in zip(turns[:2], (0, 7)):
-        assert t["nearest"]["clip_index"] == clip_index and t["mse_to_mean"] == t["nearest"]["mse"]
+        assert t["nearest"]["clip_index"] == t["farthest"]["clip_index"] == clip_index
+        assert t["mse_to_mean"] == pytest.approx(t["nearest"]["mse"], rel=1e-5)
         assert t["nearest"]["mse"] < t["nearest_other_action"]["mse"], t
     assert turns[2]["nearest"] is None and turns[2]["nearest_other_action"] is not None
-    assert "turn 3 'quickly chase a butterfly': 0 clips with this action" in capsys.readouterr().out
+    assert "turn 3 'quickly chase a butterfly': 0 clip(s) with this action" in capsys.readouterr().out
     assert representation.main(["--checkpoint", CKPT, "--dataset", sample_clips]) == 2
     assert "--game is required" in capsys.readouterr().err
     assert representation.main(["--checkpoint", CKPT, "--game", str(tmp_path / "none.txt")]) == 2

@@ -62,6 +62,15 @@ def check_dataset(dataset_dir: str, config) -> dict:
     return index
 
 
+def clip_example(record: dict) -> dict:
+    """One clip record of a prepared dataset (``loader.ClipSource``) as a batch of one for phase a's
+    ``BatchBuilder``: ``frames`` uint8 [1, T, H, W, 3], ``first_frame`` [1, H, W, 3], ``motion_level``
+    [1], ``action`` str [1] (E_a's T5 input)."""
+    ex = {name: np.asarray(record[name])[None] for name in ("frames", "first_frame", "motion_level")}
+    ex["action"] = np.asarray([str(record["action"])])
+    return ex
+
+
 class _Decoder(nnx.Module):
     """The components phase a's sample video reads (``phases.sample_video``), as one module for nnx.jit."""
 
@@ -109,9 +118,7 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     scored, frames = [], []
     for k, i in enumerate(clip_indices(len(source), count)):
         rec = source[i]
-        ex = {name: np.asarray(rec[name])[None] for name in ("frames", "first_frame", "motion_level")}
-        ex["action"] = np.asarray([str(rec["action"])])
-        batch = jax.tree.map(jnp.asarray, builder(ex))
+        batch = jax.tree.map(jnp.asarray, builder(clip_example(rec)))
         video, recon = run(model, batch, jax.random.key(seed + k))
         target = model_frames_to_unit(batch["frames"])[0]
         scored.append({"index": int(i), "film_id": str(rec["film_id"]), "action": str(rec["action"]),

@@ -57,7 +57,7 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
     import jax.numpy as jnp
 
     from animegamer_jax.data import loader
-    from animegamer_jax.eval.decoder import check_dataset
+    from animegamer_jax.eval.decoder import check_dataset, clip_example
     from animegamer_jax.train import phases
 
     check_dataset(dataset_dir, config)
@@ -68,9 +68,7 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
     reps, rows = [], []
     for i in range(len(source)):
         rec = source[i]
-        ex = {name: np.asarray(rec[name])[None] for name in ("frames", "first_frame", "motion_level")}
-        ex["action"] = np.asarray([str(rec["action"])])
-        batch = builder(ex)
+        batch = builder(clip_example(rec))
         reps.append(np.asarray(jax.device_get(run(model, jax.tree.map(jnp.asarray, batch))), np.float32)[0])
         rows.append({"index": int(i), "film_id": str(rec["film_id"]), "clip_index": int(rec["clip_index"]),
                      "action": str(rec["action"])})
@@ -79,7 +77,9 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
 
 def turn_distances(turn_reps: list[np.ndarray], actions: list[str], clip_reps: np.ndarray,
                    rows: list[dict]) -> list[dict]:
-    """Per turn, where its predicted s_a lies among the clips' E_a s_a (module docstring).
+    """Per turn, where its predicted s_a lies among the clips' E_a s_a (module docstring). A turn's own
+    clips are those whose action equals its Motion text exactly (E_a's T5 input), whatever their
+    characters and background.
 
     Args:
       turn_reps: per turn, the MLLM's s_a float [Q, D].
@@ -90,9 +90,16 @@ def turn_distances(turn_reps: list[np.ndarray], actions: list[str], clip_reps: n
     Returns:
       one dict per turn: ``action``, ``rep_mean_square``, ``clips`` (count), ``mse_to_mean``,
       ``nearest``, ``farthest``, ``nearest_other_action`` (each ``rows`` entry plus ``mse``, or None).
+
+    Raises:
+      ValueError: ``turn_reps`` and ``actions`` of different lengths, or a turn's [Q, D] not the clips'.
     """
+    if len(turn_reps) != len(actions):
+        raise ValueError(f"{len(turn_reps)} turn representations for {len(actions)} actions")
     out = []
     for rep, action in zip(turn_reps, actions):
+        if np.shape(rep) != clip_reps.shape[1:]:
+            raise ValueError(f"a turn's s_a is {np.shape(rep)}, the clips' {clip_reps.shape[1:]} (another system?)")
         rep = np.asarray(rep, np.float32)
         mse = np.mean((clip_reps - rep[None]) ** 2, axis=(1, 2))
         same = [i for i, r in enumerate(rows) if r["action"] == action]
@@ -130,8 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                             storage.DatasetError, GameScriptError, CheckpointError, ValueError, OSError))
 
 
-def _fmt(c: dict | None) -> str:
-    return "none" if c is None else f"{c['film_id']}#{c['clip_index']} {c['mse']:.3f}"
+def _fmt(c: dict | None, action: bool = False) -> str:
+    if c is None:
+        return "none"
+    return f"{c['film_id']}#{c['clip_index']}" + (f" ({c['action']!r})" if action else "") + f" {c['mse']:.3f}"
 
 
 def _run(f, *rest: str) -> int:
@@ -153,17 +162,21 @@ def _run(f, *rest: str) -> int:
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
     if f.json:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
-    engine = GameEngine(config, load_game_system(ckpt, config))
-    played = engine.play([game])[0]
+    # E_a first: a checkpoint without T5 / CLIP fails before the game is played
     components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "t5", "clip"])
     clip_reps, rows = clip_representations(components, config, dataset)
+    engine = GameEngine(config, load_game_system(ckpt, config))
+    played = engine.play([game])[0]
     res = turn_distances([t.rep for t in played["turns"]], [t.motion for t in game.turns], clip_reps, rows)
     for k, (turn, r) in enumerate(zip(game.turns, res)):
         mean = "none" if r["mse_to_mean"] is None else f"{r['mse_to_mean']:.3f}"
-        print(f"turn {k + 1} {turn.motion!r}: {r['clips']} clips with this action; MSE to their mean {mean}, "
+        print(f"turn {k + 1} {turn.motion!r}: {r['clips']} clip(s) with this action; MSE to their mean {mean}, "
               f"nearest {_fmt(r['nearest'])}, farthest {_fmt(r['farthest'])}; nearest of another action "
-              f"{_fmt(r['nearest_other_action'])}; mean square of the prediction {r['rep_mean_square']:.3f}")
-    print(f"{ckpt}: {len(res)} turns of {f.game} against E_a of the {len(rows)} clips of {dataset} (MSE over Q x D)")
+              f"{_fmt(r['nearest_other_action'], action=True)}; mean square of the prediction "
+              f"{r['rep_mean_square']:.3f}")
+    ms = np.mean(clip_reps ** 2, axis=(1, 2))
+    print(f"{ckpt}: {len(res)} turns of {f.game} against E_a of the {len(rows)} clips of {dataset} (MSE over "
+          f"Q x D; the clips' own mean squares {ms.min():.2f}-{ms.max():.2f})")
     if f.json:
         fileio.write_text_atomic(f.json, json.dumps({"game": f.game, "checkpoint": ckpt, "dataset": dataset,
                                                      "turns": res}, indent=1))

@@ -186,13 +186,16 @@ def _encode_features(model: TrainModel, batch: Mapping[str, jax.Array], prefix: 
     return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
 
 
-def ea_representation(model: Any, batch: Mapping[str, jax.Array]) -> jax.Array:
-    """E_a's action-aware representation s_a [B, Q, rep_dim] (paper Sec. 3.2) of a decoder-phase batch
-    (``t5_ids`` [B, Lt] + ``first_frame`` [B, H, W, 3] in [-1, 1], or precomputed ``f_md`` / ``f_v``):
-    the frozen T5 / CLIP features through ``model.shot_encoder``. ``model`` is any module with
-    ``shot_encoder`` (and ``t5`` / ``clip`` for raw batches)."""
-    f_md, f_v = _encode_features(model, batch)
-    return model.shot_encoder(f_md, f_v)
+def ea_representation(model: Any, batch: Mapping[str, jax.Array], prefix: str = "") -> jax.Array:
+    """E_a's action-aware representation s_a [..., Q, rep_dim] (paper Sec. 3.2; the shot encoder's
+    dtype, float32 at tiny size) of a batch's ``{prefix}t5_ids`` [..., Lt] + ``{prefix}first_frame``
+    [..., H, W, 3] in [-1, 1] (or precomputed ``{prefix}f_md`` / ``{prefix}f_v``; leading dims, e.g.
+    [B] or [B, M] turns, are kept): the frozen T5 / CLIP features through ``model.shot_encoder``.
+    ``model`` is any module with ``shot_encoder`` (and ``t5`` / ``clip`` for raw batches)."""
+    f_md, f_v = _encode_features(model, batch, prefix)
+    lead = f_md.shape[:-2]
+    reps = model.shot_encoder(f_md.reshape((-1,) + f_md.shape[-2:]), f_v.reshape((-1,) + f_v.shape[-2:]))
+    return reps.reshape(lead + reps.shape[1:])
 
 
 def _latents(model: TrainModel, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
@@ -233,10 +236,7 @@ def decoder_loss(model: TrainModel, batch: Mapping[str, jax.Array], rng: jax.Arr
 
 def _turn_reps(model: TrainModel, batch: Mapping[str, jax.Array]) -> jax.Array:
     """E_a representation of every turn: [B, M, Q, rep_dim] (frozen shot encoder)."""
-    f_md, f_v = _encode_features(model, batch, "turn_")
-    b, m = f_md.shape[:2]
-    reps = model.shot_encoder(f_md.reshape((b * m,) + f_md.shape[2:]), f_v.reshape((b * m,) + f_v.shape[2:]))
-    return jax.lax.stop_gradient(reps.reshape((b, m) + reps.shape[1:]))
+    return jax.lax.stop_gradient(ea_representation(model, batch, "turn_"))
 
 
 def _mllm_batch(model: TrainModel, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
