@@ -104,7 +104,12 @@ def turn_distances(turn_reps: list[np.ndarray], actions: list[str], clip_reps: n
         mse = np.mean((clip_reps - rep[None]) ** 2, axis=(1, 2))
         same = [i for i, r in enumerate(rows) if r["action"] == action]
         other = [i for i, r in enumerate(rows) if r["action"] != action]
-        pick = lambda ids, fn: dict(rows[fn(ids, key=lambda i: mse[i])], mse=float(mse[fn(ids, key=lambda i: mse[i])])) if ids else None  # noqa: E731
+        def pick(ids: list[int], fn) -> dict | None:  # the row (with its mse) of min / max mse, or None
+            if not ids:
+                return None
+            i = fn(ids, key=lambda j: mse[j])
+            return dict(rows[i], mse=float(mse[i]))
+
         mean = float(np.mean((np.mean(clip_reps[same], axis=0) - rep) ** 2)) if same else None
         out.append({"action": action, "rep_mean_square": float(np.mean(rep ** 2)), "clips": len(same),
                     "mse_to_mean": mean, "nearest": pick(same, min), "farthest": pick(same, max),
