@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install browser demo test test-fast clean-venv
+.PHONY: install tpu-compiler aot-gpu browser demo test test-fast clean-venv
 
 install: $(STAMP)
 
@@ -13,6 +13,25 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
+
+# The TPU compiler for deviceless TPU compiles (python -m animegamer_jax.aot, tests/test_aot_*.py):
+# libtpu as jax[tpu]==0.10.2 pins it, installed beside the venv rather than on its import path, so
+# ordinary CPU runs do not probe for a TPU (parallel/target.py finds it there).
+TPU_COMPILER := $(VENV)/tpu-compiler/libtpu/libtpu.so
+
+tpu-compiler: $(TPU_COMPILER)
+
+$(TPU_COMPILER): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/tpu-compiler libtpu==0.0.42.1
+	touch $(TPU_COMPILER)
+
+# XLA:GPU deviceless compiles: a second venv with jax[cuda12]==0.10.2 (about 7 GB with the
+# requirements; too large for CI, which skips tests/test_aot_gpu.py), then those tests.
+CUDA_VENV ?= .venv-cuda
+aot-gpu:
+	test -x $(CUDA_VENV)/bin/python || $(PYTHON) -m venv $(CUDA_VENV)
+	$(CUDA_VENV)/bin/python -m pip install --quiet -r requirements.txt "jax[cuda12]==0.10.2"
+	JAX_PLATFORMS=cpu $(CUDA_VENV)/bin/python -m pytest -q tests/test_aot_gpu.py
 
 # The main job on the embedded default (see README).
 demo: $(STAMP)
@@ -30,7 +49,7 @@ browser:
 	else echo "browser: not root or no apt-get; install chromium + chromedriver to run the browser test"; fi
 
 # The whole test suite (what .ci/run runs).
-test: $(STAMP) browser
+test: $(STAMP) $(TPU_COMPILER) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Without the PyTorch parity and multi-process tests.

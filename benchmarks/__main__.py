@@ -2,7 +2,6 @@
 
     python -m benchmarks compare [--sizes tiny,medium] [--pieces dit,attention,vae,mistral_prefill,mistral_generate]
                                  [--rounds 7] [--threads 2] [--out compare_torch.json]
-    python -m benchmarks aot [aot_full_size.py flags]     # compiled per-device memory / FLOPs tables
     python -m benchmarks mllm_cache [--sizes tiny,medium] [--turn 5] [--window 3] [--rounds 7] [--threads 2]
                                     [--out mllm_cache.json]  # one MLLM turn, persistent cache vs window recompute
 
@@ -112,7 +111,7 @@ def compare(args) -> int:
 
     from animegamer_jax.config import load_config
     from benchmarks import compare_torch as ct
-    from benchmarks.turn_pieces import turn_length
+    from animegamer_jax.aot.pieces import turn_length
 
     jax.config.update("jax_default_matmul_precision", "highest")
     torch.set_num_threads(args.threads)
@@ -223,13 +222,9 @@ def compare(args) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("compare", "aot", "mllm_cache"):
+    if not argv or argv[0] not in ("compare", "mllm_cache"):
         print(__doc__)
         return 2
-    if argv[0] == "aot":
-        from benchmarks import aot_full_size
-
-        return aot_full_size.main(argv[1:])
     if argv[0] == "mllm_cache":
         from benchmarks import mllm_cache_bench
 

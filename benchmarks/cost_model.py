@@ -30,11 +30,10 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Peak dense bf16 FLOP/s per chip (vendor datasheets), for --chip.
-PEAK_TFLOPS = {
-    "h100": 989.0, "h200": 989.0, "a100": 312.0, "l40s": 362.0, "b200": 2250.0,
-    "tpu-v4": 275.0, "tpu-v5e": 197.0, "tpu-v5p": 459.0, "tpu-v6e": 918.0,
-}
+from animegamer_jax.parallel.target import CHIPS  # noqa: E402
+
+# Peak dense bf16 TFLOP/s per chip (vendor figures with sources in parallel/target.py), for --chip.
+PEAK_TFLOPS = {(f"tpu-{c.name}" if c.name.startswith("v") else c.name): c.bf16_flops / 1e12 for c in CHIPS}
 
 
 def _get(section: Any, key: str, default: Any = None) -> Any:

@@ -10,7 +10,7 @@ checkpoint exists: the real networks, randomly initialised, weights prepared onc
 with play's ``setup_jax``. The engine times each stage (MLLM, DiT sampling, VAE) apart from JAX's
 compile events; s/turn is the median over the turns after the first (the first compiles). MFU =
 analytic FLOPs of one turn (benchmarks/cost_model.py, LoRA merged) / (s/turn x peak).
-Train: the phase (a2) DiT and phase (b) MLLM train steps (benchmarks/turn_pieces.py) at a per-device
+Train: the phase (a2) DiT and phase (b) MLLM train steps (animegamer_jax/aot/pieces.py) at a per-device
 batch that fits one chip, compiled once, run ``--repeats`` times, if the time budget allows.
 
 Self-checks (exit status 1 if any fails): the backend is a GPU (unless --allow_cpu), every output is
@@ -46,7 +46,7 @@ def _finite(tree) -> bool:
 
 def time_piece(piece, builder, repeats: int, chain=None):
     """(compile_s, run_s median, last output). ``chain`` rebuilds donated args from the last output."""
-    from benchmarks.turn_pieces import lower_piece
+    from animegamer_jax.aot.pieces import lower_piece
 
     t0 = time.perf_counter()
     compiled = lower_piece(piece, builder).compile()
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     from animegamer_jax import parallel
     from animegamer_jax.config import load_config
-    from benchmarks import turn_pieces as tp
+    from animegamer_jax.aot import pieces as tp
 
     dev = jax.devices()[0]
     checks: dict[str, bool] = {"gpu backend": dev.platform == "gpu" or args.allow_cpu}

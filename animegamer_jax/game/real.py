@@ -368,7 +368,7 @@ def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | Non
     return out
 
 
-def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None):
+def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None):
     """Play's VAE stage: ``(decode, decode_chunk, decode_plan)``.
 
     ``decode(p, latents [B, T, C, h, w] scaled) -> frames [B, F, H, W, 3]`` in [0, 1] with
@@ -377,8 +377,9 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None):
     and the frame's shards on the mesh, :func:`vae_spatial_shards`). Untiled, ``decode_chunk(p,
     latents_chunk, cache) -> (frames, cache)`` runs one chunk of ``decode_plan`` (streaming);
     tiled, both are None / (). ``decode.why`` says what was chosen. ``num_devices``: the mesh's
-    device count (default ``jax.device_count()``). Used by :func:`build_real_system` and
-    benchmarks/turn_pieces.py.
+    device count (default ``jax.device_count()``); ``device``: one device of that mesh, whose memory
+    (or chip HBM, for compile-only devices) sets the tile budget (default ``jax.devices()[0]``). Used
+    by :func:`build_real_system` and the ahead-of-time programs (animegamer_jax/aot).
     """
     import logging
 
@@ -388,7 +389,7 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None):
     t, h, w = int(config.dit.num_latent_frames), int(config.dit.sample_height), int(config.dit.sample_width)
     sf = vcfg.spatial_factor
     shards = vae_spatial_shards(config, (sf * h, sf * w), num_devices)
-    tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards)
+    tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards, device=device)
     logging.getLogger(__name__).info("VAE decode: %s", why)
 
     def decode(p, latents):
@@ -417,7 +418,7 @@ def dit_sampler(g_dit, config):
     initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
     samplers.sample's ``step_noise``), then the configured sampler with CFG. In reference mode s_a
     is rounded to bfloat16 first, as the release does. Used by play (:func:`build_real_system`) and
-    by the benchmarks (benchmarks/turn_pieces.py), so both run one program."""
+    by the ahead-of-time programs (animegamer_jax/aot/pieces.py), so both run one program."""
     plan = samplers.plan_from_config(config.diffusion)
     table = tuple(config.dit.flow_table)
     reference_mode = config.game.mode == "reference"

@@ -32,11 +32,16 @@ function (softmax in float32):
     segment ids, positions ``0..L-1``). ``splash_interpret=True`` runs it in Pallas interpret
     mode (any backend; used by the CPU tests).
 ``"auto"``
-    GPU: cuDNN when the dtype/head size allow it, else blockwise. TPU: splash when the mask
-    allows it, else blockwise. Other backends (CPU): ``"dense"`` while the fp32 score
+    Decided for the platform of the devices the program is compiled for (the active mesh's,
+    :func:`animegamer_jax.parallel.target.current`), not the host's backend. GPU: cuDNN when the
+    dtype/head size allow it, else blockwise. TPU: splash when the mask allows it
+    (:func:`splash_unsupported`), else blockwise. CPU: ``"dense"`` while the fp32 score
     tensor of one call stays under ``dense_limit_bytes`` (XLA:CPU runs small dense attention
     faster than a loop of tiles), blockwise above. The choice is logged once per distinct
-    (backend, implementation, shape) at INFO level.
+    (target, implementation, shape) at INFO level; :func:`recording` collects every call's.
+
+The splash (Mosaic) and cuDNN kernels are custom calls that XLA cannot partition: under a mesh of
+more than one device they run inside a ``shard_map`` over the batch / head axes (:func:`_partitioned`).
 
 Masks are expressed once, as positions (:class:`AttentionMask`): key j is visible from query i iff
 
@@ -61,14 +66,17 @@ query attention), H head dim.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import einops
 import flax.struct
 import jax
 import jax.numpy as jnp
+from flax.core import spmd as core_spmd
 
 Array = jax.Array
 log = logging.getLogger(__name__)
@@ -294,12 +302,6 @@ def _cudnn(q, k, v, bias, mask: AttentionMask, scale):
         q, k, v, bias=None if bias is None else bias.astype(q.dtype), scale=scale, is_causal=mask.causal,
         local_window_size=window, implementation="cudnn",
     )
-
-
-def _splash_supported(q, k, bias, mask: AttentionMask) -> bool:
-    l, s = q.shape[1], k.shape[1]
-    return (bias is None and mask.q_pos is None and mask.k_pos is None and mask.block_first is None
-            and mask.dense is None and not mask.seg_window and (l == s or not mask.causal))
 
 
 def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, block: int = 128):
@@ -544,38 +546,130 @@ def _blockwise(q, k, v, bias, mask: AttentionMask, scale, block_q: int, block_k:
 # Dispatch.
 
 _logged: set[tuple] = set()
+_recorders: list[list[dict[str, Any]]] = []
 
 
-def _auto(q, k, bias, mask: AttentionMask, dense_limit_bytes: int) -> str:
-    backend = jax.default_backend()
+@contextlib.contextmanager
+def recording() -> Iterator[list[dict[str, Any]]]:
+    """Collects every kernel resolution traced inside it (one dict per attention call: ``kernel``,
+    ``requested``, ``platform``, ``q`` / ``k`` shapes, ``dtype``, ``why``), e.g. for the AOT table."""
+    calls: list[dict[str, Any]] = []
+    _recorders.append(calls)
+    try:
+        yield calls
+    finally:
+        _recorders.remove(calls)
+
+
+def splash_unsupported(q: Array, k: Array, bias: Array | None, mask: AttentionMask) -> str | None:
+    """Why the splash kernel cannot take this call (None when it can): it expresses full / causal /
+    local masks over positions ``0..L-1`` with key padding, and no bias."""
+    l, s = q.shape[1], k.shape[1]
+    for why, bad in (("an additive bias", bias is not None),
+                     ("explicit positions (KV-cache offsets)", mask.q_pos is not None or mask.k_pos is not None),
+                     ("a bidirectional query block (hybrid mask)", mask.block_first is not None),
+                     ("an explicit dense mask", mask.dense is not None),
+                     ("a turn window (segments)", bool(mask.seg_window)),
+                     ("a causal mask with L != S", l != s and mask.causal)):
+        if bad:
+            return why
+    return None
+
+
+def _auto(q, k, bias, mask: AttentionMask, dense_limit_bytes: int, platform: str) -> tuple[str, str]:
+    """(kernel, why) for the target ``platform`` ("tpu", "gpu", "cpu")."""
     b, l, n, h = q.shape
     s = k.shape[1]
-    if backend == "gpu":
+    if platform == "gpu":
         if q.dtype in (jnp.bfloat16, jnp.float16) and h <= 128 and h % 8 == 0:
-            return "cudnn"
-        return "blockwise"
-    if backend == "tpu":
-        return "splash" if _splash_supported(q, k, bias, mask) else "blockwise"
-    return "dense" if b * n * l * s * 4 <= dense_limit_bytes else "blockwise"
+            return "cudnn", "GPU, bf16/fp16, head dim <= 128"
+        return "blockwise", f"GPU, {q.dtype.name} / head dim {h}: cuDNN takes bf16/fp16 with head dim <= 128"
+    if platform == "tpu":
+        why = splash_unsupported(q, k, bias, mask)
+        return ("splash", "TPU, mask expressible for splash") if why is None else \
+            ("blockwise", f"TPU, splash cannot take {why}")
+    score = b * n * l * s * 4
+    if score <= dense_limit_bytes:
+        return "dense", f"{platform}, fp32 scores {score / 2**20:.1f} MiB <= dense limit"
+    return "blockwise", f"{platform}, fp32 scores {score / 2**20:.1f} MiB > dense limit"
 
 
 def resolve(implementation: str | None, q: Array, k: Array, bias: Array | None = None,
             mask: AttentionMask | None = None, dense_limit_bytes: int = DENSE_LIMIT_BYTES) -> str:
-    """The kernel ``implementation`` ("auto"/None resolved for this backend and shape) would run.
+    """The kernel ``implementation`` ("auto"/None resolved for the target and shape) would run.
+
+    The target is the platform of the active mesh's devices (:func:`animegamer_jax.parallel.target.current`:
+    a program traced on a CPU host for TPU devices resolves TPU kernels), never the host's backend.
 
     Raises: ValueError for an unknown name.
     """
+    from animegamer_jax.parallel import target as target_lib
+
     impl = implementation or "auto"
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
+    platform = target_lib.current().platform
     if impl != "auto":
-        return impl
-    chosen = _auto(q, k, bias, mask or AttentionMask(), dense_limit_bytes)
-    key = (jax.default_backend(), chosen, q.shape, k.shape, q.dtype.name)
-    if key not in _logged:
-        _logged.add(key)
-        log.info("attention auto -> %s (backend %s, q %s, k %s, %s)", chosen, key[0], q.shape, k.shape, q.dtype)
+        chosen, why = impl, "requested"
+    else:
+        chosen, why = _auto(q, k, bias, mask or AttentionMask(), dense_limit_bytes, platform)
+        key = (platform, chosen, q.shape, k.shape, q.dtype.name)
+        if key not in _logged:
+            _logged.add(key)
+            log.info("attention auto -> %s (target %s, q %s, k %s, %s: %s)", chosen, platform, q.shape, k.shape,
+                     q.dtype, why)
+    for calls in _recorders:
+        calls.append({"kernel": chosen, "requested": impl, "platform": platform, "q": tuple(q.shape),
+                      "k": tuple(k.shape), "dtype": q.dtype.name, "why": why})
     return chosen
+
+
+def _partitioned(kernel: Callable[..., Array], q: Array, k: Array, v: Array, bias: Array | None,
+                 mask: AttentionMask) -> Array:
+    """``kernel(q, k, v, bias, mask)`` inside a ``shard_map`` over the active mesh: a Mosaic (splash)
+    or cuDNN custom call is opaque to XLA's partitioner, so each device runs it on its own batch /
+    head slice (``act_batch``, and ``act_heads`` when both the query and the key/value heads divide
+    it); the sequence axes are whole on every device (context parallelism gathers K/V first:
+    :func:`context_parallel_attention`). Without a mesh of more than one device, or inside a
+    ``shard_map`` already (all axes manual), the kernel is called as is."""
+    from jax.sharding import PartitionSpec as P
+
+    from animegamer_jax.parallel import mesh as pmesh
+
+    mesh = pmesh._active_mesh()
+    if mesh is None or mesh.size == 1 or set(mesh.manual_axes) == set(mesh.axis_names):
+        return kernel(q, k, v, bias, mask)
+    b = q.shape[0]
+
+    def spec(x, names):
+        if not core_spmd.get_logical_axis_rules():
+            return P()
+        return pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
+
+    q_spec = spec(q, ("act_batch", None, "act_heads", None))
+    kv_spec = spec(k, ("act_batch", None, "act_kv_heads", None))
+    if q_spec[0] != kv_spec[0]:
+        kv_spec = P(q_spec[0], None, kv_spec[2], None)
+    if q_spec[2] != kv_spec[2]:  # heads split only when both q and k/v heads divide the same axes
+        q_spec, kv_spec = P(q_spec[0], None, None, None), P(q_spec[0], None, None, None)
+    batch_entry, head_entry = q_spec[0], q_spec[2]
+
+    def leaf_spec(x):  # mask arrays [B|1, ...] and bias [B|1, N|1, L, S]: batch (and heads) as q
+        if not hasattr(x, "ndim") or x.ndim == 0:
+            return P()
+        entries = [batch_entry if x.shape[0] == b else None] + [None] * (x.ndim - 1)
+        if x is bias and x.ndim == 4 and x.shape[1] == q.shape[2]:
+            entries[1] = head_entry
+        return P(*entries)
+
+    mask_specs = jax.tree.map(leaf_spec, mask)
+    bias_spec = None if bias is None else leaf_spec(bias)
+
+    def local(ql, kl, vl, bl, ml):
+        return kernel(ql, kl, vl, bl, ml)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, bias_spec, mask_specs),
+                         out_specs=q_spec, check_vma=False)(q, k, v, bias, mask)
 
 
 def dot_product_attention(
@@ -620,12 +714,15 @@ def dot_product_attention(
     if impl == "xla":
         return _xla(q, k, v, bias, mask, scale)
     if impl == "cudnn":
-        return _cudnn(q, k, v, bias, mask, scale)
+        return _partitioned(lambda *a: _cudnn(*a, scale), q, k, v, bias, mask)
     if impl == "splash":
-        if not _splash_supported(q, k, bias, mask):
-            raise ValueError("attention: the splash kernel takes full/causal/local masks with key padding, "
-                             "positions 0..L-1 and no bias; use 'auto' or 'blockwise' for this call")
-        return _splash(q, k, v, mask, scale, interpret=splash_interpret)
+        why = splash_unsupported(q, k, bias, mask)
+        if why is not None:
+            raise ValueError(f"attention: the splash kernel cannot take {why} (it takes full/causal/local masks "
+                             f"with key padding, positions 0..L-1 and no bias); use 'auto' or 'blockwise' for this call")
+        if splash_interpret:  # interpret mode is plain HLO: XLA partitions it like any other op
+            return _splash(q, k, v, mask, scale, interpret=True)
+        return _partitioned(lambda ql, kl, vl, _b, ml: _splash(ql, kl, vl, ml, scale), q, k, v, None, mask)
     return _blockwise(q, k, v, bias, mask, scale, block_q, block_k)
 
 
@@ -701,5 +798,5 @@ def score_bytes(b: int, n: int, l: int, s: int) -> int:
     return int(b) * int(n) * int(l) * int(s) * 4
 
 
-__all__ = ["AttentionMask", "causal_mask", "context_parallel_attention", "dot_product_attention", "resolve",
-           "IMPLEMENTATIONS", "score_bytes"]
+__all__ = ["AttentionMask", "causal_mask", "context_parallel_attention", "dot_product_attention", "recording",
+           "resolve", "splash_unsupported", "IMPLEMENTATIONS", "score_bytes"]

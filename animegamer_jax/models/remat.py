@@ -43,6 +43,12 @@ def policy_name(value: Any) -> str:
 
 
 def _has_pinned_host() -> bool:
+    """Whether the target (the active mesh's devices, parallel.target.current) has pinned host memory:
+    TPU and GPU do; elsewhere the default device's memories say (XLA:CPU has none)."""
+    from animegamer_jax.parallel import target
+
+    if target.current().platform in ("tpu", "gpu"):
+        return True
     try:
         return any(m.kind == "pinned_host" for m in jax.devices()[0].addressable_memories())
     except Exception:  # backends without the memories API
@@ -63,9 +69,11 @@ def checkpoint_policy(name: Any) -> Callable[..., bool] | None:
         return None
     if name == "save_dots":
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+    from animegamer_jax.parallel import target
+
     if not _has_pinned_host():
-        raise ValueError(f"remat policy 'offload_dots' needs a backend with pinned host memory; "
-                         f"{jax.default_backend()!r} has none. Fix: use 'save_dots' or 'full'")
+        raise ValueError(f"remat policy 'offload_dots' needs a target with pinned host memory; "
+                         f"{target.current().platform!r} has none. Fix: use 'save_dots' or 'full'")
     return jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host")
 
 

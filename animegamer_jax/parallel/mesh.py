@@ -124,15 +124,26 @@ def make_mesh(
     Args:
       shape: sizes of ``axes``; one may be -1 (the rest of the devices).
       axes: mesh axis names, default ``("data", "fsdp", "tensor", "context")``.
-      devices: devices to use, default all of ``jax.devices()`` (all processes).
+      devices: devices to use, default all of ``jax.devices()`` (all processes). Devices of several
+        TPU slices (``slice_index``) get a hybrid mesh when the first axis divides by the slice count:
+        that axis over the data-center network, the others within each slice.
 
     Returns:
       A ``jax.sharding.Mesh``.
     """
+    from jax.experimental import mesh_utils
+
     devices = list(jax.devices() if devices is None else devices)
     concrete = resolve_mesh_shape(shape, len(devices), axes)
+    slices = len({getattr(d, "slice_index", 0) for d in devices})
     try:
-        dev_array = jax.experimental.mesh_utils.create_device_mesh(concrete, devices=devices)
+        if slices > 1 and concrete[0] % slices == 0:
+            # TPU multislice: the first axis (data) spans the slices over DCN, the rest stays in a slice (ICI)
+            dcn = (slices,) + (1,) * (len(concrete) - 1)
+            ici = (concrete[0] // slices,) + tuple(concrete[1:])
+            dev_array = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices=devices)
+        else:
+            dev_array = mesh_utils.create_device_mesh(concrete, devices=devices)
     except Exception:  # non-TPU topologies the helper does not know: plain reshape
         dev_array = np.asarray(devices, dtype=object).reshape(concrete)
     return Mesh(dev_array, tuple(axes))

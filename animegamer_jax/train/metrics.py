@@ -24,22 +24,15 @@ from clu import metrics as clu_metrics
 
 from animegamer_jax import paths
 
-#: dense bf16 peak TFLOP/s per device (vendor figures) by substring of ``device.device_kind``
-PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("v6", 918.0), ("v5p", 459.0), ("v5 lite", 197.0), ("v5e", 197.0), ("v4", 275.0), ("v3", 123.0),
-    ("H200", 989.0), ("H100", 989.0), ("A100", 312.0), ("L40S", 362.0), ("A10G", 125.0),
-)
-
-
 def peak_flops_per_device(configured_tflops: float = 0.0, device: jax.Device | None = None) -> float | None:
-    """Peak FLOP/s of one device: the configured value if > 0, else looked up by device kind, else None."""
+    """Peak FLOP/s of one device: the configured value if > 0, else its chip's dense bf16 peak
+    (``parallel.target.CHIPS``, by device kind), else None."""
+    from animegamer_jax.parallel import target
+
     if configured_tflops > 0:
         return configured_tflops * 1e12
-    kind = (device or jax.devices()[0]).device_kind
-    for key, tflops in PEAK_TFLOPS:
-        if key.lower() in kind.lower():
-            return tflops * 1e12
-    return None
+    chip = target.of_device(device or jax.devices()[0]).chip
+    return None if chip is None else chip.bf16_flops
 
 
 def compiled_flops(compiled: Any) -> float | None:

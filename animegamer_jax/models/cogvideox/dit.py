@@ -79,7 +79,7 @@ class DiTConfig:
       remat: remat policy of the block scan, one of models/remat.py `REMAT_POLICIES` ("none",
         "full", "save_dots", "offload_dots"); booleans of older configs map to "full" / "none".
       attention_impl: kernel of :func:`animegamer_jax.models.attention.dot_product_attention`
-        ("auto" picks by backend and size; no parameters depend on it).
+        ("auto" picks by the target devices and size; no parameters depend on it).
     """
 
     hidden_size: int = 1920

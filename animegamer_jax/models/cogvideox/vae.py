@@ -816,23 +816,30 @@ def decode_memory_bytes(cfg: VAEConfig, tile: tuple[int, int], plan: Sequence[in
 
 
 def device_decode_budget(cfg: VAEConfig, device: Any = None) -> tuple[float, str]:
-    """(bytes, where from) that auto tiling may plan for on ``device`` (default ``jax.devices()[0]``).
+    """(bytes, where from) that auto tiling may plan for on ``device`` (default ``jax.devices()[0]``;
+    a compile-only device of another chip when compiling for it ahead of time).
 
     ``cfg.decode_memory_gib`` > 0 wins; else ``DEVICE_BUDGET_FRACTION`` of the device's free memory
-    from ``memory_stats()`` (``bytes_limit - bytes_in_use``, GPU/TPU); else (XLA:CPU reports no
-    limit) ``CPU_DECODE_BUDGET_GIB``.
+    from ``memory_stats()`` (``bytes_limit - bytes_in_use``, GPU/TPU); else (compile-only devices
+    have no stats) of its chip's HBM (``parallel.target.CHIPS``); else (XLA:CPU reports no limit)
+    ``CPU_DECODE_BUDGET_GIB``.
     """
+    from animegamer_jax.parallel import target as target_lib
+
     if cfg.decode_memory_gib > 0:
         return cfg.decode_memory_gib * 2**30, "vae.decode_memory_gib"
     device = jax.devices()[0] if device is None else device
     try:
         stats = device.memory_stats() or {}
-    except Exception:  # some backends raise instead of returning None
+    except Exception:  # compile-only devices and some backends raise instead of returning None
         stats = {}
     limit = stats.get("bytes_limit")
     if limit:
         free = float(limit) - float(stats.get("bytes_in_use", 0))
         return DEVICE_BUDGET_FRACTION * free, f"{device.device_kind} memory_stats"
+    chip = target_lib.of_device(device).chip
+    if chip is not None:
+        return DEVICE_BUDGET_FRACTION * chip.hbm_bytes, f"{device.device_kind} HBM {chip.hbm_bytes / 2**30:.0f} GiB"
     return CPU_DECODE_BUDGET_GIB * 2**30, f"fallback {CPU_DECODE_BUDGET_GIB:g} GiB ({device.platform})"
 
 

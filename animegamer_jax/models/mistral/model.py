@@ -14,7 +14,7 @@ Layout notes (not obvious from the reference):
     ``embed_tokens`` ``[V, D]``, ``lm_head`` ``[D, V]`` (HF weights transposed by the converter).
   * Attention goes through the project's one entry point
     (:func:`animegamer_jax.models.attention.dot_product_attention`); the ``attention_impl`` config
-    field picks the kernel (``attention.IMPLEMENTATIONS``; None / "auto" = by backend and size).
+    field picks the kernel (``attention.IMPLEMENTATIONS``; None / "auto" = by the target devices and size).
     Masks are :class:`~animegamer_jax.models.attention.AttentionMask` position rules, so the
     blockwise and flash kernels never build an ``L x S`` mask.
 
@@ -48,6 +48,7 @@ from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
+from animegamer_jax.parallel import target
 
 ALL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -461,7 +462,7 @@ def trainable_filter(path: Sequence[Any], value: Any) -> bool:
 def unstacked_layers(model: Mistral) -> tuple[Any, ...] | None:
     """Per-layer copies of ``model.layers``' state (``num_layers`` states, leaves without the
     leading layer axis) for the ``decode_layers="unstacked"`` path, or None where that path is off
-    (``"scan"``, or ``"auto"`` off CPU). Split once per model and reused while the stacked
+    (``"scan"``, or ``"auto"`` when the weights are not on CPU devices). Split once per model and reused while the stacked
     parameters are the same arrays (a weight update or LoRA merge makes new ones: split again).
     Costs one more copy of the layer weights in host memory.
 
@@ -470,10 +471,11 @@ def unstacked_layers(model: Mistral) -> tuple[Any, ...] | None:
     mode = model.cfg.decode_layers
     if mode not in ("auto", "scan", "unstacked"):
         raise ValueError(f"mllm.decode_layers={mode!r}; use 'auto', 'scan' or 'unstacked'")
-    if mode == "scan" or (mode == "auto" and jax.default_backend() != "cpu"):
-        return None
     state = nnx.state(model.layers)
     leaves = jax.tree.leaves(state)
+    # "auto": unstacked only where the weights live on CPU devices (the target, not the host's backend)
+    if mode == "scan" or (mode == "auto" and target.of_arrays(leaves).platform != "cpu"):
+        return None
     hit = _UNSTACKED.get(model)
     if hit is not None and len(hit[0]) == len(leaves) and all(a is b for a, b in zip(hit[0], leaves)):
         return hit[1]

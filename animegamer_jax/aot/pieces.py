@@ -1,7 +1,7 @@
 """The compute of one AnimeGamer game turn and of the (a2) / (b) train steps, as pure jit-able functions.
 
-Shared by the speed and memory benchmarks (benchmarks/gpu_bench.py, benchmarks/aot_full_size.py);
-never imported by the package. Each piece is ``(fn, args)`` where ``fn`` is a pure function of
+Compiled ahead of time by ``python -m animegamer_jax.aot`` (the ``prefill`` ... ``vae_decode``
+programs) and run by the speed benchmarks (benchmarks/gpu_bench.py). Each piece is ``(fn, args)`` where ``fn`` is a pure function of
 ``(params_state, *inputs)`` and ``args`` are either real arrays (``abstract=False``: random weights,
 random inputs) or ``jax.ShapeDtypeStruct`` with shardings (``abstract=True``: nothing allocated,
 for ahead-of-time lowering). Inference pieces use bf16 weights with LoRA merged (``lora_rank=0``),
@@ -228,7 +228,8 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
         # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
         n_dev = getattr(b, "decode_devices", 0) or b.mesh.size
-        decode = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev)[0]
+        decode = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev,
+                             device=b.mesh.devices.flat[0])[0]
 
         def vae_decode(state, latents):
             return decode({"vae": state}, latents)

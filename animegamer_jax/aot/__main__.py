@@ -1,0 +1,232 @@
+"""Will it fit? Compile the paper config's programs for the chips you plan to rent, on this host.
+
+  python -m animegamer_jax.aot --topology=v5p-64 --program=train           # phases vae, a1, a2, b, c
+  python -m animegamer_jax.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
+  python -m animegamer_jax.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
+  python -m animegamer_jax.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
+  python -m animegamer_jax.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
+
+Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8; --num_slices for multislice), GPU nodes
+(a100-8, h100-8, h200-8, b200-8; 4xh100-8 = 4 nodes) and cpu-N (fake CPU devices). Nothing is
+allocated and no accelerator is needed: the TPU compiler comes with `pip install 'jax[tpu]==0.10.2'`
+(`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c (the train
+command's step with the config's settings: batch, remat, precomputed features, latents) and prefill
+decode pass_b dit vae_decode (play's turn; --layout latency = one game on all chips, batch = one game
+per data-parallel slice); groups train, turn, generate (turn in the batch layout), all.
+
+Prints, per program and per chip: arguments / temporaries / outputs / aliased / peak bytes against the
+chip's HBM, FLOPs and bytes accessed (loop trip counts included), the attention kernel of every call,
+and a roofline time per run, per train step and per turn, with its assumptions. --json writes it all
+with the commit; --save writes each serialized executable. Exit status 1 when a program fails to
+compile, 2 for a bad command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+GROUPS = {"train": ("vae", "a1", "a2", "b", "c"), "turn": ("prefill", "decode", "pass_b", "dit", "vae_decode")}
+
+
+def _define(fv, argv: list[str]) -> None:
+    from absl import flags
+    from ml_collections import config_flags
+
+    from animegamer_jax import paths
+
+    config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
+                                    "Config to compile (default: the paper's); --config.a.b=v overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("topology", None, "Target: v5p-64, v6e-8, v5e-4, h100-8, 4xh100-8, cpu-8, ...", flag_values=fv)
+    flags.DEFINE_integer("num_slices", 1, "TPU multislice: slices of --topology.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,prefill,decode,pass_b,dit,vae_decode; "
+                      "train, turn, generate, all.", flag_values=fv)
+    flags.DEFINE_enum("layout", "", ["", "latency", "batch"], "Turn programs' layout (default game.play_layout).",
+                      flag_values=fv)
+    flags.DEFINE_string("json", "", "Write the report as JSON here (path or URL).", flag_values=fv)
+    flags.DEFINE_string("save", "", "Folder for the serialized executables (one file per program).", flag_values=fv)
+
+
+def _programs(names: list[str], default_layout: str) -> list[tuple[str, str]]:
+    """[(program, layout)] in order, groups expanded; raises UsageError for an unknown name."""
+    from animegamer_jax import cli
+
+    out: list[tuple[str, str]] = []
+    for n in names:
+        n = n.strip()
+        if n == "all":
+            items = [(p, default_layout) for p in GROUPS["train"] + GROUPS["turn"]]
+        elif n == "generate":
+            items = [(p, "batch") for p in GROUPS["turn"]]
+        elif n in GROUPS:
+            items = [(p, default_layout) for p in GROUPS[n]]
+        elif n in GROUPS["train"] or n in GROUPS["turn"]:
+            items = [(n, default_layout)]
+        else:
+            raise cli.UsageError(f"unknown --program {n!r}; use {', '.join(GROUPS['train'] + GROUPS['turn'])}, "
+                                 f"or train, turn, generate, all")
+        out += [i for i in items if i not in out]
+    return out
+
+
+def commit() -> str:
+    """The checkout's commit (``+dirty`` with uncommitted changes), or "unknown"."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _saver(folder: str, topology: str):
+    import pickle
+
+    from jax.experimental import serialize_executable
+
+    from animegamer_jax import fileio, paths
+
+    fileio.makedirs(folder)
+
+    def save(name: str, compiled: Any) -> str:
+        path = paths.join(folder, f"{topology}_{name}.xla.pkl")
+        try:
+            payload = serialize_executable.serialize(compiled)
+        except Exception as e:  # some backends cannot serialize compile-only executables
+            return f"not saved ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        fileio.write_bytes_atomic(path, pickle.dumps(payload))
+        return path
+
+    return save
+
+
+def _check_outputs(json_path: str) -> None:
+    """Before any compile: the --json folder exists, and a file already at --json is a report of this
+    command (which a rerun replaces), never some other file. Raises UsageError naming the fix."""
+    from animegamer_jax import cli, fileio
+
+    if not json_path:
+        return
+    folder = os.path.dirname(json_path.rstrip("/"))
+    if folder and not fileio.isdir(folder):
+        raise cli.UsageError(f"--json={json_path}: folder {folder} does not exist; create it or choose another path")
+    if fileio.exists(json_path):
+        try:
+            old = json.loads(fileio.read_bytes(json_path))
+            ours = isinstance(old, dict) and {"topology", "programs", "assumptions"} <= set(old)
+        except (ValueError, UnicodeDecodeError):
+            ours = False
+        if not ours:
+            raise cli.UsageError(f"--json={json_path} exists and is not an animegamer-aot report; "
+                                 f"choose another path (it is left as it is)")
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run(f, *_: str) -> int:
+    import jax
+
+    from animegamer_jax import cli, fileio, parallel
+    from animegamer_jax.aot import programs, report
+    from animegamer_jax.parallel import target
+
+    if not f.topology:
+        raise cli.UsageError("--topology is required, e.g. --topology=v5p-64 (see --help)")
+    try:
+        topo = target.parse_topology(f.topology, f.num_slices)
+    except ValueError as e:
+        raise cli.UsageError(str(e)) from None
+    config = f.config
+    layout = f.layout or str(config.game.get("play_layout", "latency"))
+    todo = _programs(list(f.program), layout)
+    _check_outputs(f.json)
+    devices = target.compile_devices(topo)
+    chip = topo.chip
+    _say(f"animegamer-aot: {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}, {topo.spec}), "
+         f"config {config.get('name', '?')}")
+    save = _saver(f.save, topo.name) if f.save else None
+    rows = []
+    for name, lay in todo:
+        _say(f"compiling {name}{f' ({lay} layout)' if name in GROUPS['turn'] else ''} ...")
+        try:
+            prog = (programs.train_program(config, name, devices) if name in GROUPS["train"]
+                    else programs.turn_programs(config, [name], devices, lay)[0])
+        except (parallel.ShardingConfigError, ValueError) as e:
+            rows.append(report.Row(name, "train" if name in GROUPS["train"] else "turn", "",
+                                   status=f"FAILED {type(e).__name__}: {e}"))
+            continue
+        row = report.compile_program(prog, chip, save)
+        rows.append(row)
+        _say(f"  {name}: {row.status}, peak {row.peak / 2**30:.2f} GiB per chip, compile {row.compile_s:.0f} s")
+    turn = report.turn_estimate(rows)
+    print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
+          f"config {config.get('name', '?')}, commit {commit()}, jax {jax.__version__}\n")
+    if chip is not None:
+        print(f"chip {chip.name}: HBM {chip.hbm_bytes / 2**30:.1f} GiB, {chip.bf16_flops / 1e12:.0f} TFLOP/s bf16 dense, "
+              f"{chip.hbm_bytes_per_s / 1e9:.0f} GB/s ({chip.source})\n")
+    print(report.table(rows, chip))
+    for r in rows:
+        if r.status == "ok":
+            print(f"- {r.program}: {r.note}" + (f"; saved {r.saved}" if r.saved else ""))
+    print("\nattention kernels (traced calls; a scanned layer traces once):")
+    for line in report.kernel_lines(rows) or ["(none)"]:
+        print(f"- {line}")
+    for r in rows:
+        if r.kind == "train" and r.status == "ok" and r.roofline_s is not None:
+            step = r.roofline_s * r.runs
+            print(f"roofline train step {r.program}: {step:.3f} s at 100 % of peak, {step / 0.4:.3f} s at 40 %")
+    if turn is not None:
+        print(f"roofline turn ({layout} layout): {turn:.3f} s at 100 % of peak, {turn / 0.4:.3f} s at 40 %")
+    resident = report.turn_resident(rows)
+    if resident is not None:
+        share = f", {100 * resident / chip.hbm_bytes:.0f} % of HBM" if chip else ""
+        print(f"one turn resident per chip: {resident / 2**30:.2f} GiB (every stage's weights and caches + the "
+              f"largest stage's temporaries{share})")
+    print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
+    if f.json:
+        import dataclasses
+
+        doc = {"commit": commit(), "jax": jax.__version__, "topology": topo.name, "spec": topo.spec,
+               "num_devices": len(devices), "device_kind": getattr(devices[0], "device_kind", ""),
+               "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
+               "layout": layout, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
+               "turn_roofline_s": turn, "turn_resident_bytes": resident, "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
+        fileio.write_text_atomic(f.json, json.dumps(doc, indent=1))
+        print(f"wrote {f.json}")
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.aot [flags]``; returns the exit status."""
+    import jax
+
+    from animegamer_jax import cli
+
+    # the host compiles; TPU / GPU devices are compile-only (set before any backend starts)
+    jax.config.update("jax_platforms", "cpu")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for a in argv:  # cpu-N needs N host devices before the CPU backend starts
+        if a.startswith("--topology=cpu-") and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                       f" --xla_force_host_platform_device_count={a.split('-')[-1]}")
+    return cli.run_command("python -m animegamer_jax.aot", argv, _define, __doc__, (), _run,
+                           errors=(RuntimeError, FileNotFoundError))
+
+
+def cli() -> None:
+    """Console script ``animegamer-aot``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

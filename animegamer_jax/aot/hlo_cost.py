@@ -1,0 +1,322 @@
+"""Trip-count-aware FLOP and byte totals read from optimized HLO text.
+
+XLA's ``compiled.cost_analysis()`` prices a ``while`` loop as one pass of its body and condition
+(``HloCostAnalysis::HandleWhile``), so programs built on ``lax.scan`` / ``fori_loop`` (layer scans,
+sampling-step loops, tile scans) are undercounted by the trip count. ``program_cost`` walks the text
+of ``jax.jit(f).lower(...).compile().as_text()`` and multiplies loop bodies out.
+
+Counted (formulas from XLA's ``xla/service/hlo_cost_analysis.cc``; 1 FMA = 2 FLOPs):
+
+* ``dot``: 2 * prod(result dims) * prod(lhs contracting dim sizes)  (``HandleDot``).
+* ``convolution``: 2 * (input features / feature_group_count) * output features *
+  (batch / batch_group_count) * prod over spatial dims of the valid (output, kernel) position
+  pairs, which honours padding, strides and dilations (``GetConvolutionFlops``). Without padding
+  this is the textbook 2 * prod(result dims) * prod(kernel spatial dims) * C_in / groups. The TPU
+  compiler emits dots as window-less convolutions (``dim_labels=bf_io->bf``); both are handled.
+* Called computations: a ``fusion``'s ``calls=``; ``call`` / ``async-start``; ``conditional``:
+  the maximum over its branches (per field, as XLA does); ``while``: body * n + condition * (n+1).
+  n is ``backend_config`` ``"known_trip_count":{"n":"7"}`` (XLA:CPU prints it) or, when absent (the
+  TPU compiler prints none), read from the counted-loop pattern: tuple element k starts at a
+  constant, the body adds a constant to it and the condition compares it with a constant. Other
+  loops count once and are tallied in ``unknown_trip_counts``.
+* Bytes: every instruction at the top level of a non-fusion computation adds its operand bytes read
+  plus result bytes written, times the enclosing trip counts. As in XLA's ``HandleFusion`` /
+  ``FusionParameterReadBytes``, a (fused) slice or dynamic-slice reads only its slice, an in-place
+  dynamic-update-slice reads and writes only its update, and a fused parameter used by several
+  other ops is read once. ``copy-start`` counts its operand twice (read + write). Sizes are logical
+  (elements * dtype bits / 8): TPU tile padding and memory spaces (HBM vs VMEM) are ignored.
+
+Ignored: elementwise ops and reductions (so ``flops`` is a little below XLA's, which counts one per
+output element), transcendentals, sort, fft, collectives' arithmetic; ``to_apply`` computations of
+reduce / scatter / sort are never walked. Custom-calls count 0 FLOPs, except the attention kernels
+(splash ``splash_mha_fwd`` / ``_dq`` / ``_dkv``, cuDNN ``__cudnn$fmha*``), priced from their q / k
+operand shapes (``_ATTENTION``); their bytes are counted and ``custom_calls`` counts them all.
+No bytes for parameter, constant, tuple, get-tuple-element, bitcast, the while / call /
+conditional instruction itself (its computations are walked) or ``*-done`` / ``*-update`` ops.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import namedtuple
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+__all__ = ["Cost", "program_cost"]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Totals for one run of the entry computation. ``loops``: one ``(while name, trip count or
+    None, FLOPs of one body iteration)`` per while instruction, nested loops once each."""
+
+    flops: float
+    bytes_accessed: float
+    loops: tuple = ()
+    unknown_trip_counts: int = 0
+    custom_calls: int = 0
+
+
+# args: the raw text between the opcode's parentheses; attrs: everything after them.
+_Instr = namedtuple("_Instr", "name shape op args operands attrs")
+_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s*\(.*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
+_TRIP = re.compile(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)')
+_NO_BYTES = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call", "conditional",
+             "async-start", "after-all", "partition-id", "replica-id", "opt-barrier", "domain", "add-dependency"}
+
+
+def _balanced(s: str, i: int) -> int:
+    """Index just past the bracket group that opens at s[i]."""
+    depth = 0
+    for j in range(i, len(s)):
+        depth += 1 if s[j] in "({[" else -1 if s[j] in ")}]" else 0
+        if depth == 0:
+            return j + 1
+    return len(s)
+
+
+def _parse(text: str) -> tuple[dict, str | None]:
+    """{computation name: namespace(instrs={name: _Instr}, root=name, params={number: name})}, entry."""
+    comps, cur, entry = {}, None, None
+    for line in text.splitlines():
+        line = re.sub(r"/\*.*?\*/", "", line)  # tuple shapes carry /*index=5*/ comments
+        if cur is None:
+            m = _HEADER.match(line) if line[:1] not in " \t" else None
+            if m:
+                cur = comps[m.group(1)] = SimpleNamespace(instrs={}, root="", params={})
+                entry = m.group(1) if line.startswith("ENTRY") else entry
+        elif line.strip() == "}":
+            cur = None
+        elif m := _INSTR.match(line):
+            rest = m.group(3)
+            end = _balanced(rest, 0) if rest.startswith("(") else rest.find(" ")
+            shape, rest = rest[:end], rest[end:].lstrip()
+            op = re.match(r"[\w\-]+", rest).group(0)
+            close = _balanced(rest, len(op))
+            ins = _Instr(m.group(2), shape, op, rest[len(op) + 1:close - 1],
+                         re.findall(r"%([\w.\-]+)", rest[len(op):close]), rest[close:])
+            cur.instrs[ins.name] = ins
+            cur.root = ins.name if m.group(1) else cur.root
+            if op == "parameter":
+                cur.params[int(ins.args)] = ins.name
+    return comps, entry
+
+
+def _dims(shape: str) -> list:
+    m = _ARRAY.search(shape)
+    return [int(re.sub(r"\D", "", d)) for d in m.group(2).split(",") if d.strip()] if m else []
+
+
+def _nbytes(shape: str) -> float:
+    """Logical bytes of an array or (nested) tuple shape, layouts and tiling annotations ignored."""
+    total = 0.0
+    for dt, dims in _ARRAY.findall(shape):
+        bits = 8 if dt == "pred" else int((re.search(r"\d+", dt) or [0])[0])  # token, opaque: 0
+        total += math.prod(int(re.sub(r"\D", "", d)) for d in dims.split(",") if d.strip()) * bits / 8
+    return total
+
+
+def _attr(ins: _Instr, key: str) -> str | None:
+    m = re.search(r"\b" + key + r"=%?([\w.\-]+)", ins.attrs)
+    return m.group(1) if m else None
+
+
+def _conv_flops(ins: _Instr, comp) -> float:
+    lhs, rhs = (_dims(comp.instrs[o].shape) for o in ins.operands[:2])
+    out = _dims(ins.shape)
+    ll, rl, ol = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", ins.attrs).groups()
+    window = re.search(r"window=\{([^}]*)\}", ins.attrs)
+    per_dim = {k: v.split("x") for k, v in re.findall(r"(\w+)=([\d_x\-]+)", window[1] if window else "")}
+    count = 1  # product over spatial dims of the valid (output, kernel) position pairs
+    for s, d in enumerate(sorted(c for c in ll if c.isdigit())):
+        n_in, n_k, n_out = lhs[ll.index(d)], rhs[rl.index(d)], out[ol.index(d)]
+        stride, rdil, bdil, pad = (int(per_dim[k][s].split("_")[0]) if k in per_dim else dflt for k, dflt
+                                   in (("stride", 1), ("rhs_dilate", 1), ("lhs_dilate", 1), ("pad", 0)))
+        valid = 0
+        for k in range(n_k):  # input index u = o*stride - pad + k*rdil must be a kept point in range
+            c = k * rdil - pad
+            if bdil == 1:  # closed form: o in [ceil(-c/stride), floor((n_in-1-c)/stride)] and [0, n_out)
+                valid += max(0, min(n_out - 1, (n_in - 1 - c) // stride) - max(0, -(c // stride)) + 1)
+            else:
+                valid += sum((o * stride + c) % bdil == 0 and 0 <= (o * stride + c) // bdil < n_in
+                             for o in range(n_out))
+        count *= valid
+    groups = int((re.search(r"feature_group_count=(\d+)", ins.attrs) or [0, 1])[1])
+    bgroups = int((re.search(r"batch_group_count=(\d+)", ins.attrs) or [0, 1])[1])
+    return 2.0 * (lhs[ll.index("f")] // groups) * out[ol.index("f")] * (lhs[ll.index("b")] // bgroups) * count
+
+
+class _Walker:
+    def __init__(self, comps: dict):
+        self.comps, self.memo, self.loops, self.unknown = comps, {}, {}, 0
+
+    def read(self, comp, ins: _Instr, k: int) -> float:
+        """Bytes ``ins`` reads from its operand k (a slice reads only the slice)."""
+        if k == 0 and ins.op in ("slice", "dynamic-slice"):
+            return _nbytes(ins.shape)
+        if k == 0 and ins.op == "dynamic-update-slice":
+            return _nbytes(comp.instrs[ins.operands[1]].shape)
+        if ins.op == "fusion":
+            fused = self.comps[_attr(ins, "calls")]
+            name, total, plain = fused.params.get(k), 0.0, False
+            for u in (u for u in fused.instrs.values() if name and name in u.operands):
+                for j in (j for j, o in enumerate(u.operands) if o == name):
+                    if u.op in ("slice", "dynamic-slice", "dynamic-update-slice", "fusion"):
+                        total += self.read(fused, u, j)
+                    elif not plain:  # other users share one read
+                        plain, total = True, total + _nbytes(fused.instrs[name].shape)
+            return total
+        return _nbytes(comp.instrs[ins.operands[k]].shape)
+
+    def written(self, comp, ins: _Instr) -> float:
+        if ins.op == "fusion":
+            fused = self.comps[_attr(ins, "calls")]
+            root = fused.instrs[fused.root]
+            return sum(self.written(fused, fused.instrs[o]) for o in root.operands) if root.op == "tuple" \
+                else self.written(fused, root)
+        if ins.op == "dynamic-update-slice":
+            return _nbytes(comp.instrs[ins.operands[1]].shape)
+        return _nbytes(ins.shape)
+
+    def trace(self, comp, name: str, outer: tuple = ()):
+        """('gte', k) | ('const', v) | ('add', k, step) | None: what a loop-counter value is made of."""
+        ins = comp.instrs.get(name)
+        if ins is None:
+            return None
+        if ins.op == "constant" and re.fullmatch(r"-?\d+", ins.args.strip()):
+            return ("const", int(ins.args))
+        if ins.op == "get-tuple-element" and not outer and comp.instrs[ins.operands[0]].op == "parameter":
+            return ("gte", int(re.search(r"index=(\d+)", ins.attrs).group(1)))
+        if ins.op in ("copy", "bitcast", "convert", "reshape"):
+            return self.trace(comp, ins.operands[0], outer)
+        if ins.op == "parameter" and outer:  # fused parameter: the fusion's operand, one level up
+            (ocomp, fusion), rest = outer[0], outer[1:]
+            return self.trace(ocomp, fusion.operands[int(ins.args)], rest)
+        if ins.op == "fusion":
+            fused = self.comps[_attr(ins, "calls")]
+            return self.trace(fused, fused.root, ((comp, ins),) + outer)
+        if ins.op in ("add", "subtract") and len(ins.operands) == 2:
+            a, b = (self.trace(comp, o, outer) for o in ins.operands)
+            if ins.op == "add" and b and b[0] == "gte":
+                a, b = b, a
+            if a and b and a[0] == "gte" and b[0] == "const":
+                return ("add", a[1], b[1] if ins.op == "add" else -b[1])
+        return None
+
+    def infer_trips(self, comp, w: _Instr) -> int | None:
+        """Trip count of a counted loop: i = i0; while i <cmp> bound: i += step."""
+        cond, body = self.comps[_attr(w, "condition")], self.comps[_attr(w, "body")]
+        c, ctx = cond.instrs[cond.root], ()
+        while c.op == "fusion":
+            fused = self.comps[_attr(c, "calls")]
+            c, ctx, cond = fused.instrs[fused.root], ((cond, c),) + ctx, fused
+        if c.op != "compare":
+            return None
+        a, b = (self.trace(cond, o, ctx) for o in c.operands)
+        d = re.search(r"direction=(\w+)", c.attrs).group(1)
+        if b and b[0] == "gte":
+            a, b, d = b, a, {"LT": "GT", "GT": "LT", "LE": "GE", "GE": "LE"}.get(d, d)
+        init = comp.instrs[w.operands[0]]
+        if not (a and b and a[0] == "gte" and b[0] == "const" and init.op == "tuple"):
+            return None
+        i0 = self.trace(comp, init.operands[a[1]])
+        step = self.trace(body, body.instrs[body.root].operands[a[1]])
+        if not (i0 and i0[0] == "const" and step and step[0] == "add" and step[1] == a[1]):
+            return None
+        i0, s, bound = i0[1], step[2], b[1]
+        if d in ("LE", "GE"):
+            bound, d = bound + (1 if d == "LE" else -1), d[0] + "T"
+        if (d == "LT" and s > 0) or (d == "GT" and s < 0) or (d == "NE" and s and (bound - i0) % s == 0):
+            return max(0, -((i0 - bound) // s))
+        return None
+
+    def cost(self, name: str, fused: bool) -> tuple:
+        """(flops, bytes, custom-call instructions) of one run of computation ``name``."""
+        if (name, fused) in self.memo:
+            return self.memo[name, fused]
+        comp, flops, nbytes, ncc = self.comps[name], 0.0, 0.0, 0
+        for ins in comp.instrs.values():
+            sub = None
+            if ins.op == "dot":
+                lhs = _dims(comp.instrs[ins.operands[0]].shape)
+                contracting = re.search(r"lhs_contracting_dims=\{([\d,\s]*)\}", ins.attrs)
+                flops += 2.0 * math.prod(_dims(ins.shape)) * math.prod(
+                    lhs[int(d)] for d in (contracting[1].split(",") if contracting else []) if d.strip())
+            elif ins.op == "convolution":
+                flops += _conv_flops(ins, comp)
+            elif ins.op == "custom-call":
+                ncc += 1
+                flops += _attention_flops(ins, comp)
+            elif ins.op == "fusion":
+                sub = self.cost(_attr(ins, "calls"), True)
+            elif ins.op in ("call", "async-start"):
+                sub = self.cost(_attr(ins, "to_apply") or _attr(ins, "calls"), fused)
+            elif ins.op == "conditional":
+                branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
+                names = re.findall(r"%?([\w.\-]+)", branches[1]) if branches else \
+                    [_attr(ins, "true_computation"), _attr(ins, "false_computation")]
+                subs = [self.cost(n, fused) for n in names if n]
+                sub = tuple(max(s[i] for s in subs) for i in range(3)) if subs else None
+            elif ins.op == "while":
+                m = _TRIP.search(ins.attrs)
+                n = int(m.group(1)) if m else self.infer_trips(comp, ins)
+                body, cond = self.cost(_attr(ins, "body"), fused), self.cost(_attr(ins, "condition"), fused)
+                self.loops[ins.name] = (ins.name, n, body[0])
+                self.unknown += n is None
+                k, kc = (1, 1) if n is None else (n, n + 1)
+                sub = (k * body[0] + kc * cond[0], k * body[1] + kc * cond[1], body[2] + cond[2])
+            if sub:
+                flops, nbytes, ncc = flops + sub[0], nbytes + sub[1], ncc + sub[2]
+            if fused or ins.op in _NO_BYTES or ins.op.endswith(("-done", "-update")):
+                continue
+            if ins.op == "copy-start":
+                nbytes += 2 * _nbytes(comp.instrs[ins.operands[0]].shape)
+            else:
+                nbytes += self.written(comp, ins) + sum(self.read(comp, ins, k) for k in range(len(ins.operands)))
+        self.memo[name, fused] = (flops, nbytes, ncc)
+        return self.memo[name, fused]
+
+
+#: attention kernels (custom calls) -> (FLOPs per q element per key, layout): splash's forward is
+#: Q K^T and P V (2 matmuls = 4), its dq kernel recomputes Q K^T and forms dP = dO V^T and dS K (6),
+#: its dkv kernel Q K^T, dP, P^T dO and dS^T Q (8); cuDNN's backward does all five (10). Splash
+#: operands are [(B,) N, L, H], cuDNN's [B, L, N, H].
+_ATTENTION = ((re.compile(r"splash_mha_fwd|flash_attention_fwd"), 4.0, "nlh"),
+              (re.compile(r"splash_mha_dq"), 6.0, "nlh"), (re.compile(r"splash_mha_dkv"), 8.0, "nlh"),
+              (re.compile(r"cudnn\$fmha\w*Backward"), 10.0, "blnh"), (re.compile(r"cudnn\$fmha"), 4.0, "blnh"))
+
+
+def _attention_flops(ins: _Instr, comp) -> float:
+    """FLOPs of an attention custom call (splash / cuDNN), from its q and k operands: the first two
+    floating operands of rank >= 3 with the same head dim; 0 for any other custom call."""
+    target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
+    key = ins.name + " " + (target[1] if target else "")
+    for pattern, per, layout in _ATTENTION:
+        if pattern.search(key):
+            break
+    else:
+        return 0.0
+    arrays = []
+    for op in ins.operands:
+        shape = comp.instrs[op].shape if op in comp.instrs else ""
+        m = _ARRAY.match(shape.strip("( "))
+        if m and m.group(1) in ("bf16", "f16", "f32") and len(_dims(shape)) >= 3:
+            arrays.append(_dims(shape))
+    if len(arrays) < 2 or arrays[0][-1] != arrays[1][-1]:
+        return 0.0
+    q, k = arrays[0], arrays[1]
+    keys = k[-2] if layout == "nlh" else k[-3]
+    return per * math.prod(q) * keys
+
+
+def program_cost(hlo_text: str) -> Cost:
+    """Trip-count-aware totals for the optimized HLO module text of a compiled executable."""
+    comps, entry = _parse(hlo_text)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    walker = _Walker(comps)
+    flops, nbytes, ncc = walker.cost(entry, False)
+    return Cost(flops, nbytes, tuple(walker.loops.values()), walker.unknown, ncc)

@@ -1,0 +1,157 @@
+"""The programs ``animegamer-aot`` compiles: each train phase's step and each stage of a game turn,
+with abstract (sharded ``jax.ShapeDtypeStruct``) parameters, optimizer state and inputs.
+
+Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``) are the train command's own step
+(``train.loop.Trainer`` on ``train.phases.phase_spec``) with the config's settings: precomputed
+features or not, latents or frames, remat, ``train.global_batch_size`` / ``grad_accum_steps``. Their
+batches have the shapes ``train.phases.BatchBuilder`` makes (:func:`abstract_batch`).
+
+Turn programs (``prefill``, ``decode``, ``pass_b``, ``dit``, ``vae_decode``) are play's stages
+(animegamer_jax/aot/pieces.py) in play's layouts (``game.engine.apply_layout``): ``latency`` (one
+game over all chips) or ``batch`` (one game per data-parallel slice, as ``generate`` runs).
+
+Nothing is allocated; :func:`lower` traces under the program's mesh, so every hardware choice
+(attention kernel, VAE tiles) is made for the mesh's devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from animegamer_jax import parallel
+from animegamer_jax.aot import pieces
+
+TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c")
+TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
+#: turn program -> the piece of animegamer_jax/aot/pieces.py
+_PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pass_b", "dit": "dit_sampling",
+          "vae_decode": "vae_decode"}
+
+
+@dataclasses.dataclass
+class Program:
+    """One program to compile: ``lower()`` returns ``jax.stages.Lowered``; ``runs`` = how often it runs
+    per step (train: ``grad_accum_steps`` micro-steps) or per turn (decode: ``max_new_tokens - 1``)."""
+
+    name: str
+    kind: str  # "train" or "turn"
+    lower: Callable[[], Any]
+    note: str
+    runs: int = 1
+    mesh: Any = None
+
+
+def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
+    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``train.phases.BatchBuilder`` builds it, split
+    over the data axes. Decoder phases carry ``f_md`` / ``f_v`` with ``train.precomputed_features`` (else
+    ``t5_ids`` / ``first_frame``) and ``latents`` without ``train.encode_latents`` (else ``frames``);
+    "vae" carries the curriculum's last (largest) stage, ``vae_windows_per_clip`` windows per clip."""
+    f32, i32, b_ = jnp.float32, jnp.int32, jnp.bool_
+    t_lat, c_lat = int(config.dit.num_latent_frames), int(config.dit.in_channels)
+    h_lat, w_lat = int(config.dit.sample_height), int(config.dit.sample_width)
+    sf = 2 ** (len(tuple(config.vae.block_out_channels)) - 1)
+    frames = (1 + int(config.vae.get("temporal_compression_ratio", 4)) * (t_lat - 1), sf * h_lat, sf * w_lat, 3)
+    lt, dt = int(config.rep.num_text_tokens), int(config.t5.d_model)
+    p, dv = int(config.rep.num_image_tokens), int(config.clip.vision_width)
+    pre, enc = bool(config.train.precomputed_features), bool(config.train.encode_latents)
+    shapes: dict[str, tuple[tuple[int, ...], Any]] = {}
+    if phase == "vae":
+        _, t, h, w = tuple(config.train.vae_curriculum)[-1]
+        n = max(1, min(int(config.train.vae_windows_per_clip), frames[0] // int(t)))
+        shapes["frames"] = ((batch * n, int(t), int(h), int(w), 3), f32)
+    elif phase in ("a1", "a2"):
+        shapes["flow"] = ((batch,), f32)
+        if pre:
+            shapes.update(f_md=((batch, lt, dt), f32), f_v=((batch, p, dv), f32))
+        else:
+            shapes.update(t5_ids=((batch, lt), i32), first_frame=((batch,) + frames[1:], f32))
+        shapes["frames" if enc else "latents"] = (((batch,) + frames, f32) if enc
+                                                  else ((batch, t_lat, c_lat, h_lat, w_lat), f32))
+    elif phase in ("b", "c"):
+        length, m, w = int(config.train.max_seq_len), int(config.data.max_turns), int(config.mllm.history_window)
+        shapes.update(input_ids=((batch, length), i32), cmp_mask=((batch, length), b_), gen_mask=((batch, length), b_),
+                      labels=((batch, length), i32), padding_mask=((batch, length), b_),
+                      turn_ids=((batch, length), i32), target_turn=((batch,), i32),
+                      history_turns=((batch, max(w - 1, 1)), i32))
+        if pre:
+            shapes.update(turn_f_md=((batch, m, lt, dt), f32), turn_f_v=((batch, m, p, dv), f32))
+        else:
+            shapes.update(turn_t5_ids=((batch, m, lt), i32), turn_first_frame=((batch, m) + frames[1:], f32))
+        if phase == "c":
+            shapes["flow"] = ((batch,), f32)
+            shapes["frames" if enc else "latents"] = (((batch,) + frames, f32) if enc
+                                                      else ((batch, t_lat, c_lat, h_lat, w_lat), f32))
+    else:
+        raise ValueError(f"unknown train program {phase!r}; use one of {TRAIN_PROGRAMS}")
+    return {k: jax.ShapeDtypeStruct(s, d, sharding=parallel.batch_sharding(mesh, len(s), rules, shape=s))
+            for k, (s, d) in shapes.items()}
+
+
+def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[Any]) -> Program:
+    """The train command's step of ``phase`` on a mesh of ``devices`` (``config.mesh`` resolved for their
+    count), micro-batch ``global_batch_size / grad_accum_steps``.
+
+    Raises: parallel.ShardingConfigError when the micro-batch does not divide the data axes."""
+    from animegamer_jax.train import loop, optim, phases
+
+    config = _with_phase(config, phase)
+    t = config.train
+    mesh = parallel.mesh_from_config(config, devices=devices)
+    rules = parallel.rules_from_config(config)
+    accum = int(t.grad_accum_steps)
+    micro = int(t.global_batch_size) // accum
+    parallel.check_global_batch(micro, mesh, rules)
+    spec = phases.phase_spec(config, phase)
+    tx, sched = optim.make_optimizer(t)
+    trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
+                           grad_accum_steps=accum, seed=int(config.seed))
+    trained, total = trainer.num_trainable()
+    batch = abstract_batch(config, phase, micro, mesh, rules)
+    inputs = ("frames" if phase == "vae" else
+              ("T5/CLIP features precomputed" if t.precomputed_features else "T5/CLIP in the step") +
+              ("" if phase == "b" else ", VAE-encoded frames" if t.encode_latents else ", latents"))
+    note = (f"global batch {t.global_batch_size} ({accum} micro-step(s) of {micro}), {', '.join(spec.components)}; "
+            f"{trained / 1e6:.1f} M of {total / 1e6:.1f} M params trained; remat {t.remat}; {inputs}")
+    return Program(phase, "train", lambda: trainer.lower(trainer.abstract_state(), batch), note, runs=accum, mesh=mesh)
+
+
+def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections.ConfigDict:
+    import copy
+
+    c = copy.deepcopy(config)
+    c.train.phase = phase
+    return c
+
+
+def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: list[Any], layout: str) -> list[Program]:
+    """Play's stages ``names`` (:data:`TURN_PROGRAMS`) in ``layout`` ("latency": one game on all
+    ``devices``; "batch": ``config.mesh`` with one game per data-parallel slice, generate's batch)."""
+    from animegamer_jax.game.engine import apply_layout
+
+    cfg = apply_layout(config, layout, len(devices))
+    mesh = parallel.mesh_from_config(cfg, devices=devices)
+    rules = parallel.rules_from_config(cfg)
+    games = 1 if layout == "latency" else parallel.data_parallel_size(mesh, rules)
+    builder = pieces.Builder(cfg, mesh, abstract=True)
+    out = []
+    for name in names:
+        if name not in _PIECE:
+            raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS}")
+
+        def lower(name=name):
+            piece = pieces.make_turn_piece(cfg, builder, _PIECE[name], batch=games)
+            return pieces.lower_piece(piece, builder)
+
+        runs = max(1, int(cfg.mllm.max_new_tokens) - 1) if name == "decode" else 1
+        out.append(Program(name, "turn", lower, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
+                           runs=runs, mesh=mesh))
+    return out
+
+
+__all__ = ["Program", "TRAIN_PROGRAMS", "TURN_PROGRAMS", "abstract_batch", "train_program", "turn_programs"]

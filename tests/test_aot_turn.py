@@ -1,0 +1,73 @@
+"""Play's turn stages compile for a TPU slice in both layouts (real TPU compiler, deviceless), and the
+``animegamer-aot`` command prints its table and writes its JSON."""
+
+import json
+import os
+
+import pytest
+
+from animegamer_jax.aot import report
+from animegamer_jax.aot.__main__ import main
+from tests.test_aot_train import compile_tiny
+
+
+@pytest.mark.parametrize("layout", ["latency", "batch"])
+def test_turn_stages_compile_on_tpu(layout):
+    rows = {p: compile_tiny(p, [], layout) for p in ("prefill", "decode", "pass_b", "dit")}
+    for name, row in rows.items():
+        assert row.status == "ok", (name, row.status)
+        assert row.peak > 0 and row.hbm_fraction < 0.01 and row.roofline_s > 0
+    assert rows["decode"].runs == 10  # max_new_tokens - 1 greedy steps per turn (tiny: 11)
+    if layout == "latency":  # one game on all 4 chips: CFG halves on data, the sequence on context
+        assert "1 game(s), mesh {'data': 2, 'fsdp': 1, 'tensor': 1, 'context': 2}" in rows["dit"].note
+    else:  # tiny.py's mesh: 4-way data parallel, one game per chip
+        assert "4 game(s), mesh {'data': 4," in rows["dit"].note
+    kernels = {n: {k.split(" (")[0] for k in r.kernels} for n, r in rows.items()}
+    # pass B and the DiT take the real splash kernel (pass B failed to compile unpartitioned); the KV-cache
+    # calls have explicit positions, which splash cannot take
+    assert kernels["dit"] == {"splash"} and kernels["pass_b"] == {"splash"}
+    assert kernels["prefill"] == kernels["decode"] == {"blockwise"}
+    assert all("KV-cache" in k for k in rows["prefill"].kernels)
+
+
+def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "aot.json"
+    rc = main(["--topology=v5e-4", "--config=configs/tiny.py", "--program=pass_b,dit", f"--json={out}",
+               f"--save={tmp_path / 'exe'}"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "| dit |" in text and "| pass_b |" in text and "assumptions:" in text
+    assert "v5e: HBM 16.0 GiB, 197 TFLOP/s" in text and "splash (TPU, mask expressible for splash)" in text
+    doc = json.loads(out.read_text())
+    assert doc["topology"] == "v5e-4" and doc["num_devices"] == 4 and doc["device_kind"] == "TPU v5 lite"
+    assert doc["chip"]["name"] == "v5e" and doc["commit"] != "unknown" and doc["layout"] == "latency"
+    progs = {p["program"]: p for p in doc["programs"]}
+    assert set(progs) == {"pass_b", "dit"} and all(p["status"] == "ok" and p["fits"] for p in progs.values())
+    assert progs["dit"]["roofline_s"] > 0 and progs["dit"]["flops"] > 0
+    assert doc["turn_roofline_s"] is None and doc["turn_resident_bytes"] is None  # not every stage compiled
+    saved = progs["dit"]["saved"]
+    assert os.path.getsize(saved) > 0, saved  # the serialized TPU executable (maxtext's compiled_trainstep_file)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--program=dit"], "--topology is required"),
+    (["--topology=tpu9000"], "unknown topology 'tpu9000'"),
+    (["--topology=v5e-4", "--program=dit,fly"], "unknown --program 'fly'"),
+    (["--topology=v6e-3"], "no v6e slice of 3 chips"),
+])
+def test_cli_bad_input_is_one_line(args, message, capsys):
+    assert main(args + ["--config=configs/tiny.py"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_turn_estimate_sums_every_stage_times_its_runs():
+    rows = [report.Row(n, "turn", "", roofline_s=t, runs=r) for n, t, r in
+            (("prefill", 0.1, 1), ("decode", 0.01, 20), ("pass_b", 0.1, 1), ("dit", 1.0, 1), ("vae_decode", 0.3, 1))]
+    assert report.turn_estimate(rows) == pytest.approx(0.1 + 0.2 + 0.1 + 1.0 + 0.3)
+    for r, (args, tmp) in zip(rows, ((14, 2), (15, 0.5), (14, 1), (4, 1), (0.5, 9))):
+        r.arguments, r.temporaries = args, tmp
+    assert report.turn_resident(rows) == 15 + 4 + 0.5 + 9  # all weights at once + the largest stage's temps
+    assert report.turn_estimate(rows[:-1]) is None
+    rows[2].status = "FAILED x"
+    assert report.turn_estimate(rows) is None
