@@ -25,9 +25,9 @@ def test_gpu_targets_load(name, kind):
     assert target.of_device(devs[0]).chip is topo.chip
 
 
-def _compile(program, overrides, layout="latency"):
+def _compile(program, overrides, layout="latency", topology="h100-8"):
     cfg = load_config("configs/tiny.py", overrides)
-    devs = target.compile_devices(target.parse_topology("h100-8"))
+    devs = target.compile_devices(target.parse_topology(topology))
     prog = (programs.train_program(cfg, program, devs) if program in programs.TRAIN_PROGRAMS
             else programs.turn_programs(cfg, [program], devs, layout)[0])
     with jax.default_matmul_precision("default"):
@@ -58,3 +58,14 @@ def test_hlo_cost_prices_cudnn_attention():
         c = jax.jit(lambda q, k, v: A.dot_product_attention(q, k, v, implementation="cudnn")).lower(q, q, q).compile()
     cost = hlo_cost.program_cost(c.as_text())
     assert cost.flops == pytest.approx(4 * 2 * 1024 * 8 * 64 * 1024, rel=0.01)
+
+
+def test_hlo_cost_prices_cudnn_convolutions_as_xla_cpu_convolutions():
+    """XLA:GPU lowers the VAE's convolutions to cuDNN custom calls: priced as convolutions, the decode's
+    FLOPs equal the same program's on XLA:CPU (plain convolution ops)."""
+    overrides = ["vae.dtype='bfloat16'"]
+    gpu = _compile("vae_decode", overrides, topology="h100-1")  # one chip, as the CPU side
+    cfg = load_config("configs/tiny.py", overrides)
+    cpu = programs.turn_programs(cfg, ["vae_decode"], jax.devices("cpu")[:1], "latency")[0]
+    cpu_cost = hlo_cost.program_cost(cpu.lower().compile().as_text())
+    assert gpu.status == "ok" and gpu.flops == pytest.approx(cpu_cost.flops, rel=1e-6) and gpu.flops > 1e9

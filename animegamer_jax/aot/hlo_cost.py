@@ -30,7 +30,8 @@ Ignored: elementwise ops and reductions (so ``flops`` is a little below XLA's, w
 output element), transcendentals, sort, fft, collectives' arithmetic; ``to_apply`` computations of
 reduce / scatter / sort are never walked. Custom-calls count 0 FLOPs, except the attention kernels
 (splash ``splash_mha_fwd`` / ``_dq`` / ``_dkv``, cuDNN ``__cudnn$fmha*``), priced from their q / k
-operand shapes (``_ATTENTION``); their bytes are counted and ``custom_calls`` counts them all.
+operand shapes (``_ATTENTION``), and XLA:GPU's cuDNN convolutions (``__cudnn$conv*``), priced as the
+convolution; their bytes are counted and ``custom_calls`` counts them all.
 No bytes for parameter, constant, tuple, get-tuple-element, bitcast, the while / call /
 conditional instruction itself (its computations are walked) or ``*-done`` / ``*-update`` ops.
 """
@@ -249,7 +250,7 @@ class _Walker:
                 flops += _conv_flops(ins, comp)
             elif ins.op == "custom-call":
                 ncc += 1
-                flops += _attention_flops(ins, comp)
+                flops += _custom_call_flops(ins, comp)
             elif ins.op == "fusion":
                 sub = self.cost(_attr(ins, "calls"), True)
             elif ins.op in ("call", "async-start"):
@@ -289,11 +290,16 @@ _ATTENTION = ((re.compile(r"splash_mha_fwd|flash_attention_fwd"), 4.0, "nlh"),
               (re.compile(r"cudnn\$fmha\w*Backward"), 10.0, "blnh"), (re.compile(r"cudnn\$fmha"), 4.0, "blnh"))
 
 
-def _attention_flops(ins: _Instr, comp) -> float:
-    """FLOPs of an attention custom call (splash / cuDNN), from its q and k operands: the first two
-    floating operands of rank >= 3 with the same head dim; 0 for any other custom call."""
+def _custom_call_flops(ins: _Instr, comp) -> float:
+    """FLOPs of a custom call XLA lowered a convolution to (cuDNN ``__cudnn$conv*``: priced as the
+    convolution, from its window / dim_labels and first result) or an attention kernel (splash /
+    cuDNN fmha: from its q and k operands, the first two floating operands of rank >= 3 with the same
+    head dim); 0 for any other custom call."""
     target = re.search(r'custom_call_target="([^"]*)"', ins.attrs)
-    key = ins.name + " " + (target[1] if target else "")
+    target = target[1] if target else ""
+    if "$conv" in target and "dim_labels=" in ins.attrs:
+        return _conv_flops(ins, comp)
+    key = ins.name + " " + target
     for pattern, per, layout in _ATTENTION:
         if pattern.search(key):
             break
