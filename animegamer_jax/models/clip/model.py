@@ -272,9 +272,18 @@ def resize(images: jax.Array, size: int, method: str = "kornia") -> jax.Array:
     x = images.astype(jnp.float32)
     b, h, w, c = x.shape
     if method == "kornia":
+        # Two plain 2-D GEMMs (width, then height), their transposed operands kept apart by optimization
+        # barriers: XLA:GPU fuses the einsum's transposes into a Triton GEMM it cannot tile ("Couldn't
+        # find output tile sizes", jax 0.10.2, any batch or frame size), so a1/a2/b/c failed to compile
+        # for GPUs. The same products in the same order as the einsum (bit-identical on XLA:CPU).
         mh = jnp.asarray(kornia_resize_matrix(h, size))
         mw = jnp.asarray(kornia_resize_matrix(w, size))
-        return jnp.einsum("oh,bhwc,pw->bopc", mh, x, mw, precision=jax.lax.Precision.HIGHEST)
+        hi = jax.lax.Precision.HIGHEST
+        rows = jax.lax.optimization_barrier(jnp.moveaxis(x, 2, 3).reshape(b * h * c, w))
+        y = jnp.dot(rows, mw.T, precision=hi).reshape(b, h, c, size)  # [B, H, C, size(w)]
+        cols = jax.lax.optimization_barrier(jnp.moveaxis(y, 1, 3).reshape(b * c * size, h))
+        z = jnp.dot(cols, mh.T, precision=hi).reshape(b, c, size, size)  # [B, C, size(w), size(h)]
+        return jnp.transpose(z, (0, 3, 2, 1))
     if method == "jax":
         return jax.image.resize(x, (b, size, size, c), method="bicubic", antialias=True)
     raise ValueError(f"resize method must be 'kornia' or 'jax', got {method!r}")
