@@ -275,6 +275,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.game.meter_step = 5  # meter change per unit of state change
     c.game.max_instruction_tokens = 48  # per-turn instruction budget; sequences are padded to it (one compile)
     c.game.play_layout = "latency"  # play: one game on all devices (game/engine.py apply_layout); "batch" = config.mesh
+    # latency layout's weights: "sharded" over every device (least memory) or "replicated" on each (no
+    # per-layer all-gathers: the DiT's 50 x 30 layer passes read local weights; needs the whole system
+    # in one chip's HBM, e.g. v6e / H100, not v5e). docs/results.md compares the two.
+    c.game.latency_weights = "sharded"
     c.game.checkpoint = ""  # system checkpoint directory (animegamer_jax/system_checkpoint.py layout) to play
     c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet

@@ -71,3 +71,18 @@ def test_turn_estimate_sums_every_stage_times_its_runs():
     assert report.turn_estimate(rows[:-1]) is None
     rows[2].status = "FAILED x"
     assert report.turn_estimate(rows) is None
+
+
+def test_latency_layout_weights_sharded_or_replicated():
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.engine import apply_layout
+
+    cfg = load_config("configs/animegamer_2b_7b.py", [])
+    rules = dict(apply_layout(cfg, "latency", 8).sharding_rules)
+    assert rules["embed"] == ("data", "fsdp", "context") and rules["act_width"] == "data"
+    cfg.game.latency_weights = "replicated"
+    lat = apply_layout(cfg, "latency", 8)
+    assert dict(lat.sharding_rules)["embed"] is None and tuple(lat.mesh.shape) == (2, 1, 1, 4)
+    cfg.game.latency_weights = "halved"
+    with pytest.raises(ValueError, match="latency_weights"):
+        apply_layout(cfg, "latency", 8)

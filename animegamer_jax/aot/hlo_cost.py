@@ -44,7 +44,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-__all__ = ["Cost", "program_cost"]
+__all__ = ["Cost", "program_cost", "top_bytes"]
 
 
 @dataclass(frozen=True)
@@ -316,6 +316,43 @@ def _custom_call_flops(ins: _Instr, comp) -> float:
     q, k = arrays[0], arrays[1]
     keys = k[-2] if layout == "nlh" else k[-3]
     return per * math.prod(q) * keys
+
+
+def top_bytes(hlo_text: str, n: int = 10) -> list[tuple[float, str, str, str]]:
+    """The ``n`` instructions that access the most bytes over the whole run (trip counts applied; every
+    branch of a conditional counted, an upper bound): ``(bytes, opcode, result shape, op_name)``, for
+    reading where a program's memory traffic goes."""
+    comps, entry = _parse(hlo_text)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    walker, out = _Walker(comps), {}
+
+    def visit(name: str, mult: float) -> None:
+        comp = comps[name]
+        for ins in comp.instrs.values():
+            if ins.op == "while":
+                m = _TRIP.search(ins.attrs)
+                k = int(m.group(1)) if m else (walker.infer_trips(comp, ins) or 1)
+                visit(_attr(ins, "body"), mult * k)
+                continue
+            if ins.op in ("call", "async-start"):
+                visit(_attr(ins, "to_apply") or _attr(ins, "calls"), mult)
+                continue
+            if ins.op == "conditional":
+                branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
+                for b in (re.findall(r"%?([\w.\-]+)", branches[1]) if branches else
+                          [_attr(ins, "true_computation"), _attr(ins, "false_computation")]):
+                    if b:
+                        visit(b, mult)
+                continue
+            if ins.op in _NO_BYTES or ins.op.endswith(("-done", "-update")):
+                continue
+            nbytes = walker.written(comp, ins) + sum(walker.read(comp, ins, k) for k in range(len(ins.operands)))
+            meta = re.search(r'op_name="([^"]*)"', ins.attrs)
+            out[(name, ins.name)] = (nbytes * mult, ins.op, ins.shape[:80], meta[1][-120:] if meta else "")
+
+    visit(entry, 1.0)
+    return sorted(out.values(), key=lambda r: -r[0])[:n]
 
 
 def program_cost(hlo_text: str) -> Cost:

@@ -153,10 +153,12 @@ def apply_layout(config, layout: str, num_devices: int):
     """A copy of ``config`` with ``layout`` applied to ``mesh.shape`` and ``sharding_rules``.
 
     ``batch``: unchanged. ``latency``: mesh :func:`latency_mesh_shape` ``(num_devices)`` over the
-    standard axes and :data:`LATENCY_RULES` replacing the config's entries of those names.
+    standard axes and :data:`LATENCY_RULES` replacing the config's entries of those names; with
+    ``game.latency_weights = "replicated"`` the weights are whole on every device (``embed``
+    unsharded) instead of sharded over all of them.
 
     Raises:
-      ValueError: unknown layout.
+      ValueError: unknown layout or ``game.latency_weights``.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"game.play_layout must be one of {LAYOUTS}, got {layout!r}")
@@ -167,6 +169,11 @@ def apply_layout(config, layout: str, num_devices: int):
             raise ValueError(f"the latency layout needs mesh axes {parallel.MESH_AXES}, the config has {axes}")
         config.mesh.shape = latency_mesh_shape(num_devices)
         over = dict(LATENCY_RULES)
+        weights = str(config.game.get("latency_weights", "sharded"))
+        if weights not in ("sharded", "replicated"):
+            raise ValueError(f"game.latency_weights must be 'sharded' or 'replicated', got {weights!r}")
+        if weights == "replicated":
+            over["embed"] = None
         rules = [(k, over.pop(k, v)) for k, v in parallel.rules_from_config(config)]
         config.sharding_rules = tuple(rules + list(over.items()))
     return config
