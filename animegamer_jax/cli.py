@@ -179,6 +179,8 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
         define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
     except (AttributeError, KeyError) as e:
         raise UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}") from None
+    except OSError as e:
+        raise _config_file_error(argv, e) from None
     except (flags.Error, ValueError, TypeError) as e:
         raise UsageError(f"bad config or override {overrides}: {e}") from None
     if any(a in HELP_ARGS for a in argv[1:]):
@@ -189,10 +191,19 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
         rest = fv(argv)
     except flags.Error as e:
         raise UsageError(f"{e}. See --help") from None
+    except OSError as e:
+        raise _config_file_error(argv, e) from None
     if positional is not None and len(rest) - 1 != len(positional):
         raise UsageError(f"expected {' '.join(positional)}, got {rest[1:] or 'nothing'}. "
                          f"Usage: {argv[0]} {' '.join(positional)} [flags]; see --help")
     return fv, rest[1:]
+
+
+def _config_file_error(argv: Sequence[str], e: OSError) -> UsageError:
+    """config_flags' "Failed loading config file ..." (a --config path that does not exist) as one line."""
+    given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
+    return UsageError(f"cannot load the config file {given!r} (no such file, or it fails to import); give an "
+                      f"existing config file, e.g. --config=configs/tiny.py")
 
 
 def run_command(prog: str, argv: Sequence[str] | None, define: Callable[[object, list[str]], None], doc: str,
@@ -214,9 +225,15 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Callable[[object,
       ``body``'s exit status, or 2 after printing ``error: <message>`` to stderr on a
       :class:`UsageError` (or one of ``errors``). ``--help`` raises ``SystemExit(0)``.
     """
+    full = [prog, *(sys.argv[1:] if argv is None else argv)]
     try:
-        f, rest = parse_flags([prog, *(sys.argv[1:] if argv is None else argv)], define, doc, positional=positional)
+        f, rest = parse_flags(full, define, doc, positional=positional)
         return body(f, *rest)
     except (UsageError, *errors) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # config_flags loads --config lazily: a missing file surfaces at first use
+        if "Failed loading config file" not in str(e):
+            raise
+        print(f"error: {_config_file_error(full, e)}", file=sys.stderr)
         return 2

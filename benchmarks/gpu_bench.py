@@ -83,11 +83,13 @@ def main(argv=None) -> int:
     from animegamer_jax import parallel
     from animegamer_jax.config import load_config
     from animegamer_jax.aot import pieces as tp
+    from animegamer_jax.parallel import target
 
     dev = jax.devices()[0]
     checks: dict[str, bool] = {"gpu backend": dev.platform == "gpu" or args.allow_cpu}
     kind = dev.device_kind.lower()
-    chip = args.chip or next((k for k in cm.PEAK_TFLOPS if k.split("-")[-1] in kind), "h100")
+    found = target.chip_of(kind)
+    chip = args.chip or (("tpu-" if found.name.startswith("v") else "") + found.name if found else "h100")
     peak = (args.peak_tflops or cm.PEAK_TFLOPS[chip]) * 1e12
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}; peak {peak / 1e12:.0f} TFLOP/s "
           f"({'--peak_tflops' if args.peak_tflops else chip})", flush=True)

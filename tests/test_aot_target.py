@@ -136,3 +136,53 @@ def test_multislice_mesh_puts_data_across_slices():
     devs = tpu_devices("v5e-4") and target.compile_devices(topo)
     mesh = parallel.make_mesh((2, -1, 1, 1), devices=devs)
     assert [{d.slice_index for d in row.flat} for row in mesh.devices] == [{0}, {1}]
+
+
+def test_partitioned_kernel_equals_the_whole_call_on_4_devices():
+    """attention._partitioned (the shard_map every splash / cuDNN call goes through) gives the
+    unpartitioned result: batch over data, grouped heads over tensor, key padding, the hybrid mask's
+    query block, a per-batch and a shared bias, and a mesh without logical rules."""
+    import json
+
+    from tests.subproc import run_python
+
+    out = run_python("""
+        import json, jax, jax.numpy as jnp
+        from animegamer_jax import parallel
+        from animegamer_jax.models import attention as A
+        ks = jax.random.split(jax.random.PRNGKey(0), 5)
+        q = jax.random.normal(ks[0], (4, 24, 4, 8)); k = jax.random.normal(ks[1], (4, 24, 2, 8))
+        v = jax.random.normal(ks[2], (4, 24, 2, 8))
+        valid = jnp.arange(24)[None] < jnp.array([24, 20, 17, 9])[:, None]
+        masks = {"causal+padding": A.causal_mask(kv_valid=valid),
+                 "hybrid": A.causal_mask(block_first=jnp.array([3, 5, 0, 9]), block_last=jnp.array([8, 12, 6, 20]))}
+        biases = {"none": None, "per-batch": jax.random.normal(ks[3], (4, 4, 24, 24)),
+                  "shared": jax.random.normal(ks[4], (1, 4, 24, 24))}
+        dense = lambda q, k, v, b, m: A._dense(q, k, v, b, m, 8 ** -0.5)
+        mesh = parallel.make_mesh((2, 1, 2, 1))
+        out = {}
+        for mn, m in masks.items():
+            for bn, b in biases.items():
+                want = dense(q, k, v, b, m)
+                for rules in ("rules", "no rules"):
+                    ctx = parallel.sharding_context(mesh) if rules == "rules" else jax.set_mesh(mesh)
+                    with ctx:
+                        got = jax.jit(lambda q, k, v, b: A._partitioned(dense, q, k, v, b, m))(q, k, v, b)
+                    out[f"{mn}/{bn}/{rules}"] = float(jnp.max(jnp.abs(got - want)))
+        print(json.dumps(out))
+    """, devices=4)
+    diffs = json.loads(out.strip().splitlines()[-1])
+    assert len(diffs) == 12 and max(diffs.values()) < 1e-5, diffs
+
+
+def test_arrays_and_remat_follow_the_target():
+    from jax.sharding import NamedSharding
+
+    from animegamer_jax.models import remat
+
+    mesh = _mesh(tpu_devices("v5e-4"))
+    weights = [jax.ShapeDtypeStruct((8, 8), jnp.bfloat16, sharding=NamedSharding(mesh, P()))]
+    assert target.of_arrays(weights).platform == "tpu"  # Mistral's decode layout reads this: "scan" there
+    assert target.of_arrays([jnp.zeros(2)]).platform == "cpu"
+    with parallel.sharding_context(mesh):
+        assert remat.checkpoint_policy("offload_dots") is not None  # a TPU target has

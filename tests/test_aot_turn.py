@@ -36,15 +36,16 @@ def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
                f"--save={tmp_path / 'exe'}"])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "| dit |" in text and "| pass_b |" in text and "assumptions:" in text
+    assert "| dit [latency] |" in text and "| pass_b [latency] |" in text and "assumptions:" in text
     assert "v5e: HBM 16.0 GiB, 197 TFLOP/s" in text and "splash (TPU, mask expressible for splash)" in text
     doc = json.loads(out.read_text())
     assert doc["topology"] == "v5e-4" and doc["num_devices"] == 4 and doc["device_kind"] == "TPU v5 lite"
-    assert doc["chip"]["name"] == "v5e" and doc["commit"] != "unknown" and doc["layout"] == "latency"
+    assert doc["chip"]["name"] == "v5e" and doc["commit"] != "unknown" and doc["layouts"] == ["latency"]
     progs = {p["program"]: p for p in doc["programs"]}
     assert set(progs) == {"pass_b", "dit"} and all(p["status"] == "ok" and p["fits"] for p in progs.values())
     assert progs["dit"]["roofline_s"] > 0 and progs["dit"]["flops"] > 0
-    assert doc["turn_roofline_s"] is None and doc["turn_resident_bytes"] is None  # not every stage compiled
+    # not every stage of the turn was compiled
+    assert doc["turn_roofline_s"] == {"latency": None} and doc["turn_resident_bytes"] == {"latency": None}
     saved = progs["dit"]["saved"]
     assert os.path.getsize(saved) > 0, saved  # the serialized TPU executable (maxtext's compiled_trainstep_file)
 
@@ -62,13 +63,13 @@ def test_cli_bad_input_is_one_line(args, message, capsys):
 
 
 def test_turn_estimate_sums_every_stage_times_its_runs():
-    rows = [report.Row(n, "turn", "", roofline_s=t, runs=r) for n, t, r in
+    rows = [report.Row(n, "turn", "", roofline_s=t, runs=r, layout="latency") for n, t, r in
             (("prefill", 0.1, 1), ("decode", 0.01, 20), ("pass_b", 0.1, 1), ("dit", 1.0, 1), ("vae_decode", 0.3, 1))]
     assert report.turn_estimate(rows) == pytest.approx(0.1 + 0.2 + 0.1 + 1.0 + 0.3)
     for r, (args, tmp) in zip(rows, ((14, 2), (15, 0.5), (14, 1), (4, 1), (0.5, 9))):
         r.arguments, r.temporaries = args, tmp
     assert report.turn_resident(rows) == 15 + 4 + 0.5 + 9  # all weights at once + the largest stage's temps
-    assert report.turn_estimate(rows[:-1]) is None
+    assert report.turn_estimate(rows[:-1]) is None and report.turn_estimate(rows, "batch") is None
     rows[2].status = "FAILED x"
     assert report.turn_estimate(rows) is None
 
@@ -86,3 +87,12 @@ def test_latency_layout_weights_sharded_or_replicated():
     cfg.game.latency_weights = "halved"
     with pytest.raises(ValueError, match="latency_weights"):
         apply_layout(cfg, "latency", 8)
+
+
+def test_batch_layout_splits_games_over_chips():
+    """generate's layout: 4 games on 4 chips run one game per chip, also through the splash kernel's
+    shard_map inside the per-game vmap (parallel.vmap_over_batch), so each chip does about 4x the
+    latency layout's share of one game (one game over 4 chips), not 16x."""
+    batch, latency = compile_tiny("dit", [], "batch"), compile_tiny("dit", [], "latency")
+    assert batch.status == latency.status == "ok"
+    assert batch.flops == pytest.approx(4 * latency.flops, rel=0.1), (batch.flops, latency.flops)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from animegamer_jax.aot.hlo_cost import Cost, program_cost
+from animegamer_jax.aot.hlo_cost import Cost, program_cost, top_bytes
 
 LAYER_FLOPS = 2 * 64 * 128 * 128  # one [64,128] x [128,128] matmul
 
@@ -133,3 +133,33 @@ def test_tpu_compiler_trip_count():
     assert cost.unknown_trip_counts == 0 and [t for _, t, _ in cost.loops] == [7]
     assert cost.flops == 7 * LAYER_FLOPS  # the dot is a window-less convolution (dim_labels=bf_io->bf) there
     assert _xla(c)["flops"] == pytest.approx(LAYER_FLOPS, rel=0.02)
+
+
+def test_splash_attention_priced_from_its_operands():
+    """The Mosaic splash kernel is a custom call XLA gives no FLOPs: its forward is priced as Q K^T
+    and P V (4 B N L S H), forward + dq + dkv as 4 + 6 + 8 = 18 B N L S H; one chip of v5e-4 runs one
+    of the 4 batch rows."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from animegamer_jax import parallel
+    from animegamer_jax.models import attention as A
+    from tests.tpu import tpu_devices
+
+    mesh = parallel.make_mesh((1, -1, 1, 1), devices=tpu_devices("v5e-4"))
+    q = jax.ShapeDtypeStruct((4, 256, 4, 128), jnp.bfloat16, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
+    fwd = lambda q, k, v: A.dot_product_attention(q, k, v, implementation="splash")  # noqa: E731
+    grad = jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
+    bnlsh = 1 * 4 * 256 * 256 * 128
+    with parallel.sharding_context(mesh), jax.default_matmul_precision("default"):
+        f = program_cost(jax.jit(fwd).lower(q, q, q).compile().as_text())
+        g = program_cost(jax.jit(grad).lower(q, q, q).compile().as_text())
+    assert f.flops == 4 * bnlsh and f.custom_calls >= 1
+    assert g.flops == 18 * bnlsh
+
+
+def test_top_bytes_adds_up_to_the_total():
+    c = _compile(_scan_layers, (64, 128), (7, 128, 128))
+    text = c.as_text()
+    rows = top_bytes(text, 10**6)
+    assert sum(r[0] for r in rows) == pytest.approx(program_cost(text).bytes_accessed)
+    assert [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True) and len(top_bytes(text, 2)) == 2

@@ -1,12 +1,14 @@
 """Will it fit? Compile the paper config's programs for the chips you plan to rent, on this host.
 
-  python -m animegamer_jax.aot --topology=v5p-64 --program=train           # phases vae, a1, a2, b, c
+  python -m animegamer_jax.aot --topology=v5p-64 --program=train --config.train.global_batch_size=64
+                                                  # phases vae a1 a2 b c on 32 chips (FSDP needs >= 32)
   python -m animegamer_jax.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
   python -m animegamer_jax.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
   python -m animegamer_jax.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
   python -m animegamer_jax.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
 
-Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8; --num_slices for multislice), GPU nodes
+Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8, v6e-1; v4 / v5p names count two TensorCores
+per chip, so v5p-64 is 32 chips; v5e / v6e names count chips; --num_slices for multislice), GPU nodes
 (a100-8, h100-8, h200-8, b200-8; 4xh100-8 = 4 nodes) and cpu-N (fake CPU devices). Nothing is
 allocated and no accelerator is needed: the TPU compiler comes with `pip install 'jax[tpu]==0.10.2'`
 (`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c (the train
@@ -15,8 +17,9 @@ decode pass_b dit vae_decode (play's turn; --layout latency = one game on all ch
 per data-parallel slice); groups train, turn, generate (turn in the batch layout), all.
 
 Prints, per program and per chip: arguments / temporaries / outputs / aliased / peak bytes against the
-chip's HBM, FLOPs and bytes accessed (loop trip counts included), the attention kernel of every call,
-and a roofline time per run, per train step and per turn, with its assumptions. --json writes it all
+chip's HBM (a program fits at <= 80 %), FLOPs and bytes accessed (loop trip counts included), the
+attention kernel of every call, and a roofline time per run, per train step and per turn, with its
+assumptions. --json writes it all
 with the commit; --save writes each serialized executable. Exit status 1 when a program fails to
 compile, 2 for a bad command line.
 """
@@ -55,7 +58,11 @@ def _programs(names: list[str], default_layout: str) -> list[tuple[str, str]]:
     from animegamer_jax import cli
 
     out: list[tuple[str, str]] = []
+    if not [n for n in names if n.strip()]:
+        raise cli.UsageError("--program is empty; name programs or groups, e.g. --program=train or --program=a2,dit")
     for n in names:
+        if not n.strip():
+            continue
         n = n.strip()
         if n == "all":
             items = [(p, default_layout) for p in GROUPS["train"] + GROUPS["turn"]]
@@ -108,14 +115,19 @@ def _saver(folder: str, topology: str):
     return save
 
 
-def _check_outputs(json_path: str) -> None:
+def _check_outputs(json_path: str, save_dir: str) -> None:
     """Before any compile: the --json folder exists, and a file already at --json is a report of this
-    command (which a rerun replaces), never some other file. Raises UsageError naming the fix."""
+    command (which a rerun replaces), never some other file or a folder; --save is a folder or nothing
+    yet. Raises UsageError naming the fix."""
     from animegamer_jax import cli, fileio
 
+    if save_dir and fileio.exists(save_dir) and not fileio.isdir(save_dir):
+        raise cli.UsageError(f"--save={save_dir} is a file; give a folder (it is created if missing)")
     if not json_path:
         return
-    folder = os.path.dirname(json_path.rstrip("/"))
+    if json_path.endswith("/") or fileio.isdir(json_path):
+        raise cli.UsageError(f"--json={json_path} is a folder; give a file path, e.g. {json_path.rstrip('/')}/aot.json")
+    folder = os.path.dirname(json_path)
     if folder and not fileio.isdir(folder):
         raise cli.UsageError(f"--json={json_path}: folder {folder} does not exist; create it or choose another path")
     if fileio.exists(json_path):
@@ -149,11 +161,25 @@ def _run(f, *_: str) -> int:
     config = f.config
     layout = f.layout or str(config.game.get("play_layout", "latency"))
     todo = _programs(list(f.program), layout)
-    _check_outputs(f.json)
+    _check_outputs(f.json, f.save)
+    if topo.kind == "cpu":
+        try:  # cpu-N: N host devices, set before the CPU backend starts
+            jax.config.update("jax_num_cpu_devices", topo.num_devices)
+        except RuntimeError:  # backends already started (in-process use): compile_devices says what to do
+            pass
     devices = target.compile_devices(topo)
     chip = topo.chip
     _say(f"animegamer-aot: {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}, {topo.spec}), "
          f"config {config.get('name', '?')}")
+    train = [n for n, _ in todo if n in GROUPS["train"]]
+    if train:  # a batch the mesh cannot split is the user's setting to fix: say so before compiling anything
+        try:
+            mesh = parallel.mesh_from_config(config, devices=devices)
+            parallel.check_global_batch(int(config.train.global_batch_size) // int(config.train.grad_accum_steps),
+                                        mesh, parallel.rules_from_config(config))
+        except parallel.ShardingConfigError as e:
+            raise cli.UsageError(f"{e} (train programs {', '.join(train)} on {topo.name}: "
+                                 f"--config.train.global_batch_size=N or --config.mesh.shape=...)") from None
     save = _saver(f.save, topo.name) if f.save else None
     rows = []
     for name, lay in todo:
@@ -162,13 +188,17 @@ def _run(f, *_: str) -> int:
             prog = (programs.train_program(config, name, devices) if name in GROUPS["train"]
                     else programs.turn_programs(config, [name], devices, lay)[0])
         except (parallel.ShardingConfigError, ValueError) as e:
-            rows.append(report.Row(name, "train" if name in GROUPS["train"] else "turn", "",
-                                   status=f"FAILED {type(e).__name__}: {e}"))
+            turn = name in GROUPS["turn"]
+            rows.append(report.Row(name, "turn" if turn else "train", "", status=f"FAILED {type(e).__name__}: {e}",
+                                   layout=lay if turn else ""))
             continue
         row = report.compile_program(prog, chip, save)
         rows.append(row)
-        _say(f"  {name}: {row.status}, peak {row.peak / 2**30:.2f} GiB per chip, compile {row.compile_s:.0f} s")
-    turn = report.turn_estimate(rows)
+        _say(f"  {name}: {row.status}" + (f", peak {row.peak / 2**30:.2f} GiB per chip, compile {row.compile_s:.0f} s"
+                                         if row.status == "ok" else ""))
+    layouts = sorted({r.layout for r in rows if r.layout})
+    turns = {lay: report.turn_estimate(rows, lay) for lay in layouts}
+    residents = {lay: report.turn_resident(rows, lay) for lay in layouts}
     print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
           f"config {config.get('name', '?')}, commit {commit()}, jax {jax.__version__}\n")
     if chip is not None:
@@ -177,7 +207,9 @@ def _run(f, *_: str) -> int:
     print(report.table(rows, chip))
     for r in rows:
         if r.status == "ok":
-            print(f"- {r.program}: {r.note}" + (f"; saved {r.saved}" if r.saved else ""))
+            print(f"- {r.label}: {r.note}" + (f"; saved {r.saved}" if r.saved else "") +
+                  (f"; {r.unknown_trip_counts} loop(s) of unknown trip count counted once" if r.unknown_trip_counts
+                   else ""))
     print("\nattention kernels (traced calls; a scanned layer traces once):")
     for line in report.kernel_lines(rows) or ["(none)"]:
         print(f"- {line}")
@@ -185,13 +217,13 @@ def _run(f, *_: str) -> int:
         if r.kind == "train" and r.status == "ok" and r.roofline_s is not None:
             step = r.roofline_s * r.runs
             print(f"roofline train step {r.program}: {step:.3f} s at 100 % of peak, {step / 0.4:.3f} s at 40 %")
-    if turn is not None:
-        print(f"roofline turn ({layout} layout): {turn:.3f} s at 100 % of peak, {turn / 0.4:.3f} s at 40 %")
-    resident = report.turn_resident(rows)
-    if resident is not None:
-        share = f", {100 * resident / chip.hbm_bytes:.0f} % of HBM" if chip else ""
-        print(f"one turn resident per chip: {resident / 2**30:.2f} GiB (every stage's weights and caches + the "
-              f"largest stage's temporaries{share})")
+    for lay in layouts:
+        if turns[lay] is not None:
+            print(f"roofline turn ({lay} layout): {turns[lay]:.3f} s at 100 % of peak, {turns[lay] / 0.4:.3f} s at 40 %")
+        if residents[lay] is not None:
+            share = f", {100 * residents[lay] / chip.hbm_bytes:.0f} % of HBM" if chip else ""
+            print(f"one turn resident per chip ({lay} layout): {residents[lay] / 2**30:.2f} GiB (every stage's "
+                  f"weights and caches + the largest stage's temporaries{share})")
     print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
     if f.json:
         import dataclasses
@@ -199,8 +231,8 @@ def _run(f, *_: str) -> int:
         doc = {"commit": commit(), "jax": jax.__version__, "topology": topo.name, "spec": topo.spec,
                "num_devices": len(devices), "device_kind": getattr(devices[0], "device_kind", ""),
                "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
-               "layout": layout, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
-               "turn_roofline_s": turn, "turn_resident_bytes": resident, "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
+               "layouts": layouts, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
+               "turn_roofline_s": turns, "turn_resident_bytes": residents, "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
         fileio.write_text_atomic(f.json, json.dumps(doc, indent=1))
         print(f"wrote {f.json}")
     return 0 if all(r.status == "ok" for r in rows) else 1
@@ -215,10 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     # the host compiles; TPU / GPU devices are compile-only (set before any backend starts)
     jax.config.update("jax_platforms", "cpu")
     argv = list(sys.argv[1:] if argv is None else argv)
-    for a in argv:  # cpu-N needs N host devices before the CPU backend starts
-        if a.startswith("--topology=cpu-") and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                                       f" --xla_force_host_platform_device_count={a.split('-')[-1]}")
     return cli.run_command("python -m animegamer_jax.aot", argv, _define, __doc__, (), _run,
                            errors=(RuntimeError, FileNotFoundError))
 

@@ -334,6 +334,7 @@ def top_bytes(hlo_text: str, n: int = 10) -> list[tuple[float, str, str, str]]:
                 m = _TRIP.search(ins.attrs)
                 k = int(m.group(1)) if m else (walker.infer_trips(comp, ins) or 1)
                 visit(_attr(ins, "body"), mult * k)
+                visit(_attr(ins, "condition"), mult * (k + 1))
                 continue
             if ins.op in ("call", "async-start"):
                 visit(_attr(ins, "to_apply") or _attr(ins, "calls"), mult)
@@ -347,7 +348,10 @@ def top_bytes(hlo_text: str, n: int = 10) -> list[tuple[float, str, str, str]]:
                 continue
             if ins.op in _NO_BYTES or ins.op.endswith(("-done", "-update")):
                 continue
-            nbytes = walker.written(comp, ins) + sum(walker.read(comp, ins, k) for k in range(len(ins.operands)))
+            if ins.op == "copy-start":
+                nbytes = 2 * _nbytes(comp.instrs[ins.operands[0]].shape)
+            else:
+                nbytes = walker.written(comp, ins) + sum(walker.read(comp, ins, k) for k in range(len(ins.operands)))
             meta = re.search(r'op_name="([^"]*)"', ins.attrs)
             out[(name, ins.name)] = (nbytes * mult, ins.op, ins.shape[:80], meta[1][-120:] if meta else "")
 

@@ -45,6 +45,7 @@ class Program:
     note: str
     runs: int = 1
     mesh: Any = None
+    layout: str = ""  # turn programs: "latency" or "batch"
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
@@ -56,8 +57,11 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
     t_lat, c_lat = int(config.dit.num_latent_frames), int(config.dit.in_channels)
     h_lat, w_lat = int(config.dit.sample_height), int(config.dit.sample_width)
     sf = 2 ** (len(tuple(config.vae.block_out_channels)) - 1)
-    frames = (1 + int(config.vae.get("temporal_compression_ratio", 4)) * (t_lat - 1), sf * h_lat, sf * w_lat, 3)
-    lt, dt = int(config.rep.num_text_tokens), int(config.t5.d_model)
+    # as the loader stores clips (data.num_frames x data.height x data.width) and BatchBuilder tokenizes
+    # actions (t5.max_length)
+    frames = (int(config.data.get("num_frames", 1 + 4 * (t_lat - 1))), int(config.data.get("height", sf * h_lat)),
+              int(config.data.get("width", sf * w_lat)), 3)
+    lt, dt = int(config.t5.max_length), int(config.t5.d_model)
     p, dv = int(config.rep.num_image_tokens), int(config.clip.vision_width)
     pre, enc = bool(config.train.precomputed_features), bool(config.train.encode_latents)
     shapes: dict[str, tuple[tuple[int, ...], Any]] = {}
@@ -150,7 +154,7 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
 
         runs = max(1, int(cfg.mllm.max_new_tokens) - 1) if name == "decode" else 1
         out.append(Program(name, "turn", lower, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
-                           runs=runs, mesh=mesh))
+                           runs=runs, mesh=mesh, layout=layout))
     return out
 
 

@@ -29,7 +29,10 @@ ASSUMPTIONS = (
     "matmuls and convolutions only (elementwise ops ignored); attention kernels (splash, cuDNN) priced as dense "
     "Q K^T / P V from their operand shapes (a causal kernel skips about half of that)",
     "no communication time (ICI / NVLink / DCN collectives), no overlap losses, no host time: a lower bound "
-    "at 100 % of peak; the '@40 %' column divides by 0.4",
+    "at 100 % of peak; the 'at 40 %' figures divide it by 0.4",
+    "compiled FLOPs, not model FLOPs: a TPU pads small convolutions and matmuls to its tiles",
+    "fits = peak <= 80 % of the chip's HBM (GPU: jax preallocates 75 % unless XLA_PYTHON_CLIENT_MEM_FRACTION "
+    "says otherwise; the figure is the device's memory)",
     "a turn = prefill + (max_new_tokens - 1) x decode + pass B + DiT sampling loop + VAE decode, one game "
     "(latency layout) or one game per data-parallel slice (batch layout)",
 )
@@ -60,6 +63,12 @@ class Row:
     lower_s: float = 0.0
     compile_s: float = 0.0
     saved: str = ""
+    layout: str = ""  # turn programs: "latency" or "batch"
+
+    @property
+    def label(self) -> str:
+        """``dit [batch]`` for turn programs, the phase name for train programs."""
+        return f"{self.program} [{self.layout}]" if self.layout else self.program
 
     @property
     def fits(self) -> bool | None:
@@ -78,7 +87,7 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
     the executable."""
     from animegamer_jax.models import attention
 
-    row = Row(prog.name, prog.kind, prog.note, runs=prog.runs)
+    row = Row(prog.name, prog.kind, prog.note, runs=prog.runs, layout=prog.layout)
     t0 = time.perf_counter()
     try:
         with attention.recording() as calls:
@@ -108,27 +117,29 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
     if chip is not None:
         row.roofline_s = max(row.flops / chip.bf16_flops, row.bytes_accessed / chip.hbm_bytes_per_s)
     if save is not None:
-        row.saved = save(prog.name, compiled)
+        row.saved = save(row.label.replace(" [", "_").rstrip("]"), compiled)
     return row
 
 
-def turn_estimate(rows: list[Row]) -> float | None:
-    """Roofline seconds of one turn (every turn program's time x its runs), or None unless all five
-    compiled."""
+def turn_estimate(rows: list[Row], layout: str = "latency") -> float | None:
+    """Roofline seconds of one turn in ``layout`` (every turn program's time x its runs), or None unless
+    all five compiled in that layout."""
     from animegamer_jax.aot.programs import TURN_PROGRAMS
 
-    got = {r.program: r for r in rows if r.kind == "turn" and r.status == "ok" and r.roofline_s is not None}
+    got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
+           and r.roofline_s is not None}
     if set(got) != set(TURN_PROGRAMS):
         return None
     return sum(got[n].roofline_s * got[n].runs for n in TURN_PROGRAMS)
 
 
-def turn_resident(rows: list[Row]) -> float | None:
-    """Bytes per chip that one turn holds at its peak, or None unless all five stages compiled: play keeps
+def turn_resident(rows: list[Row], layout: str = "latency") -> float | None:
+    """Bytes per chip that one turn (in ``layout``) holds at its peak, or None unless all five stages
+    compiled in that layout: play keeps
     every stage's arguments resident (the MLLM's weights and KV cache: the largest of prefill / decode /
     pass B; the DiT's; the VAE's) and runs one stage at a time, so the peak adds the largest stage's
     ``temporaries + outputs - aliased`` to them."""
-    got = {r.program: r for r in rows if r.kind == "turn" and r.status == "ok"}
+    got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"}
     if set(got) != {"prefill", "decode", "pass_b", "dit", "vae_decode"}:
         return None
     args = max(got[n].arguments for n in ("prefill", "decode", "pass_b")) + got["dit"].arguments + \
@@ -141,9 +152,7 @@ def _gib(x: float) -> str:
 
 
 def _ms(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1e3:.1f}" if x < 10 else f"{x:.0f} s"
+    return "-" if x is None else f"{x * 1e3:.1f}"
 
 
 def table(rows: list[Row], chip: Chip | None) -> str:
@@ -154,7 +163,7 @@ def table(rows: list[Row], chip: Chip | None) -> str:
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         pct = "-" if r.hbm_fraction is None else f"{100 * r.hbm_fraction:.0f} %{'' if r.fits else ' (over 80 %)'}"
-        out.append(f"| {r.program} | {_gib(r.arguments)} | {_gib(r.temporaries)} | {_gib(r.outputs)} | "
+        out.append(f"| {r.label} | {_gib(r.arguments)} | {_gib(r.temporaries)} | {_gib(r.outputs)} | "
                    f"{_gib(r.aliased)} | **{_gib(r.peak)}** | {pct} | {r.flops / 1e12:.3f} | "
                    f"{r.bytes_accessed / 1e9:.1f} | {_ms(r.roofline_s)} | {r.runs} | {r.status} |")
     return "\n".join(out)
@@ -165,7 +174,7 @@ def kernel_lines(rows: list[Row]) -> list[str]:
     lines = []
     for r in rows:
         for k, n in sorted(r.kernels.items()):
-            lines.append(f"{r.program}: {k} x{n}")
+            lines.append(f"{r.label}: {k} x{n}")
     return lines
 
 

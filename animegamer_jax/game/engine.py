@@ -25,8 +25,9 @@ Two layouts (:func:`apply_layout`, ``config.game.play_layout``):
   :func:`latency_mesh_shape` (CFG halves on ``data``, the DiT's joint sequence on ``context``:
   cfg 2 x context n/2); weights are sharded over every device (``embed`` on data, fsdp and
   context, ZeRO-3 style, all-gathered per layer) and the VAE's frames over height (``context``) and
-  width (``data``). Compiled per-device memory and FLOPs: ``python -m benchmarks aot --layout
-  latency`` (benchmarks/aot_full_size.py). Games in a batch are independent rows: their noise comes from their own keys, so a game
+  width (``data``); ``game.latency_weights = "replicated"`` keeps the weights whole on each device
+  instead. Compiled per-chip memory and FLOPs: ``python -m animegamer_jax.aot --program=turn``
+  (docs/results.md). Games in a batch are independent rows: their noise comes from their own keys, so a game
 gives the same output alone or in a batch. Turn k of a game samples with the key
 :func:`turn_key` ``(game_seed, k)``.
 

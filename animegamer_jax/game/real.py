@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import parallel
 from animegamer_jax import tokenizer as tk
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.state import CachePlan
@@ -444,7 +445,8 @@ def dit_sampler(g_dit, config):
             unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
             return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
 
-        return jax.vmap(one)(rep, flow, keys, noise)
+        # games stay split over the data axes inside the vmap (also in the attention's shard_map)
+        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
 
     return sample
 

@@ -629,9 +629,11 @@ def _partitioned(kernel: Callable[..., Array], q: Array, k: Array, v: Array, bia
     """``kernel(q, k, v, bias, mask)`` inside a ``shard_map`` over the active mesh: a Mosaic (splash)
     or cuDNN custom call is opaque to XLA's partitioner, so each device runs it on its own batch /
     head slice (``act_batch``, and ``act_heads`` when both the query and the key/value heads divide
-    it); the sequence axes are whole on every device (context parallelism gathers K/V first:
-    :func:`context_parallel_attention`). Without a mesh of more than one device, or inside a
-    ``shard_map`` already (all axes manual), the kernel is called as is."""
+    it). The sequence axes are whole on every device: where the mesh splits the sequence but the
+    call is not :func:`context_parallel_attention` (e.g. the MLLM's pass B in play's latency layout),
+    each device of a context group computes the whole call (correct, not split). Without a mesh of
+    more than one device, or inside a ``shard_map`` already (all axes manual), the kernel is called
+    as is."""
     from jax.sharding import PartitionSpec as P
 
     from animegamer_jax.parallel import mesh as pmesh
@@ -642,9 +644,10 @@ def _partitioned(kernel: Callable[..., Array], q: Array, k: Array, v: Array, bia
     b = q.shape[0]
 
     def spec(x, names):
-        if not core_spmd.get_logical_axis_rules():
-            return P()
-        return pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
+        if not core_spmd.get_logical_axis_rules():  # no rules: every operand whole on each device
+            return P(*([None] * x.ndim))
+        s = pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
+        return P(*(tuple(s) + (None,) * (x.ndim - len(s))))
 
     q_spec = spec(q, ("act_batch", None, "act_heads", None))
     kv_spec = spec(k, ("act_batch", None, "act_kv_heads", None))

@@ -9,6 +9,7 @@ from animegamer_jax.parallel.mesh import (
     MESH_AXES,
     TENSOR,
     ShardingConfigError,
+    batch_mesh_axes,
     batch_sharding,
     check_global_batch,
     constrain,
@@ -23,6 +24,7 @@ from animegamer_jax.parallel.mesh import (
     shard_batch,
     shard_params,
     sharding_context,
+    vmap_over_batch,
 )
 
 __all__ = [
@@ -30,5 +32,5 @@ __all__ = [
     "batch_sharding", "check_global_batch", "constrain", "create_sharded_model",
     "data_parallel_size", "initialize", "is_multiprocess_launch", "logical_to_spec", "make_mesh",
     "mesh_from_config", "param_shardings", "resolve_mesh_shape", "rules_from_config",
-    "shard_batch", "shard_params", "sharding_context",
+    "shard_batch", "shard_params", "sharding_context", "batch_mesh_axes", "vmap_over_batch",
 ]

@@ -20,6 +20,7 @@ Nothing here knows any model.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -125,8 +126,9 @@ def make_mesh(
       shape: sizes of ``axes``; one may be -1 (the rest of the devices).
       axes: mesh axis names, default ``("data", "fsdp", "tensor", "context")``.
       devices: devices to use, default all of ``jax.devices()`` (all processes). Devices of several
-        TPU slices (``slice_index``) get a hybrid mesh when the first axis divides by the slice count:
-        that axis over the data-center network, the others within each slice.
+        TPU slices (``slice_index``) get a hybrid mesh: the first axis over the data-center network
+        (it must be a multiple of the slice count: ShardingConfigError otherwise), the others within
+        each slice.
 
     Returns:
       A ``jax.sharding.Mesh``.
@@ -136,8 +138,13 @@ def make_mesh(
     devices = list(jax.devices() if devices is None else devices)
     concrete = resolve_mesh_shape(shape, len(devices), axes)
     slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if slices > 1 and concrete[0] % slices:
+        raise ShardingConfigError(
+            f"mesh shape {dict(zip(axes, concrete))} on {slices} TPU slices: the first axis ({axes[0]}) spans the "
+            f"slices over the data-center network and must be a multiple of {slices}, e.g. "
+            f"config.mesh.shape=({slices}, -1, 1, 1)")
     try:
-        if slices > 1 and concrete[0] % slices == 0:
+        if slices > 1:
             # TPU multislice: the first axis (data) spans the slices over DCN, the rest stays in a slice (ICI)
             dcn = (slices,) + (1,) * (len(concrete) - 1)
             ici = (concrete[0] // slices,) + tuple(concrete[1:])
@@ -176,6 +183,42 @@ def sharding_context(mesh: Mesh, rules: LogicalRules = DEFAULT_RULES) -> Iterato
         yield mesh
 
 
+#: mesh axes that an enclosing ``jax.vmap(..., spmd_axis_name=...)`` already splits its vmapped
+#: dimension over (:func:`vmap_over_batch`): activation specs traced inside leave them out
+_RESERVED: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("reserved_mesh_axes", default=())
+
+
+def batch_mesh_axes(n: int) -> tuple[str, ...]:
+    """Mesh axes of ``act_batch`` (active mesh and rules) whose sizes divide ``n``; () without a mesh."""
+    mesh = _active_mesh()
+    if mesh is None or not core_spmd.get_logical_axis_rules():
+        return ()
+    entry = _fit_spec(logical_to_spec(("act_batch",), shape=(n,), mesh=mesh), (n,), mesh)[0]
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return tuple(a for a in axes if sizes[a] > 1)
+
+
+def vmap_over_batch(fn: Callable[..., Any], n: int) -> Callable[..., Any]:
+    """``jax.vmap(fn)`` for a leading dimension of ``n`` independent rows (games) whose inputs are split
+    over the ``act_batch`` mesh axes: the vmapped dimension stays split over them
+    (``spmd_axis_name``), also through the ``shard_map``s inside ``fn`` (attention kernels), and
+    activation specs traced inside ``fn`` leave those axes to it. Plain ``jax.vmap`` without such axes."""
+    axes = batch_mesh_axes(n)
+    if not axes:
+        return jax.vmap(fn)
+    mapped = jax.vmap(fn, spmd_axis_name=axes[0] if len(axes) == 1 else axes)
+
+    def call(*args: Any) -> Any:
+        token = _RESERVED.set(_RESERVED.get() + axes)
+        try:
+            return mapped(*args)
+        finally:
+            _RESERVED.reset(token)
+
+    return call
+
+
 def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | None = None,
                     shape: Sequence[int] | None = None, mesh: Any = None) -> PartitionSpec:
     """Maps logical axis names to a ``PartitionSpec`` with the given (or the active) rules.
@@ -197,7 +240,7 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | No
             out.append(None)
             continue
         axes = (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
-        axes = tuple(a for a in axes if a not in used)
+        axes = tuple(a for a in axes if a not in used and a not in _RESERVED.get())
         if sizes is not None:
             kept, prod = [], 1
             for a in axes:
@@ -218,12 +261,13 @@ def _active_mesh() -> Any:
 def _fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Any) -> PartitionSpec:
     """Drops mesh axes from dimensions they do not divide (e.g. a batch of 1 on 8 devices)."""
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    reserved = _RESERVED.get()
     out = []
     for dim, entry in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
         if entry is None:
             out.append(None)
             continue
-        axes = (entry,) if isinstance(entry, str) else tuple(entry)
+        axes = tuple(a for a in ((entry,) if isinstance(entry, str) else tuple(entry)) if a not in reserved)
         kept, prod = [], 1
         for a in axes:
             if dim % (prod * sizes[a]) == 0:

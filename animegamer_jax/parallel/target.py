@@ -52,14 +52,16 @@ CHIPS: tuple[Chip, ...] = (
     Chip("v5e", ("TPU v5 lite", "TPU v5e"), 16 * GIB, 197e12, 819 * GB, "cloud.google.com/tpu/docs/v5e (chip specs)"),
     Chip("v5p", ("TPU v5", "TPU v5p"), 95 * GIB, 459e12, 2765 * GB, "cloud.google.com/tpu/docs/v5p (chip specs)"),
     Chip("v6e", ("TPU v6 lite", "TPU v6e"), 32 * GIB, 918e12, 1640 * GB, "cloud.google.com/tpu/docs/v6e (chip specs)"),
-    Chip("a100", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100 80GB PCIe"), 80 * GB, 312e12, 2039 * GB,
+    # GPU memory: the device's bytes as XLA's target specs give them (parallel/gpu_targets/*.txtpb,
+    # from openxla/xla xla/backends/gpu/target_config/specs/); "80 GB" is 79.1 GiB of them
+    Chip("a100", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100"), 85100068864, 312e12, 2039 * GB,
          "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: BF16 312 TFLOPS dense, 2039 GB/s)"),
-    Chip("h100", ("NVIDIA H100 80GB HBM3", "NVIDIA H100"), 80 * GB, 989e12, 3.35 * TB,
+    Chip("h100", ("NVIDIA H100 80GB HBM3", "NVIDIA H100"), 84942979072, 989e12, 3.35 * TB,
          "NVIDIA H100 Tensor Core GPU datasheet (SXM5: BF16 1979 TFLOPS with sparsity = 989 dense, 3.35 TB/s)"),
-    Chip("h200", ("NVIDIA H200",), 141 * GB, 989e12, 4.8 * TB,
+    Chip("h200", ("NVIDIA H200", "H200"), 151397597184, 989e12, 4.8 * TB,
          "NVIDIA H200 Tensor Core GPU datasheet (SXM: BF16 1979 TFLOPS with sparsity = 989 dense, 4.8 TB/s)"),
-    Chip("b200", ("NVIDIA B200",), 180 * GB, 2250e12, 7.7 * TB,
-         "NVIDIA HGX B200 datasheet (per GPU: BF16 4.5 PFLOPS with sparsity = 2.25 dense, 180 GB, 7.7 TB/s)"),
+    Chip("b200", ("NVIDIA B200",), 191514411008, 2250e12, 7.7 * TB,
+         "NVIDIA HGX B200 datasheet (per GPU: BF16 4.5 PFLOPS with sparsity = 2.25 dense, 7.7 TB/s)"),
     Chip("v3", ("TPU v3",), 32 * GIB, 123e12, 900 * GB, "cloud.google.com/tpu/docs/v3 (system architecture)"),
     Chip("l40s", ("NVIDIA L40S",), 48 * GB, 362e12, 864 * GB,
          "NVIDIA L40S datasheet (BF16 733 TFLOPS with sparsity = 362 dense, 48 GB GDDR6, 864 GB/s)"),
@@ -70,7 +72,8 @@ CHIPS: tuple[Chip, ...] = (
 
 def chip_of(device_kind: str) -> Chip | None:
     """The :data:`CHIPS` entry whose ``device_kinds`` holds ``device_kind`` (case-insensitive), else the
-    one with the longest kind contained in it ("NVIDIA H100 PCIe" -> h100), else None."""
+    one with the longest kind contained in it ("NVIDIA A100-SXM4-40GB" -> a100, "NVIDIA GH200 480GB" ->
+    h200: the family's peak and bandwidth; memory sizes of such variants differ), else None."""
     kind = (device_kind or "").strip().lower()
     for c in CHIPS:
         if kind in (k.lower() for k in c.device_kinds):
@@ -134,7 +137,10 @@ def of_arrays(tree: Any) -> Target:
         if isinstance(leaf, jax.core.Tracer):  # traced: the mesh the program is traced under decides
             break
         sharding = getattr(leaf, "sharding", None)
-        devices = getattr(sharding, "device_set", None) if sharding is not None else None
+        try:
+            devices = getattr(sharding, "device_set", None) if sharding is not None else None
+        except ValueError:  # a sharding over an abstract mesh has no devices: the active mesh decides
+            break
         if devices:
             return of_device(next(iter(devices)))
     return current()
@@ -197,12 +203,16 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
     if m:
         nodes, per = int(m.group(1) or 1), int(m.group(3))
         if num_slices != 1:
-            raise ValueError(f"topology {name!r}: --num_slices is for TPU; write {num_slices}x{n} for GPU nodes")
+            raise ValueError(f"topology {name!r}: --num_slices is for TPU; write {num_slices * nodes}x"
+                             f"{m.group(2)}-{per} for {num_slices * nodes} GPU nodes")
         return Topology(name, "gpu", chip_named(m.group(2)), nodes * per, f"1x{nodes}x{per}")
     m = re.fullmatch(r"cpu-(\d+)", n)
     if m:
+        if int(m.group(1)) < 1 or num_slices != 1:
+            raise ValueError(f"topology {name!r}: cpu-N takes N >= 1 fake CPU devices and no --num_slices")
         return Topology(name, "cpu", None, int(m.group(1)), f"cpu:{m.group(1)}")
-    raise ValueError(f"unknown topology {name!r}; use a Cloud TPU name (v4-8, v5e-16, v5p-64, v6e-8), a GPU node "
+    raise ValueError(f"unknown topology {name!r}; use a Cloud TPU name (v4-8, v5e-16, v5p-64, v6e-8, v6e-1: v4 / v5p "
+                     f"names count 2 TensorCores per chip, v5e / v6e count chips), a GPU node "
                      f"({', '.join(sorted(_GPU))}-8, or 4xh100-8 for 4 nodes) or cpu-N (fake CPU devices)")
 
 

@@ -29,7 +29,8 @@ Not obvious from the reference:
     cache): medium config 5 vs 13 latents -> 3.1 vs 1.8 GiB temp. ``tile_size = -1`` (paper config)
     picks the tiling from the device's memory (:func:`pick_decode_tiling`): on one CPU device (16 GiB
     fallback) tile 30, 15.3 GiB peak; on 8 devices in play's latency layout (frames split 4 x 2)
-    untiled, 12.2 GiB per device (``python -m benchmarks aot --layout latency --pieces vae_decode``).
+    untiled, 12.2 GiB per device (XLA:CPU; ``python -m animegamer_jax.aot --topology=cpu-8
+    --program=vae_decode``; real TPU / GPU figures: docs/results.md).
   * Tiled decode is not diffusers' ``tiled_decode``: equal tiles, evenly spread, and a normalised
     linear cross-fade (every pixel a convex mix), where diffusers crops ragged tiles and blends
     only the overlap; neither reproduces the untiled decode (per-tile GroupNorm statistics).
@@ -789,7 +790,7 @@ DECODE_BYTES_FACTOR = 120.0
 #: small tensors): the latency layout on 8 devices compiles to 11.7 GiB temp vs 83.7 / 8 = 10.5.
 SHARDED_DECODE_OVERHEAD = 1.25
 #: auto tiling's budget when the device reports no memory limit (XLA:CPU): the project's per-device
-#: target for the full-size decode, checked with ``python -m benchmarks aot --pieces vae_decode``.
+#: target for the full-size decode, checked with ``python -m animegamer_jax.aot --topology=cpu-1 --program=vae_decode``.
 CPU_DECODE_BUDGET_GIB = 16.0
 #: fraction of a device's free memory (``bytes_limit - bytes_in_use``) auto tiling may plan for
 DEVICE_BUDGET_FRACTION = 0.8
