@@ -226,9 +226,12 @@ def get_config() -> ml_collections.ConfigDict:
     # "vae" phase (not in the paper, which uses the released VAE): L1 + w_mse MSE + w_kl KL (per-sample
     # sums, the CogVideoX / LDM weight 1e-6), on random windows of the clips sized by the curriculum
     # ((from_step, frames, height, width), ...); frames 1, 9 or 17; up to vae_windows_per_clip each.
+    # 256 x 256 crops throughout: the VAE trains without remat, and 17 frames at 480 x 720 need 286 GB
+    # per chip at 2 clips a chip (global batch 64 on 32 chips), 17 x 256 x 256 62 GiB on an H100
+    # (78 % of its memory: XLA_PYTHON_CLIENT_MEM_FRACTION >= 0.8) (docs/results.md)
     c.train.vae_kl_weight = 1e-6
     c.train.vae_mse_weight = 1.0
-    c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 480, 720))
+    c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 256, 256))
     c.train.vae_windows_per_clip = 4
     # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (phases.vae_windows)
     c.train.vae_max_crop_scale = 1.0
