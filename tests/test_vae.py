@@ -238,7 +238,11 @@ def test_decode_tiling_from_device_memory():
 
     gib = 2**30
     assert V.device_decode_budget(full, Dev({"bytes_limit": 100 * gib, "bytes_in_use": 20 * gib}))[0] == 0.8 * 80 * gib
+    # no memory stats (e.g. compile-only devices): the chip's HBM from parallel/target.py, else the fallback
+    assert V.device_decode_budget(full, Dev(None)) == (0.8 * 151397597184, "H200 HBM 141 GiB")
+    Dev.device_kind = "Some Accelerator"
     assert V.device_decode_budget(full, Dev(None)) == (16 * gib, "fallback 16 GiB (gpu)")
+    Dev.device_kind = "H200"
     over = VAEConfig(dtype="bfloat16", decode_memory_gib=3.0)
     assert V.device_decode_budget(over, Dev(None))[0] == 3 * gib
     auto = VAEConfig(dtype="bfloat16", tile_size=-1)
