@@ -78,6 +78,8 @@ import jax
 import jax.numpy as jnp
 from flax.core import spmd as core_spmd
 
+from animegamer_jax.parallel import target as target_lib
+
 Array = jax.Array
 log = logging.getLogger(__name__)
 
@@ -603,8 +605,6 @@ def resolve(implementation: str | None, q: Array, k: Array, bias: Array | None =
 
     Raises: ValueError for an unknown name.
     """
-    from animegamer_jax.parallel import target as target_lib
-
     impl = implementation or "auto"
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation must be one of {IMPLEMENTATIONS}, got {impl!r}")
