@@ -226,9 +226,8 @@ def get_config() -> ml_collections.ConfigDict:
     # "vae" phase (not in the paper, which uses the released VAE): L1 + w_mse MSE + w_kl KL (per-sample
     # sums, the CogVideoX / LDM weight 1e-6), on random windows of the clips sized by the curriculum
     # ((from_step, frames, height, width), ...); frames 1, 9 or 17; up to vae_windows_per_clip each.
-    # 256 x 256 crops throughout: the VAE trains without remat, and 17 frames at 480 x 720 need 286 GB
-    # per chip at 2 clips a chip (global batch 64 on 32 chips); 17 x 256 x 256 needs 62 GiB on an H100
-    # (78 %: XLA_PYTHON_CLIENT_MEM_FRACTION >= 0.8) and 81 GiB on a v5p (85 %) (docs/results.md)
+    # 256 x 256 crops throughout: the VAE trains without remat, and 17 x 480 x 720 clips do not fit a
+    # chip (per-chip memory of each stage: docs/results.md#will-it-fit-the-paper-config)
     c.train.vae_kl_weight = 1e-6
     c.train.vae_mse_weight = 1.0
     c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 256, 256))

@@ -16,6 +16,7 @@ Nothing is allocated; :func:`lower` traces under the program's mesh, so every ha
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ import ml_collections
 
 from animegamer_jax import parallel
 from animegamer_jax.aot import pieces
+from animegamer_jax.game.engine import apply_layout
+from animegamer_jax.train import loop, optim, phases
 
 TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
@@ -102,8 +105,6 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
     count), micro-batch ``global_batch_size / grad_accum_steps``.
 
     Raises: parallel.ShardingConfigError when the micro-batch does not divide the data axes."""
-    from animegamer_jax.train import loop, optim, phases
-
     config = _with_phase(config, phase)
     t = config.train
     mesh = parallel.mesh_from_config(config, devices=devices)
@@ -126,8 +127,6 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
 
 
 def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections.ConfigDict:
-    import copy
-
     c = copy.deepcopy(config)
     c.train.phase = phase
     return c
@@ -136,8 +135,6 @@ def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections
 def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: list[Any], layout: str) -> list[Program]:
     """Play's stages ``names`` (:data:`TURN_PROGRAMS`) in ``layout`` ("latency": one game on all
     ``devices``; "batch": ``config.mesh`` with one game per data-parallel slice, generate's batch)."""
-    from animegamer_jax.game.engine import apply_layout
-
     cfg = apply_layout(config, layout, len(devices))
     mesh = parallel.mesh_from_config(cfg, devices=devices)
     rules = parallel.rules_from_config(cfg)

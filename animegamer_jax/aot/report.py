@@ -15,7 +15,8 @@ from collections import Counter
 from typing import Any
 
 from animegamer_jax.aot import hlo_cost
-from animegamer_jax.aot.programs import Program
+from animegamer_jax.aot.programs import TURN_PROGRAMS, Program
+from animegamer_jax.models import attention
 from animegamer_jax.parallel.target import Chip
 
 #: fraction of a chip's HBM a program may plan for ("fits")
@@ -85,8 +86,6 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
     """Lowers (recording the attention kernels) and compiles ``prog``; never raises for the program's
     own failure (the row's ``status`` holds its first line). ``save(name, compiled) -> path`` writes
     the executable."""
-    from animegamer_jax.models import attention
-
     row = Row(prog.name, prog.kind, prog.note, runs=prog.runs, layout=prog.layout)
     t0 = time.perf_counter()
     try:
@@ -124,8 +123,6 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
 def turn_estimate(rows: list[Row], layout: str = "latency") -> float | None:
     """Roofline seconds of one turn in ``layout`` (every turn program's time x its runs), or None unless
     all five compiled in that layout."""
-    from animegamer_jax.aot.programs import TURN_PROGRAMS
-
     got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
            and r.roofline_s is not None}
     if set(got) != set(TURN_PROGRAMS):
@@ -140,7 +137,7 @@ def turn_resident(rows: list[Row], layout: str = "latency") -> float | None:
     pass B; the DiT's; the VAE's) and runs one stage at a time, so the peak adds the largest stage's
     ``temporaries + outputs - aliased`` to them."""
     got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"}
-    if set(got) != {"prefill", "decode", "pass_b", "dit", "vae_decode"}:
+    if set(got) != set(TURN_PROGRAMS):
         return None
     args = max(got[n].arguments for n in ("prefill", "decode", "pass_b")) + got["dit"].arguments + \
         got["vae_decode"].arguments

@@ -77,7 +77,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax.core import spmd as core_spmd
+from jax.sharding import PartitionSpec as P
 
+from animegamer_jax.parallel import mesh as pmesh
 from animegamer_jax.parallel import target as target_lib
 
 Array = jax.Array
@@ -634,10 +636,6 @@ def _partitioned(kernel: Callable[..., Array], q: Array, k: Array, v: Array, bia
     each device of a context group computes the whole call (correct, not split). Without a mesh of
     more than one device, or inside a ``shard_map`` already (all axes manual), the kernel is called
     as is."""
-    from jax.sharding import PartitionSpec as P
-
-    from animegamer_jax.parallel import mesh as pmesh
-
     mesh = pmesh._active_mesh()
     if mesh is None or mesh.size == 1 or set(mesh.manual_axes) == set(mesh.axis_names):
         return kernel(q, k, v, bias, mask)
@@ -731,12 +729,9 @@ def dot_product_attention(
 
 def _context_axes(l: int, s: int) -> tuple[Any, tuple[str, ...]]:
     """(abstract mesh, mesh axes of ``act_length`` with size > 1 dividing L and S) or (None, ())."""
-    from animegamer_jax.parallel import mesh as pmesh
-
     mesh = pmesh._active_mesh()
     if mesh is None:
         return None, ()
-    from flax.core import spmd as core_spmd
 
     if not core_spmd.get_logical_axis_rules():
         return None, ()
@@ -772,10 +767,6 @@ def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | N
     mesh, axes = _context_axes(q.shape[1], k.shape[1])
     if mesh is None:
         return dot_product_attention(q, k, v, scale=scale, implementation=implementation, **kw)
-    from jax.sharding import PartitionSpec as P
-
-    from animegamer_jax.parallel import mesh as pmesh
-
     def spec(x, names):
         return pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
 

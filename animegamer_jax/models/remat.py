@@ -23,6 +23,8 @@ from typing import Any
 
 import jax
 
+from animegamer_jax.parallel import target
+
 REMAT_POLICIES: tuple[str, ...] = ("none", "full", "save_dots", "offload_dots")
 
 
@@ -44,9 +46,7 @@ def policy_name(value: Any) -> str:
 
 def _has_pinned_host() -> bool:
     """Whether the target (the active mesh's devices, parallel.target.current) has pinned host memory:
-    TPU and GPU do; elsewhere the default device's memories say (XLA:CPU has none)."""
-    from animegamer_jax.parallel import target
-
+    TPU and GPU do; elsewhere the default device's memories say."""
     if target.current().platform in ("tpu", "gpu"):
         return True
     try:
@@ -69,8 +69,6 @@ def checkpoint_policy(name: Any) -> Callable[..., bool] | None:
         return None
     if name == "save_dots":
         return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
-    from animegamer_jax.parallel import target
-
     if not _has_pinned_host():
         raise ValueError(f"remat policy 'offload_dots' needs a target with pinned host memory; "
                          f"{target.current().platform!r} has none. Fix: use 'save_dots' or 'full'")

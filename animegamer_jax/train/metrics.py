@@ -23,12 +23,11 @@ import numpy as np
 from clu import metrics as clu_metrics
 
 from animegamer_jax import paths
+from animegamer_jax.parallel import target
 
 def peak_flops_per_device(configured_tflops: float = 0.0, device: jax.Device | None = None) -> float | None:
     """Peak FLOP/s of one device: the configured value if > 0, else its chip's dense bf16 peak
     (``parallel.target.CHIPS``, by device kind), else None."""
-    from animegamer_jax.parallel import target
-
     if configured_tflops > 0:
         return configured_tflops * 1e12
     chip = target.of_device(device or jax.devices()[0]).chip

@@ -49,6 +49,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax.parallel import constrain
+from animegamer_jax.parallel import target as target_lib
 
 Array = jax.Array
 Cache = dict[str, Any]
@@ -825,8 +826,6 @@ def device_decode_budget(cfg: VAEConfig, device: Any = None) -> tuple[float, str
     have no stats) of its chip's HBM (``parallel.target.CHIPS``); else (XLA:CPU reports no limit)
     ``CPU_DECODE_BUDGET_GIB``.
     """
-    from animegamer_jax.parallel import target as target_lib
-
     if cfg.decode_memory_gib > 0:
         return cfg.decode_memory_gib * 2**30, "vae.decode_memory_gib"
     device = jax.devices()[0] if device is None else device
