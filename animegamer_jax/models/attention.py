@@ -732,7 +732,6 @@ def _context_axes(l: int, s: int) -> tuple[Any, tuple[str, ...]]:
     mesh = pmesh._active_mesh()
     if mesh is None:
         return None, ()
-
     if not core_spmd.get_logical_axis_rules():
         return None, ()
     entry = pmesh.logical_to_spec(("act_length",))[0]
