@@ -1,16 +1,17 @@
 """animegamer-jax: a JAX/Flax NNX reimplementation of AnimeGamer (arXiv 2504.01014).
 
-Subpackages (docs/design.md#who-may-import-whom says who may import whom):
-  models/     pure networks, one folder per family with its converter's key table: mistral/ (Mistral,
-              MLLM), cogvideox/ (DiT, VAE), clip/, t5/, shot_encoder/; shared attention, lora, remat
-  diffusion/  schedules, losses and samplers that take a denoise function
-  data/       films -> clips -> labels -> ArrayRecord -> Grain loaders
-  train/      the three training phases
-  game/       game play and batch generation, writers
-  convert/    PyTorch / SAT / HF checkpoints -> our orbax layout: the CLI fronts, the release
-              converter and the helpers every key table shares (common.py)
-  eval/       metrics and benchmark runner
-  parallel/   mesh, logical axis rules, multi-host start
+Layers, bottom to top (docs/design.md "Layers"; a module imports only from its own layer or below,
+pyproject.toml ``[tool.importlinter]``, tests/test_layers.py):
+  paths, config, fileio, parallel   user paths and file operations, config files, meshes and targets
+  cli                               flag parsing and the command pattern (``cli.run_command``)
+  video_io, mllm_tokenizer, t5_tokenizer, weights
+                                    video files, tokenizers, reading foreign state dicts
+  models, diffusion                 networks (one folder per family); schedules, losses, samplers
+  checkpoint                        one directory per trained system: save, load, integrity, cast
+  game, data                        playing games; films -> clips -> labels -> ArrayRecord
+  train, convert                    the training phases; converters of released checkpoints
+  eval, aot                         quality evaluation; ahead-of-time compiles ("will it fit?")
+  play, generate, web               the commands
 """
 
 __version__ = "0.1.0"

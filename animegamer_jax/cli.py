@@ -1,15 +1,33 @@
-"""What every command-line entry point shares: absl start-up, config paths, quiet logs.
+"""What every command-line entry point shares: flag parsing, the ``main(argv)`` pattern, quiet logs.
 
-:func:`run` is what ``python -m animegamer_jax.<command>`` and the console scripts
-(``animegamer-train`` ...; pyproject.toml) call instead of ``absl.app.run``:
+The pattern of a command (``python -m animegamer_jax.<command>``, console script ``animegamer-...``)::
 
-- ``--config=configs/tiny.py`` works from any directory: a config path that does not exist from
-  the working directory is looked up in the checkout / editable install (``paths.resource``), so
-  the README's commands and ``configs/...`` in scripts keep working after ``cd``.
-- Quiet by default: absl's own INFO lines and the INFO chatter of orbax, grain, jax and
-  tensorstore (hundreds of lines per checkpoint) are hidden; the command's results and progress
-  are printed. ``--verbosity=0`` (or ``-v 0``) brings every INFO line back, ``--verbosity=-1`` is
-  the default.
+    def define_flags(fv, argv):            # the command's flags, on a private absl FlagValues
+        config_flags.DEFINE_config_file("config", ..., flag_values=fv, sys_argv=argv)
+        flags.DEFINE_string("out", "", "...", flag_values=fv)
+
+    def _run(f, *positional) -> int:       # the command itself; raises UsageError for a bad flag
+        ...
+
+    def main(argv=None) -> int:
+        return cli.run_command("animegamer-x", argv, define_flags, __doc__, (), _run, errors=(XError,))
+
+    def cli() -> None:                     # the console script (pyproject.toml)
+        sys.exit(main())
+
+:func:`run_command` parses with :func:`parse_flags`, prints ``error: <message>`` and returns 2 for a
+bad command line or one of the command's input errors, returns 130 after Ctrl-C when the command
+says what an interruption leaves behind, and quiets library logs for commands that define
+``--verbosity`` (:func:`define_verbosity`). :func:`run_subcommand` dispatches ``<prog> KIND ...`` to
+one such ``main`` per kind.
+
+Config paths: ``--config=configs/tiny.py`` works from any directory: a config path that does not
+exist from the working directory is looked up in the checkout / editable install
+(``paths.resource``). Logs: absl's own INFO lines and the INFO chatter of orbax, grain, jax and
+tensorstore are hidden at the default ``--verbosity=-1``; the command's results and its stage lines
+(:func:`status`) are printed; ``--verbosity=0`` brings every INFO line back.
+
+:func:`run` is the ``absl.app.run`` entry of commands whose flags are absl's global ``FLAGS``.
 """
 
 from __future__ import annotations
@@ -17,11 +35,29 @@ from __future__ import annotations
 import logging as std_logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+import jax
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from animegamer_jax import paths
 
 #: loggers (std logging names) that are set to WARNING unless --verbosity >= 0
 NOISY_LOGGERS = ("orbax", "absl", "jax", "jax._src", "grain", "etils", "gcsfs", "fsspec", "google",
                  "urllib3", "tensorstore", "gcp_storage_emulator")
+
+HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
+
+#: exit status of a bad command line or a bad input; of a run stopped with Ctrl-C
+USAGE_EXIT, INTERRUPTED_EXIT = 2, 130
+
+Define = Callable[[flags.FlagValues, list[str]], None]
+
+
+class UsageError(ValueError):
+    """A bad command line (unknown flag, bad value, unexpected argument); the message says which."""
 
 
 def resolve_config_args(argv: Sequence[str], flag_names: Sequence[str] = ("config",)) -> list[str]:
@@ -29,8 +65,6 @@ def resolve_config_args(argv: Sequence[str], flag_names: Sequence[str] = ("confi
 
     Overrides (``--config.a.b=v``) and every other argument are left as they are.
     """
-    from animegamer_jax import paths
-
     out = list(argv)
     for i, a in enumerate(out):
         for name in flag_names:
@@ -50,7 +84,20 @@ def quiet_logs(verbosity: int) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1" if verbosity < 0 else "0")
 
 
-def check_config_overrides(argv: Sequence[str], fv) -> None:
+def define_verbosity(fv: flags.FlagValues) -> None:
+    """Defines ``--verbosity`` (alias ``-v``) on ``fv``: :func:`run_command` then applies it
+    (:func:`quiet_logs`, absl's level) and prints :func:`status` lines at the default -1."""
+    flags.DEFINE_integer("verbosity", -1, "Log level: -1 = warnings only (default), 0 = INFO of every library "
+                         "(orbax, jax, ...), 1 = debug.", flag_values=fv)
+    flags.DEFINE_alias("v", "verbosity", flag_values=fv)
+
+
+def _override_error(overrides: Sequence[str], e: BaseException) -> UsageError:
+    """An unknown config key (``AttributeError`` / ``KeyError`` of ml_collections) as one line."""
+    return UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {list(overrides)}")
+
+
+def check_config_overrides(argv: Sequence[str], fv: flags.FlagValues) -> None:
     """Checks ``--config.a.b=v`` overrides of a command whose flags are ``fv`` (absl's global FLAGS
     for the :func:`run` commands) before ``absl.app.run`` parses them, so a bad one is one line.
 
@@ -58,8 +105,6 @@ def check_config_overrides(argv: Sequence[str], fv) -> None:
       UsageError: overrides without ``--config`` on a command that has no default config (train:
         the fix names the flag), or an override of an unknown key / with a bad value.
     """
-    from absl import flags
-
     overrides = [a for a in argv[1:] if a.startswith("--config.")]
     if not overrides or "config" not in fv:
         return
@@ -69,14 +114,12 @@ def check_config_overrides(argv: Sequence[str], fv) -> None:
                          f"default for. Fix: add --config=configs/tiny.py (or configs/animegamer_2b_7b.py)")
     if not given:
         return  # a default config file: its overrides were applied (and checked) when it was defined
-    from ml_collections import config_flags
-
     probe = flags.FlagValues()  # absl cannot parse ``fv`` twice (override flags would be defined twice)
     try:
         config_flags.DEFINE_config_file("config", None, flag_values=probe, lock_config=False, sys_argv=list(argv))
         probe(list(argv), known_only=True)
     except (AttributeError, KeyError) as e:
-        raise UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}") from None
+        raise _override_error(overrides, e) from None
     except (ValueError, TypeError) as e:
         raise UsageError(f"bad config override {overrides}: {e}") from None
     except flags.Error:
@@ -85,7 +128,8 @@ def check_config_overrides(argv: Sequence[str], fv) -> None:
 
 def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None,
         define: Callable[[], None] | None = None) -> None:
-    """``absl.app.run(main)`` with resolved config paths and quiet library logs.
+    """``absl.app.run(main)`` with resolved config paths and quiet library logs, for a command whose
+    flags are absl's global ``FLAGS`` (new commands use :func:`run_command`).
 
     The absl default verbosity becomes WARNING (-1): absl prints INFO by default when flags are
     parsed through ``app.run``; ``--verbosity=0`` restores it. ``define()`` defines the command's
@@ -93,18 +137,16 @@ def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = No
     overrides right there, so a bad override is reported here as one line (exit status 2) instead
     of a traceback; so is one given to a command without a default config and without ``--config``.
     """
-    from absl import app, flags, logging
-
     if define is not None:
         try:
             define()
         except (AttributeError, KeyError) as e:
             overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-            print(f"error: unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}", file=sys.stderr)
-            sys.exit(2)
+            print(f"error: {_override_error(overrides, e)}", file=sys.stderr)
+            sys.exit(USAGE_EXIT)
         except (ValueError, TypeError) as e:
             print(f"error: bad config or override: {e}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(USAGE_EXIT)
     argv = resolve_config_args(sys.argv if argv is None else argv)
     if not any(a.startswith(("--verbosity", "-v=", "--v=")) or a in ("-v", "--v") for a in argv):
         argv.insert(1, "--verbosity=-1")
@@ -112,11 +154,11 @@ def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = No
         check_config_overrides(argv, flags.FLAGS)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(USAGE_EXIT)
 
     def _main(args: list[str]) -> int | None:
         quiet_logs(flags.FLAGS.verbosity)
-        logging.use_absl_handler()
+        absl_logging.use_absl_handler()
         _console["on"] = True
         return main(args)
 
@@ -127,29 +169,19 @@ _console = {"on": False}
 
 
 def status(fmt: str, *args: object) -> None:
-    """A stage line (``"compiling the train step ..."``): absl INFO, and under :func:`run` at the
-    default verbosity also printed to stderr on process 0, so commands show their stages while the
-    libraries' INFO chatter stays hidden. Library use (tests, notebooks) only logs."""
-    from absl import logging
-
-    logging.info(fmt, *args)
-    if not _console["on"] or logging.get_verbosity() >= logging.INFO:
+    """A stage line (``"compiling the train step ..."``): absl INFO, and while a command runs at the
+    default verbosity (:func:`run`, or :func:`run_command` with ``--verbosity``) also printed to
+    stderr on process 0, so commands show their stages while the libraries' INFO chatter stays
+    hidden. Library use (tests, notebooks) only logs."""
+    absl_logging.info(fmt, *args)
+    if not _console["on"] or absl_logging.get_verbosity() >= absl_logging.INFO:
         return
-    import jax
-
     if jax.process_index() == 0:
         print(fmt % args if args else fmt, file=sys.stderr, flush=True)
 
 
-class UsageError(ValueError):
-    """A bad command line (unknown flag, bad value, unexpected argument); the message says which."""
-
-
-HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
-
-
-def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None], doc: str = "",
-                positional: Sequence[str] | None = None) -> tuple[object, list[str]]:
+def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
+                positional: Sequence[str] | None = None) -> tuple[flags.FlagValues, list[str]]:
     """Parses ``argv`` (``argv[0]`` = program) with a command's own ``absl.flags.FlagValues``.
 
     ``define(flag_values, argv)`` defines the command's flags on ``flag_values`` (config files
@@ -160,8 +192,8 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
     are what absl leaves after the flags (flags may come before or after them).
 
     Args:
-      positional: names of the positional arguments the command requires (``("SRC", "DST")``);
-        a different count is a :class:`UsageError` naming them. None: not checked.
+      positional: names of the positional arguments the command requires (``("SRC", "DST")``; ``()``
+        for none); a different count is a :class:`UsageError` naming them. None: not checked.
 
     Returns:
       (flag values, positional arguments after the program name).
@@ -170,15 +202,13 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
       UsageError: unknown flag, bad value, a missing required flag, or (with ``positional``) missing
         or extra positional arguments.
     """
-    from absl import flags
-
     argv = resolve_config_args(list(argv))
     fv = flags.FlagValues()
     overrides = [a for a in argv[1:] if a.startswith("--config.")]
     try:
         define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
     except (AttributeError, KeyError) as e:
-        raise UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {overrides}") from None
+        raise _override_error(overrides, e) from None
     except OSError as e:
         raise _config_file_error(argv, e) from None
     except (flags.Error, ValueError, TypeError) as e:
@@ -194,6 +224,8 @@ def parse_flags(argv: Sequence[str], define: Callable[[object, list[str]], None]
     except OSError as e:
         raise _config_file_error(argv, e) from None
     if positional is not None and len(rest) - 1 != len(positional):
+        if not positional:
+            raise UsageError(f"unexpected arguments {rest[1:]}; {argv[0]} takes flags only (see --help)")
         raise UsageError(f"expected {' '.join(positional)}, got {rest[1:] or 'nothing'}. "
                          f"Usage: {argv[0]} {' '.join(positional)} [flags]; see --help")
     return fv, rest[1:]
@@ -206,34 +238,71 @@ def _config_file_error(argv: Sequence[str], e: OSError) -> UsageError:
                       f"existing config file, e.g. --config=configs/tiny.py")
 
 
-def run_command(prog: str, argv: Sequence[str] | None, define: Callable[[object, list[str]], None], doc: str,
-                positional: Sequence[str], body: Callable[..., int],
-                errors: tuple[type[BaseException], ...] = ()) -> int:
-    """The ``main(argv)`` of a command with positional arguments (``convert clip SRC OUT``): parses
-    ``[prog, *argv]`` with :func:`parse_flags` and returns ``body(flag_values, *positional_values)``.
+def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
+                positional: Sequence[str] | None, body: Callable[..., int | None],
+                errors: tuple[type[BaseException], ...] = (), *, interrupted: str | None = None) -> int:
+    """The ``main(argv)`` of a command: parses ``[prog, *argv]`` with :func:`parse_flags` and returns
+    ``body(flag_values, *positional_values)``.
 
     Args:
       prog: the program as the usage line shows it (``"python -m animegamer_jax.convert clip"``).
       argv: the arguments after the program; None: ``sys.argv[1:]``.
-      define, doc, positional: as for :func:`parse_flags`.
-      body: the command itself; returns the exit status. It may raise :class:`UsageError` for a
-        check of its own (a flag that is required).
+      define, doc, positional: as for :func:`parse_flags` (``positional=None``: ``body`` gets every
+        positional argument and checks them itself, raising :class:`UsageError`).
+      body: the command itself; returns the exit status (None: 0). It may raise :class:`UsageError`
+        for a check of its own (a flag that is required).
       errors: further exception types that ``body`` raises for a bad input (a missing file): each
         is reported as one ``error: ...`` line on stderr, exit status 2, like a bad command line.
+      interrupted: what a Ctrl-C leaves behind (``"finished games are kept; rerun to resume"``):
+        printed as ``interrupted: <message>`` with exit status 130. None: Ctrl-C raises.
+
+    With a ``--verbosity`` flag (:func:`define_verbosity`) the libraries' INFO logs follow it
+    (:func:`quiet_logs`) and :func:`status` lines are printed while ``body`` runs.
 
     Returns:
       ``body``'s exit status, or 2 after printing ``error: <message>`` to stderr on a
       :class:`UsageError` (or one of ``errors``). ``--help`` raises ``SystemExit(0)``.
     """
     full = [prog, *(sys.argv[1:] if argv is None else argv)]
+    console = _console["on"]
     try:
         f, rest = parse_flags(full, define, doc, positional=positional)
-        return body(f, *rest)
+        if "verbosity" in f:
+            quiet_logs(f.verbosity)
+            absl_logging.set_verbosity(f.verbosity)
+            _console["on"] = True
+        rc = body(f, *rest)
+        return 0 if rc is None else int(rc)
     except (UsageError, *errors) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     except OSError as e:  # config_flags loads --config lazily: a missing file surfaces at first use
         if "Failed loading config file" not in str(e):
             raise
         print(f"error: {_config_file_error(full, e)}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"interrupted: {interrupted}", file=sys.stderr)
+        return INTERRUPTED_EXIT
+    finally:
+        _console["on"] = console
+
+
+def run_subcommand(argv: Sequence[str] | None, commands: Mapping[str, Callable[[list[str]], int | None]],
+                   doc: str) -> int:
+    """``<program> KIND [args]``: runs ``commands[KIND](args)`` and returns its exit status (None: 0).
+
+    No kind prints ``doc`` (exit status 2); ``-h`` / ``--help`` prints it with exit status 0; an unknown
+    kind is a one-line ``error: unknown kind ...`` naming the kinds (2).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in HELP_ARGS:
+        print(doc, file=sys.stderr)
+        return 0 if args else USAGE_EXIT
+    if args[0] not in commands:
+        print(f"error: unknown kind {args[0]!r}; choose one of {', '.join(commands)}", file=sys.stderr)
+        return USAGE_EXIT
+    rc = commands[args[0]](args[1:])
+    return rc if isinstance(rc, int) else 0

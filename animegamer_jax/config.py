@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from animegamer_jax import paths
+
 
 class ConfigError(ValueError):
     """An unknown config file or key, or a value of the wrong type."""
@@ -31,8 +33,6 @@ def load_config(path: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
       ConfigError: missing file, a file without ``get_config``, an unknown key (the message names
         it and the closest section), or a value of the wrong type.
     """
-    from animegamer_jax import paths
-
     path = paths.resource(path)  # configs/tiny.py works from any directory
     if not os.path.exists(path):
         raise ConfigError(f"config file {path!r} not found; use e.g. configs/tiny.py")

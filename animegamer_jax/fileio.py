@@ -1,11 +1,11 @@
 """The few file operations that touch users' output folders and checkpoints, in one place.
 
-Every writer of user-visible files (game/writers.py, system_checkpoint.py) goes through these
-helpers. Local paths use ``os`` directly (atomic temp file + rename); URLs (``gs://``, ``s3://`` ...,
-see ``animegamer_jax/paths.py``) go through ``etils.epath`` / fsspec, where a single object upload
-is atomic by itself and a folder rename is a copy then a delete (callers that need a folder to
-appear whole write a marker or a manifest last and verify it, as writers.py and
-system_checkpoint.py do).
+Every writer of user-visible files (game/writers.py, the checkpoint package) goes through these
+helpers; ``isdir``, ``isfile`` and the atomic writes are :mod:`animegamer_jax.paths`' own. Local
+paths use ``os`` directly (atomic temp file + rename); URLs (``gs://``, ``s3://`` ..., see
+``animegamer_jax/paths.py``) go through ``etils.epath`` / fsspec, where a single object upload is
+atomic by itself and a folder rename is a copy then a delete (callers that need a folder to appear
+whole write a marker or a manifest last and verify it, as writers.py and the checkpoint package do).
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 
 from animegamer_jax import paths
+from animegamer_jax.paths import isdir, isfile, write_bytes_atomic, write_text_atomic
+
+__all__ = ["CHUNK", "exists", "isdir", "isfile", "join", "listdir", "makedirs", "read_bytes", "remove", "rename",
+           "rmdir", "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
+           "write_text_atomic"]
 
 #: read size of the hashing helpers (bytes)
 CHUNK = 1 << 20
@@ -32,14 +36,6 @@ def join(*parts: str) -> str:
 
 def exists(path: str) -> bool:
     return paths.as_path(path).exists() if _url(path) else os.path.lexists(path)
-
-
-def isdir(path: str) -> bool:
-    return paths.as_path(path).is_dir() if _url(path) else os.path.isdir(path)
-
-
-def isfile(path: str) -> bool:
-    return paths.as_path(path).is_file() if _url(path) else os.path.isfile(path)
 
 
 def listdir(path: str) -> list[str]:
@@ -106,27 +102,6 @@ def read_bytes(path: str) -> bytes:
         return paths.as_path(path).read_bytes()
     with open(path, "rb") as f:
         return f.read()
-
-
-def write_bytes_atomic(path: str, data: bytes) -> None:
-    """Writes ``data`` to ``path`` through a temp file in the same folder and a rename (one object
-    upload on URLs, atomic by itself)."""
-    if _url(path):
-        paths.as_path(path).write_bytes(data)
-        return
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def walk_files(root: str) -> Iterator[str]:

@@ -7,104 +7,58 @@ Usage::
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m animegamer_jax.generate games.jsonl --standin
 
 Games are played ``B`` at a time, B = the data-parallel size of the mesh (one game per data
-shard), games with equal turn counts grouped together. Under a multi-process launch
+shard), games with equal turn counts grouped together (game/engine.py ``batches``). Under a multi-process launch
 (``JAX_NUM_PROCESSES`` etc., parallel/distributed.py) process p takes games p, p + P, ... and plays
 them on a mesh of its local devices, so processes never wait for each other. Every game's
 instructions are checked (fields, token length, file:line) before the first turn. Resumable and
 verified: a game is skipped only when its folder is a finished game of this project made from the
 same instructions, seed, mode, config and system (the fingerprint in its game.json) with every file
-intact (sizes and sha256 recorded there); any other is replayed, and the run says which and why.
+intact (sizes and sha256 recorded there; game/saving.py ``pending_games``); any other is
+replayed, and the run says which and why.
 A folder of the same name that this program did not write stops the run before anything is played.
 ``--overwrite`` replays every game. A tqdm bar shows games done and the ETA. Flags (absl) and
-``--config`` / ``--config.a.b=value`` are play's: without ``--config`` the config saved in
-``--checkpoint`` is used.
+``--config`` / ``--config.a.b=value`` are play's (game/flags.py): without ``--config`` the config
+saved in ``--checkpoint`` is used.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 
 import jax
+from absl import flags
 from tqdm import tqdm
 
-from animegamer_jax import fileio, parallel
+from animegamer_jax import parallel
+from animegamer_jax.cli import UsageError
 from animegamer_jax.game import writers
-from animegamer_jax.game.engine import GameEngine, apply_mode
-from animegamer_jax.game.script import Game, load_jsonl
-from animegamer_jax.game.state import validate_games
-from animegamer_jax.game.system import resolve_system
+from animegamer_jax.game.api import apply_mode
+from animegamer_jax.game.engine import GameEngine, batches
+from animegamer_jax.game.flags import run_game_command, setup_jax
+from animegamer_jax.game.loading import resolve_system
+from animegamer_jax.game.saving import fingerprint, pending_games, save_game
+from animegamer_jax.game.script import load_jsonl
+from animegamer_jax.game.window import validate_games
 from animegamer_jax.parallel import distributed
-from animegamer_jax import cli as cli_lib
-from animegamer_jax.play import CLI_ERRORS, fingerprint, parse_game_flags, save_game, setup_jax
-
-
-def pending_games(games: tuple[Game, ...], out_dir: str, process_index: int = 0, process_count: int = 1,
-                  fingerprint_of: Callable[[Game], dict] | None = None,
-                  overwrite: bool = False) -> tuple[list[Game], int, dict[str, str]]:
-    """This process's share of the games that still need playing.
-
-    A game is kept (skipped) only when its folder is a finished game of this project whose
-    fingerprint equals ``fingerprint_of(game)`` and whose files are all present with their recorded
-    sizes and hashes (writers.verify_game); otherwise it is replayed. Temp folders a killed run left
-    for these games are removed.
-
-    Returns:
-      (games to play, number kept as finished, ``{game_id: why it is replayed}`` for games whose
-      folder exists but cannot be kept).
-
-    Raises:
-      writers.OutputError: a game's folder exists and was not written by this program (nothing is
-        played then: the user's folder survives).
-    """
-    mine = list(games[process_index::process_count])
-    todo, replay = [], {}
-    for g in mine:
-        writers.clean_stale_temp(out_dir, g.game_id)
-        folder = fileio.join(out_dir, g.game_id)
-        if not fileio.exists(folder) or (fileio.isdir(folder) and not fileio.listdir(folder)):
-            todo.append(g)
-            continue
-        if not writers.is_game_folder(folder):
-            writers.check_target(out_dir, g.game_id, overwrite=True)  # raises, naming the folder
-        why = "--overwrite" if overwrite else writers.verify_game(
-            folder, fingerprint_of(g) if fingerprint_of is not None else None)
-        if why is not None:
-            todo.append(g)
-            replay[g.game_id] = why
-    return todo, len(mine) - len(todo), replay
-
-
-def batches(games: list[Game], size: int) -> list[list[Game]]:
-    """Groups games with equal turn counts (stable order), ``size`` at a time."""
-    order = sorted(range(len(games)), key=lambda i: (len(games[i].turns), i))
-    ordered = [games[i] for i in order]
-    out: list[list[Game]] = []
-    for g in ordered:
-        if out and len(out[-1]) < size and len(out[-1][0].turns) == len(g.turns):
-            out[-1].append(g)
-        else:
-            out.append([g])
-    return out
 
 
 def define_flags(fv) -> None:
-    """generate's own flags (next to play's common_flags and ``--config``) on ``fv``."""
-    from absl import flags
-
+    """generate's own flags (next to game/flags.py's ``common_flags`` and ``--config``) on ``fv``."""
     flags.DEFINE_integer("limit", 0, "Stop after this many games (0 = all).", lower_bound=0, flag_values=fv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Plays every pending game of the JSONL file of ``argv`` (``GAMES.jsonl --flag ...``); returns
-    the exit status (2 with a one-line message on bad input, 130 on Ctrl-C)."""
-    distributed.initialize()
-    setup_jax()
+def _generate(f, config, *rest: str) -> int:
+    """Plays every pending game of the parsed command line (``rest``: ``[GAMES.jsonl]``).
+
+    Returns:
+      0, or 130 on Ctrl-C.
+
+    Raises:
+      UsageError: not exactly one positional argument; any of game/flags.py's ``CLI_ERRORS``.
+    """
+    if len(rest) != 1:
+        raise UsageError(f"expected one JSONL file of games, got {list(rest) or 'none'}")
     try:
-        f, rest, config = parse_game_flags("animegamer-generate", sys.argv[1:] if argv is None else argv,
-                                           define_flags, __doc__)
-        if len(rest) != 1:
-            raise cli_lib.UsageError(f"expected one JSONL file of games, got {rest or 'none'}")
         out_dir = f.out or config.game.out_dir
         writers.check_writable(out_dir)
         games = load_jsonl(rest[0])
@@ -130,15 +84,20 @@ def main(argv: list[str] | None = None) -> int:
                     gid = result["game"].game_id
                     save_game(engine, result, out_dir, overwrite=gid in replay)
                     bar.update(1)
-    except CLI_ERRORS as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)
         return 130
     print(f"outputs: {out_dir}/<game_id>/ ({len(todo)} played, {len(replay)} of them replayed, {done} "
           f"skipped as finished); compilation {', '.join(f'{k} {v:.2f}s' for k, v in engine.compile_s.items())}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Plays every pending game of the JSONL file of ``argv`` (``GAMES.jsonl --flag ...``); returns
+    the exit status (2 with a one-line message on bad input, 130 on Ctrl-C)."""
+    distributed.initialize()
+    setup_jax()
+    return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate)
 
 
 def cli() -> None:

@@ -18,15 +18,31 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import uuid
 from typing import Any
 
+import fsspec
 from etils import epath
 
 PathLike = str | os.PathLike
 
 #: the checkout (or editable install) holding ``configs/``, ``data/`` and ``checkpoints/``
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def checkout_commit() -> tuple[str, bool | None]:
+    """``(commit hash, dirty)`` of the git checkout at :data:`REPO_ROOT` (dirty: tracked files differ
+    from the commit), or ``("unknown", None)`` outside a checkout / without git. For reports that
+    name the code that produced them."""
+    try:
+        head = subprocess.run(["git", "-C", REPO_ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", REPO_ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown", None
+    return head, bool(dirty)
 
 
 def is_url(path: PathLike) -> bool:
@@ -66,11 +82,13 @@ def exists(path: PathLike) -> bool:
 
 
 def isdir(path: PathLike) -> bool:
-    return as_path(path).is_dir()
+    """Whether ``path`` is a folder (a local path through ``os.path``, a URL through epath)."""
+    return as_path(path).is_dir() if is_url(path) else os.path.isdir(os.path.expanduser(os.fspath(path)))
 
 
 def isfile(path: PathLike) -> bool:
-    return as_path(path).is_file()
+    """Whether ``path`` is a file (a local path through ``os.path``, a URL through epath)."""
+    return as_path(path).is_file() if is_url(path) else os.path.isfile(os.path.expanduser(os.fspath(path)))
 
 
 def makedirs(path: PathLike) -> epath.Path:
@@ -87,8 +105,6 @@ def rmtree(path: PathLike) -> None:
 
 
 def _fs(path: epath.Path) -> Any:
-    import fsspec
-
     fs, _ = fsspec.core.url_to_fs(os.fspath(path))
     return fs
 
@@ -125,18 +141,26 @@ def move_dir(src: PathLike, dst: PathLike) -> None:
 
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path``: local via temp file + ``os.replace``; object stores upload one
-    object, which is atomic by itself (readers see the old or the new object)."""
-    p = as_path(path)
-    if is_url(p):
-        p.write_bytes(data)
+    """Writes ``data`` to ``path``: a local path through a temp file in the same folder and
+    ``os.replace`` (the temp file is removed if writing fails); on object stores one object upload,
+    which is atomic by itself (readers see the old or the new object)."""
+    if is_url(path):
+        as_path(path).write_bytes(data)
         return
-    tmp = p.parent / f".{p.name}.{uuid.uuid4().hex[:8]}"
-    tmp.write_bytes(data)
-    os.replace(tmp, p)
+    path = os.path.expanduser(os.fspath(path))
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def write_text_atomic(path: PathLike, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` encoded as UTF-8."""
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
@@ -155,8 +179,8 @@ def configure_gcs_emulator(environ: dict | None = None) -> None:
     """Routes tensorstore (orbax's array I/O) to ``STORAGE_EMULATOR_HOST`` when it is set.
 
     Adds ``http://`` to ``STORAGE_EMULATOR_HOST`` when missing (google-cloud-storage, which orbax
-    uses to probe the bucket, needs it; gcsfs accepts both), sets ``TENSORSTORE_GCS_HTTP_URL`` and, unless credentials are
-    configured, ``GOOGLE_AUTH_TOKEN_FOR_TESTING``; turns off gcsfs's experimental bucket-type probe
+    uses to probe the bucket, needs it; gcsfs accepts both), sets ``TENSORSTORE_GCS_HTTP_URL`` and, unless
+    credentials are configured, ``GOOGLE_AUTH_TOKEN_FOR_TESTING``; turns off gcsfs's experimental bucket-type probe
     (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT``: a gRPC storage-control call an emulator does not serve,
     which otherwise stalls 60 s per bucket). Values the user set are left alone. Must run before
     gcsfs is imported (``animegamer_jax/__init__.py`` does).

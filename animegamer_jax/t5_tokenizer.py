@@ -7,19 +7,22 @@ directly on the user's ``spiece.model`` (no package here ships T5's; it comes wi
 HF's 100 ``<extra_id_*>`` sentinels (ids 32000..32099) never occur in action texts and are not
 handled.
 
-``python -m animegamer_jax.t5_tokenizer --out data/tiny_t5_spiece.model`` regenerates the tiny
-model of ``configs/tiny.py`` (:func:`train_tiny_spiece` on :func:`tiny_corpus`).
+:func:`train_spiece` trains a T5-style model on a corpus the caller passes;
+``python -m animegamer_jax.data.tiny_t5_spiece`` trains the tiny model of ``configs/tiny.py`` on the
+sample data's corpus (``animegamer_jax/data/tiny_t5_spiece.py``).
 """
 
 from __future__ import annotations
 
 import io
-import itertools
 import os
+import runpy
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+
+from animegamer_jax import paths
 
 #: T5 special ids (pad 0, eos 1, unk 2; T5 has no BOS).
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -37,8 +40,6 @@ class T5Tokenizer:
     """
 
     def __init__(self, model_file: str | os.PathLike, max_length: int = 30):
-        from animegamer_jax import paths
-
         # bytes through epath: a local file (repo-relative defaults resolved) or a URL
         proto = paths.as_path(paths.resource(model_file)).read_bytes()
         self.sp = spm.SentencePieceProcessor(model_proto=proto)
@@ -78,13 +79,15 @@ class T5Tokenizer:
         return self.sp.decode([int(i) for i in ids if int(i) not in (PAD_ID, EOS_ID)])
 
 
-def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe", normalization: str = "identity") -> bytes:
-    """Trains a T5-style sentencepiece model (pad 0, eos 1, unk 2, no bos) in memory.
+def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
+                 normalization: str = "identity") -> bytes:
+    """Trains a T5-style sentencepiece model (pad 0, eos 1, unk 2, no bos) in memory on the corpus ``texts``.
 
     ``vocab_size`` is an upper bound (``hard_vocab_limit=False``): tiny corpora yield fewer pieces.
     BPE rather than T5's unigram because unigram pruning on a corpus of a few hundred words
-    collapses to near-characters; ``identity`` normalization keeps the file at a few KB (T5's
-    ``nmt_nfkc`` tables add 240 KB). Returns the serialized model (write it to a ``.model`` file).
+    collapses to near-characters; ``identity`` normalization keeps the file small (T5's ``nmt_nfkc``
+    normalization tables would outweigh a tiny model's pieces). Returns the serialized model (write it
+    to a ``.model`` file).
     """
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
@@ -105,83 +108,6 @@ def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
     return buf.getvalue()
 
 
-_SUBJECTS = ("the girl", "the boy", "the witch", "the cat", "the old man", "the pilot", "the fox spirit", "the robot")
-_ACTIONS = (
-    "softly talk", "run forward", "walk slowly", "fly on a broom", "jump over the fence", "turn around",
-    "wave a hand", "smile and nod", "look up at the sky", "sit down", "stand up", "eat a rice ball",
-    "swim in the water", "ride a bicycle", "open the door", "read a book", "cry quietly", "laugh loudly",
-)
-_BACKGROUNDS = (
-    "in the forest", "by the sea", "in a small town", "on a grassy hill", "inside a wooden house",
-    "under the night sky", "in the rain", "at the train station", "in a bakery", "above the clouds",
-)
-
-
-def sample_action_texts() -> list[str]:
-    """Every action text the sample data's labels can hold (``data/sample.py``: each of the 9 shots'
-    actions after each of the 5 motion-level adverbs, e.g. "frantically ride past van": 45 texts), then
-    the shots' 5 backgrounds."""
-    from animegamer_jax.data import sample
-
-    shots = sample.SHOTS
-    actions = dict.fromkeys(action for _, action, _, _ in shots)
-    backgrounds = dict.fromkeys(background for _, _, background, _ in shots)
-    return [f"{adverb} {action}" for adverb in sample.ADVERBS.values() for action in actions] + list(backgrounds)
-
-
-def tiny_corpus() -> list[str]:
-    """The tiny model's corpus: short generic phrases (every subject x action x background) and the sample
-    data's action texts (:func:`sample_action_texts`), so that every sample action is a few whole-word
-    pieces (at most 6 with the default 384 pieces: each fits ``configs/tiny.py``'s 8 T5 tokens, EOS
-    included, and no two share their 8 ids; the first model, 256 pieces of the generic phrases alone,
-    spelt "frantically" in 8 letter pieces, so five sample actions were one T5 input)."""
-    generic = [f"{s} {a} {b}" for s, a, b in itertools.product(_SUBJECTS, _ACTIONS, _BACKGROUNDS)]
-    return generic + list(_ACTIONS) + list(_BACKGROUNDS) + sample_action_texts()
-
-
-def train_tiny_spiece(out_path: str | os.PathLike, vocab_size: int = 384) -> str:
-    """Writes the tiny T5 sentencepiece of ``configs/tiny.py`` (<= ``vocab_size`` pieces) to ``out_path``."""
-    out_path = os.fspath(out_path)
-    os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
-    with open(out_path, "wb") as f:
-        f.write(train_spiece(tiny_corpus(), vocab_size))
-    return out_path
-
-
-_CLI_DOC = "Train the tiny T5 sentencepiece used by configs/tiny.py."
-
-
-def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-
-    flags.DEFINE_string("out", "data/tiny_t5_spiece.model", "Output .model file.", flag_values=fv)
-    flags.DEFINE_integer("vocab_size", 384, "Most pieces of the trained model.", flag_values=fv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m animegamer_jax.t5_tokenizer [--out=data/tiny_t5_spiece.model] [--vocab_size=384]``.
-
-    Returns the exit status (2 with a one-line message on a bad command line).
-    """
-    import sys
-
-    from animegamer_jax import cli
-
-    try:
-        f, _ = cli.parse_flags(["python -m animegamer_jax.t5_tokenizer", *(sys.argv[1:] if argv is None else argv)],
-                               _define_flags, _CLI_DOC, positional=())
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    path = train_tiny_spiece(f.out, f.vocab_size)
-    print(f"wrote {path} ({T5Tokenizer(path).vocab_size} pieces)")
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-t5-tokenizer`` (pyproject.toml)."""
-    raise SystemExit(main())
-
-
 if __name__ == "__main__":
-    cli()
+    # Deprecated command path: the tiny model's corpus is the data package's, so its command lives there.
+    runpy.run_module("animegamer_jax.data.tiny_t5_spiece", run_name="__main__", alter_sys=True)

@@ -1,33 +1,59 @@
-"""Video I/O helpers: float frames <-> uint8, MP4 (H.264 via PyAV) and GIF writing, reading.
+"""Video I/O helpers: the pixel-range conversions, MP4 (H.264 via PyAV) and GIF writing, reading.
 
 Frames are ``[T, H, W, 3]`` (one clip) throughout; the VAE's video range is [-1, 1]
 (docs/diffusion.md#latent-scale: final video ``clamp((x + 1) / 2, 0, 1)``), data clips are uint8.
+The one home of the range conversions: :func:`to_unit` (float range -> [0, 1], numpy or jax, usable
+under ``jax.jit``), :func:`to_uint8` (float range -> uint8 pixels) and :func:`from_uint8` (uint8
+pixels -> float range).
 """
 
 from __future__ import annotations
 
+import io
 import os
 from fractions import Fraction
 
 import numpy as np
+from PIL import Image
+
+from animegamer_jax import paths
+
+#: the VAE's pixel range (its encoder's input, its decoder's output)
+VAE_RANGE = (-1.0, 1.0)
 
 
-def to_uint8(frames, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+def to_unit(frames, value_range: tuple[float, float] = VAE_RANGE):
+    """Float frames in ``value_range`` -> ``clip((x - lo) / (hi - lo), 0, 1)``, same array type and dtype.
+
+    Args:
+      frames: a float numpy or jax array of any shape (traceable: used inside jitted decoders).
+      value_range: (lo, hi) of the input, default the VAE's (-1, 1).
+
+    Returns:
+      an array of the same shape, type and dtype, in [0, 1].
+    """
+    lo, hi = value_range
+    return ((frames - lo) / (hi - lo)).clip(0.0, 1.0)
+
+
+def to_uint8(frames, value_range: tuple[float, float] = VAE_RANGE) -> np.ndarray:
     """Float frames -> uint8 ``[..., 3]``: ``round(255 * clip((x - lo) / (hi - lo), 0, 1))``.
 
     Args:
-      frames: array-like (numpy or jax) of any shape, e.g. ``[T, H, W, 3]``.
-      value_range: (lo, hi) of the input, default the VAE's (-1, 1); (0, 1) for [0, 1] frames.
+      frames: array-like (numpy or jax) of any shape, e.g. ``[T, H, W, 3]``; uint8 frames are
+        already pixels and are returned as they are.
+      value_range: (lo, hi) of float input, default the VAE's (-1, 1); (0, 1) for [0, 1] frames.
 
     Returns:
       uint8 numpy array of the same shape.
     """
-    lo, hi = value_range
-    x = (np.asarray(frames, dtype=np.float32) - lo) / (hi - lo)
-    return np.round(np.clip(x, 0.0, 1.0) * 255.0).astype(np.uint8)
+    x = np.asarray(frames)
+    if x.dtype == np.uint8:
+        return x
+    return np.round(to_unit(x.astype(np.float32), value_range) * 255.0).astype(np.uint8)
 
 
-def from_uint8(frames, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+def from_uint8(frames, value_range: tuple[float, float] = VAE_RANGE) -> np.ndarray:
     """uint8 frames -> float32 in ``value_range`` (default [-1, 1], the VAE encoder's input)."""
     lo, hi = value_range
     x = np.asarray(frames)
@@ -37,9 +63,7 @@ def from_uint8(frames, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.nda
 
 
 def _check_frames(frames) -> np.ndarray:
-    x = np.asarray(frames)
-    if x.dtype != np.uint8:
-        x = to_uint8(x)
+    x = to_uint8(frames)
     if x.ndim != 4 or x.shape[-1] != 3:
         raise ValueError(f"expected frames [T, H, W, 3], got shape {x.shape}")
     return x
@@ -60,20 +84,18 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18, preset: str | 
         e.g. temporary files of atomic writes).
       deterministic: identical frames give byte-identical files: libx264 with one thread (threaded
         encoding depends on thread timing), explicit frame timestamps, and macroblock-tree rate
-        control off (``mbtree=0``); with it on, PyAV's bundled x264 gave up to 5 different files in
-        30 encodes of one 17-frame clip, with it off 1 in 125 over five sizes (game outputs use it).
+        control off (``mbtree=0``: with it on, PyAV's bundled x264 gives different files for the
+        same frames from run to run). Game outputs use it.
 
     Raises:
       ValueError: wrong shape, or odd H / W.
     """
-    import av
+    import av  # heavy
 
     x = _check_frames(frames)
     t, h, w, _ = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
-    from animegamer_jax import paths
-
     paths.makedirs(paths.as_path(path).parent)
     rate = Fraction(fps).limit_denominator(1001)
     options = {"crf": str(crf), **({"preset": preset} if preset else {})}
@@ -106,12 +128,6 @@ def write_gif(path: str, frames, fps: float = 8.0, loop: int = 0) -> None:
       fps: frames per second.
       loop: 0 = loop forever.
     """
-    import io
-
-    from PIL import Image
-
-    from animegamer_jax import paths
-
     x = _check_frames(frames)
     out = paths.makedirs(paths.as_path(path).parent) / paths.as_path(path).name
     images = [Image.fromarray(f) for f in x]
@@ -139,11 +155,7 @@ def read_video(path: str, max_frames: int | None = None) -> tuple[np.ndarray, fl
     Returns:
       (uint8 frames ``[T, H, W, 3]`` RGB, fps as float; for GIFs fps comes from the frame duration).
     """
-    import av
-
-    import io
-
-    from animegamer_jax import paths
+    import av  # heavy
 
     frames = []
     src = io.BytesIO(paths.as_path(path).read_bytes()) if paths.is_url(path) else path

@@ -54,9 +54,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
-import time  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from animegamer_jax.aot.pieces import turn_length  # noqa: E402
+from animegamer_jax.config import load_config  # noqa: E402
+from benchmarks import mllm_cache_bench  # noqa: E402
+from benchmarks.common import git_commit, interleaved, median  # noqa: E402
 
 PIECES = ("dit", "attention", "vae", "mistral_prefill", "mistral_generate")
 
@@ -76,42 +82,11 @@ SIZES = {
 }
 
 
-def _git_commit() -> dict:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)
-        return {"commit": head.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-    except (OSError, subprocess.CalledProcessError):
-        return {"commit": "unknown", "dirty": None}
-
-
-def interleaved(fn_a, fn_b, rounds: int) -> tuple[list[float], list[float]]:
-    """Times ``fn_a`` and ``fn_b`` alternately (A B A B ...), ``rounds`` calls each; seconds."""
-    ta, tb = [], []
-    for _ in range(rounds):
-        for fn, out in ((fn_a, ta), (fn_b, tb)):
-            t0 = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - t0)
-    return ta, tb
-
-
-def _median(xs):
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
 def compare(args) -> int:
-    import jax
-    import numpy as np
-    import torch
+    """Runs ``python -m benchmarks compare`` on parsed ``args``; returns the exit status (1: outputs disagree)."""
+    import torch  # optional
 
-    from animegamer_jax.config import load_config
-    from benchmarks import compare_torch as ct
-    from animegamer_jax.aot.pieces import turn_length
+    from benchmarks import compare_torch  # optional: imports torch, diffusers and transformers
 
     jax.config.update("jax_default_matmul_precision", "highest")
     torch.set_num_threads(args.threads)
@@ -135,7 +110,7 @@ def compare(args) -> int:
     tmp = tempfile.mkdtemp(prefix="bench_compare_")
 
     def write(partial: bool) -> dict:
-        report = {**_git_commit(), "backend": backend, "devices": ndev, "threads": args.threads,
+        report = {**git_commit(), "backend": backend, "devices": ndev, "threads": args.threads,
                   "jax": jax.__version__, "torch": torch.__version__, "rounds": args.rounds, "config": args.config,
                   "sizes": {s: SIZES[s] for s in sizes}, "rows": rows, "load_average": os.getloadavg(),
                   "partial": partial}
@@ -151,8 +126,8 @@ def compare(args) -> int:
             fa(), fb()  # one more warm-up each right before timing
             ta, tb = interleaved(fa, fb, args.rounds)
             row = {"size": size, "piece": piece, "note": note, "jax_s": ta, "torch_s": tb,
-                   "jax_median_s": _median(ta), "torch_median_s": _median(tb),
-                   "torch_over_jax": _median(tb) / _median(ta), "check": check, "jax_compile_s": compile_s}
+                   "jax_median_s": median(ta), "torch_median_s": median(tb),
+                   "torch_over_jax": median(tb) / median(ta), "check": check, "jax_compile_s": compile_s}
             rows.append(row)
             write(partial=True)  # a later failure keeps the rows measured so far
             print(f"{size} {piece}: JAX {row['jax_median_s']:.4f} s, torch {row['torch_median_s']:.4f} s, "
@@ -160,7 +135,7 @@ def compare(args) -> int:
 
         if "dit" in pieces:
             cfg = load_config(args.config, spec["dit"])
-            r = ct.bench_dit(cfg, 1, tmp)
+            r = compare_torch.bench_dit(cfg, 1, tmp)
             d = cfg.dit
             vid = d.num_latent_frames * (d.sample_height // d.patch_size) * (d.sample_width // d.patch_size)
             q = cfg.rep.num_text_tokens + cfg.rep.num_image_tokens
@@ -171,21 +146,21 @@ def compare(args) -> int:
             d = cfg.dit
             l = (d.num_latent_frames * (d.sample_height // d.patch_size) * (d.sample_width // d.patch_size)
                  + cfg.rep.num_text_tokens + cfg.rep.num_image_tokens)
-            r = ct.bench_attention(2, l, d.num_heads, d.num_heads, d.head_dim, False, 3)
+            r = compare_torch.bench_attention(2, l, d.num_heads, d.num_heads, d.head_dim, False, 3)
             var = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["variants"].items())
             add("attention (DiT)", f"batch 2, {l} tokens, {d.num_heads}x{d.head_dim} heads; auto -> {r['chosen']} "
                 f"(JAX kernels: {var})", r["fns"], f"max abs diff {r['max_abs_diff']:.1e}")
             cfg = load_config(args.config, spec["mistral"])
             m = cfg.mllm
             l = spec["prompt"] or turn_length(cfg)
-            r = ct.bench_attention(1, l, m.num_heads, m.num_kv_heads, m.head_dim, True, 3)
+            r = compare_torch.bench_attention(1, l, m.num_heads, m.num_kv_heads, m.head_dim, True, 3)
             var = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in r["variants"].items())
             add("attention (Mistral prefill)", f"batch 1, {l} tokens causal, {m.num_heads}/{m.num_kv_heads}x"
                 f"{m.head_dim} heads; auto -> {r['chosen']} (JAX kernels: {var})", r["fns"],
                 f"max abs diff {r['max_abs_diff']:.1e}")
         if "vae" in pieces:
             cfg = load_config(args.config, spec["vae"])
-            r = ct.bench_vae(cfg, 1, tmp)
+            r = compare_torch.bench_vae(cfg, 1, tmp)
             add("VAE decode", f"channels {tuple(cfg.vae.block_out_channels)}, latents {cfg.dit.num_latent_frames}x"
                 f"{cfg.dit.sample_height}x{cfg.dit.sample_width}", r["fns"], f"max abs diff {r['max_abs_diff']:.1e}",
                 r["compile_s"])
@@ -193,7 +168,7 @@ def compare(args) -> int:
             cfg = load_config(args.config, spec["mistral"])
             prompt = spec["prompt"] or turn_length(cfg)
             new = spec["new_tokens"] or int(cfg.mllm.max_new_tokens)
-            r = ct.bench_mistral(cfg, 1, tmp, prompt, new)
+            r = compare_torch.bench_mistral(cfg, 1, tmp, prompt, new)
             m = cfg.mllm
             note = f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_heads}/{m.num_kv_heads} heads"
             if "mistral_prefill" in pieces:
@@ -206,7 +181,7 @@ def compare(args) -> int:
                     f"tokens equal: {r['tokens_equal']}", r["compile_s"])
 
     print(f"\nCPU, {args.threads} thread(s) each side, ABAB x {args.rounds} rounds, medians; commit "
-          f"{_git_commit()['commit'][:10]}\n")
+          f"{git_commit()['commit'][:10]}\n")
     print("| size | piece | shape | JAX s | torch s | torch/JAX | check |\n|---|---|---|---:|---:|---:|---|")
     for r in rows:
         print(f"| {r['size']} | {r['piece']} | {r['note']} | {r['jax_median_s']:.4f} | {r['torch_median_s']:.4f} | "
@@ -226,8 +201,6 @@ def main(argv=None) -> int:
         print(__doc__)
         return 2
     if argv[0] == "mllm_cache":
-        from benchmarks import mllm_cache_bench
-
         ap = argparse.ArgumentParser(prog="python -m benchmarks mllm_cache", description=mllm_cache_bench.__doc__)
         ap.add_argument("--config", default="configs/tiny.py", help="base config the sizes override")
         ap.add_argument("--sizes", default="tiny,medium")

@@ -1,11 +1,12 @@
-"""Time the system checkpoint integrity check (system_checkpoint.verify_checkpoint) on a full-size-like layout.
+"""Time the system checkpoint integrity check (``verify_checkpoint``) on a full-size-like layout.
 
     python benchmarks/checkpoint_verify.py                  # 28.6 GB (bf16 paper system), sparse files
     python benchmarks/checkpoint_verify.py --real_mb 512    # + sha256 throughput on real (random) bytes
 
 The layout mimics what orbax writes for the paper system in bf16 (Mistral-7B MLLM 14.5 GB, DiT 3.4 GB,
 T5-XXL encoder 9.5 GB, CLIP ViT-L 0.8 GB, VAE 0.4 GB, shot encoder 0.1 GB): per component the small
-metadata files orbax writes and OCDBT data files of at most 2 GiB (orbax's local-disk target size).
+metadata files orbax writes and OCDBT data files of at most ``MAX_DATA_FILE`` bytes (orbax's local-disk
+target size).
 The data files are *sparse* (no disk space used, reads return zeros), so the figures are the
 check's CPU and per-file cost: the fast check's handful of seeks per file, and the full check's
 hashing throughput. On real disks the full check is bound by read bandwidth as well; ``--real_mb``
@@ -22,7 +23,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from animegamer_jax import fileio, system_checkpoint as sc  # noqa: E402
+from animegamer_jax import fileio  # noqa: E402
+from animegamer_jax.checkpoint import integrity  # noqa: E402
 
 GB = 10**9
 #: component -> bytes in bf16 (parameter counts of the paper system x 2)
@@ -72,14 +74,14 @@ def main() -> None:
         print(f"layout: {nfiles} files, {total / GB:.1f} GB (sparse data files), cpus {os.cpu_count()}, "
               f"load {os.getloadavg()[0]:.1f}")
         t0 = time.perf_counter()
-        sc.write_integrity(root)
+        integrity.write_integrity(root)
         t_save = time.perf_counter() - t0
         print(f"save_system's integrity.json (full sha256 of every file): {t_save:.2f} s "
               f"({total / GB / t_save:.2f} GB/s)")
         for mode in ("fast", "full", "fast"):
-            sc._VERIFIED.clear()
+            integrity._VERIFIED.clear()
             t0 = time.perf_counter()
-            sc.verify_checkpoint(root, mode)
+            integrity.verify_checkpoint(root, mode)
             dt = time.perf_counter() - t0
             print(f"verify {mode}: {dt:.3f} s" + (f" ({total / GB / dt:.2f} GB/s)" if mode == "full" else ""))
         if args.real_mb:

@@ -19,6 +19,7 @@ from the torch model through OUR converters (so outputs must agree), and returns
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -31,25 +32,20 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from animegamer_jax.convert.common import load_state_dict  # noqa: E402
+from animegamer_jax.weights import load_state_dict  # noqa: E402
+from animegamer_jax.models import attention  # noqa: E402
+from animegamer_jax.models.cogvideox import dit_convert, vae_convert  # noqa: E402
+from animegamer_jax.models.cogvideox.dit import DiTConfig  # noqa: E402
+from animegamer_jax.models.cogvideox.vae import VAEConfig, diffusers_plan  # noqa: E402
+from animegamer_jax.models.mistral import convert as mistral_convert  # noqa: E402
+from animegamer_jax.models.mistral import model as mistral_model  # noqa: E402
+from benchmarks.common import median_seconds  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def _median(fn, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
 def bench_dit(cfg, repeats, tmp):
-    from diffusers import CogVideoXTransformer3DModel
-
-    from animegamer_jax.models.cogvideox import dit_convert as conv
-    from animegamer_jax.models.cogvideox.dit import DiTConfig
+    from diffusers import CogVideoXTransformer3DModel  # optional
 
     q = cfg.rep.num_text_tokens + cfg.rep.num_image_tokens
     d = cfg.dit
@@ -67,9 +63,10 @@ def bench_dit(cfg, repeats, tmp):
         for p in tm.parameters():
             p.add_(0.05 * torch.randn_like(p))
     tm.save_pretrained(os.path.join(tmp, "dit"))
-    params, extras = conv.from_diffusers(load_state_dict(os.path.join(tmp, "dit")), dc)
-    ours = conv.build_model(dc, params, keep_init=("flow_embed",))
-    x = np.random.RandomState(0).randn(2, d.num_latent_frames, d.in_channels, d.sample_height, d.sample_width).astype(np.float32)
+    params, extras = dit_convert.from_diffusers(load_state_dict(os.path.join(tmp, "dit")), dc)
+    ours = dit_convert.build_model(dc, params, keep_init=("flow_embed",))
+    x = np.random.RandomState(0).randn(2, d.num_latent_frames, d.in_channels, d.sample_height,
+                                       d.sample_width).astype(np.float32)
     txt = np.random.RandomState(1).randn(2, q, d.hidden_size).astype(np.float32)
     t = np.array([999, 999])
     with torch.no_grad():
@@ -87,17 +84,14 @@ def bench_dit(cfg, repeats, tmp):
             return tm(tx, ttxt, tt).sample
 
     out_t = run_t().numpy()
-    jt = _median(lambda: jax.block_until_ready(fwd(*args)), repeats)
-    tt_s = _median(run_t, repeats)
+    jt = median_seconds(lambda: jax.block_until_ready(fwd(*args)), repeats)
+    tt_s = median_seconds(run_t, repeats)
     return {"jax_s": jt, "torch_s": tt_s, "compile_s": compile_s, "max_abs_diff": float(np.abs(out_j - out_t).max()),
             "fns": (lambda: jax.block_until_ready(fwd(*args)), run_t)}
 
 
 def bench_vae(cfg, repeats, tmp):
-    from diffusers import AutoencoderKLCogVideoX
-
-    from animegamer_jax.models.cogvideox import vae_convert as vconv
-    from animegamer_jax.models.cogvideox.vae import VAEConfig, diffusers_plan
+    from diffusers import AutoencoderKLCogVideoX  # optional
 
     v = cfg.vae
     torch.manual_seed(0)
@@ -105,7 +99,7 @@ def bench_vae(cfg, repeats, tmp):
                                 layers_per_block=v.layers_per_block, norm_num_groups=v.norm_num_groups).eval()
     tm.save_pretrained(os.path.join(tmp, "vae"))
     vcfg = VAEConfig.from_config(cfg.vae)
-    ours = vconv.build_vae(vcfg, vconv.diffusers_to_state(load_state_dict(os.path.join(tmp, "vae")), vcfg))
+    ours = vae_convert.build_vae(vcfg, vae_convert.diffusers_to_state(load_state_dict(os.path.join(tmp, "vae")), vcfg))
     z = np.random.RandomState(0).randn(1, cfg.dit.num_latent_frames, v.latent_channels, cfg.dit.sample_height,
                                        cfg.dit.sample_width).astype(np.float32)
     graphdef, state = nnx.split(ours)
@@ -122,8 +116,8 @@ def bench_vae(cfg, repeats, tmp):
             return tm.decode(tz).sample
 
     out_t = run_t().permute(0, 2, 3, 4, 1).numpy()
-    jt = _median(lambda: jax.block_until_ready(dec(state, jnp.asarray(z))), repeats)
-    tt_s = _median(run_t, repeats)
+    jt = median_seconds(lambda: jax.block_until_ready(dec(state, jnp.asarray(z))), repeats)
+    tt_s = median_seconds(run_t, repeats)
     diff = float(np.abs(out_j - out_t).max()) if out_j.shape == out_t.shape else float("nan")
     return {"jax_s": jt, "torch_s": tt_s, "compile_s": compile_s, "max_abs_diff": diff,
             "fns": (lambda: jax.block_until_ready(dec(state, jnp.asarray(z))), run_t)}
@@ -133,16 +127,14 @@ def bench_attention(b: int, l: int, n: int, kh: int, h: int, causal: bool, repea
     """q [b, l, n, h], k/v [b, l, kh, h] fp32 random; JAX "auto" (jitted) vs torch SDPA (K/V heads
     repeated to n, as transformers' SDPA path does). Returns the callables, the kernel "auto" chose,
     the max |difference| and "variants": median seconds of each JAX kernel that runs on CPU."""
-    from animegamer_jax.models import attention as A
-
     r = np.random.RandomState(0)
     q = r.randn(b, l, n, h).astype(np.float32)
     k, v = (r.randn(b, l, kh, h).astype(np.float32) for _ in range(2))
-    mask = A.causal_mask() if causal else None
+    mask = attention.causal_mask() if causal else None
     qj, kj, vj = map(jnp.asarray, (q, k, v))
 
     def jitted(impl):
-        return jax.jit(lambda q, k, v: A.dot_product_attention(q, k, v, mask=mask, implementation=impl))
+        return jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, mask=mask, implementation=impl))
 
     fns = {impl: jitted(impl) for impl in ("auto", "reference", "dense", "xla", "blockwise")}
     outs = {impl: np.asarray(jax.block_until_ready(f(qj, kj, vj))) for impl, f in fns.items()}
@@ -154,19 +146,16 @@ def bench_attention(b: int, l: int, n: int, kh: int, h: int, causal: bool, repea
             return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
     out_t = run_t().transpose(1, 2).numpy()
-    variants = {impl: _median(lambda f=f: jax.block_until_ready(f(qj, kj, vj)), max(repeats, 3))
+    variants = {impl: median_seconds(lambda f=f: jax.block_until_ready(f(qj, kj, vj)), max(repeats, 3))
                 for impl, f in fns.items() if impl != "auto"}
     return {"fns": (lambda: jax.block_until_ready(fns["auto"](qj, kj, vj)), run_t),
-            "chosen": A.resolve("auto", qj, kj, mask=mask), "variants": variants,
+            "chosen": attention.resolve("auto", qj, kj, mask=mask), "variants": variants,
             "max_abs_diff": max(float(np.abs(o - out_t).max()) for o in outs.values())}
 
 
 def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):
-    from transformers import MistralConfig as HFMistralConfig
-    from transformers import MistralForCausalLM
-
-    from animegamer_jax.models.mistral import convert as mconv
-    from animegamer_jax.models.mistral import model as mst
+    from transformers import MistralConfig as HFMistralConfig  # optional
+    from transformers import MistralForCausalLM  # optional
 
     m = cfg.mllm
     hc = HFMistralConfig(vocab_size=m.vocab_size, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
@@ -176,12 +165,13 @@ def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):
     torch.manual_seed(0)
     tm = MistralForCausalLM(hc).eval()
     tm.save_pretrained(os.path.join(tmp, "mistral"))
-    mcfg, state = mconv.convert_hf_checkpoint(os.path.join(tmp, "mistral"), dtype="float32", param_dtype="float32")
-    ours = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: mst.Mistral(mcfg, rngs=nnx.Rngs(0)))), state)
+    mcfg, state = mistral_convert.convert_hf_checkpoint(os.path.join(tmp, "mistral"), dtype="float32",
+                                                        param_dtype="float32")
+    ours = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: mistral_model.Mistral(mcfg, rngs=nnx.Rngs(0)))), state)
     ids = np.random.RandomState(0).randint(3, 32000, (1, prompt_len))
 
     def run_j():
-        toks, _ = mst.greedy_generate(ours, new_tokens, input_ids=jnp.asarray(ids))
+        toks, _ = mistral_model.greedy_generate(ours, new_tokens, input_ids=jnp.asarray(ids))
         return np.asarray(jax.block_until_ready(toks))
 
     t0 = time.perf_counter()
@@ -203,8 +193,8 @@ def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):
     pb = jax.jit(lambda s, x: nnx.merge(nnx.graphdef(ours), s)(x, return_logits=False).hidden)
     st = nnx.state(ours)
     jax.block_until_ready(pb(st, jnp.asarray(ids)))
-    jt = _median(run_j, repeats)
-    tt_s = _median(run_t, repeats)
+    jt = median_seconds(run_j, repeats)
+    tt_s = median_seconds(run_t, repeats)
     return {"jax_s": jt, "torch_s": tt_s, "compile_s": compile_s,
             "tokens_equal": bool((toks_j == toks_t).all()),
             "fns": (run_j, run_t),
@@ -213,8 +203,6 @@ def bench_mistral(cfg, repeats, tmp, prompt_len: int, new_tokens: int):
 
 def main(argv=None) -> int:
     """Runs ``python -m benchmarks compare`` (in a fresh interpreter: it pins threads before JAX starts)."""
-    import subprocess
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cmd = [sys.executable, "-m", "benchmarks", "compare", *(sys.argv[1:] if argv is None else argv)]
     return subprocess.call(cmd, cwd=root)

@@ -4,7 +4,7 @@
     python benchmarks/cost_model.py --turn_seconds=24 --peak_tflops=989   # MFU of the paper's 24 s/turn
     python benchmarks/cost_model.py --config=configs/tiny.py
 
-Pure Python (no JAX), from the config sections (docs/mllm.md, docs/dit.md, docs/vae.md; sizes in
+Arithmetic on the config sections (no program is traced or compiled) (docs/mllm.md, docs/dit.md, docs/vae.md; sizes in
 configs/animegamer_2b_7b.py). Conventions:
 - A matmul [m, k] x [k, n] costs 2 m k n FLOPs; convolutions 2 x outputs x C_in x kernel volume.
   Norms, activations, softmax and the sampler arithmetic are not counted (< 1 % here).
@@ -12,8 +12,7 @@ configs/animegamer_2b_7b.py). Conventions:
   (DiT, ViT, T5) counts the full square; causal attention counts the visible keys only.
 - One game turn = MLLM pass A (prefill + greedy decode of ``max_new_tokens``), MLLM pass B (one
   forward with the query block), resamplers, ``num_sampling_steps`` x 2 CFG halves of the DiT, one
-  VAE decode. The paper size gives 50 x 2 x 29.7 TFLOP = 2.97 PFLOP of DiT work per turn, the
-  "~3 PFLOP" of the config docstring.
+  VAE decode.
 - A training step counts model FLOPs as 3 x forward for every trained network (forward +
   backward w.r.t. activations and weights, the usual MFU convention) and 1 x forward for frozen
   feature extractors (VAE encoder, T5, CLIP). LoRA training skips most weight gradients, so real
@@ -30,6 +29,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from animegamer_jax.aot.pieces import num_queries, turn_length  # noqa: E402
+from animegamer_jax.config import load_config  # noqa: E402
 from animegamer_jax.parallel.target import CHIPS  # noqa: E402
 
 # Peak dense bf16 TFLOP/s per chip (vendor figures with sources in parallel/target.py), for --chip.
@@ -105,7 +106,8 @@ def _resnet(vol: float, c_in: int, c_out: int, spatial_norm_ch: int = 0) -> floa
 
 
 def vae_decode_flops(vae: Any, latent_t: int, latent_h: int, latent_w: int) -> float:
-    """FLOPs of decoding one latent clip [latent_t, C, latent_h, latent_w] (CogVideoX decoder, docs/vae.md#building-blocks).
+    """FLOPs of decoding one latent clip [latent_t, C, latent_h, latent_w] (CogVideoX decoder,
+    docs/vae.md#building-blocks).
 
     Level order (highest channels first): mid (2 resnets), then per level ``layers_per_block + 1``
     resnets and an upsample (time x2 for the first ``log2(temporal_compression_ratio)`` levels,
@@ -206,14 +208,9 @@ def mistral_forward_flops(mllm: Any, new_tokens: int, context: int = 0, causal: 
 
 
 def turn_sequence_length(cfg: Any, text_tokens: int = 25) -> tuple[int, int]:
-    """(MLLM sequence length of one turn with a full window, query tokens) (docs/token_layout.md#per-turn-layout).
-
-    A history turn is 1 + text + 230 + 14 tokens, the current turn 1 + text + 230 + 1, plus BOS.
-    """
-    q = _get(cfg.rep, "num_text_tokens") + _get(cfg.rep, "num_image_tokens")
-    w = max(1, _get(cfg.mllm, "history_window", 1))
-    block = q + 4
-    return 1 + (w - 1) * (1 + text_tokens + block + 14) + (1 + text_tokens + block + 1), q
+    """(MLLM sequence length of one turn with a full window, query tokens) (docs/token_layout.md#per-turn-layout):
+    :func:`animegamer_jax.aot.pieces.turn_length` and ``num_queries``."""
+    return turn_length(cfg, text_tokens), num_queries(cfg)
 
 
 def _total(parts: dict[str, float]) -> float:
@@ -278,7 +275,8 @@ def t5_encoder_flops(t5: Any) -> float:
 def shot_encoder_flops(cfg: Any) -> float:
     """FLOPs of E_a (text_proj on 30 tokens, ip_proj on 196 tokens), one sample."""
     rd = _get(cfg.rep, "dim")
-    return (linear(_get(cfg.rep, "num_text_tokens"), _get(cfg.shot_encoder, "text_dim"), rd) + linear(_get(cfg.rep, "num_text_tokens"), rd, rd)
+    return (linear(_get(cfg.rep, "num_text_tokens"), _get(cfg.shot_encoder, "text_dim"), rd)
+            + linear(_get(cfg.rep, "num_text_tokens"), rd, rd)
             + linear(_get(cfg.rep, "num_image_tokens"), _get(cfg.shot_encoder, "image_dim"), rd)
             + linear(_get(cfg.rep, "num_image_tokens"), rd, rd))
 
@@ -356,8 +354,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--peak_tflops", type=float, default=0.0, help="overrides --chip")
     ap.add_argument("--chips", type=int, default=1)
     args = ap.parse_args(argv)
-    from animegamer_jax.config import load_config
-
     cfg = load_config(args.config)
     peak = (args.peak_tflops or PEAK_TFLOPS[args.chip]) * 1e12
     turn = turn_flops(cfg, args.text_tokens)
@@ -373,7 +369,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nturn time at 100 % MFU on {args.chips} x {peak / 1e12:.0f} TFLOP/s: "
           f"{total / (peak * args.chips):.2f} s; at 40 %: {total / (0.4 * peak * args.chips):.2f} s")
     if args.turn_seconds:
-        print(f"measured {args.turn_seconds:.2f} s/turn -> MFU {100 * mfu(total, args.turn_seconds, peak, args.chips):.1f} %")
+        print(f"measured {args.turn_seconds:.2f} s/turn -> MFU "
+              f"{100 * mfu(total, args.turn_seconds, peak, args.chips):.1f} %")
     for phase in ("a2", "b", "c"):
         parts = train_step_flops(cfg, phase)
         print()

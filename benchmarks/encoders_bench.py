@@ -12,18 +12,21 @@ batch and the max abs difference of the outputs.
 from __future__ import annotations
 
 import argparse
-import time
+import os
+import sys
 
-import numpy as np
-import torch
-import transformers
-from flax import nnx
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax
-import jax.numpy as jnp
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from flax import nnx  # noqa: E402
 
-from animegamer_jax.models.clip import convert as cc
-from animegamer_jax.models.t5 import convert as ct
+from animegamer_jax.models.clip import convert as clip_convert  # noqa: E402
+from animegamer_jax.models.t5 import convert as t5_convert  # noqa: E402
+from benchmarks.common import median, time_calls  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
 
@@ -38,13 +41,9 @@ SIZES = {
 
 
 def _median_ms(fn, iters):
+    """Median milliseconds of ``iters`` calls of ``fn`` after one warm-up call."""
     fn()
-    ts = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t) * 1e3)
-    return float(np.median(ts))
+    return 1e3 * median(time_calls(fn, iters))
 
 
 def main():
@@ -58,8 +57,8 @@ def main():
     rng = np.random.default_rng(0)
 
     vis = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(hidden_act="gelu", **s["clip"])).eval()
-    cfg = cc.config_from_hf(vis.config.to_dict())
-    ours_v = cc.load_clip(vis.state_dict(), cfg, vision_only=True)
+    cfg = clip_convert.config_from_hf(vis.config.to_dict())
+    ours_v = clip_convert.load_clip(vis.state_dict(), cfg, vision_only=True)
     pixels = rng.standard_normal((a.batch, 224, 224, 3)).astype(np.float32)
     pt = torch.tensor(pixels.transpose(0, 3, 1, 2))
     run_v = nnx.jit(lambda m, x: m.patch_tokens(x))
@@ -73,8 +72,8 @@ def main():
 
     t5 = transformers.T5EncoderModel(transformers.T5Config(vocab_size=32128, feed_forward_proj="gated-gelu",
                                                            **s["t5"])).eval()
-    tcfg = ct.config_from_hf(t5.config.to_dict())
-    ours_t = ct.load_t5(t5.state_dict(), tcfg)
+    tcfg = t5_convert.config_from_hf(t5.config.to_dict())
+    ours_t = t5_convert.load_t5(t5.state_dict(), tcfg)
     ids = rng.integers(2, 32000, size=(a.batch, 30))
     run_t = nnx.jit(lambda m, t: m(t))
     ij, it = jnp.asarray(ids, jnp.int32), torch.tensor(ids)

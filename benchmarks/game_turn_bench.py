@@ -5,7 +5,7 @@ Usage::
     python benchmarks/game_turn_bench.py [--config=configs/tiny.py] [--checkpoint=DIR | --standin]
         [--script=data/games/bunny.txt] [--repeat=2] [--config.x.y=v ...]
 
-Flags and ``--config`` are play's (absl; animegamer_jax/play.py ``parse_game_flags``).
+Flags and ``--config`` are play's (absl; animegamer_jax/game/flags.py ``parse_game_flags``).
 
 Without ``--checkpoint`` / ``--standin`` it plays ``config.game.checkpoint`` when that exists, else
 the randomly initialised system of the config's sizes (as ``play --demo``). The game is played
@@ -24,16 +24,18 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jax  # noqa: E402
+from absl import flags  # noqa: E402
+
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.game.engine import STAGES, GameEngine, apply_mode  # noqa: E402
 from animegamer_jax.game.script import load_script  # noqa: E402
-from animegamer_jax.game.system import resolve_system  # noqa: E402
-from animegamer_jax.play import CLI_ERRORS, parse_game_flags, save_game, setup_jax  # noqa: E402
+from animegamer_jax.game.loading import resolve_system  # noqa: E402
+from animegamer_jax.game.flags import CLI_ERRORS, parse_game_flags, setup_jax  # noqa: E402
+from animegamer_jax.game.saving import save_game  # noqa: E402
 
 
 def main() -> None:
-    from absl import flags
-
     def define(fv):
         flags.DEFINE_string("script", "data/games/bunny.txt", "Game script to play.", flag_values=fv)
         flags.DEFINE_integer("repeat", 2, "Plays of the game on one engine (the first compiles).", lower_bound=1,
@@ -46,8 +48,6 @@ def main() -> None:
         sys.exit(f"error: {e}")
     if rest:
         sys.exit(f"error: unexpected arguments {rest}")
-    import jax
-
     mesh = parallel.mesh_from_config(config)
     t0 = time.perf_counter()
     system = resolve_system(apply_mode(config), args.checkpoint, args.standin, mesh=mesh, random_fallback=True)

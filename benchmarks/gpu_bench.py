@@ -5,7 +5,7 @@
 
 Turn: exactly the program ``play`` runs: ``build_random_system`` (what ``play --demo`` plays when no
 checkpoint exists: the real networks, randomly initialised, weights prepared once by
-``game.real.build_real_system``: LoRA merged, cast), the latency layout on one device
+``game.real_system.build_real_system``: LoRA merged, cast), the latency layout on one device
 (``game.engine.apply_layout``), ``GameEngine.play`` of ``--turns`` turns of data/games/bunny.txt
 with play's ``setup_jax``. The engine times each stage (MLLM, DiT sampling, VAE) apart from JAX's
 compile events; s/turn is the median over the turns after the first (the first compiles). MFU =
@@ -33,7 +33,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import cost_model as cm  # noqa: E402
+from animegamer_jax import parallel  # noqa: E402
+from animegamer_jax.aot import pieces  # noqa: E402
+from animegamer_jax.config import load_config  # noqa: E402
+from animegamer_jax.game.engine import GameEngine, apply_layout, apply_mode  # noqa: E402
+from animegamer_jax.game.script import Game, load_script  # noqa: E402
+from animegamer_jax.game.loading import build_random_system  # noqa: E402
+from animegamer_jax.parallel import target  # noqa: E402
+from animegamer_jax.game.flags import setup_jax  # noqa: E402
+from benchmarks import cost_model  # noqa: E402
+from benchmarks.common import median  # noqa: E402
 
 
 def _finite(tree) -> bool:
@@ -46,10 +55,8 @@ def _finite(tree) -> bool:
 
 def time_piece(piece, builder, repeats: int, chain=None):
     """(compile_s, run_s median, last output). ``chain`` rebuilds donated args from the last output."""
-    from animegamer_jax.aot.pieces import lower_piece
-
     t0 = time.perf_counter()
-    compiled = lower_piece(piece, builder).compile()
+    compiled = pieces.lower_piece(piece, builder).compile()
     compile_s = time.perf_counter() - t0
     args = piece.args
     out = jax.block_until_ready(compiled(*args))  # warm-up run
@@ -60,7 +67,7 @@ def time_piece(piece, builder, repeats: int, chain=None):
         t0 = time.perf_counter()
         out = jax.block_until_ready(compiled(*args))
         times.append(time.perf_counter() - t0)
-    return compile_s, float(np.median(times)), out
+    return compile_s, median(times), out
 
 
 def main(argv=None) -> int:
@@ -80,22 +87,17 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     os.makedirs(args.out, exist_ok=True)
 
-    from animegamer_jax import parallel
-    from animegamer_jax.config import load_config
-    from animegamer_jax.aot import pieces as tp
-    from animegamer_jax.parallel import target
-
     dev = jax.devices()[0]
     checks: dict[str, bool] = {"gpu backend": dev.platform == "gpu" or args.allow_cpu}
     kind = dev.device_kind.lower()
     found = target.chip_of(kind)
     chip = args.chip or (("tpu-" if found.name.startswith("v") else "") + found.name if found else "h100")
-    peak = (args.peak_tflops or cm.PEAK_TFLOPS[chip]) * 1e12
+    peak = (args.peak_tflops or cost_model.PEAK_TFLOPS[chip]) * 1e12
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}; peak {peak / 1e12:.0f} TFLOP/s "
           f"({'--peak_tflops' if args.peak_tflops else chip})", flush=True)
     cfg = load_config(args.config, ["mesh.shape=(1,1,1,1)"])
     mesh = parallel.make_mesh((1, 1, 1, 1), tuple(cfg.mesh.axes), devices=jax.devices()[:1])
-    b = tp.Builder(cfg, mesh, abstract=False)
+    b = pieces.Builder(cfg, mesh, abstract=False)
     results: dict[str, dict] = {}
 
     def left() -> float:
@@ -122,12 +124,7 @@ def main(argv=None) -> int:
             return None
 
     def play_turns():
-        # play's program: play.setup_jax, the demo's random system, the latency layout, GameEngine.play
-        from animegamer_jax.game.engine import GameEngine, apply_layout, apply_mode
-        from animegamer_jax.game.script import Game, load_script
-        from animegamer_jax.game.system import build_random_system
-        from animegamer_jax.play import setup_jax
-
+        # play's program: setup_jax, the demo's random system, the latency layout, GameEngine.play
         setup_jax()
         pcfg = apply_layout(cfg, "latency", 1)
         pmesh = parallel.mesh_from_config(pcfg, devices=jax.devices()[:1])
@@ -154,13 +151,13 @@ def main(argv=None) -> int:
             want = (1 + 4 * (cfg.dit.num_latent_frames - 1), cfg.data.height, cfg.data.width, 3)
             ok = all(f.shape == want and np.isfinite(f).all() for f in frames)
             checks["turn frames finite/shape"] = ok
-            flops = cm.turn_flops(cfg, lora=False)
-            turn_mfu = cm.mfu(sum(flops.values()), turn, peak)
+            flops = cost_model.turn_flops(cfg, lora=False)
+            turn_mfu = cost_model.mfu(sum(flops.values()), turn, peak)
             checks["turn MFU < 100 %"] = turn_mfu < 1.0
             results["turn"] = {"status": "ok" if ok else "FAILED check", "s_per_turn": turn, "turns": per_turn,
                                "stages_s": stages, "compile_s": result["compile_s"], "init_s": init_s,
                                "flops": sum(flops.values()), "mfu": turn_mfu,
-                               "dit_mfu": cm.mfu(flops["dit"], stages["sampling"], peak),
+                               "dit_mfu": cost_model.mfu(flops["dit"], stages["sampling"], peak),
                                "system": engine.system.label, "paper_s_per_turn": 24.0}
             print(f"play's turn ({len(per_turn)} turns, weights init {init_s:.1f} s, compile "
                   + ", ".join(f"{k} {v:.1f} s" for k, v in result["compile_s"].items()) + "): "
@@ -177,7 +174,7 @@ def main(argv=None) -> int:
     if not args.skip_train:
         def train(name):
             n = args.dit_train_batch if name == "train_a2_dit" else args.mllm_train_batch
-            return tp.make_train_piece(cfg, b, name, batch=n)
+            return pieces.make_train_piece(cfg, b, name, batch=n)
 
         def chain_train(args_, out):
             params, opt, _ = out
@@ -187,13 +184,13 @@ def main(argv=None) -> int:
             out = run(name, lambda n=name: train(n), chain_train,
                       check=lambda o: bool(jnp.isfinite(o[2])))
             if out is not None and results[name]["status"] == "ok":
-                q = tp.num_queries(cfg)
+                q = pieces.num_queries(cfg)
                 if name == "train_a2_dit":
-                    f = 3 * args.dit_train_batch * sum(cm.dit_forward_flops(cfg.dit, q).values())
+                    f = 3 * args.dit_train_batch * sum(cost_model.dit_forward_flops(cfg.dit, q).values())
                 else:
-                    f = 3 * args.mllm_train_batch * sum(cm.mistral_forward_flops(cfg.mllm, 1500).values())
+                    f = 3 * args.mllm_train_batch * sum(cost_model.mistral_forward_flops(cfg.mllm, 1500).values())
                 results[name]["flops"] = f
-                results[name]["mfu"] = cm.mfu(f, results[name]["run_s"], peak)
+                results[name]["mfu"] = cost_model.mfu(f, results[name]["run_s"], peak)
                 results[name]["loss"] = float(out[2])
                 checks[f"{name} MFU < 100 %"] = results[name]["mfu"] < 1.0
                 print(f"{name}: {results[name]['run_s']:.3f} s/step, MFU {100 * results[name]['mfu']:.1f} %, "
@@ -208,9 +205,9 @@ def main(argv=None) -> int:
     for k, v in results.items():
         if k == "turn":
             continue
-        print(f"| {k} | {v.get('compile_s', float('nan')):.1f} | {v.get('run_s', float('nan')):.4f} | "
-              f"{100 * v['mfu']:.1f} % | {v['status']} |" if "mfu" in v else
-              f"| {k} | {v.get('compile_s', float('nan')):.1f} | {v.get('run_s', float('nan')):.4f} | | {v['status']} |")
+        mfu = f"{100 * v['mfu']:.1f} %" if "mfu" in v else ""
+        print(f"| {k} | {v.get('compile_s', float('nan')):.1f} | {v.get('run_s', float('nan')):.4f} | {mfu} | "
+              f"{v['status']} |")
     if turn is not None:
         comp = sum(results["turn"]["compile_s"].values())
         print(f"| **play's game turn** | {comp:.1f} | {turn:.3f} | {100 * results['turn']['mfu']:.1f} % | "

@@ -1,8 +1,8 @@
 """One MLLM turn with vs without the persistent KV cache (``python -m benchmarks mllm_cache``).
 
-A = ``mllm.history_attention = "turn_window"``: game/real.py ``mllm_turn_cached`` on the game's
+A = ``mllm.history_attention = "turn_window"``: game/real_system.py ``mllm_turn_cached`` on the game's
 cache (the new tokens prefilled once for both passes, pass A's query block + 10 decode steps).
-B = the default ``"window_recompute"``: game/real.py ``mllm_turn`` over the padded last-W-turn
+B = the default ``"window_recompute"``: game/real_system.py ``mllm_turn`` over the padded last-W-turn
 window (pass B forward, then pass A's prefill of the same window + 10 decode steps).
 Same weights, same game (``--turn`` turns played first through the cached path, so the window is
 full), jitted, compiled apart, timed interleaved A B A B. Check: A's s_a against a full recompute
@@ -11,8 +11,21 @@ of the whole game with the same turn-window mask (``GameStateMLLM.__call__`` wit
 
 from __future__ import annotations
 
+import json
 import os
 import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from animegamer_jax.config import load_config
+from animegamer_jax.game import real_system
+from animegamer_jax.game.window import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input, build_turn_input,
+                                       encode_instruction, stack_cached_inputs, stack_inputs)
+from animegamer_jax.models.mistral.mllm import GameStateMLLM, turn_layout
+from benchmarks.common import git_commit, interleaved, median
 
 #: config overrides of configs/tiny.py per size (medium = the Mistral of ``python -m benchmarks compare``)
 SIZES = {
@@ -26,17 +39,6 @@ TEXT = "Character: Bunny; Motion: slowly walk out of the burrow number {k}; Back
 
 def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> dict:
     """Times turn ``turn`` of one game at ``size``; returns the row (seconds, check, shapes)."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from flax import nnx
-
-    from animegamer_jax.config import load_config
-    from animegamer_jax.game import real
-    from animegamer_jax.game.state import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
-                                           build_turn_input, encode_instruction, stack_cached_inputs, stack_inputs)
-    from animegamer_jax.models.mistral.mllm import GameStateMLLM, turn_layout
-    from benchmarks.__main__ import interleaved, _median
 
     cfg = load_config(config, SIZES[size] + [f"mllm.history_window={window}", "mllm.history_attention=turn_window"])
     mllm = nnx.merge(*jax.jit(lambda: nnx.split(GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0))))())
@@ -44,9 +46,9 @@ def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> d
     spec_b = WindowSpec(spec.window, spec.num_queries, spec.max_text, spec.readout, "own", "window_recompute")
     plan = CachePlan.from_spec(spec)
     g, st = nnx.split(mllm)
-    cached = jax.jit(lambda s, c, b: real.mllm_turn_cached(nnx.merge(g, s), c, b, plan, spec.readout)[:3])
-    recompute = jax.jit(lambda s, b: real.mllm_turn(nnx.merge(g, s), b, window))
-    cache = real.TurnKVCache.init(mllm.cfg.llm, 1, plan)
+    cached = jax.jit(lambda s, c, b: real_system.mllm_turn_cached(nnx.merge(g, s), c, b, plan, spec.readout)[:3])
+    recompute = jax.jit(lambda s, b: real_system.mllm_turn(nnx.merge(g, s), b, window))
+    cache = real_system.TurnKVCache.init(mllm.cfg.llm, 1, plan)
     history, rng = [], np.random.default_rng(0)
     ids = [encode_instruction(TEXT.format(k=k), spec) for k in range(turn + 1)]
     t0 = time.perf_counter()
@@ -90,18 +92,13 @@ def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> d
     return {"size": size, "note": f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_heads}/{m.num_kv_heads} "
                                   f"heads, Q {spec.num_queries}, W {window}, turn {turn}; cached: {plan.new_tokens}+"
                                   f"{plan.block} new tokens over {plan.size} slots; recompute: 2 x {spec.seq_len}",
-            "cached_s": ta, "recompute_s": tb, "cached_median_s": _median(ta), "recompute_median_s": _median(tb),
-            "recompute_over_cached": _median(tb) / _median(ta), "check_max_abs_diff_vs_full_recompute": diff,
+            "cached_s": ta, "recompute_s": tb, "cached_median_s": median(ta), "recompute_median_s": median(tb),
+            "recompute_over_cached": median(tb) / median(ta), "check_max_abs_diff_vs_full_recompute": diff,
             "compiled_gflop": flops, "compile_s": {"cached_incl_warmup_turns": compile_a, "recompute": compile_b}}
 
 
 def main(args) -> int:
-    import json
-
-    import jax
-
-    from benchmarks.__main__ import _git_commit
-
+    """Runs ``python -m benchmarks mllm_cache`` on parsed ``args``; returns the exit status (1: check failed)."""
     jax.config.update("jax_default_matmul_precision", "highest")
     backend, ndev = jax.default_backend(), jax.device_count()
     cores = len(os.sched_getaffinity(0))
@@ -118,7 +115,8 @@ def main(args) -> int:
         print(f"{size}: cached {r['cached_median_s']:.4f} s, recompute {r['recompute_median_s']:.4f} s, "
               f"recompute/cached {r['recompute_over_cached']:.2f} (s_a vs full recompute "
               f"{r['check_max_abs_diff_vs_full_recompute']:.1e})", flush=True)
-    print(f"\n{backend}, {cores} core(s), ABAB x {args.rounds} rounds, medians; commit {_git_commit()['commit'][:10]}\n")
+    print(f"\n{backend}, {cores} core(s), ABAB x {args.rounds} rounds, medians; "
+          f"commit {git_commit()['commit'][:10]}\n")
     print("| size | shape | cached s | window recompute s | recompute/cached | GFLOP cached / recompute "
           "(compiled) | s_a vs full recompute |\n|---|---|---:|---:|---:|---:|---|")
     for r in rows:
@@ -126,7 +124,7 @@ def main(args) -> int:
         print(f"| {r['size']} | {r['note']} | {r['cached_median_s']:.4f} | {r['recompute_median_s']:.4f} | "
               f"{r['recompute_over_cached']:.2f} | {f['cached']:.2f} / {f['recompute']:.2f} | "
               f"{r['check_max_abs_diff_vs_full_recompute']:.1e} |")
-    report = {**_git_commit(), "backend": backend, "devices": ndev, "threads": cores, "jax": jax.__version__,
+    report = {**git_commit(), "backend": backend, "devices": ndev, "threads": cores, "jax": jax.__version__,
               "rounds": args.rounds, "config": args.config, "turn": args.turn, "window": args.window,
               "sizes": {r["size"]: SIZES[r["size"]] for r in rows}, "rows": rows, "load_average": os.getloadavg()}
     with open(args.out, "w") as f:

@@ -26,6 +26,16 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from animegamer_jax.models.cogvideox.dit import DiTConfig  # noqa: E402
+from animegamer_jax.models.cogvideox.dit_convert import sat_expected_shapes  # noqa: E402
+from configs import animegamer_2b_7b  # noqa: E402
+
 FIXTURE = os.path.join(ROOT, "..", "shared", "fixtures", "release_tiny", "release")
 ENGINE = "AnimeGamer/VDM_Decoder-Qiqi/10000/mp_rank_00_model_states.pt"
 
@@ -35,16 +45,7 @@ def main() -> None:
     ap.add_argument("--gb", type=float, default=8.0, help="target engine file size (GB)")
     ap.add_argument("--scratch", default="/tmp/release_convert_bench")
     a = ap.parse_args()
-    import jax
-    import numpy as np
-    import torch
-
     assert jax.default_backend() == "cpu", jax.default_backend()
-    sys.path.insert(0, ROOT)
-    from animegamer_jax.models.cogvideox.dit_convert import sat_expected_shapes
-    from animegamer_jax.models.cogvideox.dit import DiTConfig
-    from configs import animegamer_2b_7b
-
     if os.path.exists(a.scratch):
         raise SystemExit(f"{a.scratch} exists; pass a new --scratch (this benchmark deletes what it writes)")
     os.makedirs(a.scratch)
@@ -78,7 +79,8 @@ def main() -> None:
             os.symlink(os.path.abspath(path), out)
         tiny = torch.load(os.path.join(FIXTURE, ENGINE), map_location="cpu", weights_only=True)["module"]
         module = {k: v for k, v in tiny.items() if not k.startswith("model.diffusion_model.")
-                  or k.startswith("model.diffusion_model.mixins.patch_embed.") and "proj." not in k.split("patch_embed.")[1][:5]}
+                  or k.startswith("model.diffusion_model.mixins.patch_embed.")
+                  and "proj." not in k.split("patch_embed.")[1][:5]}
         # E_a at paper width is part of the DiT engine prefix too (text 4096 -> 1920, ip 768 -> 1920)
         for k in list(module):
             if k.startswith("model.diffusion_model.mixins.patch_embed."):
@@ -118,7 +120,8 @@ def main() -> None:
         cfg_py = os.path.join(a.scratch, "bench_config.py")
         with open(cfg_py, "w") as f:
             f.write("from configs import release_tiny\n\n\ndef get_config():\n    c = release_tiny.get_config()\n"
-                    f"    c.dit.hidden_size, c.dit.num_layers, c.dit.num_heads, c.dit.head_dim = 1920, {layers}, 30, 64\n"
+                    "    c.dit.hidden_size, c.dit.num_layers, c.dit.num_heads, c.dit.head_dim = "
+                    f"1920, {layers}, 30, 64\n"
                     "    c.dit.time_embed_dim, c.dit.sample_height, c.dit.sample_width = 512, 60, 90\n"
                     "    c.rep.dim = 1920\n    c.shot_encoder.text_dim = 4096\n    return c\n")
         dst = os.path.join(a.scratch, "system")

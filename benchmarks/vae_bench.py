@@ -3,7 +3,7 @@
 Run (CPU, a few minutes on 2 cores):
   python -m benchmarks.vae_bench                       # tiny + medium timing, scan memory check
   python -m benchmarks.vae_bench --full_memory         # + compiled memory of full 5x60x90 decode
-  python -m benchmarks.vae_bench --train_step          # VAE train step: lax 3-D conv vs unfolded 2-D conv
+  python -m benchmarks.vae_bench --train_step          # train step: lax 3-D conv vs unfolded 2-D conv
 
 ``--train_step``: one jitted value-and-grad of the reconstruction loss of the configs/tiny.py VAE,
 with every 3-D conv as ``conv3d_as_2d`` (the model's path) and as XLA's native 3-D conv (the path it
@@ -27,27 +27,28 @@ import numpy as np
 import torch
 from flax import nnx
 
-from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
+from animegamer_jax.models.cogvideox import vae as vae_lib
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig, count_params, diffusers_plan
+from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
+from benchmarks.common import median_seconds
+from configs import animegamer_2b_7b, tiny
 
 CONFIGS = {
-    "tiny": (dict(block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4), 4),
-    "medium": (dict(block_out_channels=(32, 64, 64, 128), latent_channels=16, layers_per_block=2, norm_num_groups=8), 8),
+    "tiny": (dict(block_out_channels=(8, 8, 16, 16), latent_channels=4, layers_per_block=1, norm_num_groups=4),
+             4),
+    "medium": (dict(block_out_channels=(32, 64, 64, 128), latent_channels=16, layers_per_block=2,
+                    norm_num_groups=8), 8),
 }
 
 
 def _median_time(fn, reps):
+    """Median seconds of ``reps`` calls of ``fn`` after one warm-up call."""
     fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    return median_seconds(fn, reps)
 
 
 def bench_decode(name: str, reps: int) -> None:
-    from diffusers import AutoencoderKLCogVideoX
+    from diffusers import AutoencoderKLCogVideoX  # optional
 
     kw, hw = CONFIGS[name]
     torch.manual_seed(0)
@@ -94,10 +95,9 @@ def memory(cfg: VAEConfig, t_lat: int, h: int, w: int, tiled: int = 0) -> dict:
         out_gib=ma.output_size_in_bytes / gib,
         compile_s=time.perf_counter() - t0,
     )
-    print(
-        f"  decode {t_lat}x{h}x{w} ({cfg.dtype}{', tile ' + str(tiled) if tiled else ''}): temp {out['temp_gib']:.3f} GiB, "
-        f"params/args {out['args_gib']:.3f} GiB, output {out['out_gib']:.3f} GiB (compile {out['compile_s']:.0f} s)"
-    )
+    tile = f", tile {tiled}" if tiled else ""
+    print(f"  decode {t_lat}x{h}x{w} ({cfg.dtype}{tile}): temp {out['temp_gib']:.3f} GiB, params/args "
+          f"{out['args_gib']:.3f} GiB, output {out['out_gib']:.3f} GiB (compile {out['compile_s']:.0f} s)")
     return out
 
 
@@ -109,9 +109,6 @@ def _native_conv3d(x, kernel, pad):
 
 def bench_train_step(shapes: str, reps: int) -> None:
     """Train-step time of the tiny VAE, unfolded 2-D conv (ours) vs native 3-D conv, ABAB."""
-    from animegamer_jax.models.cogvideox import vae as V
-    from configs import tiny
-
     backend = jax.default_backend()
     assert backend == "cpu", f"--train_step compares XLA:CPU conv paths; backend is {backend}"
     cfg = VAEConfig.from_config(tiny.get_config().vae)
@@ -121,16 +118,16 @@ def bench_train_step(shapes: str, reps: int) -> None:
         m = nnx.merge(graphdef, state)
         return jnp.mean((m.decode(m.encode(x).mean) - x) ** 2)
 
-    ours = V.conv3d_as_2d
+    ours = vae_lib.conv3d_as_2d
     print(f"backend {backend}, {jax.device_count()} device(s), tiny VAE {count_params(cfg):,} params")
     for shp in shapes.split(","):
         b, t, h, w = (int(v) for v in shp.split("x"))
         x = jnp.asarray(np.random.RandomState(0).uniform(-1, 1, (b, t, h, w, 3)).astype(np.float32))
         compiled = {}
         for name, call in (("unfolded", ours), ("native", _native_conv3d)):
-            V.conv3d_as_2d = call
+            vae_lib.conv3d_as_2d = call
             compiled[name] = jax.jit(jax.value_and_grad(loss)).lower(state, x).compile()
-            V.conv3d_as_2d = ours
+            vae_lib.conv3d_as_2d = ours
         times = {k: [] for k in compiled}
         vals = {}
         for k, f in compiled.items():  # warm-up
@@ -167,9 +164,7 @@ def main() -> None:
     memory(med, 5, 32, 32)
     memory(med, 13, 32, 32)
     if args.full_memory:
-        from configs.animegamer_2b_7b import get_config
-
-        full = VAEConfig.from_config(get_config().vae)
+        full = VAEConfig.from_config(animegamer_2b_7b.get_config().vae)
         print(f"full VAE: {count_params(full):,} params")
         memory(full, 5, 60, 90)
         memory(full, 5, 60, 90, tiled=32)

@@ -10,8 +10,8 @@ Use:
       data/games/bunny.txt
 Cost: one game turn is ~3 PFLOP of DiT work (50 steps x 2 CFG halves x 6976 tokens); the paper
 reports 24 s/turn (hardware not stated). Training phase (b) needs an FSDP mesh of >= 8 x 80 GB.
-Full-size shapes, shardings and compiled memory are proven on fake CPU devices by the tests and
-benchmarks/aot_memory.py; nothing here downloads weights (convert them with
+Full-size shapes, shardings and compiled memory are checked on fake CPU devices by the tests and
+``python -m animegamer_jax.aot``; nothing here downloads weights (convert them with
 ``python -m animegamer_jax.convert``).
 """
 
@@ -87,7 +87,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.clip.layer_norm_eps = 1e-5  # LayerNorm eps
     c.clip.dtype = "bfloat16"  # compute dtype (release runs fp16)
     c.clip.remat = "none"  # remat policy of both towers' block scans (models/remat.py)
-    c.clip.attention_impl = "auto"  # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere), "reference", "dense", "xla", "blockwise", "cudnn", "splash"
+    # models/attention.py kernel: "auto" (cuDNN on GPU, Pallas splash on TPU, dense/blockwise by size elsewhere),
+    # "reference", "dense", "xla", "blockwise", "cudnn", "splash"
+    c.clip.attention_impl = "auto"
 
     # ---- T5-v1.1-XXL encoder, frozen (docs/encoders.md#t5-action-text) ----
     c.t5 = ml_collections.ConfigDict()
@@ -108,7 +110,8 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- MLLM: Mistral-7B-Instruct-v0.1 + LoRA + resamplers (docs/mllm.md) ----
     c.mllm = ml_collections.ConfigDict()
-    c.mllm.vocab_size = 32284  # 32000 sentencepiece + 284 AnimeGamer tokens (docs/token_layout.md#tokenizer-and-special-tokens)
+    # 32000 sentencepiece + 284 AnimeGamer tokens (docs/token_layout.md#tokenizer-and-special-tokens)
+    c.mllm.vocab_size = 32284
     c.mllm.hidden_size = 4096  # model width
     c.mllm.intermediate_size = 14336  # SwiGLU inner width
     c.mllm.num_layers = 32  # decoder layers (scanned)
@@ -131,10 +134,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.lm_loss_scale = 1.0  # CE weight (docs/mllm.md#losses)
     c.mllm.rec_loss_scale = 1.0  # MSE weight alpha (docs/mllm.md#losses)
     c.mllm.cos_loss_scale = 0.0  # cosine loss weight (ablation "w/ L_cos": 0.5 with rec 0.5)
-    c.mllm.max_new_tokens = 11  # state tokens after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (docs/token_layout.md#state-fields)
-    c.mllm.remat = "none"  # remat policy of the decoder-layer scan: none | full | save_dots | offload_dots (models/remat.py)
+    # state tokens after <ML>: <S_a></ML><SC><S_b>...<S_d></ST> (docs/token_layout.md#state-fields)
+    c.mllm.max_new_tokens = 11
+    # remat policy of the decoder-layer scan: none | full | save_dots | offload_dots (models/remat.py)
+    c.mllm.remat = "none"
     c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
-    c.mllm.decode_layers = "auto"  # Mistral prefill/decode_step: "scan", "unstacked" (per-layer weights, XLA:CPU), "auto" (unstacked on CPU)
+    # Mistral prefill/decode_step: "scan", "unstacked" (per-layer weights, XLA:CPU), "auto" (unstacked on CPU)
+    c.mllm.decode_layers = "auto"
 
     # ---- decoder D_a: CogVideoX-2B DiT (docs/dit.md) ----
     c.dit = ml_collections.ConfigDict()
@@ -177,9 +183,13 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.temporal_compression_ratio = 4  # 17 frames -> 5 latents
     c.vae.scaling_factor = 1.15258426  # latent scale (docs/diffusion.md#latent-scale)
     c.vae.decode_chunks = (3, 2)  # (first, step) latent frames per decode chunk (release plan [0:3], [3:5])
-    c.vae.encode_chunks = (0, 0)  # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
-    c.vae.tile_size = -1  # spatial tile (latent px) for tiled decode; 0 = untiled; -1 = auto from device memory (models/cogvideox/vae.py pick_decode_tiling)
-    c.vae.decode_memory_gib = 0.0  # auto tiling budget per device; 0 = from jax memory_stats (16 GiB fallback on CPU)
+    # (first, step) frames per encode chunk; (0, 0) = whole clip (SAT training), (8, 8) ~ diffusers
+    c.vae.encode_chunks = (0, 0)
+    # spatial tile (latent px) for tiled decode; 0 = untiled; -1 = auto from device memory
+    # (models/cogvideox/vae_tiling.py pick_decode_tiling)
+    c.vae.tile_size = -1
+    # auto tiling budget per device (bytes / 2**30); 0 = from jax memory_stats (a fixed fallback on CPU)
+    c.vae.decode_memory_gib = 0.0
     c.vae.tile_overlap = 0.25  # tile overlap fraction when tiling
     c.vae.encoder_in_channels = 0  # encoder conv_in width (SAT ch); 0 = block_out_channels[0] (= ch at paper size)
     c.vae.dtype = "bfloat16"  # activations (release fp16)
@@ -196,7 +206,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.cfg_exp = 5.0  # DynamicCFG exponent
     c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (docs/diffusion.md#guidance)
     c.diffusion.text_dropout = 0.05  # training CFG dropout of the text branch (batch text set to '')
-    c.diffusion.text_ucg_rate = 0.1  # independent per-sample T5 zeroing (conditioner ucg_rate, docs/diffusion.md#training-loss)
+    # independent per-sample T5 zeroing (conditioner ucg_rate, docs/diffusion.md#training-loss)
+    c.diffusion.text_ucg_rate = 0.1
     c.diffusion.image_dropout = 0.05  # training CFG dropout of the image branch
 
     # ---- data pipeline (docs/data.md) ----
@@ -232,7 +243,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.vae_mse_weight = 1.0
     c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 256, 256))
     c.train.vae_windows_per_clip = 4
-    # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (phases.vae_windows)
+    # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (train/batches.py vae_windows)
     c.train.vae_max_crop_scale = 1.0
     c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
     c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
@@ -258,9 +269,11 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.init_checkpoint = ""  # system checkpoint dir (converted weights or an earlier phase) to start from
     c.train.system_checkpoint = ""  # where to write the system checkpoint at the end ("" = WORKDIR/system)
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
-    c.train.dit_trainable = "paper"  # phase a2's DiT set: "paper" (LoRA + flow_embed + block adaLN) or "all" (toy DiT from scratch)
+    # phase a2's DiT set: "paper" (LoRA + flow_embed + block adaLN) or "all" (toy DiT from scratch)
+    c.train.dit_trainable = "paper"
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
-    c.train.remat = "full"  # training: remat policy of every MLLM / DiT block scan (overrides mllm.remat / dit.remat unless "none")
+    # training: remat policy of every MLLM / DiT block scan (overrides mllm.remat / dit.remat unless "none")
+    c.train.remat = "full"
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
@@ -281,20 +294,20 @@ def get_config() -> ml_collections.ConfigDict:
     # per-layer all-gathers: the DiT's 50 x 30 layer passes read local weights; needs the whole system
     # in one chip's HBM, e.g. v6e / H100, not v5e). docs/results.md compares the two.
     c.game.latency_weights = "sharded"
-    c.game.checkpoint = ""  # system checkpoint directory (animegamer_jax/system_checkpoint.py layout) to play
+    c.game.checkpoint = ""  # system checkpoint directory (animegamer_jax/checkpoint layout) to play
     c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet
 
     # ---- evaluation: Table 1 metrics and the benchmark runner (docs/evaluation.md; animegamer_jax/eval) ----
     c.eval = ml_collections.ConfigDict()
-    c.eval.benchmark = "data/benchmark/benchmark.json"  # benchmark file (eval/benchmark_file.py format)
+    c.eval.benchmark = "data/benchmark/benchmark.json"  # benchmark file (eval/table1_games.py format)
     c.eval.out_dir = "outputs/eval"  # report.md / report.json (+ games/ with the generated games)
     c.eval.clip = ""  # local HF CLIPModel folder for CLIP-I/T/T^E; "" = labelled random stand-in
     c.eval.dreamsim = ""  # local DreamSim embedder folder; "" = DreamSim not computed
     c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
     c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
 
-    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.data.label`) ----
+    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.data.caption`) ----
     c.label = ml_collections.ConfigDict()
     c.label.num_frames = 4  # uniformly sampled frames of each clip shown to the captioner (paper: 4)
     c.label.max_references = 2  # reference images per character (CHARS/<name>/*.png, sorted) in the prompt

@@ -7,7 +7,7 @@ so token layouts match the paper model except for the number of query tokens (8 
 Use:
   make demo                      # plays data/games/bunny.txt on the shipped tiny checkpoint
   python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny
-  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/work/runs/tiny
+  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny_all
       # vae -> a1 -> a2 -> b -> c (train.pipeline / pipeline_steps / pipeline_learning_rates below)
 Cost: seconds per step / per turn on this 2-core CPU.
 """
@@ -67,12 +67,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.lora_alpha = 4.0
     c.mllm.history_window = 3
 
-    # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): the 2-layer, 64-wide one
-    # (0.17 M parameters, shipped until commit cd74b69) plateaued at a2 v-loss 0.135 and drew 8-px
-    # latent blocks even for its training clips (python -m animegamer_jax.eval.decoder: 14.4 dB PSNR on
-    # 12 of them); 4 layers of 4 x 32 heads (1.05 M) reach 0.03 in 20000 steps and, in the shipped system
-    # (after phase c), 21.3 dB on 12 of its 81 clips (the VAE's own reconstructions: 23.9), which shows
-    # the footage (README "What the tiny checkpoint is").
+    # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): a 2-layer, 64-wide DiT
+    # plateaus in phase a2 and draws blocky latents even for its training clips; 4 layers of 4 x 32 heads
+    # reproduce the footage (python -m animegamer_jax.eval.decoder; docs/results.md).
     # s_a enters the DiT unprojected, so rep.dim = dit.hidden_size (1920 at full size).
     c.rep.dim = 128
     c.dit.update(hidden_size=128, num_layers=4, num_heads=4, head_dim=32)
@@ -83,19 +80,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
 
     # CogVideoX's 16 latent channels (8x spatial, 4x temporal compression: 64x96 -> 8x12x16 latents),
-    # the shape of the shipped checkpoints/tiny_system, whose VAE the "vae" phase trained. (The first
-    # shipped system, commit f3d25f0, had 4 channels and a random VAE.) The two low-resolution levels
-    # are twice as wide as at first (commit 542e374 had (8, 16, 16, 32): 0.55 M parameters, 24.5 dB on
-    # held-out frames): 1.9 M parameters, the full-resolution level (most of the FLOPs) kept at 8.
+    # the shape of the shipped checkpoints/tiny_system, whose VAE the "vae" phase trained. The two
+    # low-resolution levels are wider than the full-resolution one, which does most of the FLOPs
+    # (held-out reconstruction PSNR: python -m animegamer_jax.eval.vae; docs/results.md).
     c.vae.latent_channels = 16
     c.vae.block_out_channels = (8, 16, 32, 64)
     c.vae.norm_num_groups = 4
 
     c.diffusion.num_sampling_steps = 8
     # DynamicCFG scale 1 (s = 1 + scale (1 - cos(pi (i/8)^5)) / 2 rises to 1.5 by the 8th step), not the
-    # paper's 6 (s up to 4.1 here): the shipped system's samples of 12 training clips score 21.3 dB PSNR
-    # at scale 1, 17.1 at 6 (oversaturated into white blobs), 21.4 with no guidance at all (scale 0;
-    # python -m animegamer_jax.eval.decoder --cfg_scale S).
+    # paper's 6 (s up to 4.1 here), which oversaturates the tiny system's samples
+    # (python -m animegamer_jax.eval.decoder --cfg_scale S; docs/results.md).
     c.diffusion.cfg_scale = 1.0
 
     c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)
@@ -109,26 +104,25 @@ def get_config() -> ml_collections.ConfigDict:
     # 32x48 crops, then single frames and 9-frame 64x96 clips interleaved (vae_curriculum below; each
     # shape compiles its step once).
     c.train.pipeline = ("vae", "a1", "a2", "b", "c")
-    # the from-scratch recipe; the shipped checkpoints/tiny_system ran vae, a1 and a2 with these steps and the
-    # first T5 sentencepiece, then a1 200 and a2 8000 more steps with the current one, then b and c (README)
+    # the from-scratch recipe of the pipeline's phases, in order (steps, learning rates)
     c.train.pipeline_steps = (4700, 200, 20000, 8000, 500)
     c.train.pipeline_learning_rates = (5e-4, 1e-3, 1e-3, 1e-3, 1e-3)
-    # Clip steps alone pull the single-frame path down (held-out frame PSNR 26.5 -> 25.0 dB within 500
-    # steps of 9-frame 32x48 crops), so the last stage interleaves: every 100 steps, 30 on single frames
-    # then 70 on 9-frame 64x96 clips (each shape compiles once; the phase ends on clips).
+    # Clip steps alone pull the single-frame path down (held-out frame PSNR, docs/results.md), so the
+    # last stage interleaves: every 100 steps, 30 on single frames then 70 on 9-frame 64x96 clips (each
+    # shape compiles once; the phase ends on clips).
     c.train.vae_curriculum = ((0, 1, 64, 96), (2500, 9, 32, 48)) + tuple(
         st for s in range(3500, 4700, 100) for st in ((s, 1, 64, 96), (s + 30, 9, 64, 96)))
     c.train.vae_windows_per_clip = 4
     # The VAE trains on the 7 back-to-back 2 s clips of the sample film (data/README.md), stored at
-    # 128x192 (tiny_vae_hr) and cut into multi-scale crops: 1x-2x the stage size, resized to it (119
-    # frames alone let a 1.9 M-parameter VAE memorise them: 27.7 dB on its training frames, 22.0 on
-    # held-out ones). The film frames between those clips are its held-out set, scored at 64x96 on
-    # the same clips at the model's size (tiny_vae; python -m animegamer_jax.eval.vae).
+    # 128x192 (tiny_vae_hr) and cut into multi-scale crops: 1x-2x the stage size, resized to it (the
+    # 119 frames alone are few enough for the VAE to memorise). The film frames between those clips are
+    # its held-out set, scored at 64x96 on the same clips at the model's size (tiny_vae;
+    # python -m animegamer_jax.eval.vae).
     c.train.vae_dataset_dir = "data/prepared/tiny_vae_hr"
     c.train.vae_eval_dataset_dir = "data/prepared/tiny_vae"
     c.train.vae_max_crop_scale = 2.0
     # No pretrained CogVideoX exists at toy size either: phase a2 trains every DiT parameter (a LoRA on a
-    # random DiT draws noise, the first retrained system's blocky frames); a1 and c keep the paper's sets.
+    # random DiT draws noise); a1 and c keep the paper's sets.
     c.train.dit_trainable = "all"
     c.train.log_every = 10
     c.train.checkpoint_every = 50

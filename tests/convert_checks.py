@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from animegamer_jax.convert.common import ConversionError
+from animegamer_jax.weights import ConversionError
 
 
 def assert_names_bad_keys(convert: Callable[[dict], Any], sd: Mapping[str, Any], *, drop: Iterable[str],

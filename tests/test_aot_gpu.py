@@ -49,13 +49,13 @@ def test_train_step_and_turn_take_cudnn_on_h100():
 def test_hlo_cost_prices_cudnn_attention():
     import jax.numpy as jnp
 
-    from animegamer_jax.models import attention as A
+    from animegamer_jax.models import attention
 
     devs = target.compile_devices(target.parse_topology("h100-8"))[:1]
     q = jax.ShapeDtypeStruct((2, 1024, 8, 64), jnp.bfloat16)
     mesh = jax.sharding.Mesh(devs, ("x",))
     with jax.set_mesh(mesh):
-        c = jax.jit(lambda q, k, v: A.dot_product_attention(q, k, v, implementation="cudnn")).lower(q, q, q).compile()
+        c = jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, implementation="cudnn")).lower(q, q, q).compile()
     cost = hlo_cost.program_cost(c.as_text())
     assert cost.flops == pytest.approx(4 * 2 * 1024 * 8 * 64 * 1024, rel=0.01)
 

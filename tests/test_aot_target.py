@@ -9,10 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import PartitionSpec
 
 from animegamer_jax import parallel
-from animegamer_jax.models import attention as A
+from animegamer_jax.models import attention
 from animegamer_jax.parallel import target
 from tests.tpu import tpu_devices
 
@@ -61,17 +61,17 @@ def _mesh(devices, shape=(1, -1, 1, 1)):
 
 def test_attention_auto_follows_the_mesh_not_the_host():
     q = jnp.zeros((4, 256, 4, 64), jnp.bfloat16)
-    hybrid = A.causal_mask(block_first=jnp.array([10] * 4), block_last=jnp.array([20] * 4))
+    hybrid = attention.causal_mask(block_first=jnp.array([10] * 4), block_last=jnp.array([20] * 4))
     bias = jnp.zeros((1, 4, 256, 256))  # made here: nothing runs eagerly on compile-only devices
     assert jax.default_backend() == "cpu"
-    assert A.resolve("auto", q, q) == "dense"  # no mesh: the default device (CPU)
+    assert attention.resolve("auto", q, q) == "dense"  # no mesh: the default device (CPU)
     with parallel.sharding_context(_mesh(jax.devices()[:1])):
-        assert A.resolve("auto", q, q) == "dense"
-    with parallel.sharding_context(_mesh(tpu_devices("v5e-4"))), A.recording() as calls:
-        assert A.resolve("auto", q, q, mask=A.causal_mask()) == "splash"
-        assert A.resolve("auto", q, q, mask=hybrid) == "blockwise"
-        assert A.resolve("auto", q, q, bias=bias) == "blockwise"
-        assert A.resolve("dense", q, q) == "dense"  # an explicit choice is kept
+        assert attention.resolve("auto", q, q) == "dense"
+    with parallel.sharding_context(_mesh(tpu_devices("v5e-4"))), attention.recording() as calls:
+        assert attention.resolve("auto", q, q, mask=attention.causal_mask()) == "splash"
+        assert attention.resolve("auto", q, q, mask=hybrid) == "blockwise"
+        assert attention.resolve("auto", q, q, bias=bias) == "blockwise"
+        assert attention.resolve("dense", q, q) == "dense"  # an explicit choice is kept
     assert [c["kernel"] for c in calls] == ["splash", "blockwise", "blockwise", "dense"]
     assert "bidirectional query block" in calls[1]["why"] and calls[3]["why"] == "requested"
     assert {c["platform"] for c in calls} == {"tpu"}
@@ -79,8 +79,8 @@ def test_attention_auto_follows_the_mesh_not_the_host():
     gpu = types.SimpleNamespace(abstract_device=types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3"))
     t = target.current(gpu)
     assert (t.platform, t.chip.name) == ("gpu", "h100")
-    assert A._auto(q, q, None, A.AttentionMask(), A.DENSE_LIMIT_BYTES, "gpu")[0] == "cudnn"
-    assert A._auto(q.astype(jnp.float32), q, None, A.AttentionMask(), A.DENSE_LIMIT_BYTES, "gpu")[0] == "blockwise"
+    assert attention._auto(q, q, None, attention.AttentionMask(), attention.DENSE_LIMIT_BYTES, "gpu")[0] == "cudnn"
+    assert attention._auto(q.astype(jnp.float32), q, None, attention.AttentionMask(), attention.DENSE_LIMIT_BYTES, "gpu")[0] == "blockwise"
 
 
 def test_splash_compiles_partitioned_under_fsdp():
@@ -88,7 +88,7 @@ def test_splash_compiles_partitioned_under_fsdp():
     bare, the real TPU compiler refuses it; through dot_product_attention it runs in a shard_map."""
     devs = tpu_devices("v5e-4")
     mesh = _mesh(devs)
-    sh = NamedSharding(mesh, P(("data", "fsdp")))
+    sh = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
     q = jax.ShapeDtypeStruct((4, 256, 4, 128), jnp.bfloat16, sharding=sh)
 
     def loss(fn):
@@ -97,36 +97,36 @@ def test_splash_compiles_partitioned_under_fsdp():
     # conftest asks for "highest" matmul precision (fp32 parity tests); Mosaic takes bf16 operands as they are
     with parallel.sharding_context(mesh), jax.default_matmul_precision("default"):
         with pytest.raises(NotImplementedError, match="shard_map"):
-            jax.jit(loss(lambda q, k, v: A._splash(q, k, v, A.AttentionMask(), 128 ** -0.5))).lower(q, q, q).compile()
-        compiled = jax.jit(loss(lambda q, k, v: A.dot_product_attention(q, k, v, implementation="auto"))
+            jax.jit(loss(lambda q, k, v: attention._splash(q, k, v, attention.AttentionMask(), 128 ** -0.5))).lower(q, q, q).compile()
+        compiled = jax.jit(loss(lambda q, k, v: attention.dot_product_attention(q, k, v, implementation="auto"))
                            ).lower(q, q, q).compile()
     text = compiled.as_text()
     assert "splash_mha_fwd" in text and "splash_mha_dkv" in text  # the real kernel, forward and backward
 
 
 def test_vae_budget_and_decode_layout_follow_the_target():
-    from animegamer_jax.models.cogvideox import vae as V
+    from animegamer_jax.models.cogvideox import vae as vae_lib
 
-    cfg = V.VAEConfig(dtype="bfloat16", tile_size=-1)
-    budget, src = V.device_decode_budget(cfg, tpu_devices("v6e-1")[0])
+    cfg = vae_lib.VAEConfig(dtype="bfloat16", tile_size=-1)
+    budget, src = vae_lib.device_decode_budget(cfg, tpu_devices("v6e-1")[0])
     assert budget == 0.8 * 32 * 2**30 and "TPU v6 lite" in src
-    assert V.device_decode_budget(cfg, tpu_devices("v5e-4")[0])[0] == 0.8 * 16 * 2**30
+    assert vae_lib.device_decode_budget(cfg, tpu_devices("v5e-4")[0])[0] == 0.8 * 16 * 2**30
     # the same latents tile on v5e (16 GiB) where a v5p (95 GiB) decodes them whole
     shape = (5, 60, 90)  # the paper's 17 frames at 480x720
-    t_v5e = V.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5e-4")[0])
-    t_v5p = V.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5p-8")[0])
+    t_v5e = vae_lib.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5e-4")[0])
+    t_v5p = vae_lib.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5p-8")[0])
     assert t_v5p[0] > t_v5e[0] > 0, (t_v5e, t_v5p)  # larger tiles on the larger chip
 
 
 def test_mistral_decode_layers_follow_the_weights_devices():
     from flax import nnx
 
-    from animegamer_jax.models.mistral import model as M
+    from animegamer_jax.models.mistral import model as mistral_model
 
-    cfg = M.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+    cfg = mistral_model.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                           num_kv_heads=2, head_dim=8, decode_layers="auto")
-    m = M.Mistral(cfg, rngs=nnx.Rngs(0))
-    assert M.unstacked_layers(m) is not None  # weights on CPU devices: per-layer weights
+    m = mistral_model.Mistral(cfg, rngs=nnx.Rngs(0))
+    assert mistral_model.unstacked_layers(m) is not None  # weights on CPU devices: per-layer weights
     assert target.of_arrays([np.zeros(2)]).platform == "cpu"
 
 
@@ -149,16 +149,16 @@ def test_partitioned_kernel_equals_the_whole_call_on_4_devices():
     out = run_python("""
         import json, jax, jax.numpy as jnp
         from animegamer_jax import parallel
-        from animegamer_jax.models import attention as A
+        from animegamer_jax.models import attention
         ks = jax.random.split(jax.random.PRNGKey(0), 5)
         q = jax.random.normal(ks[0], (4, 24, 4, 8)); k = jax.random.normal(ks[1], (4, 24, 2, 8))
         v = jax.random.normal(ks[2], (4, 24, 2, 8))
         valid = jnp.arange(24)[None] < jnp.array([24, 20, 17, 9])[:, None]
-        masks = {"causal+padding": A.causal_mask(kv_valid=valid),
-                 "hybrid": A.causal_mask(block_first=jnp.array([3, 5, 0, 9]), block_last=jnp.array([8, 12, 6, 20]))}
+        masks = {"causal+padding": attention.causal_mask(kv_valid=valid),
+                 "hybrid": attention.causal_mask(block_first=jnp.array([3, 5, 0, 9]), block_last=jnp.array([8, 12, 6, 20]))}
         biases = {"none": None, "per-batch": jax.random.normal(ks[3], (4, 4, 24, 24)),
                   "shared": jax.random.normal(ks[4], (1, 4, 24, 24))}
-        dense = lambda q, k, v, b, m: A._dense(q, k, v, b, m, 8 ** -0.5)
+        dense = lambda q, k, v, b, m: attention._dense(q, k, v, b, m, 8 ** -0.5)
         mesh = parallel.make_mesh((2, 1, 2, 1))
         out = {}
         for mn, m in masks.items():
@@ -167,7 +167,7 @@ def test_partitioned_kernel_equals_the_whole_call_on_4_devices():
                 for rules in ("rules", "no rules"):
                     ctx = parallel.sharding_context(mesh) if rules == "rules" else jax.set_mesh(mesh)
                     with ctx:
-                        got = jax.jit(lambda q, k, v, b: A._partitioned(dense, q, k, v, b, m))(q, k, v, b)
+                        got = jax.jit(lambda q, k, v, b: attention._partitioned(dense, q, k, v, b, m))(q, k, v, b)
                     out[f"{mn}/{bn}/{rules}"] = float(jnp.max(jnp.abs(got - want)))
         print(json.dumps(out))
     """, devices=4)
@@ -181,7 +181,7 @@ def test_arrays_and_remat_follow_the_target():
     from animegamer_jax.models import remat
 
     mesh = _mesh(tpu_devices("v5e-4"))
-    weights = [jax.ShapeDtypeStruct((8, 8), jnp.bfloat16, sharding=NamedSharding(mesh, P()))]
+    weights = [jax.ShapeDtypeStruct((8, 8), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec()))]
     assert target.of_arrays(weights).platform == "tpu"  # Mistral's decode layout reads this: "scan" there
     assert target.of_arrays([jnp.zeros(2)]).platform == "cpu"
     with parallel.sharding_context(mesh):

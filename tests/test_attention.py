@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from animegamer_jax.models import attention as A
+from animegamer_jax.models import attention
 
 B, L, N, K, H = 2, 75, 4, 2, 16
 TOL = 1e-5
@@ -34,18 +34,18 @@ def _masks():
     r = np.random.default_rng(1)
     valid = jnp.asarray(np.arange(L)[None] < np.array([[L], [60]]))
     return {
-        "none": A.AttentionMask(),
-        "causal": A.causal_mask(),
-        "sliding_window": A.causal_mask(9),
+        "none": attention.AttentionMask(),
+        "causal": attention.causal_mask(),
+        "sliding_window": attention.causal_mask(9),
         # row 0: block [10, 40]; row 1: no block (first > last) -> plain causal; padding in row 1
-        "hybrid_block_padding": A.causal_mask(20, block_first=jnp.array([10, 30]), block_last=jnp.array([40, 29]),
+        "hybrid_block_padding": attention.causal_mask(20, block_first=jnp.array([10, 30]), block_last=jnp.array([40, 29]),
                                               kv_valid=valid),
-        "padding": A.AttentionMask(kv_valid=valid),
-        "offset_positions": A.causal_mask(q_pos=jnp.broadcast_to(jnp.arange(L) + 5, (B, L)),
+        "padding": attention.AttentionMask(kv_valid=valid),
+        "offset_positions": attention.causal_mask(q_pos=jnp.broadcast_to(jnp.arange(L) + 5, (B, L)),
                                           k_pos=jnp.broadcast_to(jnp.arange(L) + 5, (B, L))),
-        "dense": A.AttentionMask(dense=jnp.asarray(r.random((B, L, L)) > 0.3)),
+        "dense": attention.AttentionMask(dense=jnp.asarray(r.random((B, L, L)) > 0.3)),
         # turns of uneven length, a turn window of 2, position 0 a sink (segment -1), hybrid block
-        "turn_window": A.causal_mask(block_first=jnp.array([60, 50]), block_last=jnp.array([70, 49]),
+        "turn_window": attention.causal_mask(block_first=jnp.array([60, 50]), block_last=jnp.array([70, 49]),
                                      q_seg=SEG, k_seg=SEG, seg_window=2, kv_valid=valid),
     }
 
@@ -55,7 +55,7 @@ MASKS = _masks()
 
 def attend(q, k, v, impl, mask=None, bias=None, scale=None, **kw):
     """Jitted call (eager dispatch of the tile loops costs more than compiling them)."""
-    f = jax.jit(lambda q, k, v, m, b: A.dot_product_attention(q, k, v, bias=b, mask=m, scale=scale,
+    f = jax.jit(lambda q, k, v, m, b: attention.dot_product_attention(q, k, v, bias=b, mask=m, scale=scale,
                                                               implementation=impl, **kw))
     return f(q, k, v, mask, bias)
 
@@ -73,7 +73,7 @@ def test_kernel_matches_reference(qkv, name, impl):
 
 
 def test_mask_rule_on_known_entries():
-    m = A.causal_mask(3, block_first=jnp.array([2]), block_last=jnp.array([4]),
+    m = attention.causal_mask(3, block_first=jnp.array([2]), block_last=jnp.array([4]),
                       kv_valid=jnp.array([[True] * 6 + [False]])).materialize(1, 7, 7)[0]
     m = np.asarray(m)
     assert m[1, 0] and m[1, 1] and not m[1, 2]  # causal
@@ -101,12 +101,12 @@ def test_reference_matches_dense_softmax(qkv):
 def test_turn_window_rule_on_known_entries():
     """Segment window 2: a query of turn t sees turns t-1 and t (causally) and the sink."""
     seg = jnp.asarray([[-1, 0, 0, 1, 1, 2, 2]], jnp.int32)
-    m = np.asarray(A.causal_mask(q_seg=seg, k_seg=seg, seg_window=2).materialize(1, 7, 7)[0])
+    m = np.asarray(attention.causal_mask(q_seg=seg, k_seg=seg, seg_window=2).materialize(1, 7, 7)[0])
     assert m[5, 0] and m[5, 3] and m[5, 4] and m[5, 5] and not m[5, 6]  # sink, turn 1, own turn causal
     assert not m[5, 1] and not m[5, 2]  # turn 0 is 2 turns back
     assert m[3, 1] and m[3, 0] and m[0, 0]
     with pytest.raises(ValueError, match="q_seg and k_seg"):
-        A.causal_mask(seg_window=2).materialize(1, 7, 7)
+        attention.causal_mask(seg_window=2).materialize(1, 7, 7)
 
 
 @pytest.mark.parametrize("name", ["hybrid_block_padding", "turn_window"])
@@ -117,7 +117,7 @@ def test_blockwise_gradients_match_reference(qkv, name):
     w = jnp.cos(jnp.arange(B * L * N * H, dtype=jnp.float32)).reshape(B, L, N, H)
 
     def loss(impl):
-        return lambda q, k, v: jnp.sum(w * A.dot_product_attention(q, k, v, mask=m, implementation=impl,
+        return lambda q, k, v: jnp.sum(w * attention.dot_product_attention(q, k, v, mask=m, implementation=impl,
                                                                     block_q=16, block_k=32))
 
     want = jax.jit(jax.grad(loss("reference"), argnums=(0, 1, 2)))(q, k, v)
@@ -146,7 +146,7 @@ def test_dense_gradients_match_reference(qkv):
     w = jnp.cos(jnp.arange(B * L * N * H, dtype=jnp.float32)).reshape(B, L, N, H)
 
     def loss(impl):
-        return lambda q, k, v: jnp.sum(w * A.dot_product_attention(q, k, v, mask=m, implementation=impl))
+        return lambda q, k, v: jnp.sum(w * attention.dot_product_attention(q, k, v, mask=m, implementation=impl))
 
     want = jax.jit(jax.grad(loss("reference"), argnums=(0, 1, 2)))(q, k, v)
     got = jax.jit(jax.grad(loss("dense"), argnums=(0, 1, 2)))(q, k, v)
@@ -163,12 +163,12 @@ def test_splash_kernel_interpret_mode_matches_reference():
     q = jnp.asarray(r.normal(size=(1, ll, 2, 128)), jnp.float32)
     k = jnp.asarray(r.normal(size=(1, ll, 1, 128)), jnp.float32)
     v = jnp.asarray(r.normal(size=(1, ll, 1, 128)), jnp.float32)
-    m = A.causal_mask(50, kv_valid=jnp.arange(ll)[None] < 190)
+    m = attention.causal_mask(50, kv_valid=jnp.arange(ll)[None] < 190)
     ref = attend(q, k, v, "reference", m)
     out = attend(q, k, v, "splash", m, splash_interpret=True)
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
     with pytest.raises(ValueError, match="splash"):
-        A.dot_product_attention(q, k, v, mask=A.AttentionMask(dense=jnp.ones((1, ll, ll), bool)),
+        attention.dot_product_attention(q, k, v, mask=attention.AttentionMask(dense=jnp.ones((1, ll, ll), bool)),
                                 implementation="splash")
 
 
@@ -178,10 +178,10 @@ def test_blockwise_never_materialises_scores():
     q = jax.ShapeDtypeStruct((1, ll, n, 64), jnp.float32)
 
     def temp_bytes(impl):
-        f = jax.jit(lambda q, k, v: A.dot_product_attention(q, k, v, mask=A.causal_mask(), implementation=impl))
+        f = jax.jit(lambda q, k, v: attention.dot_product_attention(q, k, v, mask=attention.causal_mask(), implementation=impl))
         return f.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
 
-    scores = A.score_bytes(1, n, ll, ll)  # 128 MiB
+    scores = attention.score_bytes(1, n, ll, ll)  # 128 MiB
     assert temp_bytes("xla") >= scores
     assert temp_bytes("dense") >= scores
     assert temp_bytes("blockwise") < scores / 8
@@ -190,29 +190,29 @@ def test_blockwise_never_materialises_scores():
 def test_auto_choice_and_log(caplog):
     small = jnp.zeros((1, 64, 2, 16))
     big = jax.ShapeDtypeStruct((1, 8192, 2, 16), jnp.float32)
-    with caplog.at_level(logging.INFO, logger=A.__name__):
-        assert A.resolve("auto", small, small) == "dense"
-        assert A.resolve(None, big, big) == "blockwise"
+    with caplog.at_level(logging.INFO, logger=attention.__name__):
+        assert attention.resolve("auto", small, small) == "dense"
+        assert attention.resolve(None, big, big) == "blockwise"
     assert any("attention auto -> blockwise" in r.getMessage() for r in caplog.records)
-    assert A.resolve("blockwise", small, small) == "blockwise"
+    assert attention.resolve("blockwise", small, small) == "blockwise"
     with pytest.raises(ValueError, match="implementation"):
-        A.resolve("flash9", small, small)
+        attention.resolve("flash9", small, small)
 
 
 @pytest.mark.parametrize("mask_kind", ["causal", "window_padding", "turn_window"])
 def test_dense_causal_blocks_match_reference(mask_kind):
     """At >= CAUSAL_SPLIT_MIN queries with default positions "dense" runs causal query blocks
     (keys past each block skipped); the result is the reference's, with and without a T5-style bias."""
-    ll = A.CAUSAL_SPLIT_MIN + 45
+    ll = attention.CAUSAL_SPLIT_MIN + 45
     r = np.random.default_rng(4)
     q = jnp.asarray(r.normal(size=(B, ll, N, H)), jnp.float32)
     k = jnp.asarray(r.normal(size=(B, ll, K, H)), jnp.float32)
     v = jnp.asarray(r.normal(size=(B, ll, K, H)), jnp.float32)
     valid = jnp.asarray(np.arange(ll)[None] < np.array([[ll], [ll - 40]]))
     seg = jnp.asarray(np.minimum(np.arange(ll) // 37, 9)[None].repeat(B, 0), jnp.int32)
-    m = {"causal": A.causal_mask(), "window_padding": A.causal_mask(50, kv_valid=valid),
-         "turn_window": A.causal_mask(q_seg=seg, k_seg=seg, seg_window=2, kv_valid=valid)}[mask_kind]
-    assert A._causal_blocks(m, ll, ll) == A.CAUSAL_BLOCKS
+    m = {"causal": attention.causal_mask(), "window_padding": attention.causal_mask(50, kv_valid=valid),
+         "turn_window": attention.causal_mask(q_seg=seg, k_seg=seg, seg_window=2, kv_valid=valid)}[mask_kind]
+    assert attention._causal_blocks(m, ll, ll) == attention.CAUSAL_BLOCKS
     bias = jnp.asarray(r.normal(size=(1, N, ll, ll)), jnp.float32)
     for b in (None, bias):
         ref = attend(q, k, v, "reference", m, b)
@@ -222,10 +222,10 @@ def test_dense_causal_blocks_match_reference(mask_kind):
     s_len = ll + 19
     kc = jnp.concatenate([k, jnp.ones((B, 19, K, H), jnp.float32)], axis=1)
     vc = jnp.concatenate([v, jnp.ones((B, 19, K, H), jnp.float32)], axis=1)
-    mc = A.causal_mask(50, kv_valid=jnp.broadcast_to(jnp.arange(s_len)[None] < ll, (B, s_len)))
-    assert A._causal_blocks(mc, ll, s_len) == A.CAUSAL_BLOCKS
+    mc = attention.causal_mask(50, kv_valid=jnp.broadcast_to(jnp.arange(s_len)[None] < ll, (B, s_len)))
+    assert attention._causal_blocks(mc, ll, s_len) == attention.CAUSAL_BLOCKS
     np.testing.assert_allclose(np.asarray(attend(q, kc, vc, "dense", mc)), np.asarray(attend(q, kc, vc, "reference", mc)),
                                atol=TOL, rtol=0)
     # explicit positions (a KV cache) or a bidirectional block keep one block
-    assert A._causal_blocks(m.replace(q_pos=jnp.arange(ll)[None]), ll, ll) == 1
-    assert A._causal_blocks(A.causal_mask(block_first=jnp.array([3, 3]), block_last=jnp.array([9, 9])), ll, ll) == 1
+    assert attention._causal_blocks(m.replace(q_pos=jnp.arange(ll)[None]), ll, ll) == 1
+    assert attention._causal_blocks(attention.causal_mask(block_first=jnp.array([3, 3]), block_last=jnp.array([9, 9])), ll, ll) == 1

@@ -10,8 +10,8 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.models.clip import convert as cc
-from animegamer_jax.models.clip import model as mc
+from animegamer_jax.models.clip import convert as clip_convert
+from animegamer_jax.models.clip import model as clip_model
 from tests.convert_checks import assert_names_bad_keys
 
 VOCAB, CTX, EOT = 100, 16, 99
@@ -94,13 +94,13 @@ def test_clip_parity_hf_and_open_clip_names():
     with torch.no_grad():
         out = hf(input_ids=torch.tensor(ids), pixel_values=torch.tensor(pixels), output_hidden_states=True)
     ref_pen = out.vision_model_output.hidden_states[-2].numpy()
-    cfg = cc.config_from_hf(hf.config.to_dict())
+    cfg = clip_convert.config_from_hf(hf.config.to_dict())
     assert cfg.hidden_act == act and cfg.eot_token_id == EOT
     sd = hf.state_dict()
     results = {}
     for layout, src in (("hf", sd), ("open_clip", _open_clip_names(sd))):
-        assert cc.detect_layout(src) == layout
-        model = cc.load_clip(src, cfg)
+        assert clip_convert.detect_layout(src) == layout
+        model = clip_convert.load_clip(src, cfg)
         pen, patches, img, txt, logits = _ours(model, pixels, ids)
         results[layout] = dict(
             pen=np.abs(pen - ref_pen).max(),
@@ -123,51 +123,51 @@ def test_clip_vision_model_parity_and_argmax_pooling():
     vis.load_state_dict(hf.vision_model.state_dict())  # transformers 5: no vision_model. prefix
     with torch.no_grad():
         ref = vis(pixel_values=torch.tensor(pixels), output_hidden_states=True).hidden_states[-2][:, 1:].numpy()
-    cfg = cc.config_from_hf(hf.config.to_dict())
-    tower = cc.load_clip(vis.state_dict(), cfg, vision_only=True)
-    assert isinstance(tower, mc.CLIPVisionTransformer)
+    cfg = clip_convert.config_from_hf(hf.config.to_dict())
+    tower = clip_convert.load_clip(vis.state_dict(), cfg, vision_only=True)
+    assert isinstance(tower, clip_model.CLIPVisionTransformer)
     got = np.asarray(nnx.jit(lambda m, x: m.patch_tokens(x))(tower, jnp.asarray(pixels.transpose(0, 2, 3, 1))))
     assert np.abs(got - ref).max() <= 1e-5
     # The vision tower also loads from a full checkpoint (text keys skipped on purpose), and
     # without the vision_model. prefix.
-    full = cc.convert_clip(hf.state_dict(), cfg, vision_only=True)
+    full = clip_convert.convert_clip(hf.state_dict(), cfg, vision_only=True)
     assert not any(k.startswith("vision_model.") for k in vis.state_dict())
-    bare = cc.convert_clip(vis.state_dict(), cfg, vision_only=True)
+    bare = clip_convert.convert_clip(vis.state_dict(), cfg, vision_only=True)
     np.testing.assert_array_equal(np.asarray(full["conv1"][...]), np.asarray(bare["conv1"][...]))
     # open_clip pooling (argmax of ids) equals first-EOT pooling when EOT is the largest id.
     import dataclasses
 
-    model = cc.load_clip(hf.state_dict(), dataclasses.replace(cfg, eot_token_id=None))
-    model_eot = cc.load_clip(hf.state_dict(), cfg)
+    model = clip_convert.load_clip(hf.state_dict(), dataclasses.replace(cfg, eot_token_id=None))
+    model_eot = clip_convert.load_clip(hf.state_dict(), cfg)
     t = jnp.asarray(ids, jnp.int32)
     np.testing.assert_allclose(np.asarray(model.encode_text(t)), np.asarray(model_eot.encode_text(t)), atol=0)
 
 
 def test_converter_is_loud():
     hf = _hf_clip("gelu")
-    cfg = cc.config_from_hf(hf.config.to_dict())
+    cfg = clip_convert.config_from_hf(hf.config.to_dict())
     sd = dict(hf.state_dict())
-    assert_names_bad_keys(lambda bad: cc.convert_clip(bad, cfg), sd, drop=["vision_model.encoder.layers.1.mlp.fc1.bias"],
+    assert_names_bad_keys(lambda bad: clip_convert.convert_clip(bad, cfg), sd, drop=["vision_model.encoder.layers.1.mlp.fc1.bias"],
                           put={"vision_model.extra.weight": torch.zeros(3), "text_projection.weight": torch.zeros(16, 8)},
                           expect=["missing source keys (1): ['vision_model.encoder.layers.1.mlp.fc1.bias']",
                                   "unexpected source keys (1): ['vision_model.extra.weight']",
                                   "text_projection: source gives (8, 16), model expects (24, 16)"])
     oc = _open_clip_names(sd)
     del oc["visual.positional_embedding"]
-    with pytest.raises(cc.ConversionError, match=r"visual\.positional_embedding"):
-        cc.convert_clip(oc, cfg)
-    with pytest.raises(cc.ConversionError, match="layout"):
-        cc.convert_clip(sd, cfg, layout="sat")
+    with pytest.raises(clip_convert.ConversionError, match=r"visual\.positional_embedding"):
+        clip_convert.convert_clip(oc, cfg)
+    with pytest.raises(clip_convert.ConversionError, match="layout"):
+        clip_convert.convert_clip(sd, cfg, layout="sat")
     with pytest.raises(ValueError, match="hidden_act"):
-        mc.CLIPConfig(hidden_act="relu")
+        clip_model.CLIPConfig(hidden_act="relu")
 
 
 def test_config_from_open_clip_reads_activation():
     vit_b16 = {"embed_dim": 512, "vision_cfg": {"image_size": 224, "layers": 12, "width": 768, "patch_size": 16},
                "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 512, "heads": 8, "layers": 12}}
-    cfg = cc.config_from_open_clip(vit_b16)
+    cfg = clip_convert.config_from_open_clip(vit_b16)
     assert (cfg.hidden_act, cfg.vision_heads, cfg.vision_mlp_dim, cfg.text_mlp_dim) == ("gelu", 12, 3072, 2048)
-    assert cc.config_from_open_clip({**vit_b16, "quick_gelu": True}).hidden_act == "quick_gelu"
+    assert clip_convert.config_from_open_clip({**vit_b16, "quick_gelu": True}).hidden_act == "quick_gelu"
 
 
 def _torch_preprocess(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
@@ -180,8 +180,8 @@ def _torch_preprocess(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
     else:
         x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False, antialias=True)
     x = (x + 1.0) / 2.0
-    mean = torch.tensor(mc.CLIP_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(mc.CLIP_STD).view(1, 3, 1, 1)
+    mean = torch.tensor(clip_model.CLIP_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(clip_model.CLIP_STD).view(1, 3, 1, 1)
     return (x - mean) / std
 
 
@@ -192,26 +192,26 @@ def test_preprocess_matches_torch_reimplementation(method, hw, size):
     yy, xx = np.mgrid[0:hw[0], 0:hw[1]] / (hw[0] / 5)
     img = np.stack([np.sin(xx + c) * np.cos(yy - c) for c in range(3)], -1)[None] * 0.8
     img = np.clip(img + 0.1 * rng.standard_normal(img.shape), -1, 1).astype(np.float32)
-    ours = np.asarray(jax.jit(mc.preprocess, static_argnums=(1, 2))(jnp.asarray(img), size, method))
+    ours = np.asarray(jax.jit(clip_model.preprocess, static_argnums=(1, 2))(jnp.asarray(img), size, method))
     ref = _torch_preprocess(torch.tensor(img.transpose(0, 3, 1, 2)), size, method).numpy().transpose(0, 2, 3, 1)
     assert ours.shape == (1, size, size, 3)
     assert np.abs(ours - ref).max() <= 1e-3 * (0.1 if method == "kornia" else 1)
 
 
 def test_preprocess_constants_and_errors():
-    grey = np.asarray(mc.preprocess(jnp.zeros((1, 32, 32, 3)), 32))[0, 0, 0]
-    np.testing.assert_allclose(grey, (0.5 - np.array(mc.CLIP_MEAN)) / np.array(mc.CLIP_STD), rtol=1e-6)
+    grey = np.asarray(clip_model.preprocess(jnp.zeros((1, 32, 32, 3)), 32))[0, 0, 0]
+    np.testing.assert_allclose(grey, (0.5 - np.array(clip_model.CLIP_MEAN)) / np.array(clip_model.CLIP_STD), rtol=1e-6)
     # Each resize row is a partition of unity (a constant image stays constant).
-    np.testing.assert_allclose(mc.kornia_resize_matrix(720, 224).sum(1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(clip_model.kornia_resize_matrix(720, 224).sum(1), 1.0, atol=1e-6)
     with pytest.raises(ValueError, match="resize method"):
-        mc.preprocess(jnp.zeros((1, 8, 8, 3)), 4, "pil")
+        clip_model.preprocess(jnp.zeros((1, 8, 8, 3)), 4, "pil")
 
 
 def test_full_size_eval_shape():
     from configs import animegamer_2b_7b
 
-    cfg = mc.CLIPConfig.from_config(animegamer_2b_7b.get_config().clip)
-    model = nnx.eval_shape(lambda: mc.CLIP(cfg, rngs=nnx.Rngs(0)))
+    cfg = clip_model.CLIPConfig.from_config(animegamer_2b_7b.get_config().clip)
+    model = nnx.eval_shape(lambda: clip_model.CLIP(cfg, rngs=nnx.Rngs(0)))
     n_vis = sum(x.size for x in jax.tree.leaves(nnx.state(model.visual, nnx.Param)))
     n_all = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     # open_clip ViT-B-16: 86,192,640 visual params incl. the 768x512 proj; 149,620,737 in all.

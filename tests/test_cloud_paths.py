@@ -25,7 +25,7 @@ def _free_port() -> int:
 def _send_generation_headers():
     """Real GCS answers media downloads with ``x-goog-generation`` / ``x-goog-metageneration``;
     gcp-storage-emulator omits them, and tensorstore (orbax's OCDBT manifests) needs them."""
-    from gcp_storage_emulator import server as srv
+    from gcp_storage_emulator import server as emulator_server
     from gcp_storage_emulator.handlers import objects
 
     original = objects.download
@@ -43,7 +43,7 @@ def _send_generation_headers():
 
     download.sends_generation = True
     objects.download = download  # objects.get(alt=media) calls it by name
-    for _, handlers in srv.HANDLERS:
+    for _, handlers in emulator_server.HANDLERS:
         for method, fn in list(handlers.items()):
             if fn is original:
                 handlers[method] = download
@@ -156,7 +156,7 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     import sys
     import time
 
-    from animegamer_jax import system_checkpoint
+    from animegamer_jax import checkpoint
     from animegamer_jax.train import metrics
 
     home, cwd, tmp, logs = (tmp_path / n for n in ("home", "cwd", "tmp", "logs"))
@@ -196,7 +196,7 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     assert rc == 0, text("train2")
     assert "system: gs://bucket/run/system" in text("train2")
     out = "gs://bucket/run/system"
-    assert system_checkpoint.is_complete(out)
+    assert checkpoint.is_complete(out)
     assert 3 in _committed_steps(gcs) and set(killed_at) <= set(_committed_steps(gcs)) | {1, 2}
     events = sorted(p for p in gcs.ls("bucket/run/tensorboard") if "tfevents" in p)
     assert len(events) == 2  # one event file per process
@@ -234,7 +234,7 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
 
     assert writers.read_video("gs://bucket/games/duel/game.mp4").shape[0] > 0
     assert writers.verify_game("gs://bucket/games/duel") is None  # sizes + sha256 of every file, read back
-    assert system_checkpoint.verify_checkpoint(out, "full")  # integrity.json of the gs:// system
+    assert checkpoint.verify_checkpoint(out, "full")  # integrity.json of the gs:// system
     # nothing on the local disk: the children's HOME, working directory and temp dir stay empty
     assert _local_snapshot(home) == set() and os.listdir(cwd) == [] and os.listdir(tmp) == []
     # (other tests may add files to the checkout meanwhile: look for what this run would write)
@@ -267,7 +267,7 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
     at DST; the default cache is a temporary folder removed afterwards."""
     import tempfile
 
-    from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax import checkpoint
     from animegamer_jax.convert import check_release, release
 
     config = os.path.join(ROOT, "configs", "release_tiny.py")
@@ -279,19 +279,19 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
     assert "copying gs://bucket/release/AnimeGamer/VDM_Decoder-Qiqi/10000/mp_rank_00_model_states.pt (" in out
     assert f"to the local cache {cache}/AnimeGamer/VDM_Decoder-Qiqi/10000/mp_rank_00_model_states.pt" in out
     assert "wrote gs://bucket/converted: " in out
-    assert sc.is_complete("gs://bucket/converted")
+    assert checkpoint.is_complete("gs://bucket/converted")
     assert (cache / "vae" / "3d-vae.pt").is_file()  # a user-given cache is kept (reused by a rerun)
 
     local = str(tmp_path / "local")
     assert release.main([os.path.join(RELEASE_FIXTURE, "release"), local, "--config", config]) == 0
     assert "copying" not in capsys.readouterr().out  # local files are memory-mapped in place
-    remote_files = sc.verify_checkpoint("gs://bucket/converted", "fast")["files"]
-    local_files = sc.verify_checkpoint(local, "fast")["files"]
+    remote_files = checkpoint.verify_checkpoint("gs://bucket/converted", "fast")["files"]
+    local_files = checkpoint.verify_checkpoint(local, "fast")["files"]
     assert sorted(remote_files) == sorted(local_files)
     differ = sorted(k for k in local_files if local_files[k]["sha256"] != remote_files[k]["sha256"])
     # only the files that record the directory or the time differ
     assert {os.path.basename(k) for k in differ} <= {"commit_success.txt", "_CHECKPOINT_METADATA"}, differ
-    assert sc.read_manifest(local) == sc.read_manifest("gs://bucket/converted")
+    assert checkpoint.read_manifest(local) == checkpoint.read_manifest("gs://bucket/converted")
 
     # the default cache: a temporary folder, removed afterwards; a failure leaves nothing at DST
     tmp = tmp_path / "tmp"

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from animegamer_jax.data import clips, labels, loader, motion, prepare, sample, scenes, storage, video
+from animegamer_jax.data import clips, label_schema, loader, motion, prepare, sample, scenes, storage, video
 from configs import tiny
 
 LABELS = os.path.join(os.path.dirname(__file__), "..", "data", "sample_labels.jsonl")
@@ -118,7 +118,7 @@ def test_prepared_dataset_contents(dataset, film):
     assert os.listdir(os.path.dirname(dataset)) == ["tiny"]
     src = loader.ClipSource(dataset)
     assert len(src) == 7
-    lab = labels.read_labels(LABELS)
+    lab = label_schema.read_labels(LABELS)
     ref = list(clips.extract_clips(film, [clips.plan_clips("sample_film", *_shots(film))[i] for i in range(7)], 64, 96))
     for i in range(7):
         rec = src[i]
@@ -203,40 +203,40 @@ def test_mismatched_labels(film, tmp_path):
     shifted = [dict(r) for r in rows]
     shifted[3]["start"] = 9.0  # clip 2 starts at 8.32 s
     p = _write_jsonl(tmp_path / "shifted.jsonl", shifted)
-    with pytest.raises(labels.LabelError, match=r"shifted\.jsonl: label of film 'sample_film' .*clip 2 says start "
+    with pytest.raises(label_schema.LabelError, match=r"shifted\.jsonl: label of film 'sample_film' .*clip 2 says start "
                                                 r"9\.00 s but the clip starts at 8\.32 s"):
-        labels.match_labels("sample_film", specs, labels.read_labels(p), film)
+        label_schema.match_labels("sample_film", specs, label_schema.read_labels(p), film)
 
     p = _write_jsonl(tmp_path / "missing.jsonl", rows[:-1])
-    with pytest.raises(labels.LabelError, match=r"missing\.jsonl: no label for film 'sample_film' .*clip 6 "
+    with pytest.raises(label_schema.LabelError, match=r"missing\.jsonl: no label for film 'sample_film' .*clip 6 "
                                                 r"\(starts at 16\.96 s\); the film has 7 clips"):
         prepare.prepare_dataset([("sample_film", film)], p, str(tmp_path / "ds"), _data_cfg())
     assert not (tmp_path / "ds").exists()
 
     extra = rows + [dict(rows[-1], clip_index=7, start=18.96)]
     p = _write_jsonl(tmp_path / "extra.jsonl", extra)
-    with pytest.raises(labels.LabelError, match=r"labels for clips \[7\] of film 'sample_film'"):
-        labels.match_labels("sample_film", specs, labels.read_labels(p))
+    with pytest.raises(label_schema.LabelError, match=r"labels for clips \[7\] of film 'sample_film'"):
+        label_schema.match_labels("sample_film", specs, label_schema.read_labels(p))
 
     unknown = [dict(r) for r in rows]
     unknown[2] = dict(unknown[2], characters=["Bunny", "Totoro"])
     p = _write_jsonl(tmp_path / "unknown.jsonl", unknown)
-    with pytest.raises(labels.LabelError, match=r"unknown\.jsonl:3: film 'sample_film' clip 1: unknown "
+    with pytest.raises(label_schema.LabelError, match=r"unknown\.jsonl:3: film 'sample_film' clip 1: unknown "
                                                 r"character\(s\) \['Totoro'\]"):
-        labels.read_labels(p)
+        label_schema.read_labels(p)
 
     bad_state = [dict(r) for r in rows]
     bad_state[1] = dict(bad_state[1], states={"social": 6, "entertainment": 0, "stamina": 0})
     p = _write_jsonl(tmp_path / "state.jsonl", bad_state)
-    with pytest.raises(labels.LabelError, match=r"state\.jsonl:2: state 'social' must be an integer in -5\.\.5, got 6"):
-        labels.read_labels(p)
+    with pytest.raises(label_schema.LabelError, match=r"state\.jsonl:2: state 'social' must be an integer in -5\.\.5, got 6"):
+        label_schema.read_labels(p)
 
 
 def test_labels_roundtrip(tmp_path):
-    lab = labels.read_labels(LABELS)
+    lab = label_schema.read_labels(LABELS)
     out = tmp_path / "copy.jsonl"
-    labels.write_labels(str(out), lab.for_film("sample_film"), lab.casts)
-    again = labels.read_labels(str(out))
+    label_schema.write_labels(str(out), lab.for_film("sample_film"), lab.casts)
+    again = label_schema.read_labels(str(out))
     assert again.clips == lab.clips and again.casts == lab.casts
     # Captioning (data/label.py, data/captioners.py) is tested in tests/test_label.py.
 
@@ -306,9 +306,9 @@ def test_turns_are_consecutive_clips_of_one_film(dataset):
 
 
 def test_tokenize_turns(dataset):
-    from animegamer_jax import tokenizer as tok_lib
+    from animegamer_jax import mllm_tokenizer
 
-    tok = tok_lib.get_tokenizer()
+    tok = mllm_tokenizer.get_tokenizer()
     ld = loader.make_loader(dataset, mode="turns", batch_size=2, seed=0, num_epochs=1, shard_index=0,
                             shard_count=1, extra_operations=[loader.TokenizeTurns(max_text_tokens=40)])
     batch = next(iter(ld))

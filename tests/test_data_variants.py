@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from animegamer_jax.data import clips, labels, sample, scenes, video
+from animegamer_jax.data import clips, label_schema, sample, scenes, video
 from tests.subproc import ROOT
 
 
@@ -72,7 +72,7 @@ def test_film_variants(tmp_path):
 
 def test_committed_variant_labels_parse(monkeypatch):
     monkeypatch.chdir(ROOT)
-    ls = labels.read_labels("data/sample_variant_labels.jsonl")
+    ls = label_schema.read_labels("data/sample_variant_labels.jsonl")
     films = {f for f, _ in ls.clips}
     assert films == {v.film_id for v in sample.VARIANTS}
     adverbs = {lab.action.split(" ", 1)[0] for lab in ls.clips.values()}
@@ -80,13 +80,13 @@ def test_committed_variant_labels_parse(monkeypatch):
 
 
 def test_heldout_benchmark_is_the_committed_one(monkeypatch):
-    from animegamer_jax.eval import benchmark_file
+    from animegamer_jax.eval import table1_games
 
     monkeypatch.chdir(ROOT)
     bench = sample.heldout_benchmark("data/sample_variant_labels.jsonl")
     with open("data/benchmark/sample_heldout.json") as f:
         assert json.load(f) == bench
-    loaded = benchmark_file.load_benchmark("data/benchmark/sample_heldout.json")
+    loaded = table1_games.load_benchmark("data/benchmark/sample_heldout.json")
     rounds = [r for g in loaded.games for r in g.rounds]
     assert len(rounds) == 8 and all(g.game_id.startswith(sample.HELDOUT_FILM) for g in loaded.games)
     levels = {v: k for k, v in sample.ADVERBS.items()}
@@ -101,7 +101,7 @@ def test_training_variants_show_each_heldout_action_slow_and_fast(monkeypatch):
     instruction's whole action text (adverb included) is some training clip's."""
     monkeypatch.chdir(ROOT)
     levels = {v: k for k, v in sample.ADVERBS.items()}
-    train = [lab for (film, _), lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.items()
+    train = [lab for (film, _), lab in label_schema.read_labels("data/sample_variant_labels.jsonl").clips.items()
              if film != sample.HELDOUT_FILM]
     by_action = {}
     for lab in train:

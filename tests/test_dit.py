@@ -23,8 +23,9 @@ from animegamer_jax.convert.common import load_state_dict
 from animegamer_jax.models.cogvideox import dit_convert as conv
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.models import lora as lora_lib
-from animegamer_jax.models.cogvideox.dit import (CogVideoXDiT, DiTBlock, DiTConfig, flow_value, merge_lora,
-                                                 trainable_filter)
+from animegamer_jax.models.cogvideox.dit import (TRAINABLE_SETS, CogVideoXDiT, DiTBlock, DiTConfig, flow_value,
+                                                 merge_lora)
+from animegamer_jax.train.model import trainable_filter
 from tests.convert_checks import assert_names_bad_keys
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
@@ -286,16 +287,23 @@ def test_flow_value_table():
 
 
 def test_trainable_filters():
+    """The DiT's trainable sets (train.model.trainable_filter on a bare DiT, dit.TRAINABLE_SETS)."""
     model = CogVideoXDiT(dataclasses.replace(CFG, lora_rank=2), rngs=nnx.Rngs(0))
 
-    def names(phase):
-        st = nnx.state(model, trainable_filter(phase))
+    def names(phase, dit_trainable="paper"):
+        st = nnx.state(model, trainable_filter(phase, dit_trainable, component="dit"))
         return {".".join(str(p) for p in path) for path, _ in st.flat_state()}
 
     lora = {f"blocks.attn1.{n}.lora_{ab}" for n in ("to_q", "to_k", "to_v", "to_out") for ab in "ab"}
     flow = {f"flow_embed.linear_{i}_{k}" for i in (1, 2) for k in ("kernel", "bias")}
-    assert names("warmup") == lora | flow
-    assert names("joint") == names("adaptation") == lora | flow | {"blocks.adaln.kernel", "blocks.adaln.bias"}
+    assert names("a1") == names("a1", "all") == flow  # our a1: flow only, the DiT's LoRA stays frozen
+    assert names("a2") == names("c") == lora | flow | {"blocks.adaln.kernel", "blocks.adaln.bias"}
+    assert TRAINABLE_SETS["joint"] == TRAINABLE_SETS["adaptation"] == ("flow_embed", "adaln")
+    assert TRAINABLE_SETS["warmup"] == ("flow_embed",)  # the release's a1 set, + LoRA
+    every = {".".join(str(p) for p in path) for path, _ in nnx.state(model, nnx.Param).flat_state()}
+    assert names("a2", "all") == every
+    with pytest.raises(ValueError, match="trains \\('dit',\\), not 'mllm'"):
+        trainable_filter("c", component="mllm")
     # The one LoRA (models/lora.py): a filter on lora.LoRAParam finds the DiT's factors too.
     assert {".".join(map(str, p)) for p, _ in nnx.state(model, lora_lib.LoRAParam).flat_state()} == lora
 
@@ -430,26 +438,28 @@ def test_migrate_legacy_blocks_same_arrays_new_nesting():
 def test_migrate_system_checkpoint_end_to_end(tmp_path):
     """An old-layout system checkpoint fails to load with the fix named; after migration it loads
     with the same arrays."""
-    from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax import checkpoint, parallel
     from animegamer_jax.config import load_config
+    from animegamer_jax.convert.cogvideox_dit import migrate_system_checkpoint
 
     config = load_config("configs/tiny.py")
-    _, target, _ = sc.abstract_component("dit", config, sc.parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]))
+    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+    _, target, _ = checkpoint.abstract_component("dit", config, mesh)
     rng = np.random.default_rng(0)
-    pure = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), sc._pure(target))
+    pure = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(x.dtype), checkpoint.pure_dict(target))
     old = dict(pure, blocks=_legacy_blocks(pure["blocks"]))
-    src = sc.save_system(str(tmp_path / "old"), {"dit": old}, config)
-    with pytest.raises(sc.SystemCheckpointError, match="old flat block layout.*convert dit migrate"):
-        sc.load_system(src, names=["dit"])
-    dst = conv.migrate_system_checkpoint(src, str(tmp_path / "new"))
-    got = nnx.state(sc.load_system(dst, names=["dit"])["dit"], nnx.Param).to_pure_dict()
+    src = checkpoint.save_system(str(tmp_path / "old"), {"dit": old}, config)
+    with pytest.raises(checkpoint.SystemCheckpointError, match="old flat block layout.*convert dit migrate"):
+        checkpoint.load_system(src, names=["dit"])
+    dst = migrate_system_checkpoint(src, str(tmp_path / "new"))
+    got = nnx.state(checkpoint.load_system(dst, names=["dit"])["dit"], nnx.Param).to_pure_dict()
     flat = lambda t: {jax.tree_util.keystr(k): np.asarray(v) for k, v in jax.tree_util.tree_flatten_with_path(t)[0]}  # noqa: E731
     want = flat(pure)
     assert flat(got).keys() == want.keys()
     for k, v in flat(got).items():
         np.testing.assert_array_equal(v, want[k], err_msg=k)
     with pytest.raises(conv.ConversionError, match="already in the NNX module layout"):
-        conv.migrate_system_checkpoint(dst, str(tmp_path / "again"))
+        migrate_system_checkpoint(dst, str(tmp_path / "again"))
 
 
 def test_prepare_for_inference_merges_and_casts():

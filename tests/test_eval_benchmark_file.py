@@ -6,14 +6,14 @@ import os
 import numpy as np
 import pytest
 
-from animegamer_jax.eval import benchmark_file as bf
+from animegamer_jax.eval import table1_games
 from animegamer_jax.game import script
 
 SHIPPED = "data/benchmark/benchmark.json"
 
 
 def test_shipped_benchmark_loads():
-    b = bf.load_benchmark(SHIPPED)
+    b = table1_games.load_benchmark(SHIPPED)
     assert len(b.games) == 3
     assert all(len(g.rounds) == 10 for g in b.games)
     assert b.num_rounds == 30
@@ -30,7 +30,7 @@ def test_shipped_benchmark_loads():
 
 
 def test_write_jsonl_round_trips_through_game_script(tmp_path):
-    b = bf.load_benchmark(SHIPPED)
+    b = table1_games.load_benchmark(SHIPPED)
     out = str(tmp_path / "games.jsonl")
     b.write_jsonl(out)
     assert script.load_jsonl(out) == b.to_games()
@@ -54,7 +54,7 @@ def _valid(tmp_path):
 
 
 def test_minimal_valid_and_instruction_form(tmp_path):
-    b = bf.load_benchmark(_write(tmp_path, _valid(tmp_path)))
+    b = table1_games.load_benchmark(_write(tmp_path, _valid(tmp_path)))
     assert b.games[0].rounds[1].states == (5, -5, 5, 0)
     assert b.games[0].rounds[1].turn.motion == "run"
     assert b.characters["A"] == os.path.join(str(tmp_path), "a.png")
@@ -77,12 +77,12 @@ def test_minimal_valid_and_instruction_form(tmp_path):
 def test_malformed_files_name_the_problem(tmp_path, mutate, message):
     obj = _valid(tmp_path)
     mutate(obj)
-    with pytest.raises(bf.BenchmarkError, match=message):
-        bf.load_benchmark(_write(tmp_path, obj))
+    with pytest.raises(table1_games.BenchmarkError, match=message):
+        table1_games.load_benchmark(_write(tmp_path, obj))
 
 
 def test_missing_file_and_bad_json(tmp_path):
-    with pytest.raises(bf.BenchmarkError, match="file not found"):
-        bf.load_benchmark(str(tmp_path / "nope.json"))
-    with pytest.raises(bf.BenchmarkError, match=r"b.json:1: invalid JSON"):
-        bf.load_benchmark(_write(tmp_path, "{not json"))
+    with pytest.raises(table1_games.BenchmarkError, match="file not found"):
+        table1_games.load_benchmark(str(tmp_path / "nope.json"))
+    with pytest.raises(table1_games.BenchmarkError, match=r"b.json:1: invalid JSON"):
+        table1_games.load_benchmark(_write(tmp_path, "{not json"))

@@ -8,8 +8,8 @@ import pytest
 
 from animegamer_jax.config import load_config
 from animegamer_jax.eval import __main__ as cli
-from animegamer_jax.eval import benchmark, metrics
-from animegamer_jax.eval.benchmark_file import BenchmarkError
+from animegamer_jax.eval import metrics, table1
+from animegamer_jax.eval.table1_games import BenchmarkError
 
 
 def _small_benchmark(tmp_path):
@@ -52,7 +52,7 @@ def test_runner_writes_report_with_table1_columns(tmp_path):
     path, src = _small_benchmark(tmp_path)
     config = load_config("configs/tiny.py", ["game.write_gif=False"])
     out = str(tmp_path / "eval")
-    report = benchmark.run_benchmark(config, path, out, system=_cheap_system(config), write_games=True,
+    report = table1.run_benchmark(config, path, out, system=_cheap_system(config), write_games=True,
                                      log=lambda *_: None)
     on_disk = json.load(open(os.path.join(out, "report.json")))
     assert on_disk["metrics"] == pytest.approx(report["metrics"])
@@ -83,6 +83,6 @@ def test_cli_reports_a_bad_benchmark_before_generating(tmp_path, capsys):
     assert "'characters' must map each character name" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "report.json")
     with pytest.raises(BenchmarkError):
-        benchmark.run_benchmark(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
+        table1.run_benchmark(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
     rc = cli.main(["--standin", "--config.eval.nope=1"])
     assert rc == 2 and "unknown config key" in capsys.readouterr().err

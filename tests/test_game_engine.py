@@ -4,16 +4,20 @@ import io
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from animegamer_jax import generate, play
-from animegamer_jax import tokenizer as tk
+from animegamer_jax import cli, generate, mllm_tokenizer, play
 from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
-from animegamer_jax.game.engine import GameEngine, flow_value, turn_key
+from animegamer_jax.game import writers
+from animegamer_jax.game.api import apply_mode, flow_value
+from animegamer_jax.game.engine import GameEngine, turn_key
+from animegamer_jax.game.flags import parse_game_flags
 from animegamer_jax.game.script import Game, parse_instruction
-from animegamer_jax.game.standin import build_standin
+from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.play import define_flags
 from tests.subproc import run_python
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
@@ -33,7 +37,6 @@ def engine():
 
 
 def test_flow_table_release_semantics():
-    import jax.numpy as jnp
     got = flow_value(jnp.array([1, 2, 3, 4, 5, 0, -3]), (0.5, 2.5, 10.0, 15.0, 40.0))
     np.testing.assert_array_equal(np.asarray(got), [0.5, 2.5, 10, 15, 40, 40, 40])
 
@@ -87,10 +90,10 @@ def test_mllm_input_holds_last_w_turns(engine, monkeypatch):
         for j, t in enumerate(used):
             np.testing.assert_array_equal(inp.hist_reps[j], res["turns"][t].rep)
         # the world ids of each history turn are that turn's own predicted states
-        worlds = [i for i in range(inp.length) if inp.ids[i] == tk.ML_ID][:-1]
+        worlds = [i for i in range(inp.length) if inp.ids[i] == mllm_tokenizer.ML_ID][:-1]
         assert len(worlds) == len(used)
         for p, t in zip(worlds, used):
-            got = tuple(tk.strength_value(int(inp.ids[p + o])) for o in (1, 4, 7, 10))
+            got = tuple(mllm_tokenizer.strength_value(int(inp.ids[p + o])) for o in (1, 4, 7, 10))
             assert got == res["turns"][t].states
 
 
@@ -102,12 +105,13 @@ def test_batch_of_4_on_8_devices_equals_one_by_one():
         from animegamer_jax.config import load_config
         from animegamer_jax.game.engine import GameEngine
         from animegamer_jax.game.script import Game, parse_instruction
-        from animegamer_jax.game.standin import build_standin
+        from animegamer_jax.game.standin_system import build_standin
         from animegamer_jax import parallel
         T = TEXTS_HERE
         cfg = load_config("configs/tiny.py")
         sysm = build_standin(cfg)
-        games = [Game(f"g{i}", tuple(parse_instruction(t) for t in T[i % 2:i % 2 + 2 + i % 2]), 10 + i) for i in range(4)]
+        games = [Game(f"g{i}", tuple(parse_instruction(t) for t in T[i % 2:i % 2 + 2 + i % 2]), 10 + i)
+                 for i in range(4)]
         big = GameEngine(cfg, sysm)
         assert big.batch_size == 8, big.batch_size
         batched = big.play(games)
@@ -146,8 +150,6 @@ def _jsonl(path, seeds, extra=()):
 def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
     """Killed mid-write: no temp folder left; resume skips only games whose fingerprint and files
     check out, replays the others saying why; a user's folder of a game's name stops the run."""
-    from animegamer_jax.game import writers
-
     jl, out = tmp_path / "games.jsonl", tmp_path / "out"
     _jsonl(jl, [0, 1, 2])
     real_gif, gifs = writers.write_gif, []
@@ -206,9 +208,6 @@ def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
 
 
 def test_fingerprint_names_mode_and_override_changes():
-    from animegamer_jax.game import writers
-    from animegamer_jax.game.engine import apply_mode
-
     base = load_config("configs/tiny.py")
     ref = load_config("configs/tiny.py", ["game.mode=reference"])
     ref2 = load_config("configs/tiny.py", ["game.mode=reference", "game.fps=12", "game.out_dir=/elsewhere"])
@@ -345,15 +344,14 @@ def test_play_bad_script_line(tmp_path, capsys):
 
 
 def test_config_comes_from_the_checkpoint_when_not_given(capsys):
-    """docs/design.md#one-checkpoint-directory-for-a-whole-system: `play --checkpoint DIR` needs nothing else; --config and overrides still win."""
-    from animegamer_jax import cli
-    from animegamer_jax.play import define_flags, parse_game_flags
-
+    """docs/design.md#one-checkpoint-directory-for-a-whole-system: `play --checkpoint DIR` needs nothing
+    else; --config and overrides still win."""
     f, rest, cfg = parse_game_flags("play", ["s.txt", "--checkpoint", "checkpoints/tiny_system", "--mode", "reference",
                                              "--config.game.seed=7", "--nooverwrite", "--game-id", "g"], define_flags)
     assert cfg.name == "tiny" and cfg.mllm.hidden_size == 64 and rest == ["s.txt"]
     assert cfg.game.seed == 7 and cfg.game.mode == "reference" and f.game_id == "g" and not f.overwrite
-    _, _, cfg = parse_game_flags("play", ["--config=configs/animegamer_2b_7b.py", "--checkpoint=checkpoints/tiny_system"])
+    _, _, cfg = parse_game_flags("play", ["--config=configs/animegamer_2b_7b.py",
+                                          "--checkpoint=checkpoints/tiny_system"])
     assert cfg.mllm.hidden_size == 4096 and cfg.game.mode == "default"
     with pytest.raises(cli.UsageError, match="unknown config key 'nope'"):
         parse_game_flags("play", ["--checkpoint=checkpoints/tiny_system", "--config.game.nope=1"])

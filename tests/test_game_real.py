@@ -1,8 +1,8 @@
 """The engine on the real networks (random tiny init, saved and loaded through save_system / load_system).
 
 Run in child processes with ``JAX_THREEFRY_PARTITIONABLE=0`` (what the game commands set, see
-play.setup_jax): with it on, every program that draws random numbers (the jitted init, the
-sampler) compiles threefry for ~20 s on a loaded CPU.
+game/flags.py ``setup_jax``): with it on, every program that draws random numbers (the jitted init,
+the sampler) compiles threefry much more slowly on a CPU.
 """
 
 import pytest
@@ -15,9 +15,10 @@ PRELUDE = """
 import json, os, sys, tempfile
 import numpy as np, jax, jax.numpy as jnp
 from animegamer_jax.config import load_config
-from animegamer_jax.game.engine import GameEngine, apply_mode
+from animegamer_jax.game.api import apply_mode
+from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import Game, parse_instruction
-from animegamer_jax.game import system as gsys
+from animegamer_jax.game import loading
 T = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
      "Character: Bunny; Motion: happily stretch in the sun; Background: day meadow.",
      "Character: Bunny; Motion: quickly chase a butterfly; Background: day forest."]
@@ -31,8 +32,8 @@ def test_mllm_turn_on_padded_batch_equals_model_passes():
     padded jitted turn equal GameStateMLLM's own unpadded predict_states / forward."""
     out = run_python(PRELUDE + """
 from flax import nnx
-from animegamer_jax.game.real import mllm_turn
-from animegamer_jax.game.state import GameRun, WindowSpec, encode_instruction, stack_inputs
+from animegamer_jax.game.real_system import mllm_turn
+from animegamer_jax.game.window import GameRun, WindowSpec, encode_instruction, stack_inputs
 from animegamer_jax.models.mistral.mllm import GameStateMLLM
 cfg = load_config("configs/tiny.py")
 mllm = nnx.merge(*jax.jit(lambda: nnx.split(GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0))))())
@@ -71,14 +72,14 @@ print("ADAPTER_OK")
 def test_real_system_from_checkpoint_seeds_and_compile_once():
     out = run_python(PRELUDE + """
 from flax import nnx
-from animegamer_jax.system_checkpoint import save_system
+from animegamer_jax.checkpoint import save_system
 cfg = load_config("configs/tiny.py")
 ckpt = os.path.join(tempfile.mkdtemp(), "sys")
 # random tiny modules (all four components), saved through save_system
 from animegamer_jax.models.mistral.mllm import GameStateMLLM
 from animegamer_jax.models.shot_encoder.model import ShotEncoder
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
-from animegamer_jax.system_checkpoint import COMPONENT_BUILDERS  # the one builder registry
+from animegamer_jax.models.registry import COMPONENT_BUILDERS  # the one builder registry
 @jax.jit
 def init():
     m = {"mllm": GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0)),
@@ -90,13 +91,13 @@ comps = {k: nnx.merge(g, s) for k, (g, s) in init().items()}
 partial = os.path.join(tempfile.mkdtemp(), "no_vae")
 save_system(partial, {k: v for k, v in comps.items() if k != "vae"}, cfg)
 try:
-    gsys.load_game_system(partial, cfg)
+    loading.load_game_system(partial, cfg)
     raise SystemExit("expected a missing-component error")
-except gsys.CheckpointError as e:
+except loading.CheckpointError as e:
     assert "lacks component(s) ['vae']" in str(e), e
     print("MISSING_OK")
 save_system(ckpt, comps, cfg)
-sysm = gsys.load_game_system(ckpt, cfg)
+sysm = loading.load_game_system(ckpt, cfg)
 assert sysm.label == f"checkpoint {ckpt}", sysm.label
 eng = GameEngine(cfg, sysm)
 a = eng.play([game("a", 1)])[0]
@@ -122,7 +123,7 @@ def test_real_batch_of_4_on_8_devices_equals_one_by_one():
     out = run_python(PRELUDE + """
 from animegamer_jax import parallel
 cfg = load_config("configs/tiny.py", ["diffusion.num_sampling_steps=4"])
-sysm = gsys.build_random_system(cfg, seed=0)
+sysm = loading.build_random_system(cfg, seed=0)
 games = [game(f"g{i}", 20 + i, n=1 + i % 2) for i in range(4)]
 big = GameEngine(cfg, sysm)
 assert big.batch_size == 8

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from animegamer_jax.data import label_schema
 from animegamer_jax.game import script
 
 
@@ -29,13 +30,11 @@ def test_shipped_script_parses():
 def test_sample_tour_uses_the_labels_words():
     """make demo's second game asks for the three sample films' shots in one training variant's clip order
     (a subsequence of sample_slow's clips) and in the words of its labels."""
-    from animegamer_jax.data import labels
-
     game = script.load_script("data/games/sample_tour.txt")
     assert game.game_id == "sample_tour" and len(game.turns) == 10
     assert {t.characters for t in game.turns} >= {("Bunny",), ("Pedestrian",), ("Driver",), ("none",)}
     slow = sorted(((i, (lab.characters or ("none",), lab.action, lab.background))
-                   for (film, i), lab in labels.read_labels("data/sample_variant_labels.jsonl").clips.items()
+                   for (film, i), lab in label_schema.read_labels("data/sample_variant_labels.jsonl").clips.items()
                    if film == "sample_slow"))
     at = -1
     for t in game.turns:
@@ -72,7 +71,8 @@ def test_empty_and_non_utf8_files(tmp_path):
     empty = _write(tmp_path, "empty.txt", "# only a comment\n\n")
     with pytest.raises(script.GameScriptError, match="has no instructions"):
         script.load_script(empty)
-    bad = _write(tmp_path, "latin1.txt", "Character: A; Motion: walk; Background: day.\nCharacter: Ren\xe9e".encode("latin-1"), "wb")
+    text = "Character: A; Motion: walk; Background: day.\nCharacter: Ren\xe9e"
+    bad = _write(tmp_path, "latin1.txt", text.encode("latin-1"), "wb")
     with pytest.raises(script.GameScriptError, match=r"latin1\.txt:2: not valid UTF-8 .*Fix: save the file as UTF-8"):
         script.load_script(bad)
     with pytest.raises(script.GameScriptError, match="file not found"):

@@ -3,10 +3,16 @@
 import numpy as np
 import pytest
 
-from animegamer_jax import tokenizer as tk
+from animegamer_jax import mllm_tokenizer
 from animegamer_jax.config import load_config
-from animegamer_jax.game.state import (GameRun, InstructionTooLongError, Meters, WindowSpec,
-                                       encode_instruction)
+from animegamer_jax.game import writers
+from animegamer_jax.game.api import apply_mode
+from animegamer_jax.game.engine import batches
+from animegamer_jax.game.saving import pending_games
+from animegamer_jax.game.script import Game, parse_instruction
+from animegamer_jax.game.window import (GameRun, InstructionTooLongError, Meters, WindowSpec,
+                                        encode_instruction)
+from animegamer_jax.models.mistral.mllm import build_sequence
 
 TEXTS = [
     "Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
@@ -32,8 +38,8 @@ def release_layout(history, current, nq, window):
 
     ``history``: list of (text, states); the release puts ``<Strength_0>`` in every history field.
     """
-    tok = tk.get_tokenizer()
-    ids, att, cmp, gen = [tk.BOS_ID], [1], [False], [False]
+    tok = mllm_tokenizer.get_tokenizer()
+    ids, att, cmp, gen = [mllm_tokenizer.BOS_ID], [1], [False], [False]
     for text, _ in history[len(history) - (window - 1):] if window > 1 else []:
         head = tok.encode("<TURN>" + text)
         vid = tok.encode(video_string(nq))
@@ -79,7 +85,7 @@ def test_reference_layout_equals_release_paper_size():
         assert not inp.ids[n:].any() and not inp.attention_mask[n:].any()
         # release read-out: the last 226 positions (off by 3 vs the queries, docs/token_layout.md#read-out)
         np.testing.assert_array_equal(inp.read_idx, np.arange(n - 226, n))
-        assert inp.ids[inp.last_idx] == tk.ML_ID
+        assert inp.ids[inp.last_idx] == mllm_tokenizer.ML_ID
         run.finish_turn(ids_cur, (k + 1, 2, -1, 3), np.full((226, 8), k, np.float32))
 
 
@@ -104,7 +110,7 @@ def test_release_history_layout_with_zero_states():
 def test_window_holds_exactly_last_turns_with_own_states(window):
     spec = WindowSpec(window, 24, 48, "query", "own")
     run = GameRun(spec, rep_dim=4)
-    tok = tk.get_tokenizer()
+    tok = mllm_tokenizer.get_tokenizer()
     for k, text in enumerate(TEXTS):
         ids_cur = encode_instruction(text, spec)
         inp = run.next_input(ids_cur)
@@ -117,16 +123,17 @@ def test_window_holds_exactly_last_turns_with_own_states(window):
                 np.testing.assert_array_equal(inp.hist_reps[j], np.full((24, 4), used[j] + 1.0))
                 # the slot's positions are exactly that turn's query positions (cmp mask)
                 assert inp.cmp_mask[inp.hist_pos[j]].all()
-                np.testing.assert_array_equal(inp.ids[inp.hist_pos[j]], np.arange(tk.FRAME_BASE_ID, tk.FRAME_BASE_ID + 24))
+                first = mllm_tokenizer.FRAME_BASE_ID
+                np.testing.assert_array_equal(inp.ids[inp.hist_pos[j]], np.arange(first, first + 24))
             else:
                 assert not inp.hist_valid[j] and not inp.hist_reps[j].any()
         assert inp.cmp_mask.sum() == 24 * len(used)
         # each history turn carries its own predicted states
-        want = [tk.BOS_ID]
+        want = [mllm_tokenizer.BOS_ID]
         for t in used:
-            want += [tk.TURN_ID, *tok.encode_plain(TEXTS[t]), *tok.video_block_ids(24),
+            want += [mllm_tokenizer.TURN_ID, *tok.encode_plain(TEXTS[t]), *tok.video_block_ids(24),
                      *tok.world_ids(*((t % 5) + 1, t - 2, 1, -t))]
-        want += [tk.TURN_ID, *ids_cur, *tok.video_block_ids(24), tk.ML_ID]
+        want += [mllm_tokenizer.TURN_ID, *ids_cur, *tok.video_block_ids(24), mllm_tokenizer.ML_ID]
         np.testing.assert_array_equal(inp.ids[: inp.length], want)
         # query read-out: the current turn's 24 query slots
         assert inp.gen_mask[inp.read_idx].all() and inp.gen_mask.sum() == 24
@@ -148,8 +155,6 @@ def test_bad_mode():
 
 
 def test_reference_mode_applies_release_settings():
-    from animegamer_jax.game.engine import apply_mode
-
     cfg = apply_mode(load_config("configs/tiny.py", ["game.mode=reference"]))
     assert (cfg.mllm.history_window, cfg.mllm.readout, cfg.diffusion.cfg_schedule) == (1, "last", "release")
     base = apply_mode(load_config("configs/tiny.py"))
@@ -157,13 +162,8 @@ def test_reference_mode_applies_release_settings():
 
 
 def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
-    from animegamer_jax.game.script import Game, parse_instruction
-    from animegamer_jax.generate import batches, pending_games
-
     turn = parse_instruction(TEXTS[0])
     games = tuple(Game(f"g{i}", (turn,) * (1 + i % 2), i) for i in range(5))
-    from animegamer_jax.game import writers
-
     (tmp_path / "g2").mkdir()  # a finished game of ours (marker, game.json listing its files)
     (tmp_path / "g2" / writers.MARKER).write_text("{}")
     (tmp_path / "g2" / "game.json").write_text('{"files": {}, "fingerprint": null}')
@@ -181,10 +181,8 @@ def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
 
 @pytest.mark.parametrize("window,history_states", [(3, "own"), (2, "zero"), (1, "own")])
 def test_training_and_play_give_the_same_layout(window, history_states):
-    """models/mistral/mllm.build_sequence (training) and game/state.build_turn_input (play): same ids and masks."""
-    from animegamer_jax.models.mistral.mllm import build_sequence
-
-    tok = tk.get_tokenizer()
+    """models/mistral/mllm.build_sequence (training) and game/window.build_turn_input (play): same ids and masks."""
+    tok = mllm_tokenizer.get_tokenizer()
     spec = WindowSpec(window, 24, 48, "query", history_states)
     run = GameRun(spec, rep_dim=4)
     states = [((k % 5) + 1, k - 2, 1, -k) for k in range(len(TEXTS))]

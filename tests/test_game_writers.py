@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from animegamer_jax import video_io
 from animegamer_jax.game import writers
+from animegamer_jax.game.api import FRAME_RANGE
 
 
 def record(n):
@@ -40,14 +42,14 @@ def test_write_game_files(tmp_path):
     v = writers.read_video(os.path.join(folder, "turn_001.mp4"))
     # 24 px wide frames are enlarged 10x for the HUD; the frame sits at the top-left
     assert v.shape[0] == 17 and v.shape[2] == 240 and v.shape[1] > 160
-    up = np.repeat(np.repeat(writers.to_uint8(fr[1][5]), 10, 0), 10, 1)
+    up = np.repeat(np.repeat(video_io.to_uint8(fr[1][5], FRAME_RANGE), 10, 0), 10, 1)
     assert np.abs(v[5, :160, :240].astype(int) - up.astype(int)).mean() < 12  # lossy H.264
     assert writers.read_video(os.path.join(folder, "game.mp4")).shape[0] == 34
     gif = Image.open(os.path.join(folder, "turn_000.gif"))
     assert gif.n_frames == 17 and gif.info["duration"] in (120, 130)  # GIF stores 10 ms units
     sheet = np.asarray(Image.open(os.path.join(folder, "contact_sheet.png")))
     assert sheet.shape == (2 * 16 + 2, 6 * 24 + 5 * 2, 3)
-    np.testing.assert_array_equal(sheet[:16, :24], writers.to_uint8(fr[0][0]))
+    np.testing.assert_array_equal(sheet[:16, :24], video_io.to_uint8(fr[0][0], FRAME_RANGE))
     page = open(os.path.join(folder, "index.html")).read()
     assert page.index("turn_000.mp4") < page.index("turn_001.mp4") and "playFrom" in page
     assert writers.is_finished(folder)
@@ -66,7 +68,7 @@ def test_gallery_says_what_the_system_is(tmp_path):
 
 
 def test_hud_changes_with_meters():
-    f = writers.to_uint8(frames(1, t=1)[0])
+    f = video_io.to_uint8(frames(1, t=1)[0], FRAME_RANGE)
     a = writers.draw_hud(f, {"social": 10, "entertainment": 50, "stamina": 90}, "x", 0)
     b = writers.draw_hud(f, {"social": 90, "entertainment": 50, "stamina": 90}, "x", 0)
     assert a.shape == b.shape and a.shape[1] % 2 == 0 and a.shape[2] % 2 == 0
@@ -151,7 +153,8 @@ def test_identical_inputs_give_identical_files_and_verify(tmp_path):
     a = writers.write_game(str(tmp_path / "a"), "g", rec, frames(2), fps=8, fingerprint=fp)
     b = writers.write_game(str(tmp_path / "b"), "g", rec, frames(2), fps=8, fingerprint=fp)
     ta, tb = _tree(tmp_path / "a" / "g"), _tree(tmp_path / "b" / "g")
-    assert json.loads(ta.pop("timings.json"))["run"]["mllm"] == 1.0 and "writing" in json.loads(tb.pop("timings.json"))["run"]
+    assert json.loads(ta.pop("timings.json"))["run"]["mllm"] == 1.0
+    assert "writing" in json.loads(tb.pop("timings.json"))["run"]
     assert sorted(ta) == sorted(tb) and all(ta[k] == tb[k] for k in ta), [k for k in ta if ta[k] != tb[k]]
     assert "timings_s" not in json.loads(ta["game.json"])
     assert writers.verify_game(a, fp) is None
@@ -176,7 +179,8 @@ def test_not_writable_output(tmp_path):
 def test_gallery_look_and_turns_of_different_instruction_lengths(tmp_path):
     rec = record(2)
     rec["meter_start"] = 50
-    rec["turns"][1]["instruction"] = "Character: B; Motion: " + "run and jump over the hills " * 6 + "; Background: day."
+    rec["turns"][1]["instruction"] = ("Character: B; Motion: " + "run and jump over the hills " * 6
+                                      + "; Background: day.")
     folder = writers.write_game(str(tmp_path), "g", rec, frames(2), fps=8, write_gif_files=False)
     # one frame size for every turn (the HUD panel does not grow with the text): game.mp4 holds both
     a, b = (writers.read_video(os.path.join(folder, f"turn_{k:03d}.mp4")) for k in range(2))

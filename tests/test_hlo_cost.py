@@ -1,7 +1,5 @@
 """animegamer_jax.aot.hlo_cost: trip-count-aware FLOPs / bytes from optimized HLO text."""
 
-import importlib.util
-import os
 import re
 
 import jax
@@ -120,12 +118,12 @@ ENTRY %main (p: bf16[8,128,64]) -> (f32[2], s32[]) {
 
 
 def test_tpu_compiler_trip_count():
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from tests.tpu import tpu_devices
 
     devs = tpu_devices("v5e-4")
-    s = NamedSharding(Mesh(np.array(devs).reshape(4), ("x",)), P())
+    s = NamedSharding(Mesh(np.array(devs).reshape(4), ("x",)), PartitionSpec())
     c = (jax.jit(_scan_layers, in_shardings=(s, s), out_shardings=s)
          .lower(jax.ShapeDtypeStruct((64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((7, 128, 128), jnp.bfloat16))
          .compile())
@@ -139,15 +137,15 @@ def test_splash_attention_priced_from_its_operands():
     """The Mosaic splash kernel is a custom call XLA gives no FLOPs: its forward is priced as Q K^T
     and P V (4 B N L S H), forward + dq + dkv as 4 + 6 + 8 = 18 B N L S H; one chip of v5e-4 runs one
     of the 4 batch rows."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
+    from jax.sharding import NamedSharding, PartitionSpec
 
     from animegamer_jax import parallel
-    from animegamer_jax.models import attention as A
+    from animegamer_jax.models import attention
     from tests.tpu import tpu_devices
 
     mesh = parallel.make_mesh((1, -1, 1, 1), devices=tpu_devices("v5e-4"))
-    q = jax.ShapeDtypeStruct((4, 256, 4, 128), jnp.bfloat16, sharding=NamedSharding(mesh, P(("data", "fsdp"))))
-    fwd = lambda q, k, v: A.dot_product_attention(q, k, v, implementation="splash")  # noqa: E731
+    q = jax.ShapeDtypeStruct((4, 256, 4, 128), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec(("data", "fsdp"))))
+    fwd = lambda q, k, v: attention.dot_product_attention(q, k, v, implementation="splash")  # noqa: E731
     grad = jax.grad(lambda q, k, v: fwd(q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2))
     bnlsh = 1 * 4 * 256 * 256 * 128
     with parallel.sharding_context(mesh), jax.default_matmul_precision("default"):

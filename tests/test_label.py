@@ -1,4 +1,4 @@
-"""Automatic labelling (data/label.py, data/captioners.py) on the real sample footage: the answer parser,
+"""Automatic labelling (data/caption.py, data/captioners.py) on the real sample footage: the answer parser,
 a tiny random InternVL end to end, kill + resume, and rule-based labels -> prepare -> training steps."""
 
 import json
@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from animegamer_jax.data import captioners, label, labels, prepare, sample
+from animegamer_jax.data import caption, captioners, label_schema, prepare, sample
+from animegamer_jax.data.films import films_of_dataset, list_film_dir
 from configs import tiny
 from tests.subproc import ROOT
 
@@ -59,7 +60,7 @@ REAL_ANSWER = ('{"characters": ["Bunny"], "adverb": "slowly", "verb": "crawl out
 
 
 def _parse(text, cast=CAST):
-    return label.parse_answer(text, cast, "film", 3, 6.5)
+    return caption.parse_answer(text, cast, "film", 3, 6.5)
 
 
 def test_parser_well_formed_and_prose_around_json():
@@ -94,7 +95,7 @@ def test_parser_well_formed_and_prose_around_json():
     (REAL_ANSWER.replace('"meadow"', '""'), "bad text field", "'place'"),
 ])
 def test_parser_rejects_bad_answers(text, kind, match):
-    with pytest.raises(label.AnswerError, match=match) as e:
+    with pytest.raises(caption.AnswerError, match=match) as e:
         _parse(text)
     assert e.value.kind == kind
 
@@ -106,12 +107,12 @@ def test_labels_file_unlabelled_lines_round_trip(tmp_path):
                             json.dumps(lab.to_json()),
                             json.dumps({"type": "unlabelled", "film_id": "film", "clip_index": 4, "start": 8.0,
                                         "reason": "no JSON object in the answer"})]) + "\n")
-    got = labels.read_labels(str(p))
+    got = label_schema.read_labels(str(p))
     assert got.clips[("film", 3)] == lab and got.unlabelled == {("film", 4): (8.0, "no JSON object in the answer")}
     with open(p, "a") as f:
         f.write(json.dumps({"type": "unlabelled", "film_id": "film", "clip_index": 3, "start": 6.5}) + "\n")
-    with pytest.raises(labels.LabelError, match="duplicate"):
-        labels.read_labels(str(p))
+    with pytest.raises(label_schema.LabelError, match="duplicate"):
+        label_schema.read_labels(str(p))
 
 
 # ----------------------------------------------------------------------------- tiny InternVL end to end
@@ -189,7 +190,7 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
             return answers
 
     out = tmp_path / "labels.jsonl"
-    report = label.label_films([("sample_film", footage["film"])], Recorder(), str(out), cfg,
+    report = caption.label_films([("sample_film", footage["film"])], Recorder(), str(out), cfg,
                                characters_dir=footage["chars"], progress=False)
     print(report.summary())
     # Batches of 4 then 3 clips, each asked once and then again with the stricter prompt.
@@ -201,7 +202,7 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     assert (report.labelled, report.retried, report.unlabelled) == (0, 7, 7)
     assert set(report.reasons) <= {"no JSON object", "malformed JSON", "missing keys"}
     assert "labelled 0 / retried 7 / unlabelled 7" in report.summary()
-    got = labels.read_labels(str(out))
+    got = label_schema.read_labels(str(out))
     assert got.clips == {} and sorted(got.unlabelled) == [("sample_film", i) for i in range(7)]
     assert all("after 2 attempt(s)" in r for _, r in got.unlabelled.values())
     with pytest.raises(ValueError, match="clips marked unlabelled: 7"):
@@ -213,7 +214,7 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
 
 
 def _label_cmd(footage, out, extra=()):
-    return [sys.executable, "-m", "animegamer_jax.data.label", "--config=configs/tiny.py",
+    return [sys.executable, "-m", "animegamer_jax.data.caption", "--config=configs/tiny.py",
             f"--film=sample_film={footage['film']}", f"--characters={footage['chars']}", f"--out={out}",
             "--noprogress", *extra]
 
@@ -222,14 +223,14 @@ def _label_cmd(footage, out, extra=()):
 def reference_labels(footage):
     """Rule-based labels of the whole film in one uninterrupted run (in-process)."""
     out = footage["root"] / "reference.jsonl"
-    report = label.label_films([("sample_film", footage["film"])], captioners.RuleBasedCaptioner(0.6), str(out),
+    report = caption.label_films([("sample_film", footage["film"])], captioners.RuleBasedCaptioner(0.6), str(out),
                                _cfg(batch_size=2), characters_dir=footage["chars"], progress=False)
     assert (report.labelled, report.retried, report.unlabelled, report.total) == (7, 0, 0, 7)
     return out
 
 
 def test_rule_based_labels_match_the_footage(reference_labels):
-    got = labels.read_labels(str(reference_labels))
+    got = label_schema.read_labels(str(reference_labels))
     assert got.casts == {"sample_film": CAST}
     assert [list(got.clips[("sample_film", i)].characters) for i in range(7)] == EXPECTED_CHARACTERS
     first = got.clips[("sample_film", 0)]
@@ -263,7 +264,7 @@ def test_killed_and_resumed_labels_every_clip_once(footage, reference_labels, tm
     assert after[:len(before)] == before
     ref = {c["clip_index"]: c for c in _clip_lines(reference_labels)}
     assert {c["clip_index"]: c for c in after} == ref  # identical to the uninterrupted run
-    assert labels.read_labels(str(out)).clips == labels.read_labels(str(reference_labels)).clips
+    assert label_schema.read_labels(str(out)).clips == label_schema.read_labels(str(reference_labels)).clips
 
 
 def test_resume_refuses_other_runs_and_user_files(footage, reference_labels, tmp_path):
@@ -273,14 +274,14 @@ def test_resume_refuses_other_runs_and_user_files(footage, reference_labels, tmp
     user.write_text(open(os.path.join(ROOT, "data", "sample_labels.jsonl"), encoding="utf-8").read())
     before = user.read_text()
     with pytest.raises(FileExistsError, match="not written by this command"):
-        label.label_films(films, captioners.RuleBasedCaptioner(), str(user), cfg, characters_dir=footage["chars"],
+        caption.label_films(films, captioners.RuleBasedCaptioner(), str(user), cfg, characters_dir=footage["chars"],
                           overwrite=True, progress=False)
     assert user.read_text() == before
     copy = tmp_path / "copy.jsonl"
     copy.write_text(reference_labels.read_text())
     cfg.data.clip_seconds = 1.0
     with pytest.raises(ValueError, match="another labelling run.*clip_seconds"):
-        label.label_films(films, captioners.RuleBasedCaptioner(), str(copy), cfg, characters_dir=footage["chars"],
+        caption.label_films(films, captioners.RuleBasedCaptioner(), str(copy), cfg, characters_dir=footage["chars"],
                           progress=False)
 
 
@@ -303,7 +304,7 @@ def test_rule_labels_prepare_and_train(footage, reference_labels, tmp_path):
                                      feature_fn=features)
     assert report.num_clips == 7 and report.unlabelled == []
     index = json.load(open(os.path.join(ds, "dataset.json")))
-    lab = labels.read_labels(str(reference_labels))
+    lab = label_schema.read_labels(str(reference_labels))
     assert [r["instruction"] for r in index["clips"]] == [lab.clips[("sample_film", i)].instruction for i in range(7)]
     assert [r["states"][1:] for r in index["clips"]] == [list(lab.clips[("sample_film", i)].state_changes())
                                                           for i in range(7)]
@@ -336,9 +337,22 @@ def test_prepare_leaves_out_unlabelled_clips(footage, reference_labels, tmp_path
     index = json.load(open(tmp_path / "ds" / "dataset.json"))
     assert [r["clip_index"] for r in index["clips"]] == [0, 1, 2, 4, 5, 6]
     assert index["unlabelled"] == [{"film_id": "sample_film", "clip_index": 3, "reason": "no JSON object in the answer"}]
-    assert label.films_of_dataset(str(tmp_path / "ds")) == [("sample_film", os.path.abspath(footage["film"]))]
+    assert films_of_dataset(str(tmp_path / "ds")) == [("sample_film", os.path.abspath(footage["film"]))]
     films = tmp_path / "films"
     films.mkdir()
     os.symlink(footage["film"], films / "my_film.mp4")
     (films / "notes.txt").write_text("not a film")
-    assert label.list_film_dir(str(films)) == [("my_film", str(films / "my_film.mp4"))]
+    assert list_film_dir(str(films)) == [("my_film", str(films / "my_film.mp4"))]
+
+
+def test_deprecated_module_paths_still_run():
+    """data.label / data.labels are aliases of data.caption / data.label_schema for one release, and
+    `python -m animegamer_jax.data.label` still runs the captioning command."""
+    from animegamer_jax.data import label, labels
+
+    assert label.label_films is caption.label_films and label.main is caption.main
+    assert labels.read_labels is label_schema.read_labels and labels.LabelError is label_schema.LabelError
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    res = subprocess.run([sys.executable, "-m", "animegamer_jax.data.label", "--captioner=rule"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.startswith("error: give the films to label"), res.stderr[-2000:]

@@ -14,8 +14,8 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.models.mistral import convert as cm
-from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.models.mistral import convert as mistral_convert
+from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.convert.common import load_state_dict, restore_state, save_state
 from animegamer_jax.models.lora import LoRAParam, merge_lora
 from tests.random_weights import random_model
@@ -47,8 +47,8 @@ def _hf_model(sliding_window, seed=0):
 
 
 def _ours_from_dir(path):
-    cfg, state = cm.convert_hf_checkpoint(path, dtype="float32", param_dtype="float32")
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: mst.Mistral(cfg, rngs=nnx.Rngs(0))))
+    cfg, state = mistral_convert.convert_hf_checkpoint(path, dtype="float32", param_dtype="float32")
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: mistral.Mistral(cfg, rngs=nnx.Rngs(0))))
     return nnx.merge(graphdef, state)
 
 
@@ -82,7 +82,7 @@ def test_sliding_window_changes_logits(window_pair):
     """The window is live: removing it changes late positions but not the first `window` ones."""
     _, ours = window_pair
     ids = jnp.asarray(np.random.RandomState(1).randint(0, VOCAB, (1, 12)))
-    full = mst.causal_window_mask(jnp.arange(12)[None], jnp.arange(12)[None], None)
+    full = mistral.causal_window_mask(jnp.arange(12)[None], jnp.arange(12)[None], None)
     a, b = (np.asarray(x) for x in nnx.jit(lambda mod, x, m: (mod(x).logits, mod(x, attention_mask=m).logits))(ours, ids, full))
     np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-5)
     assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-3
@@ -91,8 +91,8 @@ def test_sliding_window_changes_logits(window_pair):
 def test_converter_reports_bad_keys(window_pair, tmp_path):
     tm, _ = window_pair
     sd = {k: v.numpy() for k, v in tm.state_dict().items()}
-    cfg = cm.config_from_hf(json.loads(tm.config.to_json_string()), dtype="float32", param_dtype="float32")
-    assert_names_bad_keys(lambda bad: cm.convert_mistral(bad, cfg), sd, drop=["model.layers.1.mlp.up_proj.weight"],
+    cfg = mistral_convert.config_from_hf(json.loads(tm.config.to_json_string()), dtype="float32", param_dtype="float32")
+    assert_names_bad_keys(lambda bad: mistral_convert.convert_mistral(bad, cfg), sd, drop=["model.layers.1.mlp.up_proj.weight"],
                           put={"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32),
                                "model.norm.weight": np.ones(63, np.float32)},
                           expect=["missing keys (1): ['model.layers.1.mlp.up_proj.weight']",
@@ -105,7 +105,7 @@ def test_v01_config_form():
     hf = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
           "num_attention_heads": 32, "num_key_value_heads": 8, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
           "sliding_window": 4096, "tie_word_embeddings": False}
-    c = cm.config_from_hf(hf)
+    c = mistral_convert.config_from_hf(hf)
     assert (c.head_dim, c.rope_theta, c.window, c.num_kv_heads) == (128, 10000.0, 4096, 8)
 
 
@@ -122,26 +122,26 @@ def test_cached_greedy_equals_uncached(window_pair):
     """16 cached greedy steps (prompt 6, window 5: crosses the window) == one uncached forward."""
     _, ours = window_pair
     prompt = jnp.asarray(np.random.RandomState(2).randint(0, VOCAB, (2, 6)))
-    n_exec = mst._decode_step._cache_size()
-    toks, step_logits = mst.greedy_generate(ours, 16, input_ids=prompt, cache_len=24)
+    n_exec = mistral._decode_step._cache_size()
+    toks, step_logits = mistral.greedy_generate(ours, 16, input_ids=prompt, cache_len=24)
     full = jnp.concatenate([prompt, toks[:, :-1]], axis=1)
     ref = np.asarray(_logits(ours, full))[:, 5:]
     err = np.abs(np.asarray(step_logits) - ref).max()
     print(f"cached vs uncached logits max abs diff: {err:.2e}")
     assert err <= 1e-4
     np.testing.assert_array_equal(np.asarray(toks), ref.argmax(-1))
-    assert mst._decode_step._cache_size() == n_exec + 1  # one executable for all 15 decode steps
+    assert mistral._decode_step._cache_size() == n_exec + 1  # one executable for all 15 decode steps
 
 
 def test_long_prompt_generate_equals_uncached(window_pair):
     """A prompt long enough for the causal query blocks (fresh cache, ``empty_cache``): the cached
     greedy steps equal one uncached forward."""
-    from animegamer_jax.models import attention as A
+    from animegamer_jax.models import attention
 
     _, ours = window_pair
-    n = A.CAUSAL_SPLIT_MIN + 20
+    n = attention.CAUSAL_SPLIT_MIN + 20
     prompt = jnp.asarray(np.random.RandomState(5).randint(0, VOCAB, (1, n)))
-    toks, step_logits = mst.greedy_generate(ours, 4, input_ids=prompt)
+    toks, step_logits = mistral.greedy_generate(ours, 4, input_ids=prompt)
     full = jnp.concatenate([prompt, toks[:, :-1]], axis=1)
     ref = np.asarray(_logits(ours, full))[:, n - 1:]
     assert np.abs(np.asarray(step_logits) - ref).max() <= 1e-4
@@ -158,33 +158,33 @@ def test_unstacked_decode_equals_scanned(window_pair):
     scan.cfg = dataclasses.replace(ours.cfg, decode_layers="scan")
     unst = nnx.merge(gd, st)
     unst.cfg = dataclasses.replace(ours.cfg, decode_layers="unstacked")
-    assert mst.unstacked_layers(scan) is None
-    per = mst.unstacked_layers(unst)
-    assert len(per) == ours.cfg.num_layers and mst.unstacked_layers(unst) is per  # split once
-    t_scan, l_scan = mst.greedy_generate(scan, 12, input_ids=prompt, cache_len=24)
-    t_unst, l_unst = mst.greedy_generate(unst, 12, input_ids=prompt, cache_len=24)
+    assert mistral.unstacked_layers(scan) is None
+    per = mistral.unstacked_layers(unst)
+    assert len(per) == ours.cfg.num_layers and mistral.unstacked_layers(unst) is per  # split once
+    t_scan, l_scan = mistral.greedy_generate(scan, 12, input_ids=prompt, cache_len=24)
+    t_unst, l_unst = mistral.greedy_generate(unst, 12, input_ids=prompt, cache_len=24)
     np.testing.assert_array_equal(np.asarray(t_unst), np.asarray(t_scan))
     np.testing.assert_allclose(np.asarray(l_unst), np.asarray(l_scan), atol=1e-5, rtol=0)
     q = unst.layers.q_proj.kernel
     q.value = q.value * 2.0  # a weight update: the cached split is stale and must be redone
-    per2 = mst.unstacked_layers(unst)
+    per2 = mistral.unstacked_layers(unst)
     assert per2 is not per
     np.testing.assert_array_equal(np.asarray(per2[1]["q_proj"]["kernel"][...]), np.asarray(q[...][1]))
     # generating after the update uses the new weights: equal to a scanned copy of the updated model
-    t_new, l_new = mst.greedy_generate(unst, 12, input_ids=prompt, cache_len=24)
+    t_new, l_new = mistral.greedy_generate(unst, 12, input_ids=prompt, cache_len=24)
     ref = nnx.merge(*nnx.split(unst))
     ref.cfg = dataclasses.replace(ours.cfg, decode_layers="scan")
-    t_ref, l_ref = mst.greedy_generate(ref, 12, input_ids=prompt, cache_len=24)
+    t_ref, l_ref = mistral.greedy_generate(ref, 12, input_ids=prompt, cache_len=24)
     assert np.abs(np.asarray(l_new) - np.asarray(l_unst)).max() > 1e-3
     np.testing.assert_allclose(np.asarray(l_new), np.asarray(l_ref), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="decode_layers"):
         bad = nnx.merge(gd, st)
         bad.cfg = dataclasses.replace(ours.cfg, decode_layers="loop")
-        mst.unstacked_layers(bad)
+        mistral.unstacked_layers(bad)
 
 
 def _lora_cfg(rank=4):
-    return mst.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
+    return mistral.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                              num_kv_heads=2, head_dim=8, sliding_window=None, dtype="float32",
                              param_dtype="float32", lora_rank=rank, lora_alpha=8.0)
 
@@ -196,7 +196,7 @@ def _randomize_lora(model, seed=0):
 
 
 def test_lora_merge_equals_unmerged():
-    m = random_model(lambda: mst.Mistral(_lora_cfg(), rngs=nnx.Rngs(0)))
+    m = random_model(lambda: mistral.Mistral(_lora_cfg(), rngs=nnx.Rngs(0)))
     for path, v in nnx.to_flat_state(nnx.state(m, LoRAParam)):  # a fresh adapter: B = 0
         if path[-1] == "lora_b":
             v[...] = jnp.zeros(v.shape)
@@ -211,7 +211,7 @@ def test_lora_merge_equals_unmerged():
 
 
 def test_lora_dropout_only_with_rng():
-    m = random_model(lambda: mst.Mistral(dataclasses.replace(_lora_cfg(), lora_dropout=0.5), rngs=nnx.Rngs(0)))
+    m = random_model(lambda: mistral.Mistral(dataclasses.replace(_lora_cfg(), lora_dropout=0.5), rngs=nnx.Rngs(0)))
     _randomize_lora(m)
     ids = jnp.asarray(np.random.RandomState(4).randint(0, VOCAB, (1, 5)))
     fwd = nnx.jit(lambda mod, x, key: mod(x, dropout_rng=key).logits)
@@ -222,13 +222,16 @@ def test_lora_dropout_only_with_rng():
 
 
 def test_trainable_filter_selects_paper_set():
-    m = nnx.eval_shape(lambda: mst.Mistral(_lora_cfg(), rngs=nnx.Rngs(0)))
-    names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, mst.trainable_filter))}
+    from animegamer_jax.train.model import trainable_filter
+
+    trainable = trainable_filter("b", component="mllm")  # matches names: selects a bare Mistral's set too
+    m = nnx.eval_shape(lambda: mistral.Mistral(_lora_cfg(), rngs=nnx.Rngs(0)))
+    names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, trainable))}
     assert "embed_tokens" in names and "lm_head" in names and "norm.weight" in names
     assert "layers.input_layernorm.weight" in names and "layers.post_attention_layernorm.weight" in names
     assert "layers.q_proj.lora_a" in names and "layers.down_proj.lora_b" in names
     assert not any(n.endswith("kernel") for n in names)
-    frozen = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, nnx.All(nnx.Param, nnx.Not(mst.trainable_filter))))}
+    frozen = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, nnx.All(nnx.Param, nnx.Not(trainable))))}
     assert frozen == {f"layers.{n}.kernel" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
 
 
@@ -242,15 +245,15 @@ _FULL_SIZE = textwrap.dedent(
     from flax import nnx
     from configs import animegamer_2b_7b
     from animegamer_jax.convert.common import count_params
-    from animegamer_jax.models.mistral import model as mst
+    from animegamer_jax.models.mistral import model as mistral
     from animegamer_jax.models.mistral.mllm import GameStateMLLM
-    from animegamer_jax.parallel import mesh as pm
+    from animegamer_jax.parallel import mesh as parallel_mesh
     cfg = animegamer_2b_7b.get_config()
-    m0 = nnx.eval_shape(lambda: mst.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(0), lora_rank=0, vocab_size=32000))
+    m0 = nnx.eval_shape(lambda: mistral.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(0), lora_rank=0, vocab_size=32000))
     mm = nnx.eval_shape(lambda: GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0)))
     st = nnx.state(mm, nnx.Param)
-    mesh = pm.make_mesh((1, 8, 1, 1))
-    sh = pm.param_shardings(st, mesh, pm.DEFAULT_RULES)
+    mesh = parallel_mesh.make_mesh((1, 8, 1, 1))
+    sh = parallel_mesh.param_shardings(st, mesh, parallel_mesh.DEFAULT_RULES)
     flat = nnx.to_flat_state(st)
     shs = {p: (s[...] if isinstance(s, nnx.Variable) else s) for p, s in nnx.to_flat_state(sh)}
     unsharded, per_device, total = [], 0, 0

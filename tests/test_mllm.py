@@ -10,24 +10,26 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax import tokenizer as tk
+from animegamer_jax import mllm_tokenizer
 from animegamer_jax.convert import animegamer_mllm as convert_cli
-from animegamer_jax.models.mistral import mllm_convert as cam
+from animegamer_jax.models.mistral import mllm_convert
 from animegamer_jax.convert.common import ConversionError, restore_state
-from animegamer_jax.models.mistral import model as mst
-from animegamer_jax.models.mistral import mllm as ml
+from animegamer_jax.models.mistral import model as mistral
+from animegamer_jax.models.mistral import mllm
+from animegamer_jax.train.model import trainable_filter
 from animegamer_jax.models.lora import LoRAParam
 from tests.random_weights import random_model
 
 V, D, REP, Q = 96, 64, 24, 6
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+MLLM_TRAINABLE = trainable_filter("b", component="mllm")  # phase b's set, relative to the GameStateMLLM
 
 
 def _base_cfg(window=None, vocab=V):
-    llm = mst.MistralConfig(vocab_size=vocab, hidden_size=D, intermediate_size=128, num_layers=2, num_heads=4,
+    llm = mistral.MistralConfig(vocab_size=vocab, hidden_size=D, intermediate_size=128, num_layers=2, num_heads=4,
                             num_kv_heads=2, head_dim=16, sliding_window=window, dtype="float32",
                             param_dtype="float32", lora_alpha=8.0)
-    return ml.MLLMConfig(llm=llm, rep_dim=REP, num_queries=Q, history_window=3)
+    return mllm.MLLMConfig(llm=llm, rep_dim=REP, num_queries=Q, history_window=3)
 
 
 def _release_like(window, vocab=V, seed=0, peft_model=True):
@@ -61,7 +63,7 @@ def _release_like(window, vocab=V, seed=0, peft_model=True):
 
 
 def _merge_state(cfg, state):
-    return nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))), state)
+    return nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: mllm.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))), state)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def _ids(b, l, seed):
 def test_peft_conversion_logits_parity(release, merge):
     pm, _, _, sd = release
     assert any(".base_layer." in k for k in sd) and any("modules_to_save.default" in k for k in sd)
-    cfg, state = cam.convert_animegamer_mllm(sd, _base_cfg(), merge_lora=merge)
+    cfg, state = mllm_convert.convert_animegamer_mllm(sd, _base_cfg(), merge_lora=merge)
     assert cfg.llm.lora_rank == (0 if merge else 4)
     m = _merge_state(cfg, state)
     ids = _ids(2, 11, 0)
@@ -96,8 +98,8 @@ def test_old_peft_naming_gives_same_state(release):
     for k, v in sd.items():
         k2 = k.replace(".base_layer.", ".").replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
         old[k2] = v
-    _, s_new = cam.convert_animegamer_mllm(sd, _base_cfg())
-    _, s_old = cam.convert_animegamer_mllm(old, _base_cfg())
+    _, s_new = mllm_convert.convert_animegamer_mllm(sd, _base_cfg())
+    _, s_old = mllm_convert.convert_animegamer_mllm(old, _base_cfg())
     for (p, a), (_, b) in zip(nnx.to_flat_state(s_new), nnx.to_flat_state(s_old)):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
@@ -108,13 +110,13 @@ def test_mllm_converter_reports_bad_keys(release):
     del bad["output_resampler.proj.2.bias"]
     bad["visual_encoder.weight"] = np.zeros(3, np.float32)
     with pytest.raises(ConversionError) as e:
-        cam.convert_animegamer_mllm(bad, _base_cfg())
+        mllm_convert.convert_animegamer_mllm(bad, _base_cfg())
     assert "missing keys (1): ['output_resampler.proj.2.bias']" in str(e.value)
     assert "unexpected keys (1): ['visual_encoder.weight']" in str(e.value)
     bad = dict(sd)
     bad.pop("llm.base_model.model.model.layers.1.mlp.up_proj.lora_B.default.weight")
     with pytest.raises(ConversionError, match=r"missing keys \(1\): \['model.layers.1.mlp.up_proj.lora_B.weight'\]"):
-        cam.convert_animegamer_mllm(bad, _base_cfg())
+        mllm_convert.convert_animegamer_mllm(bad, _base_cfg())
 
 
 def _torch_release_mask(attn_1d, window):
@@ -138,7 +140,7 @@ def _torch_release_mask(attn_1d, window):
 @pytest.mark.parametrize("window", [None, 9])
 def test_hybrid_mask_forward_matches_torch(window):
     pm, inp, outr, sd = _release_like(window, seed=3)
-    cfg, state = cam.convert_animegamer_mllm(sd, dataclasses.replace(_base_cfg(window)))
+    cfg, state = mllm_convert.convert_animegamer_mllm(sd, dataclasses.replace(_base_cfg(window)))
     m = _merge_state(cfg, state)
     b, l = 2, 24
     ids = _ids(b, l, 1)
@@ -173,14 +175,14 @@ def test_hybrid_mask_forward_matches_torch(window):
 def test_hybrid_mask_structure():
     gen = np.zeros((1, 10), bool)
     gen[0, 4:7] = True
-    m = np.asarray(ml.hybrid_mask(jnp.asarray(gen), None))[0]
+    m = np.asarray(mllm.hybrid_mask(jnp.asarray(gen), None))[0]
     assert m[4, 6] and m[5, 6] and not m[3, 4] and m[7, 6] and not m[6, 7]
     assert np.array_equal(m[:4, :4], np.tril(np.ones((4, 4), bool)))
 
 
 @pytest.fixture(scope="module")
 def tok():
-    return tk.AnimeGamerTokenizer()
+    return mllm_tokenizer.AnimeGamerTokenizer()
 
 
 def test_build_sequence_release_layout(tok):
@@ -189,38 +191,38 @@ def test_build_sequence_release_layout(tok):
              "Character: Qiqi; Motion: jump; Background: day park.",
              "Character: Qiqi; Motion: fly; Background: sky."]
     states = [(1, 2, -1, 0), (3, 0, 1, -2), (2, -3, 3, 1)]
-    s = ml.build_sequence(tok, instr, states, num_queries=226, history_window=3)
+    s = mllm.build_sequence(tok, instr, states, num_queries=226, history_window=3)
     n = [len(tok.encode_plain(t)) for t in instr]
     assert s.num_history == 2
     assert len(s.input_ids) == 1 + (1 + n[1] + 230 + 14) + (1 + n[2] + 230 + 14) + (1 + n[3] + 230 + 1)
-    assert s.input_ids[0] == tk.BOS_ID and s.input_ids[-1] == tk.ML_ID
+    assert s.input_ids[0] == mllm_tokenizer.BOS_ID and s.input_ids[-1] == mllm_tokenizer.ML_ID
     assert s.cmp_mask.sum() == 2 * 226 and s.gen_mask.sum() == 226
     g = np.nonzero(s.gen_mask)[0]
-    assert list(s.input_ids[g]) == list(range(tk.FRAME_BASE_ID, tk.FRAME_BASE_ID + 226))
-    assert s.input_ids[g[0] - 1] == tk.FRAME_ID and s.input_ids[g[-1] + 1] == tk.FRAME_END_ID
+    assert list(s.input_ids[g]) == list(range(mllm_tokenizer.FRAME_BASE_ID, mllm_tokenizer.FRAME_BASE_ID + 226))
+    assert s.input_ids[g[0] - 1] == mllm_tokenizer.FRAME_ID and s.input_ids[g[-1] + 1] == mllm_tokenizer.FRAME_END_ID
     world = tok.world_ids(*states[1])
     start = 1 + 1 + n[1] + 230
-    assert list(s.input_ids[start:start + 14]) == world and world[-3:] == [tk.ST_END_ID, tk.ST_END_ID, tk.TURN_END_ID]
-    assert (s.labels == ml.IGNORE_INDEX).all()
-    rel = ml.build_sequence(tok, instr, states, num_queries=226, history_window=3, release_history_states=True)
+    assert list(s.input_ids[start:start + 14]) == world and world[-3:] == [mllm_tokenizer.ST_END_ID, mllm_tokenizer.ST_END_ID, mllm_tokenizer.TURN_END_ID]
+    assert (s.labels == mllm.IGNORE_INDEX).all()
+    rel = mllm.build_sequence(tok, instr, states, num_queries=226, history_window=3, release_history_states=True)
     assert list(rel.input_ids[start:start + 14]) == tok.world_ids(0, 0, 0, 0)
-    w1 = ml.build_sequence(tok, instr, states, num_queries=226, history_window=1)
+    w1 = mllm.build_sequence(tok, instr, states, num_queries=226, history_window=1)
     assert w1.num_history == 0 and len(w1.input_ids) == 1 + 1 + n[3] + 230 + 1
-    tr = ml.build_sequence(tok, instr[:1], (), num_queries=226, target_states=(2, -1, 0, 4))
-    lab = tr.labels[tr.labels != ml.IGNORE_INDEX]
+    tr = mllm.build_sequence(tok, instr[:1], (), num_queries=226, target_states=(2, -1, 0, 4))
+    lab = tr.labels[tr.labels != mllm.IGNORE_INDEX]
     assert tok.parse_states(lab) == (2, -1, 0, 4) and list(tr.input_ids[-11:]) == list(lab)
     with pytest.raises(ValueError, match="history turns need"):
-        ml.build_sequence(tok, instr, states[:1])
+        mllm.build_sequence(tok, instr, states[:1])
 
 
 def test_predict_states_grammar_and_loss(tok):
-    cfg = _base_cfg(vocab=tk.VOCAB_SIZE)
+    cfg = _base_cfg(vocab=mllm_tokenizer.VOCAB_SIZE)
     cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, hidden_size=32, intermediate_size=64,
                                                            head_dim=8), num_queries=8)
-    m = random_model(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)), scale=0.3)
+    m = random_model(lambda: mllm.GameStateMLLM(cfg, rngs=nnx.Rngs(0)), scale=0.3)
     instr = ["Character: Qiqi; Motion: run; Background: day town.", "Character: Qiqi; Motion: sit; Background: room."]
-    s = ml.build_sequence(tok, instr, [(1, 2, 3, 4)], num_queries=8, history_window=2)
-    batch = ml.collate([s])
+    s = mllm.build_sequence(tok, instr, [(1, 2, 3, 4)], num_queries=8, history_window=2)
+    batch = mllm.collate([s])
     hist = jnp.asarray(np.random.RandomState(0).normal(size=(1, 1, 8, REP)), jnp.float32)
     states, ids = m.predict_states(jnp.asarray(batch["input_ids"]), cmp_mask=jnp.asarray(batch["cmp_mask"]),
                                    history_reps=hist)
@@ -228,17 +230,17 @@ def test_predict_states_grammar_and_loss(tok):
     assert ids.shape == (1, 11) and all(int(ids[0, t]) in grammar[t] for t in range(11))
     assert tuple(states[0]) == tok.parse_states(ids[0])
     # loss = CE + alpha MSE (+ cos), checked against a direct numpy computation
-    t = ml.build_sequence(tok, instr, [(1, 2, 3, 4)], num_queries=8, history_window=2, target_states=(2, 1, -1, 0))
-    b = {k: jnp.asarray(v) for k, v in ml.collate([t]).items()}
+    t = mllm.build_sequence(tok, instr, [(1, 2, 3, 4)], num_queries=8, history_window=2, target_states=(2, 1, -1, 0))
+    b = {k: jnp.asarray(v) for k, v in mllm.collate([t]).items()}
     b["history_reps"] = hist
     b["target_reps"] = jnp.asarray(np.random.RandomState(1).normal(size=(1, 8, REP)), jnp.float32)
-    m2 = random_model(lambda: ml.GameStateMLLM(dataclasses.replace(cfg, rec_loss_scale=0.5, cos_loss_scale=0.5),
+    m2 = random_model(lambda: mllm.GameStateMLLM(dataclasses.replace(cfg, rec_loss_scale=0.5, cos_loss_scale=0.5),
                                                 rngs=nnx.Rngs(0)))
     total, parts = m2.loss(b)
     out = m2(b["input_ids"], gen_mask=b["gen_mask"], cmp_mask=b["cmp_mask"], history_reps=hist)
     lg = np.asarray(out.logits)[0]
     lab = np.asarray(b["labels"])[0]
-    pos = np.nonzero(lab != ml.IGNORE_INDEX)[0]
+    pos = np.nonzero(lab != mllm.IGNORE_INDEX)[0]
     lse = np.log(np.exp(lg - lg.max(-1, keepdims=True)).sum(-1)) + lg.max(-1)
     ce = np.mean([lse[p - 1] - lg[p - 1, lab[p]] for p in pos])
     rec, tgt = np.asarray(out.rep), np.asarray(b["target_reps"])
@@ -250,9 +252,9 @@ def test_predict_states_grammar_and_loss(tok):
 
 
 def test_trainable_filter_includes_resamplers():
-    m = nnx.eval_shape(lambda: ml.GameStateMLLM(
+    m = nnx.eval_shape(lambda: mllm.GameStateMLLM(
         dataclasses.replace(_base_cfg(), llm=dataclasses.replace(_base_cfg().llm, lora_rank=2)), rngs=nnx.Rngs(0)))
-    names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, ml.trainable_filter))}
+    names = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(m, MLLM_TRAINABLE))}
     assert "input_resampler.fc1.kernel" in names and "output_resampler.fc2.bias" in names
     assert "llm.layers.q_proj.lora_a" in names and "llm.layers.q_proj.kernel" not in names
     assert len(jax.tree.leaves(nnx.state(m, LoRAParam))) == 14
@@ -262,9 +264,9 @@ def test_from_tiny_config_shapes():
     from configs import tiny
 
     c = tiny.get_config()
-    cfg = ml.MLLMConfig.from_config(c)
+    cfg = mllm.MLLMConfig.from_config(c)
     assert cfg.llm.attention_impl is None and cfg.num_queries == c.rep.num_text_tokens + c.rep.num_image_tokens
-    m = nnx.eval_shape(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
+    m = nnx.eval_shape(lambda: mllm.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
     assert m.llm.layers.q_proj.kernel.shape == (c.mllm.num_layers, c.mllm.hidden_size, c.mllm.num_heads, c.mllm.head_dim)
     assert m.llm.layers.gate_proj.lora_a.shape == (c.mllm.num_layers, c.mllm.hidden_size, c.mllm.lora_rank)
     assert m.input_resampler.fc1.kernel.shape == (c.rep.dim, c.mllm.hidden_size)
@@ -277,7 +279,7 @@ def test_mllm_cli_roundtrip(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     from configs import tiny
-    from animegamer_jax.models.mistral import convert as cm
+    from animegamer_jax.models.mistral import convert as mistral_convert
 
     c = tiny.get_config()
     m = c.mllm
@@ -294,8 +296,8 @@ def test_mllm_cli_roundtrip(tmp_path):
     torch.save(sd, tmp_path / "pytorch_model.bin")
     assert convert_cli.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"), "--config", "configs/tiny.py",
                              "--param_dtype", "float32", "--lora_alpha", "4"]) == 0
-    cfg, state = cam.convert_animegamer_mllm({k: v.numpy() for k, v in sd.items()},
-                                             ml.MLLMConfig.from_config(c, param_dtype="float32"), lora_alpha=4.0)
+    cfg, state = mllm_convert.convert_animegamer_mllm({k: v.numpy() for k, v in sd.items()},
+                                             mllm.MLLMConfig.from_config(c, param_dtype="float32"), lora_alpha=4.0)
     assert (cfg.llm.lora_rank, cfg.llm.lora_targets, cfg.llm.lora_alpha) == (2, ("q_proj", "v_proj"), 4.0)
     back = restore_state(state, str(tmp_path / "out" / "params"))
     for (p, a), (_, b) in zip(nnx.to_flat_state(state), nnx.to_flat_state(back)):
@@ -308,20 +310,20 @@ def test_train_step_updates_only_trainable_set():
 
     cfg = _base_cfg()
     cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, lora_rank=2))
-    m = random_model(lambda: ml.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
-    opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=ml.trainable_filter)
+    m = random_model(lambda: mllm.GameStateMLLM(cfg, rngs=nnx.Rngs(0)))
+    opt = nnx.Optimizer(m, optax.adam(1e-2), wrt=MLLM_TRAINABLE)
     rng = np.random.RandomState(0)
     b, l = 2, 16
     gen = np.zeros((b, l), bool)
     gen[:, 4:4 + Q] = True
-    lab = np.full((b, l), ml.IGNORE_INDEX)
+    lab = np.full((b, l), mllm.IGNORE_INDEX)
     lab[:, 12:] = rng.randint(3, V, (b, 4))
     batch = {"input_ids": jnp.asarray(rng.randint(3, V, (b, l))), "gen_mask": jnp.asarray(gen),
              "labels": jnp.asarray(lab), "target_reps": jnp.asarray(rng.normal(size=(b, Q, REP)), jnp.float32)}
 
     @nnx.jit
     def step(model, optimizer):
-        grad_fn = nnx.value_and_grad(lambda mm: mm.loss(batch)[0], argnums=nnx.DiffState(0, ml.trainable_filter))
+        grad_fn = nnx.value_and_grad(lambda mm: mm.loss(batch)[0], argnums=nnx.DiffState(0, MLLM_TRAINABLE))
         loss, grads = grad_fn(model)
         optimizer.update(model, grads)
         return loss

@@ -1,7 +1,7 @@
 """``mllm.history_attention = "turn_window"``: the MLLM's KV cache kept across turns.
 
 Tiny config (fp32, CPU), W = 3, 6 turns of uneven instruction lengths, so turns 0..2 are evicted
-on the way: the persistent cache (game/real.py ``mllm_turn_cached``, one prefill of the new
+on the way: the persistent cache (game/real_system.py ``mllm_turn_cached``, one prefill of the new
 tokens per turn) against a full recompute of the whole game with the same turn-window mask
 (``turn_layout`` of every turn + ``hybrid_attention_mask(..., turn_ids, W)``, and pass A greedy by
 full forwards without any cache). Then the engine: a game whose cache is rebuilt by recompute
@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import tokenizer as tk
+from animegamer_jax import mllm_tokenizer
 from animegamer_jax.config import load_config
-from animegamer_jax.game import real
-from animegamer_jax.game.state import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
+from animegamer_jax.game import real_system
+from animegamer_jax.game import window
+from animegamer_jax.game.window import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
                                        encode_instruction, stack_cached_inputs)
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mistral.mllm import GameStateMLLM, collate, hybrid_attention_mask, turn_layout
@@ -58,10 +59,10 @@ def _full_recompute(mllm, texts, history, q, t_dec, pad_to):
     def pad(a, fill):
         return jnp.asarray(np.concatenate([a, np.full(pad_to - n, fill, a.dtype)])[None])
 
-    ids = np.concatenate([seq.input_ids, np.full(pad_to - n, tk.PAD_ID, np.int32)])
+    ids = np.concatenate([seq.input_ids, np.full(pad_to - n, mllm_tokenizer.PAD_ID, np.int32)])
     cmp, turns = pad(seq.cmp_mask, False), pad(seq.turn_ids, seq.turn_ids[-1])  # decoded ids: current turn
     rep = _pass_b(mllm, jnp.asarray(ids[None]), pad(seq.gen_mask, False), cmp, hist, turns)
-    grammar = tk.AnimeGamerTokenizer.state_grammar()[:t_dec]
+    grammar = mllm_tokenizer.AnimeGamerTokenizer.state_grammar()[:t_dec]
     toks, logits = [], []
     for t in range(t_dec):
         lg = np.asarray(_pass_a_logits(mllm, jnp.asarray(ids[None]), cmp, hist, turns, n - 1 + t))[0]
@@ -90,8 +91,8 @@ def _pass_a_logits(mllm, ids, cmp, hist, turns, at):
 def test_persistent_cache_equals_full_recompute_6_turns_w3(setup):
     cfg, mllm, spec = setup
     q, plan = spec.num_queries, CachePlan.from_spec(spec)
-    turn = jax.jit(lambda c, b: real.mllm_turn_cached(mllm, c, b, plan, "query"))
-    cache = real.TurnKVCache.init(mllm.cfg.llm, 1, plan)
+    turn = jax.jit(lambda c, b: real_system.mllm_turn_cached(mllm, c, b, plan, "query"))
+    cache = window.TurnKVCache.init(mllm.cfg.llm, 1, plan)
     ids = [encode_instruction(t, spec) for t in TEXTS]
     assert len({len(i) for i in ids}) == TURNS  # uneven turns: slots and positions are per turn
     # longest game sequence + decoded ids: one compiled full-recompute program
@@ -103,7 +104,7 @@ def test_persistent_cache_equals_full_recompute_6_turns_w3(setup):
         states, rep, cache, logits = turn(cache, batch)
         ref_rep, ref_toks, ref_logits = _full_recompute(mllm, [list(i) for i in ids[:k + 1]], history, q,
                                                         plan.decode_tokens, pad_to)
-        ref_states = ref_toks[[0, 3, 6, 9]] - tk.STRENGTH_BASE_ID + tk.STRENGTH_MIN
+        ref_states = ref_toks[[0, 3, 6, 9]] - mllm_tokenizer.STRENGTH_BASE_ID + mllm_tokenizer.STRENGTH_MIN
         assert tuple(np.asarray(states)[0]) == tuple(ref_states), (k, states, ref_states)
         errs.append(float(np.abs(np.asarray(logits)[0] - ref_logits).max()))
         np.testing.assert_allclose(np.asarray(logits)[0], ref_logits, atol=TOL, rtol=0, err_msg=f"turn {k}")
@@ -141,14 +142,14 @@ def test_engine_cache_rebuilt_by_recompute_plays_on_equal(setup):
     stored turns (no cache: rebuilt by recompute): equal states, s_a within 1e-5."""
     from animegamer_jax.game.engine import GameEngine
     from animegamer_jax.game.script import Game, parse_instruction
-    from animegamer_jax.game.session import TurnByTurnGame
-    from animegamer_jax.game.standin import build_standin
+    from animegamer_jax.game.turn_by_turn import TurnByTurnGame
+    from animegamer_jax.game.standin_system import build_standin
 
     cfg, mllm, _ = setup
     g, s = nnx.split(mllm)
     st = build_standin(cfg)
     system = dataclasses.replace(st, params={**st.params, "mllm": s},
-                                 **real.cached_mllm_functions(g, mllm.cfg.llm, cfg))
+                                 **real_system.cached_mllm_functions(g, mllm.cfg.llm, cfg))
     engine = GameEngine(cfg, system)
     turns = [parse_instruction(t) for t in TEXTS[:5]]
     full = engine.play([Game("g", tuple(turns), 7)])[0]["turns"]

@@ -36,7 +36,7 @@ def test_sharded_jit_on_8_cpu_devices():
         import json
         import jax, jax.numpy as jnp, numpy as np
         from flax import nnx
-        from animegamer_jax import parallel as P
+        from animegamer_jax import parallel
         from configs import tiny
 
         class MLP(nnx.Module):
@@ -45,23 +45,23 @@ def test_sharded_jit_on_8_cpu_devices():
                 self.w1 = nnx.Param(nnx.with_partitioning(init, ("embed", "mlp"))(rngs.params(), (16, 32)))
                 self.w2 = nnx.Param(nnx.with_partitioning(init, ("mlp", "embed"))(rngs.params(), (32, 16)))
             def __call__(self, x):
-                x = P.constrain(x, ("act_batch", "act_embed"))
-                h = P.constrain(jnp.tanh(x @ self.w1[...]), ("act_batch", "act_mlp"))
-                return P.constrain(h @ self.w2[...], ("act_batch", "act_embed"))
+                x = parallel.constrain(x, ("act_batch", "act_embed"))
+                h = parallel.constrain(jnp.tanh(x @ self.w1[...]), ("act_batch", "act_mlp"))
+                return parallel.constrain(h @ self.w2[...], ("act_batch", "act_embed"))
 
         cfg = tiny.get_config(); cfg.mesh.shape = (2, 2, 2, 1)
-        mesh = P.mesh_from_config(cfg)
-        rules = P.rules_from_config(cfg)
-        model = P.create_sharded_model(lambda: MLP(nnx.Rngs(0)), mesh, rules)
+        mesh = parallel.mesh_from_config(cfg)
+        rules = parallel.rules_from_config(cfg)
+        model = parallel.create_sharded_model(lambda: MLP(nnx.Rngs(0)), mesh, rules)
         x = np.random.RandomState(0).randn(8, 16).astype(np.float32)
-        xs = P.shard_batch({"x": x}, mesh, rules)["x"]
-        with P.sharding_context(mesh, rules):
+        xs = parallel.shard_batch({"x": x}, mesh, rules)["x"]
+        with parallel.sharding_context(mesh, rules):
             y = nnx.jit(lambda m, x: m(x))(model, xs)
         ref = MLP(nnx.Rngs(0))(x)
         err = None
         try:
-            P.shard_batch({"x": x[:6]}, mesh, rules)
-        except P.ShardingConfigError as e:
+            parallel.shard_batch({"x": x[:6]}, mesh, rules)
+        except parallel.ShardingConfigError as e:
             err = str(e)
         print(json.dumps({
             "devices": jax.device_count(), "mesh": dict(mesh.shape),
@@ -82,13 +82,13 @@ def test_sharded_jit_on_8_cpu_devices():
 _WORKER = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
-from animegamer_jax import parallel as P
+from animegamer_jax import parallel
 pid, port = int(sys.argv[1]), int(sys.argv[2])
-assert P.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-mesh = P.make_mesh((-1, 1, 1, 1))
+assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+mesh = parallel.make_mesh((-1, 1, 1, 1))
 # each process holds its half of the global batch [0..7]
 local = np.arange(4, dtype=np.float32) + 4 * pid
-sharding = P.batch_sharding(mesh, 1)
+sharding = parallel.batch_sharding(mesh, 1)
 garr = jax.make_array_from_process_local_data(sharding, local, (8,))
 total = jax.jit(jnp.sum, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(garr)
 print(json.dumps({"pid": jax.process_index(), "count": jax.process_count(), "devices": jax.device_count(),

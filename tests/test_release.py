@@ -38,14 +38,14 @@ def converted(tmp_path_factory):
 
 
 def test_convert_release_writes_one_system_checkpoint(converted):
-    from animegamer_jax import system_checkpoint as sc
+    from animegamer_jax import checkpoint
 
-    m = sc.read_manifest(converted)
-    assert m["components"] == sorted(sc.COMPONENTS)
+    m = checkpoint.read_manifest(converted)
+    assert m["components"] == sorted(checkpoint.COMPONENTS)
     # counts from the fixture's module sizes (README "Tiny sizes"), e.g. the DiT and E_a
     assert m["param_counts"]["shot_encoder"] == (32 * 64 + 64 + 64 * 64 + 64) + (768 * 64 + 64 + 64 * 64 + 64) + 4 * 64
     assert m["param_counts"]["mllm"] > m["param_counts"]["dit"] > 0
-    assert sc.load_config(converted).name == "release_tiny"
+    assert checkpoint.load_config(converted).name == "release_tiny"
     assert not [p for p in os.listdir(os.path.dirname(converted)) if ".partial-" in p]
 
 

@@ -100,9 +100,9 @@ def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
     import jax
     from flax import nnx
 
-    from animegamer_jax import system_checkpoint as sc
-    from animegamer_jax.models.mistral import convert as cm
     from animegamer_jax.convert import release
+    from animegamer_jax.models import registry
+    from animegamer_jax.models.mistral import convert as mistral_convert
 
     paper, one = _paper_and_one_layer()
     layer_counts = {"layers.": paper.mllm.num_layers, "adaLN": paper.dit.num_layers,
@@ -159,14 +159,14 @@ def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
                 else:
                     got[key] = tuple(np.shape(leaf))
             if isinstance(job, release._DiTJob):
-                from animegamer_jax.models.cogvideox import dit_convert as cd
+                from animegamer_jax.models.cogvideox import dit_convert
 
-                for k, v in cd.sat_layer(job.sd, job.cfg, job.rank, 0).items():
+                for k, v in dit_convert.sat_layer(job.sd, job.cfg, job.rank, 0).items():
                     got["/".join(("blocks",) + k)] = (1,) + v.shape
         else:
             got = _shapes(job)
         del job
-        want = _shapes(nnx.state(nnx.eval_shape(lambda: sc.COMPONENT_BUILDERS[name](paper, nnx.Rngs(0)))))
+        want = _shapes(nnx.state(nnx.eval_shape(lambda: registry.build_component(name, paper, nnx.Rngs(0)))))
         stacked = {"mllm": paper.mllm.num_layers, "dit": paper.dit.num_layers, "t5": paper.t5.num_layers}.get(name)
         # the 1-layer tree's leading layer axis (size 1) becomes the paper config's layer count
         exp = {p: ((stacked,) + s[1:] if stacked and ("layers/" in p or p.startswith("blocks/")) else s)
@@ -193,10 +193,10 @@ def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
     vae_eng = {k[len("first_stage_model."):]: v for k, v in manifest["engine"].items() if k.startswith("first_stage_model.")}
     assert vae_eng == manifest["vae"]
     # the Mistral folder (fallback for base weights) has exactly the HF keys of the base model, vocab 32000
-    mcfg = cm.config_from_hf({"vocab_size": 32000, "hidden_size": paper.mllm.hidden_size,
+    mcfg = mistral_convert.config_from_hf({"vocab_size": 32000, "hidden_size": paper.mllm.hidden_size,
                               "intermediate_size": paper.mllm.intermediate_size, "num_hidden_layers": paper.mllm.num_layers,
                               "num_attention_heads": paper.mllm.num_heads, "num_key_value_heads": paper.mllm.num_kv_heads})
-    cm.check_keys({k: _zeros(v["shape"]) for k, v in manifest["mistral"].items()}, cm._expected_keys(mcfg, ""), "mistral")
+    mistral_convert.check_keys({k: _zeros(v["shape"]) for k, v in manifest["mistral"].items()}, mistral_convert._expected_keys(mcfg, ""), "mistral")
     with capsys.disabled():
         for name, (n, mapped, dropped, why) in report.items():
             print(f"\ncoverage {FILES[name]}: {n} keys, {mapped} mapped, {dropped} dropped on purpose {why}")

@@ -1,4 +1,4 @@
-"""The web front end (``python -m animegamer_jax.serve``) on the shipped tiny system.
+"""The web front end (``python -m animegamer_jax.web``) on the shipped tiny system.
 
 One server for the module (one engine, one compile): HTTP-level tests (bad input, two games at
 once, failed turns, the CLI's error) and a real-browser test (headless Debian Chromium driven by
@@ -8,6 +8,7 @@ test is skipped, saying so, only where it could not be installed.
 """
 
 import base64
+import dataclasses
 import http.cookiejar
 import io
 import json
@@ -20,15 +21,19 @@ import urllib.error
 import urllib.request
 import zipfile
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image
 
-from animegamer_jax import play, system_checkpoint
-from animegamer_jax.game import writers
+from animegamer_jax import checkpoint
+from animegamer_jax.config import load_config
+from animegamer_jax.game import saving, writers
+from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import GameScriptError, parse_instruction
-from animegamer_jax.serve import HttpThread, build_server
-from animegamer_jax.web.app import create_app
+from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.web.app import HttpThread, create_app
+from animegamer_jax.web.server import build_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = os.path.join(ROOT, "checkpoints", "tiny_system")
@@ -38,7 +43,7 @@ TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_games")
-    server = build_server(system_checkpoint.load_config(CKPT), CKPT, out=str(out))
+    server = build_server(checkpoint.load_config(CKPT), CKPT, out=str(out))
     server.start()
     http = HttpThread(create_app(server)).start()
     yield server, http
@@ -102,7 +107,7 @@ def test_bad_input_is_refused_with_the_parsers_message(served):
     status, state = c.json("/api/state")
     assert status == 200 and state["turns"] == [] and state["download"] is None
     # what the shipped system is (its checkpoint's manifest description), for the page's #about line
-    assert state["system_description"] == system_checkpoint.read_manifest(CKPT)["description"]
+    assert state["system_description"] == checkpoint.read_manifest(CKPT)["description"]
     assert "81 two-second 64x96 clips" in state["system_description"]
     assert (server.turns_played, sorted(os.listdir(server.out_dir))) == before
 
@@ -137,7 +142,8 @@ def test_two_games_at_once(served):
     sa, sb = ev_a[-1]["state"], ev_b[-1]["state"]
     assert sa["game_id"] != sb["game_id"]
     assert [t["instruction"] for t in sa["turns"]] == ["Character: Bunny; Motion: slowly walk; Background: day meadow."]
-    assert [t["instruction"] for t in sb["turns"]] == ["Character: Squirrel; Motion: quickly climb a tree; Background: forest."]
+    assert [t["instruction"] for t in sb["turns"]] == [
+        "Character: Squirrel; Motion: quickly climb a tree; Background: forest."]
     assert a.json("/api/state")[1]["turns"] == sa["turns"] and b.json("/api/state")[1]["game_id"] == sb["game_id"]
     # saved after the turn, in the play layout
     for s in (sa, sb):
@@ -179,7 +185,7 @@ def test_failed_turn_leaves_the_game_as_it_was(served, monkeypatch):
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(play, "save_game", full_disk)
+    monkeypatch.setattr(saving, "save_game", full_disk)
     ev = Client.events(c.open_turn(body))
     assert ev[-1]["event"] == "error" and "could not be saved" in ev[-1]["message"]
     state = c.json("/api/state")[1]
@@ -201,8 +207,9 @@ def test_idle_sessions_are_dropped_past_the_cap(served, monkeypatch):
     assert server.session(b.id) is not b  # a dropped session's cookie gets a fresh session
 
 
-def test_cli_reports_a_missing_checkpoint():
-    proc = subprocess.run([sys.executable, "-m", "animegamer_jax.serve", "--checkpoint", "/nonexistent/ckpt",
+@pytest.mark.parametrize("module", ["animegamer_jax.web", "animegamer_jax.serve"])  # the command, its old name
+def test_cli_reports_a_missing_checkpoint(module):
+    proc = subprocess.run([sys.executable, "-m", module, "--checkpoint", "/nonexistent/ckpt",
                            "--nowarmup"], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -220,8 +227,8 @@ def browser(tmp_path):
     if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
         pytest.skip("headless Chromium is not installed (no chromium / chromedriver on PATH). Fix: "
                     "`make browser` (apt-get install chromium chromium-driver); make test and CI run it")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    from selenium import webdriver  # optional
+    from selenium.webdriver.chrome.service import Service  # optional
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
@@ -306,7 +313,8 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
     assert len(rec["turns"]) == 2
     # the page and the saved game say what the system is
     about = d.execute_script("return document.querySelector('#about').textContent")
-    assert about == rec["system_description"] == server.engine.system.description and "81 two-second 64x96 clips" in about
+    assert about == rec["system_description"] == server.engine.system.description
+    assert "81 two-second 64x96 clips" in about
     prev = start
     for meters_page, turn in ((m1, rec["turns"][0]), (m2, rec["turns"][1])):
         want = turn["meters"]
@@ -352,14 +360,6 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
 
 def test_engine_streams_decode_chunks():
     """GameEngine.step(on_frames=...) runs system.decode_chunk over decode_plan, the cache carried."""
-    import dataclasses
-
-    import jax.numpy as jnp
-
-    from animegamer_jax.config import load_config
-    from animegamer_jax.game.engine import GameEngine
-    from animegamer_jax.game.standin import build_standin
-
     cfg = load_config("configs/tiny.py")
 
     def decode(p, z):  # causal in time: frame t depends on latents 0..t

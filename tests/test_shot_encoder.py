@@ -9,11 +9,11 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.models.shot_encoder import convert as cs
+from animegamer_jax.models.shot_encoder import convert as shot_encoder_convert
 from animegamer_jax.convert.common import ConversionError
-from animegamer_jax.models.shot_encoder import model as ms
+from animegamer_jax.models.shot_encoder import model as shot_encoder_model
 
-CFG = ms.ShotEncoderConfig(dim=24, text_dim=16, image_dim=12, num_text_tokens=5, num_image_tokens=9)
+CFG = shot_encoder_model.ShotEncoderConfig(dim=24, text_dim=16, image_dim=12, num_text_tokens=5, num_image_tokens=9)
 
 
 class TorchMix(torch.nn.Module):
@@ -46,8 +46,8 @@ def _torch_ref():
         for name, p in ref.named_parameters():
             if "norm" in name:
                 p.add_(0.3 * torch.randn_like(p))
-    sd = {cs.SAT_PREFIX + k: v for k, v in ref.state_dict().items()}
-    sd[cs.SAT_PREFIX + "proj.weight"] = torch.zeros(24, 16, 2, 2)  # patch conv: not E_a
+    sd = {shot_encoder_convert.SAT_PREFIX + k: v for k, v in ref.state_dict().items()}
+    sd[shot_encoder_convert.SAT_PREFIX + "proj.weight"] = torch.zeros(24, 16, 2, 2)  # patch conv: not E_a
     sd["model.diffusion_model.transformer.layers.0.attention.dense.weight"] = torch.zeros(2, 2)
     return ref, sd
 
@@ -55,8 +55,8 @@ def _torch_ref():
 @pytest.mark.parity
 def test_parity_and_uncond():
     ref, sd = _torch_ref()
-    graphdef, _ = nnx.split(nnx.eval_shape(lambda: ms.ShotEncoder(CFG, rngs=nnx.Rngs(0))))
-    model = nnx.merge(graphdef, jax.tree.map(jnp.asarray, cs.convert_shot_encoder(sd, CFG)))
+    graphdef, _ = nnx.split(nnx.eval_shape(lambda: shot_encoder_model.ShotEncoder(CFG, rngs=nnx.Rngs(0))))
+    model = nnx.merge(graphdef, jax.tree.map(jnp.asarray, shot_encoder_convert.convert_shot_encoder(sd, CFG)))
     rng = np.random.default_rng(0)
     t = rng.standard_normal((2, 5, 16)).astype(np.float32)
     i = rng.standard_normal((2, 9, 12)).astype(np.float32)
@@ -80,23 +80,23 @@ def test_parity_and_uncond():
 
 def test_converter_is_loud():
     _, sd = _torch_ref()
-    del sd[cs.SAT_PREFIX + "ip_proj.2.bias"]
-    sd[cs.SAT_PREFIX + "mix_proj.weight"] = torch.zeros(226, 483)
-    sd[cs.SAT_PREFIX + "text_proj.0.weight"] = torch.zeros(24, 15)
+    del sd[shot_encoder_convert.SAT_PREFIX + "ip_proj.2.bias"]
+    sd[shot_encoder_convert.SAT_PREFIX + "mix_proj.weight"] = torch.zeros(226, 483)
+    sd[shot_encoder_convert.SAT_PREFIX + "text_proj.0.weight"] = torch.zeros(24, 15)
     with pytest.raises(ConversionError) as e:
-        cs.convert_shot_encoder(sd, CFG)
+        shot_encoder_convert.convert_shot_encoder(sd, CFG)
     msg = str(e.value)
     assert "ip_proj.2.bias" in msg and "mix_proj.weight" in msg
     assert "text_proj.fc_in.kernel: source gives (15, 24), model expects (16, 24)" in msg
     with pytest.raises(ValueError, match="widths"):
-        ms.ShotEncoder(CFG, rngs=nnx.Rngs(0))(jnp.zeros((1, 5, 12)), jnp.zeros((1, 9, 12)))
+        shot_encoder_model.ShotEncoder(CFG, rngs=nnx.Rngs(0))(jnp.zeros((1, 5, 12)), jnp.zeros((1, 9, 12)))
 
 
 def test_full_size_eval_shape():
     from configs import animegamer_2b_7b
 
-    cfg = ms.ShotEncoderConfig.from_config(animegamer_2b_7b.get_config())
-    model = nnx.eval_shape(lambda: ms.ShotEncoder(cfg, rngs=nnx.Rngs(0)))
+    cfg = shot_encoder_model.ShotEncoderConfig.from_config(animegamer_2b_7b.get_config())
+    model = nnx.eval_shape(lambda: shot_encoder_model.ShotEncoder(cfg, rngs=nnx.Rngs(0)))
     out = jax.eval_shape(lambda m, t, i: m(t, i), model, jax.ShapeDtypeStruct((4, 30, 4096), jnp.float32),
                          jax.ShapeDtypeStruct((4, 196, 768), jnp.float32))
     assert out.shape == (4, 226, 1920)
@@ -115,7 +115,7 @@ def test_tiny_end_to_end_from_frames_and_text():
     c = tiny.get_config()
     clip = random_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(c.clip), rngs=nnx.Rngs(0)), 0)
     t5 = random_model(lambda: T5Encoder(T5Config.from_config(c.t5), rngs=nnx.Rngs(0)), 1)
-    ea = random_model(lambda: ms.ShotEncoder.from_config(c, rngs=nnx.Rngs(0)), 2)
+    ea = random_model(lambda: shot_encoder_model.ShotEncoder.from_config(c, rngs=nnx.Rngs(0)), 2)
     ids = T5Tokenizer(c.t5.spiece_model, c.t5.max_length)(["the cat run forward", "sit down"])
     frames = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (2, 48, 72, 3)), jnp.float32)
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from animegamer_jax import parallel
-from animegamer_jax.data import extract_features as ef
+from animegamer_jax.data import extract_features
 from animegamer_jax.data import storage
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
@@ -79,16 +79,16 @@ def test_extract_batched_resumable_and_exact(dataset, models, tmp_path):
     ds, frames = dataset
     clip, t5, tok = models
     mesh = parallel.make_mesh((-1, 1, 1, 1))
-    enc = ef.FeatureEncoder(clip, t5, mesh)
+    enc = extract_features.FeatureEncoder(clip, t5, mesh)
     out = str(tmp_path / "feat")
     meta = {"weights": "random-0"}
-    r1 = ef.extract_features(ds, out, enc, tok, batch_size=2, meta=meta, max_batches=1, progress=False)
+    r1 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta=meta, max_batches=1, progress=False)
     assert (r1.computed, r1.already_done, r1.num_clips) == (2, 0, 5)
-    with pytest.raises(ef.FeatureStoreError, match="not extracted"):
-        ef.load_features(out)
-    r2 = ef.extract_features(ds, out, enc, tok, batch_size=2, meta=meta)
+    with pytest.raises(extract_features.FeatureStoreError, match="not extracted"):
+        extract_features.load_features(out)
+    r2 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta=meta)
     assert (r2.computed, r2.already_done) == (3, 2)  # last batch: 1 clip + 1 pad
-    feats = ef.load_features(out)
+    feats = extract_features.load_features(out)
     assert feats["f_v"].shape == (5, 16, 32) and feats["f_md"].shape == (5, 8, 32) and feats["done"].all()
 
     want_v = nnx.jit(lambda m, x: m.encode_reference(x))(clip, jnp.asarray(frames, jnp.float32) / 127.5 - 1.0)
@@ -98,15 +98,15 @@ def test_extract_batched_resumable_and_exact(dataset, models, tmp_path):
     # Different clips give different features (no pad or index mix-up).
     assert np.abs(feats["f_v"][0] - feats["f_v"][1]).max() > 1e-3
 
-    r3 = ef.extract_features(ds, out, enc, tok, batch_size=2, meta=meta, progress=False)
+    r3 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta=meta, progress=False)
     assert (r3.computed, r3.already_done) == (0, 5)
-    with pytest.raises(ef.FeatureStoreError, match="weights"):
-        ef.extract_features(ds, out, enc, tok, batch_size=2, meta={"weights": "other"}, progress=False)
-    r4 = ef.extract_features(ds, out, enc, tok, batch_size=2, meta={"weights": "other"}, overwrite=True,
+    with pytest.raises(extract_features.FeatureStoreError, match="weights"):
+        extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta={"weights": "other"}, progress=False)
+    r4 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta={"weights": "other"}, overwrite=True,
                              dtype="float16", max_batches=1, progress=False)
     assert r4.computed == 2 and np.load(os.path.join(out, "f_v.npy"), mmap_mode="r").dtype == np.float16
     with pytest.raises(KeyError, match="no_such_field"):
-        ef.extract_features(ds, str(tmp_path / "x"), enc, tok, batch_size=2, text_field="no_such_field")
+        extract_features.extract_features(ds, str(tmp_path / "x"), enc, tok, batch_size=2, text_field="no_such_field")
 
 
 

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import play, system_checkpoint as sc
+from animegamer_jax import checkpoint, play, system_checkpoint
+from animegamer_jax.checkpoint import __main__ as checkpoint_cli
+from animegamer_jax.checkpoint import integrity
 from configs import tiny
 from tests.test_train import Toy
 
@@ -20,7 +22,7 @@ BUILDERS = {"dit": lambda c, r: Toy(r)}
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("ck") / "sys")
-    return sc.save_system(d, {"dit": Toy(nnx.Rngs(1))}, tiny.get_config())
+    return checkpoint.save_system(d, {"dit": Toy(nnx.Rngs(1))}, tiny.get_config())
 
 
 def _copy(saved, tmp_path):
@@ -40,17 +42,17 @@ def _rel(d, path):
 
 
 def test_save_writes_integrity_and_load_verifies(saved):
-    man = json.load(open(os.path.join(saved, sc.INTEGRITY_FILE)))
+    man = json.load(open(os.path.join(saved, checkpoint.INTEGRITY_FILE)))
     assert "commit_success.txt" in man["files"] and "manifest/metadata" in man["files"]
     assert all(len(v["sha256"]) == 64 and v["size"] >= 0 for v in man["files"].values())
-    assert sc.verify_checkpoint(saved, "full")["files"] == man["files"]
-    out = sc.load_system(saved, builders=BUILDERS)
+    assert checkpoint.verify_checkpoint(saved, "full")["files"] == man["files"]
+    out = checkpoint.load_system(saved, builders=BUILDERS)
     np.testing.assert_array_equal(np.asarray(out["dit"].w1[...]), np.asarray(Toy(nnx.Rngs(1)).w1[...]))
-    assert sc.checkpoint_identity(saved).startswith("sha256:")
+    assert checkpoint.checkpoint_identity(saved).startswith("sha256:")
 
 
 def test_shipped_tiny_system_verifies():
-    assert len(sc.verify_checkpoint("checkpoints/tiny_system", "full")["files"]) > 10
+    assert len(checkpoint.verify_checkpoint("checkpoints/tiny_system", "full")["files"]) > 10
 
 
 def _truncate(path, keep=0.5):
@@ -79,8 +81,8 @@ def test_each_damage_is_one_line_naming_the_file(saved, tmp_path, what):
         n = _truncate(target)
         msg = f"{d}: file {rel} is truncated ({n // 2} bytes, {n} when saved). Fix: copy the whole"
     for mode in ("fast", "full"):
-        with pytest.raises(sc.CheckpointIntegrityError) as e:
-            sc.load_system(d, builders=BUILDERS, verify=mode)
+        with pytest.raises(checkpoint.CheckpointIntegrityError) as e:
+            checkpoint.load_system(d, builders=BUILDERS, verify=mode)
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
         assert f"verify --full {d}`" in str(e.value)
 
@@ -92,11 +94,11 @@ def test_unverified_reads_still_give_one_line(saved, tmp_path, what):
     target = {"array": _array_file(d), "_METADATA": os.path.join(d, "dit", "_METADATA"),
               "manifest": os.path.join(d, "manifest", "metadata"), "config": os.path.join(d, "config", "metadata")}[what]
     _truncate(target, 0.3)
-    with pytest.raises(sc.CheckpointIntegrityError) as e:
+    with pytest.raises(checkpoint.CheckpointIntegrityError) as e:
         if what == "config":
-            sc.load_config(d)
+            checkpoint.load_config(d)
         else:
-            sc.load_system(d, builders=BUILDERS, verify=None)
+            checkpoint.load_system(d, builders=BUILDERS, verify=None)
     text = str(e.value)
     assert "\n" not in text and d in text and "Fix:" in text, text
     want = {"array": ("reading component(s) ['dit'] failed", "cannot read the metadata of component 'dit'"),
@@ -108,22 +110,22 @@ def test_unverified_reads_still_give_one_line(saved, tmp_path, what):
 
 def test_missing_or_damaged_integrity_file_and_remanifest(saved, tmp_path, capsys):
     d = _copy(saved, tmp_path)
-    os.remove(os.path.join(d, sc.INTEGRITY_FILE))
-    with pytest.raises(sc.CheckpointIntegrityError, match=r"no integrity.json, so its files cannot be checked .*"
+    os.remove(os.path.join(d, checkpoint.INTEGRITY_FILE))
+    with pytest.raises(checkpoint.CheckpointIntegrityError, match=r"no integrity.json, so its files cannot be checked .*"
                        r"Fix: re-save it with save_system; if you trust it, write one with "
-                       r"`python -m animegamer_jax.system_checkpoint manifest "):
-        sc.load_system(d, builders=BUILDERS)
-    assert sc.main(["manifest", d]) == 0
-    assert sc.main(["verify", "--full", d]) == 0
+                       r"`python -m animegamer_jax.checkpoint manifest "):
+        checkpoint.load_system(d, builders=BUILDERS)
+    assert checkpoint_cli.main(["manifest", d]) == 0
+    assert checkpoint_cli.main(["verify", "--full", d]) == 0
     out = capsys.readouterr().out
     assert "ok: " in out and "MiB, full check in" in out
-    assert sc.main(["check", d]) == 2 and sc.main(["verify", d, "--fast"]) == 2  # absl: a one-line usage error
+    assert checkpoint_cli.main(["check", d]) == 2 and checkpoint_cli.main(["verify", d, "--fast"]) == 2  # absl: a one-line usage error
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == f"error: expected 'verify DIR', 'manifest DIR' or 'cast SRC DST', got ['check', '{d}']"
+    assert err[0] == "error: unknown kind 'check'; choose one of verify, manifest, cast"
     assert err[1].startswith("error: Unknown command line flag 'fast'")
-    with open(os.path.join(d, sc.INTEGRITY_FILE), "r+b") as f:
+    with open(os.path.join(d, checkpoint.INTEGRITY_FILE), "r+b") as f:
         f.truncate(40)
-    assert sc.main(["verify", d]) == 2
+    assert checkpoint_cli.main(["verify", d]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {d}/integrity.json is damaged (JSONDecodeError") and err.count("\n") == 1
 
@@ -131,24 +133,24 @@ def test_missing_or_damaged_integrity_file_and_remanifest(saved, tmp_path, capsy
 def test_fast_mode_samples_large_files(saved, tmp_path, monkeypatch):
     """Files over FULL_HASH_BELOW: fast = size + sampled blocks (catches truncation and the sampled
     regions), full = every byte (catches the rest)."""
-    monkeypatch.setattr(sc, "FULL_HASH_BELOW", 256)
-    monkeypatch.setattr(sc, "SAMPLE_BLOCK", 16)
-    monkeypatch.setattr(sc, "SAMPLE_BLOCKS", 2)
+    monkeypatch.setattr(integrity, "FULL_HASH_BELOW", 256)
+    monkeypatch.setattr(integrity, "SAMPLE_BLOCK", 16)
+    monkeypatch.setattr(integrity, "SAMPLE_BLOCKS", 2)
     d = _copy(saved, tmp_path)
-    sc.write_integrity(d)
+    checkpoint.write_integrity(d)
     f = _array_file(d)
-    entry = json.load(open(os.path.join(d, sc.INTEGRITY_FILE)))["files"][_rel(d, f)]
+    entry = json.load(open(os.path.join(d, checkpoint.INTEGRITY_FILE)))["files"][_rel(d, f)]
     assert os.path.getsize(f) > 256 and "sampled_sha256" in entry
     with open(f, "r+b") as fh:  # outside the two sampled blocks (first and last 16 bytes)
         fh.seek(100)
         fh.write(b"\x7f" * 8)
-    sc.verify_checkpoint(d, "fast")
-    with pytest.raises(sc.CheckpointIntegrityError, match="is damaged"):
-        sc.verify_checkpoint(d, "full")
+    checkpoint.verify_checkpoint(d, "fast")
+    with pytest.raises(checkpoint.CheckpointIntegrityError, match="is damaged"):
+        checkpoint.verify_checkpoint(d, "full")
     with open(f, "r+b") as fh:  # inside the first block
         fh.write(b"\x7f" * 8)
-    with pytest.raises(sc.CheckpointIntegrityError, match="is damaged"):
-        sc.verify_checkpoint(d, "fast")
+    with pytest.raises(checkpoint.CheckpointIntegrityError, match="is damaged"):
+        checkpoint.verify_checkpoint(d, "fast")
 
 
 def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
@@ -167,18 +169,18 @@ def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
 
 
 def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
-    """``system_checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
+    """``python -m animegamer_jax.checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
     tiny system's MLLM is stored), loaded back at the module dtype within bf16 rounding, the rest
     bit-identical; never onto an existing folder."""
     import jax
 
     src, dst = "checkpoints/tiny_system", str(tmp_path / "cast")
-    assert sc.main(["cast", src, dst, "--components=vae"]) == 0
+    assert checkpoint_cli.main(["cast", src, dst, "--components=vae"]) == 0
     assert "vae stored as bfloat16" in capsys.readouterr().out
     size = lambda d, c: sum(os.path.getsize(p) for p in glob.glob(os.path.join(d, c, "**"), recursive=True)  # noqa: E731
                             if os.path.isfile(p))
     assert size(dst, "vae") < 0.6 * size(src, "vae") and abs(size(dst, "dit") - size(src, "dit")) < 0.02 * size(src, "dit")
-    a, b = sc.load_system(src), sc.load_system(dst)
+    a, b = checkpoint.load_system(src), checkpoint.load_system(dst)
     va, vb = (jax.tree.leaves(nnx.state(m["vae"], nnx.Param)) for m in (a, b))
     assert all(y.dtype == x.dtype for x, y in zip(va, vb))
     assert any(not np.array_equal(x, y) for x, y in zip(va, vb))  # rounded ...
@@ -188,17 +190,27 @@ def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # components not named keep the dtype they are stored with (the shipped MLLM: bf16), not the config's
     for name in ("mllm", "dit"):
-        assert sc._stored_dtypes(dst, name) == sc._stored_dtypes(src, name), name
-    assert set(map(str, sc._stored_dtypes(dst, "vae").values())) == {"bfloat16"}
-    assert sc.main(["cast", src, str(tmp_path / "z"), "--components=vae", "--dtype=float64"]) == 2
+        assert checkpoint.stored_dtypes(dst, name) == checkpoint.stored_dtypes(src, name), name
+    assert set(map(str, checkpoint.stored_dtypes(dst, "vae").values())) == {"bfloat16"}
+    assert checkpoint_cli.main(["cast", src, str(tmp_path / "z"), "--components=vae", "--dtype=float64"]) == 2
     assert "narrower than float32" in capsys.readouterr().err
-    assert sc.main(["cast", src, dst, "--components=vae"]) == 2
+    assert checkpoint_cli.main(["cast", src, dst, "--components=vae"]) == 2
     assert "exists" in capsys.readouterr().err
-    assert sc.main(["cast", src, str(tmp_path / "x"), "--components=nope"]) == 2
+    assert checkpoint_cli.main(["cast", src, str(tmp_path / "x"), "--components=nope"]) == 2
     assert "no component(s) ['nope']" in capsys.readouterr().err
-    assert sc.main(["cast", src, str(tmp_path / "y")]) == 2  # --components is required
+    assert checkpoint_cli.main(["cast", src, str(tmp_path / "y")]) == 2  # --components is required
     # the description of what the system is travels with a cast, or is replaced by --description
-    about = sc.read_manifest(src).get("description", "")
-    assert "81 two-second 64x96 clips" in about and sc.read_manifest(dst)["description"] == about
-    assert sc.main(["cast", src, str(tmp_path / "d"), "--components=vae", "--description=a <b> system"]) == 0
-    assert sc.read_manifest(str(tmp_path / "d"))["description"] == "a <b> system"
+    about = checkpoint.read_manifest(src).get("description", "")
+    assert "81 two-second 64x96 clips" in about and checkpoint.read_manifest(dst)["description"] == about
+    assert checkpoint_cli.main(["cast", src, str(tmp_path / "d"), "--components=vae", "--description=a <b> system"]) == 0
+    assert checkpoint.read_manifest(str(tmp_path / "d"))["description"] == "a <b> system"
+
+
+def test_old_module_path_is_an_alias(capsys):
+    """``animegamer_jax.system_checkpoint`` (deprecated) forwards to the checkpoint package and its command."""
+    assert system_checkpoint.load_system is checkpoint.load_system and system_checkpoint.main is checkpoint_cli.main
+    assert system_checkpoint.COMPONENT_BUILDERS["dit"] is checkpoint.COMPONENT_BUILDERS["dit"]
+    assert system_checkpoint._pure is checkpoint.pure_dict and system_checkpoint._VERIFIED is integrity._VERIFIED
+    with pytest.raises(SystemExit) as e:
+        system_checkpoint.main(["verify", "--help"])
+    assert e.value.code == 0 and "usage: python -m animegamer_jax.checkpoint verify DIR" in capsys.readouterr().out

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from animegamer_jax.convert.common import restore_state
-from animegamer_jax.models.t5 import convert as ct
-from animegamer_jax.models.t5 import model as mt
+from animegamer_jax.models.t5 import convert as t5_convert
+from animegamer_jax.models.t5 import model as t5_model
 from tests.convert_checks import assert_names_bad_keys
 
 VOCAB = 100
@@ -38,16 +38,16 @@ def test_relative_position_buckets_match_hf():
         ctx = torch.arange(length)[:, None]
         mem = torch.arange(length)[None, :]
         ref = T5Attention._relative_position_bucket(mem - ctx, bidirectional=True, num_buckets=nb, max_distance=md)
-        np.testing.assert_array_equal(mt.relative_position_buckets(length, length, nb, md), ref.numpy())
+        np.testing.assert_array_equal(t5_model.relative_position_buckets(length, length, nb, md), ref.numpy())
 
 
 @pytest.mark.parity
 def test_t5_parity_from_saved_file(tmp_path):
     hf = _hf_t5()
     hf.save_pretrained(tmp_path / "hf")
-    cfg = ct.config_from_hf(hf.config.to_dict())
-    ct.convert_file(tmp_path / "hf", cfg, tmp_path / "orbax")
-    abstract = nnx.eval_shape(lambda: mt.T5Encoder(cfg, rngs=nnx.Rngs(0)))
+    cfg = t5_convert.config_from_hf(hf.config.to_dict())
+    t5_convert.convert_file(tmp_path / "hf", cfg, tmp_path / "orbax")
+    abstract = nnx.eval_shape(lambda: t5_model.T5Encoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)
     model = nnx.merge(graphdef, restore_state(abstract, tmp_path / "orbax"))
 
@@ -71,47 +71,47 @@ def test_t5_parity_from_saved_file(tmp_path):
 
 def test_converter_handles_prefix_embeddings_and_decoder():
     hf = _hf_t5()
-    cfg = ct.config_from_hf(hf.config.to_dict())
+    cfg = t5_convert.config_from_hf(hf.config.to_dict())
     sd = dict(hf.state_dict())
     sd.setdefault("shared.weight", sd["encoder.embed_tokens.weight"])
     only_shared = {k: v for k, v in sd.items() if k != "encoder.embed_tokens.weight"}
     sat = {"conditioner.embedders.0.transformer." + k: v for k, v in only_shared.items()}
     sat["conditioner.embedders.0.transformer.decoder.block.0.layer.0.SelfAttention.q.weight"] = torch.zeros(32, 32)
-    a = ct.convert_t5(only_shared, cfg)
-    b = ct.convert_t5(sat, cfg)
+    a = t5_convert.convert_t5(only_shared, cfg)
+    b = t5_convert.convert_t5(sat, cfg)
     np.testing.assert_array_equal(np.asarray(a["blocks"]["attn"]["q"][...]), np.asarray(b["blocks"]["attn"]["q"][...]))
     np.testing.assert_array_equal(np.asarray(a["shared"][...]), sd["shared.weight"].numpy())
 
 
 def test_converter_is_loud():
     hf = _hf_t5()
-    cfg = ct.config_from_hf(hf.config.to_dict())
+    cfg = t5_convert.config_from_hf(hf.config.to_dict())
     sd = dict(hf.state_dict())
-    assert_names_bad_keys(lambda bad: ct.convert_t5(bad, cfg), sd, drop=["encoder.block.1.layer.1.DenseReluDense.wi_1.weight"],
+    assert_names_bad_keys(lambda bad: t5_convert.convert_t5(bad, cfg), sd, drop=["encoder.block.1.layer.1.DenseReluDense.wi_1.weight"],
                           put={"encoder.block.0.layer.0.SelfAttention.q.bias": torch.zeros(32),
                                "encoder.final_layer_norm.weight": torch.ones(16)},
                           expect=["missing source keys (1): ['encoder.block.1.layer.1.DenseReluDense.wi_1.weight']",
                                   "unexpected source keys", "'encoder.block.0.layer.0.SelfAttention.q.bias'",
                                   "final_layer_norm.scale: source gives (16,), model expects (32,)"])
     clash = dict(sd, **{"shared.weight": sd["encoder.embed_tokens.weight"] + 1})
-    with pytest.raises(ct.ConversionError, match="differ"):
-        ct.convert_t5(clash, cfg)
+    with pytest.raises(t5_convert.ConversionError, match="differ"):
+        t5_convert.convert_t5(clash, cfg)
     with pytest.raises(ValueError, match="gated-gelu"):
-        ct.config_from_hf({**hf.config.to_dict(), "feed_forward_proj": "relu"})
+        t5_convert.config_from_hf({**hf.config.to_dict(), "feed_forward_proj": "relu"})
 
 
 def test_default_is_fp32_and_full_size_eval_shape():
     from configs import animegamer_2b_7b, tiny
 
-    assert mt.T5Config().dtype == "float32"
-    full = mt.T5Config.from_config(animegamer_2b_7b.get_config().t5)
+    assert t5_model.T5Config().dtype == "float32"
+    full = t5_model.T5Config.from_config(animegamer_2b_7b.get_config().t5)
     assert full.dtype == "float32"
-    model = nnx.eval_shape(lambda: mt.T5Encoder(full, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: t5_model.T5Encoder(full, rngs=nnx.Rngs(0)))
     n = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     # t5-v1_1-xxl encoder (HF T5EncoderModel): 4,762,310,656 params (embedding counted once).
     assert n == 4_762_310_656, n
     out = jax.eval_shape(lambda m, t: m(t), model, jax.ShapeDtypeStruct((2, 30), jnp.int32))
     assert out.shape == (2, 30, 4096) and out.dtype == jnp.float32
-    small = nnx.eval_shape(lambda: mt.T5Encoder.from_config(tiny.get_config().t5, rngs=nnx.Rngs(0)))
+    small = nnx.eval_shape(lambda: t5_model.T5Encoder.from_config(tiny.get_config().t5, rngs=nnx.Rngs(0)))
     y = jax.eval_shape(lambda m, t: m(t), small, jax.ShapeDtypeStruct((1, 8), jnp.int32))
     assert y.dtype == jnp.float32 and y.shape == (1, 8, 32)

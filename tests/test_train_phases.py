@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax import parallel
-from animegamer_jax.train import loop, optim, phases
+from animegamer_jax.train import batches, loop, model, optim, phases
 from tests.subproc import run_processes
 
 # Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
@@ -49,7 +49,7 @@ FAST = {"xla_backend_optimization_level": 0}  # CPU compiles ~4x faster; these s
 
 
 def _batch(cfg, phase):
-    return phases.BatchBuilder(cfg, phase)(loader_example(cfg, phase))
+    return batches.BatchBuilder(cfg, phase)(loader_example(cfg, phase))
 
 
 def _paths(state):
@@ -61,7 +61,7 @@ def _paths(state):
 def test_phase_trains_and_resumes(phase, tmp_path):
     cfg = test_config(phase)
     cfg.train.dit_trainable = "paper"  # the paper's a2 set (tiny's "all": test_a2_dit_trainable_all_vs_paper)
-    spec = phases.phase_spec(cfg)
+    spec = model.phase_spec(cfg)
     tx, sched = optim.make_optimizer(cfg.train)
     # A fixed key per step (same noise, timesteps, dropout every step) makes "loss goes down" exact.
     loss_fn = lambda m, b, rng: spec.loss_fn(m, b, jax.random.key(1))  # noqa: E731
@@ -97,15 +97,15 @@ def test_phase_trains_and_resumes(phase, tmp_path):
 def test_trainable_sets_and_errors():
     cfg = test_config("b")
     with pytest.raises(ValueError, match="unknown training phase 'x'"):
-        phases.phase_spec(cfg, "x")
-    assert phases.phase_spec(cfg, "a1").components == ("shot_encoder", "dit")
+        model.phase_spec(cfg, "x")
+    assert model.phase_spec(cfg, "a1").components == ("shot_encoder", "dit")
     cfg.train.precomputed_features, cfg.train.encode_latents = False, True
-    assert phases.phase_spec(cfg, "c").components == ("mllm", "shot_encoder", "dit", "t5", "clip", "vae")
+    assert model.phase_spec(cfg, "c").components == ("mllm", "shot_encoder", "dit", "t5", "clip", "vae")
     levels = np.array([1, 2, 3, 4, 5, 9, 0, -1])
-    np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
+    np.testing.assert_array_equal(batches.flow_values(levels, cfg.dit.flow_table),
                                   [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
     from animegamer_jax.models.cogvideox.dit import flow_value  # play uses the same rule
-    np.testing.assert_array_equal(phases.flow_values(levels, cfg.dit.flow_table),
+    np.testing.assert_array_equal(batches.flow_values(levels, cfg.dit.flow_table),
                                   np.asarray(flow_value(levels, tuple(cfg.dit.flow_table))))
 
 
@@ -116,26 +116,26 @@ def test_a2_dit_trainable_all_vs_paper():
 
     cfg = test_config("a2")
     assert cfg.train.dit_trainable == "all"
-    spec = phases.phase_spec(cfg, "a2")
-    model = spec.model_fn()
+    spec = model.phase_spec(cfg, "a2")
+    net = spec.model_fn()
 
     def count(f):
-        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, f)))
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(net, f)))
 
-    enc, dit = count(phases._under("shot_encoder")), count(phases._under("dit"))
+    enc, dit = count(model._under("shot_encoder")), count(model._under("dit"))
     assert count(spec.trainable) == enc + dit
-    paper = count(phases.trainable_filter("a2", "paper"))
+    paper = count(model.trainable_filter("a2", "paper"))
     assert enc < paper < enc + dit
     for ph in ("a1", "c"):
-        assert count(phases.trainable_filter(ph, "all")) == count(phases.trainable_filter(ph, "paper"))
+        assert count(model.trainable_filter(ph, "all")) == count(model.trainable_filter(ph, "paper"))
     with pytest.raises(ValueError, match="dit_trainable='lora'"):
-        phases.trainable_filter("a2", "lora")
+        model.trainable_filter("a2", "lora")
 
 
 def test_mllm_batch_builder_layout():
     cfg = test_config("c")
-    b = phases.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
-    q = phases.num_queries(cfg)
+    b = batches.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
+    q = model.num_queries(cfg)
     assert b["input_ids"].shape == (2, 160)
     np.testing.assert_array_equal(b["target_turn"], [2, 1])
     np.testing.assert_array_equal(b["history_turns"], [[0, 1], [0, 0]])
@@ -146,6 +146,22 @@ def test_mllm_batch_builder_layout():
     assert b["latents"].shape == (2, 2, cfg.dit.in_channels, cfg.dit.sample_height, cfg.dit.sample_width)
 
 
+def test_phases_alias_and_sample_motion_levels():
+    """train/phases.py re-exports the split modules; the sample hook's motion levels (play's
+    dit_sampler takes levels) give back exactly the batch's flow values."""
+    from animegamer_jax.models.cogvideox.dit import flow_value
+    from animegamer_jax.train import losses, samples
+
+    assert phases.phase_spec is model.phase_spec and phases.BatchBuilder is batches.BatchBuilder
+    assert phases.decoder_loss is losses.decoder_loss and phases.sample_video is samples.sample_video
+    assert phases._mllm_batch is losses._mllm_batch and phases._under is model._under
+    for table in (test_config("a1").dit.flow_table, (0.5, 1.0, 5.0, 20.0, 40.0), (1.0, 1.0, 2.0)):
+        levels = np.array([1, 2, 3, 4, 5, 0, -1, 9])
+        flow = batches.flow_values(levels, table)
+        back = samples.motion_levels(flow, table)
+        np.testing.assert_array_equal(np.asarray(flow_value(back, tuple(table))), flow)
+
+
 _WORKER = SETUP + r'''
 import json, sys
 import jax
@@ -153,9 +169,9 @@ from animegamer_jax import parallel
 pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 from tests.test_train_phases import _batch
-from animegamer_jax.train import loop, optim, phases
+from animegamer_jax.train import loop, model, optim
 cfg = test_config("b")
-spec = phases.phase_spec(cfg)
+spec = model.phase_spec(cfg)
 tx, sched = optim.make_optimizer(cfg.train)
 mesh = parallel.make_mesh((-1, 1, 1, 1))
 tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,

@@ -9,7 +9,7 @@ import pytest
 from animegamer_jax import parallel
 from animegamer_jax.eval import vae as vae_eval
 from animegamer_jax.models.cogvideox import vae as cogvideox_vae
-from animegamer_jax.train import loop, optim, phases
+from animegamer_jax.train import batches, loop, losses, model, optim
 from configs import tiny
 
 FAST = {"xla_backend_optimization_level": 0}
@@ -55,12 +55,12 @@ def _paths(state):
 
 def test_vae_phase_trains_and_resumes(tmp_path):
     cfg = _config()
-    spec = phases.phase_spec(cfg)
+    spec = model.phase_spec(cfg)
     assert spec.components == ("vae",) and spec.outputs == ("vae",)
     tx, sched = optim.make_optimizer(cfg.train)
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
     tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched, compiler_options=FAST)
-    builder = phases.BatchBuilder(cfg, "vae")
+    builder = batches.BatchBuilder(cfg, "vae")
     kw = dict(num_steps=8, global_batch_size=2, checkpoint_every=100, log_every=100, progress=False,
               batch_fn=builder)
     full = loop.fit(tr, _Data(), workdir=str(tmp_path / "full"), **kw)
@@ -92,15 +92,15 @@ def test_vae_phase_trains_and_resumes(tmp_path):
 
 def test_vae_curriculum_and_windows():
     cur = ((0, 1, 64, 96), (3000, 9, 32, 48), (6000, 9, 64, 96))
-    assert phases.vae_stage(cur, 0) == (1, 64, 96) and phases.vae_stage(cur, 2999) == (1, 64, 96)
-    assert phases.vae_stage(cur, 3000) == (9, 32, 48) and phases.vae_stage(cur, 10 ** 6) == (9, 64, 96)
+    assert batches.vae_stage(cur, 0) == (1, 64, 96) and batches.vae_stage(cur, 2999) == (1, 64, 96)
+    assert batches.vae_stage(cur, 3000) == (9, 32, 48) and batches.vae_stage(cur, 10 ** 6) == (9, 64, 96)
     for bad in ((), ((5, 1, 8, 8),), ((0, 1, 8, 8), (0, 9, 8, 8))):
         with pytest.raises(ValueError, match="vae_curriculum"):
-            phases.vae_stage(bad, 0)
+            batches.vae_stage(bad, 0)
     ex = _clips(n=2, t=17, h=24, w=32)["frames"]
-    w1 = phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(0), max_windows=4)
+    w1 = batches.vae_windows(ex, 1, 16, 24, np.random.default_rng(0), max_windows=4)
     assert w1.shape == (8, 1, 16, 24, 3) and w1.dtype == np.uint8
-    w9 = phases.vae_windows(ex, 9, 24, 32, np.random.default_rng(0), max_windows=4)
+    w9 = batches.vae_windows(ex, 9, 24, 32, np.random.default_rng(0), max_windows=4)
     assert w9.shape == (2, 9, 24, 32, 3)  # 17 // 9 = 1 window per clip
     # every window is a (possibly mirrored) crop of its clip
     clip0 = ex[0]
@@ -109,15 +109,15 @@ def test_vae_curriculum_and_windows():
              if np.array_equal(win, clip0[t0:t0 + 9, :, ::-1] if f else clip0[t0:t0 + 9])]
     assert found, "window is not a crop of the clip"
     with pytest.raises(ValueError, match="larger than the clips"):
-        phases.vae_windows(ex, 1, 48, 32, np.random.default_rng(0))
+        batches.vae_windows(ex, 1, 48, 32, np.random.default_rng(0))
     # the builder's windows depend only on (seed, step): a resumed run rebuilds the same batches
     cfg = _config()
-    b = phases.BatchBuilder(cfg, "vae")
+    b = batches.BatchBuilder(cfg, "vae")
     np.testing.assert_array_equal(b({"frames": ex}, step=7)["frames"], b({"frames": ex}, step=7)["frames"])
     assert not np.array_equal(b({"frames": ex}, step=7)["frames"], b({"frames": ex}, step=8)["frames"])
-    assert phases.vae_decode_plan(1) == (1,) and phases.vae_decode_plan(3) == (3,) and phases.vae_decode_plan(5) == (3, 2)
+    assert losses.vae_decode_plan(1) == (1,) and losses.vae_decode_plan(3) == (3,) and losses.vae_decode_plan(5) == (3, 2)
     with pytest.raises(ValueError, match="2 latent frames"):
-        phases.vae_decode_plan(2)
+        losses.vae_decode_plan(2)
 
 
 def test_vae_windows_multi_scale_crops():
@@ -136,11 +136,11 @@ def test_vae_windows_multi_scale_crops():
                 out.append(win[:, :, ::-1] if rng.random() < 0.5 else win)
         return np.stack(out)
 
-    plain = phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(3), max_windows=4, max_scale=1.0)
+    plain = batches.vae_windows(ex, 1, 16, 24, np.random.default_rng(3), max_windows=4, max_scale=1.0)
     np.testing.assert_array_equal(plain, before(ex, 1, 16, 24, np.random.default_rng(3), 2))  # a resume stays exact
     # clips exactly 2x the window: max_scale 2 reaches whole frames; every window is some crop of its
     # clip frame (a scale in [1, 2]), area-resized to 16x24 and maybe mirrored
-    win = phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(5), max_windows=4, max_scale=2.0)
+    win = batches.vae_windows(ex, 1, 16, 24, np.random.default_rng(5), max_windows=4, max_scale=2.0)
     assert win.shape == (4, 1, 16, 24, 3) and win.dtype == np.uint8
     scales = []
     for k in range(4):  # 2 windows per 2-frame clip
@@ -167,7 +167,7 @@ def test_vae_windows_multi_scale_crops():
         scales.append(best)
     assert len(set(scales)) > 1 and max(scales) > 1.0, scales  # several scales, not only plain crops
     with pytest.raises(ValueError, match="vae_max_crop_scale"):
-        phases.vae_windows(ex, 1, 16, 24, np.random.default_rng(0), max_scale=0.5)
+        batches.vae_windows(ex, 1, 16, 24, np.random.default_rng(0), max_scale=0.5)
 
 
 def test_conv3d_as_2d_matches_native_3d_conv():
@@ -244,18 +244,18 @@ def test_run_phase_writes_vae_system_with_fitted_latent_scale(tmp_path):
     cfg = _config()
     cfg.train.num_steps, cfg.train.checkpoint_every, cfg.train.progress = 1, 100, False
     seen = []
-    fit = phases.latent_scaling_factor
+    fit = losses.latent_scaling_factor
 
     def spy(vae, batches):
         seen.append(fit(vae, batches))
         return seen[-1]
 
-    phases.latent_scaling_factor = spy
+    losses.latent_scaling_factor = spy
     try:
         out = pipeline.run_phase(cfg, str(tmp_path / "run"), system_out=str(tmp_path / "system"), data=_Data(),
                                  compiler_options=FAST)
     finally:
-        phases.latent_scaling_factor = fit
+        losses.latent_scaling_factor = fit
     assert system_checkpoint.read_manifest(out)["components"] == ["vae"]
     assert len(seen) == 1 and np.isfinite(seen[0]) and seen[0] > 0
     assert system_checkpoint.load_config(out).vae.scaling_factor == pytest.approx(seen[0])
@@ -271,6 +271,6 @@ def test_latent_scaling_factor_is_inverse_latent_std():
     rs = np.random.RandomState(0)
     batches = [{"frames": rs.randn(2, 1, 4, 4, 3).astype(np.float32)} for _ in range(3)]
     expect = 1.0 / np.std(np.concatenate([2.0 * b["frames"].ravel() for b in batches]))
-    assert phases.latent_scaling_factor(Doubler(), batches) == pytest.approx(expect, rel=1e-5)
+    assert losses.latent_scaling_factor(Doubler(), batches) == pytest.approx(expect, rel=1e-5)
     with pytest.raises(ValueError, match="latent std"):
-        phases.latent_scaling_factor(Doubler(), [{"frames": np.zeros((1, 1, 2, 2, 3), np.float32)}])
+        losses.latent_scaling_factor(Doubler(), [{"frames": np.zeros((1, 1, 2, 2, 3), np.float32)}])

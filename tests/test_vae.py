@@ -14,12 +14,11 @@ from flax import nnx
 
 from animegamer_jax.convert.common import load_state_dict
 from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
-from animegamer_jax.models.cogvideox.vae import (
-    VAEConfig,
+from animegamer_jax.models.cogvideox import vae_tiling
+from animegamer_jax.models.cogvideox.vae import VAEConfig, decode_latents, encode_video
+from animegamer_jax.models.cogvideox.vae_tiling import (
     chunk_plan,
-    decode_latents,
     diffusers_plan,
-    encode_video,
     release_decode_plan,
     run_chunked,
     tile_layout,
@@ -215,17 +214,15 @@ def test_decode_tiling_from_device_memory():
     """Auto tiling (vae.tile_size = -1): untiled when it fits, else the largest tile, else 1-latent
     time chunks; the budget comes from the config override, else the device's memory_stats, else
     the documented CPU fallback; a decode split over 8 devices fits 8x more."""
-    from animegamer_jax.models.cogvideox import vae as V
-
     full = VAEConfig(dtype="bfloat16")  # paper sizes
     shape = (5, 60, 90)
-    untiled = V.decode_memory_bytes(full, (60, 90), (3, 2))
-    assert V.pick_decode_tiling(full, shape, untiled * 1.01) == (0, (3, 2))
-    tile, plan = V.pick_decode_tiling(full, shape, 16 * 2**30)
-    assert plan == (3, 2) and 8 <= tile < 60 and V.decode_memory_bytes(full, (tile, tile), plan) <= 16 * 2**30
-    assert V.decode_memory_bytes(full, (tile + 2, tile + 2), plan) > 16 * 2**30  # the largest that fits
-    assert V.pick_decode_tiling(full, shape, 0.2 * 2**30)[1] == (1, 1, 1, 1, 1)
-    assert V.pick_decode_tiling(full, shape, 16 * 2**30, shards=8) == (0, (3, 2))
+    untiled = vae_tiling.decode_memory_bytes(full, (60, 90), (3, 2))
+    assert vae_tiling.pick_decode_tiling(full, shape, untiled * 1.01) == (0, (3, 2))
+    tile, plan = vae_tiling.pick_decode_tiling(full, shape, 16 * 2**30)
+    assert plan == (3, 2) and 8 <= tile < 60 and vae_tiling.decode_memory_bytes(full, (tile, tile), plan) <= 16 * 2**30
+    assert vae_tiling.decode_memory_bytes(full, (tile + 2, tile + 2), plan) > 16 * 2**30  # the largest that fits
+    assert vae_tiling.pick_decode_tiling(full, shape, 0.2 * 2**30)[1] == (1, 1, 1, 1, 1)
+    assert vae_tiling.pick_decode_tiling(full, shape, 16 * 2**30, shards=8) == (0, (3, 2))
 
     class Dev:
         platform, device_kind = "gpu", "H200"
@@ -237,15 +234,19 @@ def test_decode_tiling_from_device_memory():
             return self.stats
 
     gib = 2**30
-    assert V.device_decode_budget(full, Dev({"bytes_limit": 100 * gib, "bytes_in_use": 20 * gib}))[0] == 0.8 * 80 * gib
+    assert vae_tiling.device_decode_budget(full, Dev({"bytes_limit": 100 * gib, "bytes_in_use": 20 * gib}))[0] == 0.8 * 80 * gib
     # no memory stats (e.g. compile-only devices): the chip's HBM from parallel/target.py, else the fallback
-    assert V.device_decode_budget(full, Dev(None)) == (0.8 * 151397597184, "H200 HBM 141 GiB")
+    assert vae_tiling.device_decode_budget(full, Dev(None)) == (0.8 * 151397597184, "H200 HBM 141 GiB")
     Dev.device_kind = "Some Accelerator"
-    assert V.device_decode_budget(full, Dev(None)) == (16 * gib, "fallback 16 GiB (gpu)")
+    assert vae_tiling.device_decode_budget(full, Dev(None)) == (16 * gib, "fallback 16 GiB (gpu)")
     Dev.device_kind = "H200"
     over = VAEConfig(dtype="bfloat16", decode_memory_gib=3.0)
-    assert V.device_decode_budget(over, Dev(None))[0] == 3 * gib
+    assert vae_tiling.device_decode_budget(over, Dev(None))[0] == 3 * gib
     auto = VAEConfig(dtype="bfloat16", tile_size=-1)
-    tile, plan, why = V.resolve_decode_tiling(auto, shape, device=Dev({"bytes_limit": 141 * gib, "bytes_in_use": 0}))
+    tile, plan, why = vae_tiling.resolve_decode_tiling(auto, shape, device=Dev({"bytes_limit": 141 * gib, "bytes_in_use": 0}))
     assert (tile, plan) == (0, (3, 2)) and "untiled" in why and "H200" in why
-    assert V.resolve_decode_tiling(VAEConfig(tile_size=16), shape)[:2] == (16, (3, 2))
+    assert vae_tiling.resolve_decode_tiling(VAEConfig(tile_size=16), shape)[:2] == (16, (3, 2))
+    # models.cogvideox.vae re-exports the planning names for one release
+    from animegamer_jax.models.cogvideox import vae
+
+    assert vae.resolve_decode_tiling is vae_tiling.resolve_decode_tiling and vae.chunk_plan is chunk_plan

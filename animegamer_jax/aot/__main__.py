@@ -19,31 +19,38 @@ per data-parallel slice); groups train, turn, generate (turn in the batch layout
 Prints, per program and per chip: arguments / temporaries / outputs / aliased / peak bytes against the
 chip's HBM (a program fits at <= 80 %), FLOPs and bytes accessed (loop trip counts included), the
 attention kernel of every call, and a roofline time per run, per train step and per turn, with its
-assumptions. --json writes it all
-with the commit; --save writes each serialized executable. Exit status 1 when a program fails to
-compile, 2 for a bad command line.
+assumptions. --json writes it all with the commit; --save writes each serialized executable. Exit
+status 1 when a program fails to compile, 2 for a bad command line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import pickle
 import sys
 from typing import Any
+
+import jax
+from absl import flags
+from jax.experimental import serialize_executable
+from ml_collections import config_flags
+
+from animegamer_jax import fileio, parallel, paths
+from animegamer_jax.aot import programs, report
+from animegamer_jax.cli import UsageError, run_command
+from animegamer_jax.parallel import target
 
 GROUPS = {"train": ("vae", "a1", "a2", "b", "c"), "turn": ("prefill", "decode", "pass_b", "dit", "vae_decode")}
 
 
-def _define(fv, argv: list[str]) -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
-    from animegamer_jax import paths
-
+def _define(fv: flags.FlagValues, argv: list[str]) -> None:
     config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
                                     "Config to compile (default: the paper's); --config.a.b=v overrides a field.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_string("topology", None, "Target: v5p-64, v6e-8, v5e-4, h100-8, 4xh100-8, cpu-8, ...", flag_values=fv)
+    flags.DEFINE_string("topology", None, "Target: v5p-64, v6e-8, v5e-4, h100-8, 4xh100-8, cpu-8, ...",
+                        flag_values=fv)
     flags.DEFINE_integer("num_slices", 1, "TPU multislice: slices of --topology.", lower_bound=1, flag_values=fv)
     flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,prefill,decode,pass_b,dit,vae_decode; "
                       "train, turn, generate, all.", flag_values=fv)
@@ -55,11 +62,9 @@ def _define(fv, argv: list[str]) -> None:
 
 def _programs(names: list[str], default_layout: str) -> list[tuple[str, str]]:
     """[(program, layout)] in order, groups expanded; raises UsageError for an unknown name."""
-    from animegamer_jax import cli
-
     out: list[tuple[str, str]] = []
     if not [n for n in names if n.strip()]:
-        raise cli.UsageError("--program is empty; name programs or groups, e.g. --program=train or --program=a2,dit")
+        raise UsageError("--program is empty; name programs or groups, e.g. --program=train or --program=a2,dit")
     for n in names:
         if not n.strip():
             continue
@@ -73,34 +78,19 @@ def _programs(names: list[str], default_layout: str) -> list[tuple[str, str]]:
         elif n in GROUPS["train"] or n in GROUPS["turn"]:
             items = [(n, default_layout)]
         else:
-            raise cli.UsageError(f"unknown --program {n!r}; use {', '.join(GROUPS['train'] + GROUPS['turn'])}, "
+            raise UsageError(f"unknown --program {n!r}; use {', '.join(GROUPS['train'] + GROUPS['turn'])}, "
                                  f"or train, turn, generate, all")
         out += [i for i in items if i not in out]
     return out
 
 
 def commit() -> str:
-    """The checkout's commit (``+dirty`` with uncommitted changes), or "unknown"."""
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    """The checkout's commit, 12 hex digits (``+dirty`` with uncommitted changes), or "unknown"."""
+    head, dirty = paths.checkout_commit()
+    return "unknown" if dirty is None else head[:12] + ("+dirty" if dirty else "")
 
 
 def _saver(folder: str, topology: str):
-    import pickle
-
-    from jax.experimental import serialize_executable
-
-    from animegamer_jax import fileio, paths
-
     fileio.makedirs(folder)
 
     def save(name: str, compiled: Any) -> str:
@@ -119,17 +109,15 @@ def _check_outputs(json_path: str, save_dir: str) -> None:
     """Before any compile: the --json folder exists, and a file already at --json is a report of this
     command (which a rerun replaces), never some other file or a folder; --save is a folder or nothing
     yet. Raises UsageError naming the fix."""
-    from animegamer_jax import cli, fileio
-
     if save_dir and fileio.exists(save_dir) and not fileio.isdir(save_dir):
-        raise cli.UsageError(f"--save={save_dir} is a file; give a folder (it is created if missing)")
+        raise UsageError(f"--save={save_dir} is a file; give a folder (it is created if missing)")
     if not json_path:
         return
     if json_path.endswith("/") or fileio.isdir(json_path):
-        raise cli.UsageError(f"--json={json_path} is a folder; give a file path, e.g. {json_path.rstrip('/')}/aot.json")
+        raise UsageError(f"--json={json_path} is a folder; give a file path, e.g. {json_path.rstrip('/')}/aot.json")
     folder = os.path.dirname(json_path)
     if folder and not fileio.isdir(folder):
-        raise cli.UsageError(f"--json={json_path}: folder {folder} does not exist; create it or choose another path")
+        raise UsageError(f"--json={json_path}: folder {folder} does not exist; create it or choose another path")
     if fileio.exists(json_path):
         try:
             old = json.loads(fileio.read_bytes(json_path))
@@ -137,7 +125,7 @@ def _check_outputs(json_path: str, save_dir: str) -> None:
         except (ValueError, UnicodeDecodeError):
             ours = False
         if not ours:
-            raise cli.UsageError(f"--json={json_path} exists and is not an animegamer-aot report; "
+            raise UsageError(f"--json={json_path} exists and is not an animegamer-aot report; "
                                  f"choose another path (it is left as it is)")
 
 
@@ -145,19 +133,13 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _run(f, *_: str) -> int:
-    import jax
-
-    from animegamer_jax import cli, fileio, parallel
-    from animegamer_jax.aot import programs, report
-    from animegamer_jax.parallel import target
-
+def _run(f: flags.FlagValues) -> int:
     if not f.topology:
-        raise cli.UsageError("--topology is required, e.g. --topology=v5p-64 (see --help)")
+        raise UsageError("--topology is required, e.g. --topology=v5p-64 (see --help)")
     try:
         topo = target.parse_topology(f.topology, f.num_slices)
     except ValueError as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     config = f.config
     layout = f.layout or str(config.game.get("play_layout", "latency"))
     todo = _programs(list(f.program), layout)
@@ -178,7 +160,7 @@ def _run(f, *_: str) -> int:
             parallel.check_global_batch(int(config.train.global_batch_size) // int(config.train.grad_accum_steps),
                                         mesh, parallel.rules_from_config(config))
         except parallel.ShardingConfigError as e:
-            raise cli.UsageError(f"{e} (train programs {', '.join(train)} on {topo.name}: "
+            raise UsageError(f"{e} (train programs {', '.join(train)} on {topo.name}: "
                                  f"--config.train.global_batch_size=N or --config.mesh.shape=...)") from None
     save = _saver(f.save, topo.name) if f.save else None
     rows = []
@@ -202,8 +184,8 @@ def _run(f, *_: str) -> int:
     print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
           f"config {config.get('name', '?')}, commit {commit()}, jax {jax.__version__}\n")
     if chip is not None:
-        print(f"chip {chip.name}: HBM {chip.hbm_bytes / 2**30:.1f} GiB, {chip.bf16_flops / 1e12:.0f} TFLOP/s bf16 dense, "
-              f"{chip.hbm_bytes_per_s / 1e9:.0f} GB/s ({chip.source})\n")
+        print(f"chip {chip.name}: HBM {chip.hbm_bytes / 2**30:.1f} GiB, {chip.bf16_flops / 1e12:.0f} TFLOP/s bf16 "
+              f"dense, {chip.hbm_bytes_per_s / 1e9:.0f} GB/s ({chip.source})\n")
     print(report.table(rows, chip))
     for r in rows:
         if r.status == "ok":
@@ -219,20 +201,20 @@ def _run(f, *_: str) -> int:
             print(f"roofline train step {r.program}: {step:.3f} s at 100 % of peak, {step / 0.4:.3f} s at 40 %")
     for lay in layouts:
         if turns[lay] is not None:
-            print(f"roofline turn ({lay} layout): {turns[lay]:.3f} s at 100 % of peak, {turns[lay] / 0.4:.3f} s at 40 %")
+            print(f"roofline turn ({lay} layout): {turns[lay]:.3f} s at 100 % of peak, "
+                  f"{turns[lay] / 0.4:.3f} s at 40 %")
         if residents[lay] is not None:
             share = f", {100 * residents[lay] / chip.hbm_bytes:.0f} % of HBM" if chip else ""
             print(f"one turn resident per chip ({lay} layout): {residents[lay] / 2**30:.2f} GiB (every stage's "
                   f"weights and caches + the largest stage's temporaries{share})")
     print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
     if f.json:
-        import dataclasses
-
         doc = {"commit": commit(), "jax": jax.__version__, "topology": topo.name, "spec": topo.spec,
                "num_devices": len(devices), "device_kind": getattr(devices[0], "device_kind", ""),
                "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
                "layouts": layouts, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
-               "turn_roofline_s": turns, "turn_resident_bytes": residents, "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
+               "turn_roofline_s": turns, "turn_resident_bytes": residents,
+               "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
         fileio.write_text_atomic(f.json, json.dumps(doc, indent=1))
         print(f"wrote {f.json}")
     return 0 if all(r.status == "ok" for r in rows) else 1
@@ -240,14 +222,10 @@ def _run(f, *_: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.aot [flags]``; returns the exit status."""
-    import jax
-
-    from animegamer_jax import cli
-
     # the host compiles; TPU / GPU devices are compile-only (set before any backend starts)
     jax.config.update("jax_platforms", "cpu")
     argv = list(sys.argv[1:] if argv is None else argv)
-    return cli.run_command("python -m animegamer_jax.aot", argv, _define, __doc__, (), _run,
+    return run_command("python -m animegamer_jax.aot", argv, _define, __doc__, (), _run,
                            errors=(RuntimeError, FileNotFoundError))
 
 

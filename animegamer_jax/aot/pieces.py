@@ -1,22 +1,23 @@
 """The compute of one AnimeGamer game turn and of the (a2) / (b) train steps, as pure jit-able functions.
 
 Compiled ahead of time by ``python -m animegamer_jax.aot`` (the ``prefill`` ... ``vae_decode``
-programs) and run by the speed benchmarks (benchmarks/gpu_bench.py). Each piece is ``(fn, args)`` where ``fn`` is a pure function of
-``(params_state, *inputs)`` and ``args`` are either real arrays (``abstract=False``: random weights,
-random inputs) or ``jax.ShapeDtypeStruct`` with shardings (``abstract=True``: nothing allocated,
-for ahead-of-time lowering). Inference pieces use bf16 weights with LoRA merged (``lora_rank=0``),
-as play does (``dit_sampling`` is play's own ``game.real.dit_sampler`` on
-``prepare_for_inference`` weights); train pieces keep the config's parameter dtype and LoRA.
+programs) and run by the speed benchmarks (benchmarks/gpu_bench.py). Each piece is ``(fn, args)``
+where ``fn`` is a pure function of ``(params_state, *inputs)`` and ``args`` are either real arrays
+(``abstract=False``: random weights, random inputs) or ``jax.ShapeDtypeStruct`` with shardings
+(``abstract=True``: nothing allocated, for ahead-of-time lowering). Inference pieces use bf16
+weights with LoRA merged (``lora_rank=0``), as play does (``dit_sampling`` is play's own
+``game.real_system.dit_sampler`` on ``prepare_for_inference`` weights); train pieces keep the config's
+parameter dtype and LoRA.
 
 Turn pieces (docs/overview.md#one-turn):
   mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
   mllm_decode   pass A: one greedy step on the cache (run max_new_tokens - 1 times)
   mllm_pass_b   pass B: one forward without logits (the 226-query read-out)
   dit_sampling  play's sampler: num_sampling_steps with CFG (batch 2 per game) through the DiT
-  vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (release chunk plan)
+  vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, game.real_system.vae_decoder)
 Train pieces (the models' real losses are in train/; here the standard objectives with the same
-compute): dit_train_step (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
-mllm_train_step (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
+compute): train_a2_dit (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
+train_b_mllm (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
+from animegamer_jax.diffusion import losses, samplers
+from animegamer_jax.game.engine import apply_mode
+from animegamer_jax.game.real_system import dit_sampler, vae_decoder
+from animegamer_jax.models.cogvideox import dit as dit_lib
+from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
+from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
+from animegamer_jax.models.mistral import model as mistral
 
 
 def num_queries(cfg) -> int:
@@ -48,8 +56,6 @@ def turn_length(cfg, text_tokens: int = 25) -> int:
 # ---------------------------------------------------------------- module builders
 
 def dit_module_config(cfg, inference: bool):
-    from animegamer_jax.models.cogvideox.dit import DiTConfig
-
     dc = DiTConfig.from_config(cfg.dit, text_length=num_queries(cfg))
     if inference:
         dc = dataclasses.replace(dc, lora_rank=0, param_dtype=cfg.dit.dtype, remat="none")
@@ -57,22 +63,16 @@ def dit_module_config(cfg, inference: bool):
 
 
 def build_dit(cfg, inference: bool, seed: int = 0):
-    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT
-
     return CogVideoXDiT(dit_module_config(cfg, inference), rngs=nnx.Rngs(seed))
 
 
 def build_vae(cfg, seed: int = 0):
-    from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
-
     return CogVideoXVAE.from_config(cfg.vae, rngs=nnx.Rngs(seed))
 
 
 def build_mistral(cfg, inference: bool, seed: int = 0):
-    from animegamer_jax.models.mistral.model import Mistral
-
     over = {"lora_rank": 0} if inference else {"remat": "full"}
-    return Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
+    return mistral.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
 
 
 # ---------------------------------------------------------------- abstract / concrete helpers
@@ -153,12 +153,10 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
     """
     q, d = num_queries(cfg), int(cfg.rep.dim)
     if name.startswith("mllm_"):
-        from animegamer_jax.models.mistral import model as mst
-
         m_graph, m_state = _cached(b, "mistral_inference", lambda: build_mistral(cfg, inference=True))
         length = turn_length(cfg, text_tokens)
         new = int(cfg.mllm.max_new_tokens)
-        mcfg = mst.MistralConfig.from_config(cfg.mllm, lora_rank=0)
+        mcfg = mistral.MistralConfig.from_config(cfg.mllm, lora_rank=0)
         cache_len = length + new
         shape = (mcfg.num_layers, batch, cache_len, mcfg.num_kv_heads, mcfg.head_dim)
         dt = jnp.dtype(mcfg.dtype)
@@ -166,10 +164,11 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
             # the cache is laid out like activations: batch over the data axes
             s = NamedSharding(b.mesh, parallel.logical_to_spec((None, "act_batch", None, None, None), b.rules,
                                                                shape=shape, mesh=b.mesh))
-            cache = mst.KVCache(jax.ShapeDtypeStruct(shape, dt, sharding=s), jax.ShapeDtypeStruct(shape, dt, sharding=s),
-                                jax.ShapeDtypeStruct((), jnp.int32, sharding=b.replicated))
+            cache = mistral.KVCache(jax.ShapeDtypeStruct(shape, dt, sharding=s),
+                                    jax.ShapeDtypeStruct(shape, dt, sharding=s),
+                                    jax.ShapeDtypeStruct((), jnp.int32, sharding=b.replicated))
         else:
-            cache = mst.KVCache.init(mcfg, batch, cache_len, dt)
+            cache = mistral.KVCache.init(mcfg, batch, cache_len, dt)
         ids = b.array((batch, length), jnp.int32, kind="ids")
         if name == "mllm_prefill":
             def prefill(state, ids, cache):
@@ -192,13 +191,8 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
     lat_shape = (batch, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
                  int(cfg.dit.sample_width))
     if name == "dit_sampling":
-        # exactly play's program: game/real.py prepares the weights once (LoRA merged, cast to the
+        # exactly play's program: game/real_system.py prepares the weights once (LoRA merged, cast to the
         # activation dtype) and samples with dit_sampler (noise from each game's key, CFG)
-        from animegamer_jax.diffusion import samplers
-        from animegamer_jax.game.engine import apply_mode
-        from animegamer_jax.game.real import dit_sampler
-        from animegamer_jax.models.cogvideox.dit import prepare_for_inference
-
         d_graph, d_state = _cached(b, "dit_inference",
                                    lambda: prepare_for_inference(build_dit(cfg, inference=False)))
         play_cfg = apply_mode(cfg)
@@ -221,10 +215,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
                      note=f"{plan.num_steps} steps x CFG batch 2, {batch} game(s), play's program")
     if name == "vae_decode":
-        # exactly play's VAE stage (game/real.py vae_decoder: tiling / chunks as play resolves them)
-        from animegamer_jax.game.real import vae_decoder
-        from animegamer_jax.models.cogvideox.vae import VAEConfig
-
+        # exactly play's VAE stage (game/real_system.py vae_decoder: tiling / chunks as play resolves them)
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
         # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
         n_dev = getattr(b, "decode_devices", 0) or b.mesh.size
@@ -272,9 +263,6 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
     n = batch or int(cfg.train.global_batch_size)
     q, d = num_queries(cfg), int(cfg.rep.dim)
     if name == "train_a2_dit":
-        from animegamer_jax.diffusion import losses
-        from animegamer_jax.models.cogvideox import dit as dit_lib
-
         # trained set = LoRA + flow embedding + block adaLN (models/cogvideox/dit.py "joint")
         graphdef, params, rest = _split_train(b, lambda: build_dit(cfg, inference=False),
                                               dit_lib.trainable_filter("joint"))
@@ -294,10 +282,8 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
         return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
                      note=f"global batch {n}, remat {cfg.dit.remat}")
     if name == "train_b_mllm":
-        from animegamer_jax.models.mistral import model as mst
-
         # trained set = LoRA + RMSNorms + embeddings (models/mistral/model.py trainable_filter)
-        graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False), mst.trainable_filter)
+        graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False), mistral.trainable_filter)
 
         def mllm_loss(model, batch):
             logits = model(batch["ids"]).logits[:, :-1]

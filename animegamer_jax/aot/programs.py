@@ -2,9 +2,9 @@
 with abstract (sharded ``jax.ShapeDtypeStruct``) parameters, optimizer state and inputs.
 
 Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``) are the train command's own step
-(``train.loop.Trainer`` on ``train.phases.phase_spec``) with the config's settings: precomputed
+(``train.loop.Trainer`` on ``train.model.phase_spec``) with the config's settings: precomputed
 features or not, latents or frames, remat, ``train.global_batch_size`` / ``grad_accum_steps``. Their
-batches have the shapes ``train.phases.BatchBuilder`` makes (:func:`abstract_batch`).
+batches have the shapes ``train.batches.BatchBuilder`` makes (:func:`abstract_batch`).
 
 Turn programs (``prefill``, ``decode``, ``pass_b``, ``dit``, ``vae_decode``) are play's stages
 (animegamer_jax/aot/pieces.py) in play's layouts (``game.engine.apply_layout``): ``latency`` (one
@@ -28,7 +28,8 @@ import ml_collections
 from animegamer_jax import parallel
 from animegamer_jax.aot import pieces
 from animegamer_jax.game.engine import apply_layout
-from animegamer_jax.train import loop, optim, phases
+from animegamer_jax.train import loop, optim
+from animegamer_jax.train.model import phase_spec
 
 TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
@@ -52,7 +53,7 @@ class Program:
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
-    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``train.phases.BatchBuilder`` builds it, split
+    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``train.batches.BatchBuilder`` builds it, split
     over the data axes. Decoder phases carry ``f_md`` / ``f_v`` with ``train.precomputed_features`` (else
     ``t5_ids`` / ``first_frame``) and ``latents`` without ``train.encode_latents`` (else ``frames``);
     "vae" carries the curriculum's last (largest) stage, ``vae_windows_per_clip`` windows per clip."""
@@ -112,7 +113,7 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
     accum = int(t.grad_accum_steps)
     micro = int(t.global_batch_size) // accum
     parallel.check_global_batch(micro, mesh, rules)
-    spec = phases.phase_spec(config, phase)
+    spec = phase_spec(config, phase)
     tx, sched = optim.make_optimizer(t)
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
                            grad_accum_steps=accum, seed=int(config.seed))
@@ -132,7 +133,8 @@ def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections
     return c
 
 
-def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: list[Any], layout: str) -> list[Program]:
+def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: list[Any],
+                  layout: str) -> list[Program]:
     """Play's stages ``names`` (:data:`TURN_PROGRAMS`) in ``layout`` ("latency": one game on all
     ``devices``; "batch": ``config.mesh`` with one game per data-parallel slice, generate's batch)."""
     cfg = apply_layout(config, layout, len(devices))

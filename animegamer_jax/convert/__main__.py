@@ -10,37 +10,35 @@ Kinds (each takes ``--help``):
   clip              open_clip ViT-B-16 state dict or an HF CLIP folder
   t5                HF T5EncoderModel safetensors
   dit               SAT mp_rank_00_model_states.pt folder or diffusers CogVideoXTransformer3DModel
-                    (``dit migrate OLD NEW``: a system checkpoint of the old DiT block layout)
+                    (``dit migrate OLD NEW``: a system checkpoint of the flat legacy DiT block layout)
   vae               SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX
   release           the whole release download (checkpoints/ folder) -> one system checkpoint
   check-release     play a recorded release turn on a converted system; per-stage max |diff|
 """
 
-import importlib
 import sys
 
+from animegamer_jax import cli as cli_lib
+from animegamer_jax.convert import (animegamer_mllm, check_release, clip, cogvideox_dit, cogvideox_vae, mistral,
+                                    release, t5)
+
+#: kind -> the module whose ``main(argv)`` runs it
 KINDS = {
-    "mistral": "animegamer_jax.convert.mistral",
-    "animegamer-mllm": "animegamer_jax.convert.animegamer_mllm",
-    "clip": "animegamer_jax.convert.clip",
-    "t5": "animegamer_jax.convert.t5",
-    "dit": "animegamer_jax.convert.cogvideox_dit",
-    "vae": "animegamer_jax.convert.cogvideox_vae",
-    "release": "animegamer_jax.convert.release",
-    "check-release": "animegamer_jax.convert.check_release",
+    "mistral": mistral,
+    "animegamer-mllm": animegamer_mllm,
+    "clip": clip,
+    "t5": t5,
+    "dit": cogvideox_dit,
+    "vae": cogvideox_vae,
+    "release": release,
+    "check-release": check_release,
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in KINDS:
-        print(__doc__, file=sys.stderr)
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"error: unknown kind {argv[0]!r}; choose one of {', '.join(KINDS)}", file=sys.stderr)
-            return 2
-        return 0 if argv else 2
-    rc = importlib.import_module(KINDS[argv[0]]).main(argv[1:])
-    return rc if isinstance(rc, int) else 0
+    """Runs ``KINDS[argv[0]].main(argv[1:])`` (cli_lib.run_subcommand: without a kind prints this module's
+    docstring, exit status 0 for ``--help``, else 2). Returns the exit status."""
+    return cli_lib.run_subcommand(argv, {kind: module.main for kind, module in KINDS.items()}, __doc__)
 
 
 def cli() -> None:

@@ -5,11 +5,15 @@ The key map is :mod:`animegamer_jax.models.mistral.mllm_convert` (beside the mod
 
 from __future__ import annotations
 
-from animegamer_jax import paths
-from animegamer_jax.convert.common import load_state_dict, save_state
-from animegamer_jax.models.mistral import mllm_convert as am
-from animegamer_jax.models.mistral.mllm import MLLMConfig
+import json
 
+from absl import flags
+from ml_collections import config_flags
+
+from animegamer_jax import cli, paths
+from animegamer_jax.models.mistral import mllm_convert
+from animegamer_jax.models.mistral.mllm import MLLMConfig
+from animegamer_jax.weights import load_state_dict, save_state
 
 _CLI_DOC = """AnimeGamer MLLM pytorch_model.bin -> orbax.
 
@@ -20,9 +24,6 @@ from ``--config`` (default configs/animegamer_2b_7b.py); ``--config.mllm.x=v`` o
 
 
 def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
                                     "Config whose `mllm` section has the sizes; --config.a.b=v overrides a field.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
@@ -38,21 +39,17 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    from animegamer_jax import cli
-
     return cli.run_command("python -m animegamer_jax.convert animegamer-mllm", argv, _define_flags, _CLI_DOC,
                            ("BIN", "DST"), _convert)
 
 
 def _convert(f, bin_path: str, dst: str) -> int:
-    import json
-
     cfg = MLLMConfig.from_config(f.config, param_dtype=f.param_dtype, dtype=f.param_dtype, lora_rank=0)
     sd = load_state_dict(bin_path)
     print(f"{len(sd)} keys in {bin_path}; first: {sorted(sd)[:5]}")
     if f.base:
-        am.add_base_weights(sd, load_state_dict(f.base))
-    cfg, state = am.convert_animegamer_mllm(sd, cfg, merge_lora=f.merge_lora, lora_alpha=f.lora_alpha)
+        mllm_convert.add_base_weights(sd, load_state_dict(f.base))
+    cfg, state = mllm_convert.convert_animegamer_mllm(sd, cfg, merge_lora=f.merge_lora, lora_alpha=f.lora_alpha)
     paths.makedirs(dst)
     save_state(state, paths.join(dst, "params"))
     with paths.as_path(paths.join(dst, "mllm_config.json")).open("w") as fh:

@@ -1,10 +1,10 @@
 """``convert check-release DST CASE.npz``: replay a recorded release turn on a converted system.
 
 In the spirit of maxtext's forward-pass logit checker: the system checkpoint written by
-``convert release`` plays the case's turn in ``reference`` mode (game/reference.py: W = 1, last-226
+``convert release`` plays the case's turn in ``reference`` mode (game/release_decoding.py: W = 1, last-226
 read-out, free greedy pass A + the release's text parser, release DynamicCFG, bf16 s_a, VAE chunks
 [0:3] [3:5]) with the case's recorded noise (its initial latents and every sampler draw, reordered
-by ``reference.release_step_noise``), and every stage is compared with the recording:
+by ``release_decoding.release_step_noise``), and every stage is compared with the recording:
 
 =============  ======================================  ===========================================
 stage          ours                                    tolerance
@@ -34,9 +34,15 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
-from animegamer_jax import paths
+from animegamer_jax import checkpoint, cli, parallel, paths
+from animegamer_jax.game import release_decoding
+from animegamer_jax.game.api import flow_value
+from animegamer_jax.game.engine import GameEngine, turn_key
+from animegamer_jax.game.window import encode_instruction, stack_inputs
+from animegamer_jax.game.loading import CheckpointError, load_game_system
 
 FACTOR = 10.0
 #: fixture README "Noise floor and tolerances", used when noise_floor.json is not beside the case
@@ -98,19 +104,12 @@ def reference_engine(dst: str):
     in ``reference`` mode (the config saved in the checkpoint, float32 matmuls at highest precision).
 
     Raises:
-      animegamer_jax.game.system.CheckpointError: ``dst`` is not a loadable system checkpoint.
+      animegamer_jax.game.loading.CheckpointError: ``dst`` is not a loadable system checkpoint.
     """
-    import jax
-
     jax.config.update("jax_default_matmul_precision", "highest")
-    from animegamer_jax import parallel
-    from animegamer_jax import system_checkpoint as sc
-    from animegamer_jax.game.engine import GameEngine
-    from animegamer_jax.game.system import CheckpointError, load_game_system
-
     try:
-        config = sc.load_config(dst)
-    except sc.SystemCheckpointError as e:
+        config = checkpoint.load_config(dst)
+    except checkpoint.SystemCheckpointError as e:
         raise CheckpointError(f"{dst}: {e}. Fix: pass the DST written by `convert release`") from None
     config.game.mode = "reference"
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
@@ -127,14 +126,8 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
 
     Raises:
       FileNotFoundError: the case file is missing.
-      animegamer_jax.game.system.CheckpointError: ``dst`` is not a loadable system checkpoint.
+      animegamer_jax.game.loading.CheckpointError: ``dst`` is not a loadable system checkpoint.
     """
-    import jax
-
-    from animegamer_jax.game import reference
-    from animegamer_jax.game.engine import flow_value, turn_key
-    from animegamer_jax.game.state import encode_instruction, stack_inputs
-
     case_p = paths.as_path(case_path)  # local or a URL (gs://...): read through epath
     if not case_p.is_file():
         raise FileNotFoundError(f"{case_path}: case file not found. Fix: pass a cases/*.npz of the fixture")
@@ -157,9 +150,9 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
 
     batch = engine._shard(stack_inputs([inp]))
     tokens, rep = engine.mllm_fn(engine.params, batch)
-    gen = reference.trim_at_eos(np.asarray(tokens)[0])
+    gen = release_decoding.trim_at_eos(np.asarray(tokens)[0])
     stages.append(_exact("state tokens", np.asarray(gen), rec["passA_generated_ids"], f"({len(gen)} ids)"))
-    states = reference.states_from_generated(np.asarray(tokens), engine.tok)
+    states = release_decoding.states_from_generated(np.asarray(tokens), engine.tok)
     flow = float(np.asarray(flow_value(np.asarray(states[:, 0]), tuple(config.dit.flow_table)))[0])
     st = _exact("states", np.concatenate([states[0], [flow]]), np.concatenate([rec["states"], [rec["flow"]]]),
                 f"({list(map(int, states[0]))}, flow {flow:g})")
@@ -170,7 +163,7 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
 
     n = int(rec["sampler_timesteps"].shape[0]) - 1
     noise = {"initial": rec["noise_initial"].astype(np.float32),
-             "steps": reference.release_step_noise(rec["noise_draws"], n).transpose(1, 0, 2, 3, 4, 5)}
+             "steps": release_decoding.release_step_noise(rec["noise_draws"], n).transpose(1, 0, 2, 3, 4, 5)}
     keys = engine._shard(np.stack([turn_key(0, 0)]))
     latents = engine.sample_fn(engine.params, jax.numpy.asarray(rep), jax.numpy.asarray(states[:, 0]), keys,
                                engine._shard(noise))
@@ -181,7 +174,7 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
     frames = np.asarray(engine.decode_fn(engine.params, jax.numpy.asarray(latents)), np.float32)  # [1, F, H, W, 3]
     tol, how = tols["frames float"]
     stages.append(_close("frames float", frames.transpose(0, 1, 4, 2, 3), rec["frames_float"], tol, how))
-    ours8 = reference.release_uint8(frames[0]).astype(np.int16)
+    ours8 = release_decoding.release_uint8(frames[0]).astype(np.int16)
     ref8 = rec["frames_uint8"].astype(np.int16)
     if ours8.shape != ref8.shape:
         stages.append(Stage("frames uint8", float("inf"), 1.0, False, f"shape {ours8.shape} vs {ref8.shape}"))
@@ -199,9 +192,6 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m animegamer_jax.convert check-release DST CASE.npz``; exit 0 iff all stages hold
     (1: a stage fails, 2: a bad command line or input)."""
-    from animegamer_jax import cli
-    from animegamer_jax.game.system import CheckpointError
-
     return cli.run_command("python -m animegamer_jax.convert check-release", argv, lambda fv, argv: None, __doc__,
                            ("DST", "CASE.npz"), _report, errors=(FileNotFoundError, CheckpointError))
 

@@ -5,11 +5,15 @@ The key map is :mod:`animegamer_jax.models.clip.convert` (beside the model); thi
 
 from __future__ import annotations
 
-from animegamer_jax import paths
-from animegamer_jax.convert.common import load_state_dict, save_state
-from animegamer_jax.models.clip import convert as cc
-from animegamer_jax.models.clip.model import CLIPConfig
+import json
 
+from absl import flags
+from ml_collections import config_flags
+
+from animegamer_jax import cli, paths
+from animegamer_jax.models.clip import convert as clip_convert
+from animegamer_jax.models.clip.model import CLIPConfig
+from animegamer_jax.weights import load_state_dict, save_state
 
 _CLI_DOC = """open_clip ViT-B-16 state dict or an HF CLIP folder -> orbax.
 
@@ -19,9 +23,6 @@ section. OUT: orbax directory, local or gs://."""
 
 
 def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
                                     "Config whose `clip` section has the sizes (ignored with --hf_config); "
                                     "--config.clip.x=v overrides a field.", flag_values=fv, lock_config=False,
@@ -38,25 +39,19 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    from animegamer_jax import cli
-
     return cli.run_command("python -m animegamer_jax.convert clip", argv, _define_flags, _CLI_DOC,
                            ("SRC", "OUT"), _convert)
 
 
 def _convert(f, src: str, out: str) -> int:
-    import json
-
     if f.hf_config:
-        cfg = cc.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
+        cfg = clip_convert.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
     else:
         cfg = CLIPConfig.from_config(f.config.clip)
     vision_only = not f.text_tower
-    save_state(cc.convert_clip(load_state_dict(src), cfg, vision_only=vision_only, layout=f.layout), out)
+    save_state(clip_convert.convert_clip(load_state_dict(src), cfg, vision_only=vision_only, layout=f.layout), out)
     print(f"wrote {paths.as_path(out)} ({'vision tower' if vision_only else 'full CLIP'}, act {cfg.hidden_act})")
     return 0
-
-
 
 
 if __name__ == "__main__":

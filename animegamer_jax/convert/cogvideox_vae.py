@@ -5,10 +5,12 @@ The key map is :mod:`animegamer_jax.models.cogvideox.vae_convert` (beside the mo
 
 from __future__ import annotations
 
-from animegamer_jax import paths
-from animegamer_jax.models.cogvideox import vae_convert as cv
-from animegamer_jax.models.cogvideox.vae import VAEConfig
+from absl import flags
+from ml_collections import config_flags
 
+from animegamer_jax import cli, paths
+from animegamer_jax.models.cogvideox import vae_convert
+from animegamer_jax.models.cogvideox.vae import VAEConfig
 
 _CLI_DOC = """SAT 3d-vae.pt or diffusers AutoencoderKLCogVideoX -> orbax.
 
@@ -17,9 +19,6 @@ model's sizes come from the config's ``vae`` section (default configs/animegamer
 
 
 def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
                                     "Config whose `vae` section has the sizes; "
                                     "--config.vae.x=v overrides a field.", flag_values=fv, lock_config=False,
@@ -33,14 +32,12 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    from animegamer_jax import cli
-
     return cli.run_command("python -m animegamer_jax.convert vae", argv, _define_flags, _CLI_DOC,
                            ("SRC", "DST"), _convert)
 
 
 def _convert(f, src: str, dst: str) -> int:
-    cv.convert(src, dst, VAEConfig.from_config(f.config.vae), f.format)
+    vae_convert.convert(src, dst, VAEConfig.from_config(f.config.vae), f.format)
     print(f"wrote {dst}")
     return 0
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from animegamer_jax.models.mistral import convert as cm
+from absl import flags
 
+from animegamer_jax import cli
+from animegamer_jax.models.mistral import convert as mistral_convert
 
 _CLI_DOC = """HF Mistral checkpoint -> orbax (animegamer-jax layout).
 
@@ -17,8 +19,6 @@ DST: output directory (orbax state in DST/params), local or gs://."""
 
 
 def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-
     flags.DEFINE_string("param_dtype", "bfloat16", "dtype of the stored parameters (and of compute).", flag_values=fv)
     flags.DEFINE_integer("vocab_size", None, "Only for an already resized checkpoint (default: config.json's).",
                          flag_values=fv)
@@ -29,8 +29,6 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    from animegamer_jax import cli
-
     return cli.run_command("python -m animegamer_jax.convert mistral", argv, _define_flags, _CLI_DOC,
                            ("SRC", "DST"), _convert)
 
@@ -39,7 +37,7 @@ def _convert(f, src: str, dst: str) -> int:
     over: dict[str, Any] = {"param_dtype": f.param_dtype, "dtype": f.param_dtype}
     if f.vocab_size:
         over["vocab_size"] = f.vocab_size
-    cfg, _ = cm.convert_hf_checkpoint(src, dst, **over)
+    cfg, _ = mistral_convert.convert_hf_checkpoint(src, dst, **over)
     print(f"wrote {dst}/params: {cfg}")
     return 0
 

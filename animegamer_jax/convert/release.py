@@ -34,7 +34,7 @@ Keys dropped on purpose (see :data:`DROPPED`): the peft ``original_module`` norm
 SRC and DST may be URLs (``gs://bucket/release``; etils.epath / fsspec). A remote SRC's files are
 copied, as each is first needed, into a local cache folder (``--cache_dir``, default a temporary
 folder removed afterwards), with one line per file saying so: ``torch.load(mmap=True)`` and
-``safe_open`` memory-map local files only, and reading a 14 GB engine file through a stream would
+``safe_open`` memory-map local files only, and reading the engine file (many GB) through a stream would
 hold all of it in memory instead of paging in one layer at a time. A remote DST is written in place
 (``SystemWriter`` on the URL, integrity.json last as the completion marker, as orbax does on object
 stores, which have no atomic folder rename) and removed again if the conversion fails.
@@ -43,28 +43,47 @@ Reads are lazy: torch files are memory-mapped (``torch.load(mmap=True)``) and sa
 opened with ``safe_open``, so a tensor is paged in only when its converter reads it, and the pages
 are dropped again after each written group (:func:`drop_file_pages`). The MLLM and the DiT are
 converted and written one leaf / one layer of a leaf at a time (``models.mistral.convert.mistral_leaves``,
-``models.cogvideox.dit_convert.sat_layer``, ``system_checkpoint.SystemWriter``); the smaller networks one
+``models.cogvideox.dit_convert.sat_layer``, ``checkpoint.SystemWriter``); the smaller networks one
 component at a time. Everything goes into a temporary sibling of DST that is renamed to DST only
-when every component is written: a failed conversion leaves nothing at DST. Every problem (missing file, unreadable file,
-missing / unexpected / mis-shaped key, config whose sizes do not match) is collected first and
-reported together, one line each, naming the file, the key and the fix.
+when every component is written: a failed conversion leaves nothing at DST. Every problem (missing
+file, unreadable file, missing / unexpected / mis-shaped key, config whose sizes do not match) is
+collected first and reported together, one line each, naming the file, the key and the fix.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
-import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import fsspec
+import jax
 import numpy as np
+from absl import flags
+from flax import nnx
+from ml_collections import config_flags
+from safetensors import safe_open
 
-from animegamer_jax import paths
+from animegamer_jax import checkpoint, cli, paths
+from animegamer_jax.models.clip import convert as clip_convert
+from animegamer_jax.models.clip.model import CLIPConfig
+from animegamer_jax.models.cogvideox import dit_convert, vae_convert
+from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
+from animegamer_jax.models.cogvideox.vae import VAEConfig
+from animegamer_jax.models.mistral import mllm_convert
+from animegamer_jax.models.mistral.convert import Leaf
+from animegamer_jax.models.mistral.mllm import GameStateMLLM, MLLMConfig
+from animegamer_jax.models.shot_encoder import convert as shot_encoder_convert
+from animegamer_jax.models.shot_encoder.model import ShotEncoderConfig
+from animegamer_jax.models.t5 import convert as t5_convert
+from animegamer_jax.models.t5.model import T5Config, T5Encoder
 
 #: engine-file prefixes and the component each feeds
 ENGINE_PREFIXES = {
@@ -150,8 +169,6 @@ class LocalCache:
             return path
         if path in self.copies:
             return self.copies[path]
-        import fsspec
-
         if self.directory is None:
             self.directory = tempfile.mkdtemp(prefix="animegamer-release-cache-")
         out = os.path.join(self.directory, _rel(path, self.src).lstrip("/") or os.path.basename(path))
@@ -184,8 +201,6 @@ class LazySafetensors(Mapping):
     """``{name: torch.Tensor}`` over safetensors files, each tensor read on access (bf16 kept)."""
 
     def __init__(self, files: list[str]):
-        from safetensors import safe_open
-
         self._where: dict[str, Any] = {}
         self._handles = []
         for f in files:
@@ -221,7 +236,7 @@ def load_torch_lazy(path: str) -> dict[str, Any]:
     Raises:
       ReleaseError: the file is missing, truncated or not a torch zip checkpoint (names the file).
     """
-    import torch
+    import torch  # optional
 
     if not paths.isfile(path):
         raise ReleaseError([f"{path}: file not found. Fix: put the release file there (see the layout "
@@ -373,15 +388,11 @@ def _keep(sd: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _mllm(files: ReleaseFiles, config, config_path: str):
-    from flax import nnx
-
-    from animegamer_jax.models.mistral import mllm_convert as am
-    from animegamer_jax.models.mistral.mllm import GameStateMLLM, MLLMConfig
-
     m = config.mllm
     sd = load_torch_lazy(files.mllm)
     for key, want, fields in (
-        ("llm.base_model.model.model.embed_tokens.weight", (m.vocab_size, m.hidden_size), "mllm.vocab_size, mllm.hidden_size"),
+        ("llm.base_model.model.model.embed_tokens.weight", (m.vocab_size, m.hidden_size),
+         "mllm.vocab_size, mllm.hidden_size"),
         ("output_resampler.proj.0.weight", (config.rep.dim, m.hidden_size), "rep.dim, mllm.hidden_size"),
     ):
         msg = _size_check(files.mllm, sd, key, want, fields, config_path)
@@ -390,21 +401,24 @@ def _mllm(files: ReleaseFiles, config, config_path: str):
     n = _layer_count(sd, r"\.layers\.(\d+)\.")
     if n and n != m.num_layers:
         return None, [f"{files.mllm}: holds {n} decoder layers (keys ...layers.0..{n - 1}...) but config "
-                      f"{config_path} has mllm.num_layers={m.num_layers}. Fix: pass --config with the sizes of this release"]
-    llm_sd, rest = _run(files.mllm, "mllm", lambda: am.normalize_peft_keys(sd))
+                      f"{config_path} has mllm.num_layers={m.num_layers}. Fix: pass --config with the sizes of "
+                      f"this release"]
+    llm_sd, rest = _run(files.mllm, "mllm", lambda: mllm_convert.normalize_peft_keys(sd))
     base_missing = "model.layers.0.self_attn.q_proj.weight" not in llm_sd
     if base_missing:
         if not files.mistral:
             return None, [f"{files.mllm}: holds no base weights (e.g. llm.base_model.model.model.layers.0.self_attn."
                           f"q_proj.base_layer.weight) and {paths.join(files.src, MISTRAL_DIR)} is absent. Fix: put "
                           f"the Mistral-7B-Instruct-v0.1 folder there"]
-        am.add_base_weights(sd, load_folder_lazy(files.mistral))
+        mllm_convert.add_base_weights(sd, load_folder_lazy(files.mistral))
     cfg = MLLMConfig.from_config(config, lora_rank=0)
-    cfg, leaves = _run(files.mllm, "mllm", lambda: am.animegamer_mllm_leaves(sd, cfg, lora_alpha=m.lora_alpha))
+    cfg, leaves = _run(files.mllm, "mllm",
+                       lambda: mllm_convert.animegamer_mllm_leaves(sd, cfg, lora_alpha=m.lora_alpha))
     if cfg.llm.lora_rank != m.lora_rank:
         return None, [f"{files.mllm}: LoRA rank {cfg.llm.lora_rank} (lora_A.default.weight rows) but config "
                       f"{config_path} has mllm.lora_rank={m.lora_rank}. Fix: set mllm.lora_rank={cfg.llm.lora_rank}"]
-    if tuple(cfg.llm.lora_targets) != tuple(sorted(m.lora_targets)) and set(cfg.llm.lora_targets) != set(m.lora_targets):
+    if (tuple(cfg.llm.lora_targets) != tuple(sorted(m.lora_targets))
+            and set(cfg.llm.lora_targets) != set(m.lora_targets)):
         return None, [f"{files.mllm}: LoRA on {list(cfg.llm.lora_targets)} but config mllm.lora_targets="
                       f"{list(m.lora_targets)}. Fix: set mllm.lora_targets to the modules the file has"]
     abstract = nnx.state(nnx.eval_shape(lambda: GameStateMLLM(cfg, rngs=nnx.Rngs(0))))
@@ -422,16 +436,10 @@ def _engine_check(files: ReleaseFiles, engine: Mapping[str, Any]) -> list[str]:
 
 
 def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from flax import nnx
-
-    from animegamer_jax.models.cogvideox import dit_convert as cd
-    from animegamer_jax.models.mistral.convert import Leaf
-    from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
-
     d = config.dit
     nq = int(config.rep.num_text_tokens + config.rep.num_image_tokens)
     cfg = DiTConfig.from_config(d, text_length=nq)
-    p = cd.SAT_PREFIX
+    p = dit_convert.SAT_PREFIX
     for key, want, fields in (
         (p + "mixins.patch_embed.proj.weight", (cfg.hidden_size, cfg.in_channels, cfg.patch_size, cfg.patch_size),
          "dit.hidden_size, dit.in_channels, dit.patch_size"),
@@ -443,11 +451,12 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
     n = _layer_count(engine, r"^model\.diffusion_model\.transformer\.layers\.(\d+)\.")
     if n != cfg.num_layers:
         return None, [f"{files.engine}: holds {n} DiT layers (model.diffusion_model.transformer.layers.N) but config "
-                      f"{config_path} has dit.num_layers={cfg.num_layers}. Fix: pass --config with the sizes of this release"]
+                      f"{config_path} has dit.num_layers={cfg.num_layers}. Fix: pass --config with the sizes of "
+                      f"this release"]
     sd = _keep(_sub(engine, p, strip=False))
-    sd, _extras, rank = _run(files.engine, "dit", lambda: cd.sat_prepare(sd, cfg))
-    top = _run(files.engine, "dit", lambda: cd.sat_top_level(sd, cfg))
-    layer0 = _run(files.engine, "dit", lambda: cd.sat_layer(sd, cfg, rank, 0))
+    sd, _extras, rank = _run(files.engine, "dit", lambda: dit_convert.sat_prepare(sd, cfg))
+    top = _run(files.engine, "dit", lambda: dit_convert.sat_top_level(sd, cfg))
+    layer0 = _run(files.engine, "dit", lambda: dit_convert.sat_layer(sd, cfg, rank, 0))
     leaves: dict[tuple, Any] = dict(top)
     for k, v in layer0.items():
         leaves[("blocks",) + k] = Leaf(None, v.shape, cfg.num_layers)
@@ -457,9 +466,6 @@ def _dit(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
 
 
 def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.models.shot_encoder import convert as cse
-    from animegamer_jax.models.shot_encoder.model import ShotEncoderConfig
-
     cfg = ShotEncoderConfig.from_config(config)
     p = SHOT_ENCODER_PREFIX
     for key, want, fields in (
@@ -469,13 +475,11 @@ def _shot_encoder(files: ReleaseFiles, engine: Mapping[str, Any], config, config
         msg = _size_check(files.engine, engine, key, want, fields, config_path)
         if msg:
             return None, [msg]
-    return _run(files.engine, "shot_encoder", lambda: cse.convert_shot_encoder(_sub(engine, p, strip=False), cfg)), []
+    sd = _sub(engine, p, strip=False)
+    return _run(files.engine, "shot_encoder", lambda: shot_encoder_convert.convert_shot_encoder(sd, cfg)), []
 
 
 def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.models.cogvideox import vae_convert as cv
-    from animegamer_jax.models.cogvideox.vae import VAEConfig
-
     cfg = VAEConfig.from_config(config.vae)
     if files.vae:
         file, sd = files.vae, load_torch_lazy(files.vae)
@@ -489,16 +493,10 @@ def _vae(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: st
                       "vae.block_out_channels[-1], vae.latent_channels", config_path)
     if msg:
         return None, [msg]
-    return _run(file, "vae", lambda: cv.sat_to_state(_keep(sd), cfg)), [], file
+    return _run(file, "vae", lambda: vae_convert.sat_to_state(_keep(sd), cfg)), [], file
 
 
 def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from flax import nnx
-
-    from animegamer_jax.models.t5 import convert as ct5
-    from animegamer_jax.models.mistral.convert import Leaf
-    from animegamer_jax.models.t5.model import T5Config, T5Encoder
-
     cfg = T5Config.from_config(config.t5)
     p = "conditioner.embedders.0.transformer."
     if any(k.startswith(p) for k in engine):
@@ -513,7 +511,7 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
     if msg:
         return None, [msg], file
     # streamed: T5-XXL is 4.7 B float32 parameters, converted one layer of one leaf at a time
-    values, r, prefix = _run(file, "t5", lambda: ct5.t5_leaves(_keep(sd), cfg))
+    values, r, prefix = _run(file, "t5", lambda: t5_convert.t5_leaves(_keep(sd), cfg))
     missing, unexpected = sorted(set(r.missing)), r.unexpected()
     shapes: dict[str, set] = {}
     for k in r.used:
@@ -521,7 +519,8 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
     uneven = sorted(k for k, v in shapes.items() if len(v) > 1)
     if missing or unexpected or uneven:
         return None, [f"{file}: t5: T5 encoder (prefix {prefix!r}) does not match: missing source keys {missing[:20]}, "
-                      f"unexpected source keys {unexpected[:20]}, layers of different shapes {uneven[:10]}. Fix: {FIX_KEYS}"], file
+                      f"unexpected source keys {unexpected[:20]}, layers of different shapes {uneven[:10]}. "
+                      f"Fix: {FIX_KEYS}"], file
     for path, leaf in values.items():  # one layer of each stacked leaf proves its source shapes
         if isinstance(leaf, Leaf) and leaf.layers:
             got = tuple(_run(file, "t5", lambda leaf=leaf: leaf.fn(0)).shape)
@@ -535,9 +534,6 @@ def _t5(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str
 
 
 def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: str):
-    from animegamer_jax.models.clip import convert as cc
-    from animegamer_jax.models.clip.model import CLIPConfig
-
     cfg = CLIPConfig.from_config(config.clip)
     p = "clip_img_encoder.model."
     sd = _sub(engine, p)
@@ -556,10 +552,11 @@ def _clip(files: ReleaseFiles, engine: Mapping[str, Any], config, config_path: s
         return None, [f"{paths.join(files.src, CLIP_FILE)}: file not found; the engine's CLIP has no text "
                       f"tower (transformer.resblocks.*). Fix: put the OpenCLIP file there"], file
     msg = _size_check(file, sd, "visual.conv1.weight",
-                      (cfg.vision_width, 3, cfg.patch_size, cfg.patch_size), "clip.vision_width, clip.patch_size", config_path)
+                      (cfg.vision_width, 3, cfg.patch_size, cfg.patch_size), "clip.vision_width, clip.patch_size",
+                      config_path)
     if msg:
         return None, [msg], file
-    return _run(file, "clip", lambda: cc.convert_clip(sd, cfg)), [], file
+    return _run(file, "clip", lambda: clip_convert.convert_clip(sd, cfg)), [], file
 
 
 # ----------------------------------------------------------------------------------------------
@@ -575,16 +572,13 @@ def _check_leaves(file: str, name: str, abstract, leaves: Mapping[tuple, Any]) -
     Raises:
       ReleaseError: missing / unexpected / mis-shaped parameters (one line, naming ``file``).
     """
-    from flax import nnx
-
-    from animegamer_jax.models.mistral.convert import Leaf
-
     want = {_key(p): (tuple(v.get_raw_value().shape), v.get_raw_value().dtype) for p, v in nnx.to_flat_state(abstract)}
     got = {_key(p): ((v.layers,) + v.shape if v.layers else v.shape) if isinstance(v, Leaf) else tuple(np.shape(v))
            for p, v in leaves.items()}
     missing = sorted("/".join(p) for p in want if p not in got)
     extra = sorted("/".join(p) for p in got if p not in want)
-    bad = sorted(f"{'/'.join(p)}: got {got[p]}, model expects {want[p][0]}" for p in want if p in got and got[p] != want[p][0])
+    bad = sorted(f"{'/'.join(p)}: got {got[p]}, model expects {want[p][0]}"
+                 for p in want if p in got and got[p] != want[p][0])
     if missing or extra or bad:
         raise ReleaseError([f"{file}: {name}: converted parameters do not match the model: missing {missing[:20]}, "
                             f"unexpected {extra[:20]}, mis-shaped {bad[:20]}. Fix: {FIX_KEYS}"])
@@ -598,8 +592,6 @@ def drop_file_pages(files: list[str]) -> None:
     The memory-mapped source files are read once, leaf by leaf; without this their clean file pages
     stay in the process's resident set. Pages are re-read from the file if touched again.
     """
-    import ctypes
-
     real = {os.path.realpath(q) for q in (_cache.copies.get(f, f) for f in files if f) if os.path.isfile(q)}
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -636,8 +628,6 @@ class _LeafJob:
         self.name, self.want, self.leaves, self.sources = name, want, leaves, sources
 
     def write(self, writer) -> None:
-        from animegamer_jax.models.mistral.convert import Leaf
-
         for path, leaf in self.leaves.items():
             shape, dtype = self.want[_key(path)]
             if isinstance(leaf, Leaf) and leaf.layers:
@@ -660,14 +650,12 @@ class _DiTJob:
         self.want, self.top, self.sd, self.cfg, self.rank, self.sources = want, top, sd, cfg, rank, sources
 
     def write(self, writer) -> None:
-        from animegamer_jax.models.cogvideox import dit_convert as cd
-
         for path, v in self.top.items():
             writer.add("dit", _key(path), np.asarray(v).astype(self.want[_key(path)][1]))
         writer.wait()
         puts = {}
         for l in range(self.cfg.num_layers):
-            layer = cd.sat_layer(self.sd, self.cfg, self.rank, l)
+            layer = dit_convert.sat_layer(self.sd, self.cfg, self.rank, l)
             for k, v in layer.items():
                 if k not in puts:
                     shape, dtype = self.want[("blocks",) + k]
@@ -704,10 +692,6 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
     Raises:
       ReleaseError: every problem found, one line each; nothing is left at ``dst``.
     """
-    import jax
-
-    from animegamer_jax import system_checkpoint as sc
-
     global _cache
 
     dst = _abs(dst)
@@ -732,7 +716,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
             engine = None
         if engine is not None:
             problems += _engine_check(files, engine)
-        writer = sc.SystemWriter(dst if remote_dst else os.path.join(tmp, "system"), config)
+        writer = checkpoint.SystemWriter(dst if remote_dst else os.path.join(tmp, "system"), config)
         for name in COMPONENT_ORDER:
             t0 = time.perf_counter()
             file = files.mllm if name == "mllm" else files.engine
@@ -763,7 +747,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
         if problems:
             raise ReleaseError(problems)
         writer.finish()
-        sc.read_manifest(writer.directory)
+        checkpoint.read_manifest(writer.directory)
         if not remote_dst:
             os.rename(writer.directory, dst)
         counts = dict(writer.counts)
@@ -779,9 +763,6 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
 
 
 def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config with the sizes of the weights (default: paper "
                                     "size, configs/animegamer_2b_7b.py); --config.a.b=v overrides a field.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
@@ -802,17 +783,11 @@ def main(argv: list[str] | None = None) -> int:
     and ``train --config.train.init_checkpoint`` read. Exit status 1 with one line per problem, 2
     on a bad command line.
     """
-    from animegamer_jax import cli
-
     return cli.run_command("python -m animegamer_jax.convert release", argv, _define_flags, __doc__,
                            ("SRC", "DST"), _convert)
 
 
 def _convert(f, src: str, dst: str) -> int:
-    import sys
-
-    from ml_collections import config_flags
-
     global ALLOW_PICKLE
     ALLOW_PICKLE = bool(f.allow_pickle)
     config, config_path = f.config, config_flags.get_config_filename(f["config"])

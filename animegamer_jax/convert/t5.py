@@ -5,10 +5,14 @@ The key map is :mod:`animegamer_jax.models.t5.convert` (beside the model); this 
 
 from __future__ import annotations
 
-from animegamer_jax import paths
-from animegamer_jax.models.t5 import convert as ct
-from animegamer_jax.models.t5.model import T5Config
+import json
 
+from absl import flags
+from ml_collections import config_flags
+
+from animegamer_jax import cli, paths
+from animegamer_jax.models.t5 import convert as t5_convert
+from animegamer_jax.models.t5.model import T5Config
 
 _CLI_DOC = """HF T5EncoderModel safetensors -> orbax.
 
@@ -17,9 +21,6 @@ local or gs://. Sizes from ``--hf_config`` (an HF config.json) if given, else th
 
 
 def _define_flags(fv, argv: list[str]) -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
     config_flags.DEFINE_config_file("config", paths.resource("configs/animegamer_2b_7b.py"),
                                     "Config whose `t5` section has the sizes (ignored with --hf_config); "
                                     "--config.t5.x=v overrides a field.", flag_values=fv, lock_config=False,
@@ -32,24 +33,18 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the exit status (2 with a one-line message on a bad command line).
     """
-    from animegamer_jax import cli
-
     return cli.run_command("python -m animegamer_jax.convert t5", argv, _define_flags, _CLI_DOC,
                            ("SRC", "OUT"), _convert)
 
 
 def _convert(f, src: str, out: str) -> int:
-    import json
-
     if f.hf_config:
-        cfg = ct.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
+        cfg = t5_convert.config_from_hf(json.loads(paths.as_path(f.hf_config).read_text()))
     else:
         cfg = T5Config.from_config(f.config.t5)
-    ct.convert_file(src, cfg, out)
+    t5_convert.convert_file(src, cfg, out)
     print(f"wrote {paths.as_path(out)}")
     return 0
-
-
 
 
 if __name__ == "__main__":

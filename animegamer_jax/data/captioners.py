@@ -2,8 +2,8 @@
 
 A captioner turns a batch of `CaptionRequest`s (a clip's uniformly sampled frames, the reference images
 of the film's characters, the clip's optical-flow motion level and the interleaved text + image prompt
-that data/label.py built) into one raw text answer per request. Answers are JSON objects with the
-fields of `ANSWER_KEYS`; data/label.py parses and validates them (and retries / marks a clip
+that data/caption.py built) into one raw text answer per request. Answers are JSON objects with the
+fields of `ANSWER_KEYS`; data/caption.py parses and validates them (and retries / marks a clip
 unlabelled), so a captioner never has to be trusted.
 
 Implementations:
@@ -27,9 +27,12 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+import cv2
 import numpy as np
+from etils import epath
+from PIL import Image
 
-# Fields of one answer (a flat JSON object; see data/label.py for the prompt and the parser):
+# Fields of one answer (a flat JSON object; see data/caption.py for the prompt and the parser):
 #   characters: names from the cast; adverb + verb: the motion ("slowly" + "crawl out of burrow");
 #   time + place: the background ("day" + "meadow"); social / entertainment / stamina: integer changes
 #   in -5..5; reason: one short sentence for the state changes.
@@ -58,12 +61,12 @@ class CaptionRequest:
 
 
 class Captioner(Protocol):
-    """What data/label.py calls: one raw answer (text) per request, in order."""
+    """What data/caption.py calls: one raw answer (text) per request, in order."""
 
     name: str
 
     def caption(self, requests: Sequence[CaptionRequest]) -> list[str]:
-        """One raw text answer per request, in the same order (any text; data/label.py validates it)."""
+        """One raw text answer per request, in the same order (any text; data/caption.py validates it)."""
         ...
 
 
@@ -72,7 +75,7 @@ class Captioner(Protocol):
 
 def _torchvision_usable() -> bool:
     try:
-        import torchvision  # noqa: F401
+        import torchvision  # noqa: F401  # optional
     except Exception:  # missing, or a build that does not load beside this torch
         return False
     return True
@@ -91,8 +94,7 @@ def _image_only_internvl_processor(model_dir: str):
     folder's tokenizer, image processor (its PIL backend), `processor_config.json` (image_seq_length)
     and chat template, with no video processor.
     """
-    from etils import epath
-    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, InternVLProcessor
+    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, InternVLProcessor  # optional
 
     class ImageOnlyInternVLProcessor(InternVLProcessor):
         def check_argument_for_proper_class(self, argument_name, argument):
@@ -119,7 +121,7 @@ def _image_only_internvl_processor(model_dir: str):
 
 def load_processor(model_dir: str):
     """The model folder's processor (AutoProcessor); InternVL without torchvision: images only."""
-    from transformers import AutoConfig, AutoProcessor
+    from transformers import AutoConfig, AutoProcessor  # optional
 
     if AutoConfig.from_pretrained(model_dir).model_type == "internvl" and not _torchvision_usable():
         return _image_only_internvl_processor(model_dir)
@@ -142,8 +144,8 @@ class HFCaptioner:
     """
 
     def __init__(self, model_dir: str, label_cfg):
-        import torch
-        from transformers import AutoModelForImageTextToText
+        import torch  # optional
+        from transformers import AutoModelForImageTextToText  # optional
 
         if str(label_cfg.dtype) not in _DTYPES:
             raise ValueError(f"config.label.dtype must be one of {_DTYPES}, got {label_cfg.dtype!r}")
@@ -160,7 +162,8 @@ class HFCaptioner:
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype).to(self.device).eval()
-        self.generate_kwargs = {"max_new_tokens": int(label_cfg.max_new_tokens), "do_sample": not bool(label_cfg.greedy)}
+        self.generate_kwargs = {"max_new_tokens": int(label_cfg.max_new_tokens),
+                                "do_sample": not bool(label_cfg.greedy)}
         if not label_cfg.greedy:
             self.generate_kwargs.update(temperature=float(label_cfg.temperature), top_p=float(label_cfg.top_p))
         if tok is not None and tok.pad_token_id is not None:
@@ -168,8 +171,6 @@ class HFCaptioner:
 
     def conversation(self, request: CaptionRequest) -> list[dict]:
         """The chat message of one request (text and PIL image parts, in prompt order)."""
-        from PIL import Image
-
         content = [{"type": "text", "text": p} if isinstance(p, str) else {"type": "image", "image": Image.fromarray(p)}
                    for p in request.prompt]
         return [{"role": "user", "content": content}]
@@ -177,7 +178,7 @@ class HFCaptioner:
     def caption(self, requests: Sequence[CaptionRequest]) -> list[str]:
         """Generates the answers of a batch in one `generate` call (left-padded prompts); returns the
         decoded new tokens of each, special tokens removed."""
-        import torch
+        import torch  # optional
 
         if not requests:
             return []
@@ -197,8 +198,6 @@ class HFCaptioner:
 
 def _hs_histogram(image: np.ndarray) -> np.ndarray:
     """Normalised hue x saturation histogram (18 x 4 bins) of an RGB uint8 image."""
-    import cv2
-
     hsv = cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2HSV)
     hist = cv2.calcHist([hsv], [0, 1], None, [18, 4], [0, 180, 0, 256]).ravel()
     return hist / max(float(hist.sum()), 1.0)
@@ -227,8 +226,6 @@ class RuleBasedCaptioner:
 
     def answer(self, request: CaptionRequest) -> dict:
         """The answer object (ANSWER_KEYS) for one request."""
-        import cv2
-
         frames = np.asarray(request.frames)
         frame_hists = [_hs_histogram(f) for f in frames]
         present = []

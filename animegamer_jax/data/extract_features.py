@@ -1,4 +1,4 @@
-"""Precompute the shot encoder's frozen inputs per clip: f_v (CLIP) and f_md (T5), docs/encoders.md.
+r"""Precompute the shot encoder's frozen inputs per clip: f_v (CLIP) and f_md (T5), docs/encoders.md.
 
   python -m animegamer_jax.data.extract_features --config=configs/animegamer_2b_7b.py \
       --dataset=data/prepared/animegamer_samples --out=data/prepared/animegamer_samples_features \
@@ -26,7 +26,7 @@ unless ``--overwrite``. Read with :func:`load_features`.
 Batches are global (the same on every process), sharded over the mesh's batch axes
 (``act_batch`` rule: data and fsdp); the last batch is padded by repeating its last clip and the
 pads dropped. The mesh is ``config.mesh`` (``--mesh_shape`` overrides): with the paper config the
-T5-XXL parameters (19 GB in fp32) are FSDP-sharded by their logical axes.
+T5-XXL parameters are FSDP-sharded by their logical axes.
 Weights: an orbax directory written by ``animegamer_jax.convert`` or a raw checkpoint converted on
 the fly (open_clip / HF CLIP file; HF T5 safetensors file or folder).
 """
@@ -44,11 +44,21 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 from flax import nnx
+from jax.experimental import multihost_utils
+from ml_collections import config_flags
+from tqdm import tqdm
 
+from animegamer_jax import cli as cli_lib
 from animegamer_jax import parallel, paths
+from animegamer_jax.data.loader import ClipSource
+from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
+from animegamer_jax.models.t5 import convert as t5_convert
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
+from animegamer_jax.t5_tokenizer import T5Tokenizer
+from animegamer_jax.weights import load_state_dict, restore_state
 
 FORMAT = "animegamer_jax.features/1"
 FIELDS = ("f_v", "f_md")
@@ -87,7 +97,8 @@ def _open_store(out_dir: str, num_clips: int, shapes: dict[str, tuple], dtype: s
         with open(meta_path, encoding="utf-8") as f:
             old = json.load(f)
         if old != json.loads(json.dumps(full_meta)):
-            diff = sorted(k for k in set(old) | set(full_meta) if old.get(k) != json.loads(json.dumps(full_meta)).get(k))
+            new = json.loads(json.dumps(full_meta))
+            diff = sorted(k for k in set(old) | set(full_meta) if old.get(k) != new.get(k))
             raise FeatureStoreError(f"{out_dir} holds features of another run (differs in {diff}); "
                                     f"pass --overwrite to replace them or choose another --out")
         try:
@@ -123,7 +134,8 @@ def load_features(out_dir: str, require_complete: bool = True) -> dict[str, np.n
         raise FeatureStoreError(f"{meta_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
     out = {k: np.load(os.path.join(out_dir, f"{k}.npy"), mmap_mode="r") for k in (*FIELDS, "done")}
     if require_complete and not out["done"].all():
-        raise FeatureStoreError(f"{out_dir}: {int((~out['done']).sum())} of {len(out['done'])} clips not extracted; rerun to resume")
+        raise FeatureStoreError(f"{out_dir}: {int((~out['done']).sum())} of {len(out['done'])} clips not extracted; "
+                                f"rerun to resume")
     return out
 
 
@@ -142,6 +154,8 @@ class FeatureEncoder:
 
         @nnx.jit
         def run(clip, t5, frames, ids):
+            # uint8 -> [-1, 1] inside the jitted program: video_io.from_uint8 (numpy, on the host) rounds
+            # most of the 256 values differently from XLA's division, so the stored features would change
             images = frames.astype(jnp.float32) / 127.5 - 1.0
             return clip.encode_reference(images).astype(jnp.float32), t5(ids).astype(jnp.float32)
 
@@ -152,13 +166,12 @@ class FeatureEncoder:
             frames_d, ids_d = parallel.shard_batch((frames, ids), self.mesh, self.rules)
             f_v, f_md = self._run(self.clip, self.t5, frames_d, ids_d)
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             f_v, f_md = multihost_utils.process_allgather((f_v, f_md), tiled=True)
         return np.asarray(f_v), np.asarray(f_md)
 
 
-def extract_features(dataset_dir: str, out_dir: str, encoder: FeatureEncoder, tokenize: Callable[[list[str]], np.ndarray],
+def extract_features(dataset_dir: str, out_dir: str, encoder: FeatureEncoder,
+                     tokenize: Callable[[list[str]], np.ndarray],
                      *, batch_size: int, text_field: str = "action", meta: dict | None = None, dtype: str = "float32",
                      overwrite: bool = False, max_batches: int | None = None, progress: bool = True) -> ExtractReport:
     """Computes f_v / f_md for every clip of ``dataset_dir`` not yet done in ``out_dir``.
@@ -181,8 +194,6 @@ def extract_features(dataset_dir: str, out_dir: str, encoder: FeatureEncoder, to
       parallel.ShardingConfigError: ``batch_size`` does not divide the data axes.
       storage.DatasetError: not a prepared dataset.
     """
-    from animegamer_jax.data.loader import ClipSource
-
     t0 = time.time()
     parallel.check_global_batch(batch_size, encoder.mesh, encoder.rules)
     source = ClipSource(dataset_dir, skip_fields=("frames",))
@@ -198,8 +209,6 @@ def extract_features(dataset_dir: str, out_dir: str, encoder: FeatureEncoder, to
     arrays, done = _open_store(out_dir, n, shapes, dtype, run_meta, overwrite) if writer else (None, None)
     pending = np.flatnonzero(~np.asarray(done)) if writer else np.arange(n)
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         pending = np.asarray(multihost_utils.broadcast_one_to_all(np.isin(np.arange(n), pending)))
         pending = np.flatnonzero(pending)
     already = n - len(pending)
@@ -208,8 +217,6 @@ def extract_features(dataset_dir: str, out_dir: str, encoder: FeatureEncoder, to
         batches = batches[:max_batches]
     bar = None
     if progress:
-        from tqdm import tqdm
-
         bar = tqdm(total=int(sum(len(b) for b in batches)), unit="clip", desc="f_v/f_md", file=sys.stderr)
     computed = 0
     for idx in batches:
@@ -248,15 +255,11 @@ def load_models(cfg: Any, mesh: jax.sharding.Mesh, rules, *, clip_weights: str =
     Raises:
       ValueError: a weight path missing without ``random_init``.
     """
-    from animegamer_jax.convert.common import load_state_dict, restore_state
-    from animegamer_jax.models.clip import convert as cc
-    from animegamer_jax.models.t5 import convert as ct
-
     clip_cfg, t5_cfg = CLIPConfig.from_config(cfg.clip), T5Config.from_config(cfg.t5)
     specs = (
         ("clip", clip_weights, lambda: CLIPVisionTransformer(clip_cfg, rngs=nnx.Rngs(0)),
-         lambda sd: cc.convert_clip(sd, clip_cfg, vision_only=True)),
-        ("t5", t5_weights, lambda: T5Encoder(t5_cfg, rngs=nnx.Rngs(1)), lambda sd: ct.convert_t5(sd, t5_cfg)),
+         lambda sd: clip_convert.convert_clip(sd, clip_cfg, vision_only=True)),
+        ("t5", t5_weights, lambda: T5Encoder(t5_cfg, rngs=nnx.Rngs(1)), lambda sd: t5_convert.convert_t5(sd, t5_cfg)),
     )
     models = []
     for name, path, make, convert in specs:
@@ -273,59 +276,62 @@ def load_models(cfg: Any, mesh: jax.sharding.Mesh, rules, *, clip_weights: str =
     return models[0], models[1]
 
 
-def main(argv: Sequence[str]) -> None:
-    from absl import flags
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.data.extract_features`` on ``fv`` (absl + ml_collections)."""
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file (clip, t5, data, mesh "
+                                    "sections).", flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset directory (default: config.data.dataset_dir).",
+                        flag_values=fv)
+    flags.DEFINE_string("out", "", "Feature directory (default: <dataset>_features).", flag_values=fv)
+    flags.DEFINE_string("clip_weights", "", "CLIP weights: orbax dir, or open_clip / HF CLIP file.", flag_values=fv)
+    flags.DEFINE_string("t5_weights", "", "T5 weights: orbax dir, or HF T5 safetensors file / folder.",
+                        flag_values=fv)
+    flags.DEFINE_string("t5_spiece", "", "T5 spiece.model (default: config.t5.spiece_model).", flag_values=fv)
+    flags.DEFINE_bool("random_init", False, "Random weights where none are given (smoke runs only).", flag_values=fv)
+    flags.DEFINE_integer("batch_size", 8, "Global batch (multiple of the data-parallel size).", flag_values=fv)
+    flags.DEFINE_list("mesh_shape", None, "Mesh sizes (data,fsdp,tensor,context); default config.mesh.shape.",
+                      flag_values=fv)
+    flags.DEFINE_string("text_field", "action", "Record field with the action text.", flag_values=fv)
+    flags.DEFINE_enum("dtype", "float32", ["float32", "float16"], "Storage dtype.", flag_values=fv)
+    flags.DEFINE_integer("max_batches", None, "Stop after this many batches (rerun to resume).", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace features of another run in --out.", flag_values=fv)
+    flags.DEFINE_bool("progress", True, "Show a progress bar (--noprogress hides it).", flag_values=fv)
+    cli_lib.define_verbosity(fv)
 
-    from animegamer_jax.t5_tokenizer import T5Tokenizer
 
-    FLAGS = flags.FLAGS
-    if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments {argv[1:]}")
-    cfg = FLAGS.config
-    if FLAGS.mesh_shape:
-        mesh = parallel.make_mesh(tuple(int(s) for s in FLAGS.mesh_shape), tuple(cfg.mesh.axes))
+def main(argv: Sequence[str] | None = None) -> int:
+    """Extracts the features and prints the report; returns the exit status (2 with a one-line message on a
+    bad command line or a bad input)."""
+    return cli_lib.run_command("python -m animegamer_jax.data.extract_features", argv, define_flags, __doc__, (),
+                               _run, (FileNotFoundError, ValueError))
+
+
+def _run(f) -> int:
+    """The body of :func:`main` on parsed flags ``f``."""
+    cfg = f.config
+    if f.mesh_shape:
+        mesh = parallel.make_mesh(tuple(int(s) for s in f.mesh_shape), tuple(cfg.mesh.axes))
     else:
         mesh = parallel.mesh_from_config(cfg)
     rules = parallel.rules_from_config(cfg)
-    clip, t5 = load_models(cfg, mesh, rules, clip_weights=FLAGS.clip_weights, t5_weights=FLAGS.t5_weights,
-                           random_init=FLAGS.random_init)
-    tok = T5Tokenizer(FLAGS.t5_spiece or cfg.t5.spiece_model, int(cfg.t5.max_length))
+    clip, t5 = load_models(cfg, mesh, rules, clip_weights=f.clip_weights, t5_weights=f.t5_weights,
+                           random_init=f.random_init)
+    tokenizer = T5Tokenizer(f.t5_spiece or cfg.t5.spiece_model, int(cfg.t5.max_length))
     meta = {"clip": cfg.clip.to_dict(), "t5": {k: v for k, v in cfg.t5.to_dict().items() if k != "spiece_model"},
-            "clip_weights": os.path.abspath(FLAGS.clip_weights) if FLAGS.clip_weights else "random",
-            "t5_weights": os.path.abspath(FLAGS.t5_weights) if FLAGS.t5_weights else "random"}
-    dataset = FLAGS.dataset or cfg.data.dataset_dir
-    report = extract_features(dataset, FLAGS.out or dataset.rstrip("/") + "_features", FeatureEncoder(clip, t5, mesh, rules),
-                              tok, batch_size=FLAGS.batch_size, text_field=FLAGS.text_field, meta=json.loads(json.dumps(meta)),
-                              dtype=FLAGS.dtype, overwrite=FLAGS.overwrite, max_batches=FLAGS.max_batches,
-                              progress=FLAGS.progress)
+            "clip_weights": os.path.abspath(f.clip_weights) if f.clip_weights else "random",
+            "t5_weights": os.path.abspath(f.t5_weights) if f.t5_weights else "random"}
+    dataset = f.dataset or cfg.data.dataset_dir
+    report = extract_features(dataset, f.out or dataset.rstrip("/") + "_features",
+                              FeatureEncoder(clip, t5, mesh, rules), tokenizer, batch_size=f.batch_size,
+                              text_field=f.text_field, meta=json.loads(json.dumps(meta)), dtype=f.dtype,
+                              overwrite=f.overwrite, max_batches=f.max_batches, progress=f.progress)
     print(report.summary())
-
-
-def _define_flags() -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file (clip, t5, data, mesh sections).")
-    flags.DEFINE_string("dataset", "", "Prepared dataset directory (default: config.data.dataset_dir).")
-    flags.DEFINE_string("out", "", "Feature directory (default: <dataset>_features).")
-    flags.DEFINE_string("clip_weights", "", "CLIP weights: orbax dir, or open_clip / HF CLIP file.")
-    flags.DEFINE_string("t5_weights", "", "T5 weights: orbax dir, or HF T5 safetensors file / folder.")
-    flags.DEFINE_string("t5_spiece", "", "T5 spiece.model (default: config.t5.spiece_model).")
-    flags.DEFINE_bool("random_init", False, "Random weights where none are given (smoke runs only).")
-    flags.DEFINE_integer("batch_size", 8, "Global batch (multiple of the data-parallel size).")
-    flags.DEFINE_list("mesh_shape", None, "Mesh sizes (data,fsdp,tensor,context); default config.mesh.shape.")
-    flags.DEFINE_string("text_field", "action", "Record field with the action text.")
-    flags.DEFINE_enum("dtype", "float32", ["float32", "float16"], "Storage dtype.")
-    flags.DEFINE_integer("max_batches", None, "Stop after this many batches (rerun to resume).")
-    flags.DEFINE_bool("overwrite", False, "Replace features of another run in --out.")
-    flags.DEFINE_bool("progress", True, "Show a progress bar (--noprogress hides it).")
+    return 0
 
 
 def cli() -> None:
-    """Console script (pyproject.toml)."""
-    from animegamer_jax import cli as cli_lib
-
-    cli_lib.run(main, define=_define_flags)
+    """Console script ``animegamer-extract-features`` (pyproject.toml)."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

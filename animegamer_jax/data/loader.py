@@ -41,7 +41,7 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
-from animegamer_jax import paths
+from animegamer_jax import mllm_tokenizer, paths
 from animegamer_jax.data import storage
 
 # Per-clip fields that are not precomputed features; turns mode carries only the per-turn ones.
@@ -231,7 +231,7 @@ class TokenizeTurns(grain.transforms.Map):
       turn_len int32 [max_turns]: valid length of each row of turn_ids.
       world_ids int32 [max_turns, 14]: the turn's state string
         `<ML><S_ml></ML><SC><S_sc></SC><ET><S_et></ET><ST><S_st></ST></ST></TURN>` built from its
-        labelled states [ML, SC, ET, ST] (tokenizer.world_ids): the CE targets of the predicted turn and
+        labelled states [ML, SC, ET, ST] (mllm_tokenizer.world_ids): the CE targets of the predicted turn and
         the true-state history of earlier turns.
 
     Args:
@@ -243,16 +243,14 @@ class TokenizeTurns(grain.transforms.Map):
     model_path: str | None = None
 
     def map(self, element: dict) -> dict:
-        from animegamer_jax import tokenizer as tok_lib
-
-        tok = tok_lib.get_tokenizer(self.model_path)
+        tok = mllm_tokenizer.get_tokenizer(self.model_path)
         m = element["turn_mask"].shape[0]
-        turn_ids = np.full((m, self.max_text_tokens), tok_lib.PAD_ID, np.int32)
+        turn_ids = np.full((m, self.max_text_tokens), mllm_tokenizer.PAD_ID, np.int32)
         turn_len = np.zeros(m, np.int32)
-        world = np.full((m, 14), tok_lib.PAD_ID, np.int32)
+        world = np.full((m, 14), mllm_tokenizer.PAD_ID, np.int32)
         for k in range(int(element["num_turns"])):
             text = str(element["instruction"][k])
-            ids = [tok_lib.TURN_ID, *tok.encode_plain(text)]
+            ids = [mllm_tokenizer.TURN_ID, *tok.encode_plain(text)]
             if len(ids) > self.max_text_tokens:
                 raise ValueError(f"instruction of dataset clip {int(element['index'][k])} has {len(ids)} "
                                  f"tokens > max_text_tokens={self.max_text_tokens}: {text!r}")

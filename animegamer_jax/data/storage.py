@@ -24,11 +24,14 @@ C-order array bytes. Fields of a clip record:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
 
 import numpy as np
+
+from animegamer_jax import paths
 
 MAGIC = b"AGC1"
 INDEX_FILE = "dataset.json"
@@ -79,8 +82,6 @@ def read_index(dataset_dir: str) -> dict:
     Raises:
       DatasetError: no such dataset / not built by prepare / shards missing.
     """
-    from animegamer_jax import paths
-
     dataset_dir = paths.resource(dataset_dir)
     path = paths.as_path(dataset_dir) / INDEX_FILE
     if not path.is_file():
@@ -101,8 +102,6 @@ def dataset_fingerprint(index: dict) -> str:
     where it lies (film and label paths), so a copy or a move has the same fingerprint and a dataset
     prepared again from other films or labels has another one. Used by training to refuse resuming
     on other data (``train.pipeline.run_meta``)."""
-    import hashlib
-
     content = {k: index.get(k) for k in ("config", "num_clips", "clips", "feature_fields")}
     digest = hashlib.sha256(json.dumps(content, sort_keys=True).encode("utf-8")).hexdigest()
     return f"sha256:{digest[:16]}"
@@ -115,8 +114,6 @@ def shard_paths(dataset_dir: str, index: dict | None = None) -> list[str]:
       DatasetError: ``dataset_dir`` is a URL: open-source ArrayRecord reads local files only, so a
         dataset in a bucket is read through a FUSE mount (the message gives the command).
     """
-    from animegamer_jax import paths
-
     dataset_dir = paths.resource(dataset_dir)
     if paths.is_url(dataset_dir):
         bucket = dataset_dir.split("://", 1)[1].split("/", 1)[0]

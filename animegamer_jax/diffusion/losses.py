@@ -65,7 +65,7 @@ def training_inputs(key: jax.Array, x0: jax.Array, schedule: DiffusionSchedule =
     kt, kn = jax.random.split(key)
     t = sample_timesteps(kt, x0.shape[0], schedule.num_train_timesteps)
     a = a_of(t, schedule)
-    # Drawn flat then reshaped: jax 0.10 on CPU compiles a 5-D `normal` very slowly (~20 s).
+    # Drawn flat then reshaped: XLA:CPU compiles a 5-D `normal` slowly (same values).
     noise = jax.random.normal(kn, (x0.size,), jnp.float32).reshape(x0.shape)
     return {"x_t": add_noise(x0.astype(jnp.float32), noise, a), "timesteps": t, "noise": noise, "a": a}
 

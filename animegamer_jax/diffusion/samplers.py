@@ -20,9 +20,10 @@ h = lambda(a_{i+1}) - lambda(a_i):
   r = (lambda_i - lambda_{i-1}) / h; the last step returns D_i.
 At a_0 = 0 (zero terminal SNR) lambda_0 = -inf: the limits m1 = 0, m2 = -a_1, sigma_n = sqrt(1 - a_1^2)
 at i = 0 and 1/(2r) = 0 at i = 1 are used, so no inf/NaN reaches the loop. The reference draws an extra
-noise sample per step for a discarded first-order update; noise here is `normal(fold_in(key, i), (x.size,)).reshape(x.shape)`,
-or, given noise (`sample(..., step_noise=...)`), step i's slice of an externally supplied array (e.g. the release's
-own draws reordered by `game.reference.release_step_noise`).
+noise sample per step for a discarded first-order update; noise here is
+`normal(fold_in(key, i), (x.size,)).reshape(x.shape)`, or, given noise (`sample(..., step_noise=...)`),
+step i's slice of an externally supplied array (e.g. the release's
+own draws reordered by `game.release_decoding.release_step_noise`).
 
 DDIM (eta = 0, diffusers `CogVideoXDDIMScheduler.step`, v-prediction): training-table alpha_bar at tau_i
 and at tau_i - T/n (1.0 below 0): x <- sqrt((1-ab')/(1-ab)) x + (sqrt(ab') - sqrt(ab) sqrt((1-ab')/(1-ab))) D.
@@ -184,7 +185,7 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
             du, dc = d[:b], d[b:]
             d = du + c["s"] * (dc - du)
         dd = c["w_cur"] * d + c["w_prev"] * d_prev
-        # Drawn flat then reshaped: jax 0.10 on CPU spends ~20 s compiling a 5-D `normal` (same values).
+        # Drawn flat then reshaped: XLA:CPU compiles a 5-D `normal` slowly (same values).
         if "xi" in c:
             xi = c["xi"]
         else:

@@ -67,7 +67,8 @@ class DiffusionSchedule:
         return np.linspace(self.num_train_timesteps - 1, 0, num_steps, endpoint=False).astype(np.int64)
 
     def sampler_a(self, num_steps: int) -> np.ndarray:
-        """float64 [num_steps + 1]: the SAT sampler sequence, highest noise first, 1.0 appended (docs/diffusion.md#schedule).
+        """float64 [num_steps + 1]: the SAT sampler sequence, highest noise first, 1.0 appended
+        (docs/diffusion.md#schedule).
 
         The zero-SNR rescale runs over the selected subset only (a_first = a(tau_min), a_last = a(tau_max)),
         so e.g. tau=19 gives 0.97394 here vs 0.97292 in the training table; a[0] = 0.

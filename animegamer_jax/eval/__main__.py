@@ -14,19 +14,19 @@ from __future__ import annotations
 
 import sys
 
+from absl import flags
+from ml_collections import config_flags
+
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import paths
 from animegamer_jax.config import ConfigError
-from animegamer_jax.eval.benchmark import render_markdown, run_benchmark
-from animegamer_jax.eval.benchmark_file import BenchmarkError
 from animegamer_jax.eval.embedders import embedder_from_flag
+from animegamer_jax.eval.table1 import render_markdown, run_benchmark
+from animegamer_jax.eval.table1_games import BenchmarkError
 
 
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``animegamer-eval`` on ``fv`` (absl + ml_collections config_flags)."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    from animegamer_jax import paths
-
     config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
                                     "Config file; --config.a.b=value overrides a field.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
@@ -46,28 +46,24 @@ def define_flags(fv, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the benchmark; returns the exit status (2 with a message on bad input)."""
-    from animegamer_jax import cli
+    return cli_lib.run_command("animegamer-eval", argv, define_flags, __doc__, (), _run,
+                               (ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError))
 
-    argv = ["animegamer-eval", *(sys.argv[1:] if argv is None else argv)]
-    try:
-        f, rest = cli.parse_flags(argv, define_flags, __doc__)
-        if rest:
-            raise cli.UsageError(f"unexpected arguments {rest}")
-        config = f.config
-        if f.mode:
-            config.game.mode = f.mode
-        embedder = embedder_from_flag(f.clip if f.clip is not None else config.eval.clip)
-        ds_path = f.dreamsim if f.dreamsim is not None else config.eval.dreamsim
-        if ds_path:
-            raise ConfigError("DreamSim scoring needs its ensemble (DINO + CLIP + OpenCLIP ViTs + LoRA), which is "
-                              "not ported; leave --dreamsim empty (the column reads n/a)")
-        report = run_benchmark(
-            config, f.benchmark or config.eval.benchmark, f.out or config.eval.out_dir,
-            checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
-            write_games=bool(config.eval.write_games) and f.write_games)
-    except (cli.UsageError, ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _run(f) -> int:
+    """The body of :func:`main` on parsed flags ``f``."""
+    config = f.config
+    if f.mode:
+        config.game.mode = f.mode
+    embedder = embedder_from_flag(f.clip if f.clip is not None else config.eval.clip)
+    dreamsim_path = f.dreamsim if f.dreamsim is not None else config.eval.dreamsim
+    if dreamsim_path:
+        raise ConfigError("DreamSim scoring needs its ensemble (DINO + CLIP + OpenCLIP ViTs + LoRA), which is "
+                          "not ported; leave --dreamsim empty (the column reads n/a)")
+    report = run_benchmark(
+        config, f.benchmark or config.eval.benchmark, f.out or config.eval.out_dir,
+        checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
+        write_games=bool(config.eval.write_games) and f.write_games)
     print(render_markdown(report))
     return 0
 

@@ -9,20 +9,26 @@ Image preprocessing for the metrics is the standard CLIP evaluation one: the cen
 frame (CLIP's resize-shortest-side + centre-crop), resized bicubic with antialiasing to the model's
 input size, then the CLIP mean/std normalization (``models.clip.model.preprocess``). The shot encoder's
 no-crop squash (docs/encoders.md#clip-image-tower) is a training-time convention and is not used for scoring.
+
+:func:`load` returns the image and text functions; ``eval.embedders.clip_embedder`` labels them as an
+``Embedder``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from PIL import Image
 
-from animegamer_jax.eval.embedders import Embedder
+from animegamer_jax.models.clip import convert as convert_clip
+from animegamer_jax.models.clip.model import preprocess
+from animegamer_jax.weights import load_state_dict
 
 
 def center_square(frames: np.ndarray) -> np.ndarray:
@@ -33,22 +39,23 @@ def center_square(frames: np.ndarray) -> np.ndarray:
     return frames[:, y:y + s, x:x + s]
 
 
-def load(path: str, batch_size: int = 16) -> Embedder:
-    """Builds an :class:`Embedder` from a local HF ``CLIPModel`` folder.
+def load(path: str, batch_size: int = 16) -> tuple[Callable[[np.ndarray], np.ndarray],
+                                                    Callable[[Sequence[str]], np.ndarray]]:
+    """The CLIP image and text embedding functions of a local HF ``CLIPModel`` folder.
 
     Args:
       path: folder with ``config.json``, ``*.safetensors`` or ``*.bin`` and the tokenizer files.
       batch_size: images / texts per jitted call (inputs are padded to it: one compile each).
 
+    Returns:
+      ``(image, text)``: ``image(frames uint8 [N, H, W, 3]) -> float32 [N, D]`` and
+      ``text(list of N strings) -> float32 [N, D]``, in CLIP's joint space.
+
     Raises:
       FileNotFoundError: missing config, weights or tokenizer files.
-      animegamer_jax.convert.common.ConversionError: weights that do not match the config.
+      animegamer_jax.weights.ConversionError: weights that do not match the config.
     """
-    from transformers import CLIPTokenizer
-
-    from animegamer_jax.convert.common import load_state_dict
-    from animegamer_jax.models.clip import convert as convert_clip
-    from animegamer_jax.models.clip.model import preprocess
+    from transformers import CLIPTokenizer  # optional
 
     cfg_path = os.path.join(path, "config.json")
     if not os.path.isfile(cfg_path):
@@ -66,6 +73,8 @@ def load(path: str, batch_size: int = 16) -> Embedder:
     @jax.jit
     def _image(state, frames_u8):
         m = nnx.merge(graphdef, state)
+        # uint8 -> [-1, 1] inside the jitted program: video_io.from_uint8 (numpy, on the host) rounds most
+        # of the 256 values differently from XLA's division, so the embeddings would change
         x = frames_u8.astype(jnp.float32) / 127.5 - 1.0
         return m.encode_image(preprocess(x, size))
 
@@ -86,8 +95,6 @@ def load(path: str, batch_size: int = 16) -> Embedder:
     def image(frames: np.ndarray) -> np.ndarray:
         sq = center_square(np.asarray(frames, np.uint8))
         # one resize to a fixed side first keeps a single compiled shape for any frame size
-        from PIL import Image
-
         sq = np.stack([np.asarray(Image.fromarray(f).resize((size, size), Image.BICUBIC)) for f in sq])
         return _batched(_image, sq)
 
@@ -96,5 +103,4 @@ def load(path: str, batch_size: int = 16) -> Embedder:
                         max_length=cfg.text_context_length)["input_ids"]
         return _batched(_text, np.asarray(ids, np.int32))
 
-    return Embedder(f"CLIP {os.path.basename(os.path.normpath(path))} (local HF weights via models.clip.convert)",
-                    image, text)
+    return image, text

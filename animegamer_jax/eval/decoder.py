@@ -5,10 +5,12 @@
   python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
-the DiT samples latents with the checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``,
-DynamicCFG ``cfg_scale`` / ``cfg_exp`` / ``cfg_schedule``; ``--cfg_scale`` and ``--num_sampling_steps``
-override), conditioned on the clip's motion level (``dit.flow_table``), and the VAE decodes them: the
-training phases' sample video (``train/phases.py`` ``sample_video``). Two PSNRs (dB, frames mapped to
+play's DiT sampler (``game.real_system.dit_sampler`` on the weights play prepares,
+``dit.prepare_for_inference``, with ``game.mode`` applied as play applies it) samples latents with the
+checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``, DynamicCFG ``cfg_scale`` /
+``cfg_exp`` / ``cfg_schedule``; ``--cfg_scale`` and ``--num_sampling_steps`` override), conditioned on the
+clip's motion level (``dit.flow_table``) against E_a's unconditional embedding, and the VAE decodes them
+(``decode(latents / scaling_factor)``, untiled). Two PSNRs (dB, frames mapped to
 [0, 1], decoded output clipped to [0, 1]): ``sample``, the decoded sample against the clip's frames, and
 ``reconstruction``, the VAE's own encode/decode of the clip (posterior mean), the ceiling a sample can
 reach through this VAE. ``--sheet PNG`` also writes the middle frame of each scored clip, of its VAE
@@ -27,17 +29,31 @@ from __future__ import annotations
 import json
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from absl import flags
 from flax import nnx
+from PIL import Image
 
-from animegamer_jax.eval.vae import psnr
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import fileio, paths
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.config import ConfigError
+from animegamer_jax.data import loader, storage
+from animegamer_jax.eval.metrics import sample_frame_indices
+from animegamer_jax.eval.vae import model_frames_to_unit, psnr
+from animegamer_jax.game import writers
+from animegamer_jax.game.api import apply_mode
+from animegamer_jax.game.real_system import dit_sampler
+from animegamer_jax.models.cogvideox.dit import prepare_for_inference
+from animegamer_jax.train.batches import BatchBuilder
+from animegamer_jax.train.losses import ea_representation
 
 
 def clip_indices(num_clips: int, count: int) -> list[int]:
     """``count`` dataset positions evenly spaced over ``range(num_clips)`` (first and last included;
     every position when ``count >= num_clips``)."""
-    from animegamer_jax.eval.metrics import sample_frame_indices
-
     return [int(i) for i in sample_frame_indices(num_clips, count)]
 
 
@@ -49,8 +65,6 @@ def check_dataset(dataset_dir: str, config) -> dict:
       storage.DatasetError: no prepared dataset there (local path or URL), no clips, or clips of
         another size or length (the message names both and the fix).
     """
-    from animegamer_jax.data import storage
-
     index = storage.read_index(dataset_dir)
     have = {k: index["config"].get(k) for k in ("height", "width", "num_frames")}
     want = {k: int(config.data[k]) for k in ("height", "width", "num_frames")}
@@ -71,11 +85,12 @@ def clip_example(record: dict) -> dict:
     return ex
 
 
-class _Decoder(nnx.Module):
-    """The components phase a's sample video reads (``phases.sample_video``), as one module for nnx.jit."""
+class _Encoders(nnx.Module):
+    """E_a with its frozen T5 / CLIP, and the VAE, as one module for nnx.jit (the DiT goes in as play's
+    prepared state)."""
 
     def __init__(self, components: dict):
-        for name in ("shot_encoder", "dit", "vae", "t5", "clip"):
+        for name in ("shot_encoder", "vae", "t5", "clip"):
             setattr(self, name, components[name])
 
 
@@ -84,7 +99,7 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     """Scores D_a's samples on ``count`` clips of ``dataset_dir`` (module docstring).
 
     Args:
-      components: ``shot_encoder``, ``dit``, ``vae``, ``t5`` and ``clip`` modules (system_checkpoint.load_system).
+      components: ``shot_encoder``, ``dit``, ``vae``, ``t5`` and ``clip`` modules (``checkpoint.load_system``).
       config: the system's config (sizes, sampler, flow table, T5 tokenizer).
       keep_frames: also return each clip's middle frame, VAE reconstruction and sample (``"frames"``).
 
@@ -98,28 +113,27 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
       storage.DatasetError: no prepared dataset at ``dataset_dir``, no clips, or clips of another size
         or length than the config's (:func:`check_dataset`).
     """
-    import jax
-    import jax.numpy as jnp
-
-    from animegamer_jax.data import loader
-    from animegamer_jax.eval.vae import model_frames_to_unit
-    from animegamer_jax.train import phases
-
     check_dataset(dataset_dir, config)
     source = loader.ClipSource(dataset_dir)
-    builder = phases.BatchBuilder(config, "a1")
+    builder = BatchBuilder(config, "a1")
+    # play's sampling stage (game.real_system.build_real_system): the same prepared DiT, uncond and sampler
+    dit_graph, dit_state = nnx.split(prepare_for_inference(components["dit"]))
+    params = {"dit": dit_state, "uncond": components["shot_encoder"].uncond(1)[0].astype(jnp.float32)}
+    sample = dit_sampler(dit_graph, apply_mode(config))
+    scale = float(config.vae.scaling_factor)
 
     @nnx.jit
-    def run(m, batch, key):
-        video = phases.sample_video(m, batch, key, config)
-        return video, m.vae.decode(m.vae.encode(batch["frames"]).mean)
+    def run(m, p, batch, level, key):
+        latents = sample(p, ea_representation(m, batch), level, key[None])
+        return m.vae.decode(latents / scale), m.vae.decode(m.vae.encode(batch["frames"]).mean)
 
-    model = _Decoder(components)
+    model = _Encoders(components)
     scored, frames = [], []
     for k, i in enumerate(clip_indices(len(source), count)):
         rec = source[i]
         batch = jax.tree.map(jnp.asarray, builder(clip_example(rec)))
-        video, recon = run(model, batch, jax.random.key(seed + k))
+        level = jnp.asarray([int(rec["motion_level"])], jnp.int32)
+        video, recon = run(model, params, batch, level, jax.random.key(seed + k))
         target = model_frames_to_unit(batch["frames"])[0]
         scored.append({"index": int(i), "film_id": str(rec["film_id"]), "action": str(rec["action"]),
                        "motion_level": int(rec["motion_level"]), "sample": psnr(model_frames_to_unit(video)[0], target),
@@ -132,16 +146,12 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored,
            "dataset_clips": len(source), "dataset_films": sorted({f["film_id"] for f in source.index["films"]})}
     if keep_frames:
-        from animegamer_jax.game import writers
-
         res["frames"] = [writers.to_uint8(f) for f in frames]
     return res
 
 
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``python -m animegamer_jax.eval.decoder`` on ``fv`` (absl)."""
-    from absl import flags
-
     flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint (E_a, DiT, VAE, T5, CLIP).",
                         flag_values=fv)
     flags.DEFINE_string("dataset", "", "Prepared dataset of clips to score (default: the checkpoint config's "
@@ -159,36 +169,31 @@ def define_flags(fv, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
-    from animegamer_jax import cli, system_checkpoint
-    from animegamer_jax.config import ConfigError
-    from animegamer_jax.data import storage
-
-    return cli.run_command("animegamer-eval-decoder", argv, define_flags, __doc__, None, _run,
-                           (ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError,
-                            storage.DatasetError, ValueError, OSError))
+    return cli_lib.run_command("animegamer-eval-decoder", argv, define_flags, __doc__, None, _run,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, storage.DatasetError,
+                                ValueError, OSError))
 
 
 def _run(f, *rest: str) -> int:
     """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
-    from animegamer_jax import cli, fileio, paths, system_checkpoint
-
     if rest:
-        raise cli.UsageError(f"unexpected arguments {list(rest)}")
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
     if f.clips < 1:
-        raise cli.UsageError(f"--clips={f.clips}: score at least one clip")
+        raise cli_lib.UsageError(f"--clips={f.clips}: score at least one clip")
     ckpt = paths.resource(f.checkpoint)
-    config = system_checkpoint.load_config(ckpt)
+    config = load_config(ckpt)
     if f.cfg_scale is not None:
         config.diffusion.cfg_scale = float(f.cfg_scale)
     if f.num_sampling_steps is not None:
         config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
+    config = apply_mode(config)  # as play samples; the summary line shows the sampler used
     dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
     if f.json:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
     if f.sheet and not paths.is_url(f.sheet) and not paths.isdir(paths.as_path(f.sheet).parent):
         raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
-    components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
+    components = load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
     res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet))
     d = config.diffusion
     for c in res["clips"]:
@@ -199,10 +204,6 @@ def _run(f, *rest: str) -> int:
           f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
           f"{float(d.cfg_scale):g}")
     if f.sheet:
-        from PIL import Image
-
-        from animegamer_jax.game import writers
-
         writers.save_image(f.sheet, Image.fromarray(writers.contact_sheet(res.pop("frames"), columns=3)), format="PNG")
         print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")
     if f.json:

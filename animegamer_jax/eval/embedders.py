@@ -22,6 +22,9 @@ import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from PIL import Image
+
+from animegamer_jax.eval import clip_backend
 
 STANDIN_LABEL = "random-feature stand-in (no CLIP weights given; not comparable with the paper)"
 
@@ -36,8 +39,6 @@ class Embedder:
 
 
 def _resize(frames: np.ndarray, size: int) -> np.ndarray:
-    from PIL import Image
-
     return np.stack([np.asarray(Image.fromarray(f).resize((size, size), Image.BILINEAR)) for f in frames])
 
 
@@ -69,9 +70,9 @@ def clip_embedder(path: str, batch_size: int = 16) -> Embedder:
     Raises:
       FileNotFoundError: the folder or its weight / tokenizer files are missing.
     """
-    from animegamer_jax.eval import clip_backend
-
-    return clip_backend.load(path, batch_size)
+    image, text = clip_backend.load(path, batch_size)
+    return Embedder(f"CLIP {os.path.basename(os.path.normpath(path))} (local HF weights via models.clip.convert)",
+                    image, text)
 
 
 def embedder_from_flag(value: str) -> Embedder:

@@ -5,16 +5,19 @@ cheap and testable on constructed inputs; the networks that make the embeddings 
 ``animegamer_jax.eval.embedders``) and the motion estimator (``animegamer_jax.data.motion``) are
 passed in.
 
-| column   | definition used here |
-|----------|----------------------|
-| CLIP-I   | cosine(CLIP image embedding of a generated frame, CLIP image embedding of the character's reference image), mean over the turn's sampled frames and its characters, then over turns |
-| CLIP-T   | cosine(frame embedding, CLIP text embedding of the movement text), mean over frames, then turns |
-| CLIP-T^E | the same against the environment (background) text |
-| ACC-F    | fraction of turns whose generated clip's re-estimated motion level equals the ground-truth level |
-| MAE-F    | mean |estimated level - ground-truth level| (levels 1..5) |
-| ACC-S    | fraction of exact matches of the predicted state changes SC, ET, ST vs ground truth, over turns x 3 fields |
-| MAE-S    | mean |predicted - ground truth| over the same entries |
-| DreamSim | 1 - DreamSim distance (the paper reports it with "higher is better"; UNCERTAIN), only if a DreamSim embedding function is given |
+Columns (definitions used here):
+
+- CLIP-I: cosine(CLIP image embedding of a generated frame, CLIP image embedding of the character's
+  reference image), mean over the turn's sampled frames and its characters, then over turns.
+- CLIP-T: cosine(frame embedding, CLIP text embedding of the movement text), mean over frames, then turns.
+- CLIP-T^E: the same against the environment (background) text.
+- ACC-F: fraction of turns whose generated clip's re-estimated motion level equals the ground-truth level.
+- MAE-F: mean |estimated level - ground-truth level| (levels 1..5).
+- ACC-S: fraction of exact matches of the predicted state changes SC, ET, ST vs ground truth, over
+  turns x 3 fields.
+- MAE-S: mean |predicted - ground truth| over the same entries.
+- DreamSim: 1 - DreamSim distance (the paper reports it with "higher is better"; UNCERTAIN), only if a
+  DreamSim embedding function is given.
 
 Decisions (UNCERTAIN in the paper, documented):
 - The paper maps "detected generated characters" to the references; there is no detector here, so
@@ -32,6 +35,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from animegamer_jax.data import motion  # data/ owns the motion estimator (docs/design.md#who-may-import-whom)
 
 STATE_FIELDS = ("ML", "SC", "ET", "ST")  # order of the MLLM's state output (docs/token_layout.md#state-fields)
 METER_FIELDS = ("SC", "ET", "ST")  # the fields ACC-S / MAE-S score
@@ -181,8 +186,6 @@ def estimate_motion_level(frames: np.ndarray, bins: Sequence[float], r: float = 
     Returns:
       level in 1..len(bins)+1.
     """
-    from animegamer_jax.data import motion  # data/ owns the estimator (docs/design.md#who-may-import-whom)
-
     fn = scope_fn or motion.motion_scope
     return motion.motion_level(fn(frames, r=r), bins)
 

@@ -1,4 +1,4 @@
-"""Where play's predicted representations land among the training clips' own.
+r"""Where play's predicted representations land among the training clips' own.
 
   python -m animegamer_jax.eval.representation --game data/games/sample_tour.txt \
       [--checkpoint checkpoints/tiny_system] [--dataset data/prepared/tiny] [--json out.json]
@@ -6,7 +6,7 @@
 Plays ``--game`` (a game script, game/script.py) on the system checkpoint as ``play`` does, and for each
 turn compares the MLLM's predicted s_a [Q, D] (paper Sec. 3.3: the next action-aware representation) with
 s_a = E_a(T5 of the action, CLIP of the first frame) of every clip of a prepared dataset (paper Sec. 3.2,
-as in phase a: ``train/phases.py`` ``ea_representation``), by mean squared difference over the Q x D
+as in phase a: ``train/losses.py`` ``ea_representation``), by mean squared difference over the Q x D
 elements:
 
 * ``clips``: the dataset clips whose action is the turn's Motion text (the labels' words), with the
@@ -25,8 +25,23 @@ from __future__ import annotations
 
 import json
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from absl import flags
 from flax import nnx
+
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import fileio, paths
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.config import ConfigError
+from animegamer_jax.data import loader, storage
+from animegamer_jax.eval.decoder import check_dataset, clip_example
+from animegamer_jax.game.engine import GameEngine
+from animegamer_jax.game.loading import CheckpointError, load_game_system
+from animegamer_jax.game.script import GameScriptError, load_script
+from animegamer_jax.train.batches import BatchBuilder
+from animegamer_jax.train.losses import ea_representation
 
 
 class _Encoder(nnx.Module):
@@ -41,7 +56,7 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
     """E_a's s_a of every clip of a prepared dataset.
 
     Args:
-      components: ``shot_encoder``, ``t5`` and ``clip`` modules (system_checkpoint.load_system).
+      components: ``shot_encoder``, ``t5`` and ``clip`` modules (``checkpoint.load_system``).
       config: the system's config (T5 tokenizer and lengths).
       dataset_dir: prepared dataset (path or URL) of clips of the config's size and length.
 
@@ -53,17 +68,10 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
       storage.DatasetError: no prepared dataset, no clips, or clips of another size (eval.decoder
         ``check_dataset``).
     """
-    import jax
-    import jax.numpy as jnp
-
-    from animegamer_jax.data import loader
-    from animegamer_jax.eval.decoder import check_dataset, clip_example
-    from animegamer_jax.train import phases
-
     check_dataset(dataset_dir, config)
     source = loader.ClipSource(dataset_dir)
-    builder = phases.BatchBuilder(config, "a1")  # phase a's inputs: T5 ids of the action, the first frame
-    run = nnx.jit(lambda m, b: phases.ea_representation(m, {k: b[k] for k in ("t5_ids", "first_frame")}))
+    builder = BatchBuilder(config, "a1")  # phase a's inputs: T5 ids of the action, the first frame
+    run = nnx.jit(lambda m, b: ea_representation(m, {k: b[k] for k in ("t5_ids", "first_frame")}))
     model = _Encoder(components)
     reps, rows = [], []
     for i in range(len(source)):
@@ -104,6 +112,7 @@ def turn_distances(turn_reps: list[np.ndarray], actions: list[str], clip_reps: n
         mse = np.mean((clip_reps - rep[None]) ** 2, axis=(1, 2))
         same = [i for i, r in enumerate(rows) if r["action"] == action]
         other = [i for i, r in enumerate(rows) if r["action"] != action]
+
         def pick(ids: list[int], fn) -> dict | None:  # the row (with its mse) of min / max mse, or None
             if not ids:
                 return None
@@ -119,8 +128,6 @@ def turn_distances(turn_reps: list[np.ndarray], actions: list[str], clip_reps: n
 
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``python -m animegamer_jax.eval.representation`` on ``fv`` (absl)."""
-    from absl import flags
-
     flags.DEFINE_string("game", None, "Game script to play (one instruction a line, game/script.py).", flag_values=fv)
     flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint.", flag_values=fv)
     flags.DEFINE_string("dataset", "", "Prepared dataset whose clips to compare with (default: the checkpoint "
@@ -131,15 +138,9 @@ def define_flags(fv, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Prints, per turn, where the predicted s_a lies among the clips' E_a s_a; returns the exit status
     (2 with a one-line message on bad input)."""
-    from animegamer_jax import cli, system_checkpoint
-    from animegamer_jax.config import ConfigError
-    from animegamer_jax.data import storage
-    from animegamer_jax.game.script import GameScriptError
-    from animegamer_jax.game.system import CheckpointError
-
-    return cli.run_command("animegamer-eval-representation", argv, define_flags, __doc__, None, _run,
-                           (ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError,
-                            storage.DatasetError, GameScriptError, CheckpointError, ValueError, OSError))
+    return cli_lib.run_command("animegamer-eval-representation", argv, define_flags, __doc__, None, _run,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, storage.DatasetError,
+                                GameScriptError, CheckpointError, ValueError, OSError))
 
 
 def _fmt(c: dict | None, action: bool = False) -> str:
@@ -150,25 +151,19 @@ def _fmt(c: dict | None, action: bool = False) -> str:
 
 def _run(f, *rest: str) -> int:
     """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
-    from animegamer_jax import cli, fileio, paths, system_checkpoint
-    from animegamer_jax.eval.decoder import check_dataset
-    from animegamer_jax.game.engine import GameEngine
-    from animegamer_jax.game.script import load_script
-    from animegamer_jax.game.system import load_game_system
-
     if rest:
-        raise cli.UsageError(f"unexpected arguments {list(rest)}")
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
     if not f.game:
-        raise cli.UsageError("--game is required: a game script, e.g. data/games/sample_tour.txt")
+        raise cli_lib.UsageError("--game is required: a game script, e.g. data/games/sample_tour.txt")
     game = load_script(paths.resource(f.game))
     ckpt = paths.resource(f.checkpoint)
-    config = system_checkpoint.load_config(ckpt)
+    config = load_config(ckpt)
     dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
     if f.json:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
     # E_a first: a checkpoint without T5 / CLIP fails before the game is played
-    components = system_checkpoint.load_system(ckpt, config, names=["shot_encoder", "t5", "clip"])
+    components = load_system(ckpt, config, names=["shot_encoder", "t5", "clip"])
     clip_reps, rows = clip_representations(components, config, dataset)
     engine = GameEngine(config, load_game_system(ckpt, config))
     played = engine.play([game])[0]

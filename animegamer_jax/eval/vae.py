@@ -1,7 +1,7 @@
-"""Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a prepared dataset's films.
+r"""Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a prepared dataset's films.
 
   python -m animegamer_jax.eval.vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
-  python -m animegamer_jax.eval.vae --train_workdir /work/runs/vae --config configs/tiny.py \
+  python -m animegamer_jax.eval.vae --train_workdir WORKDIR --config configs/tiny.py \
       --config.vae.latent_channels=16   # the newest checkpoint of a (running) "vae" phase, the run's overrides
 
 Held-out frames: for every film of the dataset (``dataset.json``), the source frames that lie in no
@@ -23,13 +23,30 @@ Posterior mean, no sampling.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from absl import flags
+from flax import nnx
+from ml_collections import config_flags
+
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import parallel, paths, video_io
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.config import ConfigError
+from animegamer_jax.data import clips as clips_lib
+from animegamer_jax.data import storage, video
+from animegamer_jax.train import checkpoint as train_checkpoint
+from animegamer_jax.train import loop, optim
+from animegamer_jax.train.model import phase_spec
 
 
 @dataclasses.dataclass
@@ -47,9 +64,6 @@ def held_out_frames(dataset_dir: str, max_per_film: int = 0) -> list[HeldOut]:
     Raises:
       FileNotFoundError: no ``dataset.json`` or a film file missing (the message names it).
     """
-    from animegamer_jax.data import clips as clips_lib
-    from animegamer_jax.data import storage, video
-
     index = storage.read_index(dataset_dir)
     h, w = int(index["config"]["height"]), int(index["config"]["width"])
     out = []
@@ -78,10 +92,9 @@ def check_same_segments(trained_on: str, scored_on: str) -> None:
     """Raises ValueError unless the two prepared datasets cut the same clip segments (film id, start,
     end) from their films: the frames held out of ``scored_on`` must be the frames the VAE, trained on
     ``trained_on`` (e.g. the same clips stored larger), never saw."""
-    from animegamer_jax.data import storage
-
     def segments(d):
-        return sorted((c["film_id"], float(c["start_time"]), float(c["end_time"])) for c in storage.read_index(d)["clips"])
+        clips = storage.read_index(d)["clips"]
+        return sorted((c["film_id"], float(c["start_time"]), float(c["end_time"])) for c in clips)
 
     a, b = segments(trained_on), segments(scored_on)
     if a != b:
@@ -110,32 +123,25 @@ def psnr(x: np.ndarray, y: np.ndarray) -> float:
 
 def model_frames_to_unit(y) -> np.ndarray:
     """Model-space frames (any array in [-1, 1], e.g. a VAE decode) as float64 numpy in [0, 1], clipped."""
-    import jax
-
-    return np.clip((np.asarray(jax.device_get(y), np.float64) + 1.0) / 2.0, 0.0, 1.0)
+    return video_io.to_unit(np.asarray(jax.device_get(y), np.float64))
 
 
 def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> dict:
     """{"frame": dB, "clip": dB or None, "num_frames_scored", "num_clips", "per_film": {...}} for ``vae``
     (a ``CogVideoXVAE``) on ``held`` (see the module docstring)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
     recon = nnx.jit(lambda m, x: m.decode(m.encode(x).mean))
-    to_unit = lambda a: np.asarray(a, np.float32) / 127.5 - 1.0  # noqa: E731
     frame_scores, clip_scores, per_film = [], [], {}
     for h in held:
         f_scores = []
         for i in range(0, len(h.frames), 8):  # 8 single frames per call
-            x = to_unit(h.frames[i:i + 8])[:, None]
+            x = video_io.from_uint8(h.frames[i:i + 8])[:, None]
             y = model_frames_to_unit(recon(vae, jnp.asarray(x)))
-            f_scores += [psnr(y[j], (x[j] + 1.0) / 2.0) for j in range(len(x))]
+            f_scores += [psnr(y[j], video_io.to_unit(x[j])) for j in range(len(x))]
         c_scores = []
         for sl in runs(h.indices, num_frames):
-            x = to_unit(h.frames[sl])[None]
+            x = video_io.from_uint8(h.frames[sl])[None]
             y = model_frames_to_unit(recon(vae, jnp.asarray(x)))
-            c_scores.append(psnr(y, (x + 1.0) / 2.0))
+            c_scores.append(psnr(y, video_io.to_unit(x)))
         frame_scores += f_scores
         clip_scores += c_scores
         per_film[h.film_id] = {"frame": float(np.mean(f_scores)), "num_frames_scored": len(f_scores),
@@ -154,24 +160,16 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
       FileNotFoundError: no complete checkpoint there; ValueError: the checkpoint was written under another
         config (model widths, trainable set): the message says to pass the run's overrides.
     """
-    import copy
-
-    import jax
-
-    from animegamer_jax import parallel
-    from animegamer_jax.train import checkpoint as ckpt_lib
-    from animegamer_jax.train import loop, optim, phases
-
     config = copy.deepcopy(config)
     config.train.phase = "vae"
     root = os.path.join(os.path.abspath(workdir), "checkpoints")
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{root}: no training checkpoints (is {workdir} a train --workdir?)")
-    spec = phases.phase_spec(config)
+    spec = phase_spec(config)
     tx, _ = optim.make_optimizer(config.train)
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh)
-    mngr = ckpt_lib.CheckpointManager(root, max_to_keep=1000, async_save=False)
+    mngr = train_checkpoint.CheckpointManager(root, max_to_keep=1000, async_save=False)
     try:
         step = mngr.latest_step()
         if step is None:
@@ -179,7 +177,6 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
         try:
             state, _ = mngr.restore(step, trainer.abstract_state())
         except (ValueError, KeyError, TypeError) as e:  # orbax: a tree or shape that is not this config's
-            import logging
             # orbax's failed reads also end as unretrieved asyncio tasks, each logged with its traceback
             logging.getLogger("asyncio").setLevel(logging.CRITICAL)
             first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
@@ -192,11 +189,6 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
 
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``python -m animegamer_jax.eval.vae`` on ``fv`` (absl + ml_collections config_flags)."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    from animegamer_jax import paths
-
     config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
                                     "With --train_workdir: the run's config file; --config.a.b=value overrides.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
@@ -214,40 +206,33 @@ def define_flags(fv, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Prints the held-out reconstruction PSNR; returns the exit status (2 with a message on bad input)."""
-    from animegamer_jax import cli, system_checkpoint
-    from animegamer_jax.config import ConfigError
+    return cli_lib.run_command("animegamer-eval-vae", argv, define_flags, __doc__, (), _run,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, KeyError, ValueError, OSError))
 
-    try:
-        f, rest = cli.parse_flags(["animegamer-eval-vae", *(sys.argv[1:] if argv is None else argv)],
-                                  define_flags, __doc__)
-        if rest:
-            raise cli.UsageError(f"unexpected arguments {rest}")
-        if f.train_workdir:
-            config = f.config
-            vae, step = vae_from_train_workdir(f.train_workdir, config)
-            source = f"{os.path.abspath(f.train_workdir)} step {step}"
+
+def _run(f) -> int:
+    """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
+    if f.train_workdir:
+        config = f.config
+        vae, step = vae_from_train_workdir(f.train_workdir, config)
+        source = f"{os.path.abspath(f.train_workdir)} step {step}"
+    else:
+        config = load_config(f.checkpoint)
+        vae = load_system(f.checkpoint, config, names=["vae"])["vae"]
+        source = os.path.abspath(f.checkpoint)
+    dataset = f.dataset or str(config.train.get("vae_eval_dataset_dir", "") or config.train.get("vae_dataset_dir", "")
+                               or config.data.dataset_dir)
+    # the set the "vae" phase read (pipeline.make_data): its clips must be the scored set's
+    trained_on = str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
+    if not f.dataset and os.path.abspath(trained_on) != os.path.abspath(dataset):
+        if os.path.isdir(trained_on):
+            check_same_segments(trained_on, dataset)
         else:
-            config = system_checkpoint.load_config(f.checkpoint)
-            vae = system_checkpoint.load_system(f.checkpoint, config, names=["vae"])["vae"]
-            source = os.path.abspath(f.checkpoint)
-        dataset = f.dataset or str(config.train.get("vae_eval_dataset_dir", "") or config.train.get("vae_dataset_dir", "")
-                                   or config.data.dataset_dir)
-        # the set the "vae" phase read (pipeline.make_data): its clips must be the scored set's
-        trained_on = str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
-        if not f.dataset and os.path.abspath(trained_on) != os.path.abspath(dataset):
-            if os.path.isdir(trained_on):
-                check_same_segments(trained_on, dataset)
-            else:
-                print(f"note: {trained_on} (the VAE's training set) is not here, so the held-out frames of "
-                      f"{dataset} are not checked against its clips", file=sys.stderr)
-        held = held_out_frames(dataset, f.max_per_film)
-    except (cli.UsageError, ConfigError, FileNotFoundError, system_checkpoint.SystemCheckpointError, KeyError,
-            ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            print(f"note: {trained_on} (the VAE's training set) is not here, so the held-out frames of "
+                  f"{dataset} are not checked against its clips", file=sys.stderr)
+    held = held_out_frames(dataset, f.max_per_film)
     if not held:
-        print(f"error: {dataset}: every film frame lies in a clip; no held-out frames to score", file=sys.stderr)
-        return 2
+        raise ValueError(f"{dataset}: every film frame lies in a clip; no held-out frames to score")
     res = reconstruction_psnr(vae, held, f.frames)
     res.update(checkpoint=source, dataset=os.path.abspath(dataset),
                height=int(held[0].frames.shape[1]), width=int(held[0].frames.shape[2]))

@@ -2,13 +2,14 @@
 
 One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
 
-1. **MLLM** (``system.mllm``): token layout of the last W turns (game/state.py) + history
+1. **MLLM** (``system.mllm``): token layout of the last W turns (game/window.py) + history
    representations -> predicted states ``[ML, SC, ET, ST]`` (constrained greedy decoding) and the
    representation s_a ``[Q, D]``.
 2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``,
    docs/dit.md#motion-level-to-flow) -> DPM++ 2M with dynamic CFG (uncond = E_a's unconditional
    embedding, docs/encoders.md#unconditional-embedding, docs/diffusion.md#guidance) -> latents.
-3. **VAE** (``system.decode``): latents -> frames float ``[F, H, W, 3]`` in [0, 1] (docs/diffusion.md#latent-scale).
+3. **VAE** (``system.decode``): latents -> frames float ``[F, H, W, 3]`` in [0, 1]
+   (docs/diffusion.md#latent-scale).
 4. **Writing** (game/writers.py): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
 
 The three stages are ``jax.jit`` functions of (params, inputs) whose input shapes depend only on
@@ -26,20 +27,21 @@ Two layouts (:func:`apply_layout`, ``config.game.play_layout``):
   cfg 2 x context n/2); weights are sharded over every device (``embed`` on data, fsdp and
   context, ZeRO-3 style, all-gathered per layer) and the VAE's frames over height (``context``) and
   width (``data``); ``game.latency_weights = "replicated"`` keeps the weights whole on each device
-  instead. Compiled per-chip memory and FLOPs: ``python -m animegamer_jax.aot --program=turn``
-  (docs/results.md). Games in a batch are independent rows: their noise comes from their own keys, so a game
-gives the same output alone or in a batch. Turn k of a game samples with the key
-:func:`turn_key` ``(game_seed, k)``.
+  instead. Compiled per-chip memory and FLOPs: ``python -m animegamer_jax.aot --program=turn``.
 
-A system is any :class:`GameSystem`: the real one is built from a system checkpoint
-(game/system.py); tests use small random stand-ins (game/standin.py).
+Games in a batch are independent rows: their noise comes from their own keys, so a game gives the
+same output alone or in a batch. Turn k of a game samples with the key :func:`turn_key`
+``(game_seed, k)``.
+
+A system is any :class:`~animegamer_jax.game.api.GameSystem` (game/api.py): the real networks
+(game/real_system.py) loaded from a system checkpoint (game/loading.py), or the random stand-in
+of the tests (game/standin_system.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -50,87 +52,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
-from animegamer_jax import tokenizer as tk
+from animegamer_jax import mllm_tokenizer, parallel
+from animegamer_jax.game.api import STAGES, GameSystem, TurnResult, apply_mode
+from animegamer_jax.game.api import flow_value  # noqa: F401 (re-exported for imports of the old location)
 from animegamer_jax.game.script import Game
-from animegamer_jax.game.state import (GameRun, Meters, WindowSpec, build_cached_turn_input, encode_instruction,
-                                       stack_cached_inputs, stack_inputs)
-from animegamer_jax.models.cogvideox.dit import flow_value  # noqa: F401 (the one level -> flow rule, re-exported)
-
-STAGES = ("mllm", "sampling", "vae")
-
-
-@dataclasses.dataclass
-class GameSystem:
-    """The three per-turn functions of a playable system and their parameters.
-
-    Attributes:
-      params: pytree with the arrays each stage needs (``params["mllm"]``, ... or any layout
-        the functions agree on); passed as a jit argument, never baked in as constants.
-      mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
-        :func:`animegamer_jax.game.state.stack_inputs` output (ids, attention_mask, cmp_mask,
-        gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
-      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None) -> latents
-        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
-        given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
-      decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in [0, 1].
-      label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
-      description: what it was trained on and can show, from the checkpoint's manifest
-        (system_checkpoint.save_system ``description``); "" when it has none. Shown in game.json
-        (``system_description``), the gallery, play's summary and the web app.
-      parse_states: optional host function ``ids int [B, T] -> states int32 [B, 4]``; when set,
-        ``mllm`` returns generated ids instead of states (reference mode's free decoding + the
-        release's text parser, game/reference.py).
-      decode_chunk: optional ``(params, latents_chunk [B, t, C, h, w], cache | None) ->
-        (frames [B, f, H, W, 3], cache)``: one causal chunk of ``decode`` (the same chunk plan, so
-        the frames match ``decode``'s), for showing frames as they are decoded (web server).
-      decode_plan: the latent chunk sizes ``decode_chunk`` is run with (sum = T_lat).
-      identity: what the weights are, for output fingerprints (a checkpoint's content digest,
-        system_checkpoint.checkpoint_identity); empty = the label.
-      mllm_cached: with ``mllm.history_attention = "turn_window"``: ``(params, cache, batch) ->
-        (states int32 [B, 4], rep float32 [B, Q, D], cache)`` on the games' persistent KV cache
-        (game/real.py ``mllm_turn_cached``; batch = game/state.py ``stack_cached_inputs``).
-      mllm_prefill: ``(params, cache, batch) -> cache``, the same turn's shared prefill only
-        (rebuilding a cache by recompute); init_cache: ``batch -> empty cache``;
-        cache_plan: the game/state.py ``CachePlan`` both use.
-    """
-
-    params: Any
-    mllm: Callable[..., tuple[jax.Array, jax.Array]]
-    sample: Callable[..., jax.Array]
-    decode: Callable[..., jax.Array]
-    label: str
-    parse_states: Callable[[np.ndarray], np.ndarray] | None = None
-    decode_chunk: Callable[..., tuple[jax.Array, Any]] | None = None
-    decode_plan: tuple[int, ...] = ()
-    identity: str = ""
-    description: str = ""
-    mllm_cached: Callable[..., tuple[jax.Array, jax.Array, Any]] | None = None
-    mllm_prefill: Callable[..., Any] | None = None
-    init_cache: Callable[[int], Any] | None = None
-    cache_plan: Any = None
-
-
-def apply_mode(config):
-    """A copy of ``config`` with ``game.mode`` applied to the model sections.
-
-    ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
-    ``mllm.readout = "last"``, ``mllm.history_attention = "window_recompute"``,
-    ``diffusion.cfg_schedule = "release"``.
-
-    Raises:
-      ValueError: unknown ``game.mode``.
-    """
-    config = copy.deepcopy(config)
-    if config.game.mode == "reference":
-        config.mllm.history_window = 1
-        config.mllm.readout = "last"
-        config.mllm.history_attention = "window_recompute"
-        config.diffusion.cfg_schedule = "release"
-    elif config.game.mode != "default":
-        raise ValueError(f"game.mode must be 'default' or 'reference', got {config.game.mode!r}")
-    return config
-
+from animegamer_jax.game.window import (GameRun, Meters, TurnKVCache, WindowSpec, build_cached_turn_input,
+                                        encode_instruction, stack_cached_inputs, stack_inputs)
 
 #: play's layouts (``config.game.play_layout``; module docstring)
 LAYOUTS = ("latency", "batch")
@@ -191,8 +118,8 @@ def turn_key(game_seed: int, turn: int) -> np.ndarray:
     """The raw uint32[2] PRNG key (threefry key data) of turn ``turn`` of a game.
 
     ``splitmix64(splitmix64(seed) ^ turn)`` split into two 32-bit words: computed on the host in
-    pure Python because any eager ``jax.random`` call compiles threefry, which takes ~20 s on a
-    loaded CPU with ``jax_threefry_partitionable`` (this JAX's default).
+    pure Python because any eager ``jax.random`` call compiles threefry, which is slow on a CPU
+    with ``jax_threefry_partitionable`` (this JAX's default).
     """
     x = _splitmix64(_splitmix64(int(game_seed) & 0xFFFFFFFFFFFFFFFF) ^ int(turn))
     return np.asarray([x >> 32, x & 0xFFFFFFFF], np.uint32)
@@ -231,16 +158,6 @@ class _CompileTimer:
             _CompileTimer._active.remove(self)
 
 
-@dataclasses.dataclass
-class TurnResult:
-    """One game's output for one turn."""
-
-    states: tuple[int, int, int, int]
-    rep: np.ndarray
-    frames: np.ndarray
-    meters: dict[str, int]
-
-
 class GameEngine:
     """Plays batches of games with a :class:`GameSystem` on a mesh.
 
@@ -262,7 +179,7 @@ class GameEngine:
         self.rep_dim = self.config.rep.dim
         self.latency = bool(latency)
         self.batch_size = 1 if self.latency else parallel.data_parallel_size(self.mesh, self.rules)
-        self.tok = tk.get_tokenizer()
+        self.tok = mllm_tokenizer.get_tokenizer()
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
 
         def place(x):
@@ -339,7 +256,7 @@ class GameEngine:
             are decoded: once per VAE chunk when the system has ``decode_chunk``, else once with
             the whole clip. Its own time is not counted in the stage timings.
           noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
-            replacing the keys' draws (e.g. a recorded release run, game/reference.py).
+            replacing the keys' draws (e.g. a recorded release run, game/release_decoding.py).
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
@@ -385,8 +302,6 @@ class GameEngine:
     def _mllm_cached(self, runs: Sequence[GameRun], current_ids: Sequence[Sequence[int]]):
         """The MLLM stage on the games' persistent caches; each run's updated cache is left in
         ``run.kv_pending`` (adopted by ``finish_turn``). Returns (states, rep, run seconds)."""
-        from animegamer_jax.game.real import TurnKVCache
-
         t0 = time.perf_counter()
         compile0 = self.compile_s["mllm"]
         caches = [self._synced_cache(run) for run in runs]
@@ -461,17 +376,31 @@ class GameEngine:
         return results
 
 
+def batches(games: Sequence[Game], size: int) -> list[list[Game]]:
+    """Groups games with equal turn counts (stable order), ``size`` at a time: the batches
+    :meth:`GameEngine.play` takes (``size`` = ``GameEngine.batch_size``)."""
+    order = sorted(range(len(games)), key=lambda i: (len(games[i].turns), i))
+    ordered = [games[i] for i in order]
+    out: list[list[Game]] = []
+    for g in ordered:
+        if out and len(out[-1]) < size and len(out[-1][0].turns) == len(g.turns):
+            out[-1].append(g)
+        else:
+            out.append([g])
+    return out
+
+
 def game_record(config, result: dict, system_label: str, write_s: float | None = None,
                 system_description: str = "") -> dict:
-    """The game.json content of a played game (see game/writers.py); ``system_description`` is
-    :attr:`GameSystem.description`."""
+    """The game.json content of a played game (game/writers.py writes it); ``system_description``
+    is :attr:`GameSystem.description`."""
     game: Game = result["game"]
     turns = []
     for k, (turn, tr, tm) in enumerate(zip(game.turns, result["turns"], result["timings"])):
         turns.append({
             "turn": k,
             "instruction": turn.text,
-            "states": dict(zip(tk.STATE_FIELDS, tr.states)),
+            "states": dict(zip(mllm_tokenizer.STATE_FIELDS, tr.states)),
             "meters": tr.meters,
             "turn_seed": {"game_seed": result["seed"], "turn": k,
                           "key": [int(v) for v in turn_key(result["seed"], k)]},

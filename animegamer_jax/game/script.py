@@ -213,8 +213,8 @@ def load_jsonl(path: str) -> tuple[Game, ...]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise GameScriptError(f"{where}: invalid JSON ({e.msg} at column {e.colno}). "
-                                  f'Fix: write one object per line, e.g. {{"game_id": "g1", "turns": ["..."]}}') from None
+            raise GameScriptError(f"{where}: invalid JSON ({e.msg} at column {e.colno}). Fix: write one "
+                                  f'object per line, e.g. {{"game_id": "g1", "turns": ["..."]}}') from None
         if not isinstance(obj, dict):
             raise GameScriptError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
         unknown = sorted(set(obj) - _GAME_KEYS)

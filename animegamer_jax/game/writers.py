@@ -23,8 +23,10 @@ delete, and a game counts as finished only when :func:`verify_game` finds every 
 its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
 crf 18) through PyAV's bundled libx264 with one encoder thread and fixed settings (:func:`write_mp4`);
 the frame size is padded to even numbers because yuv420p needs it.
-HUD: the three meters (social, entertainment, stamina, app.py semantics, docs/token_layout.md#state-fields) as
-bars with values, and the instruction text, drawn with PIL under the frame.
+HUD: the three meters (social, entertainment, stamina, app.py semantics,
+docs/token_layout.md#state-fields) as bars with values, and the instruction text, drawn with PIL
+under the frame. Frames come in the engine's range (``api.FRAME_RANGE``, [0, 1]) or as uint8 and
+are converted by the one pixel helper, ``video_io.to_uint8``.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from animegamer_jax import fileio, video_io
+from animegamer_jax.game.api import FRAME_RANGE
 from animegamer_jax.game.script import is_plain_name
-from animegamer_jax.game.state import METER_NAMES
+from animegamer_jax.game.window import METER_NAMES
 
 GAME_JSON = "game.json"
 TIMINGS_JSON = "timings.json"
@@ -84,12 +87,9 @@ def _font(size: int) -> ImageFont.ImageFont:
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """float ``[T, H, W, 3]`` in [0, 1] (the engine's frame range) or uint8 -> uint8; the one
-    conversion (``video_io.to_uint8``) with the game's range."""
-    frames = np.asarray(frames)
-    if frames.dtype == np.uint8:
-        return frames
-    return video_io.to_uint8(frames, value_range=(0.0, 1.0))
+    """Deprecated (removed next release): ``video_io.to_uint8(frames, FRAME_RANGE)``, float frames
+    in the engine's range [0, 1] or uint8 -> uint8."""
+    return video_io.to_uint8(frames, FRAME_RANGE)
 
 
 def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, turn: int) -> np.ndarray:
@@ -159,13 +159,13 @@ def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
     """H.264 MP4 (yuv420p, crf 18, preset veryfast) of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at
     ``fps``, padded to even sizes, written by the one video writer (``video_io.write_mp4``) in its
     deterministic mode, so identical frames give byte-identical files."""
-    video_io.write_mp4(path, _even(to_uint8(frames)), fps, crf=18, preset="veryfast", container_format="mp4",
-                       deterministic=True)
+    video_io.write_mp4(path, _even(video_io.to_uint8(frames, FRAME_RANGE)), fps, crf=18, preset="veryfast",
+                       container_format="mp4", deterministic=True)
 
 
 def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
     """Looping GIF of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at ``fps`` (``video_io.write_gif``)."""
-    video_io.write_gif(path, to_uint8(frames), fps)
+    video_io.write_gif(path, video_io.to_uint8(frames, FRAME_RANGE), fps)
 
 
 def save_image(path: str, img: Image.Image, **kw: Any) -> None:
@@ -184,7 +184,7 @@ def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.nda
     """Rows = turns, columns = ``columns`` evenly spaced frames of each turn; uint8 ``[H', W', 3]``."""
     rows = []
     for frames in turn_frames:
-        frames = to_uint8(frames)
+        frames = video_io.to_uint8(frames, FRAME_RANGE)
         idx = np.linspace(0, len(frames) - 1, min(columns, len(frames))).round().astype(int)
         sep = np.full((frames.shape[1], 2, 3), 255, np.uint8)
         cells = []
@@ -356,8 +356,8 @@ def game_fingerprint(config, instructions: Sequence[str], seed: int, system_iden
 def fingerprint(parts: Mapping[str, Any]) -> dict:
     """``{"sha256": hex, "parts": parts}``: what made a game (stored in game.json, compared on resume).
 
-    ``parts`` is any JSON-able mapping (play.py: instructions, seed, mode, effective config,
-    system identity); the digest is over its canonical JSON (sorted keys).
+    ``parts`` is any JSON-able mapping (:func:`game_fingerprint`: instructions, seed, mode, effective
+    config, system identity); the digest is over its canonical JSON (sorted keys).
     """
     parts = json.loads(json.dumps(parts, sort_keys=True))
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -466,7 +466,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
         timings = _split_timings(rec)
         hud_all = []
         for k, (t, frames) in enumerate(zip(rec["turns"], turn_frames)):
-            hud = draw_hud(to_uint8(frames), t["meters"], t["instruction"], k)
+            hud = draw_hud(video_io.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
             hud_all.append(hud)
             t["video"] = f"turn_{k:03d}.mp4"
             write_mp4(fileio.join(tmp, t["video"]), hud, fps)
@@ -515,5 +515,6 @@ def read_json(path: str) -> dict:
 
 
 def read_video(path: str) -> np.ndarray:
-    """Decodes a video file to uint8 ``[T, H, W, 3]`` (local path or URL; for tests and tools; ``video_io.read_video``)."""
+    """Decodes a video file to uint8 ``[T, H, W, 3]`` (local path or URL; for tests and tools;
+    ``video_io.read_video``)."""
     return video_io.read_video(path)[0]

@@ -77,9 +77,10 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from flax.core import spmd as core_spmd
-from jax.sharding import PartitionSpec as P
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel, splash_attention_mask
+from jax.sharding import PartitionSpec
 
-from animegamer_jax.parallel import mesh as pmesh
+from animegamer_jax import parallel
 from animegamer_jax.parallel import target as target_lib
 
 Array = jax.Array
@@ -310,9 +311,6 @@ def _cudnn(q, k, v, bias, mask: AttentionMask, scale):
 
 def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, block: int = 128):
     """Pallas TPU splash attention for full / causal / local masks with key padding."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
-
     b, l, n, h = q.shape
     s = k.shape[1]
     kh, g = _group(q, k)
@@ -320,13 +318,16 @@ def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, blo
     if mask.causal or mask.window:
         left = (mask.window - 1) if mask.window else None
         right = 0 if mask.causal else None
-        head_mask = sm.LocalMask((lp, sp), (left, right), offset=0) if mask.window else sm.CausalMask((lp, sp))
+        head_mask = (splash_attention_mask.LocalMask((lp, sp), (left, right), offset=0) if mask.window
+                     else splash_attention_mask.CausalMask((lp, sp)))
     else:
-        head_mask = sm.FullMask((lp, sp))
-    bs = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                       block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
-    kernel = sk.make_splash_mha(sm.MultiHeadMask([head_mask] * n), block_sizes=bs, head_shards=1,
-                                q_seq_shards=1, interpret=interpret)
+        head_mask = splash_attention_mask.FullMask((lp, sp))
+    block_sizes = splash_attention_kernel.BlockSizes(
+        block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block, block_kv_dkv=block,
+        block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+    kernel = splash_attention_kernel.make_splash_mha(splash_attention_mask.MultiHeadMask([head_mask] * n),
+                                                     block_sizes=block_sizes, head_shards=1, q_seq_shards=1,
+                                                     interpret=interpret)
     q_seg = jnp.concatenate([jnp.ones((b, l), jnp.int32), jnp.zeros((b, lp - l), jnp.int32)], 1)
     valid = jnp.ones((b, s), bool) if mask.kv_valid is None else jnp.broadcast_to(mask.kv_valid, (b, s))
     # Padded queries (segment 0) see only padded / invalid keys (segment 0): finite rows, dropped
@@ -339,7 +340,7 @@ def _splash(q, k, v, mask: AttentionMask, scale, *, interpret: bool = False, blo
     # Grouped heads share K/V: repeat them (splash's MQA mode covers only K = 1).
     kp = einops.repeat(kp, "B S K H -> B (K G) S H", G=g)
     vp = einops.repeat(vp, "B S K H -> B (K G) S H", G=g)
-    seg = sk.SegmentIds(q=q_seg, kv=kv_seg)
+    seg = splash_attention_kernel.SegmentIds(q=q_seg, kv=kv_seg)
     o = jax.vmap(kernel)(qp, kp, vp, segment_ids=seg)
     del kh
     return einops.rearrange(o, "B N L H -> B L N H")[:, :l].astype(q.dtype)
@@ -636,32 +637,32 @@ def _partitioned(kernel: Callable[..., Array], q: Array, k: Array, v: Array, bia
     each device of a context group computes the whole call (correct, not split). Without a mesh of
     more than one device, or inside a ``shard_map`` already (all axes manual), the kernel is called
     as is."""
-    mesh = pmesh._active_mesh()
+    mesh = parallel.active_mesh()
     if mesh is None or mesh.size == 1 or set(mesh.manual_axes) == set(mesh.axis_names):
         return kernel(q, k, v, bias, mask)
     b = q.shape[0]
 
     def spec(x, names):
         if not core_spmd.get_logical_axis_rules():  # no rules: every operand whole on each device
-            return P(*([None] * x.ndim))
-        s = pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
-        return P(*(tuple(s) + (None,) * (x.ndim - len(s))))
+            return PartitionSpec(*([None] * x.ndim))
+        s = parallel.fit_spec(parallel.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
+        return PartitionSpec(*(tuple(s) + (None,) * (x.ndim - len(s))))
 
     q_spec = spec(q, ("act_batch", None, "act_heads", None))
     kv_spec = spec(k, ("act_batch", None, "act_kv_heads", None))
     if q_spec[0] != kv_spec[0]:
-        kv_spec = P(q_spec[0], None, kv_spec[2], None)
+        kv_spec = PartitionSpec(q_spec[0], None, kv_spec[2], None)
     if q_spec[2] != kv_spec[2]:  # heads split only when both q and k/v heads divide the same axes
-        q_spec, kv_spec = P(q_spec[0], None, None, None), P(q_spec[0], None, None, None)
+        q_spec, kv_spec = PartitionSpec(q_spec[0], None, None, None), PartitionSpec(q_spec[0], None, None, None)
     batch_entry, head_entry = q_spec[0], q_spec[2]
 
     def leaf_spec(x):  # mask arrays [B|1, ...] and bias [B|1, N|1, L, S]: batch (and heads) as q
         if not hasattr(x, "ndim") or x.ndim == 0:
-            return P()
+            return PartitionSpec()
         entries = [batch_entry if x.shape[0] == b else None] + [None] * (x.ndim - 1)
         if x is bias and x.ndim == 4 and x.shape[1] == q.shape[2]:
             entries[1] = head_entry
-        return P(*entries)
+        return PartitionSpec(*entries)
 
     mask_specs = jax.tree.map(leaf_spec, mask)
     bias_spec = None if bias is None else leaf_spec(bias)
@@ -720,7 +721,8 @@ def dot_product_attention(
         why = splash_unsupported(q, k, bias, mask)
         if why is not None:
             raise ValueError(f"attention: the splash kernel cannot take {why} (it takes full/causal/local masks "
-                             f"with key padding, positions 0..L-1 and no bias); use 'auto' or 'blockwise' for this call")
+                             f"with key padding, positions 0..L-1 and no bias); use 'auto' or 'blockwise' for "
+                             f"this call")
         if splash_interpret:  # interpret mode is plain HLO: XLA partitions it like any other op
             return _splash(q, k, v, mask, scale, interpret=True)
         return _partitioned(lambda ql, kl, vl, _b, ml: _splash(ql, kl, vl, ml, scale), q, k, v, None, mask)
@@ -729,12 +731,12 @@ def dot_product_attention(
 
 def _context_axes(l: int, s: int) -> tuple[Any, tuple[str, ...]]:
     """(abstract mesh, mesh axes of ``act_length`` with size > 1 dividing L and S) or (None, ())."""
-    mesh = pmesh._active_mesh()
+    mesh = parallel.active_mesh()
     if mesh is None:
         return None, ()
     if not core_spmd.get_logical_axis_rules():
         return None, ()
-    entry = pmesh.logical_to_spec(("act_length",))[0]
+    entry = parallel.logical_to_spec(("act_length",))[0]
     if entry is None:
         return None, ()
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
@@ -755,8 +757,8 @@ def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | N
     queries, gathers the full K and V of its batch / head slice over the ``context`` axes and runs
     :func:`dot_product_attention` locally (blockwise or a flash kernel, so no device holds more than
     its ``[L/C, S]`` tiles). Why all-gather rather than Ulysses all-to-all over heads: the DiT's
-    30 heads do not divide a context size of 4 or 8, and K/V of one layer (2 x 6976 x 1920 bf16,
-    53 MB) are small next to its attention FLOPs, so gathering them costs little; full (unmasked)
+    30 heads do not divide a context size of 4 or 8, and K/V of one layer (2 x 6976 x 1920 bf16)
+    are small next to its attention FLOPs, so gathering them costs little; full (unmasked)
     attention also leaves no causal load imbalance for a ring schedule to fix.
 
     Shapes as :func:`dot_product_attention`; batch / heads keep their ``act_batch`` /
@@ -767,14 +769,14 @@ def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | N
     if mesh is None:
         return dot_product_attention(q, k, v, scale=scale, implementation=implementation, **kw)
     def spec(x, names):
-        return pmesh._fit_spec(pmesh.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
+        return parallel.fit_spec(parallel.logical_to_spec(names, shape=x.shape, mesh=mesh), x.shape, mesh)
 
     q_spec = spec(q, ("act_batch", "act_length", "act_heads", None))
     kv_spec = spec(k, ("act_batch", "act_length", "act_kv_heads", None))
     # heads split over an axis only when both q and k/v heads divide it
     if q_spec[2] != kv_spec[2]:
-        q_spec = P(q_spec[0], q_spec[1], None, None)
-        kv_spec = P(kv_spec[0], kv_spec[1], None, None)
+        q_spec = PartitionSpec(q_spec[0], q_spec[1], None, None)
+        kv_spec = PartitionSpec(kv_spec[0], kv_spec[1], None, None)
     gather = axes[0] if len(axes) == 1 else axes
 
     def local(ql, kl, vl):

@@ -13,7 +13,7 @@ each scanned block; the rest is recomputed. The names follow maxdiffusion's ``Gr
                       (``offload_dot_with_no_batch_dims("device", "pinned_host")``); needs a backend
                       with a ``pinned_host`` memory space (GPU, TPU), ValueError elsewhere (CPU).
 
-Booleans from older configs and checkpoints are accepted: True -> "full", False -> "none".
+Booleans (in configs and checkpoints) are accepted: True -> "full", False -> "none".
 """
 
 from __future__ import annotations

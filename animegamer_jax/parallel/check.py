@@ -7,7 +7,8 @@ process's index across hosts (a real collective), and prints one JSON line per p
 
 Run it through a launcher before an expensive job (``MODULE=animegamer_jax.parallel.check
 launch/multinode_gpu.sh``); it fails loudly when a process cannot reach the coordinator or the
-collective does not see every process.
+collective does not see every process. Exit status 1 when the collective misses a process, 2 for
+a bad command line.
 """
 
 from __future__ import annotations
@@ -15,18 +16,22 @@ from __future__ import annotations
 import json
 import sys
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from animegamer_jax.parallel import distributed
+
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the check; returns the exit status. It takes no flags: the bottom layer (parallel) does not
+    import ``animegamer_jax.cli``, so the one command line check is done here."""
+    argv = sys.argv[1:] if argv is None else argv
     if argv:
-        print(f"unexpected arguments {argv}", file=sys.stderr)
+        print(f"error: unexpected arguments {argv}; python -m animegamer_jax.parallel.check takes none",
+              file=sys.stderr)
         return 2
-    from animegamer_jax.parallel import distributed
-
     distributed.initialize()
-    import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
-
     gathered = multihost_utils.process_allgather(np.asarray([jax.process_index()], np.int32), tiled=True)
     out = {"process": jax.process_index(), "processes": jax.process_count(),
            "local_devices": jax.local_device_count(), "devices": jax.device_count(),
@@ -39,4 +44,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 from flax import nnx
 from flax.core import spmd as core_spmd
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 DATA = "data"
@@ -133,8 +134,6 @@ def make_mesh(
     Returns:
       A ``jax.sharding.Mesh``.
     """
-    from jax.experimental import mesh_utils
-
     devices = list(jax.devices() if devices is None else devices)
     concrete = resolve_mesh_shape(shape, len(devices), axes)
     slices = len({getattr(d, "slice_index", 0) for d in devices})
@@ -190,17 +189,17 @@ _RESERVED: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("res
 
 def batch_mesh_axes(n: int) -> tuple[str, ...]:
     """Mesh axes of ``act_batch`` (active mesh and rules) whose sizes divide ``n``; () without a mesh."""
-    mesh = _active_mesh()
+    mesh = active_mesh()
     if mesh is None or not core_spmd.get_logical_axis_rules():
         return ()
-    entry = _fit_spec(logical_to_spec(("act_batch",), shape=(n,), mesh=mesh), (n,), mesh)[0]
+    entry = fit_spec(logical_to_spec(("act_batch",), shape=(n,), mesh=mesh), (n,), mesh)[0]
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
     return tuple(a for a in axes if sizes[a] > 1)
 
 
 def vmap_over_batch(fn: Callable[..., Any], n: int) -> Callable[..., Any]:
-    """``jax.vmap(fn)`` for a leading dimension of ``n`` independent rows (games) whose inputs are split
+    """``jax.vmap(fn)`` for a leading dimension of ``n`` independent rows whose inputs are split
     over the ``act_batch`` mesh axes: the vmapped dimension stays split over them
     (``spmd_axis_name``), also through the ``shard_map``s inside ``fn`` (attention kernels), and
     activation specs traced inside ``fn`` leave those axes to it. Plain ``jax.vmap`` without such axes."""
@@ -226,8 +225,8 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | No
     A mesh axis already used by an earlier dimension is dropped (replicated) for later ones,
     so e.g. ``("act_batch", "act_length")`` stays valid when both map to overlapping axes.
     With ``shape`` and ``mesh``, a mesh axis that does not divide its dimension (what
-    :func:`_fit_spec` drops) is not counted as used, so a later dimension can take it: a batch of
-    1 leaves ``data`` free for ``act_width`` (latency layout, game/engine.py ``apply_layout``).
+    :func:`fit_spec` drops) is not counted as used, so a later dimension can take it: a batch of
+    1 leaves ``data`` free for ``act_width``.
     """
     rules = core_spmd.get_logical_axis_rules() if rules is None else rules
     table = {k: v for k, v in rules}
@@ -253,12 +252,13 @@ def logical_to_spec(logical_axes: Sequence[str | None], rules: LogicalRules | No
     return PartitionSpec(*out)
 
 
-def _active_mesh() -> Any:
+def active_mesh() -> Any:
+    """The abstract mesh of the enclosing ``jax.set_mesh`` / :func:`sharding_context`, or None."""
     mesh = jax.sharding.get_abstract_mesh()
     return None if mesh is None or mesh.empty else mesh
 
 
-def _fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Any) -> PartitionSpec:
+def fit_spec(spec: PartitionSpec, shape: Sequence[int], mesh: Any) -> PartitionSpec:
     """Drops mesh axes from dimensions they do not divide (e.g. a batch of 1 on 8 devices)."""
     sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
     reserved = _RESERVED.get()
@@ -290,11 +290,12 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
       (:func:`sharding_context`); mesh axes that do not divide a dimension are dropped.
     """
     if len(logical_axes) != x.ndim:
-        raise ValueError(f"constrain: {len(logical_axes)} logical axes {tuple(logical_axes)} for an array of rank {x.ndim}")
-    mesh = _active_mesh()
+        raise ValueError(f"constrain: {len(logical_axes)} logical axes {tuple(logical_axes)} for an array of "
+                         f"rank {x.ndim}")
+    mesh = active_mesh()
     if mesh is None or not core_spmd.get_logical_axis_rules():
         return x
-    spec = _fit_spec(logical_to_spec(logical_axes, shape=x.shape, mesh=mesh), x.shape, mesh)
+    spec = fit_spec(logical_to_spec(logical_axes, shape=x.shape, mesh=mesh), x.shape, mesh)
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
@@ -315,7 +316,7 @@ def param_shardings(state: Any, mesh: Mesh, rules: LogicalRules | None = None) -
             shape = x.get_raw_value().shape
         else:
             spec, shape = PartitionSpec(), np.shape(x)
-        return NamedSharding(mesh, _fit_spec(spec, shape, mesh))
+        return NamedSharding(mesh, fit_spec(spec, shape, mesh))
 
     return jax.tree.map(to_sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
@@ -353,11 +354,11 @@ def batch_sharding(
 ) -> NamedSharding:
     """NamedSharding that splits dimension 0 of an ``ndim``-rank batch array over the data axes.
 
-    With ``shape``, data axes that do not divide the batch are dropped (e.g. one game on a mesh
-    whose data axis holds its CFG halves instead)."""
+    With ``shape``, data axes that do not divide the batch are dropped (e.g. a batch of one on a
+    mesh whose data axis splits another dimension)."""
     spec = logical_to_spec((batch_axis,) + (None,) * (ndim - 1), rules)
     if shape is not None:
-        spec = _fit_spec(spec, shape, mesh)
+        spec = fit_spec(spec, shape, mesh)
     return NamedSharding(mesh, spec)
 
 

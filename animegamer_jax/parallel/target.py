@@ -25,6 +25,7 @@ import sys
 from typing import Any
 
 import jax
+from jax.experimental import topologies
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,7 @@ CHIPS: tuple[Chip, ...] = (
     Chip("v5p", ("TPU v5", "TPU v5p"), 95 * GIB, 459e12, 2765 * GB, "cloud.google.com/tpu/docs/v5p (chip specs)"),
     Chip("v6e", ("TPU v6 lite", "TPU v6e"), 32 * GIB, 918e12, 1640 * GB, "cloud.google.com/tpu/docs/v6e (chip specs)"),
     # GPU memory: the device's bytes as XLA's target specs give them (parallel/gpu_targets/*.txtpb,
-    # from openxla/xla xla/backends/gpu/target_config/specs/); "80 GB" is 79.1 GiB of them
+    # from openxla/xla xla/backends/gpu/target_config/specs/), a little below the marketed size
     Chip("a100", ("NVIDIA A100-SXM4-80GB", "NVIDIA A100"), 85100068864, 312e12, 2039 * GB,
          "NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB: BF16 312 TFLOPS dense, 2039 GB/s)"),
     Chip("h100", ("NVIDIA H100 80GB HBM3", "NVIDIA H100"), 84942979072, 989e12, 3.35 * TB,
@@ -188,7 +189,8 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
         count = int(m.group(2))
         per = _CORES_PER_CHIP[chip.name]
         if count % per:
-            raise ValueError(f"topology {name!r}: {chip.name} names count {per} cores per chip; use a multiple of {per}")
+            raise ValueError(f"topology {name!r}: {chip.name} names count {per} cores per chip; "
+                             f"use a multiple of {per}")
         chips = count // per
         shapes = _TPU_3D if chip.name in ("v4", "v5p") else _TPU_2D
         if chips == 1 and chip.name in ("v5e", "v6e"):
@@ -264,8 +266,6 @@ def compile_devices(topo: Topology) -> list[Any]:
     Raises: RuntimeError naming the install that is missing (libtpu for TPU, jax[cuda12] for GPU) or
     the device-count flag.
     """
-    from jax.experimental import topologies
-
     if topo.kind == "cpu":
         devs = [d for d in jax.devices("cpu")]
         if len(devs) < topo.num_devices:

@@ -24,14 +24,20 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from animegamer_jax import paths
+from animegamer_jax.checkpoint import array_restore_args
 
 
 def _pure(state: Any) -> Any:
+    """The pure nested dict of an ``nnx.State`` (every Variable kind, RNG state included); other trees as they are."""
     return state.to_pure_dict() if isinstance(state, nnx.State) else state
 
 
-def _is_grain_iterator(it: Any) -> bool:
+def is_grain_iterator(it: Any) -> bool:
+    """Whether :meth:`CheckpointManager.save` can store ``it``'s position (a Grain dataset / loader iterator)."""
     return isinstance(it, (grain.DatasetIterator, grain.DataLoaderIterator))
+
+
+_is_grain_iterator = is_grain_iterator  # the name train/loop.py calls
 
 
 class CheckpointManager:
@@ -56,6 +62,7 @@ class CheckpointManager:
         return self._mngr.latest_step()
 
     def all_steps(self) -> list[int]:
+        """Every complete checkpoint step, oldest first."""
         return list(self._mngr.all_steps())
 
     def save(self, step: int, state: nnx.State, data_iterator: Any = None, meta: dict | None = None,
@@ -80,9 +87,7 @@ class CheckpointManager:
           data_iterator: a fresh iterator of the identically built loader; its state is set in place.
         """
         target = _pure(abstract_state)
-        restore_args = jax.tree.map(
-            lambda x: ocp.ArrayRestoreArgs(sharding=x.sharding, global_shape=x.shape, dtype=x.dtype), target)
-        items = {"state": ocp.args.PyTreeRestore(item=target, restore_args=restore_args),
+        items = {"state": ocp.args.PyTreeRestore(item=target, restore_args=array_restore_args(target)),
                  "meta": ocp.args.JsonRestore()}
         if data_iterator is not None:
             items["data"] = _iterator_restore_args(data_iterator)
@@ -101,18 +106,19 @@ class CheckpointManager:
         self._mngr.wait_until_finished()
 
     def close(self) -> None:
+        """Waits for pending saves, then releases orbax's manager (its background threads)."""
         self._mngr.wait_until_finished()
         self._mngr.close()
 
 
 def _iterator_save_args(it: Any) -> Any:
-    if _is_grain_iterator(it):
+    if is_grain_iterator(it):
         return grain.checkpoint.CheckpointSave(it)
     raise TypeError(f"cannot checkpoint a data iterator of type {type(it).__name__}; use a grain iterator "
                     f"(grain.MapDataset / grain.DataLoader) or pass data_iterator=None")
 
 
 def _iterator_restore_args(it: Any) -> Any:
-    if _is_grain_iterator(it):
+    if is_grain_iterator(it):
         return grain.checkpoint.CheckpointRestore(it)
     raise TypeError(f"cannot restore a data iterator of type {type(it).__name__}")

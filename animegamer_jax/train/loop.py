@@ -1,4 +1,4 @@
-"""Generic sharded, resumable training loop (knows no model; phases.py plugs the models in).
+"""Generic sharded, resumable training loop (knows no model; train/model.py's phase specs plug the models in).
 
 :class:`Trainer` owns one jitted train step: ``(state, batch, step) -> (state, metrics)`` where
 ``state = nnx.state((model, nnx.Optimizer(model, tx, wrt=trainable)))``. Only the ``trainable``
@@ -31,6 +31,7 @@ import optax
 from absl import logging
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from tqdm import tqdm
 
 from animegamer_jax import parallel, paths
 from animegamer_jax.cli import status
@@ -97,7 +98,7 @@ class Trainer:
       grad_accum_steps: micro-batches per optimizer update (the tx must be ``optax.MultiSteps``).
       seed: base of the per-step PRNG keys.
       compiler_options: XLA options for the init and step compiles, e.g.
-        ``{"xla_backend_optimization_level": 0}`` (CPU: ~4x faster compiles, slower steps; tests).
+        ``{"xla_backend_optimization_level": 0}`` (CPU: faster compiles, slower steps; tests).
     """
 
     def __init__(self, model_fn: Callable[[], nnx.Module], loss_fn: LossFn, tx: optax.GradientTransformation,
@@ -382,6 +383,4 @@ def fit(
 def _progress(enabled: bool, total: int, initial: int) -> Any:
     if not enabled or jax.process_index() != 0:
         return None
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)

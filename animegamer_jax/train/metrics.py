@@ -15,12 +15,16 @@ rematerialization, so it slightly overstates "model" FLOPs); the peak comes from
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from clu import metrics as clu_metrics
+from tensorboardX import SummaryWriter as TensorboardXWriter
+from tensorboardX import record_writer
+from tensorboardX.proto import event_pb2
 
 from animegamer_jax import paths
 from animegamer_jax.parallel import target
@@ -105,8 +109,6 @@ class _URLRecordWriterFactory:
 
 
 def _register_url_writers() -> None:
-    from tensorboardX import record_writer
-
     for scheme in ("gs", "s3", "az", "hf"):
         record_writer.register_writer_factory(scheme, _URLRecordWriterFactory())
 
@@ -118,11 +120,9 @@ class SummaryWriter:
         self.logdir = str(paths.as_path(logdir))
         self._writer = None
         if jax.process_index() == 0:
-            from tensorboardX import SummaryWriter as _TBWriter
-
             _register_url_writers()
             paths.makedirs(self.logdir)
-            self._writer = _TBWriter(logdir=self.logdir)
+            self._writer = TensorboardXWriter(logdir=self.logdir)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._writer is None:
@@ -146,10 +146,6 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     Parses the TFRecord framing (u64 length, u32 crc, payload, u32 crc) with tensorboardX's
     ``Event`` proto, so no TensorFlow / tensorboard install is needed (for tests and tools).
     """
-    import struct
-
-    from tensorboardX.proto import event_pb2
-
     out: dict[str, list[tuple[int, float]]] = {}
     for path in sorted(paths.as_path(logdir).iterdir()):
         if "tfevents" not in path.name:

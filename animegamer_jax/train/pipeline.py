@@ -3,7 +3,7 @@
 ``run_phase(config, workdir)`` trains ``config.train.phase`` from the prepared dataset
 (``config.data.dataset_dir``), starting from the system checkpoint ``config.train.init_checkpoint``
 (converted weights or the previous phase) and resuming from ``WORKDIR/checkpoints`` when present.
-At the end it writes a *system checkpoint* (``animegamer_jax/system_checkpoint.py`` layout) holding every
+At the end it writes a *system checkpoint* (``animegamer_jax.checkpoint`` layout) holding every
 component of the phase's model plus the components of the init checkpoint it did not hold, so the
 output of each phase is a complete system for the next one (and for the game engine).
 
@@ -23,10 +23,13 @@ import jax
 import ml_collections
 from flax import nnx
 
-from animegamer_jax import parallel, paths
+from animegamer_jax import checkpoint, parallel, paths
 from animegamer_jax.cli import status
-from animegamer_jax import system_checkpoint
-from animegamer_jax.train import loop, optim, phases
+from animegamer_jax.data import loader, storage
+from animegamer_jax.train import loop, losses, optim
+from animegamer_jax.train.batches import BatchBuilder
+from animegamer_jax.train.model import PHASES, phase_spec, training_config
+from animegamer_jax.train.samples import sample_hook
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
@@ -38,8 +41,6 @@ def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: i
 def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
     """Endless, checkpointable Grain iterator over the prepared dataset for ``phase``
     (``config.data.dataset_dir``; phase "vae": ``config.train.vae_dataset_dir`` when set)."""
-    from animegamer_jax.data import loader
-
     dataset_dir = phase_dataset_dir(config, phase)
     if dataset_dir != str(config.data.dataset_dir):
         config = copy.deepcopy(config)
@@ -85,8 +86,6 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
             "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
             "batch_settings": settings}
     if dataset:
-        from animegamer_jax.data import storage
-
         meta["dataset"] = {"content": storage.dataset_fingerprint(storage.read_index(phase_dataset_dir(config, phase))),
                            "shuffle_seed": int(config.data.get("shuffle_seed", 0))}
     return meta
@@ -97,10 +96,10 @@ def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str
     """Overwrites the train state's components with those present in the system checkpoint ``directory``
     (restored straight onto the trainer's mesh; the optimizer state stays fresh)."""
     model, opt = trainer.split(state)
-    held = system_checkpoint.read_manifest(directory)["components"]
+    held = checkpoint.read_manifest(directory)["components"]
     names = [n for n in model.component_names if n in held]
     if names:
-        comps = system_checkpoint.load_system(directory, phases.training_config(config), trainer.mesh,
+        comps = checkpoint.load_system(directory, training_config(config), trainer.mesh,
                                               names=names, rules=trainer.rules)
         for n, m in comps.items():
             nnx.update(getattr(model, n), nnx.state(m))
@@ -121,20 +120,20 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
     model, _ = trainer.split(state)
     comps: dict[str, Any] = {n: getattr(model, n) for n in model.component_names}
     if init_checkpoint:
-        held = system_checkpoint.read_manifest(init_checkpoint)["components"]
+        held = checkpoint.read_manifest(init_checkpoint)["components"]
         rest = [n for n in held if n not in comps]
         if rest:
-            comps.update(system_checkpoint.load_system(init_checkpoint, phases.training_config(config),
+            comps.update(checkpoint.load_system(init_checkpoint, training_config(config),
                                                        trainer.mesh, names=rest, rules=trainer.rules))
     if paths.is_url(out_dir):
         # No rename on object stores: the folder is written in place, integrity.json last
-        # (system_checkpoint.is_complete / verify_checkpoint trust nothing before it).
-        system_checkpoint.save_system(out_dir, comps, config, force=True)
+        # (checkpoint.is_complete / verify_checkpoint trust nothing before it).
+        checkpoint.save_system(out_dir, comps, config, force=True)
         return out_dir
     tmp = out_dir.rstrip("/") + ".tmp"
     if paths.exists(tmp) and jax.process_index() == 0:
         paths.rmtree(tmp)
-    system_checkpoint.save_system(tmp, comps, config, force=True)
+    checkpoint.save_system(tmp, comps, config, force=True)
     if jax.process_index() == 0:
         paths.rmtree(out_dir)
         paths.move_dir(tmp, out_dir)
@@ -158,10 +157,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     """
     phase = str(config.train.phase)
     init_ckpt = str(config.train.init_checkpoint)
-    if init_ckpt and phase != "vae" and "vae" in system_checkpoint.read_manifest(init_ckpt)["components"]:
+    if init_ckpt and phase != "vae" and "vae" in checkpoint.read_manifest(init_ckpt)["components"]:
         # the VAE's latent scale travels with its weights (the "vae" phase sets it)
         config = copy.deepcopy(config)
-        config.vae.scaling_factor = float(system_checkpoint.load_config(init_ckpt).vae.scaling_factor)
+        config.vae.scaling_factor = float(checkpoint.load_config(init_ckpt).vae.scaling_factor)
     t = config.train
     workdir = str(paths.as_path(workdir))
     mesh, rules = parallel.mesh_from_config(config), parallel.rules_from_config(config)
@@ -172,7 +171,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     micro = int(t.global_batch_size) // accum
     parallel.check_global_batch(micro, mesh, rules)
     _, steps = optim.phase_lr_and_steps(t)
-    spec = phases.phase_spec(config, phase)
+    spec = phase_spec(config, phase)
     tx, sched = optim.make_optimizer(t)
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
                            grad_accum_steps=accum, seed=int(config.seed), compiler_options=compiler_options)
@@ -187,10 +186,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     meta = run_meta(config, phase, dataset=data is None)
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
-    builder = phases.BatchBuilder(config, phase)
+    builder = BatchBuilder(config, phase)
     hooks = ()
     if int(t.sample_every) > 0 and phase in ("a1", "a2", "c") and "vae" in spec.components:
-        hooks = (phases.sample_hook(trainer, config, workdir, int(t.sample_every)),)
+        hooks = (sample_hook(trainer, config, workdir, int(t.sample_every)),)
     result = loop.fit(
         trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,
         checkpoint_every=int(t.checkpoint_every), keep_checkpoints=int(t.keep_checkpoints),
@@ -205,7 +204,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         config = copy.deepcopy(config)
         model, _ = trainer.split(result.state)
         batches = [builder(next(data), step=steps * accum) for _ in range(4)]
-        config.vae.scaling_factor = phases.latent_scaling_factor(model.vae, batches)
+        config.vae.scaling_factor = losses.latent_scaling_factor(model.vae, batches)
         status("vae.scaling_factor = %.6g (1 / std of the latents of 4 batches)", config.vae.scaling_factor)
     out = system_out or str(t.system_checkpoint) or paths.join(workdir, "system")
     status("writing the system checkpoint %s", out)
@@ -226,9 +225,9 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
     prev = str(config.train.init_checkpoint)
     pipeline = tuple(config.train.get("pipeline", ("a1", "a2", "b", "c")))
     steps = tuple(config.train.get("pipeline_steps", ()))
-    unknown = [p for p in pipeline if p not in phases.PHASES]
+    unknown = [p for p in pipeline if p not in PHASES]
     if unknown or not pipeline:
-        raise ValueError(f"config.train.pipeline {pipeline} has unknown phases {unknown}; use {phases.PHASES}")
+        raise ValueError(f"config.train.pipeline {pipeline} has unknown phases {unknown}; use {PHASES}")
     lrs = tuple(config.train.get("pipeline_learning_rates", ()))
     for name, given in (("pipeline_steps", steps), ("pipeline_learning_rates", lrs)):
         if given and len(given) != len(pipeline):
@@ -242,7 +241,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
             c.train.learning_rate = float(lrs[i])
         out = final if i == len(pipeline) - 1 else paths.join(workdir, phase, "system")
         c.train.system_checkpoint = out
-        if system_checkpoint.is_complete(out):
+        if checkpoint.is_complete(out):
             status("phase %s already done (%s)", phase, out)
         else:
             t0 = time.time()

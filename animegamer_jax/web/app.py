@@ -17,6 +17,9 @@ Routes (every asset is served from this package; the page needs no internet):
 ``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests)
 ``GET /games/<id>.zip``         the game folder as a zip
 ==============================  ===============================================================
+
+:class:`HttpThread` serves the app on a background thread (tests, notebooks); the command
+(``python -m animegamer_jax.web``, web/__main__.py) serves it with uvicorn in the foreground.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import io
 import json
 import os
 import re
+import threading
+import time
 import zipfile
 
 from starlette.applications import Starlette
@@ -178,3 +183,44 @@ def create_app(server: GameServer) -> Starlette:
         Route("/games/{game_id}/{name}", game_file),
     ]
     return Starlette(routes=routes)
+
+
+class HttpThread:
+    """Serves an ASGI app (:func:`create_app`'s) with uvicorn on a background thread (tests, notebooks).
+
+    ``start()`` returns once the socket listens; ``url`` is ``http://host:port``; ``stop()`` shuts
+    uvicorn down and joins the thread. ``port=0`` picks a free port (``port`` holds it after ``start()``).
+    """
+
+    def __init__(self, asgi_app, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn  # optional
+
+        self._server = uvicorn.Server(uvicorn.Config(asgi_app, host=host, port=port, log_level="warning",
+                                                     access_log=False, lifespan="off"))
+        self._server.install_signal_handlers = lambda: None  # not the main thread
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self.host = host
+        self.port = port
+
+    def start(self, timeout: float = 30.0) -> "HttpThread":
+        """Starts the thread and waits (up to ``timeout`` seconds) until the socket listens.
+
+        Raises:
+          RuntimeError: the server did not start in time (or its thread died).
+        """
+        self._thread.start()
+        t0 = time.time()
+        while not self._server.started:
+            if not self._thread.is_alive() or time.time() - t0 > timeout:
+                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)

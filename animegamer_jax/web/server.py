@@ -1,8 +1,9 @@
-"""The game server behind ``python -m animegamer_jax.serve``: sessions, a turn queue, one engine.
+"""The game server behind ``python -m animegamer_jax.web``: sessions, a turn queue, one engine.
 
 * **One model instance**: one :class:`~animegamer_jax.game.engine.GameEngine`, driven by one
-  worker thread. Each turn is ``engine.step`` (the same three jitted stages as ``play``) and the
-  game is saved after every turn with ``play.save_game`` (the game/writers.py layout:
+  worker thread (:func:`build_server` builds both). Each turn is ``engine.step`` (the same three
+  jitted stages as ``play``) and the game is saved after every turn with ``saving.save_game``
+  (game/saving.py; the game/writers.py layout:
   ``<out>/<game_id>/turn_*.mp4``, ``game.mp4``, ``game.json``, ``index.html``, contact sheet).
 * **Queue**: turns wait in FIFO order; the worker takes up to ``engine.batch_size`` of them (one
   per game) into one batched step, so a data-parallel mesh serves several players at once. Every
@@ -34,14 +35,17 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import tokenizer as tk
-from animegamer_jax.game import writers
+from animegamer_jax import mllm_tokenizer, parallel, video_io
+from animegamer_jax.game import saving, writers
+from animegamer_jax.game.api import FRAME_RANGE, apply_mode
 from animegamer_jax.game.engine import GameEngine
+from animegamer_jax.game.flags import setup_jax
+from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.script import FIELDS, GameScriptError, Turn
-from animegamer_jax.game.session import TurnByTurnGame, instruction_from_fields
-from animegamer_jax.game.state import METER_NAMES, InstructionTooLongError
+from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
+from animegamer_jax.game.window import METER_NAMES, InstructionTooLongError
 
-log = logging.getLogger("animegamer_jax.serve")
+log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "error")
 
@@ -67,7 +71,7 @@ def _fields_named(message: str) -> tuple[str, ...]:
 def frame_data_urls(frames: np.ndarray, quality: int = 85) -> list[str]:
     """float ``[f, H, W, 3]`` in [0, 1] (or uint8) -> one ``data:image/jpeg;base64`` URL a frame."""
     out = []
-    for f in writers.to_uint8(frames):
+    for f in video_io.to_uint8(frames, FRAME_RANGE):
         buf = io.BytesIO()
         Image.fromarray(f).save(buf, format="JPEG", quality=quality)
         out.append("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
@@ -312,7 +316,7 @@ class GameServer:
                 turns.append({
                     "turn": k, "instruction": turn.text, "character": turn.character,
                     "motion": turn.motion, "background": turn.background,
-                    "states": dict(zip(tk.STATE_FIELDS, tr.states)), "meters": tr.meters,
+                    "states": dict(zip(mllm_tokenizer.STATE_FIELDS, tr.states)), "meters": tr.meters,
                     "deltas": {m: tr.meters[m] - prev[m] for m in METER_NAMES},
                     "video": f"{base}/turn_{k:03d}.mp4?v={s.version}" if saved else None,
                     "timings_s": game.timings[k],
@@ -401,7 +405,8 @@ class GameServer:
         timing["batch"] = len(batch)
         for b, job in enumerate(batch):
             with self._cv:
-                job.game.commit(job.turn, job.ids, states[b], rep[b], writers.to_uint8(frames[b]), timing)
+                job.game.commit(job.turn, job.ids, states[b], rep[b], video_io.to_uint8(frames[b], FRAME_RANGE),
+                                timing)
             try:
                 self._save(job.session, job.game)
             except Exception as e:  # noqa: BLE001 - the turn is rolled back, the server goes on
@@ -414,19 +419,36 @@ class GameServer:
                 continue
             self.turns_played += 1
             k = len(job.game) - 1
-            from animegamer_jax import play
-
-            play.print_turn(k, job.turn.text, job.game.results[k], timing)
+            saving.print_turn(k, job.turn.text, job.game.results[k], timing)
             with self._cv:
                 job.session.job = None
             job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
 
     def _save(self, s: Session, game: TurnByTurnGame) -> str:
-        from animegamer_jax import play  # the play command's writer (one output layout)
-
         # the first write of a game needs its folder free; later ones replace this game's own folder
         # (ids are unique per server: web-<time>-<random>)
         ours = game.game_id in s.games and writers.is_finished(os.path.join(self.out_dir, game.game_id))
-        folder, _ = play.save_game(self.engine, game.result(), self.out_dir, overwrite=ours)
+        folder, _ = saving.save_game(self.engine, game.result(), self.out_dir, overwrite=ours)
         s.version += 1
         return folder
+
+
+def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
+                 seed: int | None = None, verify: str = "fast", random_fallback: bool = False) -> GameServer:
+    """The :class:`GameServer` of a config and a system (worker not started).
+
+    Args:
+      config: the run config (``game.mode`` applied here).
+      checkpoint, standin, random_fallback, verify: which system to play, as ``loading.resolve_system``.
+      out: parent folder of the game folders (default ``config.game.out_dir``).
+      seed: default game seed (default ``config.game.seed``).
+
+    Raises:
+      CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
+    """
+    setup_jax()
+    mesh = parallel.mesh_from_config(config)
+    system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
+                            random_fallback=random_fallback)
+    engine = GameEngine(config, system, mesh=mesh)
+    return GameServer(engine, out or config.game.out_dir, seed)

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax.convert.common import ConversionError, StateDictReader, fill_state
+from animegamer_jax.weights import ConversionError, StateDictReader, fill_state
 from animegamer_jax.models.clip.model import CLIP, CLIPConfig, CLIPVisionTransformer
 
 def detect_layout(state_dict: Mapping[str, Any]) -> str:
@@ -53,7 +53,8 @@ def _blocks_open_clip(r: StateDictReader, prefix: str, n: int, d: int, heads: in
     out: dict[tuple, Any] = {}
     for j, name in enumerate("qkv"):
         # in_proj_weight rows are [q; k; v], each (D_out, D_in) for y = x W^T.
-        out[("attn", f"{name}_kernel")] = None if in_w is None else in_w[:, j * d:(j + 1) * d].transpose(0, 2, 1).reshape(n, d, heads, hd)
+        out[("attn", f"{name}_kernel")] = (None if in_w is None else
+                                           in_w[:, j * d:(j + 1) * d].transpose(0, 2, 1).reshape(n, d, heads, hd))
         out[("attn", f"{name}_bias")] = None if in_b is None else in_b[:, j * d:(j + 1) * d].reshape(n, heads, hd)
     out[("attn", "o_kernel")] = r.stack(f + "attn.out_proj.weight", n, lambda w: w.T.reshape(heads, hd, d))
     out[("attn", "o_bias")] = r.stack(f + "attn.out_proj.bias", n)
@@ -71,7 +72,8 @@ def _blocks_hf(r: StateDictReader, prefix: str, n: int, d: int, heads: int) -> d
     f = prefix + "encoder.layers.{}."
     out: dict[tuple, Any] = {}
     for name in "qkv":
-        out[("attn", f"{name}_kernel")] = r.stack(f + f"self_attn.{name}_proj.weight", n, lambda w: w.T.reshape(d, heads, hd))
+        out[("attn", f"{name}_kernel")] = r.stack(f + f"self_attn.{name}_proj.weight", n,
+                                                  lambda w: w.T.reshape(d, heads, hd))
         out[("attn", f"{name}_bias")] = r.stack(f + f"self_attn.{name}_proj.bias", n, lambda b: b.reshape(heads, hd))
     out[("attn", "o_kernel")] = r.stack(f + "self_attn.out_proj.weight", n, lambda w: w.T.reshape(heads, hd, d))
     out[("attn", "o_bias")] = r.stack(f + "self_attn.out_proj.bias", n)
@@ -152,7 +154,8 @@ def _is_text_key(k: str) -> bool:
                          "positional_embedding", "transformer.", "ln_final", "visual.proj"))
 
 
-def convert_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bool = False, layout: str = "auto") -> nnx.State:
+def convert_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bool = False,
+                 layout: str = "auto") -> nnx.State:
     """Converts an open_clip or HF CLIP state dict to the Param state of our model.
 
     Args:
@@ -223,13 +226,15 @@ def config_from_open_clip(model_cfg: Mapping[str, Any], **overrides: Any) -> CLI
     )
     if t:
         tw = t["width"]
-        kw.update(text_width=tw, text_layers=t["layers"], text_heads=t["heads"], text_mlp_dim=int(tw * t.get("mlp_ratio", 4.0)),
-                  text_vocab_size=t["vocab_size"], text_context_length=t["context_length"])
+        kw.update(text_width=tw, text_layers=t["layers"], text_heads=t["heads"],
+                  text_mlp_dim=int(tw * t.get("mlp_ratio", 4.0)), text_vocab_size=t["vocab_size"],
+                  text_context_length=t["context_length"])
     kw.update(overrides)
     return CLIPConfig(**kw)
 
 
-def load_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bool = False, layout: str = "auto") -> nnx.Module:
+def load_clip(state_dict: Mapping[str, Any], cfg: CLIPConfig, *, vision_only: bool = False,
+              layout: str = "auto") -> nnx.Module:
     """Builds ``CLIP(cfg)`` (or the vision tower) and loads ``state_dict`` through :func:`convert_clip`."""
     cls = CLIPVisionTransformer if vision_only else CLIP
     # Merge into an abstract model: no random init (all variables are Params, all converted).

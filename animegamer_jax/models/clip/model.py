@@ -46,7 +46,8 @@ from animegamer_jax.models.common import param as _param
 from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
-#: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``), docs/encoders.md#clip-image-tower.
+#: CLIP normalization constants (OpenAI / open_clip ``OPENAI_DATASET_MEAN`` / ``_STD``),
+#: docs/encoders.md#clip-image-tower.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -207,7 +208,8 @@ def _stacked_blocks(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
     return create(rngs)
 
 
-def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: attention.AttentionMask | None, remat: str = "none") -> jax.Array:
+def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: attention.AttentionMask | None,
+                remat: str = "none") -> jax.Array:
     """Runs the first ``n`` stacked blocks over ``x`` with ``jax.lax.scan`` (``remat``: models/remat.py policy)."""
     graphdef, state = nnx.split(blocks)
     state = jax.tree.map(lambda a: a[:n], state)

@@ -2,7 +2,8 @@
 
 - ``dit.py``: :class:`CogVideoXDiT` (``DiTBlock`` modules under ``nnx.scan``, flow embedding, LoRA).
 - ``dit_convert.py``: SAT / diffusers DiT key tables and the old-block-layout migration.
-- ``vae.py``: :class:`CogVideoXVAE` (encoder, decoder, chunked decode plans).
+- ``vae.py``: :class:`CogVideoXVAE` (encoder, decoder, posterior, encode / decode of scaled latents).
+- ``vae_tiling.py``: time-chunk plans, spatial tiling and the decode's device-memory budget.
 - ``vae_convert.py``: SAT ``3d-vae.pt`` / diffusers VAE key table.
 
 Command line: ``python -m animegamer_jax.convert {dit,vae}`` (``animegamer_jax/convert/``).

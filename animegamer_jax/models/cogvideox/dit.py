@@ -43,7 +43,7 @@ from flax import nnx
 from animegamer_jax.models import attention
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param as _param
-from animegamer_jax.models.lora import LoRAEinsum, LoRAParam
+from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.models.lora import merge_lora as merge_lora_in_place
 from animegamer_jax.parallel import constrain
 
@@ -358,7 +358,8 @@ class CogVideoXDiT(nnx.Module):
       latents: [B, T, C_in, H, W] noisy latents (DiT layout, scaled by 1.15258426; docs/diffusion.md#latent-scale).
       cond: [B, text_length, D] action-aware representation s_a (or any projected 226-token prefix).
       timesteps: [B] integer DDPM index 0..999 (float accepted; docs/dit.md#timestep-and-flow-embedding).
-      flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for zero flow embedding contribution.
+      flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for no flow
+        embedding contribution.
     Returns:
       v-prediction [B, T, C_out, H, W] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
     Raises:
@@ -394,7 +395,8 @@ class CogVideoXDiT(nnx.Module):
         self.proj_out_bias = _param(next(k), _zeros, (kout,), ("conv_out",), pd)
 
     def embed_time(self, timesteps: Array, flow: Array | None, dtype: Any) -> Array:
-        """[B] timesteps, [B] flow -> [B, E] conditioning embedding in `dtype` (docs/dit.md#timestep-and-flow-embedding)."""
+        """[B] timesteps, [B] flow -> [B, E] conditioning embedding in `dtype`
+        (docs/dit.md#timestep-and-flow-embedding)."""
         D = self.cfg.hidden_size
         emb = self.time_embed(timestep_sinusoid(timesteps, D).astype(dtype))
         if self.cfg.use_flow and flow is not None:
@@ -443,7 +445,8 @@ class CogVideoXDiT(nnx.Module):
 
 
 def flow_value(motion_level: Any, table: Sequence[float] = (0.5, 2.5, 10.0, 15.0, 40.0), xp: Any = jnp) -> Any:
-    """Motion level -> flow value fed to `flow_embed`: the one rule, for play and training (docs/dit.md#motion-level-to-flow).
+    """Motion level -> flow value fed to `flow_embed`: the one rule, for play and training
+    (docs/dit.md#motion-level-to-flow).
 
     Source: the release's `cuculate_level` (`inference_Decoder.py`).
 
@@ -497,25 +500,13 @@ def prepare_for_inference(model: CogVideoXDiT, dtype: Any = None) -> CogVideoXDi
     return new
 
 
-# Trainable parameter sets of the three phases (docs/training.md#trainable-sets; matched on our parameter paths).
-# The shot encoder's E_a parameters (ip_proj, text_proj, mix LayerNorms) belong to that module.
+#: DiT parameter names (path parts) trained in each phase besides the LoRA factors, which always train
+#: (SAT ``disable_untrainable_params``; docs/training.md#trainable-sets): "warmup" is the release's phase-a1
+#: set, "joint" / "adaptation" phases a2 / c. ``adaln`` is the blocks' adaLN (SAT ``adaLN_modulations``),
+#: not the final layer's (``out_adaln_*``). ``train.model.trainable_filter`` builds the NNX filters; the
+#: shot encoder's E_a parameters belong to that module.
 TRAINABLE_SETS: dict[str, tuple[str, ...]] = {
     "warmup": ("flow_embed",),
     "joint": ("flow_embed", "adaln"),
     "adaptation": ("flow_embed", "adaln"),
 }
-
-
-def trainable_filter(phase: str) -> Any:
-    """nnx filter of the DiT parameters trained in `phase` ("warmup", "joint", "adaptation").
-
-    LoRA factors (LoRAParam) are always trainable, as in SAT `disable_untrainable_params`; the
-    block adaLN (`blocks.adaln`, SAT `adaLN_modulations`) trains in joint and adaptation phases, the
-    final layer's adaLN (`out_adaln_*`, SAT `adaLN_modulation`) does not. Raises KeyError for other phases.
-    """
-    names = TRAINABLE_SETS[phase]
-
-    def by_path(path: tuple[Any, ...], _value: Any) -> bool:
-        return any(str(part) in names for part in path)
-
-    return nnx.Any(LoRAParam, nnx.All(nnx.Param, by_path))

@@ -19,18 +19,18 @@ Every converter fails loudly (ConversionError) naming missing, unexpected and mi
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from animegamer_jax import paths
-from animegamer_jax.convert.common import (ConversionError, check_keys, load_state_dict, raise_key_problems,
-                                           restore_state, save_state, to_numpy)
+from animegamer_jax.weights import (ConversionError, check_keys, load_state_dict, raise_key_problems,
+                                    restore_state, save_state, to_numpy)
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
 SAT_PREFIX = "model.diffusion_model."
@@ -404,8 +404,6 @@ def build_model(cfg: DiTConfig, params: Flat, keep_init: tuple[str, ...] = (), s
 
 def save_orbax(model: CogVideoXDiT, directory: str) -> None:
     """Saves the model's Param state as an orbax checkpoint (item `dit`) plus its DiTConfig."""
-    import json
-
     directory = paths.makedirs(directory)  # local or a URL (gs://...)
     save_state(nnx.state(model, nnx.Param), directory / "dit")
     (directory / "dit_config.json").write_text(json.dumps(dataclasses.asdict(model.cfg), indent=1))
@@ -413,8 +411,6 @@ def save_orbax(model: CogVideoXDiT, directory: str) -> None:
 
 def load_orbax(directory: str) -> CogVideoXDiT:
     """Restores a model written by `save_orbax`."""
-    import json
-
     directory = paths.as_path(directory)
     cfg = DiTConfig(**json.loads((directory / "dit_config.json").read_text()))
     model = nnx.eval_shape(lambda: CogVideoXDiT(cfg, rngs=nnx.Rngs(0)))
@@ -493,39 +489,3 @@ def migrate_legacy_blocks(blocks: Mapping[str, Any]) -> dict[str, Any]:
         else:
             put(_LEGACY_BLOCK_NAMES[name], value)
     return out
-
-
-def migrate_system_checkpoint(src: str, dst: str) -> str:
-    """Rewrites a system checkpoint whose `dit` has the old block layout into `dst` (new nesting).
-
-    Every other component, the config and all arrays are copied unchanged (`save_system`). `dst`
-    must not exist. Returns the absolute `dst`.
-
-    Raises:
-      ConversionError: `src` has no `dit`, or its `dit` is already in the new layout.
-    """
-    import orbax.checkpoint as ocp
-
-    from animegamer_jax import system_checkpoint as sc
-
-    src, dst = str(paths.as_path(src)), str(paths.as_path(dst))
-    manifest = sc.read_manifest(src)
-    if paths.exists(paths.join(src, sc.INTEGRITY_FILE)):
-        sc.verify_checkpoint(src, "full")  # migrate only what is intact
-    if "dit" not in manifest["components"]:
-        raise ConversionError(f"{src} has no `dit` component to migrate")
-    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ck:
-        dit = ck.restore(paths.join(src, "dit"))
-    dit = jax.tree.map(np.asarray, dit)
-    if not is_legacy_blocks(dit["blocks"]):
-        raise ConversionError(f"{src}: the `dit` blocks are already in the NNX module layout")
-    dit["blocks"] = migrate_legacy_blocks(dit["blocks"])
-    config = sc.load_config(src)
-    others = [n for n in manifest["components"] if n != "dit"]
-    comps: dict[str, Any] = dict(sc.load_system(src, config, names=others, verify=None)) if others else {}
-    graphdef, target, _ = sc.abstract_component("dit", config, sc.parallel.make_mesh(
-        (1, 1, 1, 1), devices=jax.devices()[:1]))
-    state = nnx.State(target)
-    state.replace_by_pure_dict(jax.tree.map(jnp.asarray, dit))
-    comps["dit"] = nnx.merge(graphdef, state)
-    return sc.save_system(dst, {n: comps[n] for n in manifest["components"]}, config)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax.convert.common import load_state_dict, raise_key_problems, save_state, to_numpy
+from animegamer_jax.weights import load_state_dict, raise_key_problems, save_state, to_numpy
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 
 _SAT_RENAMES = (
@@ -126,7 +126,8 @@ def diffusers_to_state(state_dict: Mapping[str, Any], cfg: VAEConfig) -> nnx.Sta
 
 
 def sat_to_state(state_dict: Mapping[str, Any], cfg: VAEConfig) -> nnx.State:
-    """SAT ``3d-vae.pt`` state dict -> our state (renames of docs/vae.md#checkpoint-keys, then :func:`diffusers_to_state`).
+    """SAT ``3d-vae.pt`` state dict -> our state (renames of docs/vae.md#checkpoint-keys, then
+    :func:`diffusers_to_state`).
 
     Raises:
       ConversionError: as :func:`diffusers_to_state`, keys named in diffusers spelling.

@@ -34,8 +34,8 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import paths
-from animegamer_jax.convert.common import (ConversionError, check_keys, load_state_dict, save_state,
-                                           state_from_pure_dict, to_numpy)
+from animegamer_jax.weights import (ConversionError, check_keys, load_state_dict, save_state,
+                                    state_from_pure_dict, to_numpy)
 from animegamer_jax.models.mistral.model import Mistral, MistralConfig
 
 # Non-parameter buffers that old checkpoints carry; safe to drop.
@@ -146,13 +146,16 @@ def mistral_leaves(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "") 
     for name, hf in _PROJ.items():
         ins, outs = in_shape[name], out_shape[name]
         leaves[("layers", name, "kernel")] = Leaf(
-            lambda i, hf=hf, ins=ins, outs=outs: get(f"model.layers.{i}.{hf}.weight").T.reshape(ins + outs), ins + outs, L)
+            lambda i, hf=hf, ins=ins, outs=outs: get(f"model.layers.{i}.{hf}.weight").T.reshape(ins + outs),
+            ins + outs, L)
         if cfg.lora_rank and name in cfg.lora_targets:
             r = cfg.lora_rank
             leaves[("layers", name, "lora_a")] = Leaf(
-                lambda i, hf=hf, ins=ins: get(f"model.layers.{i}.{hf}.lora_A.weight").T.reshape(ins + (r,)), ins + (r,), L)
+                lambda i, hf=hf, ins=ins: get(f"model.layers.{i}.{hf}.lora_A.weight").T.reshape(ins + (r,)),
+                ins + (r,), L)
             leaves[("layers", name, "lora_b")] = Leaf(
-                lambda i, hf=hf, outs=outs: get(f"model.layers.{i}.{hf}.lora_B.weight").T.reshape((r,) + outs), (r,) + outs, L)
+                lambda i, hf=hf, outs=outs: get(f"model.layers.{i}.{hf}.lora_B.weight").T.reshape((r,) + outs),
+                (r,) + outs, L)
     return leaves
 
 

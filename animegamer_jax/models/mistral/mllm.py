@@ -6,7 +6,8 @@ Reference: the release's ``ContinuousLVLM_Video`` (docs/token_layout.md, docs/ml
   (``<TURN> text <img><frame> 226 queries </frame></img>`` + 14 world ids with the duplicated
   ``</ST>``), then the current turn ending in ``<ML>``;
 * history query positions (``cmp_mask``) get their turn's representation s_a [226, 1920] through
-  the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j (docs/token_layout.md#history-window);
+  the input resampler (1920 -> 4096 -> 4096, GELU), in order: run j <- history slot j
+  (docs/token_layout.md#history-window);
 * the current turn's 226 query positions (``gen_mask``) keep the ``<frame_i>`` embeddings and see
   each other fully (hybrid mask, docs/token_layout.md#masks); everything else is causal (+ sliding window);
   ``history_attention = "turn_window"`` (not the release's;
@@ -14,8 +15,8 @@ Reference: the release's ``ContinuousLVLM_Video`` (docs/token_layout.md, docs/ml
   to turns t-W+1..t (``turn_ids``), which lets play keep the KV cache across turns (game/real.py
   ``mllm_turn_cached``);
 * the representation is read at the query positions (``readout="query"``, training-exact) or at
-  the last 226 positions (``readout="last"``, the release's off-by-3, docs/token_layout.md#read-out), post final RMSNorm,
-  then the output resampler (4096 -> 1920 -> 1920);
+  the last 226 positions (``readout="last"``, the release's off-by-3, docs/token_layout.md#read-out),
+  post final RMSNorm, then the output resampler (4096 -> 1920 -> 1920);
 * states [ML, SC, ET, ST] come from a separate purely causal greedy pass constrained to the legal
   grammar ``<Strength_a></ML><SC><Strength_b></SC><ET><Strength_c></ET><ST><Strength_d></ST>``,
   parsed from ids at generated positions 0, 3, 6, 9 (docs/token_layout.md#state-fields);
@@ -35,8 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from animegamer_jax import mllm_tokenizer
 from animegamer_jax.models import attention as attn
-from animegamer_jax.models.mistral import model as mst
+from animegamer_jax.models.mistral import model as mistral_model
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
@@ -50,7 +52,7 @@ HISTORY_ATTENTION = ("window_recompute", "turn_window")
 class MLLMConfig:
     """GameStateMLLM hyper-parameters: the Mistral config plus the representation/loss fields."""
 
-    llm: mst.MistralConfig
+    llm: mistral_model.MistralConfig
     rep_dim: int = 1920  # width of s_a (cfg.rep.dim)
     num_queries: int = 226  # query / representation tokens (30 text + 196 image)
     history_window: int = 3  # W: turns seen, current included
@@ -75,7 +77,7 @@ class MLLMConfig:
         """From the root ConfigDict (uses ``cfg.mllm`` and ``cfg.rep``)."""
         m = cfg.mllm
         return cls(
-            llm=mst.MistralConfig.from_config(m, **llm_overrides),
+            llm=mistral_model.MistralConfig.from_config(m, **llm_overrides),
             rep_dim=cfg.rep.dim,
             num_queries=cfg.rep.num_text_tokens + cfg.rep.num_image_tokens,
             history_window=m.history_window,
@@ -116,7 +118,8 @@ class MLLMOutput:
 def hybrid_attention_mask(gen_mask: jax.Array, window: int | None,
                           padding_mask: jax.Array | None = None, turn_ids: jax.Array | None = None,
                           turn_window: int | None = None) -> attn.AttentionMask:
-    """Release attention mask (docs/token_layout.md#masks) as an :class:`~animegamer_jax.models.attention.AttentionMask`.
+    """Release attention mask (docs/token_layout.md#masks) as an
+    :class:`~animegamer_jax.models.attention.AttentionMask`.
 
     Causal (and ``q - k < window``) everywhere, plus the full square ``[first..last] x [first..last]``
     where first/last are the first and last True of ``gen_mask`` [B, L] per row (the current turn's
@@ -163,8 +166,8 @@ class GameStateMLLM(nnx.Module):
     def __init__(self, cfg: MLLMConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         lc = cfg.llm
-        dt, pdt = mst._dtype(lc.dtype), mst._dtype(lc.param_dtype)
-        self.llm = mst.Mistral(lc, rngs=rngs)
+        dt, pdt = mistral_model._dtype(lc.dtype), mistral_model._dtype(lc.param_dtype)
+        self.llm = mistral_model.Mistral(lc, rngs=rngs)
         d, r = lc.hidden_size, cfg.rep_dim
         self.input_resampler = Resampler(r, d, d, axes=(None, "embed", "mlp"), dtype=dt, param_dtype=pdt, rngs=rngs)
         self.output_resampler = Resampler(d, r, r, axes=("embed", None, "mlp"), dtype=dt, param_dtype=pdt, rngs=rngs)
@@ -249,7 +252,8 @@ class GameStateMLLM(nnx.Module):
         out = self.llm(inputs_embeds=x, attention_mask=mask, return_logits=return_logits, dropout_rng=dropout_rng)
         return MLLMOutput(out.logits, out.hidden, self.readout(out.hidden, gen_mask, readout, padding_mask))
 
-    def loss(self, batch: dict[str, jax.Array], dropout_rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
+    def loss(self, batch: dict[str, jax.Array],
+             dropout_rng: jax.Array | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Training loss (docs/mllm.md#losses) on a batch from :func:`collate`.
 
         batch: input_ids, gen_mask, cmp_mask, history_reps, padding_mask, labels (int [B, L],
@@ -297,12 +301,10 @@ class GameStateMLLM(nnx.Module):
         Raises: ValueError with ``history_attention="turn_window"`` (its pass A is
           game/real.py ``mllm_turn_cached``).
         """
-        from animegamer_jax import tokenizer as tk
-
         if self.cfg.turn_window:
             raise ValueError("predict_states decodes with the plain causal mask; with "
                              "history_attention='turn_window' use game/real.py mllm_turn_cached")
-        grammar = grammar or tk.AnimeGamerTokenizer.state_grammar()
+        grammar = grammar or mllm_tokenizer.AnimeGamerTokenizer.state_grammar()
         b = input_ids.shape[0]
         v = self.cfg.llm.vocab_size
         allowed = np.zeros((len(grammar), v), bool)
@@ -310,17 +312,18 @@ class GameStateMLLM(nnx.Module):
             allowed[t, list(ids)] = True
         allowed_j = jnp.asarray(allowed)
         x = self.embed_inputs(input_ids, cmp_mask, history_reps)
-        toks, _ = mst.greedy_generate(
+        toks, _ = mistral_model.greedy_generate(
             self.llm, len(grammar), inputs_embeds=x,
             allowed_fn=lambda t, _prev: jnp.broadcast_to(allowed_j[t], (b, v)),
         )
         toks = np.asarray(toks)
-        states = np.asarray([[tk.strength_value(int(r[p])) for p in (0, 3, 6, 9)] for r in toks], np.int32)
+        states = np.asarray([[mllm_tokenizer.strength_value(int(r[p])) for p in (0, 3, 6, 9)] for r in toks], np.int32)
         return states, toks
 
 
 # ---------------------------------------------------------------------------------------------
-# Sequence builder (host side, numpy): the release layout of docs/token_layout.md#per-turn-layout with our sliding window.
+# Sequence builder (host side, numpy): the release layout of docs/token_layout.md#per-turn-layout with our
+# sliding window.
 
 
 @dataclasses.dataclass
@@ -375,8 +378,6 @@ def turn_layout(
     Raises:
       ValueError: no turn, fewer history_states than history turns, or history_window < 1.
     """
-    from animegamer_jax import tokenizer as tk
-
     if history_window < 1:
         raise ValueError(f"history_window must be >= 1, got {history_window}")
     k = len(text_ids) - 1
@@ -385,11 +386,11 @@ def turn_layout(
     if len(history_states) < k:
         raise ValueError(f"{k} history turns need {k} states, got {len(history_states)}")
     first = max(0, k - history_window + 1)
-    ids: list[int] = [tk.BOS_ID]
+    ids: list[int] = [mllm_tokenizer.BOS_ID]
     cmp: list[bool] = [False]
     gen: list[bool] = [False]
     turn: list[int] = [-1]
-    block = tk.AnimeGamerTokenizer.video_block_ids(num_queries)
+    block = mllm_tokenizer.AnimeGamerTokenizer.video_block_ids(num_queries)
 
     def add(seq: Sequence[int], c: bool = False, g: bool = False) -> None:
         ids.extend(seq)
@@ -401,19 +402,21 @@ def turn_layout(
 
     for t in range(first, k + 1):
         turn_starts.append(len(ids))
-        add([tk.TURN_ID] + list(text_ids[t]))
+        add([mllm_tokenizer.TURN_ID] + list(text_ids[t]))
         add(block[:2])
         add(block[2:-2], c=t < k, g=t == k)
         add(block[-2:])
         if t < k:
             st = (0, 0, 0, 0) if release_history_states else tuple(history_states[t])
-            add(tk.AnimeGamerTokenizer.world_ids(*st))
-    add([tk.ML_ID])
+            add(mllm_tokenizer.AnimeGamerTokenizer.world_ids(*st))
+    add([mllm_tokenizer.ML_ID])
     labels = [IGNORE_INDEX] * len(ids)
     if target_states is not None:
         ml, sc, et, st = (int(s) for s in target_states)
-        tail = [tk.strength_id(ml), tk.ML_END_ID, tk.SC_ID, tk.strength_id(sc), tk.SC_END_ID, tk.ET_ID,
-                tk.strength_id(et), tk.ET_END_ID, tk.ST_ID, tk.strength_id(st), tk.ST_END_ID]
+        tail = [mllm_tokenizer.strength_id(ml), mllm_tokenizer.ML_END_ID,
+                mllm_tokenizer.SC_ID, mllm_tokenizer.strength_id(sc), mllm_tokenizer.SC_END_ID,
+                mllm_tokenizer.ET_ID, mllm_tokenizer.strength_id(et), mllm_tokenizer.ET_END_ID,
+                mllm_tokenizer.ST_ID, mllm_tokenizer.strength_id(st), mllm_tokenizer.ST_END_ID]
         add(tail)
         labels.extend(tail)
     return TurnSequence(np.asarray(ids, np.int32), np.asarray(cmp), np.asarray(gen),
@@ -450,6 +453,3 @@ def collate(seqs: Sequence[TurnSequence], pad_to: int | None = None, pad_id: int
         "padding_mask": np.stack([pad(np.ones(len(s.input_ids), bool), False) for s in seqs]),
         "turn_ids": np.stack([pad(s.turn_ids, s.turn_ids[-1]) for s in seqs]),
     }
-
-#: nnx filter for the paper's trainable set (LoRA, RMSNorms, embeddings, lm_head, resamplers; docs/mllm.md#lora).
-trainable_filter = mst.trainable_filter

@@ -12,8 +12,8 @@ Key families (docs/mllm.md#checkpoint-keys), both peft naming generations accept
     output_resampler.proj.{0,2}.{weight,bias}  -> output_resampler.fc{1,2}.{kernel,bias}
 
 LoRA is kept (``lora_a``/``lora_b`` params, rank read from the checkpoint) or merged
-(``W = W_base + (alpha / r) * B @ A``, docs/mllm.md#checkpoint-keys). A plain (non-peft) ``llm.model...`` layout is accepted
-too. Missing, unexpected and mis-shaped keys raise ``ConversionError`` with the lists.
+(``W = W_base + (alpha / r) * B @ A``, docs/mllm.md#checkpoint-keys). A plain (non-peft) ``llm.model...``
+layout is accepted too. Missing, unexpected and mis-shaped keys raise ``ConversionError`` with the lists.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax.convert.common import ConversionError, check_keys, state_from_pure_dict, to_numpy
+from animegamer_jax.weights import ConversionError, check_keys, state_from_pure_dict, to_numpy
 from animegamer_jax.models.mistral.convert import mistral_leaves, mistral_pure_dict
 from animegamer_jax.models.mistral.mllm import GameStateMLLM, MLLMConfig
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -84,7 +84,7 @@ class MistralConfig:
     attention_impl: str | None = None
     # prefill / decode_step / greedy_generate: "scan" the stacked layers, or "unstacked": a loop over
     # per-layer weight arrays split once per model (XLA:CPU copies each scanned layer's weight
-    # slice before its dots, 100 MB per token at the benchmark's medium size); "auto": unstacked
+    # slice before its dots, once per generated token); "auto": unstacked
     # on CPU, scan elsewhere (GPU/TPU fuse the slices). Training and __call__ always scan.
     decode_layers: str = "auto"
 
@@ -436,22 +436,12 @@ class Mistral(nnx.Module):
         return MistralOutput(self.logits(hidden) if return_logits else None, hidden, new_cache)
 
 
-def trainable_filter(path: Sequence[Any], value: Any) -> bool:
-    """The paper's trainable set (docs/mllm.md#lora): LoRA factors, every RMSNorm weight,
-    ``embed_tokens``, ``lm_head`` and the resamplers. Use as an nnx filter, e.g.
-    ``nnx.Optimizer(model, tx, wrt=trainable_filter)`` or ``nnx.state(model, trainable_filter)``."""
-    from animegamer_jax.models.lora import LoRAParam
-
-    if not isinstance(value, nnx.Param):
-        return False
-    if isinstance(value, LoRAParam):
-        return True
-    names = {str(p) for p in path}
-    return bool(
-        names
-        & {"input_layernorm", "post_attention_layernorm", "norm", "embed_tokens", "lm_head",
-           "input_resampler", "output_resampler"}
-    )
+#: parameter names (path parts) of the paper's trainable set besides the LoRA factors (docs/mllm.md#lora):
+#: every RMSNorm weight, ``embed_tokens``, ``lm_head`` and the MLLM's resamplers
+#: (``train.model.trainable_filter("b")`` builds the NNX filter)
+TRAINABLE_NAMES: frozenset[str] = frozenset({
+    "input_layernorm", "post_attention_layernorm", "norm", "embed_tokens", "lm_head", "input_resampler",
+    "output_resampler"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,8 +452,9 @@ def trainable_filter(path: Sequence[Any], value: Any) -> bool:
 def unstacked_layers(model: Mistral) -> tuple[Any, ...] | None:
     """Per-layer copies of ``model.layers``' state (``num_layers`` states, leaves without the
     leading layer axis) for the ``decode_layers="unstacked"`` path, or None where that path is off
-    (``"scan"``, or ``"auto"`` when the weights are not on CPU devices). Split once per model and reused while the stacked
-    parameters are the same arrays (a weight update or LoRA merge makes new ones: split again).
+    (``"scan"``, or ``"auto"`` when the weights are not on CPU devices). Split once per model and reused
+    while the stacked parameters are the same arrays (a weight update or LoRA merge makes new ones: split
+    again).
     Costs one more copy of the layer weights in host memory.
 
     Raises: ValueError for an unknown ``decode_layers``.
@@ -566,7 +557,7 @@ def greedy_generate(
     s = cache_len or -(-(l + max_new_tokens) // 64) * 64
     dt = model.cfg.dtype
     cache = KVCache.init(model.cfg, b, s, dt)
-    graphdef, state = nnx.split(model)  # once: per-step splitting cost ~1 ms of host time on CPU
+    graphdef, state = nnx.split(model)  # once: splitting every step costs host time
     layers = unstacked_layers(model)
     logits, cache = _prefill(graphdef, state, input_ids, inputs_embeds, cache, layers, True)  # fresh cache
     toks, outs = [], []

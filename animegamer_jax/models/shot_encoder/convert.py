@@ -15,7 +15,7 @@ from typing import Any
 
 from flax import nnx
 
-from animegamer_jax.convert.common import StateDictReader, fill_state
+from animegamer_jax.weights import StateDictReader, fill_state
 from animegamer_jax.models.shot_encoder.model import ShotEncoder, ShotEncoderConfig
 
 #: Where E_a lives in the release's SAT checkpoint.

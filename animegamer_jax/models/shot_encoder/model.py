@@ -11,8 +11,8 @@ GELU is exact (erf); the LayerNorms are affine with eps 1e-5 (``nn.LayerNorm`` d
 ``output_mix_layer_norm`` exists in the release checkpoint but is unused on this path, so it is
 not a parameter here (its converter skips it on purpose).
 
-The unconditional embedding for CFG (docs/encoders.md#unconditional-embedding) is E_a of zero inputs through the *trained*
-projections: two constant vectors from the biases, not zeros.
+The unconditional embedding for CFG (docs/encoders.md#unconditional-embedding) is E_a of zero inputs
+through the *trained* projections: two constant vectors from the biases, not zeros.
 
 Checkpoint names (SAT DiT checkpoint, ``model.diffusion_model.mixins.patch_embed.``):
 ``text_proj.0`` / ``text_proj.2`` -> ``text_proj.fc_in`` / ``text_proj.fc_out``; same for ``ip_proj``;
@@ -49,7 +49,8 @@ class ShotEncoderConfig:
         """From the full config (``cfg.shot_encoder`` + ``cfg.rep``)."""
         s, r = cfg.shot_encoder, cfg.rep
         return cls(dim=r.dim, text_dim=s.text_dim, image_dim=s.image_dim, num_text_tokens=r.num_text_tokens,
-                   num_image_tokens=r.num_image_tokens, layer_norm_eps=s.layer_norm_eps, dtype=s.get("dtype", "float32"))
+                   num_image_tokens=r.num_image_tokens, layer_norm_eps=s.layer_norm_eps,
+                   dtype=s.get("dtype", "float32"))
 
     @property
     def num_tokens(self) -> int:

@@ -25,8 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax.convert.common import ConversionError, StateDictReader, fill_state, load_state_dict, save_state, to_numpy
+from animegamer_jax.models.mistral.convert import Leaf, evaluate_leaf
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
+from animegamer_jax.weights import (ConversionError, StateDictReader, fill_state, load_state_dict, save_state,
+                                    to_numpy)
 
 _Q_KEY = "encoder.block.0.layer.0.SelfAttention.q.weight"
 
@@ -48,8 +50,6 @@ def t5_leaves(state_dict: Mapping[str, Any], cfg: T5Config) -> tuple[dict[tuple,
     Raises:
       ConversionError: embedding copies (``shared`` vs ``encoder.embed_tokens``) that disagree.
     """
-    from animegamer_jax.models.mistral.convert import Leaf
-
     prefix = _detect_prefix(state_dict)
     sd = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
     skipped_outside = [k for k in state_dict if not k.startswith(prefix)]
@@ -63,7 +63,8 @@ def t5_leaves(state_dict: Mapping[str, Any], cfg: T5Config) -> tuple[dict[tuple,
     else:
         embs = [r.get(k) for k in emb_keys]
         if len(embs) == 2 and embs[0].shape == embs[1].shape and not np.array_equal(embs[0], embs[1]):
-            raise ConversionError("T5: shared.weight and encoder.embed_tokens.weight differ; which one the encoder uses is ambiguous")
+            raise ConversionError("T5: shared.weight and encoder.embed_tokens.weight differ; which one the encoder "
+                                  "uses is ambiguous")
         emb = embs[0]
 
     def stack(fmt: str, shape: tuple[int, ...], fn=lambda a: a):
@@ -105,8 +106,6 @@ def convert_t5(state_dict: Mapping[str, Any], cfg: T5Config) -> nnx.State:
       ConversionError: missing / unexpected / mis-shaped keys (all listed), or embedding copies
         (``shared`` vs ``encoder.embed_tokens``) that disagree.
     """
-    from animegamer_jax.models.mistral.convert import Leaf, evaluate_leaf
-
     lazy, r, prefix = t5_leaves(state_dict, cfg)
     values = {}
     for p, v in lazy.items():
@@ -130,7 +129,8 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides: Any) -> T5Config:
     if ff != "gated-gelu":
         raise ValueError(f"T5 feed_forward_proj {ff!r} is not supported; T5 v1.1 uses 'gated-gelu'")
     kw = dict(
-        vocab_size=hf_config["vocab_size"], d_model=hf_config["d_model"], d_kv=hf_config["d_kv"], d_ff=hf_config["d_ff"],
+        vocab_size=hf_config["vocab_size"], d_model=hf_config["d_model"], d_kv=hf_config["d_kv"],
+        d_ff=hf_config["d_ff"],
         num_layers=hf_config["num_layers"], num_heads=hf_config["num_heads"],
         relative_attention_num_buckets=hf_config.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=hf_config.get("relative_attention_max_distance", 128),

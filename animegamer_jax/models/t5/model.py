@@ -92,7 +92,8 @@ class RMSNorm(nnx.Module):
 
     def __init__(self, dim: int, eps: float, *, rngs: nnx.Rngs):
         self.eps = eps
-        self.scale = nnx.Param(nnx.with_partitioning(jax.nn.initializers.ones, ("norm",))(rngs.params(), (dim,), jnp.float32))
+        ones = nnx.with_partitioning(jax.nn.initializers.ones, ("norm",))
+        self.scale = nnx.Param(ones(rngs.params(), (dim,), jnp.float32))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         xf = x.astype(jnp.float32)
@@ -161,7 +162,8 @@ class T5Encoder(nnx.Module):
     def __init__(self, cfg: T5Config, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.shared = _param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
-        self.relative_attention_bias = _param(rngs, (cfg.relative_attention_num_buckets, cfg.num_heads), (None, "heads"))
+        self.relative_attention_bias = _param(rngs, (cfg.relative_attention_num_buckets, cfg.num_heads),
+                                              (None, "heads"))
 
         @nnx.split_rngs(splits=cfg.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})

@@ -1,0 +1,116 @@
+"""Check a system checkpoint's files, write their integrity.json, or store components smaller.
+
+Usage: python -m animegamer_jax.checkpoint verify [--full] DIR
+       python -m animegamer_jax.checkpoint manifest DIR
+       python -m animegamer_jax.checkpoint cast SRC DST --components=mllm [--dtype=bfloat16]
+           [--description="what the system is"]
+
+verify: check every file against integrity.json; manifest: write integrity.json for the files
+there now (only for a checkpoint you trust); cast: copy SRC to the new folder DST with the float32
+arrays of --components stored as --dtype (loading casts them back); --description replaces the
+manifest's description of the system (shown in game outputs). Each subcommand takes --help.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+from absl import flags
+
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import fileio, paths
+from animegamer_jax.checkpoint.cast import cast_system
+from animegamer_jax.checkpoint.errors import SystemCheckpointError
+from animegamer_jax.checkpoint.integrity import verify_checkpoint, write_integrity
+
+PROG = "python -m animegamer_jax.checkpoint"
+#: exceptions reported as one ``error: ...`` line, exit status 2
+ERRORS = (SystemCheckpointError, ValueError, TypeError)
+
+
+def _define_verify(fv, argv: list[str]) -> None:
+    flags.DEFINE_bool("full", False, "sha256 of every byte (default --nofull: the fast check, sizes and "
+                      "sampled hashes)", flag_values=fv)
+
+
+def _define_manifest(fv, argv: list[str]) -> None:
+    """No flags."""
+
+
+def _define_cast(fv, argv: list[str]) -> None:
+    flags.DEFINE_list("components", [], "the components whose float32 arrays to store as --dtype",
+                      flag_values=fv)
+    flags.DEFINE_string("dtype", "bfloat16", "the stored dtype", flag_values=fv)
+    flags.DEFINE_string("description", None, "what the system is (trained on what, what it can show), stored in "
+                        "DST's manifest and shown in game outputs (default: SRC's; --description= clears it)",
+                        flag_values=fv)
+
+
+def _checkpoint_dir(directory: str) -> str:
+    if not fileio.isdir(directory):
+        raise cli_lib.UsageError(f"{directory}: no such checkpoint folder")
+    return directory
+
+
+def _verify(f, directory: str) -> int:
+    t0 = time.perf_counter()
+    man = verify_checkpoint(_checkpoint_dir(directory), "full" if f.full else "fast")
+    total = sum(v["size"] for v in man["files"].values())
+    print(f"ok: {len(man['files'])} files, {total / 2**20:.1f} MiB, {'full' if f.full else 'fast'} check "
+          f"in {time.perf_counter() - t0:.2f}s")
+    return 0
+
+
+def _manifest(f, directory: str) -> int:
+    t0 = time.perf_counter()
+    path = write_integrity(str(paths.as_path(_checkpoint_dir(directory))))
+    print(f"wrote {path} in {time.perf_counter() - t0:.2f}s")
+    return 0
+
+
+def _cast(f, src: str, dst: str) -> int:
+    if not f.components:
+        raise cli_lib.UsageError(f"expected 'cast SRC DST --components=NAME[,NAME]', got {['cast', src, dst]}")
+    t0 = time.perf_counter()
+    out = cast_system(src, dst, f.components, f.dtype, f.description)
+    print(f"wrote {out} ({', '.join(f.components)} stored as {f.dtype}) in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
+#: subcommand -> (flag definitions, positional arguments, body, --help text)
+SUBCOMMANDS = {
+    "verify": (_define_verify, ("DIR",), _verify,
+               "Checks every file of the checkpoint DIR against its integrity.json."),
+    "manifest": (_define_manifest, ("DIR",), _manifest,
+                 "Writes DIR/integrity.json for the files there now (only for a checkpoint you trust)."),
+    "cast": (_define_cast, ("SRC", "DST"), _cast,
+             "Copies the checkpoint SRC to the new folder DST with the float32 arrays of --components stored as "
+             "--dtype (loading casts them back)."),
+}
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    """Runs ``SUBCOMMANDS[name]`` on ``argv`` through cli.run_command; returns the exit status."""
+    define, positional, body, doc = SUBCOMMANDS[name]
+    return cli_lib.run_command(f"{PROG} {name}", argv, define, doc, positional, body, errors=ERRORS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.checkpoint {verify [--full] | manifest} DIR`` or
+    ``... cast SRC DST --components=...`` (module docstring).
+
+    Returns the exit status (2 with a one-line message on a bad command line, an unknown subcommand or a
+    damaged checkpoint; 0 for ``--help``).
+    """
+    commands = {name: functools.partial(_subcommand, name) for name in SUBCOMMANDS}
+    return cli_lib.run_subcommand(argv, commands, __doc__.strip())
+
+
+def cli() -> None:
+    """Console script ``animegamer-system-checkpoint`` (pyproject.toml)."""
+    raise SystemExit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,197 @@
+"""The command line the game commands share: play, generate, the web app and the game benchmark.
+
+Each takes the flags of :func:`common_flags`, its own, and ``--config``: a config file, or without
+one the config saved in ``--checkpoint`` (checked first, :func:`checkpoint_config`), else
+configs/tiny.py. ``--config.a.b=value`` overrides a field of either; ``--mode`` sets ``game.mode``.
+
+* :func:`run_game_command` is a game command's ``main(argv)`` (``cli.run_command`` with these flags);
+* :func:`parse_game_flags` parses a game command line for library use (tests, benchmarks);
+* :func:`game_flags` is the ``define(fv, argv)`` both hand to ``cli.parse_flags``;
+* :data:`CLI_ERRORS` are the errors a game command reports as one line (exit status 2);
+* :func:`setup_jax` sets the process-wide JAX options of the game commands.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import jax
+from absl import flags
+from ml_collections import config_flags
+
+from animegamer_jax import cli, paths
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
+from animegamer_jax.config import ConfigError
+from animegamer_jax.game.loading import CheckpointError
+from animegamer_jax.game.script import GameScriptError
+from animegamer_jax.game.window import InstructionTooLongError
+from animegamer_jax.game.writers import OutputError
+
+#: the errors the game commands report as one line (exit status 2) instead of a traceback
+CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, OutputError)
+
+CONFIG_HELP = ("Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
+               "--config.a.b=value overrides a field, e.g. --config.game.mode=reference (unknown keys are errors).")
+
+
+def common_flags(fv) -> None:
+    """The absl flags shared by play, generate, the web app and the game benchmark, defined on ``fv``.
+
+    Spellings of the argparse era keep working: ``--verify-checkpoint`` is an alias of
+    ``--verify_checkpoint``.
+    """
+    flags.DEFINE_string("checkpoint", "", "System checkpoint directory (save_system layout), local or gs://.",
+                        flag_values=fv)
+    flags.DEFINE_bool("standin", False, "Play a randomly initialised stand-in system (untrained; labelled in "
+                      "outputs).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Output folder, local or gs:// (default config.game.out_dir).", flag_values=fv)
+    flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour (window 1, "
+                      "last-226 read-out, release CFG).", flag_values=fv)
+    flags.DEFINE_bool("demo", False, "Use config.game.checkpoint when it exists, else a clearly-labelled randomly "
+                      "initialised system of the config's sizes.", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace a finished game of the same id from an earlier run (folders "
+                      "this program did not write are never replaced).", flag_values=fv)
+    flags.DEFINE_enum("verify_checkpoint", "fast", ["fast", "full"], "Checkpoint integrity check before loading: "
+                      "fast = every file's size, full hash of files up to 8 MiB and sampled blocks of larger ones; "
+                      "full = sha256 of every byte.", flag_values=fv)
+    flags.DEFINE_alias("verify-checkpoint", "verify_checkpoint", flag_values=fv)
+
+
+def checkpoint_config(checkpoint: str, verify: str = "fast"):
+    """The config saved in a system checkpoint, after its integrity check.
+
+    A system checkpoint carries the config it was built with
+    (docs/design.md#one-checkpoint-directory-for-a-whole-system), so ``play --checkpoint DIR``
+    needs nothing else.
+
+    Raises:
+      ConfigError: no such folder, a damaged checkpoint, or no readable saved config (the fix named).
+    """
+    if not paths.isdir(checkpoint):
+        raise ConfigError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
+                          f"written by save_system (or --standin for a random stand-in)")
+    try:
+        verify_checkpoint(checkpoint, verify)
+    except SystemCheckpointError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        return load_config(checkpoint)
+    except (SystemCheckpointError, OSError) as e:
+        raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
+
+
+class SavedConfigError(Exception):
+    """The config saved in ``--checkpoint`` cannot be used (:func:`checkpoint_config`'s message).
+
+    Raised while the flags are defined, so deliberately not a ValueError: ``cli.parse_flags``
+    reports a ValueError raised there as a bad config override; this one is reported as it is.
+    """
+
+
+def _config_given(argv: Sequence[str]) -> bool:
+    return any(re.match(r"^--?config(=|$)", a) for a in argv[1:])
+
+
+def game_flags(define: Callable[[object], None] | None = None,
+               exclude: Sequence[str] = ()) -> Callable[[object, list[str]], None]:
+    """The ``define(fv, argv)`` of a game command for ``cli.parse_flags`` / ``cli.run_command``.
+
+    Defines :func:`common_flags` (less the names in ``exclude``; the web app has no ``overwrite``),
+    ``define(fv)``'s own flags and ``--config``: ``config_flags.DEFINE_config_file`` of ``--config=FILE``
+    or configs/tiny.py; without ``--config`` but with ``--checkpoint DIR`` the config saved in the
+    checkpoint (``config_flags.DEFINE_config_dict``), read after :func:`checkpoint_config`'s check.
+
+    The returned function raises :class:`SavedConfigError` for a checkpoint whose config cannot be
+    read.
+    """
+
+    def own(fv) -> None:
+        if define is not None:
+            define(fv)
+        common_flags(fv)
+        for name in exclude:
+            delattr(fv, name)
+
+    def define_all(fv, argv: list[str]) -> None:
+        own(fv)
+        saved = None
+        if not _config_given(argv) and not any(a in cli.HELP_ARGS for a in argv[1:]):
+            probe = flags.FlagValues()  # only to read --checkpoint / --verify_checkpoint before --config exists
+            own(probe)
+            try:
+                probe(argv, known_only=True)
+            except flags.Error:
+                pass  # reported by the full parse
+            else:
+                if probe.checkpoint:
+                    try:
+                        saved = checkpoint_config(probe.checkpoint, probe.verify_checkpoint)
+                    except ConfigError as e:
+                        raise SavedConfigError(str(e)) from None
+        if saved is not None:
+            config_flags.DEFINE_config_dict("config", saved, CONFIG_HELP, flag_values=fv, lock_config=False,
+                                            sys_argv=argv)
+        else:
+            config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), CONFIG_HELP,
+                                            flag_values=fv, lock_config=False, sys_argv=argv)
+
+    return define_all
+
+
+def game_config(f):
+    """The parsed ``--config`` of flag values ``f`` with ``--mode`` applied to ``game.mode``."""
+    config = f.config
+    if f.mode:
+        config.game.mode = f.mode
+    return config
+
+
+def parse_game_flags(prog: str, argv: Sequence[str], define: Callable[[object], None] | None = None, doc: str = "",
+                     exclude: Sequence[str] = ()):
+    """Parses a game command line (:func:`game_flags`).
+
+    Args:
+      prog: program name shown in errors; argv: the arguments after it; define: the command's own
+        flags; doc: printed by ``--help``; exclude: names of :func:`common_flags` the command does not
+        take (the web app: ``overwrite``).
+
+    Returns:
+      (flag values, positional arguments, config with ``--mode`` applied).
+
+    Raises:
+      cli.UsageError: an unknown flag or config key, a bad value. ConfigError: a missing or damaged
+        checkpoint whose config was to be used. SystemExit(0): ``--help`` (printed).
+    """
+    try:
+        f, rest = cli.parse_flags([prog, *argv], game_flags(define, exclude), doc)
+    except SavedConfigError as e:
+        raise ConfigError(str(e)) from None
+    return f, rest, game_config(f)
+
+
+def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[object], None] | None, doc: str,
+                     body: Callable[..., int], exclude: Sequence[str] = ()) -> int:
+    """The ``main(argv)`` of a game command: ``cli.run_command`` with :func:`game_flags`.
+
+    Args:
+      prog, doc: as for ``cli.run_command``; argv: the arguments after the program (None:
+        ``sys.argv[1:]``); define, exclude: as for :func:`game_flags`.
+      body: ``(flag values, config, *positional) -> exit status``; the config has ``--mode`` applied.
+
+    Returns:
+      ``body``'s exit status, or 2 after one ``error: ...`` line on stderr for a bad command line,
+      a bad checkpoint or any of :data:`CLI_ERRORS` raised by ``body``.
+    """
+    return cli.run_command(prog, argv, game_flags(define, exclude), doc, None,
+                           lambda f, *rest: body(f, game_config(f), *rest), errors=(*CLI_ERRORS, SavedConfigError))
+
+
+def setup_jax() -> None:
+    """Process-wide JAX settings of the game commands.
+
+    ``jax_threefry_partitionable`` off: with it on (this JAX's default) every program that draws
+    random numbers compiles threefry much more slowly on a CPU. Only the bit stream changes; a given
+    seed still gives identical outputs run after run.
+    """
+    jax.config.update("jax_threefry_partitionable", False)

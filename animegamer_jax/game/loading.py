@@ -1,0 +1,126 @@
+"""Loading the :class:`~animegamer_jax.game.api.GameSystem` a command plays with.
+
+``--checkpoint DIR``: every component from one system checkpoint directory
+(docs/design.md#one-checkpoint-directory-for-a-whole-system), wrapped by game/real_system.py.
+``--standin``: the clearly-labelled random stand-in (game/standin_system.py), for when no
+checkpoint exists. ``--demo`` without a checkpoint: the real networks, randomly initialised.
+"""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from animegamer_jax import paths
+from animegamer_jax.checkpoint import (CheckpointIntegrityError, SystemCheckpointError, checkpoint_identity,
+                                       load_system, read_manifest, verify_checkpoint)
+from animegamer_jax.game.api import GameSystem
+from animegamer_jax.game.real_system import build_real_system
+from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.models.registry import COMPONENT_BUILDERS
+
+#: components a game needs from the checkpoint (clip/t5 only build E_a's uncond embedding)
+REQUIRED_COMPONENTS = ("mllm", "dit", "shot_encoder", "vae")
+
+
+class CheckpointError(ValueError):
+    """A system checkpoint that is missing, incomplete or does not match the config."""
+
+
+def _standin_decode(config):
+    st = build_standin(config)
+    return lambda latents: st.decode(st.params, latents)
+
+
+def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False,
+                     verify: str = "fast") -> GameSystem:
+    """Loads every component from ``checkpoint`` and wraps them as per-turn functions.
+
+    Args:
+      checkpoint: a directory written by ``save_system``.
+      config: the run config (component shapes must match the saved arrays).
+      mesh: where to place the weights (default: one device).
+      standin_vae: decode with the random stand-in decoder instead of a ``vae`` component (for
+        builds without the VAE network); the system label says so.
+      verify: integrity check of the checkpoint's files first (``checkpoint.verify_checkpoint``): ``"fast"``
+        or ``"full"``.
+
+    Raises:
+      CheckpointError: missing directory, a missing, truncated or damaged file (named), or a
+        missing component (named); always one line.
+    """
+    if not paths.isdir(checkpoint):
+        raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
+                              f"written by save_system (or use --standin for a random stand-in)")
+    try:
+        verify_checkpoint(checkpoint, verify)
+        identity = checkpoint_identity(checkpoint)
+    except SystemCheckpointError as e:
+        raise CheckpointError(str(e)) from None
+    try:
+        manifest = read_manifest(checkpoint)
+    except CheckpointIntegrityError as e:
+        raise CheckpointError(str(e)) from None
+    except (SystemCheckpointError, FileNotFoundError, OSError) as e:
+        raise CheckpointError(f"{checkpoint!r} is not a system checkpoint: {e}") from None
+    need = [c for c in REQUIRED_COMPONENTS if not (standin_vae and c == "vae")]
+    missing = [c for c in need if c not in manifest["components"]]
+    if missing:
+        raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing} (it holds "
+                              f"{manifest['components']}); a game needs {need}. Fix: save all of them "
+                              f"with save_system")
+    try:
+        components = load_system(checkpoint, config, mesh=mesh, names=need, verify=None)
+    except CheckpointIntegrityError as e:
+        raise CheckpointError(str(e)) from None
+    except SystemCheckpointError as e:
+        raise CheckpointError(f"checkpoint {checkpoint!r} does not match config {config.name!r}: {e}") from None
+    label = f"checkpoint {checkpoint}"
+    if standin_vae:
+        label += " (VAE: random stand-in decoder, NOT the CogVideoX VAE)"
+    system = build_real_system(components, config, label=label,
+                               decode_fn=_standin_decode(config) if standin_vae else None)
+    system.identity = identity
+    system.description = str(manifest.get("description") or "")
+    return system
+
+
+def build_random_system(config, seed: int = 0) -> GameSystem:
+    """The real networks at ``config`` sizes, randomly initialised (untrained), in one jitted init.
+
+    The label says so.
+    """
+
+    @jax.jit
+    def init():
+        # one compiled init instead of one eager PRNG op per parameter
+        mods = {name: COMPONENT_BUILDERS[name](config, nnx.Rngs(seed + i))
+                for i, name in enumerate(("mllm", "dit", "shot_encoder", "vae"))}
+        return {k: nnx.split(m) for k, m in mods.items()}
+
+    split = init()
+    comps = {k: nnx.merge(g, s) for k, (g, s) in split.items()}
+    label = (f"RANDOMLY INITIALISED {config.name} system (untrained MLLM, DiT, E_a and VAE; seed {seed}); "
+             f"no trained checkpoint was found")
+    return build_real_system(comps, config, label=label)
+
+
+def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=None,
+                   random_fallback: bool = False, standin_vae: bool = False, verify: str = "fast") -> GameSystem:
+    """Picks the system a command plays.
+
+    ``standin`` -> the random stand-in; else the checkpoint (argument or ``config.game.checkpoint``);
+    with ``random_fallback`` (the demo) a missing checkpoint gives :func:`build_random_system`.
+
+    Raises:
+      CheckpointError: no checkpoint given (and no fallback), or a bad checkpoint.
+    """
+    if standin:
+        return build_standin(config, seed=int(config.seed))
+    ckpt = paths.resource(checkpoint or config.game.checkpoint)
+    if random_fallback and (not ckpt or not paths.isdir(ckpt)):
+        return build_random_system(config, seed=int(config.seed))
+    if not ckpt:
+        raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "
+                              "or --standin to play a random, untrained stand-in")
+    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae, verify=verify)

@@ -1,0 +1,82 @@
+"""The component builders: one function per network of a system, from the full config.
+
+``COMPONENT_BUILDERS[name](config, rngs) -> nnx.Module`` builds the module a system checkpoint's
+component ``name`` is restored into (animegamer_jax.checkpoint) and the module training starts
+from (animegamer_jax.train). Each builder takes the whole ``ml_collections`` config and picks its
+own sections; shapes follow the config only, so ``nnx.eval_shape(lambda: build(config,
+nnx.Rngs(0)))`` gives the abstract state without allocating it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ml_collections
+from flax import nnx
+
+from animegamer_jax.models.clip.model import CLIP
+from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
+from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
+from animegamer_jax.models.mistral.mllm import GameStateMLLM
+from animegamer_jax.models.shot_encoder.model import ShotEncoder
+from animegamer_jax.models.t5.model import T5Encoder
+
+Builder = Callable[[ml_collections.ConfigDict, nnx.Rngs], nnx.Module]
+
+
+def build_mllm(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The game-state MLLM (``GameStateMLLM``) from ``config.mllm`` and ``config.rep``."""
+    return GameStateMLLM.from_config(config, rngs=rngs)
+
+
+def build_dit(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The video DiT from ``config.dit``; its text prefix is the ``rep.num_text_tokens +
+    rep.num_image_tokens`` tokens of the representation s_a."""
+    cfg = DiTConfig.from_config(config.dit,
+                                text_length=int(config.rep.num_text_tokens + config.rep.num_image_tokens))
+    return CogVideoXDiT(cfg, rngs=rngs)
+
+
+def build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The 3-D causal VAE from ``config.vae``."""
+    return CogVideoXVAE.from_config(config.vae, rngs=rngs)
+
+
+def build_shot_encoder(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The shot encoder E_a from ``config.shot_encoder`` and ``config.rep``."""
+    return ShotEncoder.from_config(config, rngs=rngs)
+
+
+def build_clip(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """CLIP from ``config.clip``."""
+    return CLIP.from_config(config.clip, rngs=rngs)
+
+
+def build_t5(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The T5 encoder from ``config.t5``."""
+    return T5Encoder.from_config(config.t5, rngs=rngs)
+
+
+#: component name -> builder(config, rngs) -> module (the full config in; each builder picks its sections)
+COMPONENT_BUILDERS: dict[str, Builder] = {
+    "mllm": build_mllm,
+    "dit": build_dit,
+    "vae": build_vae,
+    "shot_encoder": build_shot_encoder,
+    "clip": build_clip,
+    "t5": build_t5,
+}
+
+#: the component names of a whole system, in the order above
+COMPONENTS: tuple[str, ...] = tuple(COMPONENT_BUILDERS)
+
+
+def build_component(name: str, config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """Builds component ``name`` from the full config.
+
+    Raises:
+      KeyError: ``name`` has no builder (the message lists the known ones).
+    """
+    if name not in COMPONENT_BUILDERS:
+        raise KeyError(f"no builder for component {name!r}; known: {sorted(COMPONENT_BUILDERS)}")
+    return COMPONENT_BUILDERS[name](config, rngs)

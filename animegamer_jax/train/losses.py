@@ -1,0 +1,233 @@
+"""The losses of the training phases (paper §3.2, App. C.1; docs/training.md), traced inside the jitted step.
+
+Every loss is ``loss(model, batch, rng, config) -> (scalar, {metric: scalar})`` where ``model`` holds
+the phase's components as attributes (``train.model.TrainModel``) and ``batch`` is what
+``train.batches.BatchBuilder`` builds (its docstring lists the keys and shapes).
+
+| phase  | loss                                         |
+|--------|----------------------------------------------|
+| a1, a2 | :func:`decoder_loss`: v-MSE, DiT conditioned on E_a |
+| b      | :func:`mllm_loss`: CE + alpha MSE            |
+| c      | :func:`adaptation_loss`: v-MSE, DiT conditioned on the MLLM's s_a |
+| vae    | :func:`vae_loss`: L1 + MSE + KL              |
+
+Diffusion loss (docs/diffusion.md#training-loss): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``,
+MSE on v (equal to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features
+-> zeros with ``diffusion.text_dropout`` and, independently, ``diffusion.text_ucg_rate``, CLIP features
+-> zeros with ``diffusion.image_dropout`` (so the learnt uncond is E_a of zeros,
+docs/encoders.md#unconditional-embedding); in phase c the MLLM representation is replaced by that
+uncond with ``diffusion.text_dropout``.
+
+Phase b targets (docs/mllm.md#losses): the target turn's s_a = E_a(T5(action), CLIP(first frame)) from
+the frozen (phase-a-trained) shot encoder; history slots carry the history turns' E_a representations
+(teacher forcing; at play time they are the MLLM's own predictions).
+
+Phase "vae" is not in the paper (AnimeGamer starts from the released CogVideoX VAE): it trains the
+VAE as a KL-regularized autoencoder (:func:`vae_loss`) under a clip-size curriculum
+(``train.vae_curriculum``, ``train.batches.vae_stage``) so that toy configs (configs/tiny.py) get a
+VAE whose latents show their footage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from animegamer_jax.diffusion import guidance, schedules
+from animegamer_jax.diffusion import losses as diffusion_losses
+from animegamer_jax.models.cogvideox import vae_tiling
+
+#: ``(model, batch, rng, config) -> (loss [], {metric name: []})``
+LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array, ml_collections.ConfigDict],
+                  tuple[jax.Array, dict[str, jax.Array]]]
+
+
+def _encode_features(model: nnx.Module, batch: Mapping[str, jax.Array], prefix: str = ""
+                     ) -> tuple[jax.Array, jax.Array]:
+    """Frozen T5 / CLIP features f_md [..., Lt, Dt] and f_v [..., P, Dv] of a batch.
+
+    Uses precomputed ``{prefix}f_md`` / ``{prefix}f_v`` when the batch has them (data/extract_features),
+    else runs the frozen encoders on ``{prefix}t5_ids`` [..., Lt] and ``{prefix}first_frame``
+    [..., H, W, 3] (leading dims are flattened for the encoders and restored).
+    """
+    if prefix + "f_md" in batch:
+        return batch[prefix + "f_md"], batch[prefix + "f_v"]
+    ids, frames = batch[prefix + "t5_ids"], batch[prefix + "first_frame"]
+    lead = ids.shape[:-1]
+    f_md = model.t5(ids.reshape((-1, ids.shape[-1])))
+    f_v = model.clip.visual.encode_reference(frames.reshape((-1,) + frames.shape[-3:]))
+    f_md = f_md.reshape(lead + f_md.shape[1:])
+    f_v = f_v.reshape(lead + f_v.shape[1:])
+    return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
+
+
+def ea_representation(model: Any, batch: Mapping[str, jax.Array], prefix: str = "") -> jax.Array:
+    """E_a's action-aware representation s_a [..., Q, rep_dim] (paper Sec. 3.2; the shot encoder's
+    dtype, float32 at tiny size) of a batch's ``{prefix}t5_ids`` [..., Lt] + ``{prefix}first_frame``
+    [..., H, W, 3] in [-1, 1] (or precomputed ``{prefix}f_md`` / ``{prefix}f_v``; leading dims, e.g.
+    [B] or [B, M] turns, are kept): the frozen T5 / CLIP features through ``model.shot_encoder``.
+    ``model`` is any module with ``shot_encoder`` (and ``t5`` / ``clip`` for raw batches)."""
+    f_md, f_v = _encode_features(model, batch, prefix)
+    lead = f_md.shape[:-2]
+    reps = model.shot_encoder(f_md.reshape((-1,) + f_md.shape[-2:]), f_v.reshape((-1,) + f_v.shape[-2:]))
+    return reps.reshape(lead + reps.shape[1:])
+
+
+def _latents(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
+             key: jax.Array) -> jax.Array:
+    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames [B, T, H, W, 3]
+    (frozen VAE; ``z = scaling_factor * sample(q(z|x))`` as SAT's ``encode_first_stage``,
+    docs/diffusion.md#latent-scale).
+
+    Raises:
+      ValueError: no ``latents`` in the batch and no VAE in the model.
+    """
+    if "latents" in batch:
+        return batch["latents"].astype(jnp.float32)
+    if not hasattr(model, "vae"):
+        raise ValueError("batch has no 'latents' and the train model has no VAE (train.encode_latents=False)")
+    z = model.vae.encode(batch["frames"]).sample(key) * float(config.vae.scaling_factor)
+    return jax.lax.stop_gradient(z.astype(jnp.float32))
+
+
+def _diffusion_loss(model: nnx.Module, cond: jax.Array, x0: jax.Array, flow: jax.Array, key: jax.Array,
+                    schedule: schedules.DiffusionSchedule) -> jax.Array:
+    """v-prediction MSE of ``model.dit`` at uniform random timesteps (docs/diffusion.md#training-loss)."""
+    inputs = diffusion_losses.training_inputs(key, x0, schedule)
+    v = model.dit(inputs["x_t"], cond, inputs["timesteps"], flow)
+    return diffusion_losses.v_prediction_loss(v, x0, inputs["noise"], inputs["a"])
+
+
+def decoder_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+                 config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
+    k_t, k_i, k_n, k_z, k_u = jax.random.split(rng, 5)
+    f_md, f_v = _encode_features(model, batch)
+    f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
+    # The release also zeroes T5 features per sample at the conditioner's ucg_rate, independently
+    # (docs/diffusion.md#training-loss): 1 - (1 - text_dropout) (1 - text_ucg_rate) of the samples
+    # train the text-free branch.
+    f_md, drop_u = guidance.cfg_dropout(k_u, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_ucg_rate)
+    drop_t = drop_t | drop_u
+    f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
+    cond = model.shot_encoder(f_md, f_v)
+    x0 = _latents(model, batch, config, k_z)
+    schedule = schedules.DiffusionSchedule.from_config(config.diffusion)
+    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedule)
+    return loss, {"v_mse": loss, "text_dropped": jnp.mean(drop_t), "image_dropped": jnp.mean(drop_i)}
+
+
+def _turn_reps(model: nnx.Module, batch: Mapping[str, jax.Array]) -> jax.Array:
+    """E_a representation of every turn: [B, M, Q, rep_dim] (frozen shot encoder)."""
+    return jax.lax.stop_gradient(ea_representation(model, batch, "turn_"))
+
+
+def _mllm_batch(model: nnx.Module, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """The MLLM's inputs of a turns batch: its token arrays plus ``target_reps`` [B, Q, D] (the target
+    turn's E_a representation) and ``history_reps`` [B, W-1, Q, D] (the history turns')."""
+    reps = _turn_reps(model, batch)
+
+    def take(idx: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(reps, idx.reshape(idx.shape + (1, 1)), axis=1)
+
+    out = {k: batch[k] for k in ("input_ids", "gen_mask", "cmp_mask", "padding_mask", "labels", "turn_ids")
+           if k in batch}
+    out["target_reps"] = take(batch["target_turn"][:, None])[:, 0]
+    out["history_reps"] = take(batch["history_turns"])
+    return out
+
+
+def mllm_representation(model: nnx.Module, mllm_batch: Mapping[str, jax.Array]) -> jax.Array:
+    """The MLLM's predicted s_a [B, Q, D] (query read-out, no logits) for :func:`_mllm_batch`'s output."""
+    return model.mllm(mllm_batch["input_ids"], gen_mask=mllm_batch["gen_mask"], cmp_mask=mllm_batch["cmp_mask"],
+                      history_reps=mllm_batch["history_reps"], padding_mask=mllm_batch["padding_mask"],
+                      return_logits=False, turn_ids=mllm_batch.get("turn_ids")).rep
+
+
+def mllm_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+              config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase b: ``lm_loss_scale CE + rec_loss_scale MSE (+ cos)`` of the MLLM (docs/mllm.md#losses)."""
+    total, parts = model.mllm.loss(_mllm_batch(model, batch), dropout_rng=rng)
+    return total, {k: v for k, v in parts.items() if k != "loss"}
+
+
+def adaptation_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+                    config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase c: the frozen MLLM's predicted s_a (query read-out) conditions the DiT; v-prediction MSE."""
+    k_d, k_n, k_z = jax.random.split(rng, 3)
+    mb = _mllm_batch(model, batch)
+    rep = jax.lax.stop_gradient(mllm_representation(model, mb))
+    uncond = jax.lax.stop_gradient(model.shot_encoder.uncond(1)).astype(rep.dtype)
+    cond, dropped = guidance.cfg_dropout(k_d, rep, uncond, config.diffusion.text_dropout)
+    x0 = _latents(model, batch, config, k_z)
+    schedule = schedules.DiffusionSchedule.from_config(config.diffusion)
+    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedule)
+    rep_mse = jnp.mean((rep.astype(jnp.float32) - mb["target_reps"].astype(jnp.float32)) ** 2)
+    return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
+
+
+def vae_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
+    """Decode chunk plan giving back ``1 + 4 (T_lat - 1)`` frames: the release plan (3, 2, 2, ...)
+    (docs/vae.md#chunked-decoding), or one chunk for 1 or 3 latents.
+
+    Raises:
+      ValueError: ``T_lat == 2`` (2 latents decode to 8 or 2 frames, never 5: train on 1, 9 or 17 frames).
+    """
+    if num_latent_frames == 2:
+        raise ValueError("2 latent frames (5 video frames) have no decode plan that returns 5 frames; "
+                         "use clips of 1, 9 or 17 frames (train.vae_curriculum)")
+    return vae_tiling.release_decode_plan(num_latent_frames)
+
+
+def vae_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+             config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase "vae": the 3D causal VAE as a KL-regularized autoencoder on ``frames`` [B, T, H, W, 3] in [-1, 1].
+
+    ``L = mean|x - D(z)| + w_mse mean (x - D(z))^2 + w_kl sum KL(q(z|x) || N(0, I)) / (B H W T 3)``
+    with ``z ~ q(z|x)`` (reparameterized) decoded by :func:`vae_decode_plan`. The L1 and KL terms and
+    the KL weight's meaning (per-sample sums, as LDM's ``LPIPSWithDiscriminator`` and the CogVideoX
+    SAT VAE loss, weight 1e-6) follow the CogVideoX recipe; its LPIPS and GAN terms need pretrained
+    or extra networks and are left out; the MSE term (``train.vae_mse_weight``) pushes PSNR directly.
+    Metrics: l1, mse, psnr (dB, frames mapped to [0, 1]), kl (per latent element), latent_std.
+    """
+    x = batch["frames"].astype(jnp.float32)
+    post = model.vae.encode(x)
+    z = post.sample(rng)
+    recon = model.vae.decode(z, vae_decode_plan(z.shape[1])).astype(jnp.float32)
+    err = recon - x
+    l1 = jnp.mean(jnp.abs(err))
+    mse = jnp.mean(err ** 2)
+    mean, logvar = post.mean.astype(jnp.float32), post.logvar.astype(jnp.float32)
+    kl_el = 0.5 * (mean ** 2 + jnp.exp(logvar) - 1.0 - logvar)
+    kl_per_pixel = jnp.sum(kl_el) / x.size
+    t = config.train
+    loss = l1 + float(t.vae_mse_weight) * mse + float(t.vae_kl_weight) * kl_per_pixel
+    psnr = 10.0 * jnp.log10(4.0 / jnp.maximum(mse, 1e-10))  # peak-to-peak 2 in [-1, 1] = 1 in [0, 1]
+    return loss, {"l1": l1, "mse": mse, "psnr": psnr, "kl": jnp.mean(kl_el), "latent_std": jnp.std(mean)}
+
+
+def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray]]) -> float:
+    """``1 / std`` of the posterior means of ``batches`` (``frames`` [B, T, H, W, 3] in [-1, 1]): the
+    latent scale that gives the DiT unit-variance latents, found as LDM / CogVideoX found theirs
+    (the std of a batch of latents; CogVideoX's is 1.15258426, docs/diffusion.md#latent-scale).
+
+    Raises:
+      ValueError: a std that is not finite and positive (a broken VAE).
+    """
+    enc = nnx.jit(lambda m, x: m.encode(x).mean)
+    means = [np.asarray(jax.device_get(enc(vae, jnp.asarray(b["frames"])))).ravel() for b in batches]
+    std = float(np.std(np.concatenate(means)))
+    if not np.isfinite(std) or std <= 0:
+        raise ValueError(f"latent std is {std}; the VAE is broken (retrain it)")
+    return 1.0 / std
+
+
+#: the loss of each phase
+LOSSES: dict[str, LossFn] = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss,
+                             "vae": vae_loss}

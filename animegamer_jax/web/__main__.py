@@ -1,0 +1,88 @@
+"""Play in the browser: a local web app over the game engine (one model, many browser sessions).
+
+Usage::
+
+    python -m animegamer_jax.web --checkpoint checkpoints/tiny_system            # http://127.0.0.1:7860/
+    python -m animegamer_jax.web --checkpoint DIR --port 8080 --host 0.0.0.0 --out /data/games
+    python -m animegamer_jax.web --standin                                       # random stand-in system
+    python -m animegamer_jax.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
+    python -m animegamer_jax.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
+
+(``python -m animegamer_jax.serve`` and the ``animegamer-serve`` console script run the same command.)
+
+The page has character / motion / background fields (or one whole instruction line), Generate,
+Undo and Restart, the current clip in a video player (its frames shown as the VAE decodes them),
+the meters as bars with this turn's changes, the history strip and a download of the game folder.
+Every turn is the ``play`` command's engine step, and the game is saved after every turn in the
+``play`` layout (``<out>/<game_id>/``, game/writers.py). The server binds to loopback unless
+``--host`` says otherwise; it has no authentication, so expose it only on networks you trust.
+Implementation: server.py (sessions, queue, worker), app.py (the routes).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags, logging
+
+from animegamer_jax.cli import UsageError, quiet_logs
+from animegamer_jax.game.flags import run_game_command
+from animegamer_jax.web.app import create_app
+from animegamer_jax.web.server import build_server
+
+
+def define_flags(fv) -> None:
+    """The web app's own flags on ``fv``, next to game/flags.py's ``common_flags`` (less ``--overwrite``)
+    and ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
+    ``--config.a.b=v`` overrides a field of either)."""
+    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", flag_values=fv)
+    flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).", flag_values=fv)
+    flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
+    flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "
+                      "player does not wait for compilation (--nowarmup: compile on the first turn).", flag_values=fv)
+    flags.DEFINE_integer("verbosity", -1, "Log level: -1 = warnings only (default), 0 = INFO of every library "
+                         "(orbax's per-array restore lines ...).", flag_values=fv)
+
+
+def _serve(f, config, *rest: str) -> int:
+    """Serves the game of the parsed command line until Ctrl-C; returns 0.
+
+    Raises:
+      UsageError: a positional argument; any of game/flags.py's ``CLI_ERRORS`` (a bad checkpoint, an
+        output folder that is not writable).
+    """
+    import uvicorn  # optional
+
+    if rest:
+        raise UsageError(f"unexpected arguments {list(rest)}; the web app takes flags only")
+    quiet_logs(f.verbosity)
+    logging.set_verbosity(f.verbosity)
+    server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
+                          random_fallback=f.demo)
+    print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
+          f"games in {server.out_dir}/", flush=True)
+    if f.warmup:
+        print("compiling (one throwaway turn)...", flush=True)
+        print(f"ready after {server.warmup():.1f} s", flush=True)
+    server.start()
+    print(f"serving on http://{f.host}:{f.port}/ (Ctrl-C stops)", flush=True)
+    try:
+        uvicorn.run(create_app(server), host=f.host, port=f.port, log_level="warning")
+    finally:
+        server.stop(timeout=5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serves the game of ``argv`` (flags only) until Ctrl-C; returns the exit status (2 with a
+    one-line message on bad input)."""
+    return run_game_command("animegamer-serve", argv, define_flags, __doc__, _serve, exclude=("overwrite",))
+
+
+def cli() -> None:
+    """Console script ``animegamer-serve``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

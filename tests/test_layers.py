@@ -1,0 +1,195 @@
+"""The package's import graph is a layered DAG (docs/design.md "Layers").
+
+Three checks, each reporting every violation it finds:
+
+- the import-linter contract of pyproject.toml (``[tool.importlinter]``: the layer table, a module
+  imports only from its own layer or below, and siblings joined by "|" not each other), run through
+  import-linter's own entry point (the same check as ``lint-imports``);
+- no import cycle between the package's modules (grimp's graph, which counts imports inside
+  functions too): every strongly connected component has one module;
+- imports inside functions only of optional heavy third-party modules (:data:`OPTIONAL_HEAVY`),
+  each with a trailing comment that says why (``import torch  # optional``).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import sys
+import tokenize
+import tomllib
+from collections.abc import Iterator, Mapping, Set
+
+import grimp
+from importlinter import cli as importlinter_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = "animegamer_jax"
+PYPROJECT = os.path.join(ROOT, "pyproject.toml")
+
+#: third-party modules that may be imported inside a function: optional extras (pyproject.toml
+#: ``torch``, ``serve``, ``test``) or heavy libraries only one code path needs
+OPTIONAL_HEAVY = ("torch", "torchvision", "transformers", "diffusers", "peft", "safetensors.torch", "selenium",
+                  "uvicorn", "starlette", "cv2", "av", "tensorflow", "tensorflow_datasets", "apache_beam", "skvideo",
+                  "scenedetect")
+
+
+def test_import_linter_contract(capsys):
+    with open(PYPROJECT, "rb") as f:
+        tool = tomllib.load(f).get("tool", {})
+    assert "importlinter" in tool, "pyproject.toml has no [tool.importlinter] section (the layer contract)"
+    assert tool["importlinter"].get("contracts"), "[tool.importlinter] defines no contract"
+    sys.path.insert(0, ROOT)  # import-linter reads the package from sys.path
+    try:
+        rc = importlinter_cli.lint_imports(config_filename=PYPROJECT, no_cache=True, no_logo=True)
+    finally:
+        sys.path.remove(ROOT)
+    report = capsys.readouterr().out
+    assert rc == 0, f"the layer contract is broken:\n{report}"
+
+
+def strongly_connected_components(graph: Mapping[str, Set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm (iterative): the strongly connected components of ``graph`` (node -> the
+    nodes it has an edge to), each sorted, in no particular order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in graph:
+                    continue
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    out.append(sorted(component))
+    return out
+
+
+def test_strongly_connected_components():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e", "d"}}
+    assert sorted(strongly_connected_components(graph)) == [["a", "b", "c"], ["d"], ["e"]]
+
+
+def test_no_import_cycles():
+    sys.path.insert(0, ROOT)
+    try:
+        graph = grimp.build_graph(PACKAGE, cache_dir=None)
+    finally:
+        sys.path.remove(ROOT)
+    edges = {m: set(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+    cycles = sorted(c for c in strongly_connected_components(edges) if len(c) > 1)
+    lines = []
+    for c in cycles:
+        members = set(c)
+        lines.append(f"cycle of {len(c)} modules:")
+        for m in c:
+            for target in sorted(edges[m] & members):
+                detail = graph.get_import_details(importer=m, imported=target)
+                where = ", ".join(f"line {d['line_number']}" for d in detail) or "?"
+                lines.append(f"  {m} -> {target} ({where})")
+    assert not cycles, f"{len(cycles)} import cycle(s) in {PACKAGE}:\n" + "\n".join(lines)
+
+
+def _comment_lines(source: str) -> set[int]:
+    """Line numbers that hold a ``#`` comment (tokenize: not a ``#`` inside a string)."""
+    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT}
+
+
+def _function_imports(tree: ast.AST) -> Iterator[tuple[ast.Import | ast.ImportFrom, str]]:
+    """Every import statement inside a function (at any depth) and the function's name."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    yield sub, node.name
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:  # relative: the package itself
+        return ["." * node.level + (node.module or "")]
+    return [node.module or ""]
+
+
+def _optional_heavy(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in OPTIONAL_HEAVY)
+
+
+def local_import_violations(root: str) -> list[str]:
+    """``path:line: ...`` for every function-local import under ``root`` that is not of an
+    :data:`OPTIONAL_HEAVY` module with a trailing comment (each statement once: a nested function's
+    import is reported for its innermost function only)."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                source = f.read()
+            rel = os.path.relpath(path, ROOT)
+            comments = _comment_lines(source)
+            for node, func in _function_imports(ast.parse(source, path)):
+                modules = _imported(node)
+                commented = any(n in comments for n in range(node.lineno, (node.end_lineno or node.lineno) + 1))
+                if all(_optional_heavy(m) for m in modules):
+                    if commented:
+                        continue
+                    why = "optional import without a trailing reason comment"
+                else:
+                    why = "function-local import of a non-optional module"
+                out[(rel, node.lineno)] = f"{rel}:{node.lineno}: {why}: {ast.unparse(node)} (in {func}())"
+    return [out[k] for k in sorted(out)]
+
+
+def test_local_import_check_finds_what_it_should(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "import json\n\n\ndef f():\n    import torch  # optional\n    import cv2\n"
+        "    from animegamer_jax import paths\n    from . import sibling  # optional\n\n\n"
+        "def g():\n    import safetensors.torch  # optional\n    import numpy as np\n")
+    found = local_import_violations(str(tmp_path))
+    rel = os.path.relpath(str(tmp_path / "m.py"), ROOT)
+    assert found == [
+        f"{rel}:6: optional import without a trailing reason comment: import cv2 (in f())",
+        f"{rel}:7: function-local import of a non-optional module: from animegamer_jax import paths (in f())",
+        f"{rel}:8: function-local import of a non-optional module: from . import sibling (in f())",
+        f"{rel}:13: function-local import of a non-optional module: import numpy as np (in g())",
+    ]
+
+
+def test_function_local_imports_only_of_optional_heavy_modules():
+    found = local_import_violations(os.path.join(ROOT, PACKAGE))
+    assert not found, (f"{len(found)} function-local import(s) that belong at module level (or need a reason "
+                       f"comment):\n" + "\n".join(found))
