@@ -218,7 +218,9 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
         print(usage + (doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
         raise SystemExit(0)
     try:
-        rest = fv(argv)
+        rest = fv(argv)  # a config file without a default is read (and overridden) here
+    except (AttributeError, KeyError) as e:
+        raise _override_error(overrides, e) from None
     except flags.Error as e:
         raise UsageError(f"{e}. See --help") from None
     except OSError as e:

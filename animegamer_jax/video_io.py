@@ -53,10 +53,23 @@ def to_uint8(frames, value_range: tuple[float, float] = VAE_RANGE) -> np.ndarray
     return np.round(to_unit(x.astype(np.float32), value_range) * 255.0).astype(np.uint8)
 
 
-def from_uint8(frames, value_range: tuple[float, float] = VAE_RANGE) -> np.ndarray:
-    """uint8 frames -> float32 in ``value_range`` (default [-1, 1], the VAE encoder's input)."""
+def from_uint8(frames, value_range: tuple[float, float] = VAE_RANGE):
+    """uint8 pixels -> float32 ``x / 255 * (hi - lo) + lo`` in ``value_range`` (default [-1, 1], the VAE
+    encoder's and CLIP's input).
+
+    Args:
+      frames: a uint8 numpy or jax array of any shape (traceable: a jax array stays a jax array, so the
+        conversion can run inside a jitted program next to the network that reads it).
+      value_range: (lo, hi) of the output.
+
+    Returns:
+      float32 array of the same shape and array type.
+
+    Raises:
+      TypeError: ``frames`` is not uint8.
+    """
     lo, hi = value_range
-    x = np.asarray(frames)
+    x = frames if hasattr(frames, "astype") and not isinstance(frames, (list, tuple)) else np.asarray(frames)
     if x.dtype != np.uint8:
         raise TypeError(f"from_uint8 expects uint8 frames, got {x.dtype}")
     return x.astype(np.float32) / 255.0 * (hi - lo) + lo

@@ -36,7 +36,8 @@ from animegamer_jax.weights import load_state_dict  # noqa: E402
 from animegamer_jax.models import attention  # noqa: E402
 from animegamer_jax.models.cogvideox import dit_convert, vae_convert  # noqa: E402
 from animegamer_jax.models.cogvideox.dit import DiTConfig  # noqa: E402
-from animegamer_jax.models.cogvideox.vae import VAEConfig, diffusers_plan  # noqa: E402
+from animegamer_jax.models.cogvideox.vae import VAEConfig  # noqa: E402
+from animegamer_jax.models.cogvideox.vae_tiling import diffusers_plan  # noqa: E402
 from animegamer_jax.models.mistral import convert as mistral_convert  # noqa: E402
 from animegamer_jax.models.mistral import model as mistral_model  # noqa: E402
 from benchmarks.common import median_seconds  # noqa: E402

@@ -28,7 +28,8 @@ import torch
 from flax import nnx
 
 from animegamer_jax.models.cogvideox import vae as vae_lib
-from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig, count_params, diffusers_plan
+from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig, count_params
+from animegamer_jax.models.cogvideox.vae_tiling import diffusers_plan
 from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
 from benchmarks.common import median_seconds
 from configs import animegamer_2b_7b, tiny

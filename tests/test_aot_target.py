@@ -105,16 +105,17 @@ def test_splash_compiles_partitioned_under_fsdp():
 
 
 def test_vae_budget_and_decode_layout_follow_the_target():
-    from animegamer_jax.models.cogvideox import vae as vae_lib
+    from animegamer_jax.models.cogvideox import vae_tiling
+    from animegamer_jax.models.cogvideox.vae import VAEConfig
 
-    cfg = vae_lib.VAEConfig(dtype="bfloat16", tile_size=-1)
-    budget, src = vae_lib.device_decode_budget(cfg, tpu_devices("v6e-1")[0])
+    cfg = VAEConfig(dtype="bfloat16", tile_size=-1)
+    budget, src = vae_tiling.device_decode_budget(cfg, tpu_devices("v6e-1")[0])
     assert budget == 0.8 * 32 * 2**30 and "TPU v6 lite" in src
-    assert vae_lib.device_decode_budget(cfg, tpu_devices("v5e-4")[0])[0] == 0.8 * 16 * 2**30
+    assert vae_tiling.device_decode_budget(cfg, tpu_devices("v5e-4")[0])[0] == 0.8 * 16 * 2**30
     # the same latents tile on v5e (16 GiB) where a v5p (95 GiB) decodes them whole
     shape = (5, 60, 90)  # the paper's 17 frames at 480x720
-    t_v5e = vae_lib.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5e-4")[0])
-    t_v5p = vae_lib.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5p-8")[0])
+    t_v5e = vae_tiling.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5e-4")[0])
+    t_v5p = vae_tiling.resolve_decode_tiling(cfg, shape, device=tpu_devices("v5p-8")[0])
     assert t_v5p[0] > t_v5e[0] > 0, (t_v5e, t_v5p)  # larger tiles on the larger chip
 
 

@@ -325,13 +325,13 @@ def test_tokenize_turns(dataset):
 def test_mllm_targets_encode_the_action_text(dataset):
     """Phase b/c's s_a targets and history come from E_a(T5(action), CLIP(first frame)), the inputs E_a is
     trained on in phase a, not from T5 of the whole instruction (which the decoder never sees)."""
-    from animegamer_jax.train import phases
+    from animegamer_jax.train import batches
 
     cfg = tiny.get_config()
     ld = loader.make_loader(dataset, mode="turns", batch_size=2, seed=0, num_epochs=1, shard_index=0,
                             shard_count=1, include_frames=True)
     ex = next(iter(ld))
-    builder = phases.BatchBuilder(cfg, "b")
+    builder = batches.BatchBuilder(cfg, "b")
     batch = builder(ex)
     m = ex["states"].shape[1]
     for b in range(2):
@@ -349,7 +349,7 @@ def test_mllm_targets_encode_the_action_text(dataset):
 def test_stored_features_reach_every_phase(film, tmp_path):
     """A dataset whose records carry precomputed f_md / f_v (prepare's feature_fn) feeds them to the decoder
     phases (clips mode) and, per turn, to the MLLM phases (turns mode), with no T5 ids or first frames."""
-    from animegamer_jax.train import phases
+    from animegamer_jax.train import batches
 
     cfg = tiny.get_config()
     lt, dt, p, dv = cfg.t5.max_length, cfg.t5.d_model, cfg.rep.num_image_tokens, cfg.clip.vision_width
@@ -363,7 +363,7 @@ def test_stored_features_reach_every_phase(film, tmp_path):
     src = loader.ClipSource(out)
     clips_ex = next(iter(loader.make_loader(out, mode="clips", batch_size=2, seed=0, num_epochs=1,
                                             shard_index=0, shard_count=1)))
-    dec = phases.BatchBuilder(cfg, "a2")(clips_ex)
+    dec = batches.BatchBuilder(cfg, "a2")(clips_ex)
     assert "t5_ids" not in dec and "first_frame" not in dec
     for b in range(2):
         rec = src[int(clips_ex["index"][b])]
@@ -373,7 +373,7 @@ def test_stored_features_reach_every_phase(film, tmp_path):
                                             shard_index=0, shard_count=1, include_frames=True)))
     m = turns_ex["states"].shape[1]
     for phase in ("b", "c"):
-        batch = phases.BatchBuilder(cfg, phase)(turns_ex)
+        batch = batches.BatchBuilder(cfg, phase)(turns_ex)
         assert "turn_t5_ids" not in batch and "turn_first_frame" not in batch
         assert batch["turn_f_md"].shape == (2, m, lt, dt) and batch["turn_f_v"].shape == (2, m, p, dv)
         for b in range(2):
@@ -382,7 +382,7 @@ def test_stored_features_reach_every_phase(film, tmp_path):
                 np.testing.assert_array_equal(batch["turn_f_md"][b, k], rec["f_md"])
                 np.testing.assert_array_equal(batch["turn_f_v"][b, k], rec["f_v"])
     with pytest.raises(KeyError, match="stored feature 'f_md' but not 'f_v'"):
-        phases.BatchBuilder(cfg, "b")({k: v for k, v in turns_ex.items() if k != "f_v"})
+        batches.BatchBuilder(cfg, "b")({k: v for k, v in turns_ex.items() if k != "f_v"})
 
 
 _SHARD_SCRIPT = """

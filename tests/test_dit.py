@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax.convert.common import load_state_dict
+from animegamer_jax.weights import load_state_dict
 from animegamer_jax.models.cogvideox import dit_convert as conv
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.models import lora as lora_lib
@@ -500,7 +500,7 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
         from animegamer_jax import parallel
         from animegamer_jax.config import load_config
         from animegamer_jax.game.engine import apply_layout, apply_mode
-        from animegamer_jax.game.real import dit_sampler
+        from animegamer_jax.game.real_system import dit_sampler
         from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
         cfg = apply_mode(load_config("configs/tiny.py", [

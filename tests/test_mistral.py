@@ -16,7 +16,7 @@ from flax import nnx
 
 from animegamer_jax.models.mistral import convert as mistral_convert
 from animegamer_jax.models.mistral import model as mistral
-from animegamer_jax.convert.common import load_state_dict, restore_state, save_state
+from animegamer_jax.weights import load_state_dict, restore_state, save_state
 from animegamer_jax.models.lora import LoRAParam, merge_lora
 from tests.random_weights import random_model
 from tests.convert_checks import assert_names_bad_keys
@@ -244,7 +244,7 @@ _FULL_SIZE = textwrap.dedent(
     import numpy as np
     from flax import nnx
     from configs import animegamer_2b_7b
-    from animegamer_jax.convert.common import count_params
+    from animegamer_jax.weights import count_params
     from animegamer_jax.models.mistral import model as mistral
     from animegamer_jax.models.mistral.mllm import GameStateMLLM
     from animegamer_jax.parallel import mesh as parallel_mesh

@@ -13,7 +13,7 @@ from flax import nnx
 from animegamer_jax import mllm_tokenizer
 from animegamer_jax.convert import animegamer_mllm as convert_cli
 from animegamer_jax.models.mistral import mllm_convert
-from animegamer_jax.convert.common import ConversionError, restore_state
+from animegamer_jax.weights import ConversionError, restore_state
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral import mllm
 from animegamer_jax.train.model import trainable_filter

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from animegamer_jax.models.shot_encoder import convert as shot_encoder_convert
-from animegamer_jax.convert.common import ConversionError
+from animegamer_jax.weights import ConversionError
 from animegamer_jax.models.shot_encoder import model as shot_encoder_model
 
 CFG = shot_encoder_model.ShotEncoderConfig(dim=24, text_dim=16, image_dim=12, num_text_tokens=5, num_image_tokens=9)

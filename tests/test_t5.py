@@ -10,7 +10,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax.convert.common import restore_state
+from animegamer_jax.weights import restore_state
 from animegamer_jax.models.t5 import convert as t5_convert
 from animegamer_jax.models.t5 import model as t5_model
 from tests.convert_checks import assert_names_bad_keys

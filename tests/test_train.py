@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from animegamer_jax import parallel
-from animegamer_jax import system_checkpoint
+from animegamer_jax import checkpoint
 from animegamer_jax.train import loop, metrics, optim
 from configs import tiny
 from tests.subproc import run_processes, run_python
@@ -251,14 +251,14 @@ def test_system_checkpoint_roundtrip_and_mismatch(tmp_path):
     cfg = tiny.get_config()
     builders = {"dit": lambda c, r: Toy(r), "vae": lambda c, r: Toy(r)}
     comps = {"dit": Toy(nnx.Rngs(1)), "vae": Toy(nnx.Rngs(2))}
-    d = system_checkpoint.save_system(str(tmp_path / "sys"), comps, cfg)
-    with pytest.raises(system_checkpoint.SystemCheckpointError, match="exists"):
-        system_checkpoint.save_system(d, comps, cfg)
-    man = system_checkpoint.read_manifest(d)
+    d = checkpoint.save_system(str(tmp_path / "sys"), comps, cfg)
+    with pytest.raises(checkpoint.SystemCheckpointError, match="exists"):
+        checkpoint.save_system(d, comps, cfg)
+    man = checkpoint.read_manifest(d)
     assert man["components"] == ["dit", "vae"] and man["param_counts"]["dit"] == 64 + 128 + 64
-    assert system_checkpoint.load_config(d).dit.hidden_size == cfg.dit.hidden_size
-    assert system_checkpoint.load_config(d).sharding_rules == cfg.sharding_rules
-    out = system_checkpoint.load_system(d, builders=builders)
+    assert checkpoint.load_config(d).dit.hidden_size == cfg.dit.hidden_size
+    assert checkpoint.load_config(d).sharding_rules == cfg.sharding_rules
+    out = checkpoint.load_system(d, builders=builders)
     for name in comps:
         np.testing.assert_array_equal(np.asarray(out[name].w1[...]), np.asarray(comps[name].w1[...]))
 
@@ -268,11 +268,11 @@ def test_system_checkpoint_roundtrip_and_mismatch(tmp_path):
             self.w2 = nnx.Param(jnp.zeros((16, 5)))
             self.extra = nnx.Param(jnp.zeros(3))
 
-    with pytest.raises(system_checkpoint.SystemCheckpointError,
+    with pytest.raises(checkpoint.SystemCheckpointError,
                        match=r"missing keys \['extra'\].*mis-shaped \['w2: stored \(16, 4\) vs config \(16, 5\)'\]"):
-        system_checkpoint.load_system(d, names=["dit"], builders={"dit": lambda c, r: Wider(r)})
-    with pytest.raises(system_checkpoint.SystemCheckpointError, match=r"has no component\(s\) \['mllm'\]"):
-        system_checkpoint.load_system(d, names=["mllm"], builders=builders)
+        checkpoint.load_system(d, names=["dit"], builders={"dit": lambda c, r: Wider(r)})
+    with pytest.raises(checkpoint.SystemCheckpointError, match=r"has no component\(s\) \['mllm'\]"):
+        checkpoint.load_system(d, names=["mllm"], builders=builders)
 
 
 _SHARDED = TOY + r'''

@@ -238,7 +238,7 @@ def test_pipeline_config_errors(tmp_path):
 
 
 def test_run_phase_writes_vae_system_with_fitted_latent_scale(tmp_path):
-    from animegamer_jax import system_checkpoint
+    from animegamer_jax import checkpoint
     from animegamer_jax.train import pipeline
 
     cfg = _config()
@@ -256,9 +256,9 @@ def test_run_phase_writes_vae_system_with_fitted_latent_scale(tmp_path):
                                  compiler_options=FAST)
     finally:
         losses.latent_scaling_factor = fit
-    assert system_checkpoint.read_manifest(out)["components"] == ["vae"]
+    assert checkpoint.read_manifest(out)["components"] == ["vae"]
     assert len(seen) == 1 and np.isfinite(seen[0]) and seen[0] > 0
-    assert system_checkpoint.load_config(out).vae.scaling_factor == pytest.approx(seen[0])
+    assert checkpoint.load_config(out).vae.scaling_factor == pytest.approx(seen[0])
 
 
 def test_latent_scaling_factor_is_inverse_latent_std():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert.common import load_state_dict
+from animegamer_jax.weights import load_state_dict
 from animegamer_jax.models.cogvideox.vae_convert import build_vae, diffusers_to_state
 from animegamer_jax.models.cogvideox import vae_tiling
 from animegamer_jax.models.cogvideox.vae import VAEConfig, decode_latents, encode_video
@@ -246,7 +246,3 @@ def test_decode_tiling_from_device_memory():
     tile, plan, why = vae_tiling.resolve_decode_tiling(auto, shape, device=Dev({"bytes_limit": 141 * gib, "bytes_in_use": 0}))
     assert (tile, plan) == (0, (3, 2)) and "untiled" in why and "H200" in why
     assert vae_tiling.resolve_decode_tiling(VAEConfig(tile_size=16), shape)[:2] == (16, (3, 2))
-    # models.cogvideox.vae re-exports the planning names for one release
-    from animegamer_jax.models.cogvideox import vae
-
-    assert vae.resolve_decode_tiling is vae_tiling.resolve_decode_tiling and vae.chunk_plan is chunk_plan

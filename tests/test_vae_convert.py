@@ -8,7 +8,7 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.convert.common import ConversionError, load_state_dict, restore_state
+from animegamer_jax.weights import ConversionError, load_state_dict, restore_state
 from animegamer_jax.models.cogvideox.vae_convert import (
     build_vae,
     convert,

@@ -34,12 +34,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
 from animegamer_jax.diffusion import losses, samplers
-from animegamer_jax.game.engine import apply_mode
+from animegamer_jax.game.api import apply_mode
 from animegamer_jax.game.real_system import dit_sampler, vae_decoder
-from animegamer_jax.models.cogvideox import dit as dit_lib
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
+from animegamer_jax.train.model import trainable_filter
 
 
 def num_queries(cfg) -> int:
@@ -263,9 +263,9 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
     n = batch or int(cfg.train.global_batch_size)
     q, d = num_queries(cfg), int(cfg.rep.dim)
     if name == "train_a2_dit":
-        # trained set = LoRA + flow embedding + block adaLN (models/cogvideox/dit.py "joint")
+        # trained set = phase a2's paper set: LoRA + flow embedding + block adaLN (train/model.py)
         graphdef, params, rest = _split_train(b, lambda: build_dit(cfg, inference=False),
-                                              dit_lib.trainable_filter("joint"))
+                                              trainable_filter("a2", component="dit"))
 
         def dit_loss(model, batch):
             a = losses.a_of(batch["t"])
@@ -282,8 +282,9 @@ def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns
         return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
                      note=f"global batch {n}, remat {cfg.dit.remat}")
     if name == "train_b_mllm":
-        # trained set = LoRA + RMSNorms + embeddings (models/mistral/model.py trainable_filter)
-        graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False), mistral.trainable_filter)
+        # trained set = phase b's: LoRA + RMSNorms + embeddings (train/model.py)
+        graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False),
+                                              trainable_filter("b", component="mllm"))
 
         def mllm_loss(model, batch):
             logits = model(batch["ids"]).logits[:, :-1]

@@ -51,7 +51,7 @@ from ml_collections import config_flags
 from tqdm import tqdm
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import parallel, paths
+from animegamer_jax import parallel, paths, video_io
 from animegamer_jax.data.loader import ClipSource
 from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
@@ -154,9 +154,7 @@ class FeatureEncoder:
 
         @nnx.jit
         def run(clip, t5, frames, ids):
-            # uint8 -> [-1, 1] inside the jitted program: video_io.from_uint8 (numpy, on the host) rounds
-            # most of the 256 values differently from XLA's division, so the stored features would change
-            images = frames.astype(jnp.float32) / 127.5 - 1.0
+            images = video_io.from_uint8(frames)  # uint8 -> [-1, 1], inside the jitted program
             return clip.encode_reference(images).astype(jnp.float32), t5(ids).astype(jnp.float32)
 
         self._run = run

@@ -37,14 +37,14 @@ from flax import nnx
 from PIL import Image
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import fileio, paths
+from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import loader, storage
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import apply_mode
+from animegamer_jax.game.api import FRAME_RANGE, apply_mode
 from animegamer_jax.game.real_system import dit_sampler
 from animegamer_jax.models.cogvideox.dit import prepare_for_inference
 from animegamer_jax.train.batches import BatchBuilder
@@ -146,7 +146,7 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored,
            "dataset_clips": len(source), "dataset_films": sorted({f["film_id"] for f in source.index["films"]})}
     if keep_frames:
-        res["frames"] = [writers.to_uint8(f) for f in frames]
+        res["frames"] = [video_io.to_uint8(f, FRAME_RANGE) for f in frames]
     return res
 
 

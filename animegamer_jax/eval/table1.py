@@ -10,7 +10,7 @@ same seeds, same per-game outputs as ``generate``); optionally write each game's
 eval/metrics.py against the benchmark's ground truth and references; write ``report.json`` and
 ``report.md`` in ``<out>``.
 
-Metrics use the raw generated frames (float [0, 1] -> uint8, :func:`frames_to_uint8`), not the H.264
+Metrics use the raw generated frames (float [0, 1] -> uint8, ``video_io.to_uint8``), not the H.264
 files, so video compression does not leak into the scores. ``s/turn`` is the wall time of one turn of a batched
 engine call (MLLM + sampling + VAE, compilation excluded) divided by the number of games in the
 call, i.e. throughput per game; the latency of one batched call is reported beside it.
@@ -27,12 +27,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from animegamer_jax import paths
+from animegamer_jax import paths, video_io
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
 from animegamer_jax.eval.table1_games import Benchmark, load_benchmark
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import STAGES
+from animegamer_jax.game.api import FRAME_RANGE, STAGES
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import save_game
@@ -41,16 +41,6 @@ from animegamer_jax.game.standin_system import build_standin
 # The paper's AnimeGamer row of Table 1 (docs/evaluation.md#table-1), printed beside ours for reference.
 PAPER_ROW = {"CLIP-I": 0.8132, "DreamSim": 0.7403, "CLIP-T": 0.4161, "CLIP-T^E": 0.4012, "ACC-F": 0.6744,
              "MAE-F": 0.4238, "ACC-S": 0.6773, "MAE-S": 0.5872, "s/turn": 24.0}
-
-
-def frames_to_uint8(frames: np.ndarray) -> np.ndarray:
-    """Generated frames float [..., 3] in [0, 1] -> uint8 ``floor(255 * clip(x, 0, 1) + 0.5)`` in the
-    input's float dtype (uint8 input is returned as is). Not ``video_io.to_uint8``, which rounds halves
-    to even (``np.round``): the two differ by one at some inputs, which would change the scores."""
-    f = np.asarray(frames)
-    if f.dtype == np.uint8:
-        return f
-    return (np.clip(f, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
 def build_system(config, checkpoint: str = "", standin: bool = False):
@@ -118,7 +108,7 @@ def turn_results(bench: Benchmark, played: Sequence[PlayedGame]) -> dict[str, li
         for rnd, tr, tm in zip(game.rounds, p.result["turns"], p.result["timings"]):
             secs = (tm["mllm_s"] + tm["sampling_s"] + tm["vae_s"]) / max(1, p.batch)
             rows.append(metrics.TurnResult(
-                frames=frames_to_uint8(tr.frames), motion_text=rnd.turn.motion, background_text=rnd.turn.background,
+                frames=video_io.to_uint8(tr.frames, FRAME_RANGE), motion_text=rnd.turn.motion, background_text=rnd.turn.background,
                 characters=rnd.turn.characters, predicted_states=np.asarray(tr.states, np.int64),
                 target_states=np.asarray(rnd.states, np.int64), seconds=secs))
         out[p.game_id] = rows

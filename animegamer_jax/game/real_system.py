@@ -54,7 +54,7 @@ from animegamer_jax.game.api import GameSystem, apply_mode, flow_value
 from animegamer_jax.game.window import CachePlan, TurnKVCache, WindowSpec
 from animegamer_jax.models import attention
 from animegamer_jax.models.cogvideox import dit as dit_lib
-from animegamer_jax.models.cogvideox.vae import resolve_decode_tiling
+from animegamer_jax.models.cogvideox.vae_tiling import resolve_decode_tiling
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
 
@@ -331,7 +331,7 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None
 
     ``decode(p, latents [B, T, C, h, w] scaled) -> frames [B, F, H, W, 3]`` in [0, 1] with
     ``p["vae"]`` the VAE state: ``VAE_dec(latents / scaling_factor)``, tiled and chunked as
-    ``cogvideox_vae.resolve_decode_tiling`` decides (``vae.tile_size`` -1: from the device's memory
+    ``vae_tiling.resolve_decode_tiling`` decides (``vae.tile_size`` -1: from the device's memory
     and the frame's shards on the mesh, :func:`vae_spatial_shards`). Untiled, ``decode_chunk(p,
     latents_chunk, cache) -> (frames, cache)`` runs one chunk of ``decode_plan`` (streaming);
     tiled, both are None / (). ``decode.why`` says what was chosen. ``num_devices``: the mesh's

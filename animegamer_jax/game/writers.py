@@ -86,12 +86,6 @@ def _font(size: int) -> ImageFont.ImageFont:
         return ImageFont.load_default()
 
 
-def to_uint8(frames: np.ndarray) -> np.ndarray:
-    """Deprecated (removed next release): ``video_io.to_uint8(frames, FRAME_RANGE)``, float frames
-    in the engine's range [0, 1] or uint8 -> uint8."""
-    return video_io.to_uint8(frames, FRAME_RANGE)
-
-
 def draw_hud(frames: np.ndarray, meters: Mapping[str, int], instruction: str, turn: int) -> np.ndarray:
     """Adds a HUD panel under every frame: three meter bars with values and the instruction.
 

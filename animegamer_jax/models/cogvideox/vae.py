@@ -49,20 +49,6 @@ from animegamer_jax.models.cogvideox.vae_tiling import (
     tiled_apply,
 )
 
-# Re-exported for one release: the planning names moved to models/cogvideox/vae_tiling.py.
-from animegamer_jax.models.cogvideox.vae_tiling import (  # noqa: F401
-    CPU_DECODE_BUDGET_GIB,
-    DECODE_BYTES_FACTOR,
-    DEVICE_BUDGET_FRACTION,
-    SHARDED_DECODE_OVERHEAD,
-    decode_memory_bytes,
-    device_decode_budget,
-    diffusers_plan,
-    pick_decode_tiling,
-    release_decode_plan,
-    tile_layout,
-    tile_weights,
-)
 from animegamer_jax.parallel import constrain
 
 _ACT_AXES = ("act_batch", "act_frames", "act_height", "act_width", "act_channels")
