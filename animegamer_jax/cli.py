@@ -26,8 +26,6 @@ exist from the working directory is looked up in the checkout / editable install
 (``paths.resource``). Logs: absl's own INFO lines and the INFO chatter of orbax, grain, jax and
 tensorstore are hidden at the default ``--verbosity=-1``; the command's results and its stage lines
 (:func:`status`) are printed; ``--verbosity=0`` brings every INFO line back.
-
-:func:`run` is the ``absl.app.run`` entry of commands whose flags are absl's global ``FLAGS``.
 """
 
 from __future__ import annotations
@@ -38,9 +36,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
-from ml_collections import config_flags
 
 from animegamer_jax import paths
 
@@ -97,80 +94,13 @@ def _override_error(overrides: Sequence[str], e: BaseException) -> UsageError:
     return UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {list(overrides)}")
 
 
-def check_config_overrides(argv: Sequence[str], fv: flags.FlagValues) -> None:
-    """Checks ``--config.a.b=v`` overrides of a command whose flags are ``fv`` (absl's global FLAGS
-    for the :func:`run` commands) before ``absl.app.run`` parses them, so a bad one is one line.
-
-    Raises:
-      UsageError: overrides without ``--config`` on a command that has no default config (train:
-        the fix names the flag), or an override of an unknown key / with a bad value.
-    """
-    overrides = [a for a in argv[1:] if a.startswith("--config.")]
-    if not overrides or "config" not in fv:
-        return
-    given = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
-    if not given and fv["config"].default is None:
-        raise UsageError(f"{' '.join(overrides)} overrides fields of --config, which this command has no "
-                         f"default for. Fix: add --config=configs/tiny.py (or configs/animegamer_2b_7b.py)")
-    if not given:
-        return  # a default config file: its overrides were applied (and checked) when it was defined
-    probe = flags.FlagValues()  # absl cannot parse ``fv`` twice (override flags would be defined twice)
-    try:
-        config_flags.DEFINE_config_file("config", None, flag_values=probe, lock_config=False, sys_argv=list(argv))
-        probe(list(argv), known_only=True)
-    except (AttributeError, KeyError) as e:
-        raise _override_error(overrides, e) from None
-    except (ValueError, TypeError) as e:
-        raise UsageError(f"bad config override {overrides}: {e}") from None
-    except flags.Error:
-        pass  # absl reports it with its usage text
-
-
-def run(main: Callable[[list[str]], int | None], argv: Sequence[str] | None = None,
-        define: Callable[[], None] | None = None) -> None:
-    """``absl.app.run(main)`` with resolved config paths and quiet library logs, for a command whose
-    flags are absl's global ``FLAGS`` (new commands use :func:`run_command`).
-
-    The absl default verbosity becomes WARNING (-1): absl prints INFO by default when flags are
-    parsed through ``app.run``; ``--verbosity=0`` restores it. ``define()`` defines the command's
-    global flags: ``config_flags.DEFINE_config_file`` with a default file applies ``--config.a.b=v``
-    overrides right there, so a bad override is reported here as one line (exit status 2) instead
-    of a traceback; so is one given to a command without a default config and without ``--config``.
-    """
-    if define is not None:
-        try:
-            define()
-        except (AttributeError, KeyError) as e:
-            overrides = [a for a in sys.argv[1:] if a.startswith("--config.")]
-            print(f"error: {_override_error(overrides, e)}", file=sys.stderr)
-            sys.exit(USAGE_EXIT)
-        except (ValueError, TypeError) as e:
-            print(f"error: bad config or override: {e}", file=sys.stderr)
-            sys.exit(USAGE_EXIT)
-    argv = resolve_config_args(sys.argv if argv is None else argv)
-    if not any(a.startswith(("--verbosity", "-v=", "--v=")) or a in ("-v", "--v") for a in argv):
-        argv.insert(1, "--verbosity=-1")
-    try:
-        check_config_overrides(argv, flags.FLAGS)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(USAGE_EXIT)
-
-    def _main(args: list[str]) -> int | None:
-        quiet_logs(flags.FLAGS.verbosity)
-        absl_logging.use_absl_handler()
-        _console["on"] = True
-        return main(args)
-
-    app.run(_main, argv=argv)
-
-
+#: whether :func:`status` lines also go to stderr (on while a command that defines --verbosity runs)
 _console = {"on": False}
 
 
 def status(fmt: str, *args: object) -> None:
     """A stage line (``"compiling the train step ..."``): absl INFO, and while a command runs at the
-    default verbosity (:func:`run`, or :func:`run_command` with ``--verbosity``) also printed to
+    default verbosity (:func:`run_command` with ``--verbosity``) also printed to
     stderr on process 0, so commands show their stages while the libraries' INFO chatter stays
     hidden. Library use (tests, notebooks) only logs."""
     absl_logging.info(fmt, *args)
@@ -217,6 +147,10 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
         usage = f"usage: {argv[0]} {' '.join(positional)} [flags]\n\n" if positional else ""
         print(usage + (doc.strip() + "\n\n" if doc else "") + "flags:\n" + fv.get_help(include_special_flags=False))
         raise SystemExit(0)
+    given = any(a == "--config" or a.startswith("--config=") for a in argv[1:])
+    if overrides and not given and "config" in fv and fv["config"].default is None:
+        raise UsageError(f"{' '.join(overrides)} overrides fields of --config, which this command has no "
+                         f"default for. Fix: add --config=configs/tiny.py (or configs/animegamer_2b_7b.py)")
     try:
         rest = fv(argv)  # a config file without a default is read (and overridden) here
     except (AttributeError, KeyError) as e:

@@ -44,11 +44,6 @@ from animegamer_jax.game.saving import print_turn, save_game, summary
 from animegamer_jax.game.script import Game, GameScriptError, load_script, parse_instruction
 from animegamer_jax.game.window import InstructionTooLongError, encode_instruction, validate_games
 
-# re-exported for imports of their old location (removed next release)
-from animegamer_jax.game.flags import (CLI_ERRORS, CONFIG_HELP, checkpoint_config,  # noqa: F401
-                                       common_flags, parse_game_flags)
-from animegamer_jax.game.saving import fingerprint  # noqa: F401
-
 
 def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> dict | None:
     """Plays instructions typed on stdin, one a line; ``save(result)`` writes the game after every turn.

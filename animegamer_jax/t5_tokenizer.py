@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import os
-import runpy
+import sys
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -109,5 +109,7 @@ def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
 
 
 if __name__ == "__main__":
-    # Deprecated command path: the tiny model's corpus is the data package's, so its command lives there.
-    runpy.run_module("animegamer_jax.data.tiny_t5_spiece", run_name="__main__", alter_sys=True)
+    # The tiny sentencepiece's corpus is the data package's (a layer above), so its command lives there.
+    print("error: the tiny T5 sentencepiece command moved: run `python -m animegamer_jax.data.tiny_t5_spiece` "
+          "(same flags; console script animegamer-t5-tokenizer)", file=sys.stderr)
+    sys.exit(2)

@@ -28,7 +28,8 @@ import jax  # noqa: E402
 from absl import flags  # noqa: E402
 
 from animegamer_jax import parallel  # noqa: E402
-from animegamer_jax.game.engine import STAGES, GameEngine, apply_mode  # noqa: E402
+from animegamer_jax.game.api import STAGES, apply_mode  # noqa: E402
+from animegamer_jax.game.engine import GameEngine  # noqa: E402
 from animegamer_jax.game.script import load_script  # noqa: E402
 from animegamer_jax.game.loading import resolve_system  # noqa: E402
 from animegamer_jax.game.flags import CLI_ERRORS, parse_game_flags, setup_jax  # noqa: E402

@@ -36,7 +36,8 @@ import numpy as np  # noqa: E402
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.aot import pieces  # noqa: E402
 from animegamer_jax.config import load_config  # noqa: E402
-from animegamer_jax.game.engine import GameEngine, apply_layout, apply_mode  # noqa: E402
+from animegamer_jax.game.api import apply_mode  # noqa: E402
+from animegamer_jax.game.engine import GameEngine, apply_layout  # noqa: E402
 from animegamer_jax.game.script import Game, load_script  # noqa: E402
 from animegamer_jax.game.loading import build_random_system  # noqa: E402
 from animegamer_jax.parallel import target  # noqa: E402

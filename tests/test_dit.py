@@ -488,7 +488,7 @@ def test_prepare_for_inference_merges_and_casts():
 def test_cfg_and_context_parallel_sampling_equals_one_device():
     """One game on 8 fake devices in play's latency layout (game/engine.py apply_layout: CFG halves on
     `data` (2), the joint text+video sequence on `context` (4), weights sharded over all 8), through
-    play's own sampler (game/real.py dit_sampler, batch 1, no filler rows): the sampled latents equal
+    play's own sampler (game/real_system.py dit_sampler, batch 1, no filler rows): the sampled latents equal
     the 1-device result within 1e-5, K/V are all-gathered (context parallel attention), the
     weights are split 8 ways, and each device does about 1/8 of the compiled FLOPs."""
     from tests.subproc import run_python
@@ -499,7 +499,8 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
         from flax import nnx
         from animegamer_jax import parallel
         from animegamer_jax.config import load_config
-        from animegamer_jax.game.engine import apply_layout, apply_mode
+        from animegamer_jax.game.api import apply_mode
+        from animegamer_jax.game.engine import apply_layout
         from animegamer_jax.game.real_system import dit_sampler
         from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 

@@ -118,9 +118,9 @@ def test_evaluate_turns_end_to_end_known_answers():
         return e
 
     turns = [
-        metrics.TurnResult(np.stack([ref_a] * 6), "walk", "meadow", ("A",),
+        metrics.ScoredTurn(np.stack([ref_a] * 6), "walk", "meadow", ("A",),
                            np.array([1, 1, 0, 0]), np.array([1, 1, 0, 1]), seconds=2.0),
-        metrics.TurnResult(np.stack([ref_b] * 6), "jump", "forest", ("B",),
+        metrics.ScoredTurn(np.stack([ref_b] * 6), "jump", "forest", ("B",),
                            np.array([3, 0, 0, 0]), np.array([2, 0, 0, 0]), seconds=4.0),
     ]
     scopes = iter([0.0, 6.0])

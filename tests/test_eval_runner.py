@@ -22,11 +22,11 @@ def _small_benchmark(tmp_path):
 
 
 def _cheap_system(config):
-    """A minimal GameSystem (cheaper to compile than game/standin.py): states from the ids, noise frames."""
+    """A minimal GameSystem (cheaper to compile than game/standin_system.py): states from the ids, noise frames."""
     import jax
     import jax.numpy as jnp
 
-    from animegamer_jax.game.engine import GameSystem
+    from animegamer_jax.game.api import GameSystem
 
     q, d = config.rep.num_text_tokens + config.rep.num_image_tokens, config.rep.dim
     t_lat, c = config.dit.num_latent_frames, config.vae.latent_channels

@@ -119,6 +119,44 @@ def test_no_import_cycles():
     assert not cycles, f"{len(cycles)} import cycle(s) in {PACKAGE}:\n" + "\n".join(lines)
 
 
+def dynamic_imports_of_the_package(root: str) -> list[str]:
+    """``path:line`` of every ``importlib.import_module`` / ``runpy.run_module`` / ``__import__`` call
+    under ``root`` whose module is a string naming the package: an import the layer contract and the
+    cycle check cannot see."""
+    out = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                fn = node.func
+                called = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+                arg = node.args[0]
+                if (called in ("import_module", "run_module", "__import__") and isinstance(arg, ast.Constant)
+                        and isinstance(arg.value, str) and arg.value.split(".")[0] == PACKAGE):
+                    out.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_dynamic_import_check_finds_what_it_should(tmp_path):
+    (tmp_path / "m.py").write_text("import importlib, runpy\n\nimportlib.import_module('animegamer_jax.data')\n"
+                                   "runpy.run_module('animegamer_jax.web', run_name='__main__')\n"
+                                   "importlib.import_module('json')\n")
+    rel = os.path.relpath(str(tmp_path / "m.py"), ROOT)
+    assert dynamic_imports_of_the_package(str(tmp_path)) == [
+        f"{rel}:3: importlib.import_module('animegamer_jax.data')",
+        f"{rel}:4: runpy.run_module('animegamer_jax.web', run_name='__main__')"]
+
+
+def test_no_dynamic_imports_of_the_package():
+    found = dynamic_imports_of_the_package(os.path.join(ROOT, PACKAGE))
+    assert not found, "imports by name that bypass the layer contract (import the module instead):\n" + "\n".join(found)
+
+
 def test_nothing_imports_a_deprecated_alias():
     """Modules whose docstring starts "Deprecated alias" (docs/changelog.md) are kept for users' old
     imports only: no module of the package imports one."""

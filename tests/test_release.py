@@ -51,12 +51,12 @@ def test_convert_release_writes_one_system_checkpoint(converted):
 
 @pytest.mark.slow
 def test_check_release_both_cases(converted, capsys):
-    from animegamer_jax.convert import check_release as cr
+    from animegamer_jax.convert import check_release
 
     assert len(CASES) >= 2
-    engine = cr.reference_engine(converted)
+    engine = check_release.reference_engine(converted)
     for case in CASES:
-        stages = cr.check_release(engine, case)
+        stages = check_release.check_release(engine, case)
         names = [s.name for s in stages]
         assert names == ["ids", "masks", "state tokens", "states", "s_a", "latents", "frames float", "frames uint8"]
         bad = [s.line() for s in stages if not s.ok]

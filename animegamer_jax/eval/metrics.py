@@ -191,7 +191,7 @@ def estimate_motion_level(frames: np.ndarray, bins: Sequence[float], r: float = 
 
 
 @dataclasses.dataclass
-class TurnResult:
+class ScoredTurn:
     """What one generated turn contributes to the metrics.
 
     Attributes:
@@ -213,7 +213,7 @@ class TurnResult:
     seconds: float | None = None
 
 
-def evaluate_turns(turns: Sequence[TurnResult], *, image_embed: ImageEmbedFn, text_embed: TextEmbedFn,
+def evaluate_turns(turns: Sequence[ScoredTurn], *, image_embed: ImageEmbedFn, text_embed: TextEmbedFn,
                    references: dict[str, np.ndarray], motion_bins: Sequence[float],
                    flow_threshold: float = 0.2, clip_frames: int = 8,
                    scope_fn: Callable[..., float] | None = None,

@@ -98,7 +98,7 @@ def play_benchmark(engine, bench: Benchmark, out_dir: str | None = None,
     return sorted(played, key=lambda p: order[p.game_id])
 
 
-def turn_results(bench: Benchmark, played: Sequence[PlayedGame]) -> dict[str, list[metrics.TurnResult]]:
+def turn_results(bench: Benchmark, played: Sequence[PlayedGame]) -> dict[str, list[metrics.ScoredTurn]]:
     """Pairs every generated turn with its benchmark round: game id -> metric inputs."""
     by_id = {g.game_id: g for g in bench.games}
     out = {}
@@ -107,15 +107,16 @@ def turn_results(bench: Benchmark, played: Sequence[PlayedGame]) -> dict[str, li
         rows = []
         for rnd, tr, tm in zip(game.rounds, p.result["turns"], p.result["timings"]):
             secs = (tm["mllm_s"] + tm["sampling_s"] + tm["vae_s"]) / max(1, p.batch)
-            rows.append(metrics.TurnResult(
-                frames=video_io.to_uint8(tr.frames, FRAME_RANGE), motion_text=rnd.turn.motion, background_text=rnd.turn.background,
+            rows.append(metrics.ScoredTurn(
+                frames=video_io.to_uint8(tr.frames, FRAME_RANGE), motion_text=rnd.turn.motion,
+                background_text=rnd.turn.background,
                 characters=rnd.turn.characters, predicted_states=np.asarray(tr.states, np.int64),
                 target_states=np.asarray(rnd.states, np.int64), seconds=secs))
         out[p.game_id] = rows
     return out
 
 
-def score(config, bench: Benchmark, per_game: dict[str, list[metrics.TurnResult]], embedder: Embedder,
+def score(config, bench: Benchmark, per_game: dict[str, list[metrics.ScoredTurn]], embedder: Embedder,
           dreamsim: Embedder | None = None, scope_fn=None) -> dict[str, Any]:
     """Table 1 columns over all turns and per game."""
     refs = bench.reference_images()

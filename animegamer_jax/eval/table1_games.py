@@ -33,6 +33,7 @@ import os
 import numpy as np
 from PIL import Image
 
+from animegamer_jax import paths
 from animegamer_jax.eval.metrics import STATE_FIELDS
 from animegamer_jax.game import script
 
@@ -92,15 +93,15 @@ class Benchmark:
         return tuple(g.to_game() for g in self.games)
 
     def write_jsonl(self, path: str) -> None:
-        """Writes the games in the batch-generation JSONL form (``game/script.py``), atomically."""
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for g in self.games:
-                obj = {"game_id": g.game_id, "turns": [r.turn.text for r in g.rounds]}
-                if g.seed is not None:
-                    obj["seed"] = g.seed
-                f.write(json.dumps(obj) + "\n")
-        os.replace(tmp, path)
+        """Writes the games in the batch-generation JSONL form (``game/script.py``), atomically (a local
+        path or a URL: ``paths.write_text_atomic``)."""
+        lines = []
+        for g in self.games:
+            obj = {"game_id": g.game_id, "turns": [r.turn.text for r in g.rounds]}
+            if g.seed is not None:
+                obj["seed"] = g.seed
+            lines.append(json.dumps(obj) + "\n")
+        paths.write_text_atomic(path, "".join(lines))
 
     def reference_images(self) -> dict[str, np.ndarray]:
         """Character name -> uint8 [H, W, 3] RGB reference image.

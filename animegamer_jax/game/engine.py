@@ -54,7 +54,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import mllm_tokenizer, parallel
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult, apply_mode
-from animegamer_jax.game.api import flow_value  # noqa: F401 (re-exported for imports of the old location)
 from animegamer_jax.game.script import Game
 from animegamer_jax.game.window import (GameRun, Meters, TurnKVCache, WindowSpec, build_cached_turn_input,
                                         encode_instruction, stack_cached_inputs, stack_inputs)

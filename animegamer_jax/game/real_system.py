@@ -95,7 +95,7 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
 
     Args:
       mllm: a ``GameStateMLLM``.
-      batch: ``game.state.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
+      batch: ``game.window.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
         hist_reps [B, W-1, Q, D], read_idx [B, Q], last_idx [B]).
       window: W (static); 1 means no history slots.
       decoding: ``"constrained"`` (state grammar, 10 ids, states read at positions 0, 3, 6, 9) or
@@ -371,8 +371,9 @@ def dit_sampler(g_dit, config):
     -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
     initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
     samplers.sample's ``step_noise``), then the configured sampler with CFG. In reference mode s_a
-    is rounded to bfloat16 first, as the release does. Used by play (:func:`build_real_system`) and
-    by the ahead-of-time programs (animegamer_jax/aot/pieces.py), so both run one program."""
+    is rounded to bfloat16 first, as the release does. The one clip sampler: play
+    (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation
+    (eval/decoder.py) and the ahead-of-time programs (aot/pieces.py) all call it."""
     plan = samplers.plan_from_config(config.diffusion)
     table = tuple(config.dit.flow_table)
     reference_mode = config.game.mode == "reference"

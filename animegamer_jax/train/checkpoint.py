@@ -37,7 +37,6 @@ def is_grain_iterator(it: Any) -> bool:
     return isinstance(it, (grain.DatasetIterator, grain.DataLoaderIterator))
 
 
-_is_grain_iterator = is_grain_iterator  # the name train/loop.py calls
 
 
 class CheckpointManager:

@@ -292,7 +292,7 @@ def fit(
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
     ckpt_dir = paths.join(workdir, "checkpoints")
     mngr = ckpt_lib.CheckpointManager(ckpt_dir, max_to_keep=keep_checkpoints, async_save=async_checkpoint)
-    checkpointable = ckpt_lib._is_grain_iterator(data)
+    checkpointable = ckpt_lib.is_grain_iterator(data)
     writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))
     losses: dict[int, float] = {}
     # as the checkpoint's JSON meta stores it (tuples become lists), so that a resume compares like with like

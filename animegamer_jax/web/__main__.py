@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import sys
 
-from absl import flags, logging
+from absl import flags
 
-from animegamer_jax.cli import UsageError, quiet_logs
+from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
 from animegamer_jax.web.app import create_app
 from animegamer_jax.web.server import build_server
@@ -40,8 +40,7 @@ def define_flags(fv) -> None:
     flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
     flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "
                       "player does not wait for compilation (--nowarmup: compile on the first turn).", flag_values=fv)
-    flags.DEFINE_integer("verbosity", -1, "Log level: -1 = warnings only (default), 0 = INFO of every library "
-                         "(orbax's per-array restore lines ...).", flag_values=fv)
+    define_verbosity(fv)
 
 
 def _serve(f, config, *rest: str) -> int:
@@ -55,8 +54,6 @@ def _serve(f, config, *rest: str) -> int:
 
     if rest:
         raise UsageError(f"unexpected arguments {list(rest)}; the web app takes flags only")
-    quiet_logs(f.verbosity)
-    logging.set_verbosity(f.verbosity)
     server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
                           random_fallback=f.demo)
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
