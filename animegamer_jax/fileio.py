@@ -1,11 +1,19 @@
-"""The few file operations that touch users' output folders and checkpoints, in one place.
+"""File operations on user paths, local or URL, in one place: the package's only definitions of them.
 
-Every writer of user-visible files (game/writers.py, the checkpoint package) goes through these
-helpers; ``isdir``, ``isfile`` and the atomic writes are :mod:`animegamer_jax.paths`' own. Local
-paths use ``os`` directly (atomic temp file + rename); URLs (``gs://``, ``s3://`` ..., see
-``animegamer_jax/paths.py``) go through ``etils.epath`` / fsspec, where a single object upload is
-atomic by itself and a folder rename is a copy then a delete (callers that need a folder to appear
-whole write a marker or a manifest last and verify it, as writers.py and the checkpoint package do).
+What each does: :func:`exists` (a broken symlink exists), :func:`isdir`, :func:`isfile`, :func:`listdir`,
+:func:`walk_files`, :func:`size`, :func:`stamp`, :func:`read_bytes`, :func:`makedirs`,
+:func:`write_bytes_atomic` / :func:`write_text_atomic`, :func:`rename`, :func:`remove`, :func:`rmdir`,
+:func:`rmtree`, and the sha256 helpers of the integrity checks. Paths are strings or ``os.PathLike``
+(an ``etils.epath.Path`` included), built with :func:`animegamer_jax.paths.join`; naming (URL or not,
+absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.paths`' own, the one module
+this one imports.
+
+A local path goes through ``os`` directly (``~`` expanded, a relative path read from the working
+directory); a URL (``gs://``, ``s3://`` ..., :func:`animegamer_jax.paths.is_url`) through
+``etils.epath`` / fsspec, where a single object upload is atomic by itself and a folder rename is a
+copy then a delete (callers that need a folder to appear whole write a marker or a manifest last and
+verify it, as game/writers.py and the checkpoint package do). A missing path raises
+``FileNotFoundError`` unless the function says otherwise.
 """
 
 from __future__ import annotations
@@ -13,103 +21,71 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
+from typing import Any
+
+import fsspec
 
 from animegamer_jax import paths
-from animegamer_jax.paths import isdir, isfile, write_bytes_atomic, write_text_atomic
+from animegamer_jax.paths import PathLike
 
-__all__ = ["CHUNK", "exists", "isdir", "isfile", "join", "listdir", "makedirs", "read_bytes", "remove", "rename",
-           "rmdir", "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
+__all__ = ["CHUNK", "exists", "isdir", "isfile", "listdir", "makedirs", "read_bytes", "remove", "rename", "rmdir",
+           "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
            "write_text_atomic"]
 
 #: read size of the hashing helpers (bytes)
 CHUNK = 1 << 20
 
 
-def _url(path: str) -> bool:
+def _url(path: PathLike) -> bool:
     return paths.is_url(path)
 
 
-def join(*parts: str) -> str:
-    return paths.join(parts[0], *parts[1:]) if _url(parts[0]) else os.path.join(*parts)
+def _local(path: PathLike) -> str:
+    return os.path.expanduser(os.fspath(path))
 
 
-def exists(path: str) -> bool:
-    return paths.as_path(path).exists() if _url(path) else os.path.lexists(path)
+def _fs(path: PathLike) -> Any:
+    """The fsspec filesystem of URL ``path``."""
+    fs, _ = fsspec.core.url_to_fs(os.fspath(path))
+    return fs
 
 
-def listdir(path: str) -> list[str]:
+def exists(path: PathLike) -> bool:
+    """Whether anything is at ``path``: locally ``os.path.lexists`` (a broken symlink exists, so a writer
+    never replaces it), on object stores an object or a folder prefix."""
+    return paths.as_path(path).exists() if _url(path) else os.path.lexists(_local(path))
+
+
+def isdir(path: PathLike) -> bool:
+    """Whether ``path`` is a folder (locally following symlinks; on object stores a prefix with objects)."""
+    return paths.as_path(path).is_dir() if _url(path) else os.path.isdir(_local(path))
+
+
+def isfile(path: PathLike) -> bool:
+    """Whether ``path`` is a file (locally following symlinks; on object stores an object)."""
+    return paths.as_path(path).is_file() if _url(path) else os.path.isfile(_local(path))
+
+
+def listdir(path: PathLike) -> list[str]:
+    """Names of the entries of folder ``path``, sorted."""
     if _url(path):
         return sorted(p.name for p in paths.as_path(path).iterdir())
-    return sorted(os.listdir(path))
+    return sorted(os.listdir(_local(path)))
 
 
-def makedirs(path: str) -> None:
-    if _url(path):
-        paths.makedirs(path)
-    else:
-        os.makedirs(path, exist_ok=True)
-
-
-def size(path: str) -> int:
-    return int(paths.as_path(path).stat().length) if _url(path) else os.path.getsize(path)
-
-
-def stamp(path: str) -> tuple[int, int | str]:
-    """``(size, version)`` of a file: local mtime in ns; on object stores the object's
-    generation / update time. ``(-1, -1)`` when it is missing."""
-    try:
-        if not _url(path):
-            st = os.stat(path)
-            return st.st_size, st.st_mtime_ns
-        info = paths.fs_info(path)
-        return int(info.get("size", -1)), str(info.get("generation") or info.get("updated") or info.get("mtime", ""))
-    except (OSError, FileNotFoundError):
-        return -1, -1
-
-
-def rename(src: str, dst: str) -> None:
-    """Renames ``src`` to ``dst`` (``dst`` must not exist, or be an empty folder); on object stores
-    a copy of every object, then a delete (not atomic)."""
-    if _url(src):
-        paths.move_dir(src, dst)
-    else:
-        os.rename(src, dst)
-
-
-def remove(path: str) -> None:
-    if _url(path):
-        paths.as_path(path).unlink()
-    else:
-        os.remove(path)
-
-
-def rmdir(path: str) -> None:
-    """Removes an empty folder (object stores have no folders: nothing to do there)."""
-    if not _url(path):
-        os.rmdir(path)
-
-
-def rmtree(path: str) -> None:
-    if _url(path):
-        paths.rmtree(path)
-    else:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def read_bytes(path: str) -> bytes:
-    if _url(path):
-        return paths.as_path(path).read_bytes()
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def walk_files(root: str) -> Iterator[str]:
-    """Paths of every regular file under ``root``, relative to it, '/'-separated, sorted."""
-    out = []
+def walk_files(root: PathLike) -> Iterator[str]:
+    """Paths of every file under ``root``, relative to it, '/'-separated, sorted (on object stores one
+    listing request, not a walk). Nothing for a missing local ``root``."""
     if _url(root):
-        yield from paths.list_files(root)
+        p = paths.as_path(root)
+        fs = _fs(p)
+        base = fs._strip_protocol(os.fspath(p)).rstrip("/") + "/"
+        yield from sorted(f[len(base):] for f in fs.find(os.fspath(p)) if f.startswith(base))
         return
+    root = _local(root)
+    out = []
     for d, dirs, files in os.walk(root):
         dirs.sort()
         for name in files:
@@ -117,11 +93,112 @@ def walk_files(root: str) -> Iterator[str]:
     yield from sorted(out)
 
 
-def _open_read(path: str):
-    return paths.as_path(path).open("rb") if _url(path) else open(path, "rb")
+def size(path: PathLike) -> int:
+    """Size of file ``path`` in bytes."""
+    return int(paths.as_path(path).stat().length) if _url(path) else os.path.getsize(_local(path))
 
 
-def sha256_file(path: str) -> str:
+def stamp(path: PathLike) -> tuple[int, int | str]:
+    """``(size in bytes, version)`` of a file: locally the mtime in ns; on object stores the object's
+    generation / update time (a string). ``(-1, -1)`` when it is missing."""
+    try:
+        if not _url(path):
+            st = os.stat(_local(path))
+            return st.st_size, st.st_mtime_ns
+        info = _fs(path).info(os.fspath(paths.as_path(path)))
+        return int(info.get("size", -1)), str(info.get("generation") or info.get("updated") or info.get("mtime", ""))
+    except (OSError, FileNotFoundError):
+        return -1, -1
+
+
+def read_bytes(path: PathLike) -> bytes:
+    """The whole content of file ``path``."""
+    if _url(path):
+        return paths.as_path(path).read_bytes()
+    with open(_local(path), "rb") as f:
+        return f.read()
+
+
+def makedirs(path: PathLike) -> None:
+    """Creates folder ``path`` and its parents (nothing when it exists)."""
+    if _url(path):
+        paths.as_path(path).mkdir(parents=True, exist_ok=True)
+    else:
+        os.makedirs(_local(path), exist_ok=True)
+
+
+def write_bytes_atomic(path: PathLike, data: bytes) -> None:
+    """Writes ``data`` to ``path``: a local path through a temp file in the same folder and
+    ``os.replace`` (the temp file is removed if writing fails); on object stores one object upload,
+    which is atomic by itself (readers see the old or the new object)."""
+    if _url(path):
+        paths.as_path(path).write_bytes(data)
+        return
+    path = _local(path)
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_text_atomic(path: PathLike, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` encoded as UTF-8."""
+    write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def rename(src: PathLike, dst: PathLike) -> None:
+    """Renames file or folder ``src`` to ``dst`` (``dst`` must not exist, or be an empty folder).
+
+    Local: one ``os.replace`` (atomic). Object stores have no rename: every object of folder ``src``
+    is copied, then ``src`` removed (not atomic), so callers that need atomicity there write a
+    completion marker last.
+    """
+    if not _url(src):
+        os.replace(_local(src), _local(dst))
+        return
+    s, d = os.fspath(paths.as_path(src)), os.fspath(paths.as_path(dst))
+    fs = _fs(s)
+    # copy + delete, not fs.mv: gcsfs's mv first tries the objects.moveTo API, which flat buckets
+    # (and emulators) refuse with a logged traceback per object before it falls back to this
+    fs.copy(s.rstrip("/") + "/", d.rstrip("/") + "/", recursive=True)
+    fs.rm(s, recursive=True)
+
+
+def remove(path: PathLike) -> None:
+    """Deletes file ``path``."""
+    if _url(path):
+        paths.as_path(path).unlink()
+    else:
+        os.remove(_local(path))
+
+
+def rmdir(path: PathLike) -> None:
+    """Removes an empty folder (object stores have no folders: nothing to do there)."""
+    if not _url(path):
+        os.rmdir(_local(path))
+
+
+def rmtree(path: PathLike) -> None:
+    """Removes folder tree ``path``; nothing when it is absent. Locally best effort (what cannot be
+    removed stays, for a later ``exists`` or ``rename`` to report); on object stores errors raise."""
+    if _url(path):
+        p = paths.as_path(path)
+        if p.exists():
+            p.rmtree()
+    else:
+        shutil.rmtree(_local(path), ignore_errors=True)
+
+
+def _open_read(path: PathLike):
+    return paths.as_path(path).open("rb") if _url(path) else open(_local(path), "rb")
+
+
+def sha256_file(path: PathLike) -> str:
     """Hex sha256 of a whole file."""
     h = hashlib.sha256()
     with _open_read(path) as f:
@@ -130,8 +207,9 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def sha256_sampled(path: str, file_size: int, block: int, blocks: int) -> str:
-    """Hex sha256 of ``blocks`` evenly spaced ``block``-byte reads of a file (first and last included).
+def sha256_sampled(path: PathLike, file_size: int, block: int, blocks: int) -> str:
+    """Hex sha256 of ``blocks`` evenly spaced ``block``-byte reads of a file of ``file_size`` bytes
+    (first and last included).
 
     The fast integrity check of large files: a few seeks instead of reading the whole file, so it
     catches truncation, zeroed or replaced regions at the sampled offsets, not every flipped byte.

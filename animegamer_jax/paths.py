@@ -1,10 +1,13 @@
-"""User paths as URLs: local folders, ``gs://`` and whatever else ``etils.epath`` / fsspec handle.
+"""Naming user paths: local folders, ``gs://`` and whatever else ``etils.epath`` / fsspec handle.
 
 Every path a user gives (workdir, checkpoints, outputs, TensorBoard logs, sample videos, datasets)
-goes through :func:`as_path`, an ``etils.epath.Path``: ``gs://bucket/runs/a2`` stays a URL (no
-``os.path.abspath`` turning it into ``./gs:/bucket/...``), a local path becomes absolute (orbax
-wants absolute paths). Reads and writes then go through epath (fsspec + gcsfs for ``gs://``), orbax
-through epath + tensorstore.
+is a string here: :func:`is_url` tells a URL (``scheme://...``) from a local path, :func:`join` builds
+``path/part`` for both, :func:`as_path` gives the ``etils.epath.Path`` that orbax, tensorstore and
+epath reads take (``gs://bucket/runs/a2`` stays a URL, not ``./gs:/bucket/...``; a local path becomes
+absolute, as orbax wants), :func:`resource` finds a repository file named by a config, and
+:func:`av_output` / :func:`finish_av_output` give PyAV a target it can write for a URL. File operations
+(exists, folders, atomic writes, renames, listing, hashing) live one layer up, in
+:mod:`animegamer_jax.fileio`; this module imports nothing of the package.
 
 GCS emulators: the Google client-library convention is ``STORAGE_EMULATOR_HOST=host:port`` (gcsfs
 and google-cloud-storage honour it). TensorStore, which writes orbax's arrays, reads its own
@@ -19,10 +22,8 @@ from __future__ import annotations
 import io
 import os
 import subprocess
-import uuid
 from typing import Any
 
-import fsspec
 from etils import epath
 
 PathLike = str | os.PathLike
@@ -73,95 +74,11 @@ def resource(path: PathLike) -> str:
 
 
 def join(path: PathLike, *parts: str) -> str:
-    """``path / part / ...`` as a string (URL-safe, unlike ``os.path.join`` on ``gs://``)."""
-    return os.fspath(as_path(path).joinpath(*parts))
-
-
-def exists(path: PathLike) -> bool:
-    return as_path(path).exists()
-
-
-def isdir(path: PathLike) -> bool:
-    """Whether ``path`` is a folder (a local path through ``os.path``, a URL through epath)."""
-    return as_path(path).is_dir() if is_url(path) else os.path.isdir(os.path.expanduser(os.fspath(path)))
-
-
-def isfile(path: PathLike) -> bool:
-    """Whether ``path`` is a file (a local path through ``os.path``, a URL through epath)."""
-    return as_path(path).is_file() if is_url(path) else os.path.isfile(os.path.expanduser(os.fspath(path)))
-
-
-def makedirs(path: PathLike) -> epath.Path:
-    p = as_path(path)
-    p.mkdir(parents=True, exist_ok=True)
-    return p
-
-
-def rmtree(path: PathLike) -> None:
-    """Removes a folder tree (no error when absent)."""
-    p = as_path(path)
-    if p.exists():
-        p.rmtree()
-
-
-def _fs(path: epath.Path) -> Any:
-    fs, _ = fsspec.core.url_to_fs(os.fspath(path))
-    return fs
-
-
-def fs_info(path: PathLike) -> dict:
-    """fsspec ``info()`` of a URL object (size, generation / updated time, ...)."""
-    p = as_path(path)
-    return _fs(p).info(os.fspath(p))
-
-
-def list_files(root: PathLike) -> list[str]:
-    """Every object under URL ``root``, relative to it, sorted (one listing request, not a walk)."""
-    p = as_path(root)
-    fs = _fs(p)
-    base = fs._strip_protocol(os.fspath(p)).rstrip("/") + "/"
-    return sorted(f[len(base):] for f in fs.find(os.fspath(p)) if f.startswith(base))
-
-
-def move_dir(src: PathLike, dst: PathLike) -> None:
-    """Renames folder ``src`` to ``dst`` (``dst`` must not exist).
-
-    Local: one ``os.replace`` (atomic). Object stores have no rename: every object is copied, then
-    the source removed, so callers that need atomicity there write a completion marker last.
-    """
-    s, d = as_path(src), as_path(dst)
-    if not is_url(s):
-        os.replace(s, d)
-        return
-    fs = _fs(s)
-    # copy + delete, not fs.mv: gcsfs's mv first tries the objects.moveTo API, which flat buckets
-    # (and emulators) refuse with a logged traceback per object before it falls back to this
-    fs.copy(os.fspath(s).rstrip("/") + "/", os.fspath(d).rstrip("/") + "/", recursive=True)
-    fs.rm(os.fspath(s), recursive=True)
-
-
-def write_bytes_atomic(path: PathLike, data: bytes) -> None:
-    """Writes ``data`` to ``path``: a local path through a temp file in the same folder and
-    ``os.replace`` (the temp file is removed if writing fails); on object stores one object upload,
-    which is atomic by itself (readers see the old or the new object)."""
-    if is_url(path):
-        as_path(path).write_bytes(data)
-        return
-    path = os.path.expanduser(os.fspath(path))
-    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def write_text_atomic(path: PathLike, text: str) -> None:
-    """:func:`write_bytes_atomic` of ``text`` encoded as UTF-8."""
-    write_bytes_atomic(path, text.encode("utf-8"))
+    """``path/part/...`` as a string. A URL through epath (``os.path.join`` would turn ``gs://b`` into
+    ``gs:/b``); a local path through ``os.path.join``, so a relative path stays relative and ``~`` stays
+    as given (the form users see in messages); :func:`as_path` makes it absolute where that matters."""
+    s = os.fspath(path)
+    return os.fspath(epath.Path(s).joinpath(*parts)) if is_url(s) else os.path.join(s, *parts)
 
 
 def av_output(path: PathLike) -> Any:
@@ -171,6 +88,8 @@ def av_output(path: PathLike) -> Any:
 
 
 def finish_av_output(path: PathLike, target: Any) -> None:
+    """Uploads ``target`` to URL ``path`` when it is the BytesIO :func:`av_output` gave; nothing for a
+    local path (PyAV wrote the file itself)."""
     if isinstance(target, io.BytesIO):
         as_path(path).write_bytes(target.getvalue())
 

@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import paths
+from animegamer_jax import fileio, paths
 
 #: the VAE's pixel range (its encoder's input, its decoder's output)
 VAE_RANGE = (-1.0, 1.0)
@@ -109,7 +109,7 @@ def write_mp4(path: str, frames, fps: float = 8.0, crf: int = 18, preset: str | 
     t, h, w, _ = x.shape
     if h % 2 or w % 2:
         raise ValueError(f"H.264 yuv420p needs even height and width, got {h}x{w}")
-    paths.makedirs(paths.as_path(path).parent)
+    fileio.makedirs(paths.as_path(path).parent)
     rate = Fraction(fps).limit_denominator(1001)
     options = {"crf": str(crf), **({"preset": preset} if preset else {})}
     target = paths.av_output(path)  # a URL is encoded in memory, then uploaded
@@ -142,7 +142,8 @@ def write_gif(path: str, frames, fps: float = 8.0, loop: int = 0) -> None:
       loop: 0 = loop forever.
     """
     x = _check_frames(frames)
-    out = paths.makedirs(paths.as_path(path).parent) / paths.as_path(path).name
+    out = paths.as_path(path)
+    fileio.makedirs(out.parent)
     images = [Image.fromarray(f) for f in x]
     buf = io.BytesIO()
     images[0].save(

@@ -91,6 +91,7 @@ def commit() -> str:
 
 
 def _saver(folder: str, topology: str):
+    folder = str(paths.as_path(folder))  # the report names absolute files
     fileio.makedirs(folder)
 
     def save(name: str, compiled: Any) -> str:

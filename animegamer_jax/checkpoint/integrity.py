@@ -41,7 +41,7 @@ def integrity_manifest(directory: str) -> dict:
     for rel in fileio.walk_files(directory):
         if rel == INTEGRITY_FILE:
             continue
-        path = fileio.join(directory, rel)
+        path = paths.join(directory, rel)
         n = fileio.size(path)
         entry = {"size": n, "sha256": fileio.sha256_file(path)}
         if n > FULL_HASH_BELOW:
@@ -53,7 +53,7 @@ def integrity_manifest(directory: str) -> dict:
 
 def write_integrity(directory: str) -> str:
     """Writes ``directory/integrity.json`` for the files there now (atomic); returns its path."""
-    path = fileio.join(directory, INTEGRITY_FILE)
+    path = paths.join(directory, INTEGRITY_FILE)
     fileio.write_text_atomic(path, json.dumps(integrity_manifest(directory), indent=1, sort_keys=True) + "\n")
     return path
 
@@ -64,7 +64,7 @@ def read_integrity(directory: str) -> dict:
     Raises:
       CheckpointIntegrityError: the file is absent, or is not a manifest of sizes and hashes.
     """
-    path = fileio.join(directory, INTEGRITY_FILE)
+    path = paths.join(directory, INTEGRITY_FILE)
     if not fileio.isfile(path):
         raise CheckpointIntegrityError(
             f"{directory}: no {INTEGRITY_FILE}, so its files cannot be checked (saved by an older version, "
@@ -110,7 +110,7 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
         return man
     sample = man.get("sample", {})
     for rel, want in sorted(man["files"].items()):
-        path = fileio.join(directory, rel)
+        path = paths.join(directory, rel)
         if not fileio.isfile(path):
             raise CheckpointIntegrityError(f"{directory}: file {rel} is missing (the checkpoint is incomplete). "
                                            f"{fix_hint(directory)}")
@@ -139,7 +139,7 @@ def _stamp(directory: str, man: dict) -> str:
     stats = []
     for rel in sorted(man["files"]):
         try:
-            stats.append((rel, *fileio.stamp(fileio.join(directory, rel))))
+            stats.append((rel, *fileio.stamp(paths.join(directory, rel))))
         except OSError:
             stats.append((rel, -1, -1))
     return json.dumps([man, stats], sort_keys=True)
@@ -153,4 +153,4 @@ def checkpoint_identity(directory: str) -> str:
     """
     directory = str(paths.as_path(directory))
     read_integrity(directory)
-    return "sha256:" + fileio.sha256_file(fileio.join(directory, INTEGRITY_FILE))
+    return "sha256:" + fileio.sha256_file(paths.join(directory, INTEGRITY_FILE))

@@ -45,7 +45,7 @@ def read_json(directory: str, item: str, what: str) -> Any:
     Raises:
       CheckpointIntegrityError: the file is not valid JSON (``what`` names it in the message).
     """
-    path = fileio.join(str(paths.as_path(directory)), item, "metadata")
+    path = paths.join(str(paths.as_path(directory)), item, "metadata")
     if not fileio.exists(path):
         return None
     try:
@@ -115,8 +115,8 @@ def save_system(
 def is_complete(directory: str) -> bool:
     """True when ``directory`` holds a finished system checkpoint: ``integrity.json`` is written
     after orbax has committed every file, locally and on object stores alike."""
-    return (fileio.isfile(fileio.join(str(paths.as_path(directory)), "manifest", "metadata"))
-            and fileio.isfile(fileio.join(str(paths.as_path(directory)), INTEGRITY_FILE)))
+    return (fileio.isfile(paths.join(str(paths.as_path(directory)), "manifest", "metadata"))
+            and fileio.isfile(paths.join(str(paths.as_path(directory)), INTEGRITY_FILE)))
 
 
 def read_manifest(directory: str) -> dict:

@@ -81,7 +81,7 @@ class SystemWriter:
                            "value_metadata": {"value_type": "np.ndarray", "skip_deserialize": False}}
         self.counts[name] = self.counts.get(name, 0) + int(np.prod(shape))
         dt = np.dtype(dtype)
-        spec = {"driver": "zarr", "kvstore": _kvstore(fileio.join(self.directory, name, ".".join(keys))),
+        spec = {"driver": "zarr", "kvstore": _kvstore(paths.join(self.directory, name, ".".join(keys))),
                 "metadata": {"shape": list(shape), "chunks": list(chunks),
                              "dtype": "bfloat16" if dt.name == "bfloat16" else dt.str,
                              "compressor": {"id": "zstd", "level": 1}, "dimension_separator": "."},
@@ -132,19 +132,19 @@ class SystemWriter:
         handlers = {}
         d = self.directory
         for n, tree in self._tree.items():
-            fileio.write_text_atomic(fileio.join(d, n, "_METADATA"), json.dumps(
+            fileio.write_text_atomic(paths.join(d, n, "_METADATA"), json.dumps(
                 {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
                  "store_array_data_equal_to_fill_value": True, "custom_metadata": None}))
-            _commit(fileio.join(d, n))
+            _commit(paths.join(d, n))
             handlers[n] = PYTREE_HANDLER
         manifest = {"format": FORMAT_VERSION, "components": sorted(self._tree), "param_counts": self.counts}
         for n, payload in (("config", config_to_json(self.config)), ("manifest", manifest)):
-            fileio.makedirs(fileio.join(d, n))
-            fileio.write_text_atomic(fileio.join(d, n, "metadata"), json.dumps(payload))
-            _commit(fileio.join(d, n))
+            fileio.makedirs(paths.join(d, n))
+            fileio.write_text_atomic(paths.join(d, n, "metadata"), json.dumps(payload))
+            _commit(paths.join(d, n))
             handlers[n] = JSON_HANDLER
         now = time.time_ns()
-        fileio.write_text_atomic(fileio.join(d, "_CHECKPOINT_METADATA"), json.dumps(
+        fileio.write_text_atomic(paths.join(d, "_CHECKPOINT_METADATA"), json.dumps(
             {"item_handlers": handlers, "metrics": {}, "performance_metrics": {},
              "init_timestamp_nsecs": now, "commit_timestamp_nsecs": now, "custom_metadata": {}}))
         _commit(d)
@@ -155,7 +155,7 @@ class SystemWriter:
 
 def _commit(directory: str) -> None:
     """orbax's marker of a finished item / checkpoint (``commit_success.txt``)."""
-    fileio.write_text_atomic(fileio.join(directory, "commit_success.txt"),
+    fileio.write_text_atomic(paths.join(directory, "commit_success.txt"),
                              f"Checkpoint commit was successful to {directory}")
 
 

@@ -10,7 +10,7 @@ import json
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import cli, paths
+from animegamer_jax import cli, fileio, paths
 from animegamer_jax.models.mistral import mllm_convert
 from animegamer_jax.models.mistral.mllm import MLLMConfig
 from animegamer_jax.weights import load_state_dict, save_state
@@ -50,7 +50,7 @@ def _convert(f, bin_path: str, dst: str) -> int:
     if f.base:
         mllm_convert.add_base_weights(sd, load_state_dict(f.base))
     cfg, state = mllm_convert.convert_animegamer_mllm(sd, cfg, merge_lora=f.merge_lora, lora_alpha=f.lora_alpha)
-    paths.makedirs(dst)
+    fileio.makedirs(dst)
     save_state(state, paths.join(dst, "params"))
     with paths.as_path(paths.join(dst, "mllm_config.json")).open("w") as fh:
         json.dump({"lora_rank": cfg.llm.lora_rank, "lora_alpha": cfg.llm.lora_alpha,

@@ -19,7 +19,7 @@ from absl import flags
 from flax import nnx
 from ml_collections import config_flags
 
-from animegamer_jax import checkpoint, cli, parallel, paths
+from animegamer_jax import checkpoint, cli, fileio, parallel, paths
 from animegamer_jax.models.cogvideox import dit_convert
 from animegamer_jax.models.cogvideox.dit import DiTConfig
 from animegamer_jax.weights import ConversionError
@@ -52,7 +52,7 @@ def migrate_system_checkpoint(src: str, dst: str) -> str:
     """
     src, dst = str(paths.as_path(src)), str(paths.as_path(dst))
     manifest = checkpoint.read_manifest(src)
-    if paths.exists(paths.join(src, checkpoint.INTEGRITY_FILE)):
+    if fileio.exists(paths.join(src, checkpoint.INTEGRITY_FILE)):
         checkpoint.verify_checkpoint(src, "full")  # migrate only what is intact
     if "dit" not in manifest["components"]:
         raise ConversionError(f"{src} has no `dit` component to migrate")

@@ -71,7 +71,7 @@ from flax import nnx
 from ml_collections import config_flags
 from safetensors import safe_open
 
-from animegamer_jax import checkpoint, cli, paths
+from animegamer_jax import checkpoint, cli, fileio, paths
 from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig
 from animegamer_jax.models.cogvideox import dit_convert, vae_convert
@@ -238,7 +238,7 @@ def load_torch_lazy(path: str) -> dict[str, Any]:
     """
     import torch  # optional
 
-    if not paths.isfile(path):
+    if not fileio.isfile(path):
         raise ReleaseError([f"{path}: file not found. Fix: put the release file there (see the layout "
                             f"in `python -m animegamer_jax.convert release --help`)"])
     try:
@@ -313,7 +313,7 @@ def locate(src: str, character: str | None = None) -> ReleaseFiles:
     """
     problems: list[str] = []
     src = _abs(src)
-    if not paths.isdir(src):
+    if not fileio.isdir(src):
         raise ReleaseError([f"{src}: release folder not found. Fix: pass the folder that holds "
                             f"AnimeGamer/, vae/, google/, laion/ (the release's checkpoints/)"])
     mllm = _one(src, MLLM_GLOB, character, "MLLM pytorch_model.bin", problems)
@@ -321,13 +321,13 @@ def locate(src: str, character: str | None = None) -> ReleaseFiles:
     engine = None
     if dec:
         latest = paths.join(dec, "latest")
-        if not paths.isfile(latest):
+        if not fileio.isfile(latest):
             problems.append(f"{latest}: file not found. Fix: the SAT folder needs `latest` naming the "
                             f"iteration folder (e.g. 10000)")
         else:
             it = paths.as_path(latest).read_text().strip()
             engine = paths.join(dec, it, "mp_rank_00_model_states.pt")
-            if not paths.isfile(engine):
+            if not fileio.isfile(engine):
                 problems.append(f"{engine}: file not found (named by {latest}). Fix: put the decoder's "
                                 f"mp_rank_00_model_states.pt there")
                 engine = None
@@ -336,7 +336,7 @@ def locate(src: str, character: str | None = None) -> ReleaseFiles:
 
     def opt(rel: str) -> str | None:
         p = paths.join(src, rel)
-        return p if paths.exists(p) else None
+        return p if fileio.exists(p) else None
 
     return ReleaseFiles(src, mllm, engine, opt(VAE_FILE), opt(T5_DIR), opt(CLIP_FILE), opt(MISTRAL_DIR))
 
@@ -695,7 +695,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
     global _cache
 
     dst = _abs(dst)
-    if paths.exists(dst):
+    if fileio.exists(dst):
         raise ReleaseError([f"{dst}: already exists. Fix: pass a new DST (this command never overwrites)"])
     files = locate(src, character)
     remote_dst = paths.is_url(dst)
@@ -756,7 +756,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         if remote_dst and writer is not None and not done:
-            paths.rmtree(dst)  # created by this run (DST did not exist): a failed conversion leaves nothing
+            fileio.rmtree(dst)  # created by this run (DST did not exist): a failed conversion leaves nothing
         _cache.close()
         _cache = LocalCache("")
     return counts

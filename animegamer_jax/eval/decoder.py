@@ -191,7 +191,7 @@ def _run(f, *rest: str) -> int:
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
     if f.json:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
-    if f.sheet and not paths.is_url(f.sheet) and not paths.isdir(paths.as_path(f.sheet).parent):
+    if f.sheet and not paths.is_url(f.sheet) and not fileio.isdir(paths.as_path(f.sheet).parent):
         raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
     components = load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
     res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet))

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from animegamer_jax import paths, video_io
+from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
 from animegamer_jax.eval.table1_games import Benchmark, load_benchmark
@@ -205,7 +205,8 @@ def run_benchmark(config, benchmark_path: str, out_dir: str, *, system=None, che
         system = build_system(config, checkpoint, standin)
     engine = GameEngine(config, system)
     log(f"benchmark {bench.name}: {len(bench.games)} games, {bench.num_rounds} rounds; system: {system.label}")
-    played = play_benchmark(engine, bench, paths.join(out_dir, "games") if write_games else None, games, log)
+    games_dir = str(paths.as_path(paths.join(out_dir, "games"))) if write_games else None  # absolute, as logged
+    played = play_benchmark(engine, bench, games_dir, games, log)
     per_game = turn_results(bench, played)
     scores = score(engine.config, bench, per_game, embedder, dreamsim, scope_fn)
     timings = [tm for p in played for tm in p.result["timings"]]
@@ -230,8 +231,8 @@ def run_benchmark(config, benchmark_path: str, out_dir: str, *, system=None, che
                    "wall_s": time.perf_counter() - t_start},
         "predictions": {p.game_id: [list(t.states) for t in p.result["turns"]] for p in played},
     }
-    paths.makedirs(out_dir)  # a local folder or a URL (gs://...)
+    fileio.makedirs(out_dir)  # a local folder or a URL (gs://...)
     for name, text in (("report.json", json.dumps(report, indent=2)), ("report.md", render_markdown(report))):
-        paths.write_text_atomic(paths.join(out_dir, name), text)
-    log(f"report: {paths.join(out_dir, 'report.md')}")
+        fileio.write_text_atomic(paths.join(out_dir, name), text)
+    log(f"report: {paths.as_path(paths.join(out_dir, 'report.md'))}")
     return report

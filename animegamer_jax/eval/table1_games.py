@@ -33,7 +33,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import paths
+from animegamer_jax import fileio
 from animegamer_jax.eval.metrics import STATE_FIELDS
 from animegamer_jax.game import script
 
@@ -94,14 +94,14 @@ class Benchmark:
 
     def write_jsonl(self, path: str) -> None:
         """Writes the games in the batch-generation JSONL form (``game/script.py``), atomically (a local
-        path or a URL: ``paths.write_text_atomic``)."""
+        path or a URL: ``fileio.write_text_atomic``)."""
         lines = []
         for g in self.games:
             obj = {"game_id": g.game_id, "turns": [r.turn.text for r in g.rounds]}
             if g.seed is not None:
                 obj["seed"] = g.seed
             lines.append(json.dumps(obj) + "\n")
-        paths.write_text_atomic(path, "".join(lines))
+        fileio.write_text_atomic(path, "".join(lines))
 
     def reference_images(self) -> dict[str, np.ndarray]:
         """Character name -> uint8 [H, W, 3] RGB reference image.

@@ -20,7 +20,7 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import cli, paths
+from animegamer_jax import cli, fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game.loading import CheckpointError
@@ -68,7 +68,7 @@ def checkpoint_config(checkpoint: str, verify: str = "fast"):
     Raises:
       ConfigError: no such folder, a damaged checkpoint, or no readable saved config (the fix named).
     """
-    if not paths.isdir(checkpoint):
+    if not fileio.isdir(checkpoint):
         raise ConfigError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
                           f"written by save_system (or --standin for a random stand-in)")
     try:

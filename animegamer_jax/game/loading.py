@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from animegamer_jax import paths
+from animegamer_jax import fileio, paths
 from animegamer_jax.checkpoint import (CheckpointIntegrityError, SystemCheckpointError, checkpoint_identity,
                                        load_system, read_manifest, verify_checkpoint)
 from animegamer_jax.game.api import GameSystem
@@ -49,7 +49,7 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
       CheckpointError: missing directory, a missing, truncated or damaged file (named), or a
         missing component (named); always one line.
     """
-    if not paths.isdir(checkpoint):
+    if not fileio.isdir(checkpoint):
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
                               f"written by save_system (or use --standin for a random stand-in)")
     try:
@@ -118,7 +118,7 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
     if standin:
         return build_standin(config, seed=int(config.seed))
     ckpt = paths.resource(checkpoint or config.game.checkpoint)
-    if random_fallback and (not ckpt or not paths.isdir(ckpt)):
+    if random_fallback and (not ckpt or not fileio.isdir(ckpt)):
         return build_random_system(config, seed=int(config.seed))
     if not ckpt:
         raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from animegamer_jax import fileio
+from animegamer_jax import fileio, paths
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine, game_record
@@ -42,7 +42,7 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
     folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                 cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
                                 fingerprint=fingerprint(engine, result["game"], result["seed"]))
-    timings = writers.read_json(fileio.join(folder, writers.TIMINGS_JSON))
+    timings = writers.read_json(paths.join(folder, writers.TIMINGS_JSON))
     record["timings_s"]["run"]["writing"] = timings["run"]["writing"]
     return folder, record
 
@@ -69,7 +69,7 @@ def pending_games(games: Sequence[Game], out_dir: str, process_index: int = 0, p
     todo, replay = [], {}
     for g in mine:
         writers.clean_stale_temp(out_dir, g.game_id)
-        folder = fileio.join(out_dir, g.game_id)
+        folder = paths.join(out_dir, g.game_id)
         if not fileio.exists(folder) or (fileio.isdir(folder) and not fileio.listdir(folder)):
             todo.append(g)
             continue

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from animegamer_jax import fileio, video_io
+from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.game.api import FRAME_RANGE
 from animegamer_jax.game.script import is_plain_name
 from animegamer_jax.game.window import METER_NAMES
@@ -71,7 +71,7 @@ def check_writable(out_dir: str) -> None:
     """
     try:
         fileio.makedirs(out_dir)
-        probe = fileio.join(out_dir, f".write-probe-{uuid.uuid4().hex[:8]}")
+        probe = paths.join(out_dir, f".write-probe-{uuid.uuid4().hex[:8]}")
         fileio.write_bytes_atomic(probe, b"")
         fileio.remove(probe)
     except OSError as e:
@@ -277,7 +277,7 @@ def check_game_id(game_id: str, where: str = "--game-id") -> str:
 
 def is_game_folder(game_dir: str) -> bool:
     """True when ``game_dir`` is a finished game written by this project (holds the marker file)."""
-    return fileio.isfile(fileio.join(game_dir, MARKER))
+    return fileio.isfile(paths.join(game_dir, MARKER))
 
 
 def is_finished(game_dir: str) -> bool:
@@ -285,7 +285,7 @@ def is_finished(game_dir: str) -> bool:
 
     Use :func:`verify_game` to also check what made it and that its files are intact.
     """
-    return is_game_folder(game_dir) and fileio.isfile(fileio.join(game_dir, GAME_JSON))
+    return is_game_folder(game_dir) and fileio.isfile(paths.join(game_dir, GAME_JSON))
 
 
 def check_target(out_dir: str, game_id: str, overwrite: bool = False) -> bool:
@@ -299,7 +299,7 @@ def check_target(out_dir: str, game_id: str, overwrite: bool = False) -> bool:
         and ``overwrite`` is False (the message names the folder and the fix).
     """
     check_game_id(game_id)
-    final = fileio.join(out_dir, game_id)
+    final = paths.join(out_dir, game_id)
     if not fileio.exists(final):
         return False
     if fileio.isdir(final) and not fileio.listdir(final):
@@ -323,8 +323,8 @@ def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
         return removed
     prefix = f".tmp-{game_id}-"
     for name in fileio.listdir(out_dir):
-        path = fileio.join(out_dir, name)
-        if name.startswith(prefix) and fileio.isfile(fileio.join(path, TMP_MARKER)):
+        path = paths.join(out_dir, name)
+        if name.startswith(prefix) and fileio.isfile(paths.join(path, TMP_MARKER)):
             fileio.rmtree(path)
             removed.append(name)
     return removed
@@ -388,7 +388,7 @@ def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str
     if not is_game_folder(game_dir):
         return "not a finished game"
     try:
-        rec = json.loads(fileio.read_bytes(fileio.join(game_dir, GAME_JSON)).decode("utf-8"))
+        rec = json.loads(fileio.read_bytes(paths.join(game_dir, GAME_JSON)).decode("utf-8"))
         files = rec["files"]
         fp = rec["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -398,7 +398,7 @@ def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str
         more = f"; {len(changes) - 3} more" if len(changes) > 3 else ""
         return "made differently (" + ("; ".join(changes[:3]) or "fingerprint differs") + more + ")"
     for name, want in sorted(files.items()):
-        path = fileio.join(game_dir, name)
+        path = paths.join(game_dir, name)
         if not fileio.isfile(path):
             return f"file {name} is missing"
         if fileio.size(path) != want["size"]:
@@ -450,12 +450,12 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     check_writable(out_dir)
     check_target(out_dir, game_id, overwrite)
     clean_stale_temp(out_dir, game_id)
-    final = fileio.join(out_dir, game_id)
-    tmp = fileio.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+    final = paths.join(out_dir, game_id)
+    tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
     fileio.makedirs(tmp)
     old = None
     try:
-        fileio.write_bytes_atomic(fileio.join(tmp, TMP_MARKER), b"")
+        fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), b"")
         rec = json.loads(json.dumps(record))
         timings = _split_timings(rec)
         hud_all = []
@@ -463,39 +463,39 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
             hud = draw_hud(video_io.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
             hud_all.append(hud)
             t["video"] = f"turn_{k:03d}.mp4"
-            write_mp4(fileio.join(tmp, t["video"]), hud, fps)
+            write_mp4(paths.join(tmp, t["video"]), hud, fps)
             if write_gif_files:
                 t["gif"] = f"turn_{k:03d}.gif"
-                write_gif(fileio.join(tmp, t["gif"]), hud, fps)
-        write_mp4(fileio.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        save_image(fileio.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
+                write_gif(paths.join(tmp, t["gif"]), hud, fps)
+        write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
+        save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
                     format="PNG")
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
-        fileio.write_text_atomic(fileio.join(tmp, "index.html"), _index_html(game_id, rec))
+        fileio.write_text_atomic(paths.join(tmp, "index.html"), _index_html(game_id, rec))
         rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
-        rec["files"] = {name: {"size": fileio.size(fileio.join(tmp, name)),
-                               "sha256": fileio.sha256_file(fileio.join(tmp, name))}
+        rec["files"] = {name: {"size": fileio.size(paths.join(tmp, name)),
+                               "sha256": fileio.sha256_file(paths.join(tmp, name))}
                         for name in fileio.listdir(tmp) if name not in (TMP_MARKER, TIMINGS_JSON)}
-        fileio.write_text_atomic(fileio.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
         if timings:
             timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
-            fileio.write_text_atomic(fileio.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
-        fileio.write_text_atomic(fileio.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
+            fileio.write_text_atomic(paths.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+        fileio.write_text_atomic(paths.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
         if fileio.exists(final) and fileio.isdir(final) and fileio.listdir(final):
             # an earlier finished game of ours (check_target allowed it): move it aside, then drop it
-            old = fileio.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-            fileio.write_bytes_atomic(fileio.join(final, TMP_MARKER), b"")
+            old = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+            fileio.write_bytes_atomic(paths.join(final, TMP_MARKER), b"")
             fileio.rename(final, old)
         elif fileio.exists(final):
             fileio.rmdir(final)  # an empty folder
         fileio.rename(tmp, final)
-        fileio.remove(fileio.join(final, TMP_MARKER))
+        fileio.remove(paths.join(final, TMP_MARKER))
     except BaseException:
         fileio.rmtree(tmp)
         if old is not None and not fileio.exists(final):
             fileio.rename(old, final)  # put the earlier game back
-            fileio.remove(fileio.join(final, TMP_MARKER))
+            fileio.remove(paths.join(final, TMP_MARKER))
             old = None
         raise
     if old is not None:

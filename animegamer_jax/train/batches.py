@@ -28,7 +28,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from animegamer_jax import mllm_tokenizer, paths, t5_tokenizer, video_io
+from animegamer_jax import fileio, mllm_tokenizer, paths, t5_tokenizer, video_io
 from animegamer_jax.data import video
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.models.mistral import mllm
@@ -125,7 +125,7 @@ class BatchBuilder:
             self.t5_tok = self.tok = None
             return
         spiece = paths.resource(config.t5.spiece_model)
-        if not spiece or not paths.exists(spiece):
+        if not spiece or not fileio.exists(spiece):
             raise FileNotFoundError(f"config.t5.spiece_model {spiece!r} not found (the T5 spiece.model shipped "
                                     f"with the T5 weights)")
         self.t5_tok = t5_tokenizer.T5Tokenizer(spiece, max_length=int(config.t5.max_length))

@@ -290,7 +290,7 @@ def fit(
         ``allow_resume_mismatch``; nothing is restored or written then.
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
-    ckpt_dir = paths.join(workdir, "checkpoints")
+    ckpt_dir = str(paths.as_path(paths.join(workdir, "checkpoints")))  # absolute, as messages and FitResult show it
     mngr = ckpt_lib.CheckpointManager(ckpt_dir, max_to_keep=keep_checkpoints, async_save=async_checkpoint)
     checkpointable = ckpt_lib.is_grain_iterator(data)
     writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))

@@ -26,7 +26,7 @@ from tensorboardX import SummaryWriter as TensorboardXWriter
 from tensorboardX import record_writer
 from tensorboardX.proto import event_pb2
 
-from animegamer_jax import paths
+from animegamer_jax import fileio, paths
 from animegamer_jax.parallel import target
 
 def peak_flops_per_device(configured_tflops: float = 0.0, device: jax.Device | None = None) -> float | None:
@@ -105,7 +105,7 @@ class _URLRecordWriterFactory:
         return _URLRecordWriter(path)
 
     def directory_check(self, path: str) -> None:
-        paths.makedirs(path)
+        fileio.makedirs(path)
 
 
 def _register_url_writers() -> None:
@@ -121,7 +121,7 @@ class SummaryWriter:
         self._writer = None
         if jax.process_index() == 0:
             _register_url_writers()
-            paths.makedirs(self.logdir)
+            fileio.makedirs(self.logdir)
             self._writer = TensorboardXWriter(logdir=self.logdir)
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:

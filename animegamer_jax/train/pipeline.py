@@ -23,7 +23,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from animegamer_jax import checkpoint, parallel, paths
+from animegamer_jax import checkpoint, fileio, parallel, paths
 from animegamer_jax.cli import status
 from animegamer_jax.data import loader, storage
 from animegamer_jax.train import loop, losses, optim
@@ -111,8 +111,8 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
                  init_checkpoint: str = "") -> str:
     """System checkpoint of the trained model's components (+ the init checkpoint's other components)."""
     out_dir = str(paths.as_path(out_dir))
-    if (paths.exists(out_dir) and any(paths.as_path(out_dir).iterdir())
-            and not paths.exists(paths.join(out_dir, "manifest", "metadata"))):
+    if (fileio.exists(out_dir) and any(paths.as_path(out_dir).iterdir())
+            and not fileio.exists(paths.join(out_dir, "manifest", "metadata"))):
         # a user's files are never replaced: only a system checkpoint of ours (it has a manifest)
         raise FileExistsError(f"{out_dir} exists and is not a system checkpoint (no manifest/metadata); "
                               f"it is left untouched. Fix: move it away or point "
@@ -131,12 +131,12 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
         checkpoint.save_system(out_dir, comps, config, force=True)
         return out_dir
     tmp = out_dir.rstrip("/") + ".tmp"
-    if paths.exists(tmp) and jax.process_index() == 0:
-        paths.rmtree(tmp)
+    if fileio.exists(tmp) and jax.process_index() == 0:
+        fileio.rmtree(tmp)
     checkpoint.save_system(tmp, comps, config, force=True)
     if jax.process_index() == 0:
-        paths.rmtree(out_dir)
-        paths.move_dir(tmp, out_dir)
+        fileio.rmtree(out_dir)
+        fileio.rename(tmp, out_dir)
     return out_dir
 
 

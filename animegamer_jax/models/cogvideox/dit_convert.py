@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import paths
+from animegamer_jax import fileio, paths
 from animegamer_jax.weights import (ConversionError, check_keys, load_state_dict, raise_key_problems,
                                     restore_state, save_state, to_numpy)
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
@@ -404,7 +404,8 @@ def build_model(cfg: DiTConfig, params: Flat, keep_init: tuple[str, ...] = (), s
 
 def save_orbax(model: CogVideoXDiT, directory: str) -> None:
     """Saves the model's Param state as an orbax checkpoint (item `dit`) plus its DiTConfig."""
-    directory = paths.makedirs(directory)  # local or a URL (gs://...)
+    directory = paths.as_path(directory)  # local (made absolute) or a URL (gs://...)
+    fileio.makedirs(directory)
     save_state(nnx.state(model, nnx.Param), directory / "dit")
     (directory / "dit_config.json").write_text(json.dumps(dataclasses.asdict(model.cfg), indent=1))
 

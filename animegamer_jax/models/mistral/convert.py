@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import paths
+from animegamer_jax import fileio, paths
 from animegamer_jax.weights import (ConversionError, check_keys, load_state_dict, save_state,
                                     state_from_pure_dict, to_numpy)
 from animegamer_jax.models.mistral.model import Mistral, MistralConfig
@@ -208,7 +208,7 @@ def convert_hf_checkpoint(src: str, dst: str | None = None, **overrides: Any) ->
     cfg = config_from_hf(load_hf_config(src), **overrides)
     state = convert_mistral(load_state_dict(src), cfg)
     if dst:
-        paths.makedirs(dst)
+        fileio.makedirs(dst)
         save_state(state, paths.join(dst, "params"))
         paths.as_path(paths.join(dst, "mistral_config.json")).write_text(json.dumps(
             {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
