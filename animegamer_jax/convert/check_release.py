@@ -30,7 +30,6 @@ import dataclasses
 import io
 import json
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 

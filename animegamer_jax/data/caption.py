@@ -55,7 +55,7 @@ from animegamer_jax import paths
 from animegamer_jax.data import captioners as captioners_lib
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import label_schema, motion
-from animegamer_jax.data.films import VIDEO_EXTENSIONS, films_of_dataset, list_film_dir, parse_film_arg  # noqa: F401
+from animegamer_jax.data.films import films_of_dataset, list_film_dir, parse_film_arg
 
 HEADER_PREFIX = "# animegamer-label "
 FORMAT_VERSION = 1

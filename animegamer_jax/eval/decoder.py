@@ -27,7 +27,6 @@ clips and generalises to no other footage), not how well it generalises.
 from __future__ import annotations
 
 import json
-import sys
 
 import jax
 import jax.numpy as jnp
