@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
+from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 from absl import flags
 from absl import logging as absl_logging
 
@@ -106,8 +107,17 @@ def status(fmt: str, *args: object) -> None:
     absl_logging.info(fmt, *args)
     if not _console["on"] or absl_logging.get_verbosity() >= absl_logging.INFO:
         return
-    if jax.process_index() == 0:
+    if _on_process_zero():
         print(fmt % args if args else fmt, file=sys.stderr, flush=True)
+
+
+def _on_process_zero() -> bool:
+    """jax.process_index() == 0 once the backend is up; before that (a stage line printed before
+    ``jax.distributed.initialize``, which must run first) asking would start the backend, so the
+    ``JAX_PROCESS_ID`` of the launchers decides."""
+    if not xla_bridge.backends_are_initialized():
+        return os.environ.get("JAX_PROCESS_ID", "0") in ("", "0")
+    return jax.process_index() == 0
 
 
 def parse_flags(argv: Sequence[str], define: Define, doc: str = "",

@@ -224,7 +224,10 @@ def get_config() -> ml_collections.ConfigDict:
     # midpoints of the release's per-level flow values 0.5, 2.5, 10, 15, 40 (see data/motion.py).
     c.data.motion_bins = (1.118, 5.0, 12.247, 24.495)
     c.data.max_turns = 5  # multi-turn examples have 1..max_turns consecutive clips
-    c.data.dataset_dir = "data/prepared/animegamer_samples"  # prepared ArrayRecord dataset
+    c.data.dataset_dir = "data/prepared/animegamer_samples"  # prepared tfds dataset (data_dir of data.prepare)
+    c.data.features_dir = ""  # precomputed f_v / f_md (data.extract_features), read when train.precomputed_features
+    c.data.split = "train"  # the split training reads ("heldout": the films of heldout_films)
+    c.data.heldout_films = ()  # film ids data.prepare puts in the "heldout" split instead of "train"
     c.data.num_workers = 0  # grain worker processes (0 = in-process)
     c.data.shuffle_seed = 0  # grain index-sampler seed (shuffle order, multi-turn lengths)
 

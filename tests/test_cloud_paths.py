@@ -245,11 +245,11 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
 
 
 def test_dataset_urls_name_the_gcsfuse_fix():
-    from animegamer_jax.data import prepare, storage
+    from animegamer_jax.data import datasets, prepare
     from configs import tiny
 
-    with pytest.raises(storage.DatasetError, match=r"gcsfuse --implicit-dirs bucket /gcs/bucket.*/gcs/bucket/ds"):
-        storage.shard_paths("gs://bucket/ds", index={"shards": [{"file": "clips.array_record-00000-of-00001"}]})
+    with pytest.raises(datasets.DatasetError, match=r"gcsfuse --implicit-dirs bucket /gcs/bucket.*/gcs/bucket/ds"):
+        datasets.open_split("gs://bucket/ds")
     with pytest.raises(ValueError, match="gcsfuse"):
         prepare.prepare_dataset([("f", "film.mp4")], "labels.jsonl", "gs://bucket/ds", tiny.get_config().data)
 

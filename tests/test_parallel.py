@@ -123,3 +123,20 @@ def test_initialize_is_skipped_for_one_process(monkeypatch):
     assert parallel.initialize() is False
     assert parallel.is_multiprocess_launch({"JAX_NUM_PROCESSES": "4"}) is True
     assert parallel.is_multiprocess_launch({"SLURM_NTASKS": "2", "SLURM_PROCID": "1"}) is True
+
+
+def test_stage_lines_before_distributed_initialize_leave_the_backend_alone():
+    """`train` prints its first stage line before jax.distributed.initialize, which fails once the XLA
+    backend is up: the line must not start it (it did, through jax.process_index; every multi-process
+    `python -m animegamer_jax.train` stopped with "must be called before any JAX calls")."""
+    out = run_python("""
+        import jax
+        from jax._src import xla_bridge
+        from animegamer_jax import cli
+        cli._console["on"] = True
+        cli.status("building %s ...", "the model")
+        print(xla_bridge.backends_are_initialized())
+        jax.devices()
+        cli.status("compiling")
+    """, devices=1, env={"JAX_PROCESS_ID": "1"})
+    assert out.strip().splitlines()[-1] == "False"

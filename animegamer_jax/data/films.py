@@ -6,12 +6,11 @@ reports (``data/label_schema.py``).
 
 from __future__ import annotations
 
-import json
 import os
 
 from etils import epath
 
-from animegamer_jax.data import storage
+from animegamer_jax.data import datasets
 
 #: file name suffixes :func:`list_film_dir` takes for films (compared lower-case)
 VIDEO_EXTENSIONS = (".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v")
@@ -43,11 +42,12 @@ def list_film_dir(film_dir: str) -> list[tuple[str, str]]:
 
 
 def films_of_dataset(dataset_dir: str) -> list[tuple[str, str]]:
-    """(film_id, path) of every film of a prepared dataset (its dataset.json), to label them again.
+    """(film_id, path) of every film of a prepared dataset (its metadata.json, every split), to label them again.
 
-    Raises FileNotFoundError naming the folder when it holds no dataset.json.
+    Raises FileNotFoundError naming the folder when it holds no prepared dataset.
     """
-    index = epath.Path(dataset_dir) / storage.INDEX_FILE
-    if not index.exists():
-        raise FileNotFoundError(f"{dataset_dir}: no {storage.INDEX_FILE}; not a dataset written by data.prepare")
-    return [(str(f["film_id"]), str(f["path"])) for f in json.loads(index.read_text())["films"]]
+    try:
+        meta = datasets.metadata(dataset_dir)
+    except datasets.DatasetError as e:
+        raise FileNotFoundError(str(e)) from None
+    return [(str(f["film_id"]), str(f["path"])) for f in meta["films"]]

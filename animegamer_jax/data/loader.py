@@ -1,4 +1,5 @@
-"""Grain input pipelines over a prepared clip dataset (storage.py layout).
+"""Grain input pipelines over a prepared clip dataset (a tfds dataset, data/datasets.py), read through
+tfds data sources.
 
 Two kinds of example:
 - mode "clips" (decoder training, phases a1/a2/c): one clip per example,
@@ -42,46 +43,83 @@ import grain
 import numpy as np
 
 from animegamer_jax import mllm_tokenizer, paths
-from animegamer_jax.data import storage
+from animegamer_jax.data import datasets
 
 # Per-clip fields that are not precomputed features; turns mode carries only the per-turn ones.
 _CLIP_ARRAYS = ("frames", "first_frame", "frame_times", "states", "motion_scope")
 
 
 class ClipSource(grain.sources.RandomAccessDataSource):
-    """Random access to the decoded clip records of a dataset directory (picklable for workers).
+    """Random access to the clips of one split of a prepared dataset (picklable for grain workers: the
+    tfds data sources are opened again in each process).
+
+    Records are returned as today's loaders read them: text fields as str, ``characters`` joined by
+    ", ", ``first_frame`` = frames[0], ``index`` the record index in the split, and with
+    ``features_dir`` every field of the feature dataset's record of the same index (f_v, f_md).
 
     Args:
-      dataset_dir: prepared dataset.
+      dataset_dir: prepared dataset (``datasets.find``).
       skip_fields: record fields not to return (e.g. ("frames",) when only features are needed).
+      split: "train" or "heldout".
+      features_dir: a feature dataset of this split (data/extract_features.py), or "".
+
+    Raises:
+      datasets.DatasetError: no dataset / split, or a feature dataset of another size.
     """
 
-    def __init__(self, dataset_dir: str, skip_fields: Sequence[str] = ()):
+    def __init__(self, dataset_dir: str, skip_fields: Sequence[str] = (), split: str = "train",
+                 features_dir: str = ""):
         self.dataset_dir = dataset_dir if "://" in dataset_dir else os.path.abspath(paths.resource(dataset_dir))
-        self.index = storage.read_index(self.dataset_dir)
+        self.split, self.features_dir = split, features_dir
+        self.index = datasets.read_index(self.dataset_dir, split)
         self.skip_fields = tuple(skip_fields)
-        self._src = grain.sources.ArrayRecordDataSource(storage.shard_paths(self.dataset_dir, self.index))
+        self._open()
         if len(self._src) != self.index["num_clips"]:
-            raise storage.DatasetError(f"{self.dataset_dir}: shards hold {len(self._src)} records, "
-                                       f"index says {self.index['num_clips']}")
+            raise datasets.DatasetError(f"{self.dataset_dir}: split {split} holds {len(self._src)} records, "
+                                        f"its metadata says {self.index['num_clips']}")
+        if self._features is not None and len(self._features) != len(self._src):
+            raise datasets.DatasetError(f"{features_dir}: {len(self._features)} feature records for the "
+                                        f"{len(self._src)} clips of {self.dataset_dir} ({split}); extract them again")
+        if self._features is not None:
+            self.index = {**self.index, "feature_fields": sorted(k for k in self._features[0] if k != "index")}
+
+    def _open(self) -> None:
+        self._src = datasets.open_split(self.dataset_dir, self.split)
+        self._features = datasets.open_split(self.features_dir, self.split) if self.features_dir else None
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_src", "_features")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._open()
 
     def __len__(self) -> int:
         return int(self.index["num_clips"])
 
     def __getitem__(self, record_key: int) -> dict:
-        rec = storage.decode_record(self._src[int(record_key)])
+        raw = self._src[int(record_key)]
+        rec = {k: (v.decode("utf-8") if isinstance(v, bytes) else v) for k, v in raw.items()}
+        rec["characters"] = ", ".join(c.decode("utf-8") if isinstance(c, bytes) else str(c)
+                                      for c in raw["characters"])
+        rec["first_frame"] = rec["frames"][0]
+        rec["index"] = np.int32(record_key)
+        for name in ("scene_id", "clip_index", "motion_level"):  # tfds data sources give Python scalars
+            rec[name] = np.int32(rec[name])
+        for name in ("start_time", "end_time", "motion_scope"):
+            rec[name] = np.float32(rec[name])
+        if self._features is not None:
+            feats = self._features[int(record_key)]
+            if int(feats["index"]) != int(record_key):
+                raise datasets.DatasetError(f"{self.features_dir}: record {record_key} holds the features of "
+                                            f"clip {int(feats['index'])}; extract them again")
+            rec.update({k: v for k, v in feats.items() if k != "index"})
         for name in self.skip_fields:
             rec.pop(name, None)
-        rec["characters"] = ", ".join(rec["characters"])
-        rec["index"] = np.int32(record_key)
-        for name in ("scene_id", "clip_index", "motion_level"):
-            rec[name] = np.int32(rec[name])
-        for name in ("start_time", "end_time"):
-            rec[name] = np.float32(rec[name])
         return rec
 
     def __repr__(self) -> str:
-        return f"ClipSource({self.dataset_dir!r}, {len(self)} clips)"
+        return f"ClipSource({self.dataset_dir!r}, {self.split}, {len(self)} clips)"
 
 
 class StartSource(grain.sources.RandomAccessDataSource):
@@ -110,10 +148,12 @@ class SampleTurns(grain.transforms.RandomMap):
     dataset_dir: str
     max_turns: int = 5
     include_frames: bool = False
+    split: str = "train"
+    features_dir: str = ""
 
     def __post_init__(self):
         skip = () if self.include_frames else ("frames", "first_frame")
-        self._clips = ClipSource(self.dataset_dir, skip_fields=skip)
+        self._clips = ClipSource(self.dataset_dir, skip_fields=skip, split=self.split, features_dir=self.features_dir)
         rows = self._clips.index["clips"]
         films = [r["film_id"] for r in rows]
         # Clips left in the same film from each index (films are contiguous runs of records).
@@ -169,7 +209,7 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
                 shard_count: int | None = None, worker_count: int = 0, max_turns: int = 5,
                 include_frames: bool | None = None, drop_remainder: bool = True,
                 extra_operations: Sequence = (), read_threads: int = 2,
-                prefetch: int = 16) -> grain.DataLoader:
+                prefetch: int = 16, split: str = "train", features_dir: str = "") -> grain.DataLoader:
     """Builds a grain DataLoader over a prepared dataset.
 
     Args:
@@ -187,18 +227,20 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
       extra_operations: grain transforms applied per example before batching (e.g. TokenizeTurns).
       read_threads, prefetch: grain ReadOptions (threads reading records, examples read ahead); grain's
         defaults (16, 500) would decode hundreds of clips ahead of need.
+      split: the dataset's split ("train", or "heldout" where the config names held-out films).
+      features_dir: precomputed f_v / f_md of the same split (data/extract_features.py), or "".
 
     Raises:
-      storage.DatasetError: not a prepared dataset; ValueError: bad mode / shard arguments.
+      datasets.DatasetError: not a prepared dataset (or split); ValueError: bad mode / shard arguments.
     """
     shard = _shard_options(shard_index, shard_count)
     if mode == "clips":
-        source = ClipSource(dataset_dir)
+        source = ClipSource(dataset_dir, split=split, features_dir=features_dir)
         ops: list = []
     elif mode == "turns":
-        source = StartSource(storage.read_index(dataset_dir)["num_clips"])
+        source = StartSource(datasets.read_index(dataset_dir, split)["num_clips"])
         ops = [SampleTurns(dataset_dir if "://" in dataset_dir else os.path.abspath(paths.resource(dataset_dir)),
-                           max_turns, bool(include_frames))]
+                           max_turns, bool(include_frames), split, features_dir)]
     else:
         raise ValueError(f"mode must be 'clips' or 'turns', got {mode!r}")
     ops.extend(extra_operations)
@@ -212,11 +254,14 @@ def make_loader(dataset_dir: str, *, mode: str = "clips", batch_size: int | None
 
 
 def make_loader_from_config(cfg, *, mode: str, batch_size: int | None, **kwargs) -> grain.DataLoader:
-    """make_loader with dataset_dir, seed, workers and max_turns from the `data` config section."""
+    """make_loader with dataset_dir, split, features_dir, seed, workers and max_turns from the `data` config
+    section."""
     d = cfg.data if "data" in cfg else cfg
     kwargs.setdefault("seed", int(d.get("shuffle_seed", 0)))
     kwargs.setdefault("worker_count", int(d.num_workers))
     kwargs.setdefault("max_turns", int(d.max_turns))
+    kwargs.setdefault("split", str(d.get("split", "train")))
+    kwargs.setdefault("features_dir", str(d.get("features_dir", "")))
     return make_loader(d.dataset_dir, mode=mode, batch_size=batch_size, **kwargs)
 
 

@@ -1,52 +1,56 @@
-r"""Films + labels -> clip dataset (ArrayRecord shards + dataset.json; see storage.py).
+r"""Films + labels -> the clip dataset, a tfds dataset built by Apache Beam (data/clip_dataset/builder.py).
 
   python -m animegamer_jax.data.prepare --config=configs/tiny.py \
       --film=sample_film=data/prepared/sample_film.mp4 [--film_dir=DIR] --labels=data/sample_labels.jsonl \
-      --out=data/prepared/tiny [--num_shards=2] [--skip_bad] [--overwrite]
+      --out=data/prepared/tiny [--num_shards=2] [--overwrite] \
+      [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing]
 
-Steps (paper Sec. 3.3 / App. B): for every film, pass 1 decodes it, finds scene cuts and plans the
-2 s clips, and matches them with the labels file; only when every film is planned and labelled does
-pass 2 decode the clips, score their motion scope / level (motion.py) and write the records.
+Per film, as one Beam element (paper Sec. 3.3 / App. B): decode, scene cuts, the 2 s clip plan, the
+labels join, the clips' frames and their motion scope / level; tfds writes one ArrayRecord record
+per clip. `--out` is the tfds data_dir: the dataset lands in
+`<out>/animegamer_clips/<H>x<W>x<T>/<version>/` (data/datasets.py finds it from `<out>`). Films
+named in `config.data.heldout_films` form the `heldout` split, the others `train`.
+`--beam_pipeline_options` picks the engine (empty: DirectRunner in this process); the same command runs
+on Dataflow, Flink or Spark (docs/data.md).
 
-Atomic: everything is written into a hidden temporary directory beside `--out`, which is renamed to
-`--out` only after the last shard and the index are closed; a crash or an error removes it, so no
-half-written dataset or shard is ever visible at `--out`. An existing `--out` is replaced only with
-`--overwrite`.
+Atomic: tfds builds into `<out>/animegamer_clips/<config>/incomplete.XXXXXX_<version>/` and renames it
+when every split and metadata.json are written; a crash leaves only that folder, which the next run
+removes before it builds again (one prepare per `--out` at a time). An existing dataset is replaced
+only with `--overwrite`.
 
-Clips marked `unlabelled` in the labels file (data/caption.py could not label them) are left out and
-listed in the report and in dataset.json's "unlabelled".
-
-Bad input: an unreadable / corrupt / empty video, a film shorter than one clip, labels that do not
-match the clips, or unknown characters raise an error naming the file and clip; with `--skip_bad`
-the film is left out instead and listed in the report (and in dataset.json's "skipped").
+Bad input: the labels file is checked before the pipeline starts (one-line error naming the file and
+line). A film that cannot be decoded, is shorter than one clip or does not match its labels fails
+alone: it is counted, listed in the report and in metadata.json's "skipped", and the rest is built
+(`--skip_bad` is accepted for older command lines: this is always so). Clips marked `unlabelled` in
+the labels file are left out and listed ("unlabelled").
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import shutil
+import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 from absl import flags
-from array_record.python.array_record_module import ArrayRecordWriter
 from ml_collections import config_flags
 
 from animegamer_jax import cli as cli_lib
 from animegamer_jax import paths
-from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import label_schema, motion, storage, video
+from animegamer_jax.data import datasets, label_schema, motion
+from animegamer_jax.data.clip_dataset import builder as builder_lib
 from animegamer_jax.data.films import list_film_dir, parse_film_arg
+
+#: files of a dataset of the old layout (dataset.json + shards, format animegamer_jax.clips/1) that --overwrite replaces
+_OLD_LAYOUT = re.compile(r"^(dataset\.json|clips\.array_record-\d{5}-of-\d{5})$")
 
 
 @dataclasses.dataclass
 class PrepareReport:
-    """What prepare_dataset did: clips written, films skipped (film_id, path, reason), seconds spent."""
+    """What prepare_dataset did: the dataset's version folder, clips written (per split), films skipped
+    (film_id, path, reason), clips left out as unlabelled, motion scopes, Beam counters, seconds spent."""
 
     out_dir: str
     num_clips: int
@@ -55,10 +59,12 @@ class PrepareReport:
     motion_scopes: list[float]
     seconds: float
     unlabelled: list[tuple[str, int, str]] = dataclasses.field(default_factory=list)
+    splits: dict[str, int] = dataclasses.field(default_factory=dict)
+    counters: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         lines = [f"wrote {self.num_clips} clips of {len(self.films)} film(s) to {self.out_dir} "
-                 f"in {self.seconds:.1f} s"]
+                 f"in {self.seconds:.1f} s (splits: {self.splits}; counters: {self.counters})"]
         for film_id, path, reason in self.skipped:
             lines.append(f"skipped film '{film_id}' ({path}): {reason}")
         if self.unlabelled:
@@ -73,152 +79,62 @@ class PrepareReport:
         return "\n".join(lines)
 
 
-_CONFIG_KEYS = ("height", "width", "num_frames", "fps", "clip_seconds", "scene_threshold",
-                "flow_threshold", "motion_bins")
-
-
 def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir: str, data_cfg,
-                    num_shards: int = 1, skip_bad: bool = False, overwrite: bool = False,
-                    feature_fn: Callable[[clips_lib.Clip], dict[str, np.ndarray]] | None = None,
+                    num_shards: int | None = None, overwrite: bool = False, beam_pipeline_options: str = "",
+                    heldout_films: Sequence[str] | None = None,
                     log: Callable[[str], None] = lambda s: None) -> PrepareReport:
-    """Builds a clip dataset from films and a labels file.
+    """Builds the clip dataset of ``films`` into the tfds data_dir ``out_dir``.
 
     Args:
-      films: (film_id, video path) pairs; ids must be unique.
+      films: (film_id, video path) pairs, in record order; ids must be unique.
       labels_path: labels JSONL (label_schema.py format).
-      out_dir: dataset directory to create.
-      data_cfg: the `data` config section (height, width, num_frames, fps, clip_seconds,
-        scene_threshold, flow_threshold, motion_bins).
-      num_shards: ArrayRecord shards (clips are split into contiguous, near-equal ranges).
-      skip_bad: leave out films that fail (reported) instead of raising.
-      overwrite: replace an existing out_dir.
-      feature_fn: optional, maps a decoded clip to extra arrays stored in its record (precomputed
-        VAE latents, E_a features, ...).
+      out_dir: tfds data_dir to build into (local path or FUSE mount).
+      data_cfg: the `data` config section (sizes: builder.CONFIG_KEYS; heldout_films).
+      num_shards: ArrayRecord shards per split (None: tfds picks by size).
+      overwrite: replace a dataset already in out_dir (of any clip size, or of the old layout).
+      beam_pipeline_options: comma-separated Beam options (beam_util.beam_options); "" = DirectRunner.
+      heldout_films: film ids of the `heldout` split (None: data_cfg.heldout_films).
       log: progress callback.
 
     Raises:
-      FileExistsError: out_dir exists and not overwrite.
-      video.VideoError, clips.FilmTooShortError, label_schema.LabelError: bad input (without skip_bad),
-        naming file and clip.
-      ValueError: no clip at all, duplicate film ids, num_shards < 1.
+      FileExistsError: out_dir holds a dataset and not overwrite.
+      label_schema.LabelError: the labels file is malformed (file and line).
+      ValueError: out_dir is a URL, duplicate film ids, no film, no clip written at all.
     """
     t0 = time.time()
-    if paths.is_url(out_dir):
-        raise ValueError(f"--out {out_dir}: ArrayRecord shards are written to local files (array_record has no "
-                         f"URL support). Fix: write to a local folder or a gcsfuse mount of the bucket "
-                         f"(`gcsfuse --implicit-dirs BUCKET /gcs/BUCKET`), e.g. /gcs/{out_dir.split('://', 1)[1]}")
-    out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    datasets.require_local(out_dir)
     ids = [f for f, _ in films]
+    if not ids:
+        raise ValueError("no film given")
     if len(set(ids)) != len(ids):
         raise ValueError(f"duplicate film ids in {ids}")
-    labels = label_schema.read_labels(labels_path)
+    label_schema.read_labels(labels_path)  # a malformed file stops here, before any worker starts
+    config = builder_lib.config_from_data(data_cfg)
+    heldout = tuple(data_cfg.get("heldout_films", ()) if heldout_films is None else heldout_films)
+    old_layout = sorted(n for n in os.listdir(out_dir) if _OLD_LAYOUT.match(n)) if os.path.isdir(out_dir) else []
 
-    # Pass 1: plan and label every film before writing anything.
-    planned: list[tuple[str, str, list[clips_lib.ClipSpec], list[label_schema.ClipLabel]]] = []
-    skipped: list[tuple[str, str, str]] = []
-    unlabelled: list[tuple[str, int, str]] = []
-    for film_id, path in films:
-        try:
-            specs, scenes, info = clips_lib.plan_film(path, film_id, data_cfg)
-            film_labels = label_schema.match_labels(film_id, specs, labels, path)
-        except (video.VideoError, clips_lib.FilmTooShortError, label_schema.LabelError) as e:
-            if not skip_bad:
-                raise
-            skipped.append((film_id, path, str(e)))
-            log(f"skip {film_id}: {e}")
-            continue
-        log(f"{film_id}: {info.num_frames} frames at {info.fps:g} fps, {len(scenes)} scenes, {len(specs)} clips")
-        unlabelled += [(film_id, s.clip_index, labels.unlabelled[(film_id, s.clip_index)][1])
-                       for s, lab in zip(specs, film_labels) if lab is None]
-        kept = [(s, lab) for s, lab in zip(specs, film_labels) if lab is not None]
-        if kept:
-            planned.append((film_id, path, [s for s, _ in kept], [lab for _, lab in kept]))
-    total = sum(len(p[2]) for p in planned)
-    if total == 0:
-        raise ValueError(f"no clips to write (films skipped: {[s[0] for s in skipped]}; "
-                         f"clips marked unlabelled: {len(unlabelled)})")
-    num_shards = min(num_shards, total)
-    bounds = np.linspace(0, total, num_shards + 1).round().astype(int)
+    def make_builder(data_dir: str) -> builder_lib.AnimegamerClips:
+        return builder_lib.AnimegamerClips(
+            films=[(f, p if paths.is_url(p) else os.path.abspath(p)) for f, p in films],
+            labels_path=os.path.abspath(labels_path), heldout_films=heldout, data_dir=data_dir, config=config,
+            file_format="array_record")
 
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
-        rows, scopes, film_rows, feature_fields = [], [], [], set()
-        shard, writer = -1, None
-        bins = tuple(float(b) for b in data_cfg.motion_bins)
-        g = 0
-        for film_id, path, specs, film_labels in planned:
-            film_rows.append({"film_id": film_id, "path": os.path.abspath(path), "first_index": g,
-                              "num_clips": len(specs)})
-            for clip, label in zip(clips_lib.extract_clips(path, specs, int(data_cfg.height), int(data_cfg.width)),
-                                   film_labels, strict=True):
-                while g >= bounds[shard + 1]:
-                    if writer is not None:
-                        writer.close()
-                    shard += 1
-                    writer = ArrayRecordWriter(os.path.join(tmp, storage.shard_name(shard, num_shards)),
-                                               "group_size:1")
-                scope = motion.motion_scope(clip.frames, r=float(data_cfg.flow_threshold))
-                level = motion.motion_level(scope, bins)
-                spec = clip.spec
-                states = np.array([level, *label.state_changes()], np.int32)
-                arrays = {"frames": clip.frames, "first_frame": clip.first_frame,
-                          "frame_times": spec.frame_times, "states": states,
-                          "motion_scope": np.float32(scope)}
-                if feature_fn is not None:
-                    extra = {k: np.asarray(v) for k, v in feature_fn(clip).items()}
-                    clash = set(extra) & set(arrays)
-                    if clash:
-                        raise ValueError(f"feature_fn returned reserved field names {sorted(clash)}")
-                    feature_fields.update(extra)
-                    arrays.update(extra)
-                values = {"film_id": film_id, "scene_id": spec.scene_id, "clip_index": spec.clip_index,
-                          "start_time": spec.start_time, "end_time": spec.end_time, "motion_level": level,
-                          "characters": list(label.characters), "action": label.action,
-                          "background": label.background, "instruction": label.instruction}
-                writer.write(storage.encode_record(arrays, values))
-                rows.append({"index": g, **{k: values[k] for k in ("film_id", "scene_id", "clip_index",
-                                                                    "start_time", "end_time", "motion_level",
-                                                                    "instruction")},
-                             "motion_scope": scope, "states": states.tolist()})
-                scopes.append(scope)
-                g += 1
-            log(f"{film_id}: wrote {len(specs)} clips")
-        if writer is not None:
-            writer.close()
-        index = {
-            "format": storage.FORMAT,
-            "config": {**{k: (list(data_cfg[k]) if k == "motion_bins" else data_cfg[k]) for k in _CONFIG_KEYS},
-                       "clip_stride_seconds": float(data_cfg.get("clip_stride_seconds", 0.0))},
-            "num_clips": g,
-            "shards": [{"file": storage.shard_name(k, num_shards), "num_records": int(bounds[k + 1] - bounds[k])}
-                       for k in range(num_shards)],
-            "films": film_rows,
-            "clips": rows,
-            "feature_fields": sorted(feature_fields),
-            "labels": os.path.abspath(labels_path),
-            "skipped": [{"film_id": f, "path": p, "reason": r} for f, p, r in skipped],
-            "unlabelled": [{"film_id": f, "clip_index": i, "reason": r} for f, i, r in unlabelled],
-        }
-        with open(os.path.join(tmp, storage.INDEX_FILE), "w", encoding="utf-8") as f:
-            json.dump(index, f, indent=1)
-        os.chmod(tmp, 0o755)
-        if os.path.exists(out_dir):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "d"))
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        built = datasets.build(make_builder, out_dir, builder_lib.NAME, overwrite=overwrite,
+                               beam_pipeline_options=beam_pipeline_options, num_shards=num_shards,
+                               replaces=old_layout, log=log)
+    except Exception as e:  # noqa: BLE001 - Beam wraps the writer's error in its own
+        if "total number of generated examples is 0" in str(e):
+            raise ValueError("no clips to write: every film failed or every clip is marked unlabelled "
+                             "(the log above names each film's reason)") from None
         raise
-    return PrepareReport(out_dir, g, [p[0] for p in planned], skipped, scopes, time.time() - t0, unlabelled)
+    meta = datasets.metadata(built)
+    clips = [c for split in meta["splits"].values() for c in split["clips"]]
+    return PrepareReport(built, len(clips), [f["film_id"] for f in meta["films"]],
+                         [(r["film_id"], r["path"], r["reason"]) for r in meta["skipped"]],
+                         [float(c["motion_scope"]) for c in clips], time.time() - t0,
+                         [(r["film_id"], r["clip_index"], r["reason"]) for r in meta["unlabelled"]],
+                         {k: v["num_clips"] for k, v in meta["splits"].items()}, meta.get("counters", {}))
 
 
 def define_flags(fv, argv: list[str]) -> None:
@@ -230,10 +146,15 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).", flag_values=fv)
     flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"),
                         "Labels JSONL (see animegamer_jax/data/label_schema.py).", flag_values=fv)
-    flags.DEFINE_string("out", "", "Output dataset directory (default: config.data.dataset_dir).", flag_values=fv)
-    flags.DEFINE_integer("num_shards", 1, "ArrayRecord shards.", flag_values=fv)
-    flags.DEFINE_bool("skip_bad", False, "Skip (and report) films that fail instead of stopping.", flag_values=fv)
-    flags.DEFINE_bool("overwrite", False, "Replace an existing output directory.", flag_values=fv)
+    flags.DEFINE_string("out", "", "Output tfds data_dir (default: config.data.dataset_dir).", flag_values=fv)
+    flags.DEFINE_integer("num_shards", None, "ArrayRecord shards per split (default: tfds picks by size).",
+                         flag_values=fv)
+    flags.DEFINE_bool("skip_bad", True, "Accepted for older command lines: a failing film is always skipped and "
+                      "reported.", flag_values=fv)
+    flags.DEFINE_bool("overwrite", False, "Replace the dataset already in --out.", flag_values=fv)
+    flags.DEFINE_string("beam_pipeline_options", "", "Comma-separated Apache Beam options, e.g. "
+                        "--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing "
+                        "(default: DirectRunner in this process).", flag_values=fv)
     cli_lib.define_verbosity(fv)
 
 
@@ -253,7 +174,7 @@ def _run(f) -> int:
     if not films:
         raise cli_lib.UsageError("give the films: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
     report = prepare_dataset(films, f.labels, f.out or cfg.data.dataset_dir, cfg.data, num_shards=f.num_shards,
-                             skip_bad=f.skip_bad, overwrite=f.overwrite,
+                             overwrite=f.overwrite, beam_pipeline_options=f.beam_pipeline_options,
                              log=lambda s: print(s, file=sys.stderr, flush=True))
     print(report.summary())
     return 0

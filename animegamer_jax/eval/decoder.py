@@ -39,7 +39,7 @@ from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
-from animegamer_jax.data import loader, storage
+from animegamer_jax.data import datasets, loader
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.game import writers
@@ -57,21 +57,21 @@ def clip_indices(num_clips: int, count: int) -> list[int]:
 
 
 def check_dataset(dataset_dir: str, config) -> dict:
-    """The index (``dataset.json``) of ``dataset_dir`` after checking that its clips are what the
+    """The index (``datasets.read_index``, split train) of ``dataset_dir`` after checking that its clips are what the
     system's config makes: ``data.height`` x ``data.width``, ``data.num_frames`` frames, at least one.
 
     Raises:
-      storage.DatasetError: no prepared dataset there (local path or URL), no clips, or clips of
+      datasets.DatasetError: no prepared dataset there (local path or URL), no clips, or clips of
         another size or length (the message names both and the fix).
     """
-    index = storage.read_index(dataset_dir)
+    index = datasets.read_index(dataset_dir)
     have = {k: index["config"].get(k) for k in ("height", "width", "num_frames")}
     want = {k: int(config.data[k]) for k in ("height", "width", "num_frames")}
     if have != want:
-        raise storage.DatasetError(f"{dataset_dir}: clips of {have}, the system's config makes {want}; pass a "
+        raise datasets.DatasetError(f"{dataset_dir}: clips of {have}, the system's config makes {want}; pass a "
                                    f"dataset prepared with this config (--dataset)")
     if not index.get("clips"):
-        raise storage.DatasetError(f"{dataset_dir}: the dataset has no clips")
+        raise datasets.DatasetError(f"{dataset_dir}: the dataset has no clips")
     return index
 
 
@@ -109,7 +109,7 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
       scored clip (the clip's, the reconstruction's and the sample's middle frame).
 
     Raises:
-      storage.DatasetError: no prepared dataset at ``dataset_dir``, no clips, or clips of another size
+      datasets.DatasetError: no prepared dataset at ``dataset_dir``, no clips, or clips of another size
         or length than the config's (:func:`check_dataset`).
     """
     check_dataset(dataset_dir, config)
@@ -169,7 +169,7 @@ def define_flags(fv, argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
     return cli_lib.run_command("animegamer-eval-decoder", argv, define_flags, __doc__, None, _run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, storage.DatasetError,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
                                 ValueError, OSError))
 
 

@@ -35,7 +35,7 @@ from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
-from animegamer_jax.data import loader, storage
+from animegamer_jax.data import datasets, loader
 from animegamer_jax.eval.decoder import check_dataset, clip_example
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import CheckpointError, load_game_system
@@ -65,7 +65,7 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
       ``{"index", "film_id", "clip_index", "action"}``.
 
     Raises:
-      storage.DatasetError: no prepared dataset, no clips, or clips of another size (eval.decoder
+      datasets.DatasetError: no prepared dataset, no clips, or clips of another size (eval.decoder
         ``check_dataset``).
     """
     check_dataset(dataset_dir, config)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     """Prints, per turn, where the predicted s_a lies among the clips' E_a s_a; returns the exit status
     (2 with a one-line message on bad input)."""
     return cli_lib.run_command("animegamer-eval-representation", argv, define_flags, __doc__, None, _run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, storage.DatasetError,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
                                 GameScriptError, CheckpointError, ValueError, OSError))
 
 

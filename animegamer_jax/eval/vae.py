@@ -4,7 +4,7 @@ r"""Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a pre
   python -m animegamer_jax.eval.vae --train_workdir WORKDIR --config configs/tiny.py \
       --config.vae.latent_channels=16   # the newest checkpoint of a (running) "vae" phase, the run's overrides
 
-Held-out frames: for every film of the dataset (``dataset.json``), the source frames that lie in no
+Held-out frames: for every film of the dataset (its metadata.json, data/datasets.py), the source frames that lie in no
 clip segment ``[start_time, end_time)`` of that dataset, i.e. frames the "vae" phase, which trains on
 the dataset's clips, never sees (scene remainders shorter than a clip and whole shots shorter than
 one: on the sample film two bikes.mp4 shots, the end of the bunny shot). They are
@@ -43,7 +43,7 @@ from animegamer_jax import parallel, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import storage, video
+from animegamer_jax.data import datasets, video
 from animegamer_jax.train import checkpoint as train_checkpoint
 from animegamer_jax.train import loop, optim
 from animegamer_jax.train.model import phase_spec
@@ -62,15 +62,15 @@ def held_out_frames(dataset_dir: str, max_per_film: int = 0) -> list[HeldOut]:
     """Frames of each film of ``dataset_dir`` outside every clip segment of the dataset.
 
     Raises:
-      FileNotFoundError: no ``dataset.json`` or a film file missing (the message names it).
+      datasets.DatasetError: no prepared dataset; FileNotFoundError: a film file missing (the message names it).
     """
-    index = storage.read_index(dataset_dir)
+    index = datasets.read_index(dataset_dir)
     h, w = int(index["config"]["height"]), int(index["config"]["width"])
     out = []
     for film in index["films"]:
         path = film["path"]
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: film '{film['film_id']}' of {dataset_dir}/dataset.json is missing; "
+            raise FileNotFoundError(f"{path}: film '{film['film_id']}' of {dataset_dir} is missing; "
                                     f"rebuild it (data/README.md)")
         fps = video.probe(path).fps
         segs = [(c["start_time"], c["end_time"]) for c in index["clips"] if c["film_id"] == film["film_id"]]
@@ -93,7 +93,7 @@ def check_same_segments(trained_on: str, scored_on: str) -> None:
     end) from their films: the frames held out of ``scored_on`` must be the frames the VAE, trained on
     ``trained_on`` (e.g. the same clips stored larger), never saw."""
     def segments(d):
-        clips = storage.read_index(d)["clips"]
+        clips = datasets.read_index(d)["clips"]
         return sorted((c["film_id"], float(c["start_time"]), float(c["end_time"])) for c in clips)
 
     a, b = segments(trained_on), segments(scored_on)

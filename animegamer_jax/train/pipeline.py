@@ -25,7 +25,7 @@ from flax import nnx
 
 from animegamer_jax import checkpoint, fileio, parallel, paths
 from animegamer_jax.cli import status
-from animegamer_jax.data import loader, storage
+from animegamer_jax.data import datasets, loader
 from animegamer_jax.train import loop, losses, optim
 from animegamer_jax.train.batches import BatchBuilder
 from animegamer_jax.train.model import PHASES, phase_spec, training_config
@@ -67,12 +67,12 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
       (``train.max_seq_len``: raising it to fit a longer sequence may resume), nor the model's own
       settings (a changed shape fails the restore itself);
     * ``dataset`` (``dataset=True``, when the phase reads its prepared dataset rather than data the
-      caller gives): ``content``, :func:`storage.dataset_fingerprint` of :func:`phase_dataset_dir`'s
+      caller gives): ``content``, :func:`datasets.dataset_fingerprint` of :func:`phase_dataset_dir`'s
       index (a moved or copied dataset resumes; one prepared again from other films or labels does
       not), and ``shuffle_seed`` (``data.shuffle_seed``, the loader's order).
 
     Raises:
-      storage.DatasetError: ``dataset`` and no prepared dataset at :func:`phase_dataset_dir`.
+      datasets.DatasetError: ``dataset`` and no prepared dataset at :func:`phase_dataset_dir`.
     """
     t = config.train
     settings: dict[str, Any] = {}
@@ -86,7 +86,7 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
             "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
             "batch_settings": settings}
     if dataset:
-        meta["dataset"] = {"content": storage.dataset_fingerprint(storage.read_index(phase_dataset_dir(config, phase))),
+        meta["dataset"] = {"content": datasets.dataset_fingerprint(datasets.read_index(phase_dataset_dir(config, phase), str(config.data.get("split", "train")))),
                            "shuffle_seed": int(config.data.get("shuffle_seed", 0))}
     return meta
 
@@ -152,7 +152,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
       parallel.ShardingConfigError: the micro-batch does not divide the mesh's data axes (before
         anything compiles); ValueError: ``global_batch_size`` not a multiple of ``grad_accum_steps``
         x process count; loop.ResumeMismatchError: ``workdir``'s checkpoint is of another run
-        (:func:`run_meta`), unless ``train.allow_resume_mismatch``; storage.DatasetError: no prepared
+        (:func:`run_meta`), unless ``train.allow_resume_mismatch``; datasets.DatasetError: no prepared
         dataset (``data`` not given).
     """
     phase = str(config.train.phase)
