@@ -34,7 +34,7 @@ def film(tmp_path_factory):
 @pytest.fixture(scope="session")
 def dataset(film, tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ds") / "tiny")
-    report = prepare.prepare_dataset([("sample_film", film)], LABELS, out, _data_cfg(), num_shards=2)
+    report = prepare.prepare_dataset([("sample_film", film)], LABELS, out, _data_cfg())
     assert report.num_clips == 7 and report.skipped == []
     return out
 
@@ -118,14 +118,14 @@ def _shard_lengths(dataset):
 
 def test_prepared_dataset_contents(dataset, film):
     index = datasets.read_index(dataset)
-    assert index["num_clips"] == 7 and _shard_lengths(dataset) == {"train": [3, 4]}
+    assert index["num_clips"] == 7 and _shard_lengths(dataset) == {"train": [7]}  # one shard per film
     version = datasets.find(dataset)
     assert str(version) == os.path.join(dataset, "animegamer_clips", "64x96x17", "2.0.0")
     assert sorted(os.listdir(version)) == sorted(["dataset_info.json", "features.json", "metadata.json"] + [
-        f"animegamer_clips-train.array_record-0000{k}-of-00002" for k in range(2)])
+        "animegamer_clips-train.array_record-00000-of-00001"])
     # Atomic write: no incomplete folder or report file is left beside the dataset.
     assert os.listdir(os.path.dirname(dataset)) == ["tiny"] and os.listdir(version.parent) == ["2.0.0"]
-    assert index["counters"] == {"clips_unlabelled": 0, "clips_written": 7, "films_done": 1}
+    assert index["counters"] == {"clips_written": 7, "films_done": 1}
     assert [r["clip_index"] for r in index["clips"]] == list(range(7)) and index["skipped"] == []
     assert index["films"][0]["film_id"] == "sample_film" and index["films"][0]["num_clips"] == 7
     src = loader.ClipSource(dataset)
@@ -170,7 +170,7 @@ def test_prepare_failure_leaves_nothing_and_a_rerun_finishes(film, tmp_path, mon
     out = tmp_path / "ds"
     monkeypatch.setattr(motion, "motion_scope", crashing)
     with pytest.raises(Exception, match="simulated crash"):
-        prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg(), num_shards=2)
+        prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg())
     monkeypatch.undo()
     assert len(calls) == 5
     with pytest.raises(datasets.DatasetError, match="not a prepared dataset"):
@@ -194,7 +194,7 @@ def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "killed"
     cmd = [sys.executable, "-m", "animegamer_jax.data.prepare", "--config=configs/tiny.py",
-           f"--film=sample_film={film}", f"--labels={LABELS}", f"--out={out}", "--num_shards=2"]
+           f"--film=sample_film={film}", f"--labels={LABELS}", f"--out={out}"]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
     config_dir = out / "animegamer_clips" / "64x96x17"
@@ -207,7 +207,7 @@ def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
     proc.wait()
     with pytest.raises(datasets.DatasetError, match="not a prepared dataset"):
         datasets.find(str(out))
-    report = prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg(), num_shards=2)
+    report = prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg())
     assert report.num_clips == 7 and os.listdir(config_dir) == ["2.0.0"]
     a, b = loader.ClipSource(str(out)), loader.ClipSource(dataset)
     for i in range(7):
@@ -479,14 +479,14 @@ def test_prepare_cli(film, dataset, tmp_path):
     garbage.write_bytes(b"junk" * 10)
     cmd = [sys.executable, "-m", "animegamer_jax.data.prepare", "--config=configs/tiny.py",
            f"--film=sample_film={film}", f"--film={garbage}", f"--labels={LABELS}", f"--out={out}",
-           "--num_shards=3", "--skip_bad",
+           "--skip_bad",
            "--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing"]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300,
                          env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"wrote 7 clips of 1 film(s) to {out}/animegamer_clips/64x96x17/2.0.0" in res.stdout
     assert f"skipped film 'bad' ({garbage}): {garbage}: cannot open as a video" in res.stdout
-    assert _shard_lengths(str(out)) == {"train": [2, 2, 3]}
+    assert _shard_lengths(str(out)) == {"train": [7]}  # the bad film writes no shard
     # Two Beam worker processes write the same records as one in-process run (the session dataset).
     a, b = loader.ClipSource(str(out)), loader.ClipSource(dataset)
     for i in range(7):

@@ -58,7 +58,7 @@ def clip_dataset(tmp_path_factory):
     film = str(d / "sample_film.mp4")
     sample.make_sample_film(film, size=(160, 90))
     prepare.prepare_dataset([("sample_film", film)], paths.resource("data/sample_labels.jsonl"), str(d / "clips"),
-                            tiny.get_config().data, num_shards=2)
+                            tiny.get_config().data)
     return str(d / "clips")
 
 

@@ -2,12 +2,12 @@ r"""Films + labels -> the clip dataset, a tfds dataset built by Apache Beam (dat
 
   python -m animegamer_jax.data.prepare --config=configs/tiny.py \
       --film=sample_film=data/prepared/sample_film.mp4 [--film_dir=DIR] --labels=data/sample_labels.jsonl \
-      --out=data/prepared/tiny [--num_shards=2] [--overwrite] \
+      --out=data/prepared/tiny [--overwrite] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing]
 
 Per film, as one Beam element (paper Sec. 3.3 / App. B): decode, scene cuts, the 2 s clip plan, the
-labels join, the clips' frames and their motion scope / level; tfds writes one ArrayRecord record
-per clip. `--out` is the tfds data_dir: the dataset lands in
+labels join, the clips' frames and their motion scope / level, appended one clip at a time to the
+film's own ArrayRecord shard (one record per clip; a worker holds about one clip's frames). `--out` is the tfds data_dir: the dataset lands in
 `<out>/animegamer_clips/<H>x<W>x<T>/<version>/` (data/datasets.py finds it from `<out>`). Films
 named in `config.data.heldout_films` form the `heldout` split, the others `train`.
 `--beam_pipeline_options` picks the engine (empty: DirectRunner in this process); the same command runs
@@ -80,7 +80,7 @@ class PrepareReport:
 
 
 def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir: str, data_cfg,
-                    num_shards: int | None = None, overwrite: bool = False, beam_pipeline_options: str = "",
+                    overwrite: bool = False, beam_pipeline_options: str = "",
                     heldout_films: Sequence[str] | None = None,
                     log: Callable[[str], None] = lambda s: None) -> PrepareReport:
     """Builds the clip dataset of ``films`` into the tfds data_dir ``out_dir``.
@@ -90,7 +90,6 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
       labels_path: labels JSONL (label_schema.py format).
       out_dir: tfds data_dir to build into (local path or FUSE mount).
       data_cfg: the `data` config section (sizes: builder.CONFIG_KEYS; heldout_films).
-      num_shards: ArrayRecord shards per split (None: tfds picks by size).
       overwrite: replace a dataset already in out_dir (of any clip size, or of the old layout).
       beam_pipeline_options: comma-separated Beam options (beam_util.beam_options); "" = DirectRunner.
       heldout_films: film ids of the `heldout` split (None: data_cfg.heldout_films).
@@ -99,7 +98,8 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
     Raises:
       FileExistsError: out_dir holds a dataset and not overwrite.
       label_schema.LabelError: the labels file is malformed (file and line).
-      ValueError: out_dir is a URL, duplicate film ids, no film, no clip written at all.
+      ValueError: out_dir is a URL, duplicate film ids, no film; builder.NoClipsError (a ValueError): a split
+        with no clip (every film failed or every clip is unlabelled; the message lists the reasons).
     """
     t0 = time.time()
     datasets.require_local(out_dir)
@@ -119,15 +119,8 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
             labels_path=os.path.abspath(labels_path), heldout_films=heldout, data_dir=data_dir, config=config,
             file_format="array_record")
 
-    try:
-        built = datasets.build(make_builder, out_dir, builder_lib.NAME, overwrite=overwrite,
-                               beam_pipeline_options=beam_pipeline_options, num_shards=num_shards,
-                               replaces=old_layout, log=log)
-    except Exception as e:  # noqa: BLE001 - Beam wraps the writer's error in its own
-        if "total number of generated examples is 0" in str(e):
-            raise ValueError("no clips to write: every film failed or every clip is marked unlabelled "
-                             "(the log above names each film's reason)") from None
-        raise
+    built = datasets.build(make_builder, out_dir, builder_lib.NAME, overwrite=overwrite,
+                           beam_pipeline_options=beam_pipeline_options, replaces=old_layout, log=log)
     meta = datasets.metadata(built)
     clips = [c for split in meta["splits"].values() for c in split["clips"]]
     return PrepareReport(built, len(clips), [f["film_id"] for f in meta["films"]],
@@ -147,8 +140,6 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"),
                         "Labels JSONL (see animegamer_jax/data/label_schema.py).", flag_values=fv)
     flags.DEFINE_string("out", "", "Output tfds data_dir (default: config.data.dataset_dir).", flag_values=fv)
-    flags.DEFINE_integer("num_shards", None, "ArrayRecord shards per split (default: tfds picks by size).",
-                         flag_values=fv)
     flags.DEFINE_bool("skip_bad", True, "Accepted for older command lines: a failing film is always skipped and "
                       "reported.", flag_values=fv)
     flags.DEFINE_bool("overwrite", False, "Replace the dataset already in --out.", flag_values=fv)
@@ -173,8 +164,7 @@ def _run(f) -> int:
         films += list_film_dir(f.film_dir)
     if not films:
         raise cli_lib.UsageError("give the films: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
-    report = prepare_dataset(films, f.labels, f.out or cfg.data.dataset_dir, cfg.data, num_shards=f.num_shards,
-                             overwrite=f.overwrite, beam_pipeline_options=f.beam_pipeline_options,
+    report = prepare_dataset(films, f.labels, f.out or cfg.data.dataset_dir, cfg.data, overwrite=f.overwrite, beam_pipeline_options=f.beam_pipeline_options,
                              log=lambda s: print(s, file=sys.stderr, flush=True))
     print(report.summary())
     return 0

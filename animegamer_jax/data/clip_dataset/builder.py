@@ -1,11 +1,12 @@
-"""The clip dataset: a tensorflow-datasets builder whose examples are made by an Apache Beam pipeline.
+"""The clip dataset: a tensorflow-datasets builder whose shards are written by an Apache Beam pipeline.
 
-Per film (one Beam element, :class:`FilmToClips`): decode, scene cuts and the 2 s clip plan
+Per film (one Beam element, :class:`FilmToShard`): decode, scene cuts and the 2 s clip plan
 (``clips.plan_film``), the labels join (``label_schema.match_labels``), pass 2 decoding the clips
-(``clips.extract_clips``, streaming: about one clip's frames in memory) and the motion scope / level
-(``motion.py``). tfds serialises the examples and writes ArrayRecord shards; with
-``disable_shuffling`` the records are sorted by the key ``film_rank * KEY_STRIDE + clip_index``, so
-a film's clips are consecutive records in timestamp order, films in the order given.
+(``clips.extract_clips``) and the motion scope / level (``motion.py``); each clip is appended to the
+film's own ArrayRecord shard as it is decoded (``shards.py``: about one clip's frames in memory
+whatever the film's length, nothing shuffled through the runner). Shard k of a split is the k-th
+film of the split that yielded clips, records in clip order: a film's clips are consecutive records
+in timestamp order, films in the order given.
 
 Example features (``_info``):
   frames       uint8 [T, H, W, 3]  RGB clip frames (frames[0] is the shot encoder's reference)
@@ -24,9 +25,10 @@ in the dataset's metadata.json (``skipped``); the other films are built. Clips m
 are left out and listed (``unlabelled``). metadata.json also holds the config, the films, one row per
 clip (no pixels) per split and the pipeline's counters (``data/datasets.py`` reads it).
 
-Each film reports to a side output written as JSON lines into the dataset's incomplete folder, read
-back and removed in :meth:`AnimegamerClips._process_pipeline_result` before tfds writes metadata.json
-and renames the folder: nothing is visible at the final path until everything is.
+Each film reports one JSON line (written by the pipeline into the dataset's incomplete folder, read
+back and removed by :meth:`AnimegamerClips._download_and_prepare`, which also names the shards and
+sets the splits); tfds then writes metadata.json and renames the folder: nothing is visible at the
+final path until everything is.
 """
 
 from __future__ import annotations
@@ -34,21 +36,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
 import tensorflow_datasets as tfds
-from etils import epath
 
 from animegamer_jax.data import beam_util
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import label_schema, motion, video
+from animegamer_jax.data.clip_dataset import shards
 
 NAME = "animegamer_clips"
-#: record key = film_rank * KEY_STRIDE + clip_index (keys sort films in the given order, clips in time order)
-KEY_STRIDE = 1_000_000
 #: Beam counter namespace of every counter the pipeline keeps
 COUNTER_NAMESPACE = beam_util.NAMESPACE
 #: metadata.json["format"]: what data/datasets.py accepts
@@ -56,7 +55,6 @@ FORMAT = "animegamer_jax.clips/2"
 #: data-config keys that define the clips (stored in the BuilderConfig and metadata.json)
 CONFIG_KEYS = ("height", "width", "num_frames", "fps", "clip_seconds", "clip_stride_seconds", "scene_threshold",
                "flow_threshold", "motion_bins")
-_REPORT = "report"
 
 
 @dataclasses.dataclass(eq=False)
@@ -87,23 +85,25 @@ def config_from_data(data_cfg) -> ClipsConfig:
     return ClipsConfig(name=name, description=f"{name} clips: {json.dumps(values)}", **values)
 
 
-class FilmToClips(beam.DoFn):
-    """(film_rank, film_id, path) -> (key, example) per clip; one JSON report line per film on ``report``.
+class FilmToShard(beam.DoFn):
+    """(split, film_rank, film_id, path) -> JSON report lines; writes the film's clips to its part file
+    (shards.PartWriter; named by the builder afterwards).
 
-    The labels file is read once per worker (``setup``). Every failure of a film (video.VideoError,
-    clips.FilmTooShortError, label_schema.LabelError) is caught: counter ``films_failed`` +1 and a
-    ``skipped`` report; the film yields no example.
+    The labels file is read once per worker (``setup``). A film that fails before its first clip
+    (video.VideoError, clips.FilmTooShortError, label_schema.LabelError) writes no shard: counter
+    ``films_failed`` +1 and a ``skipped`` report. A stream that ends early keeps the clips written so
+    far (the shard is closed normally) and is reported ``skipped`` too, with the count kept.
     """
 
-    def __init__(self, labels_path: str, config: dict):
-        self.labels_path, self.config = labels_path, dict(config)
+    def __init__(self, labels_path: str, config: dict, writer: shards.PartWriter):
+        self.labels_path, self.config, self.writer = labels_path, dict(config), writer
 
     def setup(self):
         self._labels = label_schema.read_labels(self.labels_path)
         self._cfg = _Cfg(self.config)
 
-    def process(self, film: tuple[int, str, str]) -> Iterator:
-        rank, film_id, path = film
+    def process(self, film: tuple[str, int, str, str]) -> Iterator[str]:
+        split, rank, film_id, path = film
         counter = lambda name: beam.metrics.Metrics.counter(COUNTER_NAMESPACE, name)  # noqa: E731
         try:
             specs, scenes, info = clips_lib.plan_film(path, film_id, self._cfg)
@@ -111,72 +111,68 @@ class FilmToClips(beam.DoFn):
         except (video.VideoError, clips_lib.FilmTooShortError, label_schema.LabelError, OSError) as e:
             counter("films_failed").inc()
             logging.warning("skip film %s (%s): %s", film_id, path, e)
-            yield beam.pvalue.TaggedOutput(_REPORT, json.dumps(
-                {"kind": "skipped", "film_id": film_id, "path": path, "reason": str(e)}))
+            yield json.dumps({"kind": "skipped", "split": split, "rank": rank, "film_id": film_id, "path": path,
+                              "reason": str(e)})
             return
-        unlabelled = [s for s, lab in zip(specs, film_labels) if lab is None]
-        for s in unlabelled:
-            yield beam.pvalue.TaggedOutput(_REPORT, json.dumps(
-                {"kind": "unlabelled", "film_id": film_id, "clip_index": s.clip_index,
-                 "reason": self._labels.unlabelled[(film_id, s.clip_index)][1]}))
-        counter("clips_unlabelled").inc(len(unlabelled))
+        for s in [s for s, lab in zip(specs, film_labels) if lab is None]:
+            yield json.dumps({"kind": "unlabelled", "split": split, "rank": rank, "film_id": film_id,
+                              "clip_index": s.clip_index,
+                              "reason": self._labels.unlabelled[(film_id, s.clip_index)][1]})
+            counter("clips_unlabelled").inc()
         kept = [(s, lab) for s, lab in zip(specs, film_labels) if lab is not None]
-        labels_by_index = {s.clip_index: lab for s, lab in kept}
-        bins = tuple(float(b) for b in self.config["motion_bins"])
-        rows = []
-        try:
-            for clip in clips_lib.extract_clips(path, [s for s, _ in kept], int(self.config["height"]),
-                                                int(self.config["width"])):
-                spec, label = clip.spec, labels_by_index[clip.spec.clip_index]
-                scope = motion.motion_scope(clip.frames, r=float(self.config["flow_threshold"]))
-                level = motion.motion_level(scope, bins)
-                states = np.array([level, *label.state_changes()], np.int32)
-                example = {"frames": clip.frames, "frame_times": spec.frame_times, "states": states,
-                           "motion_scope": np.float32(scope), "motion_level": np.int32(level),
-                           "film_id": film_id, "scene_id": np.int32(spec.scene_id),
-                           "clip_index": np.int32(spec.clip_index), "start_time": np.float32(spec.start_time),
-                           "end_time": np.float32(spec.end_time), "characters": list(label.characters),
-                           "action": label.action, "background": label.background,
-                           "instruction": label.instruction}
-                rows.append({"film_id": film_id, "scene_id": spec.scene_id, "clip_index": spec.clip_index,
-                             "start_time": spec.start_time, "end_time": spec.end_time, "motion_level": level,
-                             "instruction": label.instruction, "motion_scope": scope, "states": states.tolist()})
-                counter("clips_written").inc()
-                yield rank * KEY_STRIDE + spec.clip_index, example
-        except video.VideoError as e:  # the stream ended early: the clips yielded so far stay in
+        rows: list[dict] = []
+        ended: list[str] = []
+        shard = self.writer.path(split, f"film{rank:05d}")
+        if kept:
+            self.writer.write(shard, self._examples(film_id, path, kept, rows, ended))
+        if ended:  # the stream ended early: the clips written so far stay in
             counter("films_failed").inc()
-            logging.warning("film %s (%s) ended early: %s", film_id, path, e)
-            yield beam.pvalue.TaggedOutput(_REPORT, json.dumps(
-                {"kind": "skipped", "film_id": film_id, "path": path,
-                 "reason": f"{e} (its first {len(rows)} clip(s) are in the dataset)"}))
+            logging.warning("film %s (%s) ended early: %s", film_id, path, ended[0])
+            yield json.dumps({"kind": "skipped", "split": split, "rank": rank, "film_id": film_id, "path": path,
+                              "reason": f"{ended[0]} (its first {len(rows)} clip(s) are in the dataset)"})
         else:
             counter("films_done").inc()
-        yield beam.pvalue.TaggedOutput(_REPORT, json.dumps(
-            {"kind": "film", "film_id": film_id, "rank": rank, "path": path, "num_frames": info.num_frames,
-             "fps": info.fps, "num_scenes": len(scenes), "num_clips": len(rows), "clips": rows}))
+        yield json.dumps({"kind": "film", "split": split, "rank": rank, "film_id": film_id, "path": path,
+                          "num_frames": info.num_frames, "fps": info.fps, "num_scenes": len(scenes),
+                          "num_clips": len(rows), "shard": shard if rows else "", "clips": rows})
+
+    def _examples(self, film_id: str, path: str, kept: list, rows: list[dict], ended: list[str]) -> Iterator[dict]:
+        """The film's examples, decoded one clip at a time; appends each clip's row to ``rows``; a
+        VideoError mid-stream ends the iteration (the shard keeps what came before) and lands in ``ended``."""
+        labels_by_index = {s.clip_index: lab for s, lab in kept}
+        bins = tuple(float(b) for b in self.config["motion_bins"])
+        clips = clips_lib.extract_clips(path, [s for s, _ in kept], int(self.config["height"]),
+                                        int(self.config["width"]))
+        while True:
+            try:
+                clip = next(clips)
+            except StopIteration:
+                return
+            except video.VideoError as e:
+                ended.append(str(e))
+                return
+            spec, label = clip.spec, labels_by_index[clip.spec.clip_index]
+            scope = motion.motion_scope(clip.frames, r=float(self.config["flow_threshold"]))
+            level = motion.motion_level(scope, bins)
+            states = np.array([level, *label.state_changes()], np.int32)
+            example = {"frames": clip.frames, "frame_times": spec.frame_times, "states": states,
+                       "motion_scope": np.float32(scope), "motion_level": np.int32(level),
+                       "film_id": film_id, "scene_id": np.int32(spec.scene_id),
+                       "clip_index": np.int32(spec.clip_index), "start_time": np.float32(spec.start_time),
+                       "end_time": np.float32(spec.end_time), "characters": list(label.characters),
+                       "action": label.action, "background": label.background,
+                       "instruction": label.instruction}
+            rows.append({"film_id": film_id, "scene_id": spec.scene_id, "clip_index": spec.clip_index,
+                         "start_time": spec.start_time, "end_time": spec.end_time, "motion_level": level,
+                         "instruction": label.instruction, "motion_scope": scope, "states": states.tolist()})
+            beam.metrics.Metrics.counter(COUNTER_NAMESPACE, "clips_written").inc()
+            yield example
 
 
 class _Cfg(dict):
     """A dict that answers ``cfg.key`` and ``cfg.get`` like the ml_collections section clips.plan_film reads."""
 
     __getattr__ = dict.__getitem__
-
-
-class _SplitExamples(beam.PTransform):
-    """Films of one split -> (key, example); the film reports go to ``report_path`` (one JSON line each)."""
-
-    def __init__(self, films: Sequence[tuple[int, str, str]], labels_path: str, config: dict, report_path: str):
-        super().__init__()
-        self.films, self.labels_path, self.config, self.report_path = list(films), labels_path, config, report_path
-
-    def expand(self, root):
-        out = (root | "Films" >> beam.Create(self.films)
-               | "Reshuffle" >> beam.Reshuffle()  # one film per worker, not one worker for all
-               | "FilmToClips" >> beam.ParDo(FilmToClips(self.labels_path, self.config)).with_outputs(
-                   _REPORT, main="examples"))
-        _ = out[_REPORT] | "WriteReport" >> beam.io.WriteToText(self.report_path, num_shards=1,
-                                                                 shard_name_template="")
-        return out["examples"]
 
 
 class AnimegamerClips(tfds.core.GeneratorBasedBuilder):
@@ -228,39 +224,50 @@ class AnimegamerClips(tfds.core.GeneratorBasedBuilder):
                   "heldout": [f for f in ranked if f[1] in self.heldout_films]}
         return {name: films for name, films in splits.items() if films}
 
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        config = self.builder_config.data_values()
-        return {name: _SplitExamples(films, self.labels_path, config, self._report_path(name))
-                for name, films in self._split_films().items()}
-
-    def _generate_examples(self, *args, **kwargs):  # _split_generators makes the PTransforms
+    def _split_generators(self, dl_manager):  # _download_and_prepare writes the shards itself
         raise NotImplementedError
 
-    def _report_path(self, split: str) -> str:
-        return os.fspath(epath.Path(self.data_dir) / f"report-{split}.jsonl")
+    def _generate_examples(self, *args, **kwargs):
+        raise NotImplementedError
 
-    def _process_pipeline_result(self, pipeline_result) -> None:
-        """Film reports and counters -> metadata.json (the report files are removed)."""
+    def _download_and_prepare(self, dl_manager, download_config) -> None:
+        """Runs the Beam pipeline (one :class:`FilmToShard` element per film), names the shards of each split
+        ``<name>-<split>.array_record-0000k-of-0000N`` in film order, sets the splits and fills
+        metadata.json (film reports, Beam counters).
+
+        Raises:
+          NoClipsError: a split ends with no clip (every film failed, or every clip is unlabelled).
+        """
+        del dl_manager
+        writer = shards.PartWriter(self.info.features, self.info.file_format, self.data_dir)
+        jobs = [(split, rank, film_id, path) for split, films in self._split_films().items()
+                for rank, film_id, path in films]
+        lines, counters = shards.run(jobs, FilmToShard(self.labels_path, self.builder_config.data_values(), writer),
+                                     download_config.beam_options, writer.path("all", "report"))
         meta = self.info.metadata
         meta.update({"format": FORMAT, "config": self.builder_config.data_values(), "labels": self.labels_path,
                      "films": [], "skipped": [], "unlabelled": [], "splits": {}})
-        for split, films in self._split_films().items():
-            report = epath.Path(self._report_path(split))
-            lines = [json.loads(s) for s in report.read_text().splitlines() if s.strip()]
-            report.unlink()
-            done = sorted((r for r in lines if r["kind"] == "film"), key=lambda r: r["rank"])
+        split_infos = []
+        for split in self._split_films():
+            mine = sorted((r for r in lines if r["split"] == split), key=lambda r: (r["rank"], r.get("clip_index", -1)))
+            done = [r for r in mine if r["kind"] == "film"]
+            written = [r for r in done if r["num_clips"]]
+            if not written:
+                raise NoClipsError(f"no clips to write in split {split!r}: every film failed or every clip is "
+                                   f"marked unlabelled ({[r['reason'] for r in mine if r['kind'] == 'skipped']})")
+            split_infos.append(shards.assemble(self, split, [(r["shard"], r["num_clips"]) for r in written]))
             rows = [row for r in done for row in r.pop("clips")]
             for i, row in enumerate(rows):
                 row["index"] = i
             meta["splits"][split] = {"num_clips": len(rows), "clips": rows}
-            meta["films"] += [{**{k: v for k, v in r.items() if k not in ("kind", "rank")}, "split": split}
+            meta["films"] += [{**{k: v for k, v in r.items() if k not in ("kind", "rank", "shard")}, "split": split}
                               for r in done]
-            order = {f[1]: f[0] for f in films}
-            meta["skipped"] += [{k: r[k] for k in ("film_id", "path", "reason")}
-                                for r in sorted((r for r in lines if r["kind"] == "skipped"),
-                                                key=lambda r: order[r["film_id"]])]
-            meta["unlabelled"] += sorted(({k: r[k] for k in ("film_id", "clip_index", "reason")}
-                                          for r in lines if r["kind"] == "unlabelled"),
-                                         key=lambda r: (order[r["film_id"]], r["clip_index"]))
-        meta["counters"] = beam_util.counters(pipeline_result, COUNTER_NAMESPACE)
+            meta["skipped"] += [{k: r[k] for k in ("film_id", "path", "reason")} for r in mine if r["kind"] == "skipped"]
+            meta["unlabelled"] += [{k: r[k] for k in ("film_id", "clip_index", "reason")}
+                                   for r in mine if r["kind"] == "unlabelled"]
+        meta["counters"] = counters
+        self.info.set_splits(tfds.core.SplitDict(split_infos))
+
+
+class NoClipsError(ValueError):
+    """A split of the clip dataset would hold no clip."""

@@ -2,8 +2,8 @@
 
 Built by ``python -m animegamer_jax.data.extract_features``, which supplies the models; read by
 ``data/loader.py`` (``ClipSource(dataset, features_dir=...)``) through ``tfds.builder_from_directory``.
-One record per clip of the clip dataset, in the same splits and the same order (key = the clip's
-record index in its split, ``disable_shuffling``), so record ``i`` of a split holds clip ``i``'s features:
+One record per clip of the clip dataset, in the same splits and the same order, so record ``i`` of a
+split holds clip ``i``'s features:
 
   index  int32 []          the clip's record index in the clip dataset's split (the loader checks it)
   f_v    float [P, Dv]     CLIP penultimate patch tokens of the clip's first frame (docs/encoders.md)
@@ -14,12 +14,14 @@ metadata.json: format, the clip dataset's path, per split its clip count and fin
 (``datasets.dataset_fingerprint``), text_field, the run's config sections and weights, and the
 pipeline's counters (``animegamer/clips_encoded``, ``animegamer/batches_encoded``).
 
-Pipeline per split: the split's record indices cut into fixed ranges of ``batch_size`` up front ->
-``Reshuffle`` (ranges spread over workers) -> :class:`EncodeClips`. Fixed ranges rather than
+Pipeline: each split's record indices cut up front into shards of ``SHARD_BATCHES`` batches of
+``batch_size`` -> ``Reshuffle`` (shards spread over workers) -> :class:`EncodeClips`, which encodes a
+shard batch by batch and appends each clip's features to the shard's own file as it goes
+(``shards.py``: nothing shuffled through the runner). Fixed ranges rather than
 ``beam.BatchElements``: BatchElements batches within a bundle, so bundle ends give short batches of
 any size (one XLA compile per size); fixed ranges give full batches and one short last batch per
-split, padded to ``batch_size`` so the jitted program compiles once per worker; a range is also a
-run of consecutive records, read in order from the ArrayRecord shards.
+shard, padded to ``batch_size`` so the jitted program compiles once per worker; a shard is also a
+run of consecutive records, read in order from the clip dataset.
 
 The models are not imported here: :class:`EncodeClips` calls a ``load_encoder`` factory (picklable,
 ``extract_features.ModelLoader``) once per worker, so this module knows the dataset, not the networks.
@@ -28,7 +30,8 @@ The models are not imported here: :class:`EncodeClips` calls a ``load_encoder`` 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+import json
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import apache_beam as beam
@@ -36,6 +39,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from animegamer_jax.data import beam_util, datasets, loader
+from animegamer_jax.data.clip_dataset import shards
 
 NAME = "animegamer_clip_features"
 #: metadata.json["format"] of a feature dataset
@@ -85,52 +89,52 @@ def features_config(num_patches: int, vision_width: int, text_length: int, text_
                           text_length=int(text_length), text_dim=int(text_dim), dtype=dtype)
 
 
-class EncodeClips(beam.DoFn):
-    """(start, stop) record range of a split -> (index, example) per clip of it.
+#: batches per shard of the feature dataset (a unit of work of one worker)
+SHARD_BATCHES = 16
 
-    ``setup`` (once per worker) calls ``load_encoder`` and opens the clip dataset; ``process`` reads the
-    range's records, pads the batch to ``batch_size`` with its last clip, encodes, and drops the pads.
+
+class EncodeClips(beam.DoFn):
+    """(split, start, stop) record range of a split -> one JSON report line; writes the range's features to
+    its part file (shards.PartWriter), batch by batch.
+
+    ``setup`` (once per worker) calls ``load_encoder`` and opens the clip dataset; each batch is padded
+    to ``batch_size`` with its last clip, encoded, and the pads dropped.
     """
 
-    def __init__(self, dataset_dir: str, split: str, text_field: str, batch_size: int, dtype: str,
-                 load_encoder: LoadEncoder):
-        self.dataset_dir, self.split, self.text_field = dataset_dir, split, text_field
-        self.batch_size, self.dtype, self.load_encoder = int(batch_size), dtype, load_encoder
+    def __init__(self, dataset_dir: str, text_field: str, batch_size: int, dtype: str, load_encoder: LoadEncoder,
+                 writer: shards.PartWriter):
+        self.dataset_dir, self.text_field = dataset_dir, text_field
+        self.batch_size, self.dtype, self.load_encoder, self.writer = int(batch_size), dtype, load_encoder, writer
 
     def setup(self):
         self._encode, self._tokenize = self.load_encoder()
-        self._source = loader.ClipSource(self.dataset_dir, skip_fields=("frames",), split=self.split)
+        self._sources: dict[str, loader.ClipSource] = {}
 
-    def process(self, index_range: tuple[int, int]) -> Iterator[tuple[int, dict]]:
-        start, stop = index_range
-        recs = [self._source[i] for i in range(start, stop)]
-        recs += [recs[-1]] * (self.batch_size - len(recs))
-        frames = np.stack([r["first_frame"] for r in recs])
-        ids = self._tokenize([str(r[self.text_field]) for r in recs])
-        f_v, f_md = self._encode(frames, ids)
-        beam.metrics.Metrics.counter(beam_util.NAMESPACE, "batches_encoded").inc()
-        beam.metrics.Metrics.counter(beam_util.NAMESPACE, "clips_encoded").inc(stop - start)
-        for k, i in enumerate(range(start, stop)):
-            yield i, {"index": np.int32(i), "f_v": np.asarray(f_v[k], self.dtype),
-                      "f_md": np.asarray(f_md[k], self.dtype)}
+    def process(self, job: tuple[str, int, int]) -> Iterator[str]:
+        split, start, stop = job
+        if split not in self._sources:
+            self._sources[split] = loader.ClipSource(self.dataset_dir, skip_fields=("frames",), split=split)
+        part = self.writer.path(split, f"{start:010d}")
+        n = self.writer.write(part, self._examples(self._sources[split], start, stop))
+        yield json.dumps({"split": split, "start": start, "num": n, "shard": part})
 
-
-class _EncodeSplit(beam.PTransform):
-    """Fixed index ranges of one split -> (index, example) (module docstring: why fixed ranges)."""
-
-    def __init__(self, ranges: Sequence[tuple[int, int]], encode: EncodeClips):
-        super().__init__()
-        self.ranges, self.encode = list(ranges), encode
-
-    def expand(self, root):
-        return (root | "Ranges" >> beam.Create(self.ranges)
-                | "Reshuffle" >> beam.Reshuffle()  # ranges spread over the workers, not all on one
-                | "EncodeClips" >> beam.ParDo(self.encode))
+    def _examples(self, source: loader.ClipSource, start: int, stop: int) -> Iterator[dict]:
+        for lo, hi in index_ranges(stop - start, self.batch_size):
+            recs = [source[start + i] for i in range(lo, hi)]
+            recs += [recs[-1]] * (self.batch_size - len(recs))
+            frames = np.stack([r["first_frame"] for r in recs])
+            ids = self._tokenize([str(r[self.text_field]) for r in recs])
+            f_v, f_md = self._encode(frames, ids)
+            beam.metrics.Metrics.counter(beam_util.NAMESPACE, "batches_encoded").inc()
+            beam.metrics.Metrics.counter(beam_util.NAMESPACE, "clips_encoded").inc(hi - lo)
+            for k in range(hi - lo):
+                yield {"index": np.int32(start + lo + k), "f_v": np.asarray(f_v[k], self.dtype),
+                       "f_md": np.asarray(f_md[k], self.dtype)}
 
 
-def index_ranges(num_clips: int, batch_size: int) -> list[tuple[int, int]]:
-    """[(0, b), (b, 2b), ..., (kb, num_clips)]: the batches of a split of ``num_clips`` records."""
-    return [(s, min(s + batch_size, num_clips)) for s in range(0, num_clips, batch_size)]
+def index_ranges(num_clips: int, size: int) -> list[tuple[int, int]]:
+    """[(0, size), (size, 2 size), ..., (k size, num_clips)]: consecutive ranges covering ``num_clips`` records."""
+    return [(s, min(s + size, num_clips)) for s in range(0, num_clips, size)]
 
 
 class AnimegamerClipFeatures(tfds.core.GeneratorBasedBuilder):
@@ -181,20 +185,28 @@ class AnimegamerClipFeatures(tfds.core.GeneratorBasedBuilder):
         """split -> read_index of the clip dataset, for every split its metadata lists."""
         return {s: datasets.read_index(self.dataset_dir, s) for s in datasets.metadata(self.dataset_dir)["splits"]}
 
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        c = self.builder_config
-        return {split: _EncodeSplit(index_ranges(index["num_clips"], self.batch_size),
-                                    EncodeClips(self.dataset_dir, split, self.text_field, self.batch_size, c.dtype,
-                                                self.load_encoder))
-                for split, index in self._splits().items()}
-
-    def _generate_examples(self, *args, **kwargs):  # _split_generators makes the PTransforms
+    def _split_generators(self, dl_manager):  # _download_and_prepare writes the shards itself
         raise NotImplementedError
 
-    def _process_pipeline_result(self, pipeline_result) -> None:
-        """The clip dataset's identity, the run's identity and the counters -> metadata.json."""
+    def _generate_examples(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def _download_and_prepare(self, dl_manager, download_config) -> None:
+        """Runs the Beam pipeline (one :class:`EncodeClips` element per shard), names the shards in record
+        order, sets the splits (same clip counts as the clip dataset's) and fills metadata.json."""
+        del dl_manager
         c = self.builder_config
+        writer = shards.PartWriter(self.info.features, self.info.file_format, self.data_dir)
+        splits = self._splits()
+        jobs = [(split, lo, hi) for split, index in splits.items()
+                for lo, hi in index_ranges(index["num_clips"], self.batch_size * SHARD_BATCHES)]
+        lines, counters = shards.run(jobs, EncodeClips(self.dataset_dir, self.text_field, self.batch_size, c.dtype,
+                                                       self.load_encoder, writer),
+                                     download_config.beam_options, writer.path("all", "report"))
+        self.info.set_splits(tfds.core.SplitDict([
+            shards.assemble(self, split, [(r["shard"], r["num"]) for r in sorted(
+                (r for r in lines if r["split"] == split), key=lambda r: r["start"])])
+            for split in splits]))
         meta = self.info.metadata
         meta.update({
             "format": FORMAT, "dataset": str(datasets.find(self.dataset_dir)), "text_field": self.text_field,
@@ -202,8 +214,7 @@ class AnimegamerClipFeatures(tfds.core.GeneratorBasedBuilder):
             "shapes": {"f_v": [c.num_patches, c.vision_width], "f_md": [c.text_length, c.text_dim]},
             "dtype": c.dtype,
             "splits": {split: {"num_clips": index["num_clips"], "fingerprint": datasets.dataset_fingerprint(index)}
-                       for split, index in self._splits().items()},
+                       for split, index in splits.items()},
             **self.run_meta,
+            "counters": counters,
         })
-        meta["counters"] = beam_util.counters(pipeline_result)
-
