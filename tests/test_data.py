@@ -10,7 +10,7 @@ import pytest
 
 from animegamer_jax.data import clips, datasets, label_schema, loader, motion, prepare, sample, scenes, video
 from configs import tiny
-from tests.dataset_helpers import load_random_features, random_features
+from tests.dataset_helpers import load_random_features, random_features, tiny_features_config
 
 LABELS = os.path.join(os.path.dirname(__file__), "..", "data", "sample_labels.jsonl")
 SPLICES = [132, 374]  # bigbuckbunny 132 frames | bikes frames 0..241 | carphone re-timed to 25 fps
@@ -499,3 +499,41 @@ def test_prepare_cli(film, dataset, tmp_path):
         loader.ClipSource(str(old))
     with pytest.raises(FileExistsError, match="holds a dataset"):
         prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg())
+
+
+def test_build_refusals_and_a_failed_heldout_split(film, dataset, tmp_path):
+    """One-line refusals before anything is written: a bad Beam option, --out inside a dataset or a file;
+    features of another clip dataset; a held-out split whose only film fails leaves the train split built."""
+    from animegamer_jax.data import beam_util, extract_features
+
+    with pytest.raises(ValueError, match=r"--beam_pipeline_options: .*invalid int value: 'two'"):
+        beam_util.beam_options("--direct_num_workers=two")
+    with pytest.raises(ValueError, match="unknown runner 'NoSuchRunner'"):
+        beam_util.beam_options("--runner=NoSuchRunner")
+    version = str(datasets.find(dataset))
+    with pytest.raises(ValueError, match="is inside a dataset"):
+        prepare.prepare_dataset([("sample_film", film)], LABELS, os.path.join(version, "x"), _data_cfg())
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match="is a file"):
+        prepare.prepare_dataset([("sample_film", film)], LABELS, str(tmp_path / "file"), _data_cfg())
+    assert datasets.default_features_dir(version) == dataset + "_features"
+    cfg = _data_cfg()
+    cfg.heldout_films = ("gone",)
+    other = str(tmp_path / "other")
+    report = prepare.prepare_dataset([("sample_film", film), ("gone", str(tmp_path / "gone.mp4"))], LABELS, other, cfg)
+    assert report.splits == {"train": 7} and [s[0] for s in report.skipped] == ["gone"]
+    feats = str(tmp_path / "feats")
+    extract_features.extract_features(other, feats, load_random_features, tiny_features_config(), batch_size=4)
+    assert len(loader.ClipSource(other, features_dir=feats)) == 7
+    assert len(loader.ClipSource(dataset, features_dir=feats)) == 7  # same clips, same fingerprint: a copy
+    import shutil
+
+    shutil.copytree(other, tmp_path / "relabelled")  # the same clips, one instruction changed: another dataset
+    meta_file = datasets.find(str(tmp_path / "relabelled")) / "metadata.json"
+    meta = json.loads(meta_file.read_text())
+    meta["splits"]["train"]["clips"][0]["instruction"] = "Character: Bunny; Motion: sleep; Background: night."
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(datasets.DatasetError, match="features of another clip dataset"):
+        loader.ClipSource(str(tmp_path / "relabelled"), features_dir=feats)
+    with pytest.raises(datasets.DatasetError, match="not a feature dataset"):
+        loader.ClipSource(dataset, features_dir=other)

@@ -238,7 +238,7 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     got = label_schema.read_labels(str(out))
     assert got.clips == {} and sorted(got.unlabelled) == [("sample_film", i) for i in range(7)]
     assert all("after 2 attempt(s)" in r for _, r in got.unlabelled.values())
-    with pytest.raises(ValueError, match="no clips to write in split .train.: every film failed or every clip is marked unlabelled"):
+    with pytest.raises(ValueError, match="no clips to write: every film failed or every clip is marked unlabelled"):
         prepare.prepare_dataset([("sample_film", footage["film"])], str(out), str(tmp_path / "ds"), cfg.data)
     sys.stdout.write(capsys.readouterr().out)
 

@@ -11,9 +11,12 @@ pipeline's DoFns incremented (`beam.metrics.Metrics.counter(NAMESPACE, name)`).
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 #: the namespace of the data commands' Beam counters
 NAMESPACE = "animegamer"
@@ -24,7 +27,8 @@ def beam_options(flag_value: str) -> PipelineOptions:
     (the default) runs as FnApiRunner (the module docstring says why).
 
     Raises:
-      ValueError: an item that is not `--name` or `--name=value` (Beam itself would drop it silently).
+      ValueError: an item that is not `--name` or `--name=value` (Beam itself would drop it silently), a
+        value Beam's parser refuses, or an unknown runner: one line, before any pipeline runs.
     """
     args = [a.strip() for a in (flag_value or "").split(",") if a.strip()]
     bad = [a for a in args if not a.startswith("--")]
@@ -34,7 +38,18 @@ def beam_options(flag_value: str) -> PipelineOptions:
     runner = [a for a in args if a.startswith("--runner=")]
     if not runner or runner[-1].split("=", 1)[1] in ("DirectRunner", "SwitchingDirectRunner"):
         args = [a for a in args if not a.startswith("--runner=")] + ["--runner=FnApiRunner"]
-    return PipelineOptions(args)
+    options = PipelineOptions(args)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):  # argparse prints its whole usage before exiting
+            options.get_all_options()
+    except SystemExit:
+        raise ValueError(f"--beam_pipeline_options: {err.getvalue().strip().splitlines()[-1]}") from None
+    runner = options.view_as(StandardOptions).runner
+    if "." not in runner and runner not in StandardOptions.KNOWN_RUNNER_NAMES:
+        raise ValueError(f"--beam_pipeline_options: unknown runner {runner!r}; Beam knows "
+                         f"{', '.join(StandardOptions.KNOWN_RUNNER_NAMES)}")
+    return options
 
 
 def counters(result: beam.runners.runner.PipelineResult, namespace: str = NAMESPACE) -> dict[str, int]:

@@ -633,7 +633,7 @@ def label_films(films: Sequence[tuple[str, str]], captioner: str, out: str, conf
     strays = sorted(k for k in done if k[0] not in pos_of)
     if strays:
         raise ValueError(f"{out}: film '{strays[0][0]}' clip {strays[0][1]} is not a film of this run")
-    pipeline = beam.Pipeline(options=pipeline_options or PipelineOptions([]))
+    pipeline = beam.Pipeline(options=pipeline_options or beam_util.beam_options(""))
     _ = (pipeline
          | "Films" >> beam.Create(elements)
          | "PlanAndDecode" >> beam.ParDo(FilmClipsFn(dcfg, lcfg, parts))

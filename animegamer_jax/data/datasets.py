@@ -45,6 +45,9 @@ def find(dataset_dir: str) -> epath.Path:
     root = paths.as_path(paths.resource(dataset_dir))
     if (root / "dataset_info.json").exists():
         return root
+    if (root / "meta.json").exists() and (root / "f_v.npy").exists():
+        raise DatasetError(f"{dataset_dir}: features of the old layout (f_v.npy / meta.json, before tfds); rebuild "
+                           f"them with `python -m animegamer_jax.data.extract_features` (docs/data.md)")
     if (root / "dataset.json").exists():
         raise DatasetError(f"{dataset_dir}: a dataset of the old layout (dataset.json, before tfds); rebuild it "
                            f"with {_REBUILD}")
@@ -57,6 +60,14 @@ def find(dataset_dir: str) -> epath.Path:
         raise DatasetError(f"{dataset_dir} holds {len(found)} datasets ({', '.join(str(p) for p in found)}); "
                            f"pass one of these folders")
     return found[0]
+
+
+def default_features_dir(dataset_dir: str) -> str:
+    """``<data_dir>_features`` beside the clip dataset's data_dir (also when given its version folder)."""
+    path = paths.as_path(paths.resource(dataset_dir))
+    if (path / "dataset_info.json").exists():
+        path = path.parent.parent.parent  # <data_dir>/<name>/<config>/<version>
+    return str(path).rstrip("/") + "_features"
 
 
 def metadata(dataset_dir: str) -> dict:
@@ -125,7 +136,7 @@ def open_split(dataset_dir: str, split: str = "train"):
 
 
 def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str, name: str, *,
-          overwrite: bool = False, beam_pipeline_options: str = "", num_shards: int | None = None,
+          overwrite: bool = False, beam_pipeline_options: str = "",
           replaces: Sequence[str] = (), log: Callable[[str], None] = lambda s: None) -> str:
     """Builds the tfds dataset ``name`` into the data_dir ``out_dir``; returns its version folder.
 
@@ -138,7 +149,6 @@ def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str,
     Args:
       make_builder: data_dir -> the builder (tfds builds into it).
       beam_pipeline_options: comma-separated Beam options (beam_util.beam_options); "" = DirectRunner.
-      num_shards: ArrayRecord shards per split (None: tfds picks by size).
 
     Raises:
       ValueError: ``out_dir`` is a URL (array_record writes local files: the message gives the gcsfuse
@@ -147,6 +157,12 @@ def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str,
     """
     require_local(out_dir)
     out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir} is a file; give a folder (the tfds data_dir to build into)")
+    inside = [str(p) for p in epath.Path(out_dir).parents if (p / "dataset_info.json").exists()]
+    if (epath.Path(out_dir) / "dataset_info.json").exists() or inside:
+        raise ValueError(f"--out {out_dir} is inside a dataset ({(inside or [out_dir])[0]}); give a data_dir of "
+                         f"its own, e.g. a sibling folder")
     versions = _versions(out_dir)
     others = [v for v in versions if not v.startswith(name + os.sep)]
     if others:
@@ -159,22 +175,32 @@ def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str,
     for stale in _leftovers(out_dir, name):
         log(f"removing {stale}: the incomplete build of an earlier run that stopped")
         fileio.rmtree(stale)
+    options = beam_options(beam_pipeline_options)  # a bad option stops here, before anything is written
+    fileio.makedirs(out_dir)
     build_dir = tempfile.mkdtemp(prefix=".building-", dir=out_dir) if existing else out_dir
-    downloads = tempfile.mkdtemp(prefix=".tfds-downloads-")
+    downloads = tempfile.mkdtemp(prefix=".tfds-downloads-", dir=out_dir)
     try:
         builder = make_builder(build_dir)
         builder.download_and_prepare(download_dir=downloads, download_config=tfds.download.DownloadConfig(
-            beam_options=beam_options(beam_pipeline_options), num_shards=num_shards,
+            beam_options=options,
             download_mode=tfds.download.GenerateMode.REUSE_DATASET_IF_EXISTS))
         rel = os.path.relpath(os.fspath(builder.data_dir), build_dir)
         if build_dir != out_dir:
             trash = os.path.join(build_dir, ".replaced")
             fileio.makedirs(trash)
-            for k, old in enumerate(existing):
-                log(f"replacing {os.path.join(out_dir, old)}")
-                fileio.rename(os.path.join(out_dir, old), os.path.join(trash, str(k)))
-            fileio.makedirs(os.path.dirname(os.path.join(out_dir, rel)))
-            fileio.rename(os.path.join(build_dir, rel), os.path.join(out_dir, rel))
+            moved = []
+            try:
+                for k, old in enumerate(existing):
+                    log(f"replacing {os.path.join(out_dir, old)}")
+                    fileio.rename(os.path.join(out_dir, old), os.path.join(trash, str(k)))
+                    moved.append((k, old))
+                fileio.makedirs(os.path.dirname(os.path.join(out_dir, rel)))
+                fileio.rename(os.path.join(build_dir, rel), os.path.join(out_dir, rel))
+            except BaseException:  # put the old dataset back: never lose both
+                for k, old in moved:
+                    if not os.path.lexists(os.path.join(out_dir, old)):
+                        fileio.rename(os.path.join(trash, str(k)), os.path.join(out_dir, old))
+                raise
             for old in existing:  # config folders left empty
                 parent = os.path.dirname(os.path.join(out_dir, old))
                 if parent != out_dir and os.path.isdir(parent) and not os.listdir(parent):
@@ -203,11 +229,11 @@ def _versions(out_dir: str) -> list[str]:
 
 
 def _leftovers(out_dir: str, name: str) -> list[str]:
-    """What a killed build of ``name`` left in ``out_dir``: ``.building-*`` folders and tfds' incomplete
+    """What a killed build of ``name`` left in ``out_dir``: ``.building-*`` and ``.tfds-downloads-*`` folders and tfds' incomplete
     folders (``<name>/<config>/incomplete.XXXXXX_<version>``)."""
     if not os.path.isdir(out_dir):
         return []
-    found = [os.path.join(out_dir, n) for n in os.listdir(out_dir) if n.startswith(".building-")]
+    found = [os.path.join(out_dir, n) for n in os.listdir(out_dir) if n.startswith((".building-", ".tfds-downloads-"))]
     root = os.path.join(out_dir, name)
     if os.path.isdir(root):
         found += [os.path.join(root, c, v) for c in os.listdir(root) if os.path.isdir(os.path.join(root, c))

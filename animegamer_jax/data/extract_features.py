@@ -196,7 +196,7 @@ def features_config(cfg: Any, dtype: str = "float32") -> features_lib.FeaturesCo
 def extract_features(dataset_dir: str, out_dir: str, load_encoder: features_lib.LoadEncoder,
                      config: features_lib.FeaturesConfig, *, batch_size: int, text_field: str = "action",
                      run_meta: dict | None = None, overwrite: bool = False, beam_pipeline_options: str = "",
-                     num_shards: int | None = None, log: Callable[[str], None] = lambda s: None) -> ExtractReport:
+                     log: Callable[[str], None] = lambda s: None) -> ExtractReport:
     """Builds the feature dataset of every split of ``dataset_dir`` into the tfds data_dir ``out_dir``.
 
     Args:
@@ -209,7 +209,6 @@ def extract_features(dataset_dir: str, out_dir: str, load_encoder: features_lib.
       run_meta: the run's identity stored in metadata.json (config sections, weights).
       overwrite: replace a feature dataset already in ``out_dir``.
       beam_pipeline_options: comma-separated Beam options (beam_util.beam_options); "" = DirectRunner.
-      num_shards: ArrayRecord shards per split (None: tfds picks by size).
       log: progress callback.
 
     Raises:
@@ -233,7 +232,7 @@ def extract_features(dataset_dir: str, out_dir: str, load_encoder: features_lib.
             file_format="array_record")
 
     built = datasets.build(make_builder, out_dir, features_lib.NAME, overwrite=overwrite,
-                           beam_pipeline_options=beam_pipeline_options, num_shards=num_shards, log=log)
+                           beam_pipeline_options=beam_pipeline_options, log=log)
     meta = datasets.metadata(built)
     return ExtractReport(built, {k: v["num_clips"] for k, v in meta["splits"].items()}, meta.get("counters", {}),
                          time.time() - t0)
@@ -255,8 +254,6 @@ def define_flags(fv, argv: list[str]) -> None:
                          flag_values=fv)
     flags.DEFINE_string("text_field", "action", "Record field with the action text.", flag_values=fv)
     flags.DEFINE_enum("dtype", "float32", list(features_lib.DTYPES), "Storage dtype.", flag_values=fv)
-    flags.DEFINE_integer("num_shards", None, "ArrayRecord shards per split (default: tfds picks by size).",
-                         flag_values=fv)
     flags.DEFINE_bool("overwrite", False, "Replace the feature dataset already in --out.", flag_values=fv)
     flags.DEFINE_string("beam_pipeline_options", "", "Comma-separated Apache Beam options, e.g. "
                         "--runner=DirectRunner,--direct_num_workers=1 (default: DirectRunner in this process).",
@@ -284,10 +281,10 @@ def _run(f) -> int:
             "clip_weights": weights["clip"] or "random", "t5_weights": weights["t5"] or "random"}
     load = ModelLoader(cfg, weights["clip"], weights["t5"], f.t5_spiece, f.random_init, f.batch_size)
     dataset = f.dataset or cfg.data.dataset_dir
-    report = extract_features(dataset, f.out or dataset.rstrip("/") + "_features", load,
+    report = extract_features(dataset, f.out or datasets.default_features_dir(dataset), load,
                               features_config(cfg, f.dtype), batch_size=f.batch_size, text_field=f.text_field,
                               run_meta=meta, overwrite=f.overwrite, beam_pipeline_options=f.beam_pipeline_options,
-                              num_shards=f.num_shards, log=lambda s: print(s, file=sys.stderr, flush=True))
+                              log=lambda s: print(s, file=sys.stderr, flush=True))
     print(report.summary())
     return 0
 

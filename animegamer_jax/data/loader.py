@@ -45,6 +45,9 @@ import numpy as np
 from animegamer_jax import mllm_tokenizer, paths
 from animegamer_jax.data import datasets
 
+#: metadata.json format of a feature dataset (clip_dataset/features.py FORMAT)
+FEATURES_FORMAT = "animegamer_jax.features/2"
+
 # Per-clip fields that are not precomputed features; turns mode carries only the per-turn ones.
 _CLIP_ARRAYS = ("frames", "first_frame", "frame_times", "states", "motion_scope")
 
@@ -77,11 +80,27 @@ class ClipSource(grain.sources.RandomAccessDataSource):
         if len(self._src) != self.index["num_clips"]:
             raise datasets.DatasetError(f"{self.dataset_dir}: split {split} holds {len(self._src)} records, "
                                         f"its metadata says {self.index['num_clips']}")
+        if features_dir:
+            self._check_features()
         if self._features is not None and len(self._features) != len(self._src):
             raise datasets.DatasetError(f"{features_dir}: {len(self._features)} feature records for the "
                                         f"{len(self._src)} clips of {self.dataset_dir} ({split}); extract them again")
         if self._features is not None:
             self.index = {**self.index, "feature_fields": sorted(k for k in self._features[0] if k != "index")}
+
+    def _check_features(self) -> None:
+        """The feature dataset must be one (format) of this very split (its recorded clip fingerprint)."""
+        meta = datasets.metadata(self.features_dir)
+        if meta.get("format") != FEATURES_FORMAT:
+            raise datasets.DatasetError(f"{self.features_dir}: not a feature dataset (format {meta.get('format')!r}); "
+                                        f"build one with `python -m animegamer_jax.data.extract_features`")
+        want = datasets.dataset_fingerprint(self.index)
+        have = meta.get("splits", {}).get(self.split, {}).get("fingerprint")
+        if have != want:
+            raise datasets.DatasetError(
+                f"{self.features_dir}: features of another clip dataset ({meta.get('dataset')}, split {self.split} "
+                f"{have}) than {self.dataset_dir} ({want}); extract them again with "
+                f"`python -m animegamer_jax.data.extract_features --dataset={self.dataset_dir}`")
 
     def _open(self) -> None:
         self._src = datasets.open_split(self.dataset_dir, self.split)

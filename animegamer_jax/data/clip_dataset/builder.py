@@ -25,7 +25,7 @@ in the dataset's metadata.json (``skipped``); the other films are built. Clips m
 are left out and listed (``unlabelled``). metadata.json also holds the config, the films, one row per
 clip (no pixels) per split and the pipeline's counters (``data/datasets.py`` reads it).
 
-Each film reports one JSON line (written by the pipeline into the dataset's incomplete folder, read
+Each film reports JSON lines (film, skipped, unlabelled clips; written by the pipeline into the dataset's incomplete folder, read
 back and removed by :meth:`AnimegamerClips._download_and_prepare`, which also names the shards and
 sets the splits); tfds then writes metadata.json and renames the folder: nothing is visible at the
 final path until everything is.
@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 from collections.abc import Iterator, Sequence
 
 import apache_beam as beam
@@ -44,14 +45,14 @@ import tensorflow_datasets as tfds
 
 from animegamer_jax.data import beam_util
 from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import label_schema, motion, video
+from animegamer_jax.data import datasets, label_schema, motion, video
 from animegamer_jax.data.clip_dataset import shards
 
 NAME = "animegamer_clips"
 #: Beam counter namespace of every counter the pipeline keeps
 COUNTER_NAMESPACE = beam_util.NAMESPACE
 #: metadata.json["format"]: what data/datasets.py accepts
-FORMAT = "animegamer_jax.clips/2"
+FORMAT = datasets.CLIP_FORMAT
 #: data-config keys that define the clips (stored in the BuilderConfig and metadata.json)
 CONFIG_KEYS = ("height", "width", "num_frames", "fps", "clip_seconds", "clip_stride_seconds", "scene_threshold",
                "flow_threshold", "motion_bins")
@@ -235,15 +236,17 @@ class AnimegamerClips(tfds.core.GeneratorBasedBuilder):
         ``<name>-<split>.array_record-0000k-of-0000N`` in film order, sets the splits and fills
         metadata.json (film reports, Beam counters).
 
+        A split that ends with no clip is left out (its films listed in skipped / unlabelled).
+
         Raises:
-          NoClipsError: a split ends with no clip (every film failed, or every clip is unlabelled).
+          NoClipsError: no split has a clip (every film failed, or every clip is unlabelled).
         """
         del dl_manager
         writer = shards.PartWriter(self.info.features, self.info.file_format, self.data_dir)
         jobs = [(split, rank, film_id, path) for split, films in self._split_films().items()
                 for rank, film_id, path in films]
         lines, counters = shards.run(jobs, FilmToShard(self.labels_path, self.builder_config.data_values(), writer),
-                                     download_config.beam_options, writer.path("all", "report"))
+                                     download_config.beam_options, os.path.join(os.fspath(self.data_dir), "films-report.jsonl"))
         meta = self.info.metadata
         meta.update({"format": FORMAT, "config": self.builder_config.data_values(), "labels": self.labels_path,
                      "films": [], "skipped": [], "unlabelled": [], "splits": {}})
@@ -252,9 +255,13 @@ class AnimegamerClips(tfds.core.GeneratorBasedBuilder):
             mine = sorted((r for r in lines if r["split"] == split), key=lambda r: (r["rank"], r.get("clip_index", -1)))
             done = [r for r in mine if r["kind"] == "film"]
             written = [r for r in done if r["num_clips"]]
-            if not written:
-                raise NoClipsError(f"no clips to write in split {split!r}: every film failed or every clip is "
-                                   f"marked unlabelled ({[r['reason'] for r in mine if r['kind'] == 'skipped']})")
+            if not written:  # listed in skipped / unlabelled; the other splits are built
+                logging.warning("split %s has no clip: every film failed or every clip is unlabelled", split)
+                meta["skipped"] += [{k: r[k] for k in ("film_id", "path", "reason")} for r in mine
+                                    if r["kind"] == "skipped"]
+                meta["unlabelled"] += [{k: r[k] for k in ("film_id", "clip_index", "reason")}
+                                       for r in mine if r["kind"] == "unlabelled"]
+                continue
             split_infos.append(shards.assemble(self, split, [(r["shard"], r["num_clips"]) for r in written]))
             rows = [row for r in done for row in r.pop("clips")]
             for i, row in enumerate(rows):
@@ -265,6 +272,9 @@ class AnimegamerClips(tfds.core.GeneratorBasedBuilder):
             meta["skipped"] += [{k: r[k] for k in ("film_id", "path", "reason")} for r in mine if r["kind"] == "skipped"]
             meta["unlabelled"] += [{k: r[k] for k in ("film_id", "clip_index", "reason")}
                                    for r in mine if r["kind"] == "unlabelled"]
+        if not split_infos:
+            raise NoClipsError(f"no clips to write: every film failed or every clip is marked unlabelled "
+                               f"({[r['reason'] for r in lines if r['kind'] == 'skipped']})")
         meta["counters"] = counters
         self.info.set_splits(tfds.core.SplitDict(split_infos))
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -43,7 +44,7 @@ from animegamer_jax.data.clip_dataset import shards
 
 NAME = "animegamer_clip_features"
 #: metadata.json["format"] of a feature dataset
-FORMAT = "animegamer_jax.features/2"
+FORMAT = loader.FEATURES_FORMAT
 #: the record fields besides ``index``
 FIELDS = ("f_v", "f_md")
 DTYPES = ("float32", "float16")
@@ -202,7 +203,7 @@ class AnimegamerClipFeatures(tfds.core.GeneratorBasedBuilder):
                 for lo, hi in index_ranges(index["num_clips"], self.batch_size * SHARD_BATCHES)]
         lines, counters = shards.run(jobs, EncodeClips(self.dataset_dir, self.text_field, self.batch_size, c.dtype,
                                                        self.load_encoder, writer),
-                                     download_config.beam_options, writer.path("all", "report"))
+                                     download_config.beam_options, os.path.join(os.fspath(self.data_dir), "shards-report.jsonl"))
         self.info.set_splits(tfds.core.SplitDict([
             shards.assemble(self, split, [(r["shard"], r["num"]) for r in sorted(
                 (r for r in lines if r["split"] == split), key=lambda r: r["start"])])

@@ -4,7 +4,7 @@ Each Beam element writes one shard of its own, streaming: examples are encoded b
 features, serialised and appended to an ArrayRecord file ``<data_dir>/<split>-<part>.array_record.part``
 as they come, so a worker holds one example at a time and nothing is shuffled through the runner
 (tfds' generic Beam writer groups every serialised example by shard, which local runners hold in
-memory). Each element also yields one JSON report line; the builder runs the pipeline with
+memory). Each element also yields JSON report lines (what it wrote, what it skipped); the builder runs the pipeline with
 :func:`run`, then names the parts ``<name>-<split>.array_record-0000k-of-0000N`` in its order and
 sets the splits with :func:`assemble`.
 """
