@@ -8,10 +8,16 @@
 Every process of a multi-host job runs the same command (launch/); ``jax.distributed`` starts
 from the environment. ``--config.train.init_checkpoint=DIR`` starts from a system checkpoint
 (converted weights or an earlier phase); a rerun with the same workdir resumes.
+
+SIGTERM (a preempting scheduler, on one process or all) and SIGINT (Ctrl-C) stop training at the next
+step every process agrees on, after saving a checkpoint there; the command then prints one line
+(``preempted: ...; resume with the same command: ...``) on every process and exits 0. A second Ctrl-C
+stops at once without saving (exit 130).
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from absl import flags
@@ -19,7 +25,10 @@ from ml_collections import config_flags
 
 from animegamer_jax import checkpoint, parallel
 from animegamer_jax.cli import define_verbosity, run_command, status
+from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, pipeline
+
+PROG = "python -m animegamer_jax.train"
 
 
 def define_flags(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -33,25 +42,36 @@ def define_flags(fv: flags.FlagValues, argv: list[str]) -> None:
     define_verbosity(fv)
 
 
-def _run(f: flags.FlagValues) -> int:
-    """Trains ``config.train.phase`` (one phase, or "all": the pipeline) and prints the system checkpoint."""
+def _run(f: flags.FlagValues, argv: list[str]) -> int:
+    """Trains ``config.train.phase`` (one phase, or "all": the pipeline) and prints the system checkpoint;
+    on SIGTERM / SIGINT prints where it stopped and the command (``argv``) that resumes, and returns 0."""
     config = f.config
     status("animegamer-train: phase %s, workdir %s (building the model) ...", config.train.phase, f.workdir)
-    parallel.initialize()
+    parallel.initialize()  # before the guard: jax.distributed's preemption service is its first choice
     opts = {"xla_backend_optimization_level": 0} if f.fast_compile else None
-    if str(config.train.phase) == "all":
-        out = pipeline.run_all(config, f.workdir, compiler_options=opts)
-    else:
-        out = pipeline.run_phase(config, f.workdir, compiler_options=opts)
+    with distributed.preemption_guard():
+        try:
+            if str(config.train.phase) == "all":
+                out = pipeline.run_all(config, f.workdir, compiler_options=opts)
+            else:
+                out = pipeline.run_phase(config, f.workdir, compiler_options=opts)
+        except loop.Preempted as e:
+            print(f"preempted: {e}; resume with the same command: {PROG} {shlex.join(argv)}",
+                  file=sys.stderr, flush=True)
+            return 0
     print(out)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.train [flags]``; returns the exit status (2 with one line for a bad
-    command line, a bad ``--config.train.init_checkpoint`` or a workdir of another run)."""
-    return run_command("python -m animegamer_jax.train", argv, define_flags, __doc__, (), _run,
-                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError))
+    """``python -m animegamer_jax.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
+    SIGINT stopped it at a saved step, 2 with one line for a bad command line, a bad
+    ``--config.train.init_checkpoint`` or a workdir of another run, 130 after a second Ctrl-C."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
+                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError),
+                       interrupted="stopped at once, without saving the step in progress; rerun the same "
+                                   "command to resume from the newest checkpoint (WORKDIR/checkpoints)")
 
 
 def cli() -> None:

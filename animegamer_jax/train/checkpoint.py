@@ -9,7 +9,8 @@ Layout of ``WORKDIR/checkpoints/<step>/``:
                steps, batch, grad accumulation, LR schedule, seed, dataset, batch settings;
                train/loop.py ``RUN_FIELDS``, train/pipeline.py ``run_meta``).
 A step directory only appears once every item is written (orbax's atomic rename), so a run killed
-mid-save resumes from the previous complete step. Restore targets are abstract arrays carrying the
+mid-save resumes from the previous complete step. A preempted run's last checkpoint is an ordinary
+one of this layout (train/loop.py ``fit``). Restore targets are abstract arrays carrying the
 *current* mesh's shardings (from the logical annotations), so a checkpoint written on 8 devices
 restores onto 1 and vice versa.
 """
@@ -37,6 +38,18 @@ def is_grain_iterator(it: Any) -> bool:
     return isinstance(it, (grain.DatasetIterator, grain.DataLoaderIterator))
 
 
+class _OrbaxManager(ocp.CheckpointManager):
+    """``ocp.CheckpointManager`` that leaves jax's preemption service to the train loop.
+
+    orbax's ``save`` (and ``should_save``) call ``multihost_utils.reached_preemption_sync_point(step)``
+    with the checkpoint step; the service compares each process's latest count, so those calls would
+    move it away from the count the loop's ``parallel.distributed.PreemptionGuard`` keeps (a stop
+    agreed during a save could then land on a count the loop never passes). The loop asks the service
+    itself and saves with ``force=True``.
+    """
+
+    def reached_preemption(self, step: int) -> bool:
+        return False
 
 
 class CheckpointManager:
@@ -54,7 +67,7 @@ class CheckpointManager:
         self.directory = str(path)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save)
-        self._mngr = ocp.CheckpointManager(path, options=options)
+        self._mngr = _OrbaxManager(path, options=options)
 
     def latest_step(self) -> int | None:
         """Newest complete checkpoint step, or None."""

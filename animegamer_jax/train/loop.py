@@ -8,14 +8,16 @@ unchanged (donated, so no copy). In/out shardings come from the logical annotati
 replicated scalars. Parameters are born sharded (jitted init with ``out_shardings``).
 
 :func:`fit` runs the step with orbax checkpoints (model + optimizer + step + Grain iterator state),
-resumes from the latest one, stops on a non-finite loss keeping the last good checkpoint, and
-writes TensorBoard summaries (loss, lr, grad norm, throughput, MFU) and a tqdm progress bar with
-ETA. Determinism: the step's PRNG key is ``fold_in(key(seed), step)``, so a resumed run draws the
+resumes from the latest one, stops on a non-finite loss keeping the last good checkpoint, stops
+early on SIGTERM / SIGINT at a step every process agrees on after saving a normal checkpoint there
+(``parallel.distributed.PreemptionGuard``), and writes TensorBoard summaries (loss, lr, grad norm,
+throughput, MFU) and a tqdm progress bar with ETA. Determinism: the step's PRNG key is ``fold_in(key(seed), step)``, so a resumed run draws the
 same noise as an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -35,6 +37,7 @@ from tqdm import tqdm
 
 from animegamer_jax import parallel, paths
 from animegamer_jax.cli import status
+from animegamer_jax.parallel import distributed
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
 
@@ -75,6 +78,25 @@ def check_resume(saved: Mapping[str, Any], run: Mapping[str, Any], where: str) -
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or inf; the message names the step and the last good checkpoint."""
+
+
+class Preempted(Exception):
+    """Training stopped early on a stop every process agreed on (SIGTERM, SIGINT or jax's preemption
+    notice; :class:`FitResult` ``preempted``); the message says what stopped it and what is saved.
+
+    Attributes:
+      reason: ``"SIGTERM"``, ``"SIGINT"``, or the notice that came from another process.
+      phase: the phase that stopped ("" for a bare :func:`fit`).
+      step: the step its checkpoint is saved at (0: stopped before its first step in this run).
+      checkpoint_dir: its checkpoint directory.
+    """
+
+    def __init__(self, reason: str, phase: str, step: int, checkpoint_dir: str):
+        self.reason, self.phase, self.step, self.checkpoint_dir = reason, phase, int(step), checkpoint_dir
+        what = f"phase {phase}" if phase else "training"
+        where = (f"{what} saved at step {self.step} in {checkpoint_dir}" if self.step
+                 else f"{what} stopped before its first step in this run (nothing new to save)")
+        super().__init__(f"stopped by {reason}: {where}")
 
 
 def _abstract(x: Any, sharding: Any) -> Any:
@@ -225,13 +247,18 @@ class Trainer:
 
 @dataclasses.dataclass
 class FitResult:
-    """What :func:`fit` hands back: the final state, per-step losses and the steps it ran."""
+    """What :func:`fit` hands back: the final state, per-step losses and the steps it ran.
+
+    ``preempted``: what stopped the run before ``num_steps`` (``"SIGTERM"``, ``"SIGINT"``, a notice from
+    another process), with a checkpoint at ``end_step``; "" when it ran to its end (or ``stop_after``).
+    """
 
     state: nnx.State
     losses: dict[int, float]
     start_step: int
     end_step: int
     checkpoint_dir: str
+    preempted: str = ""
 
 
 def fit(
@@ -255,6 +282,12 @@ def fit(
     allow_resume_mismatch: bool = False,
 ) -> FitResult:
     """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
+
+    SIGTERM and SIGINT (and jax.distributed's preemption notice) stop the run at a step boundary that
+    every process agrees on (``parallel.distributed.preemption_guard``; the command's guard when one is
+    active, else one for this call): the checkpoint of that step is saved like a periodic one (model,
+    optimizer, data-iterator position, meta), so resuming gives the losses of an uninterrupted run, and
+    the result says ``preempted``. A stop agreed before the first step saves nothing (nothing new).
 
     Args:
       trainer: the phase's :class:`Trainer`.
@@ -295,10 +328,13 @@ def fit(
     checkpointable = ckpt_lib.is_grain_iterator(data)
     writer = metrics_lib.SummaryWriter(paths.join(workdir, "tensorboard"))
     losses: dict[int, float] = {}
+    preempted = ""
+    stack = contextlib.ExitStack()
     # as the checkpoint's JSON meta stores it (tuples become lists), so that a resume compares like with like
     run = json.loads(json.dumps(dict(meta or {}, num_steps=int(num_steps), global_batch_size=int(global_batch_size),
                                      grad_accum_steps=int(trainer.grad_accum_steps))))
     try:
+        guard = stack.enter_context(distributed.preemption_guard())  # closed in finally, handlers put back
         latest = mngr.latest_step()
         if latest is not None:
             diffs = check_resume(mngr.read_meta(latest), run, ckpt_dir)
@@ -319,6 +355,8 @@ def fit(
             status("initialized in %.1f s", time.perf_counter() - t0)
             start = 0
         end = num_steps if stop_after is None else min(num_steps, int(stop_after))
+        if start < end and guard.stop_agreed():  # before compiling the step: nothing new to save
+            preempted, end = guard.reason, start
         averager = metrics_lib.MetricAverager()
         peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
         bar = None  # created after the first step, so the stage lines above it stay readable
@@ -346,6 +384,11 @@ def fit(
                     f"checkpoint is step {mngr.latest_step()} in {ckpt_dir}; restart resumes from it "
                     f"(lower train.learning_rate or check the data).")
             losses[step + 1] = loss
+            notice = guard.take_notice()
+            if notice:
+                status("%s received: saving a checkpoint at the next step every process agrees on, then "
+                       "stopping (a second Ctrl-C stops without saving)", notice)
+            stop = step + 1 < end and guard.stop_agreed()
             averager.update(m)
             now = time.perf_counter()
             if t_last is None:  # the first step of a run includes compilation
@@ -355,7 +398,7 @@ def fit(
             if bar is not None:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}")
-            if (step + 1) % log_every == 0 or step + 1 == end:
+            if (step + 1) % log_every == 0 or step + 1 == end or stop:
                 scalars = averager.compute_and_reset()
                 if steps_since:
                     dt = (now - t_last) / steps_since
@@ -368,16 +411,23 @@ def fit(
                 logging.info("step %d: %s", step + 1, ", ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())))
             for hook in hooks:
                 hook(step + 1, state, batch)
-            if (step + 1) % checkpoint_every == 0 or step + 1 == end:
+            if (step + 1) % checkpoint_every == 0 or step + 1 == end or stop:
                 mngr.save(step + 1, state, data if checkpointable else None,
                           dict(run, loss=loss), force=True)
+            if stop:
+                preempted, end = guard.reason, step + 1
+                break
         if bar is not None:
             bar.close()
         mngr.wait()
-        return FitResult(state=state, losses=losses, start_step=start, end_step=end, checkpoint_dir=ckpt_dir)
+        return FitResult(state=state, losses=losses, start_step=start, end_step=end, checkpoint_dir=ckpt_dir,
+                         preempted=preempted)
     finally:
-        mngr.close()
-        writer.close()
+        try:
+            mngr.close()  # waits for a pending save with the signal handlers still in place
+            writer.close()
+        finally:
+            stack.close()
 
 
 def _progress(enabled: bool, total: int, initial: int) -> Any:

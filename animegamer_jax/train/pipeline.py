@@ -11,6 +11,10 @@ output of each phase is a complete system for the next one (and for the game eng
 first trains its VAE, phase "vae") in ``WORKDIR/<phase>/`` and leaves the final
 system in ``config.train.system_checkpoint`` (default ``WORKDIR/system``). A phase whose system
 checkpoint exists is skipped, so a killed pipeline resumes where it stopped.
+
+SIGTERM / SIGINT (``parallel.distributed.PreemptionGuard``): a phase stops at a step every process
+agrees on with its checkpoint saved (``loop.fit``), or the pipeline stops before its next phase; both
+raise :class:`loop.Preempted`, and the same command resumes in that phase.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from flax import nnx
 from animegamer_jax import checkpoint, fileio, parallel, paths
 from animegamer_jax.cli import status
 from animegamer_jax.data import datasets, loader
+from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim
 from animegamer_jax.train.batches import BatchBuilder
 from animegamer_jax.train.model import PHASES, phase_spec, training_config
@@ -149,6 +154,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     with its checkpoint written and no system checkpoint (returns ``""``), as a kill would.
 
     Raises:
+      loop.Preempted: SIGTERM / SIGINT stopped the phase (its checkpoint at the agreed step saved;
+        the same call resumes it).
       parallel.ShardingConfigError: the micro-batch does not divide the mesh's data axes (before
         anything compiles); ValueError: ``global_batch_size`` not a multiple of ``grad_accum_steps``
         x process count; loop.ResumeMismatchError: ``workdir``'s checkpoint is of another run
@@ -198,6 +205,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         meta=meta,
         peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
         allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
+    if result.preempted:
+        raise loop.Preempted(result.preempted, phase, result.end_step, result.checkpoint_dir)
     if stop_after is not None and result.end_step < steps * accum:
         return ""  # stopped early (a simulated kill): checkpoints written, no system yet
     if phase == "vae" and bool(t.get("vae_fit_scaling_factor", True)):
@@ -219,6 +228,8 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
     Raises:
       ValueError: an unknown phase in the pipeline, or ``pipeline_steps`` / ``pipeline_learning_rates``
         of another length.
+      loop.Preempted: SIGTERM / SIGINT stopped a phase, or the pipeline before its next phase (finished
+        phases keep their system checkpoints; the same call resumes in the stopped phase).
     """
     workdir = str(paths.as_path(workdir))
     final = str(paths.as_path(str(config.train.system_checkpoint) or paths.join(workdir, "system")))
@@ -232,20 +243,24 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
     for name, given in (("pipeline_steps", steps), ("pipeline_learning_rates", lrs)):
         if given and len(given) != len(pipeline):
             raise ValueError(f"config.train.{name} {given} must give one value per phase of {pipeline}")
-    for i, phase in enumerate(pipeline):
-        c = copy.deepcopy(config)
-        c.train.phase, c.train.init_checkpoint = phase, prev
-        if steps:
-            c.train.num_steps = int(steps[i])
-        if lrs:
-            c.train.learning_rate = float(lrs[i])
-        out = final if i == len(pipeline) - 1 else paths.join(workdir, phase, "system")
-        c.train.system_checkpoint = out
-        if checkpoint.is_complete(out):
-            status("phase %s already done (%s)", phase, out)
-        else:
-            t0 = time.time()
-            run_phase(c, paths.join(workdir, phase), system_out=out, compiler_options=compiler_options)
-            status("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
-        prev = out
+    with distributed.preemption_guard() as guard:
+        for i, phase in enumerate(pipeline):
+            c = copy.deepcopy(config)
+            c.train.phase, c.train.init_checkpoint = phase, prev
+            if steps:
+                c.train.num_steps = int(steps[i])
+            if lrs:
+                c.train.learning_rate = float(lrs[i])
+            out = final if i == len(pipeline) - 1 else paths.join(workdir, phase, "system")
+            c.train.system_checkpoint = out
+            if checkpoint.is_complete(out):
+                status("phase %s already done (%s)", phase, out)
+            else:
+                if guard.stop_agreed():  # before building the phase's model and data
+                    raise loop.Preempted(guard.reason, phase, 0, paths.join(workdir, phase, "checkpoints"))
+                t0 = time.time()
+                run_phase(c, paths.join(workdir, phase), system_out=out, compiler_options=compiler_options)
+                status("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
+            prev = out
     return final
+
