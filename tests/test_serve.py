@@ -129,8 +129,10 @@ def test_two_games_at_once(served):
     # a's turn off the queue, else 1 (a running). The worker re-announces as a starts and ends, so
     # b is then next (position 1), with a running (ahead 1) or done (ahead 0), until b starts.
     queued_b = [e for e in ev_b if e["event"] == "queued"]
-    assert queued_b[0] in ({"event": "queued", "position": 1, "ahead": 1},
-                           {"event": "queued", "position": 2, "ahead": 1}), queued_b
+    ticket_a = next(e for e in ev_a if e["event"] == "queued")["ticket"]
+    assert all(e["ticket"] == ticket_a + 1 for e in queued_b)  # queued right after a (tests/test_serve_load.py: FIFO)
+    assert {**queued_b[0], "ticket": None} in ({"event": "queued", "position": 1, "ahead": 1, "ticket": None},
+                                               {"event": "queued", "position": 2, "ahead": 1, "ticket": None}), queued_b
     assert all(e["position"] == 1 and e["ahead"] in (0, 1) for e in queued_b[1:]), queued_b
     names_b = [e["event"] for e in ev_b]
     assert max(i for i, n in enumerate(names_b) if n == "queued") < names_b.index("started")

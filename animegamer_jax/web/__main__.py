@@ -7,6 +7,7 @@ Usage::
     python -m animegamer_jax.web --standin                                       # random stand-in system
     python -m animegamer_jax.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
     python -m animegamer_jax.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
+    python -m animegamer_jax.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
 
 (``python -m animegamer_jax.serve`` and the ``animegamer-serve`` console script run the same command.)
 
@@ -14,9 +15,11 @@ The page has character / motion / background fields (or one whole instruction li
 Undo and Restart, the current clip in a video player (its frames shown as the VAE decodes them),
 the meters as bars with this turn's changes, the history strip and a download of the game folder.
 Every turn is the ``play`` command's engine step, and the game is saved after every turn in the
-``play`` layout (``<out>/<game_id>/``, game/writers.py). The server binds to loopback unless
-``--host`` says otherwise; it has no authentication, so expose it only on networks you trust.
-Implementation: server.py (sessions, queue, worker), app.py (the routes).
+``play`` layout (``<out>/<game_id>/``, game/writers.py). At most ``--max_queue`` turns wait; past
+that a turn gets HTTP 503 with ``Retry-After`` and "the server is busy ... try again in N s". The
+server binds to loopback unless ``--host`` says otherwise; it has no authentication, so any other
+host prints a warning (app.py ``no_auth_warning``): expose it only on networks you trust.
+Implementation: server.py (sessions, queue, worker), app.py (the routes and what each refusal gets).
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
-from animegamer_jax.web.app import create_app
-from animegamer_jax.web.server import build_server
+from animegamer_jax.web.app import create_app, no_auth_warning
+from animegamer_jax.web.server import MAX_QUEUE, build_server
 
 
 def define_flags(fv) -> None:
@@ -38,6 +41,8 @@ def define_flags(fv) -> None:
     flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", flag_values=fv)
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).", flag_values=fv)
     flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
+    flags.DEFINE_integer("max_queue", MAX_QUEUE, "Turns that may wait for the model; past that a turn is refused "
+                         "with HTTP 503 'busy, try again' and Retry-After.", lower_bound=1, flag_values=fv)
     flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "
                       "player does not wait for compilation (--nowarmup: compile on the first turn).", flag_values=fv)
     define_verbosity(fv)
@@ -54,10 +59,13 @@ def _serve(f, config, *rest: str) -> int:
 
     if rest:
         raise UsageError(f"unexpected arguments {list(rest)}; the web app takes flags only")
+    warning = no_auth_warning(f.host)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
-                          random_fallback=f.demo)
+                          random_fallback=f.demo, max_queue=f.max_queue)
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
-          f"games in {server.out_dir}/", flush=True)
+          f"games in {server.out_dir}/, at most {server.max_queue} turns waiting", flush=True)
     if f.warmup:
         print("compiling (one throwaway turn)...", flush=True)
         print(f"ready after {server.warmup():.1f} s", flush=True)

@@ -7,9 +7,19 @@
   ``<out>/<game_id>/turn_*.mp4``, ``game.mp4``, ``game.json``, ``index.html``, contact sheet).
 * **Queue**: turns wait in FIFO order; the worker takes up to ``engine.batch_size`` of them (one
   per game) into one batched step, so a data-parallel mesh serves several players at once. Every
-  waiting turn is told its position whenever it changes.
+  waiting turn is told its position whenever it changes. The queue holds at most ``max_queue``
+  turns; past that a turn is refused with :class:`QueueFull` (HTTP 503 + ``Retry-After``). Every
+  turn gets a ``ticket`` (the order it was queued in) and, when it starts, ``served`` (the order
+  turns started in): first in, first out means the two are equal.
 * **Sessions**: each browser session (a cookie) has its own game; a session can have one turn
   queued or running at a time; game files are served only to the session that played them.
+  Session ids are 24 random URL-safe characters (:func:`secrets.token_urlsafe`, 144 bits).
+* **Memory**: bounded by the sessions kept (``max_sessions`` idle ones, each holding its game's
+  turns: frames and MLLM representations) plus the queue; a finished turn's event log (its
+  streamed frames) is dropped once its stream ends.
+* **Input**: instruction text is one line of printable text (:func:`check_text`): control
+  characters (which would reach the server's log and terminal), lone surrogates (which cannot be
+  written as UTF-8) and bidirectional overrides are refused.
 * **Streaming**: a turn's events (``queued``, ``started``, ``frames`` once per decoded VAE chunk,
   ``done`` or ``error``) go to the player as they happen (:class:`Job`).
 * **Failures**: a turn that raises (in the model or while saving) leaves the game as it was
@@ -22,6 +32,7 @@ import base64
 import datetime
 import io
 import logging
+import math
 import os
 import re
 import secrets
@@ -29,6 +40,7 @@ import shutil
 import threading
 import time
 import traceback
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +60,16 @@ from animegamer_jax.game.window import METER_NAMES, InstructionTooLongError
 log = logging.getLogger(__name__)
 
 TERMINAL = ("done", "error")
+#: the session ids this server issues (``secrets.token_urlsafe(18)``); anything else is tampered with
+SESSION_ID = re.compile(r"^[A-Za-z0-9_-]{24}$")
+#: seed range accepted by restart (what a signed 64-bit integer holds; ``turn_key`` uses the low 64 bits)
+SEED_RANGE = (-2**63, 2**63 - 1)
+#: default turns waiting in the queue before new ones are refused ("busy, try again")
+MAX_QUEUE = 32
+#: seconds a batch is assumed to take before one has been timed (for ``Retry-After``)
+DEFAULT_BATCH_S = 5.0
+# explicit bidirectional formatting characters ("Trojan Source"): they reorder how text is shown
+_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
 
 class BadInput(ValueError):
@@ -60,6 +82,35 @@ class BadInput(ValueError):
 
 class Busy(RuntimeError):
     """The session already has a turn queued or running (HTTP 409)."""
+
+
+class QueueFull(RuntimeError):
+    """The turn queue holds ``max_queue`` turns (HTTP 503); ``retry_after_s`` estimates when to retry."""
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def check_text(key: str, value: str) -> None:
+    """Refuses instruction text that is not one line of printable text.
+
+    Raises:
+      BadInput: ``value`` holds a control character (category Cc: newlines, tabs, ESC, NUL, DEL,
+        C1), a lone surrogate (Cs) or a bidirectional formatting character; the message names the
+        character (``U+001B``), its position and the fix.
+    """
+    for i, ch in enumerate(value):
+        cat = unicodedata.category(ch)
+        if cat in ("Cc", "Cs") or ch in _BIDI:
+            kind = {"Cc": "control character", "Cs": "lone surrogate"}.get(cat, "bidirectional formatting character")
+            raise BadInput(f"{key!r} contains the {kind} U+{ord(ch):04X} at position {i}. Fix: an instruction "
+                           f"is one line of plain text; remove it", (key,) if key in FIELDS else ("line",))
+
+
+def session_id_ok(sid: str) -> bool:
+    """True when ``sid`` has the form of the session ids this server issues (:data:`SESSION_ID`)."""
+    return bool(SESSION_ID.match(sid))
 
 
 def _fields_named(message: str) -> tuple[str, ...]:
@@ -85,8 +136,9 @@ class Job:
     the worker thread, so a streaming response can wake up.
     """
 
-    def __init__(self, session: "Session", turn: Turn, ids: tuple[int, ...]):
+    def __init__(self, session: "Session", turn: Turn, ids: tuple[int, ...], ticket: int = 0):
         self.id = secrets.token_hex(6)
+        self.ticket = ticket
         self.session = session
         self.game = session.game
         self.turn = turn
@@ -94,6 +146,7 @@ class Job:
         self.events: list[dict] = []
         self.notify: Callable[[], None] | None = None
         self.submitted = time.perf_counter()
+        self.served = 0  # the order it started in (set by the worker)
 
     def emit(self, event: str, **data: Any) -> None:
         self.events.append({"event": event, **data})
@@ -129,11 +182,21 @@ class GameServer:
       seed: default game seed (``config.game.seed``).
       max_sessions: sessions kept in memory (each holds its game's frames); past that the least
         recently seen idle ones are dropped (their games stay saved on disk).
+      max_queue: turns that may wait in the queue (running ones not counted); a turn past that is
+        refused with :class:`QueueFull`.
+
+    Raises:
+      ValueError: ``max_queue`` or ``max_sessions`` below 1.
+      OutputError: ``out_dir`` is not writable.
     """
 
-    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = 64):
+    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = 64,
+                 max_queue: int = MAX_QUEUE):
+        if int(max_queue) < 1 or int(max_sessions) < 1:
+            raise ValueError(f"max_queue ({max_queue}) and max_sessions ({max_sessions}) must be at least 1")
         writers.check_writable(out_dir)
         self.max_sessions = int(max_sessions)
+        self.max_queue = int(max_queue)
         self.engine = engine
         self.out_dir = out_dir
         self.seed = int(engine.config.game.seed) if seed is None else int(seed)
@@ -144,6 +207,9 @@ class GameServer:
         self._stop = False
         self._worker: threading.Thread | None = None
         self.turns_played = 0
+        self._tickets = 0  # turns queued so far
+        self._served = 0  # turns started so far
+        self._batch_s: float | None = None  # moving average of a batch's seconds (Retry-After)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -179,6 +245,14 @@ class GameServer:
         return time.perf_counter() - t0
 
     # -- sessions --------------------------------------------------------------------------------
+
+    def find_session(self, sid: str | None) -> Session | None:
+        """The live session of cookie value ``sid``, or None (no new session is made)."""
+        with self._cv:
+            s = self.sessions.get(sid) if sid else None
+            if s is not None:
+                s.last_seen = time.time()
+            return s
 
     def session(self, sid: str | None) -> Session:
         """The session of cookie value ``sid``; a new one when ``sid`` is None or unknown."""
@@ -217,8 +291,8 @@ class GameServer:
         ...; Motion: ...; Background: ..."}``.
 
         Raises:
-          BadInput: not a JSON object, a non-string field, the game-script parser's error, or an
-            instruction over ``game.max_instruction_tokens``.
+          BadInput: not a JSON object, a non-string field, text :func:`check_text` refuses, the
+            game-script parser's error, or an instruction over ``game.max_instruction_tokens``.
         """
         if not isinstance(body, dict):
             raise BadInput("the request body must be a JSON object with character, motion and background "
@@ -231,6 +305,7 @@ class GameServer:
             if not isinstance(body.get(k, ""), str):
                 raise BadInput(f"{k!r} must be a string, got {type(body[k]).__name__}",
                                (k,) if k in FIELDS else ("line",))
+            check_text(k, body.get(k, ""))
         line = body.get("line", "")
         where = f"turn {len(s.game) + 1 if s.game else 1}"
         try:
@@ -250,13 +325,19 @@ class GameServer:
 
         Raises:
           Busy: ``s`` has a turn queued or running.
+          QueueFull: ``max_queue`` turns are waiting.
         """
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn of this game is already queued or running. Fix: wait for it to finish")
+            if len(self._queue) >= self.max_queue:
+                wait = self.retry_after_s()
+                raise QueueFull(f"the server is busy: the turn queue is full ({len(self._queue)} turns waiting). "
+                                f"Fix: try again in {wait} s", wait)
             if s.game is None:
                 self._new_game(s, None)
-            job = Job(s, turn, ids)
+            self._tickets += 1
+            job = Job(s, turn, ids, self._tickets)
             s.job = job
             self._queue.append(job)
             self._announce()
@@ -292,8 +373,11 @@ class GameServer:
         """Starts a new game for ``s`` (the previous game's folder stays on disk).
 
         Raises:
-          Busy: a turn is queued or running.
+          Busy: a turn is queued or running. BadInput: ``seed`` is not an integer in :data:`SEED_RANGE`.
         """
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)
+                                 or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+            raise BadInput("restart takes {\"seed\": <integer>} (a signed 64-bit integer) or nothing")
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn is being generated. Fix: wait for it, then restart")
@@ -336,11 +420,18 @@ class GameServer:
 
     # -- worker ----------------------------------------------------------------------------------
 
+    def retry_after_s(self) -> int:
+        """Seconds until the queue has room, estimated from recent batch times: whole seconds in 1..3600."""
+        with self._cv:
+            batches = math.ceil((len(self._queue) + len(self._running)) / self.engine.batch_size)
+            per = DEFAULT_BATCH_S if self._batch_s is None else self._batch_s
+            return int(min(3600, max(1, math.ceil(per * max(1, batches)))))
+
     def _announce(self) -> None:
         """Tells every waiting job its place (call with the lock held)."""
         running = len(self._running)
         for i, job in enumerate(self._queue):
-            job.emit("queued", position=i + 1, ahead=i + running)
+            job.emit("queued", position=i + 1, ahead=i + running, ticket=job.ticket)
 
     def _take(self) -> list[Job] | None:
         with self._cv:
@@ -356,6 +447,9 @@ class GameServer:
                     batch.append(job)
                     self._queue.remove(job)
             self._running = batch
+            for job in batch:
+                self._served += 1
+                job.served = self._served
             self._announce()
             return batch
 
@@ -364,8 +458,12 @@ class GameServer:
             batch = self._take()
             if batch is None:
                 return
+            t0 = time.perf_counter()
             try:
                 self._run(batch)
+                dt = time.perf_counter() - t0  # the model and the saves: what the next in line waits for
+                with self._cv:
+                    self._batch_s = dt if self._batch_s is None else 0.7 * self._batch_s + 0.3 * dt
             except BaseException:  # never let the worker die: report and go on
                 log.error("turn batch failed:\n%s", traceback.format_exc())
                 for job in batch:
@@ -375,6 +473,7 @@ class GameServer:
                 with self._cv:
                     self._running = []
                     self._announce()
+            del batch  # not kept (with its event logs and frames) while waiting for the next turn
 
     def _finish(self, job: Job, event: str, **data: Any) -> None:
         with self._cv:
@@ -383,7 +482,7 @@ class GameServer:
 
     def _run(self, batch: list[Job]) -> None:
         for job in batch:
-            job.emit("started", wait_s=time.perf_counter() - job.submitted)
+            job.emit("started", wait_s=time.perf_counter() - job.submitted, ticket=job.ticket, served=job.served)
         rows = [job.game.row(job.ids) for job in batch]
         rows += [rows[0]] * (self.engine.batch_size - len(rows))
         runs, seeds, ids, ks = (list(x) for x in zip(*rows))
@@ -434,7 +533,8 @@ class GameServer:
 
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
-                 seed: int | None = None, verify: str = "fast", random_fallback: bool = False) -> GameServer:
+                 seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
+                 max_queue: int = MAX_QUEUE) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
@@ -442,13 +542,15 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
       checkpoint, standin, random_fallback, verify: which system to play, as ``loading.resolve_system``.
       out: parent folder of the game folders (default ``config.game.out_dir``).
       seed: default game seed (default ``config.game.seed``).
+      max_queue: turns that may wait before new ones are refused (:class:`GameServer`).
 
     Raises:
       CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
+      ValueError: ``max_queue`` below 1.
     """
     setup_jax()
     mesh = parallel.mesh_from_config(config)
     system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
                             random_fallback=random_fallback)
     engine = GameEngine(config, system, mesh=mesh)
-    return GameServer(engine, out or config.game.out_dir, seed)
+    return GameServer(engine, out or config.game.out_dir, seed, max_queue=max_queue)

@@ -1,0 +1,357 @@
+"""The web server (``python -m animegamer_jax.web``) under load and under hostile input.
+
+* Load: the real command in its own process (default host, the random stand-in system: the fastest
+  turn, about 0.3 s on 2 cores; the tiny checkpoint's is about 0.8 s after a 10 s compile) and 16
+  players x 3 turns through the HTTP API (benchmarks/web_load.py's driver and checks): all done,
+  FIFO, positions, isolation, the server's peak RSS. The full 16 x 3 runs in CI (about 15-30 s),
+  so there is no shorter variant; the figures in docs/results.md come from benchmarks/web_load.py.
+* Hostile input: one table of requests, each with the status it must get, against a server in this
+  process; the server keeps serving and nothing is written outside its games folder.
+* The bounded queue: past ``max_queue`` waiting turns, 503 with ``Retry-After``.
+* HTML in instructions is escaped on the page (headless Chromium, as tests/test_serve.py) and in
+  the game's gallery.
+"""
+
+import gc
+import json
+import os
+import socket
+import threading
+import time
+import weakref
+
+import pytest
+
+from animegamer_jax.config import load_config
+from animegamer_jax.game import writers
+from animegamer_jax.web import __main__ as web_main
+from animegamer_jax.web.app import COOKIE, STATIC, HttpThread, create_app, no_auth_warning
+from animegamer_jax.web.server import build_server
+from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
+from test_serve import browser  # noqa: F401 - the headless Chromium fixture
+
+PLAYERS, TURNS = 16, 3
+
+
+def tree(root):
+    """``{relative path: (size, mtime_ns)}`` of every file and folder under ``root``."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(d, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_size if n in files else 0, st.st_mtime_ns)
+    return out
+
+
+def test_sixteen_players_three_turns_each(tmp_path):
+    out = tmp_path / "games"
+    server = ServerProcess(["--standin"], str(out)).start()
+    try:
+        idle_kib = server.rss_kib()
+        results = play_load(server.url, PLAYERS, TURNS)
+        failures = check_load(results, TURNS, str(out))
+        fig = summarize(results)
+        peak_kib = server.peak_rss_kib()
+        assert Player(server.url).json("GET", "/api/state")[0] == 200  # still serving
+    finally:
+        rc = server.stop()
+    print(f"\n{fig}; server RSS idle {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB")
+    assert failures == []
+    assert fig["turns_done"] == PLAYERS * TURNS and fig["refused_503"] == 0  # the default queue holds 16
+    # the players really waited behind each other: the queue was at least half of them deep
+    assert fig["max_position"] >= PLAYERS // 2, fig
+    # bounded: 48 turns held in 16 games cost the stand-in server well under 200 MiB over its idle size
+    assert 0 < idle_kib <= peak_kib < idle_kib + 200 * 1024, (idle_kib, peak_kib)
+    out_text = "".join(server.lines)
+    assert f"serving on http://127.0.0.1:{server.port}/" in out_text and "no authentication" not in out_text
+    assert rc == 0, out_text[-2000:]
+    # only the 16 games, finished, under the games folder; nothing beside it
+    assert os.listdir(tmp_path) == ["games"]
+    games = sorted(os.listdir(out))
+    assert len(games) == PLAYERS and all(g.startswith("web-") for g in games), games
+    assert all(writers.is_finished(out / g) for g in games)
+    assert sorted(r["state"]["game_id"] for r in results) == games
+
+
+@pytest.mark.parametrize("host,warns", [("127.0.0.1", False), ("localhost", False), ("::1", False),
+                                        ("0.0.0.0", True), ("192.168.1.5", True), ("example.org", True)])
+def test_no_auth_warning_for_other_hosts(host, warns):
+    w = no_auth_warning(host)
+    assert (w is not None) == warns
+    if warns:
+        assert w.startswith(f"warning: serving on {host}") and "no authentication" in w and "\n" not in w
+
+
+def test_cli_warns_before_serving_on_another_host(capsys):
+    # an output folder that cannot be made stops the command just before it would listen
+    bad = ["--standin", "--out", "/proc/no-games-here", "--nowarmup"]
+    assert web_main.main([*bad, "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("warning: serving on 0.0.0.0, which other machines can reach, with no authentication")
+    assert "/proc/no-games-here" in err.splitlines()[-1]
+    assert web_main.main(bad) == 2
+    assert "warning" not in capsys.readouterr().err  # the default host: loopback
+
+
+# -- hostile input ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hosted(tmp_path_factory):
+    """A stand-in server in this process: games in <root>/games, a file of someone else's in <root>/outside."""
+    root = tmp_path_factory.mktemp("hostile")
+    (root / "outside").mkdir()
+    (root / "outside" / "secret.txt").write_text("not the server's")
+    server = build_server(load_config("configs/tiny.py"), standin=True, out=str(root / "games"))
+    server.start()
+    http = HttpThread(create_app(server)).start()
+    yield server, http, root
+    http.stop()
+    server.stop()
+
+
+def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
+    """Sends ``data`` as it is on a new connection; ``(status, body)`` of the reply."""
+    with socket.create_connection((http.host, http.port), timeout=read_timeout) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed before all was sent
+            pass
+        buf = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def post(path, body: bytes, extra=b""):
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            + b"Content-Type: application/json\r\n" + extra
+            + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def get(path, extra=b""):
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra + b"\r\n"
+
+
+BUNNY = {"character": "Bunny", "motion": "hop", "background": "day"}
+# within game.max_instruction_tokens (48 on the tiny config); agjXss is set if the page runs any of it
+HTML = {"character": "<b>Bo</b>", "motion": "<img src=x onerror=agjXss=1>", "background": "<script>agjXss=2</script>"}
+
+
+def turn_with(**field) -> bytes:
+    return json.dumps({**BUNNY, **field}).encode()
+
+
+def chunked(body: bytes) -> bytes:
+    return (b"POST /api/turn HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+            + b"".join(b"%x\r\n" % len(body[i:i + 4096]) + body[i:i + 4096] + b"\r\n"
+                       for i in range(0, len(body), 4096))
+            + b"0\r\n\r\n")
+
+
+def hostile_cases(own, other, guessed):
+    """(name, request bytes, status, a piece of the one-line reason).
+
+    ``own`` / ``other``: cookie headers of a session that played a game and of another session;
+    ``guessed``: a well-formed session id the server never issued. Game ids are filled in by the test.
+    """
+    big = json.dumps({**BUNNY, "motion": "x" * (1 << 20)}).encode()
+    return [
+        # sizes
+        ("body over the limit (1 MiB, Content-Length)", post("/api/turn", big, own), 413, "over 16384 bytes"),
+        ("body over the limit (chunked)", chunked(big[:40000]), 413, "over 16384 bytes"),
+        ("instruction over max_instruction_tokens", post("/api/turn", turn_with(motion="run " * 400), own), 400,
+         "max_instruction_tokens"),
+        ("one 15 KB word", post("/api/turn", turn_with(motion="y" * 15000), own), 400, "max_instruction_tokens"),
+        # encodings and JSON
+        ("invalid UTF-8", post("/api/turn", b'{"character": "\xff\xfe", "motion": "a", "background": "b"}', own), 400,
+         "not JSON"),
+        ("JSON nested 5000 deep", post("/api/turn", b"[" * 5000 + b"]" * 5000, own), 400, "nested too deeply"),
+        ("not a JSON object", post("/api/turn", b"[1, 2]", own), 400, "must be a JSON object"),
+        ("restart seed past 64 bits", post("/api/restart", b'{"seed": 100000000000000000000000}', own), 400,
+         "signed 64-bit"),
+        ("restart with another key", post("/api/restart", b'{"seed": 1, "path": "/etc"}', own), 400, "restart takes"),
+        # control characters and other text that is not one printable line
+        ("ESC (terminal escape) in character", post("/api/turn", turn_with(character="Bun\x1b[2Jny"), own), 400,
+         "control character U+001B"),
+        ("NUL in motion", post("/api/turn", turn_with(motion="hop\x00"), own), 400, "control character U+0000"),
+        ("newline in line", post("/api/turn", json.dumps({"line": "Character: A; Motion: b;\nBackground: c."}).encode(),
+                                 own), 400, "control character U+000A"),
+        ("DEL in background", post("/api/turn", turn_with(background="day\x7f"), own), 400, "U+007F"),
+        ("lone surrogate", post("/api/turn", b'{"character": "Bun\\ud800ny", "motion": "a", "background": "b"}', own),
+         400, "lone surrogate U+D800"),
+        ("right-to-left override", post("/api/turn", turn_with(character="Bun\u202eny"), own), 400,
+         "bidirectional formatting character U+202E"),
+        # HTML and script where ids are expected
+        ("HTML in a game id (file)", get("/games/%3Cscript%3Ealert(1)%3C%2Fscript%3E/turn_000.mp4", own), 404,
+         "no route"),
+        ("HTML in a game id (zip)", get("/games/%3Cscript%3Ealert(1)%3C%2Fscript%3E.zip", own), 404,
+         "no such game file"),
+        ("HTML in a game id, no slash", get("/games/%3Cimg%20src=x%20onerror=alert(1)%3E/game.json", own), 404,
+         "no such game file"),
+        # sessions
+        ("tampered session cookie", get("/api/state", b'Cookie: ' + COOKIE.encode() + b'="x<script>"\r\n'), 400,
+         "not issued by this server"),
+        ("session cookie with a path",
+         post("/api/turn", turn_with(), b"Cookie: " + COOKIE.encode() + b"=../../etc\r\n"), 400,
+         "not issued by this server"),
+        ("guessed session id: play", post("/api/turn", turn_with(), guessed), 403, "unknown to the server"),
+        ("guessed session id: undo", post("/api/undo", b"", guessed), 403, "unknown to the server"),
+        ("guessed session id: restart", post("/api/restart", b"", guessed), 403, "unknown to the server"),
+        ("guessed session id: a game's file", get("/games/{own_game}/game.json", guessed), 404, "no such game file"),
+        ("guessed session id: a game's zip", get("/games/{own_game}.zip", guessed), 404, "no such game"),
+        ("no session: a game's file", get("/games/{own_game}/turn_000.mp4"), 404, "no such game file"),
+        ("another session's game file", get("/games/{own_game}/turn_000.mp4", other), 404, "no such game file"),
+        ("another session's zip", get("/games/{own_game}.zip", other), 404, "no such game"),
+        # path traversal in every URL that serves a file
+        ("static ../", get("/static/../server.py"), 404, "no route"),
+        ("static %2e%2e/", get("/static/%2e%2e/server.py"), 404, "no route"),
+        ("static ..%2f", get("/static/..%2fapp.py"), 404, "no route"),
+        ("static ..%5c", get("/static/..%5capp.py"), 404, "no such static file"),
+        ("static absolute", get("/static//etc/passwd"), 404, "no route"),
+        ("static, a file beside the page's", get("/static/__init__.py"), 404, "no such static file"),
+        ("static, a folder", get("/static/."), 404, "no such static file"),
+        ("game file ..", get("/games/{own_game}/..", own), 404, "no such game file"),
+        ("game file ../..", get("/games/{own_game}/../../outside/secret.txt", own), 404, "no route"),
+        ("game file %2e%2e%2f", get("/games/{own_game}/%2e%2e%2f%2e%2e%2foutside%2fsecret.txt", own), 404, "no route"),
+        ("game file ..%5c", get("/games/{own_game}/..%5c..%5coutside%5csecret.txt", own), 404, "no such game file"),
+        ("game file NUL", get("/games/{own_game}/game.json%00.png", own), 404, "no such game file"),
+        ("game file hidden", get("/games/{own_game}/.game.json", own), 404, "no such game file"),
+        ("game id ..", get("/games/../outside/secret.txt", own), 404, "no route"),
+        ("game id %2e%2e", get("/games/%2e%2e/outside/secret.txt", own), 404, "no route"),
+        ("game id .. (file)", get("/games/%2e%2e/secret.txt", own), 404, "no such game file"),
+        ("zip ..", get("/games/%2e%2e.zip", own), 404, "no such game"),
+        ("zip ../outside", get("/games/..%2foutside.zip", own), 404, "no such game file"),
+        # unknown routes and methods
+        ("unknown route", get("/admin"), 404, "no route GET /admin"),
+        ("unknown API route", get("/api/games"), 404, "no route GET /api/games"),
+        ("DELETE a turn", b"DELETE /api/turn HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405, "use POST"),
+        ("PUT the page", b"PUT / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", 405,
+         "use GET, HEAD"),
+        ("GET a POST route", get("/api/turn"), 405, "use POST"),
+        ("invented method", b"BREW /api/state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405, "use GET, HEAD"),
+        ("not HTTP (uvicorn's own plain-text reply)", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n",
+         400, "Invalid HTTP request received."),
+    ]
+
+
+def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
+    server, http, root = hosted
+    own, other = Player(http.url), Player(http.url)
+    r = own.turn(HTML)  # HTML and script in an instruction: accepted as text, escaped where shown
+    assert r["status"] == 200 and r["events"][-1]["event"] == "done", r
+    game_id = r["events"][-1]["state"]["game_id"]
+    assert own.json("GET", "/api/state")[1]["turns"][0]["character"] == "<b>Bo</b>"
+    other.json("GET", "/api/state")
+    played = server.turns_played
+    before = {"root": tree(root), "static": tree(STATIC)}
+    cookie = lambda sid: f"Cookie: {COOKIE}={sid}\r\n".encode()  # noqa: E731
+    guessed = "A" * 24
+    assert server.find_session(guessed) is None
+    got, wrong = [], []
+    for name, req, status, reason in hostile_cases(cookie(own.cookie), cookie(other.cookie), cookie(guessed)):
+        code, body = raw(http, req.replace(b"{own_game}", game_id.encode()))
+        try:
+            line = json.loads(body)["error"]
+        except (ValueError, KeyError):  # uvicorn answers requests that are not HTTP itself, in plain text
+            line = body.decode("utf-8", "replace").strip()
+        got.append((name, code, line))
+        if not (code == status and reason in line and "\n" not in line):
+            wrong.append(f"{name}: want {status} {reason!r}, got {code} {line!r}")
+        assert own.json("GET", "/api/state")[0] == 200, f"the server stopped serving after {name!r}"
+    print("\n" + "\n".join(f"{code}  {name}: {line}" for name, code, line in got))
+    assert wrong == []
+    assert len(got) >= 50
+    # nothing played, nothing written: the games folder holds the one game, everything else as it was
+    assert server.turns_played == played and server.alive
+    after = {"root": tree(root), "static": tree(STATIC)}
+    assert after == before
+    assert sorted(os.listdir(root)) == ["games", "outside"] and os.listdir(root / "games") == [game_id]
+    # a tampered cookie is cleared by the reply
+    status, hdrs, resp = Player(http.url).request("GET", "/api/state", headers={"Cookie": f"{COOKIE}=x.y"})
+    assert status == 400 and f'{COOKIE}=""' in hdrs["set-cookie"] and "Max-Age=0" in hdrs["set-cookie"]
+    resp.read()
+    # the gallery escapes the instruction; every reply tells browsers not to sniff types
+    status, page = own.get(f"/games/{game_id}/index.html")
+    assert status == 200 and b"&lt;img src=x onerror=agjXss=1&gt;" in page and b"<img src=x" not in page
+    assert b"<script>agjXss" not in page and b"&lt;b&gt;Bo&lt;/b&gt;" in page
+    assert own.request("GET", "/api/state")[1]["x-content-type-options"] == "nosniff"
+
+
+def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
+    server, http, _ = hosted
+    release = threading.Event()
+    step = server.engine.step
+
+    def held_step(*a, **k):
+        release.wait(60)
+        return step(*a, **k)
+
+    submit, jobs = server.submit, []
+
+    def watched_submit(*a, **k):
+        job = submit(*a, **k)
+        jobs.append(weakref.ref(job))
+        return job
+
+    monkeypatch.setattr(server.engine, "step", held_step)
+    monkeypatch.setattr(server, "submit", watched_submit)
+    monkeypatch.setattr(server, "max_queue", 2)
+    players = [Player(http.url) for _ in range(4)]
+    streams = []
+    for k, p in enumerate(players[:3]):  # one running (held), then two waiting: the queue is full
+        status, _, resp = p.request("POST", "/api/turn", json.dumps(BUNNY).encode())
+        assert status == 200
+        streams.append(resp)
+        until = "started" if k == 0 else "queued"
+        while json.loads(resp.readline())["event"] != until:
+            pass
+    late = players[3].turn(BUNNY)
+    assert late["status"] == 503 and int(late["retry_after"]) >= 1, late
+    assert late["error"].startswith("the server is busy: the turn queue is full (2 turns waiting)")
+    assert f"try again in {late['retry_after']} s" in late["error"] and "\n" not in late["error"]
+    # the refused player has no turn queued: it may try again once there is room
+    release.set()
+    for resp in streams:
+        events = [json.loads(x) for x in resp if x.strip()]
+        assert events[-1]["event"] == "done"
+    again = players[3].turn(BUNNY)
+    assert again["status"] == 200 and again["events"][-1]["event"] == "done"
+    # memory: a finished turn's event log (its streamed frames) is not kept once its stream ends
+    for _ in range(100):
+        gc.collect()
+        if len(jobs) == 4 and all(j() is None for j in jobs):
+            break
+        time.sleep(0.05)
+    assert len(jobs) == 4 and [j() for j in jobs] == [None] * 4
+
+
+def test_html_in_instructions_is_escaped_on_the_page(hosted, browser):  # noqa: F811 - the imported fixture
+    server, http, _ = hosted
+    p = Player(http.url)
+    r = p.turn(HTML)
+    assert r["events"][-1]["event"] == "done"
+    d = browser
+    d.get(http.url + "/static/app.css")  # the cookie's origin, before the page loads
+    d.add_cookie({"name": COOKIE, "value": p.cookie, "path": "/"})
+    d.get(http.url + "/")
+    for _ in range(600):
+        if d.execute_script("return document.querySelectorAll('#history figure').length") == 1:
+            break
+        time.sleep(0.05)
+    shown = d.execute_script("const f = document.querySelector('#history figcaption'); "
+                             "return [f.textContent, document.querySelector('#caption').textContent, "
+                             "document.querySelectorAll('#history img, #history script').length, "
+                             "[...document.querySelectorAll('#history b')].map(b => b.textContent).join('|'), "
+                             "window.agjXss === undefined]")
+    text, caption, elements, bold, clean = shown
+    want = "Character: <b>Bo</b>; Motion: <img src=x onerror=agjXss=1>; Background: <script>agjXss=2</script>."
+    # shown as text: no element made from it (the only <b> is the page's own "Turn 1"), nothing ran
+    assert want in text and want in caption and elements == 0 and bold == "Turn 1" and clean, shown
