@@ -56,5 +56,16 @@ test: $(STAMP) $(TPU_COMPILER) browser
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not parity and not multiprocess"
 
+# Kill-anywhere table (issue 31; tests/faults.py, docs/faults.md): every long command (play, generate,
+# serve, each training phase, prepare, label, extract_features, convert release) killed FAULTS_N times
+# at seeded random moments (SIGKILL, SIGINT, SIGTERM), rerun and checked; prints command | kills |
+# reruns | invariant failures, exits 1 on any failure. About 40 minutes on 2 CPU cores at N=10.
+# FAULTS_ARGS: e.g. --cases=prepare,label --system=standin --workdir=/tmp/faults --keep (--help lists them).
+FAULTS_N ?= 10
+FAULTS_ARGS ?=
+.PHONY: faults
+faults: $(STAMP)
+	$(PY) -m tests.faults --n $(FAULTS_N) $(FAULTS_ARGS)
+
 clean-venv:
 	rm -rf $(VENV)

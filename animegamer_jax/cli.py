@@ -30,10 +30,13 @@ tensorstore are hidden at the default ``--verbosity=-1``; the command's results 
 
 from __future__ import annotations
 
+import contextlib
 import logging as std_logging
 import os
+import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
@@ -48,14 +51,73 @@ NOISY_LOGGERS = ("orbax", "absl", "jax", "jax._src", "grain", "etils", "gcsfs", 
 
 HELP_ARGS = ("-h", "--help", "--helpshort", "--helpfull", "-?")
 
-#: exit status of a bad command line or a bad input; of a run stopped with Ctrl-C
-USAGE_EXIT, INTERRUPTED_EXIT = 2, 130
+#: exit status of a bad command line or a bad input; of a run stopped with Ctrl-C; with SIGTERM (128 + 15)
+USAGE_EXIT, INTERRUPTED_EXIT, TERMINATED_EXIT = 2, 130, 143
 
 Define = Callable[[flags.FlagValues, list[str]], None]
 
 
 class UsageError(ValueError):
     """A bad command line (unknown flag, bad value, unexpected argument); the message says which."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread the way Ctrl-C raises KeyboardInterrupt (:func:`sigterm_as_interrupt`)."""
+
+
+def interrupt_exit(e: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by ``e``: 143 for :class:`Terminated` (SIGTERM), else 130."""
+    return TERMINATED_EXIT if isinstance(e, Terminated) else INTERRUPTED_EXIT
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM (a scheduler's stop, a preemptible VM's notice) raises :class:`Terminated` in the
+    main thread, so the command stops the way Ctrl-C stops it (its ``except KeyboardInterrupt`` runs,
+    exit status 143 through :func:`interrupt_exit`). The previous handler comes back on exit. Off the
+    main thread, or where a non-Python handler is installed: nothing changes."""
+    if not _on_main_thread() or signal.getsignal(signal.SIGTERM) is None:
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Runs the body with ``signums`` held: the first one that arrives inside is delivered, to the
+    handler that was in place, when the body ends (a save that has begun finishes, then Ctrl-C
+    raises KeyboardInterrupt as usual). Sections nest (an inner section hands a held signal to the outer
+    one). Python runs signal handlers in the main thread only, so off it (the web app's worker)
+    nothing needs holding and nothing is changed.
+    """
+    if not _on_main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {}
+    for s in signums:
+        handler = signal.getsignal(s)
+        if handler is not None:  # None: installed outside Python, left alone
+            previous[s] = signal.signal(s, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if got:
+            signal.raise_signal(got[0])
 
 
 def resolve_config_args(argv: Sequence[str], flag_names: Sequence[str] = ("config",)) -> list[str]:
@@ -227,11 +289,11 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
             raise
         print(f"error: {_config_file_error(full, e)}", file=sys.stderr)
         return USAGE_EXIT
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if interrupted is None:
             raise
         print(f"interrupted: {interrupted}", file=sys.stderr)
-        return INTERRUPTED_EXIT
+        return interrupt_exit(e)
     finally:
         _console["on"] = console
 

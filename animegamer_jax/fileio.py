@@ -3,7 +3,8 @@
 What each does: :func:`exists` (a broken symlink exists), :func:`isdir`, :func:`isfile`, :func:`listdir`,
 :func:`walk_files`, :func:`size`, :func:`stamp`, :func:`read_bytes`, :func:`makedirs`,
 :func:`write_bytes_atomic` / :func:`write_text_atomic`, :func:`rename`, :func:`remove`, :func:`rmdir`,
-:func:`rmtree`, and the sha256 helpers of the integrity checks. Paths are strings or ``os.PathLike``
+:func:`rmtree`, the sha256 helpers of the integrity checks, and :func:`owner_stamp` / :func:`owner_gone`
+(whose temp folder a killed run left). Paths are strings or ``os.PathLike``
 (an ``etils.epath.Path`` included), built with :func:`animegamer_jax.paths.join`; naming (URL or not,
 absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.paths`' own, the one module
 this one imports.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -30,8 +32,8 @@ import fsspec
 from animegamer_jax import paths
 from animegamer_jax.paths import PathLike
 
-__all__ = ["CHUNK", "exists", "isdir", "isfile", "listdir", "makedirs", "read_bytes", "remove", "rename", "rmdir",
-           "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
+__all__ = ["CHUNK", "exists", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp", "read_bytes",
+           "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
            "write_text_atomic"]
 
 #: read size of the hashing helpers (bytes)
@@ -181,6 +183,28 @@ def rmdir(path: PathLike) -> None:
     """Removes an empty folder (object stores have no folders: nothing to do there)."""
     if not _url(path):
         os.rmdir(_local(path))
+
+
+def owner_stamp() -> bytes:
+    """``b"<host name> <process id>\\n"``: written into a temp folder's marker file so that a later run
+    can tell a folder left by a killed process (:func:`owner_gone`) from one being written now."""
+    return f"{socket.gethostname()} {os.getpid()}\n".encode()
+
+
+def owner_gone(marker: PathLike) -> bool:
+    """True when the :func:`owner_stamp` in file ``marker`` names this host and a process that no
+    longer runs (its temp folder is an orphan of a killed run). False for a live process, another
+    host, a missing, empty or unreadable marker (an older run's: left alone)."""
+    try:
+        host, pid = read_bytes(marker).decode("utf-8").split()
+        if host != socket.gethostname():
+            return False
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):  # PermissionError: the process runs as another user
+        return False
+    return False
 
 
 def rmtree(path: PathLike) -> None:

@@ -30,7 +30,7 @@ from absl import flags
 from tqdm import tqdm
 
 from animegamer_jax import parallel
-from animegamer_jax.cli import UsageError
+from animegamer_jax.cli import UsageError, interrupt_exit, sigterm_as_interrupt
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import apply_mode
 from animegamer_jax.game.engine import GameEngine, batches
@@ -51,7 +51,7 @@ def _generate(f, config, *rest: str) -> int:
     """Plays every pending game of the parsed command line (``rest``: ``[GAMES.jsonl]``).
 
     Returns:
-      0, or 130 on Ctrl-C.
+      0, or 130 on Ctrl-C (143 on SIGTERM).
 
     Raises:
       UsageError: not exactly one positional argument; any of game/flags.py's ``CLI_ERRORS``.
@@ -84,9 +84,9 @@ def _generate(f, config, *rest: str) -> int:
                     gid = result["game"].game_id
                     save_game(engine, result, out_dir, overwrite=gid in replay)
                     bar.update(1)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)
-        return 130
+        return interrupt_exit(e)
     print(f"outputs: {out_dir}/<game_id>/ ({len(todo)} played, {len(replay)} of them replayed, {done} "
           f"skipped as finished); compilation {', '.join(f'{k} {v:.2f}s' for k, v in engine.compile_s.items())}")
     return 0
@@ -94,10 +94,12 @@ def _generate(f, config, *rest: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Plays every pending game of the JSONL file of ``argv`` (``GAMES.jsonl --flag ...``); returns
-    the exit status (2 with a one-line message on bad input, 130 on Ctrl-C)."""
+    the exit status (2 with a one-line message on bad input, 130 on Ctrl-C, 143 on SIGTERM, which stops
+    generate like Ctrl-C: a game whose save has begun is saved first)."""
     distributed.initialize()
     setup_jax()
-    return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate)
+    with sigterm_as_interrupt():
+        return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate)
 
 
 def cli() -> None:

@@ -18,7 +18,8 @@ turn and the per-stage wall times, compilation apart. ``--game-id`` must be a pl
 a folder of that name that this program did not write is never touched, and a finished game of an
 earlier run is kept unless ``--overwrite``. Every instruction of a script is checked (fields, token
 length, file:line) before the first turn. Interactive play writes the game after every turn
-(same layout) and ends cleanly on Ctrl-D or Ctrl-C; messages give the input line number.
+(same layout), saving each turn before printing it, and ends cleanly on Ctrl-D or Ctrl-C (SIGTERM alike):
+``interrupted: N turn(s) saved in <folder>``, exit 130; messages give the input line number.
 
 Devices: the one game runs on every device (``game.play_layout = "latency"``, the default: CFG halves
 on ``data``, the DiT's sequence on ``context``, weights sharded over all devices, no filler rows;
@@ -33,7 +34,7 @@ import jax
 from absl import flags
 
 from animegamer_jax import parallel
-from animegamer_jax.cli import UsageError
+from animegamer_jax.cli import UsageError, interrupt_exit, signals_held, sigterm_as_interrupt
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import TurnResult, apply_mode
@@ -45,11 +46,16 @@ from animegamer_jax.game.script import Game, GameScriptError, load_script, parse
 from animegamer_jax.game.window import InstructionTooLongError, encode_instruction, validate_games
 
 
-def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> dict | None:
-    """Plays instructions typed on stdin, one a line; ``save(result)`` writes the game after every turn.
+def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dict | None, KeyboardInterrupt | None]:
+    """Plays instructions typed on stdin, one a line; ``save(result, k)`` writes the game after every turn.
 
-    Ctrl-D (EOF) or Ctrl-C ends the game; a turn interrupted mid-way is dropped, every finished
-    turn is already saved. Returns the result of the turns played (None if none).
+    Each turn is saved before it is printed, and the save with its bookkeeping is a
+    ``cli.signals_held`` section: every turn printed is on disk, and a Ctrl-C (or SIGTERM) during a
+    save takes effect once that turn is saved. Ctrl-D (EOF) or Ctrl-C ends the game; a turn interrupted
+    before its save began is dropped.
+
+    Returns:
+      (the result of the turns saved, None if none; the interruption that ended the game, None at EOF).
     """
     run = engine.new_run()
     turns, results, timings = [], [], []
@@ -77,19 +83,20 @@ def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> dict | No
             st = tuple(int(v) for v in states[0])
             meters = run.finish_turn(ids, st, rep[0], int(engine.config.game.meter_step))
             tr = TurnResult(st, rep[0], frames[0], meters.as_dict())
-            print_turn(k, turn.text, tr, timing)
             candidate = {"game": Game(game_id, tuple(turns + [turn]), seed), "seed": seed,
                          "turns": results + [tr], "timings": timings + [timing],
                          "compile_s": dict(engine.compile_s)}
-            save(candidate, k)
-            turns.append(turn)
-            results.append(tr)
-            timings.append(timing)
-            result = candidate
-            k += 1
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: {k} turn(s) played and saved", file=sys.stderr, flush=True)
-    return result
+            with signals_held():
+                save(candidate, k)
+                turns.append(turn)
+                results.append(tr)
+                timings.append(timing)
+                result = candidate
+                k += 1
+            print_turn(k - 1, turn.text, tr, timing)
+    except KeyboardInterrupt as e:
+        return result, e
+    return result, None
 
 
 def define_flags(fv) -> None:
@@ -103,7 +110,8 @@ def _play(f, config, *rest: str) -> int:
     """Plays the game of the parsed command line (``f``: flag values, ``rest``: ``[SCRIPT|-]``).
 
     Returns:
-      0, or 130 on Ctrl-C.
+      0, or 130 on Ctrl-C (143 on SIGTERM): interactive play then prints how many turns are saved
+      where (or that none was played), a script says nothing was written.
 
     Raises:
       UsageError: more than one positional argument; any of game/flags.py's ``CLI_ERRORS``.
@@ -142,7 +150,16 @@ def _play(f, config, *rest: str) -> int:
                 # the first write honours --overwrite; later ones replace this session's own folder
                 saved["out"] = save_game(engine, result, out_dir, overwrite=f.overwrite or k > 0)
 
-            if _interactive(engine, game_id, seed, save) is None:
+            result, stop = _interactive(engine, game_id, seed, save)
+            if stop is not None:
+                if result is None:
+                    print("\ninterrupted: no turn was played; nothing written", file=sys.stderr, flush=True)
+                    return interrupt_exit(stop)
+                print(summary(*saved["out"]))
+                print(f"interrupted: {len(result['turns'])} turn(s) saved in {saved['out'][0]}", file=sys.stderr,
+                      flush=True)
+                return interrupt_exit(stop)
+            if result is None:
                 raise GameScriptError("<stdin>: no instructions given. Fix: type one 'Character: ...; "
                                       "Motion: ...; Background: ...' line per turn, then end with Ctrl-D")
             folder, record = saved["out"]
@@ -156,19 +173,20 @@ def _play(f, config, *rest: str) -> int:
 
             result = engine.play([game], on_turn=on_turn)[0]
             folder, record = save_game(engine, result, out_dir, overwrite=f.overwrite)
-    except KeyboardInterrupt:
-        print("interrupted: nothing written for this game (a script's game is written when it ends)",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print("interrupted: nothing written for this game" + (" (a script's game is written when it ends)"
+                                                              if script != "-" else ""), file=sys.stderr)
+        return interrupt_exit(e)
     print(summary(folder, record))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """Plays the game of ``argv`` (``[SCRIPT|-] --flag ...``); returns the exit status (2 with a
-    one-line message on bad input, 130 on Ctrl-C)."""
+    one-line message on bad input, 130 on Ctrl-C, 143 on SIGTERM, which stops play like Ctrl-C)."""
     setup_jax()
-    return run_game_command("animegamer-play", argv, define_flags, __doc__, _play)
+    with sigterm_as_interrupt():
+        return run_game_command("animegamer-play", argv, define_flags, __doc__, _play)
 
 
 def cli() -> None:

@@ -3,6 +3,8 @@
 import io
 import json
 import os
+import re
+import signal
 
 import jax.numpy as jnp
 import numpy as np
@@ -281,14 +283,66 @@ def test_play_script_and_stdin(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("sys.stdin", _Typed("\ufeff# typed\n" + TEXTS[0] + "\nnot an instruction\n" + TEXTS[1]
                                             + "\n", check))
-    assert play.main(["-", "--standin", "--out", str(out), "--game-id", "live", "--seed", "7"]) == 0
+    assert play.main(["-", "--standin", "--out", str(out), "--game-id", "live", "--seed", "7"]) == 130
     cap = capsys.readouterr()
     assert "error: <stdin>:3: 'not an instruction' is not a 'Key: value' field" in cap.err
-    assert "interrupted: 2 turn(s) played and saved" in cap.err and "Traceback" not in cap.err
+    assert f"interrupted: 2 turn(s) saved in {out}/live" in cap.err and "Traceback" not in cap.err
+    assert "contact sheet:" in cap.out  # the saved game's summary
     live = json.load(open(out / "live" / "game.json"))
     # the same turns typed interactively give the same states, and the same video bytes, as the script
     assert live["states"] == rec["states"]
     assert (out / "live" / "turn_001.mp4").read_bytes() == first["turn_001.mp4"]
+
+
+def test_play_interrupt_before_any_turn_is_a_clean_exit(tmp_path, monkeypatch, capsys):
+    """Ctrl-C before the first turn is saved: exit 130, no usage error, nothing written."""
+    monkeypatch.setattr("sys.stdin", _Typed("", lambda n: None))
+    assert play.main(["-", "--standin", "--out", str(tmp_path / "o"), "--game-id", "g"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: no turn was played; nothing written" in err and "error:" not in err
+    assert not (tmp_path / "o" / "g").exists()
+
+
+def test_play_ctrl_c_during_a_save_waits_for_it(tmp_path, monkeypatch, capsys):
+    """A Ctrl-C (a real SIGINT) that arrives while turn 2 is being written: the write finishes, the
+    turn is counted as saved and not printed, and nothing else is played."""
+    real_write, calls = writers.write_game, []
+
+    def write_game(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            signal.raise_signal(signal.SIGINT)  # delivered at once without the held section
+        return real_write(*a, **k)
+
+    monkeypatch.setattr(writers, "write_game", write_game)
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(TEXTS[:3]) + "\n"))
+    out = tmp_path / "o"
+    assert play.main(["-", "--standin", "--out", str(out), "--game-id", "g"]) == 130
+    cap = capsys.readouterr()
+    assert f"interrupted: 2 turn(s) saved in {out}/g" in cap.err and "Traceback" not in cap.err
+    assert re.findall(r"^turn (\d+): ", cap.out, re.MULTILINE) == ["1"]  # turn 2 saved, never printed
+    assert len(json.load(open(out / "g" / "game.json"))["turns"]) == 2 and len(calls) == 2
+    assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_signals_held_and_sigterm_as_interrupt():
+    order = []
+    with pytest.raises(KeyboardInterrupt):
+        with cli.signals_held():
+            with cli.signals_held():  # nested: the inner section hands the signal to the outer one
+                signal.raise_signal(signal.SIGINT)
+                order.append("inner done")
+            order.append("outer done")
+    assert order == ["inner done", "outer done"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(cli.Terminated) as e:
+        with cli.sigterm_as_interrupt():
+            with cli.signals_held():
+                signal.raise_signal(signal.SIGTERM)
+                order.append("saved")
+    assert order[-1] == "saved" and cli.interrupt_exit(e.value) == 143 and cli.interrupt_exit(KeyboardInterrupt()) == 130
+    assert signal.getsignal(signal.SIGTERM) == before
 
 
 @pytest.mark.parametrize("gid", ["ABS", "..", "a/b"])

@@ -146,6 +146,34 @@ def test_stale_temp_folders_cleaned_only_if_ours(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".tmp-g-user", "g"]
 
 
+def test_a_kill_between_the_two_renames_loses_no_game(tmp_path):
+    """SIGKILL after the earlier game was moved aside and before the new one was renamed in: the game's
+    folder is missing and both games sit in temp folders. The next write of that game (or the web
+    server's start, for its ``web-*`` games) puts the newer finished one back before cleaning up."""
+    import subprocess
+    import sys
+
+    for n, name in ((1, ".tmp-g-0000old1"), (2, ".tmp-g-0000new2")):  # the state a kill leaves, by hand
+        writers.write_game(str(tmp_path / "w"), "g", record(n), frames(n), fps=8, write_gif_files=False)
+        os.rename(tmp_path / "w" / "g", tmp_path / name)
+        (tmp_path / name / writers.TMP_MARKER).write_bytes(writers.fileio.owner_stamp())
+    os.rmdir(tmp_path / "w")
+    assert writers.clean_stale_temp(str(tmp_path), "g") == [".tmp-g-0000old1"]
+    assert writers.verify_game(str(tmp_path / "g")) is None and not (tmp_path / "g" / writers.TMP_MARKER).exists()
+    assert len(json.load(open(tmp_path / "g" / "game.json"))["turns"]) == 2
+    assert sorted(os.listdir(tmp_path)) == ["g"]
+
+    # the web server's variant: only temp folders whose writer process is gone (this host)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for name, owner in ((".tmp-web-1-aa-0000dead", f"{writers.fileio.socket.gethostname()} {dead.stdout.strip()}"),
+                        (".tmp-web-2-bb-0000live", f"{writers.fileio.socket.gethostname()} {os.getpid()}"),
+                        (".tmp-web-3-cc-0000away", f"another-host {dead.stdout.strip()}")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / writers.TMP_MARKER).write_text(owner + "\n")
+    assert writers.clean_orphaned_temp(str(tmp_path), "web-") == [".tmp-web-1-aa-0000dead"]
+    assert sorted(os.listdir(tmp_path)) == [".tmp-web-2-bb-0000live", ".tmp-web-3-cc-0000away", "g"]
+
+
 def test_identical_inputs_give_identical_files_and_verify(tmp_path):
     """Two writes of one game: every file byte-identical (deterministic libx264); timings apart."""
     rec = dict(record(2), timings_s={"run": {"mllm": 1.0}})

@@ -32,7 +32,18 @@ def _convert(src: str, dst: str, config: str = CONFIG) -> int:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    dst = str(tmp_path_factory.mktemp("release") / "system")
+    """The release fixture converted; beside DST first: what a SIGKILLed conversion leaves (its owner
+    process gone, to be removed) and a folder of the same pattern without an owner file (kept)."""
+    import socket
+    import subprocess
+    import sys
+
+    root = tmp_path_factory.mktemp("release")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (root / ".system.partial-killed" / "system").mkdir(parents=True)
+    (root / ".system.partial-killed" / ".animegamer-owner").write_text(f"{socket.gethostname()} {dead.stdout}")
+    (root / ".system.partial-notours").mkdir()
+    dst = str(root / "system")
     assert _convert(RELEASE, dst) == 0
     return dst
 
@@ -46,7 +57,8 @@ def test_convert_release_writes_one_system_checkpoint(converted):
     assert m["param_counts"]["shot_encoder"] == (32 * 64 + 64 + 64 * 64 + 64) + (768 * 64 + 64 + 64 * 64 + 64) + 4 * 64
     assert m["param_counts"]["mllm"] > m["param_counts"]["dit"] > 0
     assert checkpoint.load_config(converted).name == "release_tiny"
-    assert not [p for p in os.listdir(os.path.dirname(converted)) if ".partial-" in p]
+    # the killed conversion's folder is gone, a folder without an owner file is not this program's to remove
+    assert [p for p in os.listdir(os.path.dirname(converted)) if ".partial-" in p] == [".system.partial-notours"]
 
 
 @pytest.mark.slow

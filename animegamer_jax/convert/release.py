@@ -669,6 +669,8 @@ class _DiTJob:
 # Writing
 # ----------------------------------------------------------------------------------------------
 COMPONENT_ORDER = ("mllm", "dit", "shot_encoder", "t5", "clip", "vae")  # cheap lazy checks first
+#: file in a local conversion's temp folder naming its process (``fileio.owner_stamp``)
+PARTIAL_OWNER = ".animegamer-owner"
 
 
 def convert_release(src: str, dst: str, config, *, config_path: str = "", character: str | None = None,
@@ -689,6 +691,9 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
     Returns:
       ``{component: parameter count}`` as written to the manifest.
 
+    A local ``dst`` is written into a sibling ``.<name>.partial-*`` folder renamed into place at the
+    end; such folders that a killed conversion left (their process gone) are removed first.
+
     Raises:
       ReleaseError: every problem found, one line each; nothing is left at ``dst``.
     """
@@ -703,7 +708,13 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
     if not remote_dst:  # a temporary sibling, renamed to DST at the end (atomic)
         parent = os.path.dirname(dst)
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.partial-", dir=parent)
+        prefix = f".{os.path.basename(dst)}.partial-"
+        for name in os.listdir(parent):  # left by a killed conversion to the same DST
+            if name.startswith(prefix) and fileio.owner_gone(os.path.join(parent, name, PARTIAL_OWNER)):
+                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+                log(f"removed {name} (left by a killed conversion)")
+        tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        fileio.write_bytes_atomic(os.path.join(tmp, PARTIAL_OWNER), fileio.owner_stamp())
     problems: list[str] = []
     _cache = LocalCache(files.src, cache_dir, log)
     writer = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from animegamer_jax import fileio, paths
+from animegamer_jax import cli, fileio, paths
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine, game_record
@@ -27,6 +27,9 @@ def fingerprint(engine: GameEngine, game: Game, seed: int) -> dict:
 def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = False) -> tuple[str, dict]:
     """Writes a played game atomically; returns (folder, record with ``timings_s``, writing included).
 
+    The write is a :func:`cli.signals_held` section: a Ctrl-C or SIGTERM that arrives while it runs
+    waits for it, so a game whose save has begun is on disk before the command stops.
+
     Args:
       engine: the engine that played it (config, system label and identity).
       result: one game's :meth:`GameEngine.play` result (or ``TurnByTurnGame.result()``).
@@ -39,9 +42,10 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
     cfg = engine.config
     record = game_record(cfg, result, engine.system.label, system_description=engine.system.description)
     frames = [tr.frames for tr in result["turns"]]
-    folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
-                                cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
-                                fingerprint=fingerprint(engine, result["game"], result["seed"]))
+    with cli.signals_held():
+        folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
+                                    cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
+                                    fingerprint=fingerprint(engine, result["game"], result["seed"]))
     timings = writers.read_json(paths.join(folder, writers.TIMINGS_JSON))
     record["timings_s"]["run"]["writing"] = timings["run"]["writing"]
     return folder, record

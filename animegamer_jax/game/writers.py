@@ -39,7 +39,7 @@ import os
 import textwrap
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -316,17 +316,47 @@ def check_target(out_dir: str, game_id: str, overwrite: bool = False) -> bool:
 def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
     """Removes temp folders of ``game_id`` left in ``out_dir`` by a killed run; returns their names.
 
-    Only folders named ``.tmp-<game_id>-*`` that hold this program's temp marker are removed.
+    Only folders named ``.tmp-<game_id>-*`` that hold this program's temp marker are touched. When
+    ``<out_dir>/<game_id>`` is missing and one of them is a finished game (a run killed between
+    moving the earlier game aside and renaming the new one in), the one with the most turns is put
+    back as the game's folder first (not listed), so no saved game is lost.
     """
-    removed = []
     if not fileio.isdir(out_dir):
-        return removed
-    prefix = f".tmp-{game_id}-"
-    for name in fileio.listdir(out_dir):
-        path = paths.join(out_dir, name)
-        if name.startswith(prefix) and fileio.isfile(paths.join(path, TMP_MARKER)):
-            fileio.rmtree(path)
-            removed.append(name)
+        return []
+    return _clean_temp(out_dir, [name for name in fileio.listdir(out_dir) if name.startswith(f".tmp-{game_id}-")],
+                       lambda name: game_id)
+
+
+def clean_orphaned_temp(out_dir: str, prefix: str) -> list[str]:
+    """:func:`clean_stale_temp` for every game whose id starts with ``prefix`` (the web app's
+    ``web-``), limited to temp folders whose writer is gone (``fileio.owner_gone``: this host, a
+    process that no longer runs), so that another live process's writes are left alone."""
+    if not fileio.isdir(out_dir):
+        return []
+    names = [n for n in fileio.listdir(out_dir) if n.startswith(f".tmp-{prefix}")
+             and fileio.owner_gone(paths.join(out_dir, n, TMP_MARKER))]
+    # .tmp-<game_id>-<8 hex>: the game id is what lies between
+    return _clean_temp(out_dir, names, lambda name: name[len(".tmp-"):-9])
+
+
+def _clean_temp(out_dir: str, names: Sequence[str], game_of: Callable[[str], str]) -> list[str]:
+    names = [n for n in names if fileio.isfile(paths.join(out_dir, n, TMP_MARKER))]
+    by_game: dict[str, list[str]] = {}
+    for n in names:
+        by_game.setdefault(game_of(n), []).append(n)
+    removed = []
+    for gid, temps in by_game.items():
+        final = paths.join(out_dir, gid)
+        if not fileio.exists(final):
+            finished = [n for n in temps if verify_game(paths.join(out_dir, n)) is None]
+            if finished:
+                best = max(finished, key=lambda n: len(read_json(paths.join(out_dir, n, GAME_JSON))["turns"]))
+                fileio.rename(paths.join(out_dir, best), final)
+                fileio.remove(paths.join(final, TMP_MARKER))
+                temps.remove(best)
+        for n in temps:
+            fileio.rmtree(paths.join(out_dir, n))
+            removed.append(n)
     return removed
 
 
@@ -455,7 +485,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     fileio.makedirs(tmp)
     old = None
     try:
-        fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), b"")
+        fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), fileio.owner_stamp())
         rec = json.loads(json.dumps(record))
         timings = _split_timings(rec)
         hud_all = []
@@ -485,7 +515,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
         if fileio.exists(final) and fileio.isdir(final) and fileio.listdir(final):
             # an earlier finished game of ours (check_target allowed it): move it aside, then drop it
             old = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-            fileio.write_bytes_atomic(paths.join(final, TMP_MARKER), b"")
+            fileio.write_bytes_atomic(paths.join(final, TMP_MARKER), fileio.owner_stamp())
             fileio.rename(final, old)
         elif fileio.exists(final):
             fileio.rmdir(final)  # an empty folder

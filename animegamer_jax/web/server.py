@@ -188,6 +188,8 @@ class GameServer:
     Raises:
       ValueError: ``max_queue`` or ``max_sessions`` below 1.
       OutputError: ``out_dir`` is not writable.
+
+    Temp folders that a killed server left in ``out_dir`` (``.tmp-web-*``) are removed on construction.
     """
 
     def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = 64,
@@ -195,6 +197,9 @@ class GameServer:
         if int(max_queue) < 1 or int(max_sessions) < 1:
             raise ValueError(f"max_queue ({max_queue}) and max_sessions ({max_sessions}) must be at least 1")
         writers.check_writable(out_dir)
+        # temp folders of web games whose server was killed mid-save (a finished one is put back)
+        for name in writers.clean_orphaned_temp(out_dir, "web-"):
+            log.info("removed %s (left by a killed server)", name)
         self.max_sessions = int(max_sessions)
         self.max_queue = int(max_queue)
         self.engine = engine

@@ -1,0 +1,90 @@
+"""Kill-anywhere checks in CI (issue 31): the harness itself on toy writers, then one seeded kill and rerun
+of three cheap commands (prepare, label, play of a script on the stand-in system). Every command at
+N >= 10, train and serve included, is ``make faults`` (tests/faults.py); what each fault leaves:
+docs/faults.md. Cost: about 35 s on 2 CPU cores."""
+
+import re
+import signal
+import sys
+
+import pytest
+
+from tests import faults
+
+# A command writing OUT (argv[1]) in 20 pieces over ~0.6 s: straight into its final path (TORN), or into
+# a temp file of its own (``.tmp-<pid>``) renamed into place at the end (ATOMIC). Whole: 20 lines "line i".
+_WRITER = r"""
+import os, sys, time
+out, atomic = sys.argv[1], sys.argv[2] == "atomic"
+path = f"{out}.tmp-{os.getpid()}" if atomic else out
+with open(path, "w") as f:
+    for i in range(20):
+        f.write(f"line {i}\n"); f.flush(); time.sleep(0.03)
+if atomic:
+    os.replace(path, out)
+"""
+_EXPECTED = "".join(f"line {i}\n" for i in range(20))
+
+
+class _WriterCase(faults.Case):
+    """The toy writer as a case: its file appears whole or not at all; a rerun writes it."""
+
+    signals = (signal.SIGKILL, signal.SIGINT)
+
+    def __init__(self, mode):
+        super().__init__(None, faults.child_env())
+        self.mode = mode
+        self.name = f"writer ({mode})"
+
+    def command(self, out):
+        return [sys.executable, "-c", _WRITER, str(out / "result.txt"), self.mode]
+
+    def finished(self, out):
+        return (out / "result.txt").exists() and (out / "result.txt").read_text() == _EXPECTED
+
+    def partial(self, out):
+        f = out / "result.txt"
+        return [f"result.txt is torn ({len(f.read_text())} bytes)"] if f.exists() and f.read_text() != _EXPECTED else []
+
+    def compare(self, ref, out):
+        return [] if (out / "result.txt").read_text() == (ref / "result.txt").read_text() == _EXPECTED else [
+            "result.txt differs"]
+
+
+def test_harness_catches_a_torn_write_and_a_leftover_temp_file(tmp_path):
+    torn = faults.run_case(_WriterCase("torn"), 3, 0, tmp_path / "torn", log=lambda s: None)
+    assert torn.reruns == 3 and sum(torn.kills.values()) == 3 and torn.missed == 0
+    # every kill lands while the file is being written: it is torn at its final path each time
+    assert sum("result.txt is torn" in f for f in torn.failures) == 3, torn.failures
+    atomic = faults.run_case(_WriterCase("atomic"), 3, 0, tmp_path / "atomic", log=lambda s: None)
+    # nothing torn, but the killed run's temp file stays (the toy writer never cleans it up)
+    assert not any("torn" in f for f in atomic.failures)
+    left = [f for f in atomic.failures if re.search(r"temp left after the final run: result\.txt\.tmp-\d+$", f)]
+    assert len(left) == 3, atomic.failures
+    assert atomic.failures[0].startswith("#0 SIG")  # each failure names its kill, signal and moment
+    assert (tmp_path / "torn" / "kill00").is_dir()  # failing kills keep their folder
+    lines = faults.table([torn]).splitlines()
+    assert lines[0] == "| command | kills | reruns | invariant failures |"
+    assert lines[2].startswith("| writer (torn) | 3 (") and "| 3 | 3: #0 SIG" in lines[2]
+
+
+def test_temp_names(tmp_path):
+    for name in (".tmp-g-1234abcd/x", ".game.json.tmp-0a1b2c3d", "system.tmp/a", "3.orbax-checkpoint-tmp-17/b",
+                 "ds/n/c/incomplete.ABC_2.0.0/s", "ds/.building-x1/y", ".labels.jsonl.parts/p.jsonl",
+                 ".system.partial-zz/q", "game/turn_000.mp4", "run/checkpoints/3/state"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    assert sorted(faults.temp_files(tmp_path)) == [
+        ".game.json.tmp-0a1b2c3d", ".labels.jsonl.parts", ".system.partial-zz",
+        ".tmp-g-1234abcd", "3.orbax-checkpoint-tmp-17", "ds/.building-x1", "ds/n/c/incomplete.ABC_2.0.0",
+        "system.tmp"]
+
+
+@pytest.mark.parametrize("case", ["prepare", "label", "play-script"])
+def test_one_kill_and_rerun(case, tmp_path_factory):
+    """One seeded kill (signal and moment drawn from seed 0) of a real command, then the rerun: no
+    invariant failure (nothing partial at a final path, the result equals the uninterrupted run's,
+    what was done before the kill intact, no temp file left)."""
+    root = tmp_path_factory.getbasetemp() / "faults"
+    (row,) = faults.run([case], 1, 0, root, system="standin", log=lambda s: None)
+    assert row.failures == [] and row.reruns + row.missed <= 1 and row.reference_s > 0, faults.table([row])
