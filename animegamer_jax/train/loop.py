@@ -412,7 +412,6 @@ def fit(
             for hook in hooks:
                 hook(step + 1, state, batch)
             if (step + 1) % checkpoint_every == 0 or step + 1 == end or stop:
-                writer.flush()  # the summaries up to a committed checkpoint survive a kill (the rerun resumes after it)
                 mngr.save(step + 1, state, data if checkpointable else None,
                           dict(run, loss=loss), force=True)
             if stop:
