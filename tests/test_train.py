@@ -344,3 +344,18 @@ def test_write_system_never_replaces_a_users_folder(tmp_path):
     with pytest.raises(FileExistsError, match="is not a system checkpoint.*left untouched"):
         pipeline.write_system(None, None, None, str(users))
     assert (users / "notes.txt").read_text() == "mine"
+
+
+def test_summaries_are_on_disk_when_written(tmp_path):
+    """A SIGKILL right after write_scalars loses nothing: another process reads every value back
+    while the writer is still open (tensorboardX's own SummaryWriter queues events to a thread)."""
+    w = metrics.SummaryWriter(str(tmp_path / "tb"))
+    assert [p.name.startswith("events.out.tfevents.") for p in (tmp_path / "tb").iterdir()] == [True]
+    read = ("import json; from animegamer_jax.train import metrics; "
+            f"print(json.dumps(metrics.read_scalars({str(tmp_path / 'tb')!r})))")
+    for step in (1, 2, 3):
+        w.write_scalars(step, {"loss": 1.0 / step, "lr": 0.5})
+        got = json.loads(run_python(read, devices=1).strip().splitlines()[-1])
+        assert got["loss"] == [[s, float(np.float32(1.0 / s))] for s in range(1, step + 1)], got
+    w.write_text(3, "config", "tiny")
+    w.close()

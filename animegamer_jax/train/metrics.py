@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import io
 import struct
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from clu import metrics as clu_metrics
-from tensorboardX import SummaryWriter as TensorboardXWriter
 from tensorboardX import record_writer
+from tensorboardX import summary as tbx_summary
+from tensorboardX.event_file_writer import EventsWriter
+from tensorboardX.proto import summary_pb2
 from tensorboardX.proto import event_pb2
 
 from animegamer_jax import fileio, paths
@@ -114,7 +117,13 @@ def _register_url_writers() -> None:
 
 
 class SummaryWriter:
-    """TensorBoard scalars under ``logdir`` (a local path or a URL); no-op on processes != 0."""
+    """TensorBoard scalars under ``logdir`` (a local path or a URL); no-op on processes != 0.
+
+    Every :meth:`write_scalars` / :meth:`write_text` is on disk when it returns (the event file
+    flushed): events go straight to tensorboardX's ``EventsWriter``, not through
+    ``tensorboardX.SummaryWriter``'s queue and logger thread, whose ``flush`` does not wait for the
+    queue, so a run killed after a checkpoint could lose the summaries of the steps before it.
+    """
 
     def __init__(self, logdir: str):
         self.logdir = str(paths.as_path(logdir))
@@ -122,18 +131,22 @@ class SummaryWriter:
         if jax.process_index() == 0:
             _register_url_writers()
             fileio.makedirs(self.logdir)
-            self._writer = TensorboardXWriter(logdir=self.logdir)
+            self._writer = EventsWriter(paths.join(self.logdir, "events"), "")
+            self._writer.flush()  # the event file exists from the start (on object stores too)
+
+    def _write(self, step: int, summary: Any) -> None:
+        self._writer.write_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        self._writer.flush()
 
     def write_scalars(self, step: int, scalars: Mapping[str, float]) -> None:
         if self._writer is None:
             return
-        for k, v in scalars.items():
-            self._writer.add_scalar(k, float(v), global_step=int(step))
-        self._writer.flush()
+        self._write(step, summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=float(v))
+                                                     for k, v in scalars.items()]))
 
     def write_text(self, step: int, tag: str, text: str) -> None:
         if self._writer is not None:
-            self._writer.add_text(tag, text, global_step=int(step))
+            self._write(step, tbx_summary.text(tag, text))
 
     def close(self) -> None:
         if self._writer is not None:
