@@ -2,6 +2,8 @@
 
     python -m benchmarks compare [--sizes tiny,medium] [--pieces dit,attention,vae,mistral_prefill,mistral_generate]
                                  [--rounds 7] [--threads 2] [--out compare_torch.json]
+    python -m benchmarks compare --pieces student [--student_steps 4] [--teacher_steps 50]
+                                 # play's few-step student sampling vs the teacher's, both JAX
     python -m benchmarks mllm_cache [--sizes tiny,medium] [--turn 5] [--window 3] [--rounds 7] [--threads 2]
                                     [--out mllm_cache.json]  # one MLLM turn, persistent cache vs window recompute
 
@@ -16,6 +18,12 @@
   A B A B ... for ``--rounds`` rounds; the table gives medians and torch/JAX (> 1: JAX faster);
 * outputs are checked to agree (max |difference| or equal tokens) and the check is in the table;
 * a JSON file with every round's times, the sizes, the versions and the git commit is written.
+
+The ``student`` piece (benchmarks/student_bench.py) is JAX against JAX under the same rules: play's
+clip sampling with the distilled student (``--student_steps`` N calls, no CFG batch) against the
+teacher's (``--teacher_steps``, default the config's ``diffusion.student_grid_steps`` = 50, x CFG
+batch 2) at the DiT sizes of ``dit``; its rows have their own table (student s, teacher s,
+teacher/student) and the check is that both clips are finite and of the latent shape.
 
 Sizes (``SIZES``): ``tiny`` = configs/tiny.py; ``medium`` = DiT 4 layers x 4 heads x 64, batch 2
 (CFG), 3 x 32 x 32 latents = 768 video + 226 text tokens; VAE block channels (32, 32, 32, 64),
@@ -61,10 +69,10 @@ import numpy as np  # noqa: E402
 
 from animegamer_jax.aot.pieces import turn_length  # noqa: E402
 from animegamer_jax.config import load_config  # noqa: E402
-from benchmarks import mllm_cache_bench  # noqa: E402
+from benchmarks import mllm_cache_bench, student_bench  # noqa: E402
 from benchmarks.common import git_commit, interleaved, median  # noqa: E402
 
-PIECES = ("dit", "attention", "vae", "mistral_prefill", "mistral_generate")
+PIECES = ("dit", "attention", "vae", "mistral_prefill", "mistral_generate", "student")
 
 #: per size: config overrides of configs/tiny.py for each piece, and the Mistral prompt / new tokens
 SIZES = {
@@ -179,16 +187,43 @@ def compare(args) -> int:
             if "mistral_generate" in pieces:
                 add("Mistral greedy generate", f"{note}, prompt {prompt} + {new} tokens (KV cache)", r["fns"],
                     f"tokens equal: {r['tokens_equal']}", r["compile_s"])
+        if "student" in pieces:
+            cfg = load_config(args.config, spec["dit"])
+            r = student_bench.bench_student(cfg, args.student_steps, args.teacher_steps)
+            fs, ft = r["fns"]
+            fs(), ft()  # one more warm-up each right before timing
+            ts, tt = interleaved(fs, ft, args.rounds)
+            row = {"size": size, "piece": "student sampling", "note": f"student: {r['notes']['student']}; "
+                   f"teacher: {r['notes']['teacher']}", "student_s": ts, "teacher_s": tt,
+                   "student_median_s": median(ts), "teacher_median_s": median(tt),
+                   "teacher_over_student": median(tt) / median(ts), "check": r["check"], "ok": r["ok"],
+                   "compile_s": r["compile_s"]}
+            rows.append(row)
+            write(partial=True)
+            print(f"{size} student sampling: student {row['student_median_s']:.4f} s, teacher "
+                  f"{row['teacher_median_s']:.4f} s, teacher/student {row['teacher_over_student']:.2f} "
+                  f"({r['check']})", flush=True)
 
     print(f"\nCPU, {args.threads} thread(s) each side, ABAB x {args.rounds} rounds, medians; commit "
           f"{git_commit()['commit'][:10]}\n")
-    print("| size | piece | shape | JAX s | torch s | torch/JAX | check |\n|---|---|---|---:|---:|---:|---|")
-    for r in rows:
+    torch_rows = [r for r in rows if "jax_s" in r]
+    student_rows = [r for r in rows if "student_s" in r]
+    if torch_rows:
+        print("| size | piece | shape | JAX s | torch s | torch/JAX | check |\n|---|---|---|---:|---:|---:|---|")
+    for r in torch_rows:
         print(f"| {r['size']} | {r['piece']} | {r['note']} | {r['jax_median_s']:.4f} | {r['torch_median_s']:.4f} | "
               f"{r['torch_over_jax']:.2f} | {r['check']} |")
+    if student_rows:
+        print(("\n" if torch_rows else "") + "| size | piece | samplers | student s | teacher s | teacher/student | "
+              "check |\n"
+              "|---|---|---|---:|---:|---:|---|")
+    for r in student_rows:
+        print(f"| {r['size']} | {r['piece']} | {r['note']} | {r['student_median_s']:.4f} | "
+              f"{r['teacher_median_s']:.4f} | {r['teacher_over_student']:.2f} | {r['check']} |")
     report = write(partial=False)
     print(f"\nwrote {args.out} (load average {report['load_average'][0]:.1f})")
-    ok = all(("tokens equal: True" in r["check"]) or ("diff" in r["check"] and float(r["check"].split()[-1]) < 1e-3)
+    ok = all(r["ok"] if "student_s" in r else
+             ("tokens equal: True" in r["check"]) or ("diff" in r["check"] and float(r["check"].split()[-1]) < 1e-3)
              for r in rows)
     if not ok:
         print("outputs disagree (see the check column)")
@@ -217,6 +252,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pieces", default=",".join(PIECES))
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--student_steps", type=int, default=4, help="student piece: the student's steps N")
+    ap.add_argument("--teacher_steps", type=int, default=0,
+                    help="student piece: the teacher's steps (0: the config's diffusion.student_grid_steps)")
     ap.add_argument("--out", default="compare_torch.json")
     return compare(ap.parse_args(argv[1:]))
 

@@ -3,6 +3,7 @@
     python benchmarks/cost_model.py                                  # paper size, tables only
     python benchmarks/cost_model.py --turn_seconds=24 --peak_tflops=989   # MFU of the paper's 24 s/turn
     python benchmarks/cost_model.py --config=configs/tiny.py
+    python benchmarks/cost_model.py --chip=tpu-v6e                 # + teacher vs few-step student turns on a v6e
 
 Arithmetic on the config sections (no program is traced or compiled) (docs/mllm.md, docs/dit.md, docs/vae.md; sizes in
 configs/animegamer_2b_7b.py). Conventions:
@@ -12,7 +13,10 @@ configs/animegamer_2b_7b.py). Conventions:
   (DiT, ViT, T5) counts the full square; causal attention counts the visible keys only.
 - One game turn = MLLM pass A (prefill + greedy decode of ``max_new_tokens``), MLLM pass B (one
   forward with the query block), resamplers, ``num_sampling_steps`` x 2 CFG halves of the DiT, one
-  VAE decode.
+  VAE decode. The distilled student (``diffusion.sampler = "student"``, training phase d) makes
+  ``num_sampling_steps`` (1, 2, 4 or 8) DiT calls and no CFG halves, each with one more embedding
+  MLP (the guidance scale's); the "teacher vs student" table compares it with the teacher's
+  sampler (``diffusion.sampler`` or, for a student config, ``student_grid_steps`` of DPM++ 2M).
 - A training step counts model FLOPs as 3 x forward for every trained network (forward +
   backward w.r.t. activations and weights, the usual MFU convention) and 1 x forward for frozen
   feature extractors (VAE encoder, T5, CLIP). LoRA training skips most weight gradients, so real
@@ -62,7 +66,7 @@ def dit_tokens(dit: Any, text_tokens: int) -> tuple[int, int]:
     return video, video + text_tokens
 
 
-def dit_forward_flops(dit: Any, text_tokens: int, lora: bool = True) -> dict[str, float]:
+def dit_forward_flops(dit: Any, text_tokens: int, lora: bool = True, guidance: bool = False) -> dict[str, float]:
     """FLOPs of one DiT forward on one sample (B = 1).
 
     Args:
@@ -70,6 +74,7 @@ def dit_forward_flops(dit: Any, text_tokens: int, lora: bool = True) -> dict[str
         time_embed_dim, in/out_channels, patch_size, sample_height/width, num_latent_frames, lora_rank).
       text_tokens: conditioning tokens (226 at paper size).
       lora: count unmerged LoRA adapters on q, k, v and the output projection.
+      guidance: the student's guidance-scale embedding MLP (``use_guidance``: Linear(D -> E), Linear(E -> E)).
 
     Returns:
       dict component -> FLOPs: ``blocks_linear``, ``blocks_attention``, ``lora``, ``embed_out``.
@@ -88,7 +93,7 @@ def dit_forward_flops(dit: Any, text_tokens: int, lora: bool = True) -> dict[str
     per_layer_lora = 4 * (linear(n, d, r) + linear(n, r, d)) if r else 0.0
     embed_out = (linear(video, _get(dit, "in_channels") * p * p, d)  # patch embedding
                  + linear(video, d, p * p * _get(dit, "out_channels"))  # proj_out
-                 + 2 * (linear(1, d, e) + linear(1, e, e))  # time + flow embedding MLPs
+                 + (3 if guidance else 2) * (linear(1, d, e) + linear(1, e, e))  # time + flow (+ guidance) MLPs
                  + linear(1, e, 2 * d))  # final adaLN
     return {"blocks_linear": layers * per_layer_linear, "blocks_attention": layers * per_layer_attn,
             "lora": layers * per_layer_lora, "embed_out": embed_out}
@@ -217,6 +222,77 @@ def _total(parts: dict[str, float]) -> float:
     return float(sum(parts.values()))
 
 
+TEACHER, STUDENT = "teacher", "student"
+#: the student's step counts (diffusion/samplers.py STUDENT_STEPS)
+STUDENT_STEPS = (1, 2, 4, 8)
+
+
+def dit_sampling_flops(cfg: Any, text_tokens: int, kind: str, steps: int, lora: bool = True) -> dict[str, float]:
+    """DiT FLOPs of one clip's sampling loop.
+
+    Args:
+      cfg: full config (section dit).
+      text_tokens: conditioning tokens (226 at paper size).
+      kind: ``"teacher"`` (each step runs the CFG batch of 2) or ``"student"`` (one call per step, the
+        guidance embedding MLP included).
+      steps: sampling steps.
+      lora: unmerged LoRA adapters (False: merged, as play runs).
+
+    Returns:
+      dict: ``calls`` (DiT forwards of one sample), ``per_call`` and ``total`` FLOPs.
+
+    Raises:
+      ValueError: unknown ``kind`` or ``steps`` < 1.
+    """
+    if kind not in (TEACHER, STUDENT):
+        raise ValueError(f"unknown sampler kind {kind!r}; use {TEACHER!r} or {STUDENT!r}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    dit = dict(cfg.dit) if hasattr(cfg.dit, "items") else dict(vars(cfg.dit))
+    if not lora:
+        dit["lora_rank"] = 0
+    per_call = _total(dit_forward_flops(dit, text_tokens, guidance=kind == STUDENT))
+    calls = steps * (2 if kind == TEACHER else 1)
+    return {"calls": float(calls), "per_call": per_call, "total": calls * per_call}
+
+
+def _sampling_of(cfg: Any) -> tuple[str, int]:
+    """(kind, steps) of the config's clip sampler (``diffusion.sampler`` "student" or a teacher sampler)."""
+    d = cfg.diffusion
+    kind = STUDENT if str(_get(d, "sampler", "dpmpp_2m")) == "student" else TEACHER
+    return kind, int(_get(d, "num_sampling_steps"))
+
+
+def teacher_steps(cfg: Any) -> int:
+    """The teacher's steps: ``num_sampling_steps`` of a teacher config, ``student_grid_steps`` (50) of a
+    student config (the grid the student was distilled on)."""
+    kind, steps = _sampling_of(cfg)
+    return steps if kind == TEACHER else int(_get(cfg.diffusion, "student_grid_steps", 50))
+
+
+def student_table_rows(cfg: Any, text_tokens: int = 25, steps: tuple[int, ...] = STUDENT_STEPS,
+                       lora: bool = False) -> list[dict[str, Any]]:
+    """Per-turn FLOPs of the teacher's sampler and of the student at each of ``steps``.
+
+    Returns:
+      [{"label", "kind", "steps", "calls", "dit", "turn", "ratio"}], the teacher first: ``dit`` = the
+      sampling loop's DiT FLOPs, ``turn`` = the whole turn (:func:`turn_flops` with that sampler),
+      ``ratio`` = teacher DiT FLOPs / this row's (1.0 for the teacher).
+    """
+    q = turn_sequence_length(cfg, text_tokens)[1]
+    t_steps = teacher_steps(cfg)
+    rest = {k: v for k, v in turn_flops(cfg, text_tokens, lora).items() if k != "dit"}
+    rows = []
+    for kind, n in [(TEACHER, t_steps)] + [(STUDENT, int(k)) for k in steps]:
+        f = dit_sampling_flops(cfg, q, kind, n, lora)
+        label = (f"teacher ({n} steps x CFG 2)" if kind == TEACHER else f"student ({n} step{'s' if n > 1 else ''})")
+        rows.append({"label": label, "kind": kind, "steps": n, "calls": int(f["calls"]), "dit": f["total"],
+                     "turn": _total(rest) + f["total"]})
+    for r in rows:
+        r["ratio"] = rows[0]["dit"] / r["dit"]
+    return rows
+
+
 def turn_flops(cfg: Any, text_tokens: int = 25, lora: bool = True) -> dict[str, float]:
     """FLOPs of one game turn (batch 1) by stage.
 
@@ -227,7 +303,8 @@ def turn_flops(cfg: Any, text_tokens: int = 25, lora: bool = True) -> dict[str, 
 
     Returns:
       dict: ``mllm_pass_a`` (prefill + greedy decode with KV cache), ``mllm_pass_b``,
-      ``resamplers``, ``dit`` (steps x 2 CFG halves), ``vae_decode``.
+      ``resamplers``, ``dit`` (steps x 2 CFG halves; ``diffusion.sampler = "student"``: steps x 1
+      call of the student, :func:`dit_sampling_flops`), ``vae_decode``.
     """
     seq, q = turn_sequence_length(cfg, text_tokens)
     mllm = cfg.mllm
@@ -243,14 +320,11 @@ def turn_flops(cfg: Any, text_tokens: int = 25, lora: bool = True) -> dict[str, 
     d, rd = _get(mllm, "hidden_size"), _get(cfg.rep, "dim")
     w = max(1, _get(mllm, "history_window", 1))
     resamplers = (w - 1) * (linear(q, rd, d) + linear(q, d, d)) + linear(q, d, rd) + linear(q, rd, rd)
-    dit = dict(cfg.dit) if hasattr(cfg.dit, "items") else dict(vars(cfg.dit))
-    if not lora:
-        dit["lora_rank"] = 0
-    dit_one = _total(dit_forward_flops(dit, q))
-    steps = _get(cfg.diffusion, "num_sampling_steps")
+    kind, steps = _sampling_of(cfg)
     lt, lh, lw = _get(cfg.dit, "num_latent_frames", 5), _get(cfg.dit, "sample_height"), _get(cfg.dit, "sample_width")
     return {"mllm_pass_a": pass_a, "mllm_pass_b": pass_b, "resamplers": resamplers,
-            "dit": steps * 2 * dit_one, "vae_decode": vae_decode_flops(cfg.vae, lt, lh, lw)}
+            "dit": dit_sampling_flops(cfg, q, kind, steps, lora)["total"],
+            "vae_decode": vae_decode_flops(cfg.vae, lt, lh, lw)}
 
 
 def clip_vision_flops(clip: Any) -> float:
@@ -288,8 +362,10 @@ def train_step_flops(cfg: Any, phase: str, batch: int | None = None, turns: int 
     Args:
       cfg: full config.
       phase: "a1"/"a2"/"c" (decoder phases: VAE encode + T5 + CLIP + E_a + DiT on one noisy latent per
-        sample; "c" conditions on stored MLLM outputs, so no T5/CLIP/E_a) or "b" (MLLM on ``turns`` x
-        ``tokens_per_turn`` tokens per sample, the release's ``max_length`` 1500 for 5 turns).
+        sample; "c" conditions on stored MLLM outputs, so no T5/CLIP/E_a), "d" (a2's inputs with E_a
+        frozen; the frozen teacher's CFG batch of 2 forwards, the student's target forward and its
+        trained forward, 3x) or "b" (MLLM on ``turns`` x ``tokens_per_turn`` tokens per sample, the
+        release's ``max_length`` 1500 for 5 turns).
       batch: global batch (default ``cfg.train.global_batch_size``).
 
     Returns:
@@ -299,13 +375,18 @@ def train_step_flops(cfg: Any, phase: str, batch: int | None = None, turns: int 
       ValueError: unknown phase.
     """
     b = batch or _get(cfg.train, "global_batch_size")
-    if phase in ("a1", "a2", "c"):
+    if phase in ("a1", "a2", "c", "d"):
         q = _get(cfg.rep, "num_text_tokens") + _get(cfg.rep, "num_image_tokens")
         out = {"vae_encode": b * vae_encode_flops(cfg.vae, _get(cfg.data, "num_frames"),
                                                   _get(cfg.data, "height"), _get(cfg.data, "width"))}
         if phase != "c":
             out["t5_clip"] = b * (t5_encoder_flops(cfg.t5) + clip_vision_flops(cfg.clip))
-            out["shot_encoder"] = 3 * b * shot_encoder_flops(cfg)
+            out["shot_encoder"] = (1 if phase == "d" else 3) * b * shot_encoder_flops(cfg)
+        if phase == "d":
+            out["teacher"] = 2 * b * _total(dit_forward_flops(cfg.dit, q))
+            student = _total(dit_forward_flops(cfg.dit, q, guidance=True))
+            out["student"] = (1 + 3) * b * student  # target forward (no gradient) + trained forward
+            return out
         # a1 trains E_a (+ flow, LoRA) but still backpropagates through the whole DiT.
         out["dit"] = 3 * b * _total(dit_forward_flops(cfg.dit, q))
         return out
@@ -316,7 +397,7 @@ def train_step_flops(cfg: Any, phase: str, batch: int | None = None, turns: int 
         d, rd = _get(cfg.mllm, "hidden_size"), _get(cfg.rep, "dim")
         res = turns * (linear(q, rd, d) + linear(q, d, d) + linear(q, d, rd) + linear(q, rd, rd))
         return {"mllm": 3 * b * mllm, "resamplers": 3 * b * res}
-    raise ValueError(f"unknown phase {phase!r}; use a1, a2, b or c")
+    raise ValueError(f"unknown phase {phase!r}; use a1, a2, b, c or d")
 
 
 def mfu(flops: float, seconds: float, peak_flops_per_s: float, chips: int = 1) -> float:
@@ -343,6 +424,21 @@ def table(title: str, parts: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def student_table(cfg: Any, text_tokens: int, peak_flops_per_s: float, chips: int = 1) -> str:
+    """Markdown table of :func:`student_table_rows` (LoRA merged, as play runs) with each turn's time at
+    100 % and 40 % of ``chips`` x ``peak_flops_per_s``."""
+    rows = student_table_rows(cfg, text_tokens)
+    at = f"{chips} x {peak_flops_per_s / 1e12:.0f} TFLOP/s"
+    lines = ["### DiT sampling per turn: teacher vs few-step student (LoRA merged, as play runs)",
+             f"| sampler | DiT calls | DiT FLOPs | teacher / this | turn FLOPs | turn s at 100 % / 40 % of {at} |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        t = r["turn"] / (peak_flops_per_s * chips)
+        lines.append(f"| {r['label']} | {r['calls']} | {_fmt(r['dit'])} | {r['ratio']:.2f}x | {_fmt(r['turn'])} | "
+                     f"{t:.3f} / {t / 0.4:.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="configs/animegamer_2b_7b.py")
@@ -364,14 +460,18 @@ def main(argv: list[str] | None = None) -> None:
           f"DiT sequence: {dit_tokens(cfg.dit, q)[1]} tokens\n")
     print(table("DiT forward (one sample)", dit_one))
     print()
-    print(table(f"One game turn ({cfg.diffusion.num_sampling_steps} steps x 2 CFG)", turn))
+    kind, steps = _sampling_of(cfg)
+    print(table(f"One game turn ({steps} steps x 2 CFG)" if kind == TEACHER else
+                f"One game turn (student, {steps} steps, no CFG batch)", turn))
     total = _total(turn)
     print(f"\nturn time at 100 % MFU on {args.chips} x {peak / 1e12:.0f} TFLOP/s: "
           f"{total / (peak * args.chips):.2f} s; at 40 %: {total / (0.4 * peak * args.chips):.2f} s")
     if args.turn_seconds:
         print(f"measured {args.turn_seconds:.2f} s/turn -> MFU "
               f"{100 * mfu(total, args.turn_seconds, peak, args.chips):.1f} %")
-    for phase in ("a2", "b", "c"):
+    print()
+    print(student_table(cfg, args.text_tokens, peak, args.chips))
+    for phase in ("a2", "b", "c", "d"):
         parts = train_step_flops(cfg, phase)
         print()
         print(table(f"Train step, phase {phase} (global batch {cfg.train.global_batch_size})", parts))

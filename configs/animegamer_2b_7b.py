@@ -200,8 +200,12 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.beta_start = 0.00085  # scaled_linear start
     c.diffusion.beta_end = 0.012  # scaled_linear end
     c.diffusion.snr_shift_scale = 3.0  # SNR shift s: abar / (s + (1 - s) abar)
-    c.diffusion.num_sampling_steps = 50  # DPM++ 2M steps
-    c.diffusion.sampler = "dpmpp_2m"  # "dpmpp_2m" (release) or "ddim"
+    c.diffusion.num_sampling_steps = 50  # DPM++ 2M steps (sampler "student": 1, 2, 4 or 8)
+    # "dpmpp_2m" (release) or "ddim": the DiT with CFG; "student": the distilled few-step student
+    # (training phase d; docs/training.md#phase-d-distillation), one call per step, no CFG batch
+    c.diffusion.sampler = "dpmpp_2m"
+    # the teacher's grid of phase d (its 50 play timesteps); the student samples N of its points
+    c.diffusion.student_grid_steps = 50
     c.diffusion.cfg_scale = 6.0  # DynamicCFG max scale
     c.diffusion.cfg_exp = 5.0  # DynamicCFG exponent
     c.diffusion.cfg_schedule = "intended"  # "intended" (loop index) or "release" (docs/diffusion.md#guidance)
@@ -233,7 +237,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # ---- training (docs/training.md#phases, Appendix C.1) ----
     c.train = ml_collections.ConfigDict()
-    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation, "vae", or "all"
+    c.train.phase = "a2"  # "a1" warm-up, "a2" joint, "b" MLLM, "c" decoder adaptation, "d" few-step student, "vae", or "all"
     c.train.pipeline = ("a1", "a2", "b", "c")  # phases run by --config.train.phase=all, in order
     c.train.pipeline_steps = ()  # optimizer steps per pipeline phase (empty: num_steps / the paper's)
     c.train.pipeline_learning_rates = ()  # peak LR per pipeline phase (empty: learning_rate / the paper's)
@@ -274,6 +278,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.peak_tflops_per_device = 0.0  # for the MFU estimate; 0 = from the device kind (unknown: no MFU)
     # phase a2's DiT set: "paper" (LoRA + flow_embed + block adaLN) or "all" (toy DiT from scratch)
     c.train.dit_trainable = "paper"
+    # phase d (few-step student): "full" (every student parameter) or "lora" (LoRA + flow/guidance
+    # embeddings + block adaLN); the DynamicCFG scales w drawn per sample (the student's guidance input)
+    c.train.distill_trainable = "full"
+    c.train.distill_cfg_scales = (3.0, 8.0)
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
     # training: remat policy of every MLLM / DiT block scan (overrides mllm.remat / dit.remat unless "none")
     c.train.remat = "full"

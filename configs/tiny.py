@@ -92,6 +92,9 @@ def get_config() -> ml_collections.ConfigDict:
     # paper's 6 (s up to 4.1 here), which oversaturates the tiny system's samples
     # (python -m animegamer_jax.eval.decoder --cfg_scale S; docs/results.md).
     c.diffusion.cfg_scale = 1.0
+    # phase d distils the teacher on the paper's 50-step grid (the teacher plays 8 steps here for speed);
+    # the student learns the scales around the tiny system's 1.0
+    c.diffusion.student_grid_steps = 50
 
     c.data.dataset_dir = "data/prepared/tiny"  # the sample variants, 2 s windows every 1 s (data/README.md)
 
@@ -124,6 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
     # No pretrained CogVideoX exists at toy size either: phase a2 trains every DiT parameter (a LoRA on a
     # random DiT draws noise); a1 and c keep the paper's sets.
     c.train.dit_trainable = "all"
+    c.train.distill_cfg_scales = (0.0, 2.0)
     c.train.log_every = 10
     c.train.checkpoint_every = 50
     c.train.sample_every = 0

@@ -32,7 +32,7 @@ def _kernels(row):
 
 
 @pytest.mark.parametrize("phase,overrides", [("a1", FSDP + ["train.encode_latents=False"]), ("a2", LEAN),
-                                             ("b", LEAN), ("c", LEAN)])
+                                             ("b", LEAN), ("c", LEAN), ("d", LEAN)])
 def test_train_step_compiles_on_tpu(phase, overrides):
     row = compile_tiny(phase, overrides)
     chip = target.chip_named("v5e")
@@ -46,5 +46,7 @@ def test_train_step_compiles_on_tpu(phase, overrides):
     assert any("additive bias" in k and k.startswith("blockwise") for k in row.kernels) == (phase == "a1")
     if phase in ("b", "c"):
         assert any("bidirectional query block" in k and k.startswith("blockwise") for k in row.kernels)
-    if phase in ("a1", "a2", "c"):  # the DiT's layer scan: XLA's own count sees its body once
+    if phase in ("a1", "a2", "c", "d"):  # the DiT's layer scan: XLA's own count sees its body once
         assert row.flops > row.xla_flops
+    if phase == "d":  # the student (all of it trained) next to the frozen teacher it is distilled from
+        assert "shot_encoder, dit, student" in row.note

@@ -96,3 +96,36 @@ def test_batch_layout_splits_games_over_chips():
     batch, latency = compile_tiny("dit", [], "batch"), compile_tiny("dit", [], "latency")
     assert batch.status == latency.status == "ok"
     assert batch.flops == pytest.approx(4 * latency.flops, rel=0.1), (batch.flops, latency.flops)
+
+
+def test_student_dit_sampling_compiles_without_a_cfg_batch():
+    """``--config.diffusion.sampler=student``: the dit program is the student's N steps, one game per
+    call, and the latency layout puts all 4 chips on the sequence (no CFG halves on data); its loop
+    runs N DiT calls (8 steps cost twice 4), well under the teacher's 8 steps x CFG 2 (tiny)."""
+    student = compile_tiny("dit", ["diffusion.sampler=student", "diffusion.num_sampling_steps=4"])
+    student8 = compile_tiny("dit", ["diffusion.sampler=student", "diffusion.num_sampling_steps=8"])
+    teacher = compile_tiny("dit", [])
+    assert student.status == student8.status == teacher.status == "ok", (student.status, teacher.status)
+    assert student.note.startswith("latency layout, 1 game(s), mesh {'data': 1, 'fsdp': 1, 'tensor': 1, "
+                                   "'context': 4}; 4 steps, no CFG batch (student), 1 game(s)"), student.note
+    assert "8 steps x CFG batch 2, 1 game(s)" in teacher.note
+    assert {k.split(" (")[0] for k in student.kernels} == {"splash"}
+    assert student8.flops == pytest.approx(2 * student.flops, rel=0.02), (student8.flops, student.flops)
+    # per chip, model FLOPs: the teacher's 16 calls over 2 (data) x 2 (context) chips against the student's 4
+    # calls over 4 context chips would be 4x; compiled at tiny size (TPU tiles pad the 4-way split of the
+    # sequence more) it is 2.9x (0.499 vs 1.466 GFLOP per chip)
+    assert 2.5 * student.flops < teacher.flops < 4 * student.flops, (student.flops, teacher.flops)
+
+
+def test_benchmark_student_piece_runs_plays_samplers():
+    """The benchmark runner's ``student`` piece (benchmarks/student_bench.py) compiles and runs play's
+    student and teacher sampling for one game on this CPU (configs/tiny.py, random weights)."""
+    from animegamer_jax.config import load_config
+    from benchmarks import student_bench
+
+    r = student_bench.bench_student(load_config("configs/tiny.py"), student_steps=2, teacher_steps=2)
+    assert r["ok"] and r["check"] == "finite, shape [1, 5, 16, 8, 12]: True"
+    assert r["notes"]["student"] == "2 steps, no CFG batch (student), 1 game(s), play's program"
+    assert r["notes"]["teacher"] == "2 steps x CFG batch 2, 1 game(s), play's program"
+    student, teacher = r["fns"]
+    assert student().shape == teacher().shape == (1, 5, 16, 8, 12)

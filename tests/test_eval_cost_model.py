@@ -71,3 +71,58 @@ def test_mfu():
     assert cost_model.mfu(1e15, 1.0, 1e15, chips=4) == pytest.approx(0.25)
     with pytest.raises(ValueError):
         cost_model.mfu(1.0, 0.0, 1.0)
+
+
+def test_student_adds_one_embedding_mlp_small_hand_computed():
+    # the guidance MLP: Linear(D=8 -> E=4) + Linear(4 -> 4) on one row, 2*8*4 + 2*4*4 = 96 FLOPs
+    parts = cost_model.dit_forward_flops(SMALL_DIT, text_tokens=2, guidance=True)
+    assert parts["embed_out"] == 832 + 96 and parts["blocks_linear"] == 9984
+
+
+def test_paper_size_student_dit_flops_per_turn():
+    """Teacher 50 steps x CFG 2 = 100 DiT calls; the student at N steps makes N calls (each 2.49 MFLOP
+    more for its guidance MLP), so student-4 needs 25x fewer DiT FLOPs (acceptance: >= 20x)."""
+    cfg = load_config("configs/animegamer_2b_7b.py")
+    rows = {r["label"]: r for r in cost_model.student_table_rows(cfg)}
+    assert list(rows) == ["teacher (50 steps x CFG 2)", "student (1 step)", "student (2 steps)",
+                          "student (4 steps)", "student (8 steps)"]
+    one = 29732107780096.0  # one merged-LoRA teacher forward, B = 1: 29.73 TFLOP
+    assert sum(cost_model.dit_forward_flops(cfg.dit, 226, lora=False).values()) == one
+    assert rows["teacher (50 steps x CFG 2)"]["calls"] == 100
+    assert rows["teacher (50 steps x CFG 2)"]["dit"] == 100 * one == 2973210778009600.0
+    guidance_mlp = 2 * (1920 * 512 + 512 * 512)  # 2,490,368 FLOPs
+    for n in (1, 2, 4, 8):
+        r = rows[f"student ({n} step{'s' if n > 1 else ''})"]
+        assert r["calls"] == n and r["dit"] == n * (one + guidance_mlp)
+        assert r["ratio"] == pytest.approx(100 / n, rel=1e-6)
+        # the rest of the turn (MLLM, resamplers, VAE decode: 132.8 TFLOP) is the same for both
+        assert r["turn"] - r["dit"] == pytest.approx(rows["teacher (50 steps x CFG 2)"]["turn"] - 100 * one)
+    s4 = rows["student (4 steps)"]
+    assert s4["dit"] == 118928441081856.0 and 24.99 < s4["ratio"] < 25.0
+    assert s4["turn"] == 251736038277120.0
+    # play's student config: turn_flops counts 4 student calls; the teacher it compares with is the
+    # 50-step grid the student was distilled on
+    student = load_config("configs/animegamer_2b_7b.py",
+                          ["diffusion.sampler=student", "diffusion.num_sampling_steps=4"])
+    assert cost_model.turn_flops(student, lora=False)["dit"] == s4["dit"]
+    assert cost_model.teacher_steps(student) == 50
+    assert [r["dit"] for r in cost_model.student_table_rows(student)] == [r["dit"] for r in rows.values()]
+    with pytest.raises(ValueError, match="unknown sampler kind"):
+        cost_model.dit_sampling_flops(cfg, 226, "ddim", 4)
+
+
+def test_phase_d_train_step_counts_teacher_and_student():
+    cfg = load_config("configs/animegamer_2b_7b.py")
+    d, a2 = cost_model.train_step_flops(cfg, "d"), cost_model.train_step_flops(cfg, "a2")
+    one = sum(cost_model.dit_forward_flops(cfg.dit, 226).values())
+    assert d["teacher"] == 2 * 16 * one  # the frozen teacher's CFG batch of 2
+    assert d["student"] == pytest.approx(4 * 16 * one, rel=1e-6)  # target forward + 3x trained forward
+    assert d["vae_encode"] == a2["vae_encode"] and d["shot_encoder"] == a2["shot_encoder"] / 3
+
+
+def test_cli_prints_teacher_and_student_turns(capsys):
+    cost_model.main(["--chip=tpu-v6e"])
+    out = capsys.readouterr().out
+    assert "| teacher (50 steps x CFG 2) | 100 |    2.973 PFLOP | 1.00x |    3.106 PFLOP | 3.383 / 8.459 |" in out
+    assert "| student (4 steps) | 4 |  118.928 TFLOP | 25.00x |  251.736 TFLOP | 0.274 / 0.686 |" in out
+    assert "### Train step, phase d (global batch 16)" in out

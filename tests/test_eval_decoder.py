@@ -51,6 +51,22 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
     assert "not a prepared dataset (no <name>/<config>/<version>/dataset_info.json)" in capsys.readouterr().err
 
 
+def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
+    """The shipped few-step student (training phase d) at 4 steps, no CFG batch, scores within 1 dB of
+    the teacher's guided sampler on the same 3 clips (issue 32's bar, here at the config's 8 teacher
+    steps; docs/results.md#few-step-student has 50), and the checkpoint's teacher is still the default."""
+    got = {}
+    for name, extra in (("teacher", []), ("student", ["--sampler", "student", "--num_sampling_steps", "4"])):
+        out = str(tmp_path / f"{name}.json")
+        assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "3", "--json", out,
+                             *extra]) == 0
+        got[name] = json.load(open(out))
+    text = capsys.readouterr().out
+    assert "student 4 steps" in text and "dpmpp_2m 8 steps" in text
+    assert abs(got["student"]["sample"] - got["teacher"]["sample"]) < 1.0, got
+    assert all(c["sample"] > 18.0 for c in got["student"]["clips"]), got["student"]
+
+
 def test_dataset_of_another_size_is_refused_before_loading(sample_clips, tmp_path, capsys):
     """A dataset whose clips are not the system's size or length, or that has none, is one line naming both."""
     import shutil

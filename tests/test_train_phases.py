@@ -1,4 +1,4 @@
-"""The four training phases at the tiny config: loss goes down, kill + resume == uninterrupted,
+"""The training phases a1, a2, b, c and d at the tiny config: loss goes down, kill + resume == uninterrupted,
 trainable sets, batch building, and phase (b) across two jax.distributed processes."""
 
 import os
@@ -30,7 +30,7 @@ def loader_example(cfg, phase, b=2, m=3, t_lat=2, seed=0):
     lt, dt = cfg.t5.max_length, cfg.t5.d_model
     p, dv = cfg.rep.num_image_tokens, cfg.clip.vision_width
     lat = (t_lat, cfg.dit.in_channels, cfg.dit.sample_height, cfg.dit.sample_width)
-    if phase in ("a1", "a2"):
+    if phase in ("a1", "a2", "d"):
         return {"action": np.array(["sit", "run"][:b]), "motion_level": np.array([1, 4][:b]),
                 "f_md": rs.randn(b, lt, dt).astype(np.float32), "f_v": rs.randn(b, p, dv).astype(np.float32),
                 "latents": rs.randn(b, *lat).astype(np.float32)}
@@ -57,7 +57,7 @@ def _paths(state):
             jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
 
 
-@pytest.mark.parametrize("phase", ["a1", "a2", "b", "c"])
+@pytest.mark.parametrize("phase", ["a1", "a2", "b", "c", "d"])
 def test_phase_trains_and_resumes(phase, tmp_path):
     cfg = test_config(phase)
     cfg.train.dit_trainable = "paper"  # the paper's a2 set (tiny's "all": test_a2_dit_trainable_all_vs_paper)
@@ -80,7 +80,7 @@ def test_phase_trains_and_resumes(phase, tmp_path):
         np.testing.assert_array_equal(v, final[k], err_msg=k)
     changed = {k for k in final if not np.array_equal(final[k], init[k])}
     trained_prefixes = {"a1": ("shot_encoder/", "dit/flow_embed/"), "a2": ("shot_encoder/", "dit/"),
-                        "b": ("mllm/",), "c": ("dit/",)}[phase]
+                        "b": ("mllm/",), "c": ("dit/",), "d": ("student/",)}[phase]
     assert changed and all(k.startswith(trained_prefixes) for k in changed), sorted(changed)[:5]
     if phase == "a1":
         assert not any("lora" in k for k in changed)
@@ -89,6 +89,9 @@ def test_phase_trains_and_resumes(phase, tmp_path):
         frozen = ("/ff/proj_in/", "/ff/proj_out/", "/to_q/kernel", "/to_k/kernel", "/to_v/kernel", "/to_out/kernel")
         assert not any(f in k for k in changed for f in frozen)
         assert any(k.endswith("/to_q/lora_b") for k in changed)
+    if phase == "d":  # the whole student (distill_trainable "full"), its guidance embedding included
+        assert any(k.startswith("student/guidance_embed/") for k in changed)
+        assert any(k.endswith("/to_q/kernel") for k in changed)
     if phase == "b":
         assert any("lora" in k for k in changed) and any("output_resampler" in k for k in changed)
         assert not any(k.endswith("q_proj/kernel") for k in changed)

@@ -1,8 +1,10 @@
 """Will it fit? Compile the paper config's programs for the chips you plan to rent, on this host.
 
   python -m animegamer_jax.aot --topology=v5p-64 --program=train --config.train.global_batch_size=64
-                                                  # phases vae a1 a2 b c on 32 chips (FSDP needs >= 32)
+                                                  # phases vae a1 a2 b c d on 32 chips (FSDP needs >= 32)
   python -m animegamer_jax.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
+  python -m animegamer_jax.aot --topology=v6e-1 --program=turn --config.diffusion.sampler=student \
+      --config.diffusion.num_sampling_steps=4                               # the few-step student's turn
   python -m animegamer_jax.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
   python -m animegamer_jax.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
   python -m animegamer_jax.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
@@ -11,10 +13,12 @@ Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8, v6e-1; v4 / v5p names 
 per chip, so v5p-64 is 32 chips; v5e / v6e names count chips; --num_slices for multislice), GPU nodes
 (a100-8, h100-8, h200-8, b200-8; 4xh100-8 = 4 nodes) and cpu-N (fake CPU devices). Nothing is
 allocated and no accelerator is needed: the TPU compiler comes with `pip install 'jax[tpu]==0.10.2'`
-(`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c (the train
-command's step with the config's settings: batch, remat, precomputed features, latents) and prefill
-decode pass_b dit vae_decode (play's turn; --layout latency = one game on all chips, batch = one game
-per data-parallel slice); groups train, turn, generate (turn in the batch layout), all.
+(`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c d (the train
+command's step with the config's settings: batch, remat, precomputed features, latents; d = the
+few-step student's distillation) and prefill decode pass_b dit vae_decode (play's turn; --layout
+latency = one game on all chips, batch = one game per data-parallel slice; dit is the student's N
+steps without a CFG batch under --config.diffusion.sampler=student); groups train, turn, generate
+(turn in the batch layout), all.
 
 Prints, per program and per chip: arguments / temporaries / outputs / aliased / peak bytes against the
 chip's HBM (a program fits at <= 80 %), FLOPs and bytes accessed (loop trip counts included), the
@@ -42,7 +46,7 @@ from animegamer_jax.aot import programs, report
 from animegamer_jax.cli import UsageError, run_command
 from animegamer_jax.parallel import target
 
-GROUPS = {"train": ("vae", "a1", "a2", "b", "c"), "turn": ("prefill", "decode", "pass_b", "dit", "vae_decode")}
+GROUPS = {"train": programs.TRAIN_PROGRAMS, "turn": programs.TURN_PROGRAMS}
 
 
 def _define(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -52,7 +56,7 @@ def _define(fv: flags.FlagValues, argv: list[str]) -> None:
     flags.DEFINE_string("topology", None, "Target: v5p-64, v6e-8, v5e-4, h100-8, 4xh100-8, cpu-8, ...",
                         flag_values=fv)
     flags.DEFINE_integer("num_slices", 1, "TPU multislice: slices of --topology.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,prefill,decode,pass_b,dit,vae_decode; "
+    flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,d,prefill,decode,pass_b,dit,vae_decode; "
                       "train, turn, generate, all.", flag_values=fv)
     flags.DEFINE_enum("layout", "", ["", "latency", "batch"], "Turn programs' layout (default game.play_layout).",
                       flag_values=fv)

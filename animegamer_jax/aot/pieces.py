@@ -13,7 +13,9 @@ Turn pieces (docs/overview.md#one-turn):
   mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
   mllm_decode   pass A: one greedy step on the cache (run max_new_tokens - 1 times)
   mllm_pass_b   pass B: one forward without logits (the 226-query read-out)
-  dit_sampling  play's sampler: num_sampling_steps with CFG (batch 2 per game) through the DiT
+  dit_sampling  play's sampler: num_sampling_steps with CFG (batch 2 per game) through the DiT; with
+                diffusion.sampler = "student", the distilled student's (models/registry.py
+                build_student) num_sampling_steps calls, batch 1 per game (no CFG batch)
   vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, game.real_system.vae_decoder)
 Train pieces (the models' real losses are in train/; here the standard objectives with the same
 compute): train_a2_dit (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
@@ -35,7 +37,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from animegamer_jax import parallel
 from animegamer_jax.diffusion import losses, samplers
 from animegamer_jax.game.api import apply_mode
-from animegamer_jax.game.real_system import dit_sampler, vae_decoder
+from animegamer_jax.game.real_system import dit_sampler, sampling_component, vae_decoder
+from animegamer_jax.models import registry
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
@@ -192,11 +195,18 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
                  int(cfg.dit.sample_width))
     if name == "dit_sampling":
         # exactly play's program: game/real_system.py prepares the weights once (LoRA merged, cast to the
-        # activation dtype) and samples with dit_sampler (noise from each game's key, CFG)
-        d_graph, d_state = _cached(b, "dit_inference",
-                                   lambda: prepare_for_inference(build_dit(cfg, inference=False)))
+        # activation dtype) and samples with dit_sampler (noise from each game's key, CFG; the student:
+        # its own weights, guidance scale as an input, no CFG batch)
         play_cfg = apply_mode(cfg)
-        plan = samplers.plan_from_config(play_cfg.diffusion)
+        student = sampling_component(play_cfg) == "student"
+        if student:
+            d_graph, d_state = _cached(b, "student_inference",
+                                       lambda: prepare_for_inference(registry.build_student(cfg, nnx.Rngs(0))))
+            what = f"{int(play_cfg.diffusion.num_sampling_steps)} steps, no CFG batch (student)"
+        else:
+            d_graph, d_state = _cached(b, "dit_inference",
+                                       lambda: prepare_for_inference(build_dit(cfg, inference=False)))
+            what = f"{samplers.plan_from_config(play_cfg.diffusion).num_steps} steps x CFG batch 2"
         sample = dit_sampler(d_graph, play_cfg)
 
         def sampling(state, rep, uncond, ml, keys):
@@ -213,7 +223,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
             ml = jax.device_put(jnp.full((batch,), 3, jnp.int32), bsh)
             uncond = b.array((q, d), jnp.float32, batch_axis=False)
         return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
-                     note=f"{plan.num_steps} steps x CFG batch 2, {batch} game(s), play's program")
+                     note=f"{what}, {batch} game(s), play's program")
     if name == "vae_decode":
         # exactly play's VAE stage (game/real_system.py vae_decoder: tiling / chunks as play resolves them)
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))

@@ -1,14 +1,18 @@
 """The programs ``animegamer-aot`` compiles: each train phase's step and each stage of a game turn,
 with abstract (sharded ``jax.ShapeDtypeStruct``) parameters, optimizer state and inputs.
 
-Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``) are the train command's own step
+Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``, ``d``) are the train command's own step
 (``train.loop.Trainer`` on ``train.model.phase_spec``) with the config's settings: precomputed
 features or not, latents or frames, remat, ``train.global_batch_size`` / ``grad_accum_steps``. Their
-batches have the shapes ``train.batches.BatchBuilder`` makes (:func:`abstract_batch`).
+batches have the shapes ``train.batches.BatchBuilder`` makes (:func:`abstract_batch`). Phase ``d``
+(the few-step student's distillation against the frozen teacher, docs/training.md) takes a1 / a2's
+clip batches.
 
 Turn programs (``prefill``, ``decode``, ``pass_b``, ``dit``, ``vae_decode``) are play's stages
 (animegamer_jax/aot/pieces.py) in play's layouts (``game.engine.apply_layout``): ``latency`` (one
-game over all chips) or ``batch`` (one game per data-parallel slice, as ``generate`` runs).
+game over all chips) or ``batch`` (one game per data-parallel slice, as ``generate`` runs). With
+``diffusion.sampler = "student"`` the ``dit`` program is the student's N-step loop without a CFG
+batch (and the latency layout puts no data axis of 2 on the chips).
 
 Nothing is allocated; :func:`lower` traces under the program's mesh, so every hardware choice
 (attention kernel, VAE tiles) is made for the mesh's devices.
@@ -31,7 +35,7 @@ from animegamer_jax.game.engine import apply_layout
 from animegamer_jax.train import loop, optim
 from animegamer_jax.train.model import phase_spec
 
-TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c")
+TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
 #: turn program -> the piece of animegamer_jax/aot/pieces.py
 _PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pass_b", "dit": "dit_sampling",
@@ -54,8 +58,9 @@ class Program:
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
     """ShapeDtypeStructs of one micro-batch of ``phase`` as ``train.batches.BatchBuilder`` builds it, split
-    over the data axes. Decoder phases carry ``f_md`` / ``f_v`` with ``train.precomputed_features`` (else
-    ``t5_ids`` / ``first_frame``) and ``latents`` without ``train.encode_latents`` (else ``frames``);
+    over the data axes. Decoder phases (a1, a2, d) carry ``f_md`` / ``f_v`` with
+    ``train.precomputed_features`` (else ``t5_ids`` / ``first_frame``) and ``latents`` without
+    ``train.encode_latents`` (else ``frames``);
     "vae" carries the curriculum's last (largest) stage, ``vae_windows_per_clip`` windows per clip."""
     f32, i32, b_ = jnp.float32, jnp.int32, jnp.bool_
     t_lat, c_lat = int(config.dit.num_latent_frames), int(config.dit.in_channels)
@@ -73,7 +78,7 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
         _, t, h, w = tuple(config.train.vae_curriculum)[-1]
         n = max(1, min(int(config.train.vae_windows_per_clip), frames[0] // int(t)))
         shapes["frames"] = ((batch * n, int(t), int(h), int(w), 3), f32)
-    elif phase in ("a1", "a2"):
+    elif phase in ("a1", "a2", "d"):  # d: the same clips (BatchBuilder.decoder_batch)
         shapes["flow"] = ((batch,), f32)
         if pre:
             shapes.update(f_md=((batch, lt, dt), f32), f_v=((batch, p, dv), f32))
@@ -136,7 +141,9 @@ def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections
 def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: list[Any],
                   layout: str) -> list[Program]:
     """Play's stages ``names`` (:data:`TURN_PROGRAMS`) in ``layout`` ("latency": one game on all
-    ``devices``; "batch": ``config.mesh`` with one game per data-parallel slice, generate's batch)."""
+    ``devices``; "batch": ``config.mesh`` with one game per data-parallel slice, generate's batch).
+    A program's note (layout, games, mesh) gains its piece's note ("4 steps, no CFG batch (student),
+    ...") when it is lowered."""
     cfg = apply_layout(config, layout, len(devices))
     mesh = parallel.mesh_from_config(cfg, devices=devices)
     rules = parallel.rules_from_config(cfg)
@@ -147,13 +154,17 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
         if name not in _PIECE:
             raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS}")
 
-        def lower(name=name):
+        runs = max(1, int(cfg.mllm.max_new_tokens) - 1) if name == "decode" else 1
+        prog = Program(name, "turn", lambda: None, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
+                       runs=runs, mesh=mesh, layout=layout)
+
+        def lower(name=name, prog=prog):  # the piece's own note (steps, CFG or student, ...) joins the program's
             piece = pieces.make_turn_piece(cfg, builder, _PIECE[name], batch=games)
+            prog.note = f"{prog.note}; {piece.note}" if piece.note else prog.note
             return pieces.lower_piece(piece, builder)
 
-        runs = max(1, int(cfg.mllm.max_new_tokens) - 1) if name == "decode" else 1
-        out.append(Program(name, "turn", lower, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
-                           runs=runs, mesh=mesh, layout=layout))
+        prog.lower = lower
+        out.append(prog)
     return out
 
 

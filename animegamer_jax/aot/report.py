@@ -92,6 +92,7 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
         with attention.recording() as calls:
             lowered = prog.lower()
         row.kernels = kernel_summary(calls)
+        row.note = prog.note  # a turn program's lowering adds its piece's note
         t1 = time.perf_counter()
         compiled = lowered.compile()
         row.lower_s, row.compile_s = t1 - t0, time.perf_counter() - t1

@@ -20,6 +20,24 @@ import numpy as np
 CFG_SCHEDULES = ("intended", "release", "constant")
 
 
+def dynamic_cfg_rise(num_steps: int, timesteps: np.ndarray, exp: float = 5.0, schedule: str = "intended") -> np.ndarray:
+    """``g_i = (1 - cos(pi * (step_i / num_steps)^exp)) / 2`` per step (float64 [num_steps]), so that the
+    DynamicCFG scale of a run with scale ``w`` is ``1 + w g_i`` (:func:`dynamic_cfg_scales`); the
+    "constant" schedule has no rise (None is not returned: use :func:`cfg_scales_of` for it).
+
+    Raises:
+      ValueError: unknown schedule, or "constant".
+    """
+    if schedule == "intended":
+        steps = np.arange(num_steps, dtype=np.float64)
+    elif schedule == "release":
+        steps = num_steps - np.asarray(timesteps, np.float64)
+    else:
+        raise ValueError(f"CFG schedule {schedule!r} has no rise; use one of {CFG_SCHEDULES[:2]}")
+    # Python float power keeps (negative)^5 real, as in the reference's `(step / num_steps) ** exp`.
+    return np.array([(1.0 - math.cos(math.pi * (float(s) / num_steps) ** exp)) / 2.0 for s in steps])
+
+
 def dynamic_cfg_scales(num_steps: int, timesteps: np.ndarray, scale: float = 6.0, exp: float = 5.0,
                        schedule: str = "intended") -> np.ndarray:
     """Per-step guidance scales (float64 [num_steps]), computed in float64 like the Python reference.
@@ -35,15 +53,25 @@ def dynamic_cfg_scales(num_steps: int, timesteps: np.ndarray, scale: float = 6.0
     """
     if schedule == "constant":
         return np.full(num_steps, float(scale))
-    if schedule == "intended":
-        steps = np.arange(num_steps, dtype=np.float64)
-    elif schedule == "release":
-        steps = num_steps - np.asarray(timesteps, np.float64)
-    else:
+    if schedule not in CFG_SCHEDULES:
         raise ValueError(f"unknown CFG schedule {schedule!r}; use one of {CFG_SCHEDULES}")
-    # Python float power keeps (negative)^5 real, as in the reference's `(step / num_steps) ** exp`.
-    return np.array([1.0 + scale * (1.0 - math.cos(math.pi * (float(s) / num_steps) ** exp)) / 2.0
-                     for s in steps])
+    return 1.0 + float(scale) * dynamic_cfg_rise(num_steps, timesteps, exp, schedule)
+
+
+def cfg_scales_of(scale: jax.Array, num_steps: int, timesteps: np.ndarray, exp: float = 5.0,
+                  schedule: str = "intended") -> jax.Array:
+    """:func:`dynamic_cfg_scales` for traced scales: ``scale`` float [B] -> float32 [B, num_steps]
+    (phase d draws a DynamicCFG scale per sample and distils the run it defines).
+
+    Raises:
+      ValueError: unknown schedule.
+    """
+    scale = jnp.asarray(scale, jnp.float32)[:, None]
+    if schedule == "constant":
+        return jnp.broadcast_to(scale, (scale.shape[0], num_steps))
+    if schedule not in CFG_SCHEDULES:
+        raise ValueError(f"unknown CFG schedule {schedule!r}; use one of {CFG_SCHEDULES}")
+    return 1.0 + scale * jnp.asarray(dynamic_cfg_rise(num_steps, timesteps, exp, schedule), jnp.float32)[None]
 
 
 def cfg_dropout(key: jax.Array, cond: Any, uncond: Any, rate: float) -> Any:

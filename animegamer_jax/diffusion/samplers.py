@@ -25,6 +25,12 @@ noise sample per step for a discarded first-order update; noise here is
 step i's slice of an externally supplied array (e.g. the release's
 own draws reordered by `game.release_decoding.release_step_noise`).
 
+Student (``sampler="student"``, :func:`sample_student`; docs/training.md#phase-d-distillation): a
+consistency model's multistep sampler on N of the teacher's grid timesteps tau_j (:func:`student_timesteps`),
+training-table a_j = sqrt(alpha_bar(tau_j)), one network call per step, no CFG batch (the student
+takes the guidance scale as an input):
+  D_j = a_j x - sqrt(1 - a_j^2) v(x, tau_j);  x <- a_{j+1} D_j + sqrt(1 - a_{j+1}^2) xi_j;  the last step returns D_{N-1}.
+
 DDIM (eta = 0, diffusers `CogVideoXDDIMScheduler.step`, v-prediction): training-table alpha_bar at tau_i
 and at tau_i - T/n (1.0 below 0): x <- sqrt((1-ab')/(1-ab)) x + (sqrt(ab') - sqrt(ab) sqrt((1-ab')/(1-ab))) D.
 """
@@ -44,7 +50,19 @@ from animegamer_jax.diffusion.schedules import DiffusionSchedule
 from animegamer_jax.parallel import constrain
 
 DenoiseFn = Callable[[jax.Array, jax.Array, Any], jax.Array]
+#: the teacher's samplers (``make_plan``; CFG in one batch)
 SAMPLERS = ("dpmpp_2m", "ddim")
+#: ``diffusion.sampler`` of the distilled student (phase d; :func:`sample_student`) and its step counts
+STUDENT = "student"
+STUDENT_STEPS = (1, 2, 4, 8)
+#: the teacher's grid the student is distilled on and samples from, when a config has no
+#: ``diffusion.student_grid_steps`` (configs saved before phase d existed)
+STUDENT_GRID_STEPS = 50
+
+
+def student_grid_steps(diffusion: Any) -> int:
+    """``diffusion.student_grid_steps`` of a config section, :data:`STUDENT_GRID_STEPS` when absent."""
+    return int(diffusion.get("student_grid_steps", STUDENT_GRID_STEPS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,3 +214,68 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
     x0 = latents.astype(jnp.float32)
     (x, _), traj = jax.lax.scan(step, (x0, jnp.zeros_like(x0)), xs)
     return (x, traj) if return_trajectory else x
+
+
+def student_timesteps(num_steps: int, teacher_steps: int = 50,
+                      schedule: DiffusionSchedule = DiffusionSchedule()) -> np.ndarray:
+    """The student's N timesteps (int64 [N], highest noise first): every (teacher_steps / N)-th point of
+    the teacher's grid ``schedule.sampling_timesteps(teacher_steps)``, starting at its first (999):
+    N = 4 of 50 gives [999, 759, 499, 259].
+
+    Raises:
+      ValueError: ``num_steps`` not in 1..teacher_steps.
+    """
+    if not 1 <= num_steps <= teacher_steps:
+        raise ValueError(f"student steps must be in 1..{teacher_steps} (the teacher's grid), got {num_steps}")
+    grid = schedule.sampling_timesteps(teacher_steps)
+    return grid[(np.arange(num_steps) * teacher_steps) // num_steps]
+
+
+def sample_student(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, key: jax.Array | None,
+                   timesteps: np.ndarray, schedule: DiffusionSchedule = DiffusionSchedule(),
+                   step_noise: jax.Array | None = None) -> jax.Array:
+    """The student's multistep consistency sampler (module docstring), one ``lax.scan`` over the steps.
+
+    Args:
+      denoise_fn: ``(x, timesteps, cond) -> v`` of the student (``cond`` carries its guidance scale).
+      latents: [B, ...] initial noise (standard normal: at tau = 999 a = 0, x is all noise).
+      cond: conditioning pytree, leaves [B, ...] (no unconditional batch).
+      key: PRNG key of the re-noising draws (step j uses ``fold_in(key, j)``); unused with ``step_noise``.
+      timesteps: int [N] DDPM indices, highest noise first (:func:`student_timesteps`).
+      schedule: the training table the a_j come from.
+      step_noise: given noise float [N, B, ...] (step j re-noises with ``step_noise[j]``; the last is unused).
+
+    Raises:
+      ValueError: ``step_noise`` of another shape than [N, *latents.shape], or neither ``key`` nor it.
+
+    Returns:
+      float32 [B, ...]: the last step's x0 prediction.
+    """
+    tau = np.asarray(timesteps, np.int64)
+    n = int(tau.shape[0])
+    if step_noise is not None and tuple(step_noise.shape) != (n, *latents.shape):
+        raise ValueError(f"step_noise has shape {tuple(step_noise.shape)}, expected {(n, *latents.shape)}")
+    if step_noise is None and key is None:
+        raise ValueError("sample_student needs a PRNG key or step_noise")
+    table = schedule.train_a()
+    a = table[tau]
+    a_next = np.concatenate([a[1:], [1.0]])  # after the last step: x = D (no noise)
+    f32 = lambda v: jnp.asarray(v, jnp.float32)  # noqa: E731
+    xs = {"t": jnp.asarray(tau, jnp.int32), "a": f32(a), "s": f32(np.sqrt(1.0 - a * a)), "a1": f32(a_next),
+          "s1": f32(np.sqrt(1.0 - a_next * a_next)), "i": jnp.arange(n)}
+    if step_noise is not None:
+        xs["xi"] = step_noise.astype(jnp.float32)
+    spec = lambda x: constrain(x, ("act_batch",) + (None,) * (x.ndim - 1))  # noqa: E731
+
+    def step(x, c):
+        t = jnp.full((x.shape[0],), c["t"], jnp.int32)
+        v = spec(denoise_fn(spec(x), t, cond).astype(jnp.float32))
+        d = c["a"] * x - c["s"] * v
+        if "xi" in c:
+            xi = c["xi"]
+        else:
+            xi = jax.random.normal(jax.random.fold_in(key, c["i"]), (x.size,), jnp.float32).reshape(x.shape)
+        return c["a1"] * d + c["s1"] * xi, None
+
+    x, _ = jax.lax.scan(step, latents.astype(jnp.float32), xs)
+    return x

@@ -2,13 +2,15 @@
 
   python -m animegamer_jax.eval.decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
   python -m animegamer_jax.eval.decoder --checkpoint DIR --cfg_scale 6 --num_sampling_steps 50   # other sampler
+  python -m animegamer_jax.eval.decoder --sampler student --num_sampling_steps 4   # the few-step student (phase d)
   python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 play's DiT sampler (``game.real_system.dit_sampler`` on the weights play prepares,
 ``dit.prepare_for_inference``, with ``game.mode`` applied as play applies it) samples latents with the
 checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``, DynamicCFG ``cfg_scale`` /
-``cfg_exp`` / ``cfg_schedule``; ``--cfg_scale`` and ``--num_sampling_steps`` override), conditioned on the
+``cfg_exp`` / ``cfg_schedule``; ``--sampler``, ``--cfg_scale`` and ``--num_sampling_steps`` override; the
+``student`` sampler runs the checkpoint's ``student`` component), conditioned on the
 clip's motion level (``dit.flow_table``) against E_a's unconditional embedding, and the VAE decodes them
 (``decode(latents / scaling_factor)``, untiled). Two PSNRs (dB, frames mapped to
 [0, 1], decoded output clipped to [0, 1]): ``sample``, the decoded sample against the clip's frames, and
@@ -44,7 +46,7 @@ from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import FRAME_RANGE, apply_mode
-from animegamer_jax.game.real_system import dit_sampler
+from animegamer_jax.game.real_system import dit_sampler, sampling_component
 from animegamer_jax.models.cogvideox.dit import prepare_for_inference
 from animegamer_jax.train.batches import BatchBuilder
 from animegamer_jax.train.losses import ea_representation
@@ -161,6 +163,8 @@ def define_flags(fv, argv: list[str]) -> None:
                        "docs/diffusion.md#guidance).", flag_values=fv)
     flags.DEFINE_integer("num_sampling_steps", None, "Sampler steps (default: diffusion.num_sampling_steps).",
                          flag_values=fv)
+    flags.DEFINE_enum("sampler", None, ["dpmpp_2m", "ddim", "student"], "Sampler (default: diffusion.sampler); "
+                      "student: the checkpoint's few-step student (training phase d).", flag_values=fv)
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
     flags.DEFINE_string("sheet", "", "Also write a PNG here: a row a scored clip, its middle frame, the VAE's "
                         "reconstruction of it and the sample.", flag_values=fv)
@@ -185,6 +189,8 @@ def _run(f, *rest: str) -> int:
         config.diffusion.cfg_scale = float(f.cfg_scale)
     if f.num_sampling_steps is not None:
         config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
+    if f.sampler is not None:
+        config.diffusion.sampler = f.sampler
     config = apply_mode(config)  # as play samples; the summary line shows the sampler used
     dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
@@ -192,7 +198,9 @@ def _run(f, *rest: str) -> int:
         fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
     if f.sheet and not paths.is_url(f.sheet) and not fileio.isdir(paths.as_path(f.sheet).parent):
         raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
-    components = load_system(ckpt, config, names=["shot_encoder", "dit", "vae", "t5", "clip"])
+    sampler_dit = sampling_component(config)
+    components = load_system(ckpt, config, names=["shot_encoder", sampler_dit, "vae", "t5", "clip"])
+    components["dit"] = components.pop(sampler_dit)
     res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet))
     d = config.diffusion
     for c in res["clips"]:

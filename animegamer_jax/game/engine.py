@@ -53,6 +53,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import mllm_tokenizer, parallel
+from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult, apply_mode
 from animegamer_jax.game.script import Game
 from animegamer_jax.game.window import (GameRun, Meters, TurnKVCache, WindowSpec, build_cached_turn_input,
@@ -69,11 +70,12 @@ LATENCY_RULES = (
 )
 
 
-def latency_mesh_shape(num_devices: int) -> tuple[int, int, int, int]:
+def latency_mesh_shape(num_devices: int, guided: bool = True) -> tuple[int, int, int, int]:
     """(data, fsdp, tensor, context) of the latency layout: CFG halves on ``data`` (2) and the rest
-    of the devices on ``context``; ``(1, 1, 1, n)`` for an odd count (1 device: all ones)."""
+    of the devices on ``context``; ``(1, 1, 1, n)`` for an odd count (1 device: all ones) or without
+    a CFG batch (``guided=False``: the distilled student, ``diffusion.sampler="student"``)."""
     n = int(num_devices)
-    return (2, 1, 1, n // 2) if n % 2 == 0 else (1, 1, 1, n)
+    return (2, 1, 1, n // 2) if guided and n % 2 == 0 else (1, 1, 1, n)
 
 
 def apply_layout(config, layout: str, num_devices: int):
@@ -94,7 +96,7 @@ def apply_layout(config, layout: str, num_devices: int):
         axes = tuple(config.mesh.axes)
         if axes != parallel.MESH_AXES:
             raise ValueError(f"the latency layout needs mesh axes {parallel.MESH_AXES}, the config has {axes}")
-        config.mesh.shape = latency_mesh_shape(num_devices)
+        config.mesh.shape = latency_mesh_shape(num_devices, guided=str(config.diffusion.sampler) != samplers.STUDENT)
         over = dict(LATENCY_RULES)
         weights = str(config.game.get("latency_weights", "sharded"))
         if weights not in ("sharded", "replicated"):

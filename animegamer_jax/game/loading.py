@@ -15,7 +15,7 @@ from animegamer_jax import fileio, paths
 from animegamer_jax.checkpoint import (CheckpointIntegrityError, SystemCheckpointError, checkpoint_identity,
                                        load_system, read_manifest, verify_checkpoint)
 from animegamer_jax.game.api import GameSystem
-from animegamer_jax.game.real_system import build_real_system
+from animegamer_jax.game.real_system import build_real_system, sampling_component
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.models.registry import COMPONENT_BUILDERS
 
@@ -64,6 +64,14 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
     except (SystemCheckpointError, FileNotFoundError, OSError) as e:
         raise CheckpointError(f"{checkpoint!r} is not a system checkpoint: {e}") from None
     need = [c for c in REQUIRED_COMPONENTS if not (standin_vae and c == "vae")]
+    sampler_dit = sampling_component(config)
+    if sampler_dit != "dit":
+        need = [sampler_dit if c == "dit" else c for c in need]
+        if sampler_dit not in manifest["components"]:
+            raise CheckpointError(f"checkpoint {checkpoint!r} has no few-step student (it holds "
+                                  f"{manifest['components']}), which --config.diffusion.sampler=student plays. "
+                                  f"Fix: train it (python -m animegamer_jax.train --config.train.phase=d "
+                                  f"--config.train.init_checkpoint={checkpoint}) or drop the sampler override")
     missing = [c for c in need if c not in manifest["components"]]
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing} (it holds "
@@ -75,7 +83,11 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         raise CheckpointError(str(e)) from None
     except SystemCheckpointError as e:
         raise CheckpointError(f"checkpoint {checkpoint!r} does not match config {config.name!r}: {e}") from None
+    components["dit"] = components.pop(sampler_dit)
     label = f"checkpoint {checkpoint}"
+    if sampler_dit != "dit":
+        d = config.diffusion
+        label += f" (few-step student, {d.num_sampling_steps} step(s), guidance {d.cfg_scale:g})"
     if standin_vae:
         label += " (VAE: random stand-in decoder, NOT the CogVideoX VAE)"
     system = build_real_system(components, config, label=label,
@@ -95,7 +107,8 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
     def init():
         # one compiled init instead of one eager PRNG op per parameter
         mods = {name: COMPONENT_BUILDERS[name](config, nnx.Rngs(seed + i))
-                for i, name in enumerate(("mllm", "dit", "shot_encoder", "vae"))}
+                for i, name in enumerate(("mllm", sampling_component(config), "shot_encoder", "vae"))}
+        mods["dit"] = mods.pop(sampling_component(config))
         return {k: nnx.split(m) for k, m in mods.items()}
 
     split = init()

@@ -27,7 +27,10 @@ jit arguments (weights are never baked in as constants):
   latents, SDE noise), which makes a game's output independent of the batch it is played in.
   Given noise replaces both draws: ``sample(..., noise={"initial": [B, T, C, h, w], "steps": [B, n,
   T, C, h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a is rounded to
-  bfloat16 before the DiT, as the release does. :func:`dit_sampler` is this stage.
+  bfloat16 before the DiT, as the release does. :func:`dit_sampler` is this stage. With
+  ``diffusion.sampler = "student"`` the DiT is the distilled student (checkpoint component
+  ``student``, :func:`sampling_component`): ``num_sampling_steps`` calls, no CFG batch, the
+  guidance scale ``diffusion.cfg_scale`` as its input (samplers.sample_student).
 * **VAE** (docs/diffusion.md#latent-scale): ``decode(latents / scaling_factor)`` (spatially tiled
   when ``vae.tile_size`` > 0, or as the device's memory allows when -1) -> frames, mapped from
   [-1, 1] to [0, 1] and clipped (``video_io.to_unit``). Untiled, the system also has
@@ -264,12 +267,19 @@ def cached_mllm_functions(g_mllm, llm_cfg: mistral.MistralConfig, config) -> dic
             "init_cache": lambda batch: TurnKVCache.init(llm_cfg, batch, plan)}
 
 
+def sampling_component(config) -> str:
+    """The checkpoint component the clip sampler runs: ``"student"`` (phase d's distilled DiT) for
+    ``diffusion.sampler = "student"``, else ``"dit"`` (the teacher)."""
+    return "student" if str(config.diffusion.sampler) == samplers.STUDENT else "dit"
+
+
 def build_real_system(components: dict[str, Any], config, label: str, decode_fn=None) -> GameSystem:
     """Wraps loaded modules as a :class:`GameSystem`.
 
     Args:
       components: ``{"mllm": GameStateMLLM, "dit": CogVideoXDiT, "shot_encoder": ShotEncoder,
-        "vae": VAE with ``decode(z)``}``.
+        "vae": VAE with ``decode(z)``}``; ``"dit"`` is the module :func:`sampling_component` names
+        (the student for ``diffusion.sampler="student"``).
       config: the run config with ``game.mode`` applied (:func:`~animegamer_jax.game.api.apply_mode`).
       label: shown in outputs.
       decode_fn: optional ``(latents [B, T, C, h, w]) -> frames [B, F, H, W, 3]`` in [0, 1]
@@ -374,6 +384,8 @@ def dit_sampler(g_dit, config):
     is rounded to bfloat16 first, as the release does. The one clip sampler: play
     (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation
     (eval/decoder.py) and the ahead-of-time programs (aot/pieces.py) all call it."""
+    if str(config.diffusion.sampler) == samplers.STUDENT:
+        return _student_sampler(g_dit, config)
     plan = samplers.plan_from_config(config.diffusion)
     table = tuple(config.dit.flow_table)
     reference_mode = config.game.mode == "reference"
@@ -400,6 +412,41 @@ def dit_sampler(g_dit, config):
             return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
 
         # games stay split over the data axes inside the vmap (also in the attention's shard_map)
+        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
+
+    return sample
+
+
+def _student_sampler(g_dit, config):
+    """:func:`dit_sampler` of the distilled student: the same signature, ``p["dit"]`` the student's
+    state, ``noise["steps"]`` [B, N, T, C, h, w] the re-noising draws of its N steps."""
+    d = config.diffusion
+    schedule = samplers.DiffusionSchedule.from_config(d)
+    tau = samplers.student_timesteps(int(d.num_sampling_steps), samplers.student_grid_steps(d), schedule)
+    w = float(d.cfg_scale)
+    table = tuple(config.dit.flow_table)
+    reference_mode = config.game.mode == "reference"
+    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
+                    config.dit.sample_width)
+
+    def sample(p, rep, ml, keys, noise=None):
+        dit = nnx.merge(g_dit, p["dit"])
+        flow = flow_value(ml, table)
+        if reference_mode:
+            rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
+
+        def denoise(x, t, c):
+            return dit(x, c["cond"], t, c["flow"], c["guidance"])
+
+        def one(rep_b, flow_b, key_b, noise_b):
+            k_init, k_steps = jax.random.split(key_b)
+            if noise_b is None:
+                x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
+            else:
+                x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
+            cond = {"cond": rep_b[None], "flow": flow_b[None], "guidance": jnp.full((1,), w, jnp.float32)}
+            return samplers.sample_student(denoise, x, cond, k_steps, tau, schedule, step_noise=steps)[0]
+
         return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
 
     return sample

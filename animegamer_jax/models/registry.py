@@ -9,6 +9,7 @@ nnx.Rngs(0)))`` gives the abstract state without allocating it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import ml_collections
@@ -35,6 +36,14 @@ def build_dit(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
     cfg = DiTConfig.from_config(config.dit,
                                 text_length=int(config.rep.num_text_tokens + config.rep.num_image_tokens))
     return CogVideoXDiT(cfg, rngs=rngs)
+
+
+def build_student(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The distilled few-step student of the DiT (training phase d): the DiT of :func:`build_dit`
+    with the guidance-scale embedding (``use_guidance``), played by ``diffusion.sampler="student"``."""
+    cfg = DiTConfig.from_config(config.dit,
+                                text_length=int(config.rep.num_text_tokens + config.rep.num_image_tokens))
+    return CogVideoXDiT(dataclasses.replace(cfg, use_guidance=True), rngs=rngs)
 
 
 def build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
@@ -65,10 +74,14 @@ COMPONENT_BUILDERS: dict[str, Builder] = {
     "shot_encoder": build_shot_encoder,
     "clip": build_clip,
     "t5": build_t5,
+    "student": build_student,
 }
 
-#: the component names of a whole system, in the order above
-COMPONENTS: tuple[str, ...] = tuple(COMPONENT_BUILDERS)
+#: components a system may hold besides :data:`COMPONENTS`: the few-step student (training phase d)
+OPTIONAL_COMPONENTS: tuple[str, ...] = ("student",)
+
+#: the component names of a whole system, in the order above (the optional student not counted)
+COMPONENTS: tuple[str, ...] = tuple(n for n in COMPONENT_BUILDERS if n not in OPTIONAL_COMPONENTS)
 
 
 def build_component(name: str, config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:

@@ -134,7 +134,7 @@ class BatchBuilder:
     def __call__(self, ex: Mapping[str, Any], step: int = 0) -> dict[str, np.ndarray]:
         if self.phase == "vae":
             return self.vae_batch(ex, step)
-        if self.phase in ("a1", "a2"):
+        if self.phase in ("a1", "a2", "d"):
             return self.decoder_batch(ex)
         return self.mllm_batch(ex)
 

@@ -9,6 +9,7 @@ the phase's components as attributes (``train.model.TrainModel``) and ``batch`` 
 | a1, a2 | :func:`decoder_loss`: v-MSE, DiT conditioned on E_a |
 | b      | :func:`mllm_loss`: CE + alpha MSE            |
 | c      | :func:`adaptation_loss`: v-MSE, DiT conditioned on the MLLM's s_a |
+| d      | :func:`distill_loss`: consistency distillation of the guided DiT into the student |
 | vae    | :func:`vae_loss`: L1 + MSE + KL              |
 
 Diffusion loss (docs/diffusion.md#training-loss): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``,
@@ -39,7 +40,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from animegamer_jax.diffusion import guidance, schedules
+from animegamer_jax.diffusion import guidance, samplers, schedules
 from animegamer_jax.diffusion import losses as diffusion_losses
 from animegamer_jax.models.cogvideox import vae_tiling
 
@@ -172,6 +173,63 @@ def adaptation_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.
     return loss, {"v_mse": loss, "cond_dropped": jnp.mean(dropped), "rep_mse_vs_ea": rep_mse}
 
 
+def distill_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+                 config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase d: consistency distillation of the guided teacher ``model.dit`` (frozen) into
+    ``model.student`` (docs/training.md#phase-d-distillation).
+
+    Per sample: a DynamicCFG scale ``w ~ U(train.distill_cfg_scales)``, a point ``i`` of the teacher's
+    grid tau_0 > ... > tau_{n-1} (``diffusion.student_grid_steps``, 50: play's timesteps) and
+    ``x = a_i x0 + sqrt(1 - a_i^2) eps`` (training-table a). The teacher's guided x0-prediction
+    ``D = D_u + s_i(w) (D_c - D_u)`` (one CFG batch, the config's ``cfg_exp`` / ``cfg_schedule``) takes
+    one DDIM (probability-flow ODE) step to ``x'`` at tau_{i+1}; the target is the student's own
+    prediction there (stop-gradient, no EMA: Song & Dhariwal 2023 found the EMA target unnecessary)
+    or, at the grid's last point, the teacher's D itself, which is where play's teacher sampler ends.
+    The loss is the MSE between the student's x0-prediction at (x, tau_i, w) and that target.
+    Metrics: ``cd_mse``, ``teacher_gap`` (MSE of the student against the teacher's D at the same point)
+    and ``cfg_scale`` (mean w).
+    """
+    k_t, k_w, k_n, k_z = jax.random.split(rng, 4)
+    d, t = config.diffusion, config.train
+    cond = jax.lax.stop_gradient(ea_representation(model, batch))
+    uncond = jax.lax.stop_gradient(model.shot_encoder.uncond(1)).astype(cond.dtype)
+    x0 = _latents(model, batch, config, k_z)
+    b = x0.shape[0]
+    schedule = schedules.DiffusionSchedule.from_config(d)
+    n = samplers.student_grid_steps(d)
+    grid = schedule.sampling_timesteps(n)
+    a_grid = jnp.asarray(schedule.train_a()[grid], jnp.float32)
+    lo, hi = (float(v) for v in t.distill_cfg_scales)
+    w = jax.random.uniform(k_w, (b,), jnp.float32, lo, hi)
+    scales = guidance.cfg_scales_of(w, n, grid, float(d.cfg_exp), str(d.cfg_schedule))
+    i = jax.random.randint(k_t, (b,), 0, n)
+    i1 = jnp.minimum(i + 1, n - 1)
+    tau, tau1 = jnp.asarray(grid, jnp.int32)[i], jnp.asarray(grid, jnp.int32)[i1]
+    a, a1 = a_grid[i], a_grid[i1]
+    noise = jax.random.normal(k_n, (x0.size,), jnp.float32).reshape(x0.shape)
+    x_t = diffusion_losses.add_noise(x0, noise, a)
+    flow = batch["flow"]
+    # the teacher, guided: one batch [uncond; cond] as play's sampler runs it
+    v = model.dit(jnp.concatenate([x_t, x_t]), jnp.concatenate([jnp.broadcast_to(uncond, cond.shape), cond]),
+                  jnp.concatenate([tau, tau]), jnp.concatenate([flow, flow])).astype(jnp.float32)
+    d_u = diffusion_losses.x0_from_v(x_t, v[:b], a)
+    d_c = diffusion_losses.x0_from_v(x_t, v[b:], a)
+    s = jnp.take_along_axis(scales, i[:, None], axis=1)[:, 0]
+    d_g = jax.lax.stop_gradient(d_u + s.reshape((b,) + (1,) * (x0.ndim - 1)) * (d_c - d_u))
+    # one DDIM step of the guided probability-flow ODE to tau_{i+1}
+    sig, sig1 = jnp.sqrt(1.0 - a * a), jnp.sqrt(1.0 - a1 * a1)
+    bc = lambda z: z.reshape((b,) + (1,) * (x0.ndim - 1))  # noqa: E731
+    eps = (x_t - bc(a) * d_g) / bc(sig)
+    x_next = bc(a1) * d_g + bc(sig1) * eps
+    v_next = model.student(x_next, cond, tau1, flow, w).astype(jnp.float32)
+    target_next = jax.lax.stop_gradient(diffusion_losses.x0_from_v(x_next, v_next, a1))
+    target = jnp.where(bc(i == n - 1), d_g, target_next)
+    pred = diffusion_losses.x0_from_v(x_t, model.student(x_t, cond, tau, flow, w).astype(jnp.float32), a)
+    loss = jnp.mean(jnp.square(pred - target))
+    return loss, {"cd_mse": loss, "teacher_gap": jnp.mean(jnp.square(jax.lax.stop_gradient(pred) - d_g)),
+                  "cfg_scale": jnp.mean(w)}
+
+
 def vae_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
     """Decode chunk plan giving back ``1 + 4 (T_lat - 1)`` frames: the release plan (3, 2, 2, ...)
     (docs/vae.md#chunked-decoding), or one chunk for 1 or 3 latents.
@@ -230,4 +288,4 @@ def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray
 
 #: the loss of each phase
 LOSSES: dict[str, LossFn] = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss,
-                             "vae": vae_loss}
+                             "d": distill_loss, "vae": vae_loss}

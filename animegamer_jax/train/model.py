@@ -10,13 +10,15 @@ optimizer memory:
 | a2    | shot_encoder, dit, [t5, clip, vae]       | E_a + DiT LoRA + ``flow_embed`` + block adaLN        |
 | b     | mllm, [shot_encoder, t5, clip]           | MLLM LoRA, RMSNorms, embeddings, lm_head, resamplers |
 | c     | dit, [mllm, shot_encoder, t5, clip, vae] | DiT LoRA + ``flow_embed`` + block adaLN              |
+| d     | student, [dit, shot_encoder, t5, clip, vae] | student: all, or LoRA + ``flow_embed`` + ``guidance_embed`` + block adaLN |
 | vae   | vae                                      | VAE (all)                                            |
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
 only; the release code also trains flow and LoRA, docs/training.md#trainable-sets). a2 and c train
 the DiT's "joint" / "adaptation" sets (``models.cogvideox.dit.TRAINABLE_SETS``) plus its LoRA
 factors; b trains the MLLM's LoRA factors and the parameters named in
-``models.mistral.model.TRAINABLE_NAMES``.
+``models.mistral.model.TRAINABLE_NAMES``; d (not in the paper: few-step sampling) trains the student
+DiT (``train.distill_trainable``: "full" or "lora") against the frozen teacher ``dit``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from animegamer_jax.models.mistral import model as mistral_model
 from animegamer_jax.models.registry import build_component
 from animegamer_jax.train import losses
 
-PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c")
+PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d")
 
 #: components held by each phase's TrainModel (frozen or not), in build order
 PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
@@ -44,12 +46,14 @@ PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
     "a2": ("shot_encoder", "dit", "t5", "clip"),
     "b": ("mllm", "shot_encoder", "t5", "clip"),
     "c": ("mllm", "shot_encoder", "dit", "t5", "clip"),
+    "d": ("shot_encoder", "dit", "student", "t5", "clip"),
     "vae": ("vae",),
 }
 
 #: components whose weights each phase changes (written to the system checkpoint after it)
 PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
-    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",), "vae": ("vae",)}
+    "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",), "d": ("student",),
+    "vae": ("vae",)}
 
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -60,7 +64,7 @@ def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     c = copy.deepcopy(config)
     policy = remat.policy_name(config.train.get("remat", "none"))
     with c.unlocked(), c.ignore_type():
-        for section in ("mllm", "dit"):
+        for section in ("mllm", "dit"):  # the student is built from the dit section
             if "param_dtype" in c[section]:
                 c[section].param_dtype = "float32"
             if policy != "none":
@@ -105,10 +109,12 @@ def _path_has(names: frozenset[str] | tuple[str, ...]) -> Callable[[tuple[Any, .
     return has
 
 
-def _component_filters(phase: str, dit_trainable: str) -> dict[str, Any]:
+def _component_filters(phase: str, dit_trainable: str, distill_trainable: str = "full") -> dict[str, Any]:
     """``{component: NNX filter relative to that component}`` of the variables ``phase`` trains."""
     if dit_trainable not in ("paper", "all"):
         raise ValueError(f"train.dit_trainable={dit_trainable!r}; use 'paper' or 'all'")
+    if distill_trainable not in ("full", "lora"):
+        raise ValueError(f"train.distill_trainable={distill_trainable!r}; use 'full' or 'lora'")
 
     def dit_set(name: str) -> Any:
         # LoRA factors always train (SAT disable_untrainable_params); the block adaLN (blocks.adaln) is
@@ -123,12 +129,16 @@ def _component_filters(phase: str, dit_trainable: str) -> dict[str, Any]:
         return {"mllm": nnx.Any(LoRAParam, nnx.All(nnx.Param, _path_has(mistral_model.TRAINABLE_NAMES)))}
     if phase == "c":
         return {"dit": dit_set("adaptation")}
+    if phase == "d":
+        return {"student": nnx.Param if distill_trainable == "full" else nnx.Any(
+            dit_set("adaptation"), nnx.All(nnx.Param, _path_has(("guidance_embed",))))}
     if phase == "vae":
         return {"vae": nnx.Param}
     raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
 
 
-def trainable_filter(phase: str, dit_trainable: str = "paper", *, component: str | None = None) -> Any:
+def trainable_filter(phase: str, dit_trainable: str = "paper", *, component: str | None = None,
+                     distill_trainable: str = "full") -> Any:
     """NNX filter of the variables trained in ``phase`` (module docstring's table).
 
     Paths are relative to :class:`TrainModel` (``nnx.state(train_model, filter)``), or, with
@@ -140,12 +150,13 @@ def trainable_filter(phase: str, dit_trainable: str = "paper", *, component: str
     trains the paper's / release's set (LoRA + ``flow_embed`` + block adaLN on top of the pretrained
     CogVideoX); ``"all"`` trains every DiT parameter, for toy configs that have no pretrained
     CogVideoX to adapt (configs/tiny.py: a random base under LoRA draws noise). Phases a1 and c keep
-    their sets either way.
+    their sets either way. ``distill_trainable`` picks phase d's student set: "full" (every student
+    parameter) or "lora" (its LoRA factors, ``flow_embed``, ``guidance_embed`` and block adaLN).
 
     Raises:
       ValueError: unknown phase or ``dit_trainable``, or a ``component`` the phase does not train.
     """
-    filters = _component_filters(phase, dit_trainable)
+    filters = _component_filters(phase, dit_trainable, distill_trainable)
     if component is not None:
         if component not in filters:
             raise ValueError(f"phase {phase!r} trains {tuple(filters)}, not {component!r}")
@@ -182,7 +193,7 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
     comps = PHASE_COMPONENTS[phase]
     if bool(config.train.precomputed_features):
         comps = tuple(c for c in comps if c not in ("t5", "clip"))
-    if phase in ("a1", "a2", "c") and bool(config.train.encode_latents):
+    if phase in ("a1", "a2", "c", "d") and bool(config.train.encode_latents):
         comps = comps + ("vae",)
     tcfg = training_config(config)
     seed = int(config.seed if seed is None else seed)
@@ -191,5 +202,6 @@ def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed
         phase=phase, components=comps,
         model_fn=lambda: TrainModel(tcfg, comps, rngs=nnx.Rngs(seed)),
         loss_fn=lambda model, batch, rng: loss(model, batch, rng, config),
-        trainable=trainable_filter(phase, str(config.train.get("dit_trainable", "paper"))),
+        trainable=trainable_filter(phase, str(config.train.get("dit_trainable", "paper")),
+                                   distill_trainable=str(config.train.get("distill_trainable", "full"))),
         outputs=PHASE_OUTPUTS[phase])

@@ -26,6 +26,9 @@ PAPER_SCHEDULE: dict[str, tuple[float, int]] = {
     # Not in the paper (it starts from the released CogVideoX VAE): the "vae" autoencoder phase for
     # configs that have no converted VAE, e.g. configs/tiny.py.
     "vae": (1e-4, 10_000),
+    # Not in the paper either: phase d, the few-step student (consistency distillation; LCM trains its
+    # full-UNet student at 8e-6 for ~10k steps)
+    "d": (1e-5, 10_000),
 }
 
 

@@ -30,6 +30,7 @@ from flax import nnx
 from animegamer_jax import checkpoint, fileio, parallel, paths
 from animegamer_jax.cli import status
 from animegamer_jax.data import datasets, loader
+from animegamer_jax.diffusion import samplers
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim
 from animegamer_jax.train.batches import BatchBuilder
@@ -38,7 +39,7 @@ from animegamer_jax.train.samples import sample_hook
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phase in ("vae", "a1", "a2"):
+    if phase in ("vae", "a1", "a2", "d"):
         return dict(mode="clips", batch_size=local_batch)
     return dict(mode="turns", batch_size=local_batch, include_frames=True)
 
@@ -87,6 +88,9 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
                         vae_max_crop_scale=float(t.get("vae_max_crop_scale", 1.0)))
     elif phase in ("b", "c"):
         settings.update(max_turns=int(config.data.max_turns), history_window=int(config.mllm.history_window))
+    elif phase == "d":  # what the distilled runs are: the drawn scales and the teacher's grid
+        settings.update(distill_cfg_scales=[float(v) for v in t.distill_cfg_scales],
+                        student_grid_steps=samplers.student_grid_steps(config.diffusion))
     meta = {"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
             "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
             "batch_settings": settings}
@@ -108,6 +112,16 @@ def load_init_components(trainer: loop.Trainer, state: nnx.State, directory: str
                                               names=names, rules=trainer.rules)
         for n, m in comps.items():
             nnx.update(getattr(model, n), nnx.state(m))
+    if "student" in model.component_names and "student" not in held and "dit" in names:
+        # phase d's student starts as the teacher (its guidance_embed stays zero: an exact copy)
+        teacher = nnx.state(model.dit, nnx.Param).to_pure_dict()
+        student = nnx.state(model.student, nnx.Param)
+        pure = student.to_pure_dict()
+        # copies: the step donates its state, and one buffer may not be donated twice
+        pure.update({k: jax.tree.map(lambda x: x.copy(), v) for k, v in teacher.items() if k in pure})
+        student.replace_by_pure_dict(pure)
+        nnx.update(model.student, student)
+        names = names + ["student (= dit)"]
     status("initialized %s from %s", names, directory)
     return nnx.state((model, opt))
 

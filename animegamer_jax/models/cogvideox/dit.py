@@ -50,6 +50,9 @@ from animegamer_jax.parallel import constrain
 Array = jax.Array
 
 BATCH_SEQ_EMBED = ("act_batch", "act_length", "act_embed")
+#: a student's guidance scale w (about 1..10) is embedded as ``timestep_sinusoid(GUIDANCE_EMBED_SCALE * w)``
+#: so that it spans a range of the sinusoid's frequencies like the DDPM timesteps do (LCM embeds 1000 w)
+GUIDANCE_EMBED_SCALE = 100.0
 BATCH_SEQ_HEADS = ("act_batch", "act_length", "act_heads", None)
 
 
@@ -74,6 +77,10 @@ class DiTConfig:
       lora_rank: LoRA rank r on q/k/v/out (64); 0 builds no LoRA parameters.
       lora_alpha: LoRA alpha; scaling = alpha / r (SAT lora2 default alpha 1 -> 1/64, docs/dit.md#lora).
       use_flow: build the motion-scope embedding (AnimeGamer); False gives plain CogVideoX.
+      use_guidance: build the guidance-scale embedding of a distilled student
+        (docs/training.md#phase-d-distillation): ``guidance_embed(sinusoid(GUIDANCE_EMBED_SCALE * w))``
+        is added to the timestep embedding; zero-initialized like ``flow_embed``, so a student built
+        from the teacher's weights starts as the teacher.
       dtype: activation dtype name ("float32" / "bfloat16").
       param_dtype: parameter dtype name.
       remat: remat policy of the block scan, one of models/remat.py `REMAT_POLICIES` ("none",
@@ -100,6 +107,7 @@ class DiTConfig:
     lora_rank: int = 64
     lora_alpha: float = 1.0
     use_flow: bool = True
+    use_guidance: bool = False
     dtype: str = "float32"
     param_dtype: str = "float32"
     remat: str = "none"
@@ -144,6 +152,7 @@ class DiTConfig:
             lora_rank=get("lora_rank", 64),
             lora_alpha=get("lora_alpha", 1.0),
             use_flow=get("use_flow", True),
+            use_guidance=get("use_guidance", False),
             dtype=get("dtype", "float32"),
             param_dtype=get("param_dtype", "float32"),
             remat=get("remat", "none"),
@@ -360,6 +369,7 @@ class CogVideoXDiT(nnx.Module):
       timesteps: [B] integer DDPM index 0..999 (float accepted; docs/dit.md#timestep-and-flow-embedding).
       flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for no flow
         embedding contribution.
+      guidance: [B] float DynamicCFG scale w of a distilled student (``use_guidance``), or None.
     Returns:
       v-prediction [B, T, C_out, H, W] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
     Raises:
@@ -378,6 +388,8 @@ class CogVideoXDiT(nnx.Module):
         self.time_embed = MLPEmbedder(D, E, zero_out=False, param_dtype=pd, rngs=rngs)
         if cfg.use_flow:
             self.flow_embed = MLPEmbedder(D, E, zero_out=True, param_dtype=pd, rngs=rngs)
+        if cfg.use_guidance:
+            self.guidance_embed = MLPEmbedder(D, E, zero_out=True, param_dtype=pd, rngs=rngs)
 
         @nnx.split_rngs(splits=cfg.num_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
@@ -394,16 +406,19 @@ class CogVideoXDiT(nnx.Module):
         self.proj_out_kernel = _param(next(k), _fan_in_normal(D), (D, kout), ("embed", "conv_out"), pd)
         self.proj_out_bias = _param(next(k), _zeros, (kout,), ("conv_out",), pd)
 
-    def embed_time(self, timesteps: Array, flow: Array | None, dtype: Any) -> Array:
-        """[B] timesteps, [B] flow -> [B, E] conditioning embedding in `dtype`
-        (docs/dit.md#timestep-and-flow-embedding)."""
+    def embed_time(self, timesteps: Array, flow: Array | None, dtype: Any, guidance: Array | None = None) -> Array:
+        """[B] timesteps, [B] flow, [B] guidance scale -> [B, E] conditioning embedding in `dtype`
+        (docs/dit.md#timestep-and-flow-embedding; the guidance term only with ``use_guidance``)."""
         D = self.cfg.hidden_size
         emb = self.time_embed(timestep_sinusoid(timesteps, D).astype(dtype))
         if self.cfg.use_flow and flow is not None:
             emb = emb + self.flow_embed(timestep_sinusoid(flow, D).astype(dtype))
+        if self.cfg.use_guidance and guidance is not None:
+            emb = emb + self.guidance_embed(timestep_sinusoid(GUIDANCE_EMBED_SCALE * guidance, D).astype(dtype))
         return emb
 
-    def __call__(self, latents: Array, cond: Array, timesteps: Array, flow: Array | None = None) -> Array:
+    def __call__(self, latents: Array, cond: Array, timesteps: Array, flow: Array | None = None,
+                 guidance: Array | None = None) -> Array:
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T, C, Hh, Ww = latents.shape
@@ -416,7 +431,12 @@ class CogVideoXDiT(nnx.Module):
         timesteps = jnp.broadcast_to(jnp.asarray(timesteps), (B,))
         if flow is not None:
             flow = jnp.broadcast_to(jnp.asarray(flow), (B,))
-        emb = self.embed_time(timesteps, flow, dt)
+        if guidance is not None:
+            if not cfg.use_guidance:
+                raise ValueError("a guidance scale was given to a DiT without use_guidance (a teacher); "
+                                 "only a distilled student (phase d) takes one")
+            guidance = jnp.broadcast_to(jnp.asarray(guidance, jnp.float32), (B,))
+        emb = self.embed_time(timesteps, flow, dt, guidance)
 
         x = einops.rearrange(latents.astype(dt), "B T C (h p) (w q) -> B (T h w) (C p q)", p=p, q=p)
         img = x @ self.patch_kernel[...].astype(dt) + self.patch_bias[...].astype(dt)
