@@ -380,13 +380,20 @@ def dit_sampler(g_dit, config):
     """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None)
     -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
     initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
-    samplers.sample's ``step_noise``), then the configured sampler with CFG. In reference mode s_a
+    samplers.sample's ``step_noise``), then the configured sampler with CFG, or the student's
+    (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its N
+    re-noising draws, no CFG batch). In reference mode s_a
     is rounded to bfloat16 first, as the release does. The one clip sampler: play
     (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation
     (eval/decoder.py) and the ahead-of-time programs (aot/pieces.py) all call it."""
-    if str(config.diffusion.sampler) == samplers.STUDENT:
-        return _student_sampler(g_dit, config)
-    plan = samplers.plan_from_config(config.diffusion)
+    d = config.diffusion
+    student = str(d.sampler) == samplers.STUDENT
+    if student:  # the distilled student: N calls, no CFG batch, the guidance scale as its input
+        schedule = samplers.DiffusionSchedule.from_config(d)
+        tau = samplers.student_timesteps(int(d.num_sampling_steps), samplers.student_grid_steps(d), schedule)
+        w = float(d.cfg_scale)
+    else:
+        plan = samplers.plan_from_config(d)
     table = tuple(config.dit.flow_table)
     reference_mode = config.game.mode == "reference"
     latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
@@ -399,7 +406,7 @@ def dit_sampler(g_dit, config):
             rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
 
         def denoise(x, t, c):
-            return dit(x, c["cond"], t, c["flow"])
+            return dit(x, c["cond"], t, c["flow"], c.get("guidance"))
 
         def one(rep_b, flow_b, key_b, noise_b):
             k_init, k_sde = jax.random.split(key_b)
@@ -408,45 +415,13 @@ def dit_sampler(g_dit, config):
             else:
                 x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
             cond = {"cond": rep_b[None], "flow": flow_b[None]}
+            if student:
+                cond["guidance"] = jnp.full((1,), w, jnp.float32)
+                return samplers.sample_student(denoise, x, cond, k_sde, tau, schedule, step_noise=steps)[0]
             unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
             return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
 
         # games stay split over the data axes inside the vmap (also in the attention's shard_map)
-        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
-
-    return sample
-
-
-def _student_sampler(g_dit, config):
-    """:func:`dit_sampler` of the distilled student: the same signature, ``p["dit"]`` the student's
-    state, ``noise["steps"]`` [B, N, T, C, h, w] the re-noising draws of its N steps."""
-    d = config.diffusion
-    schedule = samplers.DiffusionSchedule.from_config(d)
-    tau = samplers.student_timesteps(int(d.num_sampling_steps), samplers.student_grid_steps(d), schedule)
-    w = float(d.cfg_scale)
-    table = tuple(config.dit.flow_table)
-    reference_mode = config.game.mode == "reference"
-    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
-                    config.dit.sample_width)
-
-    def sample(p, rep, ml, keys, noise=None):
-        dit = nnx.merge(g_dit, p["dit"])
-        flow = flow_value(ml, table)
-        if reference_mode:
-            rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
-
-        def denoise(x, t, c):
-            return dit(x, c["cond"], t, c["flow"], c["guidance"])
-
-        def one(rep_b, flow_b, key_b, noise_b):
-            k_init, k_steps = jax.random.split(key_b)
-            if noise_b is None:
-                x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
-            else:
-                x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
-            cond = {"cond": rep_b[None], "flow": flow_b[None], "guidance": jnp.full((1,), w, jnp.float32)}
-            return samplers.sample_student(denoise, x, cond, k_steps, tau, schedule, step_noise=steps)[0]
-
         return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
 
     return sample
