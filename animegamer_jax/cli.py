@@ -98,7 +98,8 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
     """Runs the body with ``signums`` held: the first one that arrives inside is delivered, to the
     handler that was in place, when the body ends (a save that has begun finishes, then Ctrl-C
-    raises KeyboardInterrupt as usual). Sections nest (an inner section hands a held signal to the outer
+    raises KeyboardInterrupt as usual); a second signal inside is delivered at once (a save that
+    hangs can still be stopped). Sections nest (an inner section hands a held signal to the outer
     one). Python runs signal handlers in the main thread only, so off it (the web app's worker)
     nothing needs holding and nothing is changed.
     """
@@ -107,15 +108,26 @@ def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> It
         return
     got: list[int] = []
     previous = {}
-    for s in signums:
-        handler = signal.getsignal(s)
-        if handler is not None:  # None: installed outside Python, left alone
-            previous[s] = signal.signal(s, lambda signum, frame: got.append(signum))
-    try:
-        yield
-    finally:
+
+    def restore() -> None:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+    def hold(signum, frame):
+        if got:  # a second one (a save that hangs): stop holding, deliver it now
+            restore()
+            signal.raise_signal(signum)
+        got.append(signum)
+
+    try:
+        for s in signums:
+            handler = signal.getsignal(s)
+            if handler is not None:  # None: installed outside Python, left alone
+                previous[s] = handler
+                signal.signal(s, hold)
+        yield
+    finally:
+        restore()
         if got:
             signal.raise_signal(got[0])
 

@@ -185,19 +185,27 @@ def rmdir(path: PathLike) -> None:
         os.rmdir(_local(path))
 
 
+def _pid_namespace() -> str:
+    try:  # containers sharing a host name have pid namespaces of their own
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "-"
+
+
 def owner_stamp() -> bytes:
-    """``b"<host name> <process id>\\n"``: written into a temp folder's marker file so that a later run
-    can tell a folder left by a killed process (:func:`owner_gone`) from one being written now."""
-    return f"{socket.gethostname()} {os.getpid()}\n".encode()
+    """``b"<host name> <process id> <pid namespace>\\n"``: written into a temp folder's marker file so
+    that a later run can tell a folder left by a killed process (:func:`owner_gone`) from one being
+    written now."""
+    return f"{socket.gethostname()} {os.getpid()} {_pid_namespace()}\n".encode()
 
 
 def owner_gone(marker: PathLike) -> bool:
     """True when the :func:`owner_stamp` in file ``marker`` names this host and a process that no
     longer runs (its temp folder is an orphan of a killed run). False for a live process, another
-    host, a missing, empty or unreadable marker (an older run's: left alone)."""
+    host or pid namespace, a missing, empty or unreadable marker (an older run's: left alone)."""
     try:
-        host, pid = read_bytes(marker).decode("utf-8").split()
-        if host != socket.gethostname():
+        host, pid, ns = read_bytes(marker).decode("utf-8").split()
+        if host != socket.gethostname() or ns != _pid_namespace():
             return False
         os.kill(int(pid), 0)
     except ProcessLookupError:

@@ -99,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     distributed.initialize()
     setup_jax()
     with sigterm_as_interrupt():
-        return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate)
+        try:
+            return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate)
+        except KeyboardInterrupt as e:  # before the first game (flags, config)
+            print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)
+            return interrupt_exit(e)
 
 
 def cli() -> None:

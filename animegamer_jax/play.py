@@ -127,6 +127,7 @@ def _play(f, config, *rest: str) -> int:
         game = load_script(script, f.game_id) if script != "-" else None
         game_id = game.game_id if game is not None else (f.game_id or "interactive")
         writers.check_game_id(game_id, "--game-id (default: the script's file name)")
+        writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
         writers.check_target(out_dir, game_id, f.overwrite)
         # one game on every device (latency layout) unless --config.game.play_layout=batch
         layout = str(config.game.get("play_layout", "latency"))
@@ -186,7 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     one-line message on bad input, 130 on Ctrl-C, 143 on SIGTERM, which stops play like Ctrl-C)."""
     setup_jax()
     with sigterm_as_interrupt():
-        return run_game_command("animegamer-play", argv, define_flags, __doc__, _play)
+        try:
+            return run_game_command("animegamer-play", argv, define_flags, __doc__, _play)
+        except KeyboardInterrupt as e:  # before the game started (flags, config)
+            print("interrupted: nothing written for this game", file=sys.stderr)
+            return interrupt_exit(e)
 
 
 def cli() -> None:

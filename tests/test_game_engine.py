@@ -334,6 +334,12 @@ def test_signals_held_and_sigterm_as_interrupt():
                 order.append("inner done")
             order.append("outer done")
     assert order == ["inner done", "outer done"]
+    with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C is not held (a save that hangs)
+        with cli.signals_held():
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+            order.append("not reached")
+    assert order[-1] == "outer done"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(cli.Terminated) as e:

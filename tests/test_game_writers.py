@@ -153,21 +153,26 @@ def test_a_kill_between_the_two_renames_loses_no_game(tmp_path):
     import subprocess
     import sys
 
-    for n, name in ((1, ".tmp-g-0000old1"), (2, ".tmp-g-0000new2")):  # the state a kill leaves, by hand
+    # the state a kill leaves, by hand: the earlier game (2 turns, moved aside) and the new one (1 turn)
+    for n, name in ((2, ".tmp-g-0000old2"), (1, ".tmp-g-0000new1")):
         writers.write_game(str(tmp_path / "w"), "g", record(n), frames(n), fps=8, write_gif_files=False)
         os.rename(tmp_path / "w" / "g", tmp_path / name)
         (tmp_path / name / writers.TMP_MARKER).write_bytes(writers.fileio.owner_stamp())
+    (tmp_path / ".tmp-g-0000old2" / writers.ASIDE_MARKER).write_bytes(b"")
     os.rmdir(tmp_path / "w")
-    assert writers.clean_stale_temp(str(tmp_path), "g") == [".tmp-g-0000old1"]
+    # play's check before a write without --overwrite: the game is back first, so it is refused
+    with pytest.raises(writers.OutputError, match="holds a game from an earlier run"):
+        writers.write_game(str(tmp_path), "g", record(3), frames(3), fps=8, write_gif_files=False)
     assert writers.verify_game(str(tmp_path / "g")) is None and not (tmp_path / "g" / writers.TMP_MARKER).exists()
-    assert len(json.load(open(tmp_path / "g" / "game.json"))["turns"]) == 2
+    assert len(json.load(open(tmp_path / "g" / "game.json"))["turns"]) == 1  # the new one, not the one aside
     assert sorted(os.listdir(tmp_path)) == ["g"]
 
     # the web server's variant: only temp folders whose writer process is gone (this host)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    for name, owner in ((".tmp-web-1-aa-0000dead", f"{writers.fileio.socket.gethostname()} {dead.stdout.strip()}"),
-                        (".tmp-web-2-bb-0000live", f"{writers.fileio.socket.gethostname()} {os.getpid()}"),
-                        (".tmp-web-3-cc-0000away", f"another-host {dead.stdout.strip()}")):
+    host, ns = writers.fileio.socket.gethostname(), writers.fileio._pid_namespace()
+    for name, owner in ((".tmp-web-1-aa-0000dead", f"{host} {dead.stdout.strip()} {ns}"),
+                        (".tmp-web-2-bb-0000live", f"{host} {os.getpid()} {ns}"),
+                        (".tmp-web-3-cc-0000away", f"another-host {dead.stdout.strip()} {ns}")):
         (tmp_path / name).mkdir()
         (tmp_path / name / writers.TMP_MARKER).write_text(owner + "\n")
     assert writers.clean_orphaned_temp(str(tmp_path), "web-") == [".tmp-web-1-aa-0000dead"]

@@ -41,7 +41,10 @@ def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("release")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (root / ".system.partial-killed" / "system").mkdir(parents=True)
-    (root / ".system.partial-killed" / ".animegamer-owner").write_text(f"{socket.gethostname()} {dead.stdout}")
+    from animegamer_jax import fileio
+
+    (root / ".system.partial-killed" / ".animegamer-owner").write_text(
+        f"{socket.gethostname()} {dead.stdout.strip()} {fileio._pid_namespace()}")
     (root / ".system.partial-notours").mkdir()
     dst = str(root / "system")
     assert _convert(RELEASE, dst) == 0

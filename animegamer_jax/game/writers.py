@@ -56,6 +56,8 @@ TIMINGS_JSON = "timings.json"
 MARKER = ".animegamer-game"
 #: present in every temp folder this project creates; stale ones (killed runs) are removed
 TMP_MARKER = ".animegamer-tmp"
+#: in a temp folder that holds an earlier finished game moved aside by a rewrite (not the new one)
+ASIDE_MARKER = ".animegamer-aside"
 _METER_COLORS = {"social": (80, 160, 255), "entertainment": (255, 180, 60), "stamina": (90, 220, 120)}
 
 
@@ -318,8 +320,9 @@ def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
 
     Only folders named ``.tmp-<game_id>-*`` that hold this program's temp marker are touched. When
     ``<out_dir>/<game_id>`` is missing and one of them is a finished game (a run killed between
-    moving the earlier game aside and renaming the new one in), the one with the most turns is put
-    back as the game's folder first (not listed), so no saved game is lost.
+    moving the earlier game aside and renaming the new one in), the new one (not marked
+    :data:`ASIDE_MARKER`; else the earlier one) is put back as the game's folder first (not listed),
+    so no saved game is lost.
     """
     if not fileio.isdir(out_dir):
         return []
@@ -349,10 +352,13 @@ def _clean_temp(out_dir: str, names: Sequence[str], game_of: Callable[[str], str
         final = paths.join(out_dir, gid)
         if not fileio.exists(final):
             finished = [n for n in temps if verify_game(paths.join(out_dir, n)) is None]
+            new = [n for n in finished if not fileio.isfile(paths.join(out_dir, n, ASIDE_MARKER))]
             if finished:
-                best = max(finished, key=lambda n: len(read_json(paths.join(out_dir, n, GAME_JSON))["turns"]))
+                best = (new or finished)[0]
                 fileio.rename(paths.join(out_dir, best), final)
                 fileio.remove(paths.join(final, TMP_MARKER))
+                if fileio.isfile(paths.join(final, ASIDE_MARKER)):
+                    fileio.remove(paths.join(final, ASIDE_MARKER))
                 temps.remove(best)
         for n in temps:
             fileio.rmtree(paths.join(out_dir, n))
@@ -478,8 +484,8 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     t0 = time.perf_counter()
     check_game_id(game_id)
     check_writable(out_dir)
+    clean_stale_temp(out_dir, game_id)  # first: it may put a killed rewrite's earlier game back
     check_target(out_dir, game_id, overwrite)
-    clean_stale_temp(out_dir, game_id)
     final = paths.join(out_dir, game_id)
     tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
     fileio.makedirs(tmp)
@@ -515,6 +521,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
         if fileio.exists(final) and fileio.isdir(final) and fileio.listdir(final):
             # an earlier finished game of ours (check_target allowed it): move it aside, then drop it
             old = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+            fileio.write_bytes_atomic(paths.join(final, ASIDE_MARKER), b"")
             fileio.write_bytes_atomic(paths.join(final, TMP_MARKER), fileio.owner_stamp())
             fileio.rename(final, old)
         elif fileio.exists(final):
@@ -526,6 +533,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
         if old is not None and not fileio.exists(final):
             fileio.rename(old, final)  # put the earlier game back
             fileio.remove(paths.join(final, TMP_MARKER))
+            fileio.remove(paths.join(final, ASIDE_MARKER))
             old = None
         raise
     if old is not None:

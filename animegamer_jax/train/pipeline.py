@@ -90,7 +90,9 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
         settings.update(max_turns=int(config.data.max_turns), history_window=int(config.mllm.history_window))
     elif phase == "d":  # what the distilled runs are: the drawn scales and the teacher's grid
         settings.update(distill_cfg_scales=[float(v) for v in t.distill_cfg_scales],
-                        student_grid_steps=samplers.student_grid_steps(config.diffusion))
+                        student_grid_steps=samplers.student_grid_steps(config.diffusion),
+                        cfg_exp=float(config.diffusion.cfg_exp), cfg_schedule=str(config.diffusion.cfg_schedule),
+                        distill_trainable=str(t.get("distill_trainable", "full")))
     meta = {"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
             "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
             "batch_settings": settings}
@@ -141,6 +143,10 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
     if init_checkpoint:
         held = checkpoint.read_manifest(init_checkpoint)["components"]
         rest = [n for n in held if n not in comps]
+        if "student" in rest and "dit" in comps:  # distilled from a teacher this phase may have changed
+            rest.remove("student")
+            status("the init checkpoint's few-step student is left out (its teacher DiT is this phase's); "
+                   "train phase d again for one")
         if rest:
             comps.update(checkpoint.load_system(init_checkpoint, training_config(config),
                                                        trainer.mesh, names=rest, rules=trainer.rules))
