@@ -30,7 +30,7 @@ from absl import flags
 from tqdm import tqdm
 
 from animegamer_jax import parallel
-from animegamer_jax.cli import UsageError, interrupt_exit, sigterm_as_interrupt
+from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import apply_mode
 from animegamer_jax.game.engine import GameEngine, batches
@@ -98,12 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     generate like Ctrl-C: a game whose save has begun is saved first)."""
     distributed.initialize()
     setup_jax()
-    with sigterm_as_interrupt():
-        try:
-            return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate)
-        except KeyboardInterrupt as e:  # before the first game (flags, config)
-            print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)
-            return interrupt_exit(e)
+    return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate,
+                            interrupted="finished games are kept; rerun the same command to resume")
 
 
 def cli() -> None:

@@ -34,7 +34,7 @@ import jax
 from absl import flags
 
 from animegamer_jax import parallel
-from animegamer_jax.cli import UsageError, interrupt_exit, signals_held, sigterm_as_interrupt
+from animegamer_jax.cli import UsageError, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.api import TurnResult, apply_mode
@@ -186,12 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     """Plays the game of ``argv`` (``[SCRIPT|-] --flag ...``); returns the exit status (2 with a
     one-line message on bad input, 130 on Ctrl-C, 143 on SIGTERM, which stops play like Ctrl-C)."""
     setup_jax()
-    with sigterm_as_interrupt():
-        try:
-            return run_game_command("animegamer-play", argv, define_flags, __doc__, _play)
-        except KeyboardInterrupt as e:  # before the game started (flags, config)
-            print("interrupted: nothing written for this game", file=sys.stderr)
-            return interrupt_exit(e)
+    return run_game_command("animegamer-play", argv, define_flags, __doc__, _play,
+                            interrupted="nothing written for this game")
 
 
 def cli() -> None:

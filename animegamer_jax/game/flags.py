@@ -13,6 +13,8 @@ configs/tiny.py. ``--config.a.b=value`` overrides a field of either; ``--mode`` 
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 from collections.abc import Callable, Sequence
 
@@ -171,20 +173,25 @@ def parse_game_flags(prog: str, argv: Sequence[str], define: Callable[[object], 
 
 
 def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[object], None] | None, doc: str,
-                     body: Callable[..., int], exclude: Sequence[str] = ()) -> int:
+                     body: Callable[..., int], exclude: Sequence[str] = (), interrupted: str | None = None) -> int:
     """The ``main(argv)`` of a game command: ``cli.run_command`` with :func:`game_flags`.
 
     Args:
       prog, doc: as for ``cli.run_command``; argv: the arguments after the program (None:
         ``sys.argv[1:]``); define, exclude: as for :func:`game_flags`.
       body: ``(flag values, config, *positional) -> exit status``; the config has ``--mode`` applied.
+      interrupted: with it, SIGTERM stops the command like Ctrl-C (``cli.sigterm_as_interrupt``), and
+        an interruption that ``body`` does not handle itself (during flag parsing or loading) prints
+        ``interrupted: <interrupted>`` with exit status 130 (143 for SIGTERM). None: neither.
 
     Returns:
       ``body``'s exit status, or 2 after one ``error: ...`` line on stderr for a bad command line,
       a bad checkpoint or any of :data:`CLI_ERRORS` raised by ``body``.
     """
-    return cli.run_command(prog, argv, game_flags(define, exclude), doc, None,
-                           lambda f, *rest: body(f, game_config(f), *rest), errors=(*CLI_ERRORS, SavedConfigError))
+    with cli.sigterm_as_interrupt() if interrupted is not None else contextlib.nullcontext():
+        return cli.run_command(prog, argv, game_flags(define, exclude), doc, None,
+                               lambda f, *rest: body(f, game_config(f), *rest),
+                               errors=(*CLI_ERRORS, SavedConfigError), interrupted=interrupted)
 
 
 def setup_jax() -> None:
