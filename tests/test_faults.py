@@ -53,19 +53,21 @@ class _WriterCase(faults.Case):
 
 def test_harness_catches_a_torn_write_and_a_leftover_temp_file(tmp_path):
     torn = faults.run_case(_WriterCase("torn"), 3, 0, tmp_path / "torn", log=lambda s: None)
-    assert torn.reruns == 3 and sum(torn.kills.values()) == 3 and torn.missed == 0
-    # every kill lands while the file is being written: it is torn at its final path each time
-    assert sum("result.txt is torn" in f for f in torn.failures) == 3, torn.failures
+    assert sum(torn.kills.values()) + torn.missed == 3 and torn.reruns >= 1
+    # a kill that lands while the file is being written leaves it torn at its final path (and is rerun);
+    # one that lands after the last line (a loaded host) finds it whole: no rerun, no failure
+    assert sum("result.txt is torn" in f for f in torn.failures) == torn.reruns, torn.failures
     atomic = faults.run_case(_WriterCase("atomic"), 3, 0, tmp_path / "atomic", log=lambda s: None)
     # nothing torn, but the killed run's temp file stays (the toy writer never cleans it up)
-    assert not any("torn" in f for f in atomic.failures)
+    assert not any("torn" in f for f in atomic.failures) and atomic.reruns >= 1
     left = [f for f in atomic.failures if re.search(r"temp left after the final run: result\.txt\.tmp-\d+$", f)]
-    assert len(left) == 3, atomic.failures
-    assert atomic.failures[0].startswith("#0 SIG")  # each failure names its kill, signal and moment
-    assert (tmp_path / "torn" / "kill00").is_dir()  # failing kills keep their folder
+    assert len(left) == atomic.reruns, atomic.failures
+    assert all(re.match(r"#\d SIG(INT|KILL)@", f) for f in atomic.failures)  # its kill, signal and moment
+    kept = {f"kill{int(f[1]):02d}" for f in torn.failures}  # failing kills keep their folder, the rest go
+    assert {p.name for p in (tmp_path / "torn").iterdir() if p.name.startswith("kill")} == kept
     lines = faults.table([torn]).splitlines()
     assert lines[0] == "| command | kills | reruns | invariant failures |"
-    assert lines[2].startswith("| writer (torn) | 3 (") and "| 3 | 3: #0 SIG" in lines[2]
+    assert lines[2].startswith("| writer (torn) | ") and f"| {torn.reruns} | {torn.reruns}: #" in lines[2]
 
 
 def test_temp_names(tmp_path):
