@@ -278,6 +278,16 @@ class Child:
             time.sleep(min(0.01, max(0.0, at - self.elapsed)))
         return self.proc.poll() is None
 
+    def wait_for(self, ready, timeout: float = 120.0) -> bool:
+        """Polls ``ready()`` until it is true; False when the child exited first or ``timeout``
+        seconds passed."""
+        end = time.monotonic() + timeout
+        while not ready():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+        return self.proc.poll() is None
+
     def wait(self, timeout: float) -> int | None:
         """The exit status (negative: killed by that signal), or None after ``timeout`` seconds, when
         the group is killed. Leftover processes of the group are killed either way."""
@@ -345,6 +355,12 @@ class Case:
     def stdin(self) -> str | None:
         return None
 
+    def armed(self, out: Path) -> bool:
+        """Whether a signal sent now lands in the part of the run under test; :meth:`attempt` sends it
+        at the drawn moment or, when later, once this holds (a real command: always, any moment is
+        a moment a user may pick)."""
+        return True
+
     # checks
     def finished(self, out: Path) -> bool:
         """True when the killed run had already finished its work (no rerun needed)."""
@@ -389,7 +405,7 @@ class Case:
 
     def attempt(self, out: Path, logs: Path, ref: Path, ref_s: float, sig: int, at: float) -> Attempt:
         child = Child(self.command(out), logs.with_name(logs.name + "-killed"), self.env, self.stdin())
-        delivered = child.wait_until(at)
+        delivered = child.wait_until(at) and child.wait_for(lambda: self.armed(out))
         if delivered:
             child.signal(sig)
         rc = child.wait(self.timeout(ref_s))

@@ -11,23 +11,30 @@ import pytest
 
 from tests import faults
 
-# A command writing OUT (argv[1]) in 20 pieces over ~0.6 s: straight into its final path (TORN), or into
-# a temp file of its own (``.tmp-<pid>``) renamed into place at the end (ATOMIC). Whole: 20 lines "line i".
+# A command writing OUT (argv[1]) in 20 pieces: straight into its final path (TORN), or into a temp file
+# of its own (``.tmp-<pid>``) renamed into place at the end (ATOMIC). Whole: 20 lines "line i". With
+# argv[3] == "hold" it stops after 10 lines until it is signalled (at most 300 s), so a kill lands
+# mid-write whatever the host's load: the harness waits for the 10 lines (``armed``) before the signal.
 _WRITER = r"""
 import os, sys, time
-out, atomic = sys.argv[1], sys.argv[2] == "atomic"
+out, atomic, hold = sys.argv[1], sys.argv[2] == "atomic", sys.argv[3] == "hold"
 path = f"{out}.tmp-{os.getpid()}" if atomic else out
 with open(path, "w") as f:
     for i in range(20):
-        f.write(f"line {i}\n"); f.flush(); time.sleep(0.03)
+        f.write(f"line {i}\n"); f.flush()
+        if i == 9 and hold:
+            time.sleep(300)
 if atomic:
     os.replace(path, out)
 """
 _EXPECTED = "".join(f"line {i}\n" for i in range(20))
+_HALF = "".join(f"line {i}\n" for i in range(10))
 
 
 class _WriterCase(faults.Case):
-    """The toy writer as a case: its file appears whole or not at all; a rerun writes it."""
+    """The toy writer as a case: its file appears whole or not at all; a rerun writes it. Killed runs
+    hold mid-write, so every kill is delivered while the file is half written (no dependence on where
+    a kill lands on a loaded host)."""
 
     signals = (signal.SIGKILL, signal.SIGINT)
 
@@ -37,7 +44,14 @@ class _WriterCase(faults.Case):
         self.name = f"writer ({mode})"
 
     def command(self, out):
-        return [sys.executable, "-c", _WRITER, str(out / "result.txt"), self.mode]
+        hold = "hold" if out.name.startswith("kill") else "run"
+        return [sys.executable, "-c", _WRITER, str(out / "result.txt"), self.mode, hold]
+
+    def rerun_command(self, out):
+        return [sys.executable, "-c", _WRITER, str(out / "result.txt"), self.mode, "run"]
+
+    def armed(self, out):
+        return any(p.read_text() == _HALF for p in out.glob("result.txt*"))
 
     def finished(self, out):
         return (out / "result.txt").exists() and (out / "result.txt").read_text() == _EXPECTED
@@ -53,21 +67,23 @@ class _WriterCase(faults.Case):
 
 def test_harness_catches_a_torn_write_and_a_leftover_temp_file(tmp_path):
     torn = faults.run_case(_WriterCase("torn"), 3, 0, tmp_path / "torn", log=lambda s: None)
-    assert sum(torn.kills.values()) + torn.missed == 3 and torn.reruns >= 1
-    # a kill that lands while the file is being written leaves it torn at its final path (and is rerun);
-    # one that lands after the last line (a loaded host) finds it whole: no rerun, no failure
-    assert sum("result.txt is torn" in f for f in torn.failures) == torn.reruns, torn.failures
+    # every kill lands while the file is half written (the writer holds there): torn at its final path
+    # and rerun, each time
+    assert sum(torn.kills.values()) == 3 and torn.missed == 0 and torn.reruns == 3, faults.table([torn])
+    assert [f.split(": ", 1)[1] for f in torn.failures] == ["result.txt is torn (70 bytes)"] * 3, torn.failures
     atomic = faults.run_case(_WriterCase("atomic"), 3, 0, tmp_path / "atomic", log=lambda s: None)
-    # nothing torn, but the killed run's temp file stays (the toy writer never cleans it up)
-    assert not any("torn" in f for f in atomic.failures) and atomic.reruns >= 1
+    # nothing torn, but each killed run's temp file stays (the toy writer never cleans it up)
+    assert atomic.missed == 0 and atomic.reruns == 3, faults.table([atomic])
+    assert not any("torn" in f for f in atomic.failures)
     left = [f for f in atomic.failures if re.search(r"temp left after the final run: result\.txt\.tmp-\d+$", f)]
-    assert len(left) == atomic.reruns, atomic.failures
+    assert len(left) == len(atomic.failures) == 3, atomic.failures
     assert all(re.match(r"#\d SIG(INT|KILL)@", f) for f in atomic.failures)  # its kill, signal and moment
     kept = {f"kill{int(f[1]):02d}" for f in torn.failures}  # failing kills keep their folder, the rest go
+    assert kept == {"kill00", "kill01", "kill02"}
     assert {p.name for p in (tmp_path / "torn").iterdir() if p.name.startswith("kill")} == kept
     lines = faults.table([torn]).splitlines()
     assert lines[0] == "| command | kills | reruns | invariant failures |"
-    assert lines[2].startswith("| writer (torn) | ") and f"| {torn.reruns} | {torn.reruns}: #" in lines[2]
+    assert lines[2].startswith("| writer (torn) | ") and "| 3 | 3: #" in lines[2]
 
 
 def test_temp_names(tmp_path):
