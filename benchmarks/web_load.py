@@ -169,6 +169,10 @@ class Player:
             self.cookie = m.group(1) or None
         return resp.status, hdrs, resp
 
+    def join(self) -> int:
+        """Loads the page (``GET /``), which starts this player's session; returns the status."""
+        return self.get("/")[0]
+
     def get(self, path: str) -> tuple[int, bytes]:
         status, _, resp = self.request("GET", path)
         return status, resp.read()
@@ -219,7 +223,7 @@ def play_load(url: str, players: int, turns: int, max_retries: int = 100) -> lis
         res = {"player": i, "turns": [], "refused": 0, "client": p, "error": None}
         results[i] = res
         try:
-            p.json("GET", "/api/state")  # the session cookie
+            p.join()  # the session cookie
             barrier.wait(120)
             for k in range(turns):
                 for _ in range(max_retries):

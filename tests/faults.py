@@ -645,9 +645,9 @@ class WebPlayer:
             conn.close()
 
     def ready(self) -> bool:
-        """True once ``GET /api/state`` answers 200 (and the session cookie is set)."""
+        """True once the page (``GET /``) answers 200 (and the session cookie is set)."""
         try:
-            status, _ = self._request("GET", "/api/state")
+            status, _ = self._request("GET", "/")
             return status == 200
         except OSError:
             return False

@@ -13,6 +13,7 @@
 """
 
 import gc
+import http.client as http_client
 import json
 import os
 import socket
@@ -25,7 +26,9 @@ import pytest
 from animegamer_jax.config import load_config
 from animegamer_jax.game import writers
 from animegamer_jax.web import __main__ as web_main
-from animegamer_jax.web.app import COOKIE, STATIC, HttpThread, create_app, no_auth_warning
+from starlette.requests import Request
+
+from animegamer_jax.web.app import COOKIE, STATIC, Guard, HttpThread, create_app, host_names, no_auth_warning
 from animegamer_jax.web.server import build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
 from test_serve import browser  # noqa: F401 - the headless Chromium fixture
@@ -53,7 +56,8 @@ def test_sixteen_players_three_turns_each(tmp_path):
         failures = check_load(results, TURNS, str(out))
         fig = summarize(results)
         peak_kib = server.peak_rss_kib()
-        assert Player(server.url).json("GET", "/api/state")[0] == 200  # still serving
+        still = Player(server.url)
+        assert still.join() == 200 and still.json("GET", "/api/state")[0] == 200  # still serving
     finally:
         rc = server.stop()
     print(f"\n{fig}; server RSS idle {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB")
@@ -130,14 +134,18 @@ def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
     return int(head.split(b" ", 2)[1]), body
 
 
-def post(path, body: bytes, extra=b""):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-            + b"Content-Type: application/json\r\n" + extra
+def post(path, body: bytes, extra=b"", ctype=b"application/json", host=b"127.0.0.1"):
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n"
+            + (b"Content-Type: " + ctype + b"\r\n" if ctype else b"") + extra
             + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
-def get(path, extra=b""):
-    return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + extra + b"\r\n"
+def get(path, extra=b"", host=b"127.0.0.1"):
+    return b"GET " + path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n" + extra + b"\r\n"
+
+
+EVIL = b"Origin: http://evil.example\r\n"
+CROSS = b"Sec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: no-cors\r\nSec-Fetch-Dest: image\r\n"
 
 
 BUNNY = {"character": "Bunny", "motion": "hop", "background": "day"}
@@ -149,8 +157,9 @@ def turn_with(**field) -> bytes:
     return json.dumps({**BUNNY, **field}).encode()
 
 
-def chunked(body: bytes) -> bytes:
-    return (b"POST /api/turn HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+def chunked(body: bytes, extra=b"") -> bytes:
+    return (b"POST /api/turn HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n"
+            + b"Content-Type: application/json\r\n" + extra + b"\r\n"
             + b"".join(b"%x\r\n" % len(body[i:i + 4096]) + body[i:i + 4096] + b"\r\n"
                        for i in range(0, len(body), 4096))
             + b"0\r\n\r\n")
@@ -160,13 +169,65 @@ def hostile_cases(own, other, guessed):
     """(name, request bytes, status, a piece of the one-line reason).
 
     ``own`` / ``other``: cookie headers of a session that played a game and of another session;
-    ``guessed``: a well-formed session id the server never issued. Game ids are filled in by the test.
+    ``guessed``: a well-formed session id the server never issued. Game ids and the server's port
+    are filled in by the test.
     """
     big = json.dumps({**BUNNY, "motion": "x" * (1 << 20)}).encode()
+    text = turn_with()
     return [
+        # other sites: a page elsewhere that makes the player's browser send requests (CSRF)
+        ("cross-site text/plain turn, foreign Origin, no cookie (no CORS preflight)",
+         post("/api/turn", text, EVIL, ctype=b"text/plain"), 403, "cross-site request refused (Origin 'http://evil"),
+        ("cross-site text/plain turn, foreign Origin, the player's cookie",
+         post("/api/turn", text, EVIL + own, ctype=b"text/plain"), 403, "cross-site request refused"),
+        ("cross-site form turn", post("/api/turn", b"character=Bunny", EVIL + own,
+                                      ctype=b"application/x-www-form-urlencoded"), 403, "cross-site request refused"),
+        ("cross-site JSON undo", post("/api/undo", b"{}", EVIL + own), 403, "cross-site request refused"),
+        ("cross-site JSON restart", post("/api/restart", b"{}", EVIL + own), 403, "cross-site request refused"),
+        ("Origin null (sandboxed frame, file://)", post("/api/turn", text, b"Origin: null\r\n" + own), 403,
+         "cross-site request refused (Origin 'null')"),
+        ("another port's page", post("/api/turn", text, b"Origin: http://127.0.0.1:1\r\n" + own), 403,
+         "cross-site request refused"),
+        ("Sec-Fetch-Site cross-site turn, no Origin", post("/api/turn", text, b"Sec-Fetch-Site: cross-site\r\n" + own),
+         403, "cross-site request refused (Sec-Fetch-Site cross-site)"),
+        ("Sec-Fetch-Site same-site (another port) state", get("/api/state", b"Sec-Fetch-Site: same-site\r\n" + own),
+         403, "Sec-Fetch-Site same-site"),
+        ("cross-site <img> of the page (would make a session)", get("/", CROSS), 403, "cross-site request refused"),
+        ("cross-site <img> of the state", get("/api/state", CROSS + own), 403, "cross-site request refused"),
+        ("cross-site <video> of a game's clip", get("/games/{own_game}/turn_000.mp4", CROSS + own), 403,
+         "cross-site request refused"),
+        ("cross-site link to a game's zip", get("/games/{own_game}.zip", b"Sec-Fetch-Site: cross-site\r\n"
+                                                b"Sec-Fetch-Mode: navigate\r\nSec-Fetch-Dest: document\r\n" + own),
+         403, "cross-site request refused"),
+        ("cross-site <iframe> of the page", get("/", b"Sec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: navigate\r\n"
+                                                b"Sec-Fetch-Dest: iframe\r\n"), 403, "cross-site request refused"),
+        ("foreign Origin on a GET", get("/api/state", EVIL + own), 403, "cross-site request refused"),
+        # content types that need no preflight, from the server's own origin too
+        ("text/plain turn", post("/api/turn", text, own, ctype=b"text/plain"), 415, "Content-Type: application/json"),
+        ("form turn", post("/api/turn", b"a=b", own, ctype=b"application/x-www-form-urlencoded"), 415, "not 'applica"),
+        ("multipart restart", post("/api/restart", b"", own, ctype=b"multipart/form-data; boundary=x"), 415,
+         "not 'multipart/form-data'"),
+        ("turn without a Content-Type", post("/api/turn", text, own, ctype=b""), 415, "not ''"),
+        # Host names: DNS rebinding (a site renames itself to 127.0.0.1; its page then is "same-origin")
+        ("DNS rebinding: foreign Host, the player's cookie", get("/api/state", own, host=b"rebind.example:{port}"),
+         403, "the Host 'rebind.example:"),
+        ("foreign Host turn", post("/api/turn", text, own, host=b"rebind.example:{port}"), 403, "not a name of this"),
+        ("foreign Host page", get("/", host=b"rebind.example"), 403, "not a name of this server"),
+        ("foreign Host, a game's file", get("/games/{own_game}/game.json", own, host=b"evil.example:{port}"), 403,
+         "not a name of this server"),
+        ("loopback name, another port", get("/api/state", own, host=b"127.0.0.1:1"), 403, "not a name of this server"),
+        ("an IP address that is not this server's", get("/api/state", own, host=b"10.1.2.3:{port}"), 403,
+         "not a name of this server"),
+        ("Host that is not name[:port]", get("/api/state", own, host=b"127.0.0.1:x"), 403, "not a name of this"),
+        ("no Host (HTTP/1.0)", b"GET /api/state HTTP/1.0\r\n" + own + b"\r\n", 400, "no Host header"),
+        # sessions come from the page load only
+        ("no session: state", get("/api/state"), 403, "has no session. Fix: load the page (/)"),
+        ("no session: turn", post("/api/turn", text), 403, "has no session"),
+        ("no session: undo", post("/api/undo", b"{}"), 403, "has no session"),
+        ("guessed session id: state", get("/api/state", guessed), 403, "unknown to the server"),
         # sizes
         ("body over the limit (1 MiB, Content-Length)", post("/api/turn", big, own), 413, "over 16384 bytes"),
-        ("body over the limit (chunked)", chunked(big[:40000]), 413, "over 16384 bytes"),
+        ("body over the limit (chunked)", chunked(big[:40000], own), 413, "over 16384 bytes"),
         ("instruction over max_instruction_tokens", post("/api/turn", turn_with(motion="run " * 400), own), 400,
          "max_instruction_tokens"),
         ("one 15 KB word", post("/api/turn", turn_with(motion="y" * 15000), own), 400, "max_instruction_tokens"),
@@ -232,11 +293,13 @@ def hostile_cases(own, other, guessed):
         # unknown routes and methods
         ("unknown route", get("/admin"), 404, "no route GET /admin"),
         ("unknown API route", get("/api/games"), 404, "no route GET /api/games"),
-        ("DELETE a turn", b"DELETE /api/turn HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405, "use POST"),
-        ("PUT the page", b"PUT / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", 405,
+        ("DELETE a turn", b"DELETE /api/turn HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 405,
+         "use POST"),
+        ("PUT the page", b"PUT / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", 405,
          "use GET, HEAD"),
         ("GET a POST route", get("/api/turn"), 405, "use POST"),
-        ("invented method", b"BREW /api/state HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 405, "use GET, HEAD"),
+        ("invented method", b"BREW /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 405,
+         "use GET, HEAD"),
         ("not HTTP (uvicorn's own plain-text reply)", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage\r\n\r\n",
          400, "Invalid HTTP request received."),
     ]
@@ -245,19 +308,20 @@ def hostile_cases(own, other, guessed):
 def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     server, http, root = hosted
     own, other = Player(http.url), Player(http.url)
+    assert own.join() == 200 and other.join() == 200
     r = own.turn(HTML)  # HTML and script in an instruction: accepted as text, escaped where shown
     assert r["status"] == 200 and r["events"][-1]["event"] == "done", r
     game_id = r["events"][-1]["state"]["game_id"]
     assert own.json("GET", "/api/state")[1]["turns"][0]["character"] == "<b>Bo</b>"
-    other.json("GET", "/api/state")
     played = server.turns_played
     before = {"root": tree(root), "static": tree(STATIC)}
     cookie = lambda sid: f"Cookie: {COOKIE}={sid}\r\n".encode()  # noqa: E731
     guessed = "A" * 24
     assert server.find_session(guessed) is None
     got, wrong = [], []
+    sessions = set(server.sessions)
     for name, req, status, reason in hostile_cases(cookie(own.cookie), cookie(other.cookie), cookie(guessed)):
-        code, body = raw(http, req.replace(b"{own_game}", game_id.encode()))
+        code, body = raw(http, req.replace(b"{own_game}", game_id.encode()).replace(b"{port}", str(http.port).encode()))
         try:
             line = json.loads(body)["error"]
         except (ValueError, KeyError):  # uvicorn answers requests that are not HTTP itself, in plain text
@@ -268,9 +332,10 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
         assert own.json("GET", "/api/state")[0] == 200, f"the server stopped serving after {name!r}"
     print("\n" + "\n".join(f"{code}  {name}: {line}" for name, code, line in got))
     assert wrong == []
-    assert len(got) >= 50
-    # nothing played, nothing written: the games folder holds the one game, everything else as it was
-    assert server.turns_played == played and server.alive
+    assert len(got) >= 80
+    # nothing played, nothing written, no session made: the games folder holds the one game, everything
+    # else as it was
+    assert server.turns_played == played and server.alive and set(server.sessions) == sessions
     after = {"root": tree(root), "static": tree(STATIC)}
     assert after == before
     assert sorted(os.listdir(root)) == ["games", "outside"] and os.listdir(root / "games") == [game_id]
@@ -305,6 +370,7 @@ def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
     monkeypatch.setattr(server, "submit", watched_submit)
     monkeypatch.setattr(server, "max_queue", 2)
     players = [Player(http.url) for _ in range(4)]
+    assert all(p.join() == 200 for p in players)
     streams = []
     for k, p in enumerate(players[:3]):  # one running (held), then two waiting: the queue is full
         status, _, resp = p.request("POST", "/api/turn", json.dumps(BUNNY).encode())
@@ -336,6 +402,7 @@ def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
 def test_html_in_instructions_is_escaped_on_the_page(hosted, browser):  # noqa: F811 - the imported fixture
     server, http, _ = hosted
     p = Player(http.url)
+    assert p.join() == 200
     r = p.turn(HTML)
     assert r["events"][-1]["event"] == "done"
     d = browser
@@ -355,3 +422,234 @@ def test_html_in_instructions_is_escaped_on_the_page(hosted, browser):  # noqa: 
     want = "Character: <b>Bo</b>; Motion: <img src=x onerror=agjXss=1>; Background: <script>agjXss=2</script>."
     # shown as text: no element made from it (the only <b> is the page's own "Turn 1"), nothing ran
     assert want in text and want in caption and elements == 0 and bold == "Turn 1" and clean, shown
+
+
+# -- who may use the server: Host names, other sites, the token ------------------------------------
+
+def guard_check(bind, headers, method="GET", path="/", token=None, query=b""):
+    """What :class:`Guard` says to a request (no HTTP): None to serve it, else (status, message)."""
+    scope = {"type": "http", "method": method, "path": path, "query_string": query, "server": ("127.0.0.1", 7860),
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}
+    return Guard(None, *host_names(bind), token).check(Request(scope))
+
+
+@pytest.mark.parametrize("bind,host,ok", [
+    ("127.0.0.1", "127.0.0.1:7860", True), ("127.0.0.1", "localhost:7860", True), ("127.0.0.1", "[::1]:7860", True),
+    ("127.0.0.1", "LOCALHOST", True), ("127.0.0.1", "127.0.0.1:7861", False), ("127.0.0.1", "rebind.example", False),
+    ("127.0.0.1", "192.168.1.5:7860", False), ("127.0.0.1", "localhost.:7860", False), ("::1", "[::1]:7860", True),
+    ("127.0.0.2", "127.0.0.2:7860", True),
+    ("192.168.1.5", "192.168.1.5:7860", True), ("192.168.1.5", "10.0.0.1:7860", False),
+    ("game.example", "game.example:7860", True), ("game.example", "rebind.example:7860", False),
+    ("0.0.0.0", "10.1.2.3:7860", True), ("0.0.0.0", "[fe80::1]:7860", True), ("0.0.0.0", "rebind.example:7860", False),
+    ("0.0.0.0", socket.gethostname() + ":7860", True), ("0.0.0.0", "10.1.2.3:80", False), ("::", "10.1.2.3", True),
+])
+def test_host_names_served(bind, host, ok):
+    got = guard_check(bind, {"Host": host})
+    assert (got is None) == ok, got
+    if not ok:
+        assert got[0] == 403 and f"the Host {host!r} is not a name of this server" in got[1]
+
+
+def test_links_to_the_page_from_other_sites_still_open_it():
+    nav = {"Host": "127.0.0.1:7860", "Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate",
+           "Sec-Fetch-Dest": "document"}
+    assert guard_check("127.0.0.1", nav) is None  # a link to http://127.0.0.1:7860/
+    assert guard_check("127.0.0.1", nav, path="/api/state")[0] == 403  # a link to anything else
+    assert guard_check("127.0.0.1", nav, method="POST")[0] == 403  # a cross-site form posted to /
+    own = {"Host": "127.0.0.1:7860", "Origin": "http://127.0.0.1:7860", "Sec-Fetch-Site": "same-origin",
+           "Content-Type": "application/json; charset=utf-8"}
+    assert guard_check("127.0.0.1", own, method="POST", path="/api/turn") is None  # the page's own fetch
+    assert guard_check("127.0.0.1", {**own, "Sec-Fetch-Site": "none"}, path="/") is None  # a typed URL
+
+
+def test_token_is_required_when_set(hosted):
+    server, _, _ = hosted
+    token = "t0k3n-" + "x" * 20
+    assert guard_check("0.0.0.0", {"Host": "10.1.2.3:7860"}, token=token)[0] == 403
+    with pytest.raises(ValueError, match="--token must be 16 to 256 characters"):
+        create_app(server, token="short")
+    http = HttpThread(create_app(server, token=token)).start()
+    try:
+        p = Player(http.url)
+        for path, reason in (("/", "needs its token. Fix: open the URL with ?token="),
+                             ("/?token=" + "y" * 26, "the one given is wrong"), ("/api/state", "needs its token"),
+                             ("/static/app.js", "needs its token")):
+            status, hdrs, resp = p.request("GET", path)
+            line = json.loads(resp.read())["error"]
+            assert status == 403 and reason in line and "\n" not in line and "set-cookie" not in hdrs, (path, line)
+        assert p.turn(BUNNY)["status"] == 403 and p.cookie is None
+        # the page's URL carries it once; then a cookie does (the session cookie comes with it)
+        status, _, resp = p.request("GET", "/?token=" + token)
+        resp.read()
+        cookies = resp.headers.get_all("Set-Cookie")
+        assert status == 200 and len(cookies) == 2 and cookies[1].startswith(f"agj_token={token}; HttpOnly"), cookies
+        assert "SameSite=strict" in cookies[1] and cookies[0].startswith(f"{COOKIE}=")
+        p.cookie = cookies[0].split(";")[0].split("=", 1)[1]
+        carried = {"Cookie": f"{COOKIE}={p.cookie}; agj_token={token}"}
+        status, _, resp = p.request("GET", "/api/state", headers=carried)
+        assert status == 200 and json.loads(resp.read())["turns"] == []
+        status, _, resp = p.request("POST", "/api/turn", json.dumps(BUNNY).encode(), headers=carried)
+        assert status == 200 and json.loads(resp.read().splitlines()[-1])["event"] == "done"
+        assert p.json("GET", "/api/state")[0] == 403  # the session cookie without the token
+    finally:
+        http.stop()
+
+
+def test_cli_refuses_a_weak_token(capsys):
+    assert web_main.main(["--standin", "--nowarmup", "--token", "hunter2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--token must be 16 to 256 characters" in err[-1] and "warning" not in "".join(err)
+    w = no_auth_warning("0.0.0.0", token=True)
+    assert w.startswith("warning: serving on 0.0.0.0") and "plain HTTP" in w and "no authentication" not in w
+
+
+# -- sessions: made by the page load only, players' games never dropped for room ---------------------
+
+def test_cookieless_requests_evict_no_player(hosted, monkeypatch):
+    server, http, _ = hosted
+    player = Player(http.url)
+    assert player.join() == 200 and player.turn(BUNNY)["events"][-1]["event"] == "done"
+    monkeypatch.setattr(server, "max_empty_sessions", 8)
+    playing = {s.id for s in server.sessions.values() if s.holds_turns}
+    # 70 requests of every kind without a cookie (a cross-site page's <img>s, or anyone on loopback)
+    for k in range(70):
+        assert raw(http, get("/api/state"))[0] == 403
+        assert raw(http, post("/api/turn", turn_with()))[0] == 403
+        assert raw(http, get("/"))[0] == 200  # a page load: a new session, with no turns
+    assert player.cookie in server.sessions and playing <= set(server.sessions)
+    assert len(server.sessions) == len(playing) + 8
+    r = player.turn(BUNNY)  # the player's next turn
+    assert r["status"] == 200 and len(r["events"][-1]["state"]["turns"]) == 2
+    # 2000 more over one kept-alive connection: the sessions kept stay bounded
+    conn = http_client.HTTPConnection(http.host, http.port, timeout=60)
+    for k in range(2000):
+        conn.request("GET", "/" if k % 2 else "/api/state")
+        resp = conn.getresponse()
+        resp.read()
+        assert resp.status == (200 if k % 2 else 403)
+    conn.close()
+    assert len(server.sessions) == len(playing) + 8 and player.cookie in server.sessions
+    assert player.json("GET", "/api/state")[1]["turns"][1]["character"] == "Bunny"
+
+
+def test_full_server_refuses_new_players_not_old_games(hosted, monkeypatch):
+    server, http, _ = hosted
+    waiting, player = Player(http.url), Player(http.url)
+    assert waiting.join() == 200 and player.join() == 200
+    assert player.turn(BUNNY)["status"] == 200
+    monkeypatch.setattr(server, "max_sessions", sum(s.holds_turns for s in server.sessions.values()))
+    status, j = Player(http.url).json("GET", "/")
+    assert status == 503 and j["error"].startswith(f"the server holds the games of {server.max_sessions} players")
+    assert "Fix: try again later" in j["error"] and "\n" not in j["error"]
+    late = waiting.turn(BUNNY)  # a page loaded before the server filled up: its first turn
+    assert late["status"] == 503 and "holds the games of" in late["error"]
+    assert player.turn(BUNNY)["status"] == 200  # a game in play goes on
+    assert waiting.json("GET", "/api/state")[0] == 200  # still a session, may play once there is room
+
+
+def test_idle_sessions_expire_but_not_mid_turn(hosted):
+    server, http, _ = hosted
+    gone, busy = Player(http.url), Player(http.url)
+    assert gone.join() == 200 and busy.join() == 200 and gone.turn(BUNNY)["status"] == 200
+    with server._cv:
+        for p in (gone, busy):
+            server.sessions[p.cookie].last_seen -= server.idle_s + 1
+        server.sessions[busy.cookie].job = "a turn in progress"
+        server._expire()
+        assert gone.cookie not in server.sessions and busy.cookie in server.sessions
+        server.sessions[busy.cookie].job = None
+    status, j = gone.json("POST", "/api/undo", {})
+    assert status == 403 and "unknown to the server" in j["error"]
+    assert gone.join() == 200 and gone.json("GET", "/api/state")[1]["turns"] == []  # a new session
+
+
+# -- slow and idle connections ------------------------------------------------------------------------
+
+@pytest.fixture
+def quick(hosted):
+    """The hosted game server behind a second HTTP server whose deadlines are 1 s."""
+    server, _, _ = hosted
+    http = HttpThread(create_app(server, body_timeout_s=1.0), idle_timeout_s=1, limit_concurrency=4).start()
+    yield server, http
+    http.stop()
+
+
+def closed_by_server(s: socket.socket, trickle: bytes = b"") -> bytes:
+    """Sends ``trickle`` one byte at a time (forever, from a thread) and reads until the server closes
+    the connection; returns what it answered. A 60 s socket timeout fails the test instead."""
+    stop = threading.Event()
+
+    def drip():
+        while trickle and not stop.is_set():
+            try:
+                s.send(trickle[:1])
+            except OSError:
+                return
+            stop.wait(0.05)
+
+    threading.Thread(target=drip, daemon=True).start()
+    got = b""
+    try:
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            got += chunk
+    finally:
+        stop.set()
+    return got
+
+
+def test_slow_and_idle_connections_are_closed(quick):
+    server, http = quick
+    player = Player(http.url)
+    assert player.join() == 200
+    head = (b"POST /api/turn HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Cookie: " + f"{COOKIE}={player.cookie}".encode() + b"\r\nContent-Length: 16000\r\n\r\n{")
+    # a body trickling in: 408 and closed, while another player is served meanwhile
+    with socket.create_connection((http.host, http.port), timeout=60) as s:
+        s.sendall(head)
+        assert Player(http.url).join() == 200
+        assert player.json("GET", "/api/state")[0] == 200
+        reply = closed_by_server(s, b"x" * 16000)
+    status, _, body = reply.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 408") and b"connection: close" in status.lower(), reply[:300]
+    assert json.loads(body)["error"].startswith("the request body did not arrive within 1 s")
+    # a connection that sends nothing, one that trickles its request head, one idle after a response
+    with socket.create_connection((http.host, http.port), timeout=60) as s:
+        assert closed_by_server(s) == b""
+    with socket.create_connection((http.host, http.port), timeout=60) as s:
+        s.sendall(b"GET /api/state HTTP/1.1\r\n")
+        assert closed_by_server(s, b"X-Slow: a\r\n" * 10000) == b""
+    with socket.create_connection((http.host, http.port), timeout=60) as s:
+        s.sendall(b"GET /static/app.css HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        reply = closed_by_server(s)
+        assert reply.startswith(b"HTTP/1.1 200") and reply.count(b"HTTP/1.1") == 1
+    # a turn that waits longer than the deadlines is not cut: its stream is a request being served
+    r = player.turn(BUNNY)
+    assert r["status"] == 200 and r["events"][-1]["event"] == "done"
+
+
+def test_connections_past_the_limit_get_503(quick):
+    server, http = quick
+    held = [socket.create_connection((http.host, http.port), timeout=60) for _ in range(4)]
+    try:
+        connections = http._server.server_state.connections
+        for _ in range(600):  # until the server has taken all four (it accepts asynchronously)
+            if len(connections) >= 4:
+                break
+            time.sleep(0.05)
+        assert len(connections) == 4
+        status, body = raw(http, get("/static/app.css"))
+        assert status == 503 and body == b"Service Unavailable"
+    finally:
+        for s in held:
+            s.close()
+    for _ in range(600):
+        if not connections:
+            break
+        time.sleep(0.05)
+    assert raw(http, get("/static/app.css"))[0] == 200

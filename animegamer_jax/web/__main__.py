@@ -8,6 +8,7 @@ Usage::
     python -m animegamer_jax.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
     python -m animegamer_jax.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
     python -m animegamer_jax.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
+    python -m animegamer_jax.web --checkpoint DIR --host 0.0.0.0 --token "$(openssl rand -hex 16)"  # prints the URL
 
 (``python -m animegamer_jax.serve`` and the ``animegamer-serve`` console script run the same command.)
 
@@ -16,9 +17,11 @@ Undo and Restart, the current clip in a video player (its frames shown as the VA
 the meters as bars with this turn's changes, the history strip and a download of the game folder.
 Every turn is the ``play`` command's engine step, and the game is saved after every turn in the
 ``play`` layout (``<out>/<game_id>/``, game/writers.py). At most ``--max_queue`` turns wait; past
-that a turn gets HTTP 503 with ``Retry-After`` and "the server is busy ... try again in N s". The
-server binds to loopback unless ``--host`` says otherwise; it has no authentication, so any other
-host prints a warning (app.py ``no_auth_warning``): expose it only on networks you trust.
+that a turn gets HTTP 503 with ``Retry-After`` and "the server is busy ... try again in N s"; at
+most ``--max_sessions`` players hold games, past that a new player gets 503. The server binds to
+loopback and answers only to loopback ``Host`` names unless ``--host`` says otherwise; any other
+host prints a warning (app.py ``no_auth_warning``). ``--token T`` makes every request need T: the
+page's URL carries it (``http://host:port/?token=T``, printed at start), then a cookie does.
 Implementation: server.py (sessions, queue, worker), app.py (the routes and what each refusal gets).
 """
 
@@ -30,8 +33,8 @@ from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
-from animegamer_jax.web.app import create_app, no_auth_warning
-from animegamer_jax.web.server import MAX_QUEUE, build_server
+from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
+from animegamer_jax.web.server import MAX_QUEUE, MAX_SESSIONS, build_server
 
 
 def define_flags(fv) -> None:
@@ -39,10 +42,16 @@ def define_flags(fv) -> None:
     and ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
     ``--config.a.b=v`` overrides a field of either)."""
     flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", flag_values=fv)
-    flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).", flag_values=fv)
+    flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only); the server also answers to "
+                        "this name in the Host header (0.0.0.0 or :: answer to any IP address and this machine's name).",
+                        flag_values=fv)
+    flags.DEFINE_string("token", None, "Secret every request must carry (16+ URL-safe characters): open "
+                        "http://host:port/?token=TOKEN once, a cookie carries it from then on.", flag_values=fv)
     flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
     flags.DEFINE_integer("max_queue", MAX_QUEUE, "Turns that may wait for the model; past that a turn is refused "
                          "with HTTP 503 'busy, try again' and Retry-After.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("max_sessions", MAX_SESSIONS, "Players whose games the server holds in memory; past that a "
+                         "new player gets HTTP 503 (no game is dropped to make room).", lower_bound=1, flag_values=fv)
     flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "
                       "player does not wait for compilation (--nowarmup: compile on the first turn).", flag_values=fv)
     define_verbosity(fv)
@@ -59,20 +68,25 @@ def _serve(f, config, *rest: str) -> int:
 
     if rest:
         raise UsageError(f"unexpected arguments {list(rest)}; the web app takes flags only")
-    warning = no_auth_warning(f.host)
+    try:
+        check_token(f.token)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    warning = no_auth_warning(f.host, token=f.token is not None)
     if warning:
         print(warning, file=sys.stderr, flush=True)
     server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
-                          random_fallback=f.demo, max_queue=f.max_queue)
+                          random_fallback=f.demo, max_queue=f.max_queue, max_sessions=f.max_sessions)
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
           f"games in {server.out_dir}/, at most {server.max_queue} turns waiting", flush=True)
     if f.warmup:
         print("compiling (one throwaway turn)...", flush=True)
         print(f"ready after {server.warmup():.1f} s", flush=True)
     server.start()
-    print(f"serving on http://{f.host}:{f.port}/ (Ctrl-C stops)", flush=True)
+    shown = f"[{f.host}]" if ":" in f.host and not f.host.startswith("[") else f.host
+    print(f"serving on http://{shown}:{f.port}/{'?token=' + f.token if f.token else ''} (Ctrl-C stops)", flush=True)
     try:
-        uvicorn.run(create_app(server), host=f.host, port=f.port, log_level="warning")
+        uvicorn.run(create_app(server, host=f.host, token=f.token), host=f.host, port=f.port, **uvicorn_settings())
     finally:
         server.stop(timeout=5)
     return 0

@@ -3,7 +3,9 @@
 Routes (every asset is served from this package; the page needs no internet):
 
 ==============================  ===============================================================
-``GET /``                       the page (static/index.html); sets the session cookie
+``GET /``                       the page (static/index.html); the only route that makes a session
+                                (sets the session cookie); 503 when ``max_sessions`` players
+                                hold games
 ``GET /static/<name>``          static/app.js, static/app.css, and ``gallery.css`` (game/)
 ``GET /api/state``              the session's game as JSON (:meth:`GameServer.state`)
 ``POST /api/turn``              JSON ``{character, motion, background}`` or ``{line}``; 400 with
@@ -18,17 +20,38 @@ Routes (every asset is served from this package; the page needs no internet):
 ``GET /games/<id>.zip``         the game folder as a zip
 ==============================  ===============================================================
 
-Every refusal is a 4xx (or the 503 above) with a JSON body ``{"error": "<one line>"}``:
+Every refusal is a 4xx (or a 503) with a JSON body ``{"error": "<one line>"}``. Before any route
+(:class:`Guard`, in this order):
+
+* 400 / 403: no ``Host`` header / a ``Host`` that is not a name of this server (:func:`host_names`;
+  a DNS-rebinding page sends its own name) or names another port;
+* 403: a cross-site request: an ``Origin`` other than the server's own (``http://<Host>``), or
+  ``Sec-Fetch-Site: cross-site`` / ``same-site`` (another port of the same host is same-site),
+  except a top-level navigation to ``GET /`` (a link to the page);
+* 403: with ``token`` set, a request without it (``?token=`` in the URL, or the cookie that a
+  request with it set);
+* 415: an ``/api/`` POST whose ``Content-Type`` is not ``application/json`` (a cross-site form or
+  ``text/plain`` fetch needs no CORS preflight; JSON does, and this server answers none).
+
+Then, in the routes:
 
 * 400: a body that is not JSON (invalid UTF-8, nested too deep), bad instruction text
   (:func:`~animegamer_jax.web.server.check_text`), a session cookie this server did not issue
   (the reply clears it);
-* 403: a POST with a well-formed session cookie the server does not know (it expired or the server
-  restarted: reload the page); GET requests with such a cookie get a new session;
+* 403: an API or game request without a session cookie, or with a well-formed one the server does
+  not know (it expired or the server restarted): load the page (``GET /``) to get a session;
 * 404: unknown routes, static names outside the page's files, game files or zips of games the
   session did not play, file names that are not plain names (path traversal);
 * 405: a method the route does not take (``Allow`` says which);
-* 413: a request body over ``max_body`` bytes (checked before it is read).
+* 408: a request body that has not arrived within ``body_timeout_s`` (the connection is closed);
+* 413: a request body over ``max_body`` bytes (checked before it is read);
+* 503: the first turn of a session while ``max_sessions`` players hold games
+  (:class:`~animegamer_jax.web.server.ServerFull`), or ``max_queue`` turns wait (``Retry-After``).
+
+Connections (:func:`uvicorn_settings`): a request head must arrive within ``idle_timeout_s`` of
+the connection opening or of its last response (:func:`timed_h11_protocol`; uvicorn's own
+keep-alive timeout is reset by every byte, so it does not bound a slow sender); at most
+``limit_concurrency`` connections at once (uvicorn answers the next with a plain-text 503).
 
 Files are only ever read from the static folder and ``<out>/<game_id>/`` of the session's own games;
 the only writes are the game folders under ``out`` (:class:`GameServer`).
@@ -40,34 +63,52 @@ the only writes are the game folders under ``out`` (:class:`GameServer`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import ipaddress
 import json
 import os
 import re
+import secrets
+import socket
 import threading
 import time
 import zipfile
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from animegamer_jax.game import writers
-from animegamer_jax.web.server import BadInput, Busy, GameServer, QueueFull, Session, session_id_ok
+from animegamer_jax.web.server import BadInput, Busy, GameServer, QueueFull, ServerFull, Session, session_id_ok
 
 STATIC = os.path.join(os.path.dirname(__file__), "static")
 COOKIE = "agj_session"
+#: the cookie that carries ``--token`` once a URL with ``?token=`` has been opened
+TOKEN_COOKIE = "agj_token"
+#: what a ``--token`` may hold: URL- and cookie-safe characters, long enough not to be guessed
+TOKEN = re.compile(r"^[A-Za-z0-9._~-]{16,256}$")
+#: Host names served whatever ``--host`` is (the server's port, or none, may follow)
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+#: ``--host`` values that bind every interface
+WILDCARDS = ("0.0.0.0", "::")
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: seconds between keep-alive lines of a turn stream while nothing happens
 KEEPALIVE_S = 10.0
 #: default largest request body in bytes (a turn's JSON is a few hundred bytes)
 MAX_BODY = 16 * 1024
-#: what every response carries: browsers must not guess another content type than the one sent
-SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+#: default seconds a request body may take to arrive (408 and the connection closed after that)
+BODY_TIMEOUT_S = 10.0
+#: default seconds a connection may take to send a request head (after it opens or after a response)
+IDLE_TIMEOUT_S = 10
+#: default connections served at once (uvicorn answers more with 503)
+LIMIT_CONCURRENCY = 128
+#: what every response carries: browsers must not guess another content type than the one sent, and
+#: no other site may frame the page (clickjacking)
+SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                    "X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 
 
 class Refused(Exception):
@@ -78,38 +119,176 @@ class Refused(Exception):
         self.status, self.headers, self.clear_cookie = status, headers or {}, clear_cookie
 
 
-def no_auth_warning(host: str) -> str | None:
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and any address in 127.0.0.0/8 or ``::1`` (brackets allowed)."""
+    try:
+        return host.lower() == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def no_auth_warning(host: str, token: bool = False) -> str | None:
     """The warning to print when serving on ``host``; None for a loopback address.
 
-    ``localhost`` and any address in 127.0.0.0/8 or ``::1`` are loopback; every other host
-    (``0.0.0.0``, a LAN address, a name) is reachable from other machines.
+    Every host but loopback (``0.0.0.0``, a LAN address, a name) is reachable from other machines:
+    without a ``token`` anyone who reaches it can play; with one, the token still crosses the
+    network in plain HTTP.
     """
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        loopback = False
-    if loopback:
+    if is_loopback(host):
         return None
+    if token:
+        return (f"warning: serving on {host}, which other machines can reach, over plain HTTP: the token keeps "
+                f"out those who do not have it, not those who can watch the network. Fix: serve on 127.0.0.1 "
+                f"(the default) and tunnel to it (ssh -L) on networks you do not trust")
     return (f"warning: serving on {host}, which other machines can reach, with no authentication: anyone who "
-            f"reaches this port can play turns and fill the disk with games. Fix: serve on 127.0.0.1 (the "
-            f"default) and tunnel to it (ssh -L), or use --host only on a network you trust")
+            f"reaches this port can play turns and fill the disk with games. Fix: add --token, or serve on "
+            f"127.0.0.1 (the default) and tunnel to it (ssh -L), or use --host only on a network you trust")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def check_token(token: str | None) -> None:
+    """Raises ValueError (one line) unless ``token`` is None or matches :data:`TOKEN`."""
+    if token is not None and not TOKEN.match(token):
+        raise ValueError("--token must be 16 to 256 characters of A-Z a-z 0-9 . _ ~ - (it travels in a URL and "
+                         "a cookie). Fix: --token $(python -c 'import secrets; print(secrets.token_urlsafe())')")
+
+
+def host_names(host: str) -> tuple[frozenset[str], bool]:
+    """The ``Host`` header names a server bound to ``host`` answers to, and whether any IP address is one.
+
+    Always :data:`LOOPBACK_NAMES`; plus ``host`` itself (an IPv6 address in brackets). A wildcard
+    (:data:`WILDCARDS`: every interface) adds this machine's name (``socket.gethostname()``) and any
+    IP address: the server cannot know every name that reaches it, and an address (unlike a name)
+    cannot be rebound by DNS to another site.
+    """
+    names = set(LOOPBACK_NAMES)
+    bare = host.strip("[]").lower()
+    if bare in WILDCARDS:
+        return frozenset(names | {socket.gethostname().lower()}), True
+    try:
+        names.add(f"[{bare}]" if ipaddress.ip_address(bare).version == 6 else bare)
+    except ValueError:
+        names.add(bare)
+    return frozenset(names), False
+
+
+def split_host(value: str) -> tuple[str, int | None] | None:
+    """A ``Host`` header -> (lower-case name, port or None); None when it is not ``name[:port]``."""
+    v = value.strip().lower()
+    if v.startswith("["):
+        end = v.find("]")
+        if end < 0:
+            return None
+        name, rest = v[: end + 1], v[end + 1:]
+    else:
+        name, sep, port = v.partition(":")
+        rest = sep + port
+    if not name or (rest and not (rest.startswith(":") and rest[1:].isdigit() and len(rest) <= 6)):
+        return None
+    return name, int(rest[1:]) if rest else None
+
+
+class Guard:
+    """ASGI middleware: refuses, before any route, what app.py's docstring lists under :class:`Guard`.
+
+    ``names`` / ``any_ip``: :func:`host_names`; ``token``: required on every request when set (it is
+    compared in constant time; a request that brings it in ``?token=`` gets the cookie
+    :data:`TOKEN_COOKIE`, so the page's own requests carry it).
+    """
+
+    def __init__(self, app, names: frozenset[str], any_ip: bool, token: str | None):
+        self.app, self.names, self.any_ip, self.token = app, names, any_ip, token
+
+    def host_ok(self, name: str, port: int | None, scope) -> bool:
+        server = scope.get("server")
+        if port is not None and server is not None and port != server[1]:
+            return False
+        if name in self.names:
+            return True
+        if self.any_ip:
+            try:
+                ipaddress.ip_address(name.strip("[]"))
+                return True
+            except ValueError:
+                return False
+        return False
+
+    def check(self, request: Request) -> tuple[int, str] | None:
+        """(status, one-line message) of the refusal, or None to serve the request."""
+        h = request.headers
+        host = h.get("host")
+        if not host:
+            return 400, "the request has no Host header. Fix: send HTTP/1.1 with a Host header"
+        parsed = split_host(host)
+        if parsed is None or not self.host_ok(*parsed, request.scope):
+            return 403, (f"the Host {host[:100]!r} is not a name of this server (a page on another site can "
+                         f"reach a loopback server by renaming itself). Fix: open http://127.0.0.1:"
+                         f"{(request.scope.get('server') or ('', 'PORT'))[1]}/ or serve with --host NAME to "
+                         f"answer to NAME")
+        origin = h.get("origin")
+        site = h.get("sec-fetch-site", "").lower()
+        link_to_page = (request.method in ("GET", "HEAD") and request.url.path == "/"
+                        and h.get("sec-fetch-mode") == "navigate" and h.get("sec-fetch-dest") == "document")
+        own = {f"http://{host.strip().lower()}", f"https://{host.strip().lower()}"}
+        if (origin is not None and origin.lower() not in own) or (site in ("cross-site", "same-site")
+                                                                  and not link_to_page):
+            what = f"Origin {origin[:100]!r}" if origin is not None and origin.lower() not in own else \
+                f"Sec-Fetch-Site {site}"
+            return 403, (f"cross-site request refused ({what}): only the server's own page may use it. Fix: "
+                         f"open the page (/) and play there")
+        if self.token is not None:
+            given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+            if not secrets.compare_digest(given.encode(), self.token.encode()):
+                return 403, ("this server needs its token" + (" (the one given is wrong)" if given else "")
+                             + ". Fix: open the URL with ?token= that the server printed when it started")
+        if request.method == "POST" and request.url.path.startswith("/api/"):
+            ctype = h.get("content-type", "").split(";")[0].strip().lower()
+            if ctype != "application/json":
+                return 415, (f"the request body must be sent as Content-Type: application/json, not "
+                             f"{ctype[:100]!r}. Fix: send JSON with that header (the page does)")
+        return None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request = Request(scope)
+        refusal = self.check(request)
+        if refusal is not None:
+            status, message = refusal
+            return await JSONResponse({"error": message}, status_code=status)(scope, receive, send)
+        send_on = send
+        if self.token is not None and request.query_params.get("token"):
+            async def send_on(message):  # the token came in the URL: a cookie carries it from now on
+                if message["type"] == "http.response.start":
+                    carrier = Response()
+                    carrier.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="strict", path="/")
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      *[h for h in carrier.raw_headers if h[0] == b"set-cookie"]]}
+                await send(message)
+        await self.app(scope, receive, send_on)
+
+
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
     """The request body, refused with 413 once it is over ``limit`` bytes (by Content-Length,
-    before anything is read, or while a chunked body streams in)."""
+    before anything is read, or while a chunked body streams in) and with 408 when all of it has
+    not arrived within ``timeout_s`` seconds (a sender trickling bytes); both close the connection."""
+    close = {"Connection": "close"}  # the rest of the body is not read
     too_big = f"the request body is over {limit} bytes. Fix: send a turn of a few hundred bytes"
     declared = request.headers.get("content-length")
     if declared is not None and not declared.isdigit():
-        raise Refused(400, "the Content-Length header is not a number")
+        raise Refused(400, "the Content-Length header is not a number", close)
     if declared is not None and int(declared) > limit:
-        raise Refused(413, too_big)
+        raise Refused(413, too_big, close)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Refused(413, too_big)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise Refused(413, too_big, close)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise Refused(408, f"the request body did not arrive within {timeout_s:g} s ({size} bytes came). Fix: "
+                           f"send the whole request at once", close) from None
     return b"".join(chunks)
 
 
@@ -129,11 +308,22 @@ def parse_json(raw: bytes, empty=None):
                            f"{{\"character\": ..., \"motion\": ..., \"background\": ...}} as UTF-8 JSON") from None
 
 
-def create_app(server: GameServer, max_body: int = MAX_BODY) -> Starlette:
-    """The Starlette app serving ``server`` (its worker must be started by the caller).
+def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.0.1", token: str | None = None,
+               body_timeout_s: float = BODY_TIMEOUT_S) -> "SecurityHeaders":
+    """The ASGI app serving ``server`` (its worker must be started by the caller): the routes behind
+    :class:`Guard`, every response with :data:`SECURITY_HEADERS`.
 
-    ``max_body``: the largest request body in bytes (larger ones get 413 unread).
+    Args:
+      max_body: the largest request body in bytes (larger ones get 413 unread).
+      host: the address the server binds (``--host``): which ``Host`` names it answers to
+        (:func:`host_names`).
+      token: when set, every request must carry it (:class:`Guard`); :data:`TOKEN` says what it may hold.
+      body_timeout_s: seconds a request body may take to arrive (408 after that).
+
+    Raises:
+      ValueError: a ``token`` :func:`check_token` refuses.
     """
+    check_token(token)
     static_files = {n: os.path.join(STATIC, n) for n in sorted(os.listdir(STATIC))
                     if n != "index.html" and os.path.isfile(os.path.join(STATIC, n))}
 
@@ -144,26 +334,35 @@ def create_app(server: GameServer, max_body: int = MAX_BODY) -> Starlette:
                                "(this reply cleared the cookie)", clear_cookie=True)
         return sid
 
-    def session_of(request: Request, known: bool = False) -> tuple[Session, bool]:
-        """The request's session and whether it is new; ``known``: an unknown cookie is refused (403)."""
+    def session_of(request: Request) -> Session:
+        """The request's live session; 403 without one (only the page load makes sessions)."""
         sid = cookie_sid(request)
-        if known and sid is not None and server.find_session(sid) is None:
+        if sid is None:
+            raise Refused(403, "this request has no session. Fix: load the page (/) first: it starts a session")
+        s = server.find_session(sid)
+        if s is None:
             raise Refused(403, "this session is unknown to the server (it expired or the server restarted; its "
                                "games stay saved on disk). Fix: reload the page to start a new session")
-        s = server.session(sid)
-        return s, s.id != sid
+        return s
 
-    def reply(request: Request, response: Response, s: Session, new: bool) -> Response:
-        if new:
-            response.set_cookie(COOKIE, s.id, httponly=True, samesite="strict", path="/")
-        return response
+    async def body_of(request: Request):
+        return parse_json(await read_body(request, max_body, body_timeout_s), empty={})
 
     def error(status: int, message: str, **extra) -> JSONResponse:
         return JSONResponse({"error": message, **extra}, status_code=status)
 
     async def index(request: Request) -> Response:
-        s, new = session_of(request)
-        return reply(request, FileResponse(os.path.join(STATIC, "index.html"), media_type="text/html"), s, new)
+        sid = cookie_sid(request)
+        s = server.find_session(sid) if sid else None
+        page = FileResponse(os.path.join(STATIC, "index.html"), media_type="text/html",
+                            headers={"Cache-Control": "no-store"})
+        if s is None:
+            try:
+                s = server.new_session()
+            except ServerFull as e:
+                return error(503, str(e))
+            page.set_cookie(COOKIE, s.id, httponly=True, samesite="strict", path="/")
+        return page
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -174,22 +373,22 @@ def create_app(server: GameServer, max_body: int = MAX_BODY) -> Starlette:
         return FileResponse(static_files[name])
 
     async def state(request: Request) -> Response:
-        s, new = session_of(request)
-        return reply(request, JSONResponse(server.state(s)), s, new)
+        return JSONResponse(server.state(session_of(request)))
 
     async def turn(request: Request) -> Response:
-        s, new = session_of(request, known=True)
-        body = parse_json(await read_body(request, max_body), empty={})
+        s = session_of(request)
+        body = await body_of(request)
         try:
             t, ids = server.parse_turn(s, body)
             job = server.submit(s, t, ids)
         except BadInput as e:
-            return reply(request, error(400, str(e), fields=list(e.fields)), s, new)
+            return error(400, str(e), fields=list(e.fields))
         except Busy as e:
-            return reply(request, error(409, str(e)), s, new)
+            return error(409, str(e))
+        except ServerFull as e:
+            return error(503, str(e))
         except QueueFull as e:
-            return reply(request, JSONResponse({"error": str(e)}, status_code=503,
-                                               headers={"Retry-After": str(e.retry_after_s)}), s, new)
+            return JSONResponse({"error": str(e)}, status_code=503, headers={"Retry-After": str(e.retry_after_s)})
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         job.notify = lambda: loop.call_soon_threadsafe(wake.set)
@@ -210,31 +409,30 @@ def create_app(server: GameServer, max_body: int = MAX_BODY) -> Starlette:
                     except asyncio.TimeoutError:
                         yield json.dumps({"event": "ping"}) + "\n"
 
-        resp = StreamingResponse(events(), media_type="application/x-ndjson",
+        return StreamingResponse(events(), media_type="application/x-ndjson",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-        return reply(request, resp, s, new)
 
     async def undo(request: Request) -> Response:
-        s, new = session_of(request, known=True)
-        await read_body(request, max_body)
+        s = session_of(request)
+        await body_of(request)
         try:
-            return reply(request, JSONResponse(await asyncio.to_thread(server.undo, s)), s, new)
+            return JSONResponse(await asyncio.to_thread(server.undo, s))
         except Busy as e:
-            return reply(request, error(409, str(e)), s, new)
+            return error(409, str(e))
         except IndexError as e:
-            return reply(request, error(400, str(e)), s, new)
+            return error(400, str(e))
 
     async def restart(request: Request) -> Response:
-        s, new = session_of(request, known=True)
-        body = parse_json(await read_body(request, max_body), empty={})
+        s = session_of(request)
+        body = await body_of(request)
         if not isinstance(body, dict) or set(body) - {"seed"}:
-            return reply(request, error(400, "restart takes {\"seed\": <integer>} or nothing"), s, new)
+            return error(400, "restart takes {\"seed\": <integer>} or nothing")
         try:
-            return reply(request, JSONResponse(server.restart(s, body.get("seed"))), s, new)
+            return JSONResponse(server.restart(s, body.get("seed")))
         except BadInput as e:
-            return reply(request, error(400, str(e)), s, new)
+            return error(400, str(e))
         except Busy as e:
-            return reply(request, error(409, str(e)), s, new)
+            return error(409, str(e))
 
     def own_game(request: Request) -> str | None:
         """The folder of the URL's game when the request's session played it (no session is made)."""
@@ -297,8 +495,9 @@ def create_app(server: GameServer, max_body: int = MAX_BODY) -> Starlette:
             message = f"{where}: {exc.detail}"
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
-    return Starlette(routes=routes, exception_handlers={Refused: refused, HTTPException: http_error},
-                     middleware=[Middleware(SecurityHeaders)])
+    app = Starlette(routes=routes, exception_handlers={Refused: refused, HTTPException: http_error})
+    names, any_ip = host_names(host)
+    return SecurityHeaders(Guard(app, names, any_ip, token))
 
 
 class SecurityHeaders:
@@ -323,18 +522,69 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+@functools.cache
+def timed_h11_protocol() -> type:
+    """``TimedH11Protocol`` (below), defined on first use: uvicorn is an optional dependency."""
+    from uvicorn.protocols.http import h11_impl  # optional
+
+    h11, H11Protocol = h11_impl.h11, h11_impl.H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        """uvicorn's h11 protocol with a deadline on each request head: a connection that has not
+        sent a whole request head within ``timeout_keep_alive`` seconds of opening, or of the end of
+        its last response, is closed (idle, or a sender trickling header bytes). uvicorn's own
+        keep-alive timer is cancelled by every byte received and is not armed before the first
+        request. A request being served is never cut (its body has its own deadline, :func:`read_body`)."""
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._head_timer = self.loop.call_later(self.timeout_keep_alive, self._head_timeout)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(self.timeout_keep_alive, self._head_timeout)
+
+        def connection_lost(self, exc) -> None:
+            self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _head_timeout(self) -> None:
+            if self.transport.is_closing() or (self.cycle is not None and not self.cycle.response_complete):
+                return  # closed already, or a request is being served
+            try:
+                self.conn.send(h11.ConnectionClosed())
+            except h11.LocalProtocolError:
+                pass
+            self.transport.close()
+
+    return TimedH11Protocol
+
+
+def uvicorn_settings(idle_timeout_s: float = IDLE_TIMEOUT_S, limit_concurrency: int = LIMIT_CONCURRENCY) -> dict:
+    """uvicorn's settings for the app (``uvicorn.run(app, host=..., port=..., **uvicorn_settings())``).
+
+    The h11 protocol with a deadline on request heads (:func:`timed_h11_protocol`, ``idle_timeout_s``
+    seconds, also uvicorn's keep-alive timeout), at most ``limit_concurrency`` connections at once
+    (uvicorn answers more with a plain-text 503), no access log.
+    """
+    return {"http": timed_h11_protocol(), "timeout_keep_alive": idle_timeout_s, "limit_concurrency": limit_concurrency,
+            "log_level": "warning", "access_log": False}
+
+
 class HttpThread:
     """Serves an ASGI app (:func:`create_app`'s) with uvicorn on a background thread (tests, notebooks).
 
     ``start()`` returns once the socket listens; ``url`` is ``http://host:port``; ``stop()`` shuts
     uvicorn down and joins the thread. ``port=0`` picks a free port (``port`` holds it after ``start()``).
+    ``settings``: :func:`uvicorn_settings`'s arguments (the command's defaults otherwise).
     """
 
-    def __init__(self, asgi_app, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, asgi_app, host: str = "127.0.0.1", port: int = 0, **settings):
         import uvicorn  # optional
 
-        self._server = uvicorn.Server(uvicorn.Config(asgi_app, host=host, port=port, log_level="warning",
-                                                     access_log=False, lifespan="off"))
+        self._server = uvicorn.Server(uvicorn.Config(asgi_app, host=host, port=port, lifespan="off",
+                                                     **uvicorn_settings(**settings)))
         self._server.install_signal_handlers = lambda: None  # not the main thread
         self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
         self.host = host

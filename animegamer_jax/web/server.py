@@ -13,10 +13,15 @@
   turns started in): first in, first out means the two are equal.
 * **Sessions**: each browser session (a cookie) has its own game; a session can have one turn
   queued or running at a time; game files are served only to the session that played them.
-  Session ids are 24 random URL-safe characters (:func:`secrets.token_urlsafe`, 144 bits).
-* **Memory**: bounded by the sessions kept (``max_sessions`` idle ones, each holding its game's
-  turns: frames and MLLM representations) plus the queue; a finished turn's event log (its
-  streamed frames) is dropped once its stream ends.
+  Session ids are 24 random URL-safe characters (:func:`secrets.token_urlsafe`, 144 bits). Only
+  :meth:`GameServer.new_session` makes one (the page load, ``GET /``, in app.py).
+* **Memory**: bounded by the sessions kept plus the queue. A session that holds turns (its game
+  can be continued) is never dropped to make room: at most ``max_sessions`` of them, and past that
+  a new player is refused (:class:`ServerFull`, HTTP 503) rather than an old game dropped. Sessions
+  without turns (a page loaded, nothing played) are small: at most ``max_empty_sessions``, the
+  least recently seen dropped first. Any session unseen for ``idle_s`` seconds is dropped (its
+  games stay saved on disk), unless a turn of it is queued or running. A finished turn's event log
+  (its streamed frames) is dropped once its stream ends.
 * **Input**: instruction text is one line of printable text (:func:`check_text`): control
   characters (which would reach the server's log and terminal), lone surrogates (which cannot be
   written as UTF-8) and bidirectional overrides are refused.
@@ -68,6 +73,12 @@ SEED_RANGE = (-2**63, 2**63 - 1)
 MAX_QUEUE = 32
 #: seconds a batch is assumed to take before one has been timed (for ``Retry-After``)
 DEFAULT_BATCH_S = 5.0
+#: default sessions holding turns (games in play) kept; past that new players get 503
+MAX_SESSIONS = 64
+#: default sessions without turns kept (page loads that have not played); past that the oldest go
+MAX_EMPTY_SESSIONS = 256
+#: default seconds a session may go unseen before it is dropped (its games stay saved on disk)
+SESSION_IDLE_S = 12 * 3600
 # explicit bidirectional formatting characters ("Trojan Source"): they reorder how text is shown
 _BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
@@ -82,6 +93,10 @@ class BadInput(ValueError):
 
 class Busy(RuntimeError):
     """The session already has a turn queued or running (HTTP 409)."""
+
+
+class ServerFull(RuntimeError):
+    """``max_sessions`` sessions hold games in play (HTTP 503): a new player is refused, no game dropped."""
 
 
 class QueueFull(RuntimeError):
@@ -172,6 +187,11 @@ class Session:
         self.version = 0  # bumped on every save: cache-busting for the clip URLs
         self.last_seen = time.time()
 
+    @property
+    def holds_turns(self) -> bool:
+        """True while its game has turns (it can be continued) or a turn of it is queued or running."""
+        return self.job is not None or (self.game is not None and len(self.game) > 0)
+
 
 class GameServer:
     """Sessions, the turn queue and the worker thread around one engine.
@@ -180,27 +200,36 @@ class GameServer:
       engine: the engine (built once; every session plays with it).
       out_dir: parent folder of the game folders (``config.game.out_dir`` by default in the CLI).
       seed: default game seed (``config.game.seed``).
-      max_sessions: sessions kept in memory (each holds its game's frames); past that the least
-        recently seen idle ones are dropped (their games stay saved on disk).
+      max_sessions: sessions holding turns kept in memory (each holds its game's frames); past that
+        a new session, or the first turn of a session without turns, is refused with
+        :class:`ServerFull` (no player's game is dropped to make room).
       max_queue: turns that may wait in the queue (running ones not counted); a turn past that is
         refused with :class:`QueueFull`.
+      max_empty_sessions: sessions without turns kept; past that the least recently seen are dropped.
+      idle_s: seconds a session may go unseen before it is dropped (not while a turn of it is
+        queued or running); its games stay saved on disk.
 
     Raises:
-      ValueError: ``max_queue`` or ``max_sessions`` below 1.
+      ValueError: ``max_queue``, ``max_sessions``, ``max_empty_sessions`` or ``idle_s`` below 1.
       OutputError: ``out_dir`` is not writable.
 
     Temp folders that a killed server left in ``out_dir`` (``.tmp-web-*``) are removed on construction.
     """
 
-    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = 64,
-                 max_queue: int = MAX_QUEUE):
-        if int(max_queue) < 1 or int(max_sessions) < 1:
-            raise ValueError(f"max_queue ({max_queue}) and max_sessions ({max_sessions}) must be at least 1")
+    def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = MAX_SESSIONS,
+                 max_queue: int = MAX_QUEUE, max_empty_sessions: int = MAX_EMPTY_SESSIONS,
+                 idle_s: float = SESSION_IDLE_S):
+        limits = {"max_queue": max_queue, "max_sessions": max_sessions, "max_empty_sessions": max_empty_sessions,
+                  "idle_s": idle_s}
+        if any(v < 1 for v in limits.values()):
+            raise ValueError(f"{limits} must each be at least 1")
         writers.check_writable(out_dir)
         # temp folders of web games whose server was killed mid-save (a finished one is put back)
         for name in writers.clean_orphaned_temp(out_dir, "web-"):
             log.info("removed %s (left by a killed server)", name)
         self.max_sessions = int(max_sessions)
+        self.max_empty_sessions = int(max_empty_sessions)
+        self.idle_s = float(idle_s)
         self.max_queue = int(max_queue)
         self.engine = engine
         self.out_dir = out_dir
@@ -252,26 +281,47 @@ class GameServer:
     # -- sessions --------------------------------------------------------------------------------
 
     def find_session(self, sid: str | None) -> Session | None:
-        """The live session of cookie value ``sid``, or None (no new session is made)."""
+        """The live session of cookie value ``sid`` (now seen), or None (no new session is made)."""
         with self._cv:
+            self._expire()
             s = self.sessions.get(sid) if sid else None
             if s is not None:
                 s.last_seen = time.time()
             return s
 
-    def session(self, sid: str | None) -> Session:
-        """The session of cookie value ``sid``; a new one when ``sid`` is None or unknown."""
+    def new_session(self) -> Session:
+        """A new session (only the page load makes one); drops sessions as :class:`GameServer` says.
+
+        Raises:
+          ServerFull: ``max_sessions`` sessions hold turns.
+        """
         with self._cv:
-            s = self.sessions.get(sid) if sid else None
-            if s is None:
-                s = Session(secrets.token_urlsafe(18))
-                self.sessions[s.id] = s
-                idle = sorted((x for x in self.sessions.values() if x.job is None and x is not s),
-                              key=lambda x: x.last_seen)
-                for old in idle[: max(0, len(self.sessions) - self.max_sessions)]:
-                    del self.sessions[old.id]
-            s.last_seen = time.time()
+            self._expire()
+            self._check_room(None)
+            s = Session(secrets.token_urlsafe(18))
+            self.sessions[s.id] = s
+            empty = sorted((x for x in self.sessions.values() if not x.holds_turns), key=lambda x: x.last_seen)
+            for old in empty[: max(0, len(empty) - self.max_empty_sessions)]:
+                del self.sessions[old.id]
             return s
+
+    def _expire(self) -> None:
+        """Drops the sessions unseen for ``idle_s`` seconds but those with a turn queued or running
+        (call with the lock held)."""
+        now = time.time()
+        for s in [x for x in self.sessions.values() if x.job is None and now - x.last_seen > self.idle_s]:
+            del self.sessions[s.id]
+
+    def _check_room(self, s: Session | None) -> None:
+        """Raises :class:`ServerFull` when ``s`` (None: a new session) holds no turns and
+        ``max_sessions`` sessions do (call with the lock held)."""
+        if s is not None and s.holds_turns:
+            return
+        playing = sum(x.holds_turns for x in self.sessions.values())
+        if playing >= self.max_sessions:
+            raise ServerFull(f"the server holds the games of {playing} players, its limit (--max_sessions "
+                             f"{self.max_sessions}); a game unseen for {self.idle_s / 3600:g} h is let go. "
+                             f"Fix: try again later")
 
     def _new_game(self, s: Session, seed: int | None) -> TurnByTurnGame:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -330,11 +380,14 @@ class GameServer:
 
         Raises:
           Busy: ``s`` has a turn queued or running.
+          ServerFull: ``s`` holds no turns and ``max_sessions`` sessions do.
           QueueFull: ``max_queue`` turns are waiting.
         """
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn of this game is already queued or running. Fix: wait for it to finish")
+            self._expire()
+            self._check_room(s)
             if len(self._queue) >= self.max_queue:
                 wait = self.retry_after_s()
                 raise QueueFull(f"the server is busy: the turn queue is full ({len(self._queue)} turns waiting). "
@@ -539,7 +592,7 @@ class GameServer:
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
                  seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
-                 max_queue: int = MAX_QUEUE) -> GameServer:
+                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
@@ -548,14 +601,15 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
       out: parent folder of the game folders (default ``config.game.out_dir``).
       seed: default game seed (default ``config.game.seed``).
       max_queue: turns that may wait before new ones are refused (:class:`GameServer`).
+      max_sessions: sessions holding turns before new players are refused (:class:`GameServer`).
 
     Raises:
       CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
-      ValueError: ``max_queue`` below 1.
+      ValueError: ``max_queue`` or ``max_sessions`` below 1.
     """
     setup_jax()
     mesh = parallel.mesh_from_config(config)
     system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
                             random_fallback=random_fallback)
     engine = GameEngine(config, system, mesh=mesh)
-    return GameServer(engine, out or config.game.out_dir, seed, max_queue=max_queue)
+    return GameServer(engine, out or config.game.out_dir, seed, max_sessions=max_sessions, max_queue=max_queue)
