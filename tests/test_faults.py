@@ -105,4 +105,7 @@ def test_one_kill_and_rerun(case, tmp_path_factory):
     what was done before the kill intact, no temp file left)."""
     root = tmp_path_factory.getbasetemp() / "faults"
     (row,) = faults.run([case], 1, 0, root, system="standin", log=lambda s: None)
-    assert row.failures == [] and row.reruns + row.missed <= 1 and row.reference_s > 0, faults.table([row])
+    # the kill is delivered, or the run had exited before its moment (a loaded host can make the reference
+    # slower than the killed run); either way at most one rerun and no invariant failure
+    assert sum(row.kills.values()) + row.missed == 1 and row.reruns <= 1, faults.table([row])
+    assert row.failures == [] and row.reference_s > 0, faults.table([row])
