@@ -58,7 +58,8 @@ test-fast: $(STAMP)
 
 # Kill-anywhere table (issue 31; tests/faults.py, docs/faults.md): every long command (play, generate,
 # serve, each training phase, prepare, label, extract_features, convert release) killed FAULTS_N times
-# at seeded random moments (SIGKILL, SIGINT, SIGTERM), rerun and checked; prints command | kills |
+# at seeded random moments (SIGKILL, SIGINT, SIGTERM), plus training with its newest checkpoint damaged
+# after the kill (train-damaged), rerun and checked; prints command | kills |
 # reruns | invariant failures, exits 1 on any failure. About 40 minutes on 2 CPU cores at N=10.
 # FAULTS_ARGS: e.g. --cases=prepare,label --system=standin --workdir=/tmp/faults --keep (--help lists them).
 FAULTS_N ?= 10

@@ -32,8 +32,8 @@ import fsspec
 from animegamer_jax import paths
 from animegamer_jax.paths import PathLike
 
-__all__ = ["CHUNK", "exists", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp", "read_bytes",
-           "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
+__all__ = ["CHUNK", "exists", "forget_listings", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp",
+           "read_bytes", "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
            "write_text_atomic"]
 
 #: read size of the hashing helpers (bytes)
@@ -158,7 +158,8 @@ def rename(src: PathLike, dst: PathLike) -> None:
 
     Local: one ``os.replace`` (atomic). Object stores have no rename: every object of folder ``src``
     is copied, then ``src`` removed (not atomic), so callers that need atomicity there write a
-    completion marker last.
+    completion marker last. Afterwards this process's cached listings of the store are dropped
+    (:func:`forget_listings`).
     """
     if not _url(src):
         os.replace(_local(src), _local(dst))
@@ -169,6 +170,18 @@ def rename(src: PathLike, dst: PathLike) -> None:
     # (and emulators) refuse with a logged traceback per object before it falls back to this
     fs.copy(s.rstrip("/") + "/", d.rstrip("/") + "/", recursive=True)
     fs.rm(s, recursive=True)
+    forget_listings(s)
+
+
+def forget_listings(path: PathLike) -> None:
+    """Drops this process's cached listings of the object store of URL ``path`` (fsspec caches them per
+    filesystem instance, and epath, so orbax, keeps an instance of its own), so that a change made by
+    another process or with another instance is seen; nothing for a local path."""
+    if not _url(path):
+        return
+    fs = _fs(path)
+    for inst in {id(fs): fs, **{id(i): i for i in getattr(type(fs), "_cache", {}).values()}}.values():
+        inst.invalidate_cache()
 
 
 def remove(path: PathLike) -> None:

@@ -289,6 +289,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0
     c.train.allow_resume_mismatch = False  # resume a workdir whose checkpoint has another phase/batch/schedule
+    c.train.resume_step = -1  # checkpoint step to resume from (-1 = the newest intact one; docs/training.md)
 
     # ---- game generation (docs/overview.md#one-turn, docs/token_layout.md) ----
     c.game = ml_collections.ConfigDict()

@@ -17,6 +17,10 @@ For each case (one user command at tiny size) :func:`run_case`
 3. returns a :class:`Row`: command, kills, reruns, invariant failures (one line each, prefixed with
    the kill's number, signal and moment).
 
+:class:`TrainDamagedCase` (``train-damaged``) adds a fault after the kill: the newest committed
+training checkpoint is damaged as a machine loss can leave it, and the rerun must resume from the
+step before it.
+
 ``python -m tests.faults --n 10`` (``make faults``) runs every case and prints the table; ``--cases``
 picks some, ``--keep`` keeps every run's folder (failing runs' folders are always kept).
 tests/test_faults.py runs a few cheap cases with ``n=1`` in CI. What each fault leaves and how to
@@ -883,6 +887,70 @@ class TrainCase(Case):
         return fails
 
 
+class TrainDamagedCase(TrainCase):
+    """``train`` after a machine loss that damaged its newest checkpoint (a file renamed into place just
+    before a power cut can come back empty or short): the run is SIGKILLed once step k is committed in
+    ``checkpoints/`` (k from the drawn moment: 2 .. num_steps - 1), then the newest committed step is
+    damaged, its data JSON emptied (k even) or its largest array file cut in half (k odd). The rerun
+    (the same command) must name the damaged step in one line on stderr, keep it aside, unchanged, as
+    ``<step>.damaged-1``, resume from the step before it, and finish with the uninterrupted run's
+    losses (:meth:`TrainCase.compare`, :meth:`TrainCase.intact`)."""
+
+    signals = (signal.SIGKILL,)
+
+    def __init__(self, inputs, env, phase: str, num_steps: int = 8):
+        super().__init__(inputs, env, phase, num_steps)
+        self.name = f"train {phase}, newest checkpoint damaged"
+
+    @staticmethod
+    def damage(step_dir: Path, k: int) -> tuple[str, int]:
+        """Damages a committed step folder; returns (the file, relative to it; its size now)."""
+        if k % 2 == 0:
+            path = step_dir / "data" / "process_0-of-1.json"
+        else:  # the array data files are in OCDBT's d/ folders
+            path = max((p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
+                       key=lambda p: p.stat().st_size)
+        with open(path, "r+b") as f:
+            f.truncate(0 if k % 2 == 0 else path.stat().st_size // 2)
+        return str(path.relative_to(step_dir)), path.stat().st_size
+
+    def attempt(self, out: Path, logs: Path, ref: Path, ref_s: float, sig: int, at: float) -> Attempt:
+        frac = (at / ref_s - SPREAD[0]) / (SPREAD[1] - SPREAD[0])
+        k = min(self.num_steps - 1, 2 + int(frac * (self.num_steps - 2)))
+        child = Child(self.command(out), logs.with_name(logs.name + "-killed"), self.env)
+        while child.proc.poll() is None and child.elapsed < self.timeout(ref_s):
+            if max((s for s in self.committed(out) if self._whole(out, s)), default=0) >= k:
+                break
+            time.sleep(0.01)
+        delivered = child.proc.poll() is None
+        child.signal(signal.SIGKILL)
+        child.wait(30)
+        steps = [s for s in self.committed(out) if self._whole(out, s)]
+        if not delivered or len(steps) < 2 or self.finished(out):
+            return Attempt(False, 0, [] if not delivered else [f"killed with {len(steps)} committed step(s), "
+                                                               f"2 needed (k={k})"])
+        fails = self.partial(out)
+        newest, prev = steps[-1], steps[-2]
+        ckpts = out / "run" / "checkpoints"
+        what, size = self.damage(ckpts / str(newest), k)
+        again = Child(self.rerun_command(out), logs.with_name(logs.name + "-rerun"), self.env)
+        rc = again.wait(self.timeout(ref_s))
+        if rc != 0:
+            fails.append(f"the rerun after damaging checkpoints/{newest}/{what} exited {rc}: {again.tail()}")
+        named = [ln for ln in again.stderr.splitlines() if f"checkpoints/{newest} is damaged" in ln]
+        want = (f"checkpoint {ckpts}/{newest} is damaged: file {what} is truncated ({size} bytes, ",
+                f"when saved); kept aside as {ckpts}/{newest}.damaged-1; resuming from step {prev}")
+        if len(named) != 1 or not (named[0].startswith(want[0]) and named[0].endswith(want[1])):
+            fails.append(f"the rerun did not name damaged checkpoints/{newest}/{what} in one line: {named[:2]}")
+        aside = ckpts / f"{newest}.damaged-1" / what
+        if not aside.is_file() or aside.stat().st_size != size:
+            fails.append(f"checkpoints/{newest}.damaged-1/{what} is not kept aside as it was")
+        fails += self.compare(ref, out)
+        fails += self.intact(steps[:-1], ref, out, again)
+        fails += [f"temp left after the final run: {p}" for p in temp_files(out)]
+        return Attempt(True, 1, fails)
+
+
 class DatasetCase(Case):
     """A tfds dataset build (prepare, extract_features): all-or-nothing; after a kill the same command
     starts over (a complete dataset at ``--out`` means it had finished)."""
@@ -1122,6 +1190,7 @@ CASES = {
     "generate": lambda i, e, s: GenerateCase(i, e, s),
     "serve": lambda i, e, s: ServeCase(i, e, s),
     **{f"train-{p}": (lambda p: lambda i, e, s: TrainCase(i, e, p))(p) for p in ("vae", "a1", "a2", "b", "c")},
+    "train-damaged": lambda i, e, s: TrainDamagedCase(i, e, "a1"),
     "prepare": lambda i, e, s: PrepareCase(i, e),
     "label": lambda i, e, s: LabelCase(i, e),
     "extract_features": lambda i, e, s: ExtractFeaturesCase(i, e),

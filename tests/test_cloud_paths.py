@@ -312,3 +312,39 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
     case = sorted(os.listdir(os.path.join(RELEASE_FIXTURE, "cases")))[0].rsplit(".", 1)[0]
     assert check_release.tolerances(f"gs://bucket/fixture/cases/{case}.npz") == \
         check_release.tolerances(os.path.join(RELEASE_FIXTURE, "cases", f"{case}.npz"))
+
+
+def test_training_checkpoint_integrity_and_damaged_step_on_gcs(gcs, capsys):
+    """On gs:// (orbax's commit file instead of a rename) every step carries integrity.json written before
+    its commit_success.txt; a damaged newest step is kept aside (copied, then removed) and the older
+    step resumed."""
+    import fsspec
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from animegamer_jax import checkpoint
+    from animegamer_jax.train import loop, optim
+    from tests.test_train import Toy, _one_device_mesh, _train_cfg, toy_data, toy_loss, toy_trainable
+
+    tx, sched = optim.make_optimizer(_train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    kw = dict(num_steps=4, global_batch_size=4, checkpoint_every=2, progress=False)
+    full = loop.fit(tr, toy_data(4), workdir="gs://bucket/toy", **kw)
+    assert _committed_steps(gcs, "bucket/toy/checkpoints") == [2, 4]
+    man = checkpoint.verify_checkpoint("gs://bucket/toy/checkpoints/4", "full")
+    assert "data/process_0-of-1.json" in man["files"] and "commit_success.txt" not in man["files"]
+    gcs.pipe("bucket/toy/checkpoints/4/data/process_0-of-1.json", b"")
+    fsspec.core.url_to_fs("gs://bucket")[0].invalidate_cache()  # as a new process would see it
+    capsys.readouterr()
+    r = loop.fit(tr, toy_data(4), workdir="gs://bucket/toy", **kw)
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "checkpoint gs://bucket/toy/checkpoints/4 is damaged: file data/process_0-of-1.json is truncated (0 bytes, "
+        f"{man['files']['data/process_0-of-1.json']['size']} when saved); kept aside as "
+        "gs://bucket/toy/checkpoints/4.damaged-1; resuming from step 2"]
+    assert r.start_step == 2
+    for a, b in zip(jax.tree.leaves(r.state), jax.tree.leaves(full.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    gcs.invalidate_cache()
+    assert gcs.cat("bucket/toy/checkpoints/4.damaged-1/data/process_0-of-1.json") == b""
+    assert _committed_steps(gcs, "bucket/toy/checkpoints") == [2, 4]

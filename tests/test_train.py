@@ -332,6 +332,9 @@ def test_two_process_training_agrees(tmp_path):
     assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
     data_files = sorted(f for f in os.listdir(tmp_path / "checkpoints" / "4" / "data") if f.endswith(".json"))
     assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]
+    # process 0 writes the integrity record after every process's files are written: both are in it
+    man = checkpoint.verify_checkpoint(str(tmp_path / "checkpoints" / "4"), "full")
+    assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(man["files"])
 
 
 def test_write_system_never_replaces_a_users_folder(tmp_path):

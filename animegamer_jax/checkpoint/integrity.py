@@ -12,12 +12,14 @@ truncated file would show up as a raw TensorStore error and overwritten bytes wo
 - ``"full"``: the sha256 of every byte.
 
 Any missing, truncated or damaged file gives one :class:`CheckpointIntegrityError` line naming the
-file and the fix.
+file and the fix. Training checkpoints (train/checkpoint.py) carry the same record in every step
+folder, written inside orbax's commit, and are checked with :func:`verify_checkpoint` before a resume.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 
 from animegamer_jax import fileio, paths
 from animegamer_jax.checkpoint.errors import CLI, CheckpointIntegrityError, fix_hint
@@ -31,15 +33,17 @@ SAMPLE_BLOCKS = 16
 SAMPLE_BLOCK = 64 << 10
 
 
-def integrity_manifest(directory: str) -> dict:
+def integrity_manifest(directory: str, skip: Collection[str] = ()) -> dict:
     """Sizes and hashes of every file under ``directory`` (what ``integrity.json`` holds).
 
     ``{"format": 1, "sample": {...}, "files": {relpath: {"size", "sha256"[, "sampled_sha256"]}}}``;
     ``sampled_sha256`` (fileio.sha256_sampled) only for files over :data:`FULL_HASH_BELOW` bytes.
+    Each file is read once, in chunks (streamed). ``skip``: relative paths left out (files that are
+    still rewritten after the record, e.g. orbax's ``_CHECKPOINT_METADATA`` of a training step).
     """
     files = {}
     for rel in fileio.walk_files(directory):
-        if rel == INTEGRITY_FILE:
+        if rel == INTEGRITY_FILE or rel in skip:
             continue
         path = paths.join(directory, rel)
         n = fileio.size(path)
@@ -51,15 +55,17 @@ def integrity_manifest(directory: str) -> dict:
                                     "block": SAMPLE_BLOCK}, "files": files}
 
 
-def write_integrity(directory: str) -> str:
-    """Writes ``directory/integrity.json`` for the files there now (atomic); returns its path."""
+def write_integrity(directory: str, skip: Collection[str] = ()) -> str:
+    """Writes ``directory/integrity.json`` for the files there now but ``skip`` (atomic); returns its path."""
     path = paths.join(directory, INTEGRITY_FILE)
-    fileio.write_text_atomic(path, json.dumps(integrity_manifest(directory), indent=1, sort_keys=True) + "\n")
+    fileio.write_text_atomic(path, json.dumps(integrity_manifest(directory, skip), indent=1, sort_keys=True) + "\n")
     return path
 
 
-def read_integrity(directory: str) -> dict:
+def read_integrity(directory: str, fix: str | None = None) -> dict:
     """The parsed ``integrity.json`` of ``directory``.
+
+    ``fix``: the sentence a damaged manifest's message ends with (None: :func:`errors.fix_hint`'s).
 
     Raises:
       CheckpointIntegrityError: the file is absent, or is not a manifest of sizes and hashes.
@@ -77,8 +83,8 @@ def read_integrity(directory: str) -> dict:
             int(v["size"]), str(v["sha256"])
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise CheckpointIntegrityError(
-            f"{path} is damaged ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'bad content'}). "
-            f"{fix_hint(directory)}") from None
+            _with_fix(f"{path} is damaged ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else 'bad content'}).", directory, fix)) from None
     return man
 
 
@@ -86,7 +92,7 @@ def read_integrity(directory: str) -> dict:
 _VERIFIED: set[tuple[str, str, str]] = set()
 
 
-def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
+def verify_checkpoint(directory: str, mode: str = "fast", fix: str | None = None) -> dict:
     """Checks every file of a system checkpoint against its ``integrity.json``; returns the latter.
 
     A check this process already passed is not repeated while the manifest and every listed file's
@@ -95,6 +101,8 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
     Args:
       mode: ``"fast"`` (sizes; full sha256 of files up to :data:`FULL_HASH_BELOW` bytes, sampled
         blocks of larger ones) or ``"full"`` (sha256 of every byte).
+      fix: the sentence each message ends with (None: :func:`errors.fix_hint`'s, for a system
+        checkpoint; "" for none: a caller that words its own).
 
     Raises:
       CheckpointIntegrityError: no or damaged ``integrity.json``, or a file missing, of another
@@ -104,7 +112,7 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
     if mode not in ("fast", "full"):
         raise ValueError(f"verify mode must be 'fast' or 'full', got {mode!r}")
     directory = str(paths.as_path(directory))
-    man = read_integrity(directory)
+    man = read_integrity(directory, fix)
     key = (directory, mode, _stamp(directory, man))
     if key in _VERIFIED:
         return man
@@ -112,13 +120,13 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
     for rel, want in sorted(man["files"].items()):
         path = paths.join(directory, rel)
         if not fileio.isfile(path):
-            raise CheckpointIntegrityError(f"{directory}: file {rel} is missing (the checkpoint is incomplete). "
-                                           f"{fix_hint(directory)}")
+            raise CheckpointIntegrityError(_with_fix(f"{directory}: file {rel} is missing (the checkpoint is "
+                                                     f"incomplete).", directory, fix))
         n = fileio.size(path)
         if n != want["size"]:
             what = "truncated" if n < want["size"] else "longer than saved"
-            raise CheckpointIntegrityError(f"{directory}: file {rel} is {what} ({n} bytes, {want['size']} when "
-                                           f"saved). {fix_hint(directory)}")
+            raise CheckpointIntegrityError(_with_fix(f"{directory}: file {rel} is {what} ({n} bytes, "
+                                                     f"{want['size']} when saved).", directory, fix))
         if mode == "fast" and "sampled_sha256" in want:
             got = fileio.sha256_sampled(path, n, int(sample.get("block", SAMPLE_BLOCK)),
                                         int(sample.get("blocks", SAMPLE_BLOCKS)))
@@ -126,12 +134,18 @@ def verify_checkpoint(directory: str, mode: str = "fast") -> dict:
         else:
             ok = fileio.sha256_file(path) == want["sha256"]
         if not ok:
-            raise CheckpointIntegrityError(f"{directory}: file {rel} is damaged (its sha256 differs from the "
-                                           f"one saved in {INTEGRITY_FILE}). {fix_hint(directory)}")
+            raise CheckpointIntegrityError(_with_fix(f"{directory}: file {rel} is damaged (its sha256 differs "
+                                                     f"from the one saved in {INTEGRITY_FILE}).", directory, fix))
     if mode == "full":
         _VERIFIED.add((directory, "fast", key[2]))
     _VERIFIED.add(key)
     return man
+
+
+def _with_fix(message: str, directory: str, fix: str | None) -> str:
+    """``message`` and the fix sentence (``fix``; None: :func:`errors.fix_hint`'s; "": none)."""
+    fix = fix_hint(directory) if fix is None else fix
+    return f"{message} {fix}" if fix else message
 
 
 def _stamp(directory: str, man: dict) -> str:

@@ -7,7 +7,9 @@
 
 Every process of a multi-host job runs the same command (launch/); ``jax.distributed`` starts
 from the environment. ``--config.train.init_checkpoint=DIR`` starts from a system checkpoint
-(converted weights or an earlier phase); a rerun with the same workdir resumes.
+(converted weights or an earlier phase); a rerun with the same workdir resumes from the newest intact
+checkpoint (a damaged newer one is named in one line and kept aside as ``<step>.damaged-<n>``), or from
+``--config.train.resume_step=N``.
 
 SIGTERM (a preempting scheduler, on one process or all) and SIGINT (Ctrl-C) stop training at the next
 step every process agrees on, after saving a checkpoint there; the command then prints one line
@@ -26,6 +28,7 @@ from ml_collections import config_flags
 from animegamer_jax import checkpoint, parallel
 from animegamer_jax.cli import define_verbosity, run_command, status
 from animegamer_jax.parallel import distributed
+from animegamer_jax.train import checkpoint as train_checkpoint
 from animegamer_jax.train import loop, pipeline
 
 PROG = "python -m animegamer_jax.train"
@@ -66,10 +69,12 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
     SIGINT stopped it at a saved step, 2 with one line for a bad command line, a bad
-    ``--config.train.init_checkpoint`` or a workdir of another run, 130 after a second Ctrl-C."""
+    ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or
+    a missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C."""
     args = list(sys.argv[1:] if argv is None else argv)
     return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
-                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError),
+                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError,
+                               train_checkpoint.CheckpointResumeError),
                        interrupted="stopped at once, without saving the step in progress; rerun the same "
                                    "command to resume from the newest checkpoint (WORKDIR/checkpoints)")
 

@@ -8,7 +8,8 @@ unchanged (donated, so no copy). In/out shardings come from the logical annotati
 replicated scalars. Parameters are born sharded (jitted init with ``out_shardings``).
 
 :func:`fit` runs the step with orbax checkpoints (model + optimizer + step + Grain iterator state),
-resumes from the latest one, stops on a non-finite loss keeping the last good checkpoint, stops
+resumes from the newest intact one (a damaged newer one is kept aside:
+``CheckpointManager.resume_step``), stops on a non-finite loss keeping the last good checkpoint, stops
 early on SIGTERM / SIGINT at a step every process agrees on after saving a normal checkpoint there
 (``parallel.distributed.PreemptionGuard``), and writes TensorBoard summaries (loss, lr, grad norm,
 throughput, MFU) and a tqdm progress bar with ETA. Determinism: the step's PRNG key is ``fold_in(key(seed), step)``, so a resumed run draws the
@@ -280,6 +281,7 @@ def fit(
     peak_tflops_per_device: float = 0.0,
     hooks: tuple[Callable[[int, nnx.State, Any], None], ...] = (),
     allow_resume_mismatch: bool = False,
+    resume_step: int | None = None,
 ) -> FitResult:
     """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
 
@@ -309,6 +311,9 @@ def fit(
       allow_resume_mismatch: resume even when the checkpoint's run fields (:data:`RUN_FIELDS`:
         ``meta`` (JSON-able) plus ``num_steps``, ``global_batch_size``, grad accumulation) differ from this
         run's; the differences are logged (``--config.train.allow_resume_mismatch=True``).
+      resume_step: the checkpoint step to resume from; None or negative: the newest intact one
+        (``CheckpointManager.resume_step``: a damaged newer step is named in one line on stderr and
+        kept aside as ``<step>.damaged-<n>``; a step without an integrity record is restored unverified).
 
     Returns:
       :class:`FitResult`.
@@ -321,6 +326,8 @@ def fit(
         step count, batch, learning-rate schedule, seed, dataset or batch settings (one line naming
         each difference), unless
         ``allow_resume_mismatch``; nothing is restored or written then.
+      checkpoint.CheckpointResumeError: every checkpoint step is damaged, or ``resume_step`` is missing
+        or damaged (one line listing the steps; nothing moved, restored or written).
     """
     parallel.check_global_batch(global_batch_size, trainer.mesh, trainer.rules)
     ckpt_dir = str(paths.as_path(paths.join(workdir, "checkpoints")))  # absolute, as messages and FitResult show it
@@ -335,7 +342,7 @@ def fit(
                                      grad_accum_steps=int(trainer.grad_accum_steps))))
     try:
         guard = stack.enter_context(distributed.preemption_guard())  # closed in finally, handlers put back
-        latest = mngr.latest_step()
+        latest = mngr.resume_step(resume_step)
         if latest is not None:
             diffs = check_resume(mngr.read_meta(latest), run, ckpt_dir)
             if diffs and not allow_resume_mismatch:

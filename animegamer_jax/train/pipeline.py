@@ -224,7 +224,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         init_state=init_state, progress=bool(t.progress),
         meta=meta,
         peak_tflops_per_device=float(t.peak_tflops_per_device), hooks=hooks,
-        allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after)
+        allow_resume_mismatch=bool(t.get("allow_resume_mismatch", False)), stop_after=stop_after,
+        resume_step=int(t.get("resume_step", -1)))
     if result.preempted:
         raise loop.Preempted(result.preempted, phase, result.end_step, result.checkpoint_dir)
     if stop_after is not None and result.end_step < steps * accum:
@@ -244,6 +245,8 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
     """Runs ``config.train.pipeline`` (default a1 -> a2 -> b -> c), each phase starting from the previous
     phase's system checkpoint, with ``config.train.pipeline_steps`` steps and
     ``config.train.pipeline_learning_rates`` peak LRs each when given; returns the final system checkpoint.
+    ``config.train.resume_step`` applies to the first phase that runs (the one that resumes); later
+    phases resume from their newest intact step.
 
     Raises:
       ValueError: an unknown phase in the pipeline, or ``pipeline_steps`` / ``pipeline_learning_rates``
@@ -263,6 +266,7 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
     for name, given in (("pipeline_steps", steps), ("pipeline_learning_rates", lrs)):
         if given and len(given) != len(pipeline):
             raise ValueError(f"config.train.{name} {given} must give one value per phase of {pipeline}")
+    first_run = True
     with distributed.preemption_guard() as guard:
         for i, phase in enumerate(pipeline):
             c = copy.deepcopy(config)
@@ -279,6 +283,9 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
                 if guard.stop_agreed():  # before building the phase's model and data
                     raise loop.Preempted(guard.reason, phase, 0, paths.join(workdir, phase, "checkpoints"))
                 t0 = time.time()
+                if not first_run:  # train.resume_step names a step of the first phase that runs
+                    c.train.resume_step = -1
+                first_run = False
                 run_phase(c, paths.join(workdir, phase), system_out=out, compiler_options=compiler_options)
                 status("phase %s done in %.0f s -> %s", phase, time.time() - t0, out)
             prev = out
