@@ -192,6 +192,25 @@ def test_a_step_without_a_record_is_restored_unverified(trainer, full_run, run, 
     _same_state(r.state, full_run[1].state)
 
 
+def test_a_damaged_step_without_a_record_fails_in_one_line_naming_an_older_step(trainer, run, capsys):
+    """An unverified step whose restore fails (here every array data file of its state emptied) is one line
+    naming it, the error and the older step to resume from; nothing is moved."""
+    ckpts = run / "checkpoints"
+    os.remove(ckpts / "4" / checkpoint.INTEGRITY_FILE)
+    for d, _, fs in os.walk(ckpts / "4" / "state"):
+        for f in fs:
+            if os.path.basename(d) == "d":
+                os.truncate(os.path.join(d, f), 0)
+    with pytest.raises(ckpt_lib.CheckpointResumeError) as e:
+        loop.fit(trainer, toy_data(4), num_steps=4, workdir=str(run), global_batch_size=4, checkpoint_every=2,
+                 progress=False)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"checkpoint {ckpts}/4 (saved without integrity.json, so unverified) "
+                                              f"could not be restored, it may be damaged: "), msg
+    assert msg.endswith("Fix: resume from an older step with --config.train.resume_step=2 (steps here: 2, 4)"), msg
+    assert sorted(os.listdir(ckpts)) == ["2", "4"]
+
+
 def test_pipeline_passes_resume_step_to_the_first_phase_that_runs(monkeypatch, tmp_path):
     seen = []
     cfg = tiny.get_config()

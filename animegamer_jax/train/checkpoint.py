@@ -267,13 +267,28 @@ class CheckpointManager:
           abstract_state: ``nnx.State`` whose leaves are ``jax.ShapeDtypeStruct`` with shardings
             (:meth:`animegamer_jax.train.loop.Trainer.abstract_state`).
           data_iterator: a fresh iterator of the identically built loader; its state is set in place.
+
+        Raises:
+          CheckpointResumeError: a step without ``integrity.json`` (saved before training checkpoints
+            carried one) failed to restore: one line naming it, the error and an older step to use.
         """
         target = _pure(abstract_state)
         items = {"state": ocp.args.PyTreeRestore(item=target, restore_args=array_restore_args(target)),
                  "meta": ocp.args.JsonRestore()}
         if data_iterator is not None:
             items["data"] = _iterator_restore_args(data_iterator)
-        out = self._mngr.restore(int(step), args=ocp.args.Composite(**items))
+        try:
+            out = self._mngr.restore(int(step), args=ocp.args.Composite(**items))
+        except Exception as e:  # orbax / tensorstore / grain raise many kinds for a damaged file
+            if fileio.isfile(paths.join(self.step_dir(step), INTEGRITY_FILE)):
+                raise  # verified intact: not a damaged file, a real error
+            older = [s for s in self.all_steps() if s < int(step)]
+            fix = (f"resume from an older step with --config.train.resume_step={older[-1]} (steps here: "
+                   f"{', '.join(map(str, self.all_steps()))})" if older else "start again in a new --workdir")
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise CheckpointResumeError(
+                f"checkpoint {self.step_dir(step)} (saved without {INTEGRITY_FILE}, so unverified) could not be "
+                f"restored, it may be damaged: {type(e).__name__}: {first}. Fix: {fix}") from e
         state = jax.tree.map(lambda x: x, abstract_state)
         state.replace_by_pure_dict(out["state"])
         return state, dict(out["meta"])
