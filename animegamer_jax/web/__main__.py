@@ -30,6 +30,7 @@ from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
+from animegamer_jax.game.script import SEED_RANGE
 from animegamer_jax.web.app import create_app, no_auth_warning
 from animegamer_jax.web.server import MAX_QUEUE, build_server
 
@@ -38,9 +39,10 @@ def define_flags(fv) -> None:
     """The web app's own flags on ``fv``, next to game/flags.py's ``common_flags`` (less ``--overwrite``)
     and ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
     ``--config.a.b=v`` overrides a field of either)."""
-    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", flag_values=fv)
+    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", lower_bound=SEED_RANGE[0],
+                         upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).", flag_values=fv)
-    flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
+    flags.DEFINE_integer("port", 7860, "TCP port.", lower_bound=0, upper_bound=65535, flag_values=fv)
     flags.DEFINE_integer("max_queue", MAX_QUEUE, "Turns that may wait for the model; past that a turn is refused "
                          "with HTTP 503 'busy, try again' and Retry-After.", lower_bound=1, flag_values=fv)
     flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "

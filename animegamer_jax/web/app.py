@@ -21,7 +21,7 @@ Routes (every asset is served from this package; the page needs no internet):
 Every refusal is a 4xx (or the 503 above) with a JSON body ``{"error": "<one line>"}``:
 
 * 400: a body that is not JSON (invalid UTF-8, nested too deep), bad instruction text
-  (:func:`~animegamer_jax.web.server.check_text`), a session cookie this server did not issue
+  (:func:`~animegamer_jax.game.script.check_text`), a session cookie this server did not issue
   (the reply clears it);
 * 403: a POST with a well-formed session cookie the server does not know (it expired or the server
   restarted: reload the page); GET requests with such a cookie get a new session;

@@ -17,9 +17,10 @@
 * **Memory**: bounded by the sessions kept (``max_sessions`` idle ones, each holding its game's
   turns: frames and MLLM representations) plus the queue; a finished turn's event log (its
   streamed frames) is dropped once its stream ends.
-* **Input**: instruction text is one line of printable text (:func:`check_text`): control
-  characters (which would reach the server's log and terminal), lone surrogates (which cannot be
-  written as UTF-8) and bidirectional overrides are refused.
+* **Input**: instruction text is one line of printable text (game/script.py :func:`check_text`, the
+  text policy of every front end): control characters (which would reach the server's log and
+  terminal), lone surrogates (which cannot be written as UTF-8), bidirectional overrides and
+  invisible format characters are refused.
 * **Streaming**: a turn's events (``queued``, ``started``, ``frames`` once per decoded VAE chunk,
   ``done`` or ``error``) go to the player as they happen (:class:`Job`).
 * **Failures**: a turn that raises (in the model or while saving) leaves the game as it was
@@ -40,7 +41,6 @@ import shutil
 import threading
 import time
 import traceback
-import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -53,7 +53,7 @@ from animegamer_jax.game.api import FRAME_RANGE, apply_mode
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.script import FIELDS, GameScriptError, Turn
+from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
 from animegamer_jax.game.window import METER_NAMES, InstructionTooLongError
 
@@ -68,8 +68,6 @@ SEED_RANGE = (-2**63, 2**63 - 1)
 MAX_QUEUE = 32
 #: seconds a batch is assumed to take before one has been timed (for ``Retry-After``)
 DEFAULT_BATCH_S = 5.0
-# explicit bidirectional formatting characters ("Trojan Source"): they reorder how text is shown
-_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
 
 class BadInput(ValueError):
@@ -90,22 +88,6 @@ class QueueFull(RuntimeError):
     def __init__(self, message: str, retry_after_s: int):
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-def check_text(key: str, value: str) -> None:
-    """Refuses instruction text that is not one line of printable text.
-
-    Raises:
-      BadInput: ``value`` holds a control character (category Cc: newlines, tabs, ESC, NUL, DEL,
-        C1), a lone surrogate (Cs) or a bidirectional formatting character; the message names the
-        character (``U+001B``), its position and the fix.
-    """
-    for i, ch in enumerate(value):
-        cat = unicodedata.category(ch)
-        if cat in ("Cc", "Cs") or ch in _BIDI:
-            kind = {"Cc": "control character", "Cs": "lone surrogate"}.get(cat, "bidirectional formatting character")
-            raise BadInput(f"{key!r} contains the {kind} U+{ord(ch):04X} at position {i}. Fix: an instruction "
-                           f"is one line of plain text; remove it", (key,) if key in FIELDS else ("line",))
 
 
 def session_id_ok(sid: str) -> bool:
@@ -310,7 +292,10 @@ class GameServer:
             if not isinstance(body.get(k, ""), str):
                 raise BadInput(f"{k!r} must be a string, got {type(body[k]).__name__}",
                                (k,) if k in FIELDS else ("line",))
-            check_text(k, body.get(k, ""))
+            try:
+                check_text(body.get(k, ""), repr(k))
+            except GameScriptError as e:
+                raise BadInput(str(e), (k,) if k in FIELDS else ("line",)) from None
         line = body.get("line", "")
         where = f"turn {len(s.game) + 1 if s.game else 1}"
         try:
