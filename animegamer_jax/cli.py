@@ -43,6 +43,7 @@ from jax._src import xla_bridge  # backends_are_initialized: no public equivalen
 from absl import flags
 from absl import logging as absl_logging
 
+from animegamer_jax import config as config_lib
 from animegamer_jax import paths
 
 #: loggers (std logging names) that are set to WARNING unless --verbosity >= 0
@@ -220,11 +221,20 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
     fv = flags.FlagValues()
     overrides = [a for a in argv[1:] if a.startswith("--config.")]
     try:
+        for path in _config_paths(argv):
+            config_lib.check_config_file(path)
+    except config_lib.ConfigError as e:
+        raise UsageError(str(e)) from None
+    try:
         define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
     except (AttributeError, KeyError) as e:
         raise _override_error(overrides, e) from None
     except OSError as e:
         raise _config_file_error(argv, e) from None
+    except (SyntaxError, ImportError, NameError) as e:  # a config file that fails to import
+        raise UsageError(f"cannot load the config file {_config_paths(argv)}: {type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''}. Fix: pass a Python config file with a "
+                         f"get_config(), e.g. --config=configs/tiny.py") from None
     except (flags.Error, ValueError, TypeError) as e:
         raise UsageError(f"bad config or override {overrides}: {e}") from None
     if any(a in HELP_ARGS for a in argv[1:]):
@@ -243,6 +253,11 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
         raise UsageError(f"{e}. See --help") from None
     except OSError as e:
         raise _config_file_error(argv, e) from None
+    except (SyntaxError, ImportError, NameError) as e:
+        raise UsageError(f"cannot load the config file {_config_paths(argv)}: {type(e).__name__}: {e}. Fix: pass "
+                         f"a Python config file with a get_config(), e.g. --config=configs/tiny.py") from None
+    if "config" in fv:
+        _validate_config(fv)
     if positional is not None and len(rest) - 1 != len(positional):
         if not positional:
             raise UsageError(f"unexpected arguments {rest[1:]}; {argv[0]} takes flags only (see --help)")
@@ -251,11 +266,45 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
     return fv, rest[1:]
 
 
+def _config_paths(argv: Sequence[str]) -> list[str]:
+    """The ``--config=PATH`` / ``--config PATH`` values of ``argv``."""
+    out = []
+    for i, a in enumerate(argv[1:], start=1):
+        if a.startswith("--config="):
+            out.append(a.split("=", 1)[1])
+        elif a == "--config" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+    return out
+
+
+def _validate_config(fv: flags.FlagValues) -> None:
+    """``config.validate`` of the parsed ``--config`` (overrides applied), as a :class:`UsageError`.
+
+    A config file that is not there is reported where the command first reads it (config_flags
+    loads it lazily); a value that is not a config (a command's own ``--config`` flag) is not checked.
+    """
+    try:
+        value = fv["config"].value
+    except (OSError, AttributeError):
+        return
+    if not hasattr(value, "keys"):
+        return
+    try:
+        config_lib.validate(value)
+    except config_lib.ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
 def _config_file_error(argv: Sequence[str], e: OSError) -> UsageError:
     """config_flags' "Failed loading config file ..." (a --config path that does not exist) as one line."""
     given = next((a.split("=", 1)[1] for a in argv[1:] if a.startswith("--config=")), "")
     return UsageError(f"cannot load the config file {given!r} (no such file, or it fails to import); give an "
                       f"existing config file, e.g. --config=configs/tiny.py")
+
+
+def one_line(e: BaseException) -> str:
+    """``str(e)`` as one line: a message of several lines (a library's) has them joined with ``; ``."""
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
 
 
 def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
@@ -294,7 +343,7 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
         rc = body(f, *rest)
         return 0 if rc is None else int(rc)
     except (UsageError, *errors) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return USAGE_EXIT
     except OSError as e:  # config_flags loads --config lazily: a missing file surfaces at first use
         if "Failed loading config file" not in str(e):
@@ -314,13 +363,16 @@ def run_subcommand(argv: Sequence[str] | None, commands: Mapping[str, Callable[[
                    doc: str) -> int:
     """``<program> KIND [args]``: runs ``commands[KIND](args)`` and returns its exit status (None: 0).
 
-    No kind prints ``doc`` (exit status 2); ``-h`` / ``--help`` prints it with exit status 0; an unknown
-    kind is a one-line ``error: unknown kind ...`` naming the kinds (2).
+    ``-h`` / ``--help`` prints ``doc`` with exit status 0; no kind, or an unknown one, is one
+    ``error: ...`` line naming the kinds (2).
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in HELP_ARGS:
+    if args and args[0] in HELP_ARGS:
         print(doc, file=sys.stderr)
-        return 0 if args else USAGE_EXIT
+        return 0
+    if not args:
+        print(f"error: expected a kind: one of {', '.join(commands)} (see --help)", file=sys.stderr)
+        return USAGE_EXIT
     if args[0] not in commands:
         print(f"error: unknown kind {args[0]!r}; choose one of {', '.join(commands)}", file=sys.stderr)
         return USAGE_EXIT

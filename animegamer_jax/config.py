@@ -79,3 +79,138 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str] 
             raise ConfigError(f"config key {key!r} expects {type(old).__name__}, got {value!r}")
         parent[parts[-1]] = value
     return config
+
+
+#: the training phases (``train.phase``, ``train.pipeline``; train/model.py builds each); "all" runs the pipeline
+TRAIN_PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d")
+#: game modes (``game.mode``)
+GAME_MODES = ("default", "reference")
+#: what a seed may be: a signed 64-bit integer
+SEED_RANGE = (-2**63, 2**63 - 1)
+
+# (key, lowest value allowed, what the value is): numbers checked by :func:`validate` when present
+_AT_LEAST = (
+    ("game.fps", 1, "output video frames per second"),
+    ("game.max_instruction_tokens", 1, "tokens an instruction may take"),
+    ("game.contact_sheet_columns", 1, "frames per turn on the contact sheet"),
+    ("game.meter_step", 0, "meter change per state step"),
+    ("game.reference_max_new_tokens", 1, "the reference mode's token budget"),
+    ("diffusion.num_sampling_steps", 1, "sampling steps"),
+    ("diffusion.num_train_timesteps", 1, "DDPM steps"),
+    ("diffusion.student_grid_steps", 1, "steps of the teacher's grid"),
+    ("data.fps", 1e-9, "frames sampled per second"),
+    ("data.height", 1, "clip height (px)"),
+    ("data.width", 1, "clip width (px)"),
+    ("data.num_frames", 1, "frames per clip"),
+    ("data.clip_seconds", 1e-9, "clip length (s)"),
+    ("data.clip_stride_seconds", 0, "seconds between clip starts"),
+    ("data.max_turns", 1, "turns per multi-turn example"),
+    ("data.num_workers", 0, "grain worker processes"),
+    ("train.global_batch_size", 1, "examples per optimizer step"),
+    ("train.grad_accum_steps", 1, "micro-batches per optimizer step"),
+    ("train.num_steps", 0, "optimizer steps (0 = the paper's)"),
+    ("train.warmup_steps", 0, "warm-up steps"),
+    ("train.learning_rate", 0, "peak learning rate (0 = the paper's)"),
+    ("train.log_every", 1, "steps between summaries"),
+    ("train.checkpoint_every", 1, "steps between checkpoints"),
+    ("train.keep_checkpoints", 1, "checkpoints kept"),
+    ("train.sample_every", 0, "steps between sample videos (0 = never)"),
+    ("train.max_seq_len", 1, "MLLM training sequence length"),
+    ("mllm.history_window", 1, "turns in the MLLM's window"),
+)
+
+
+def _get(config, key: str):
+    node = config
+    for part in key.split("."):
+        if not hasattr(node, "keys") or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+_MISSING = object()
+
+
+def _seeds(config, prefix: str = ""):
+    """(key, value) of every field of ``config`` named ``seed`` or ``*_seed``, nested sections included."""
+    for k in config.keys():
+        v = config[k]
+        if hasattr(v, "keys"):
+            yield from _seeds(v, f"{prefix}{k}.")
+        elif k == "seed" or k.endswith("_seed"):
+            yield prefix + k, v
+
+
+def validate(config) -> None:
+    """Checks the values of a parsed config (after ``--config.a.b=value`` overrides) before any work.
+
+    Checked when present: the numbers of :data:`_AT_LEAST` (a count, size, rate or step that must be
+    at least 1, or at least 0: ``game.fps=0`` is refused here, not after a game was computed), every
+    ``seed`` / ``*_seed`` field (an integer that fits a signed 64 bits), ``train.phase`` (one of
+    :data:`TRAIN_PHASES` or ``"all"``), ``train.pipeline`` (phases) and ``game.mode``.
+
+    Raises:
+      ConfigError: the first bad value, named with its key, what it is and the fix.
+    """
+    for key, low, what in _AT_LEAST:
+        v = _get(config, key)
+        if v is _MISSING or v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= low) or v != v or v == float("inf"):
+            bound = "greater than 0" if 0 < low < 1 else f"at least {low}"
+            raise ConfigError(f"config value {key}={v!r} is out of range: {what} must be a finite number "
+                              f"{bound}. Fix: --config.{key}=<a value {bound}>")
+    for key, v in _seeds(config):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
+            raise ConfigError(f"config value {key}={v!r} is not a seed: seeds are integers from -2**63 to "
+                              f"2**63 - 1. Fix: --config.{key}=0 (or another integer in that range)")
+    phase = _get(config, "train.phase")
+    if phase is not _MISSING and phase not in (*TRAIN_PHASES, "all"):
+        raise ConfigError(f"config value train.phase={phase!r} is not a training phase. Fix: "
+                          f"--config.train.phase= one of {', '.join(TRAIN_PHASES)} or all")
+    pipeline = _get(config, "train.pipeline")
+    if pipeline is not _MISSING:
+        bad = [p for p in (pipeline or ()) if p not in TRAIN_PHASES]
+        if bad or isinstance(pipeline, str):
+            raise ConfigError(f"config value train.pipeline={pipeline!r} holds no training phase {bad or pipeline!r}. "
+                              f"Fix: a tuple of {', '.join(TRAIN_PHASES)}, e.g. --config.train.pipeline=\"('a1','a2')\"")
+    mode = _get(config, "game.mode")
+    if mode is not _MISSING and mode not in GAME_MODES:
+        raise ConfigError(f"config value game.mode={mode!r} is not a game mode. Fix: --config.game.mode=default "
+                          f"or =reference")
+
+
+def check_config_file(path: str) -> None:
+    """Checks that the config file ``path`` (``file.py`` or ``file.py:arg``, config_flags' form) is a
+    readable Python text file before it is imported (a URL is left to the loader).
+
+    Raises:
+      ConfigError: no such file, a folder, a file that is binary (NUL bytes, not UTF-8), or one that never
+        mentions ``get_config``: not a config file.
+    """
+    local = path if os.path.exists(path) else path.split(":", 1)[0]
+    if "://" in path:
+        return
+    if not os.path.exists(local):
+        raise ConfigError(f"config file {local!r} not found. Fix: give an existing config file, e.g. "
+                          f"--config=configs/tiny.py")
+    if os.path.isdir(local):
+        raise ConfigError(f"config file {local!r} is a folder. Fix: pass a config file, e.g. --config=configs/tiny.py")
+    try:
+        with open(local, "rb") as fh:
+            head = fh.read(1 << 20)
+        head.decode("utf-8") if len(head) < 1 << 20 else head[: 1 << 19].decode("utf-8", "ignore")
+    except UnicodeDecodeError:
+        head = b"\0"
+    except OSError as e:
+        raise ConfigError(f"config file {local!r} cannot be read ({e.strerror or e}). Fix: pass a readable "
+                          f"config file") from None
+    if b"\0" in head:
+        raise ConfigError(f"config file {local!r} is binary, not a Python config file. Fix: pass a config file "
+                          f"with a get_config(), e.g. --config=configs/tiny.py")
+    if b"get_config" not in head:
+        raise ConfigError(f"config file {local!r} defines no get_config(). Fix: pass a config file with a "
+                          f"get_config(), e.g. --config=configs/tiny.py")

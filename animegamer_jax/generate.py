@@ -60,7 +60,7 @@ def _generate(f, config, *rest: str) -> int:
         raise UsageError(f"expected one JSONL file of games, got {list(rest) or 'none'}")
     try:
         out_dir = f.out or config.game.out_dir
-        writers.check_writable(out_dir)
+        writers.check_writable(out_dir, keep=False)  # created when a game is written
         games = load_jsonl(rest[0])
         mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
         system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,

@@ -28,6 +28,7 @@ game/engine.py ``apply_layout``). ``--config.game.play_layout=batch`` uses ``con
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import jax
@@ -42,7 +43,7 @@ from animegamer_jax.game.engine import GameEngine, apply_layout
 from animegamer_jax.game.flags import run_game_command, setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import print_turn, save_game, summary
-from animegamer_jax.game.script import Game, GameScriptError, load_script, parse_instruction
+from animegamer_jax.game.script import SEED_RANGE, Game, GameScriptError, load_script, parse_instruction
 from animegamer_jax.game.window import InstructionTooLongError, encode_instruction, validate_games
 
 
@@ -54,9 +55,34 @@ def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dic
     save takes effect once that turn is saved. Ctrl-D (EOF) or Ctrl-C ends the game; a turn interrupted
     before its save began is dropped.
 
+    A line that is not UTF-8 or that the text policy refuses (game/script.py ``check_text``; an
+    undecodable byte is read as a lone surrogate, ``errors="surrogateescape"``) gets one ``error:``
+    line on stderr, like any bad instruction, and play goes on with the next line.
+
     Returns:
       (the result of the turns saved, None if none; the interruption that ended the game, None at EOF).
     """
+    with _stdin_errors("surrogateescape"):
+        return _play_lines(engine, game_id, seed, save)
+
+
+@contextlib.contextmanager
+def _stdin_errors(errors: str):
+    """Inside, ``sys.stdin`` decodes with ``errors`` (a text stream that cannot be reconfigured is left as is)."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    previous = getattr(sys.stdin, "errors", None)
+    if reconfigure is None or previous is None:
+        yield
+        return
+    reconfigure(errors=errors)
+    try:
+        yield
+    finally:
+        reconfigure(errors=previous)
+
+
+def _play_lines(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dict | None, KeyboardInterrupt | None]:
+    """:func:`_interactive`'s loop over the lines of stdin."""
     run = engine.new_run()
     turns, results, timings = [], [], []
     b = engine.batch_size
@@ -101,7 +127,8 @@ def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dic
 
 def define_flags(fv) -> None:
     """play's own flags (next to game/flags.py's ``common_flags`` and ``--config``) on ``fv``."""
-    flags.DEFINE_integer("seed", None, "Game seed (default config.game.seed).", flag_values=fv)
+    flags.DEFINE_integer("seed", None, "Game seed (default config.game.seed).", lower_bound=SEED_RANGE[0],
+                         upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("game_id", None, "Output folder name (default: the script's file name).", flag_values=fv)
     flags.DEFINE_alias("game-id", "game_id", flag_values=fv)
 
@@ -123,7 +150,7 @@ def _play(f, config, *rest: str) -> int:
         if f.game_id is not None:
             writers.check_game_id(f.game_id)
         out_dir = f.out or config.game.out_dir
-        writers.check_writable(out_dir)
+        writers.check_writable(out_dir, keep=False)  # created when a game is written
         game = load_script(script, f.game_id) if script != "-" else None
         game_id = game.game_id if game is not None else (f.game_id or "interactive")
         writers.check_game_id(game_id, "--game-id (default: the script's file name)")

@@ -304,7 +304,7 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
     assert "nothing written at gs://bucket/bad" in err
     gcs.invalidate_cache()
     assert not gcs.exists("bucket/bad") and os.listdir(tmp) == []
-    assert release.main(["gs://bucket/nope", "gs://bucket/bad2", "--config", config]) == 1
+    assert release.main(["gs://bucket/nope", "gs://bucket/bad2", "--config", config]) == 2
     assert "error: gs://bucket/nope: release folder not found" in capsys.readouterr().err
 
     # check-release reads a case from a URL too (its noise floors beside the cases folder)

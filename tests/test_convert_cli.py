@@ -66,7 +66,7 @@ def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):
     assert rest == ["src", "dst"] and f.config.dit.num_layers == 3 and f.config.name == "animegamer_2b_7b"
     assert f.allow_pickle  # the old --allow-pickle spelling still works
     # a missing SRC is one line naming it, with the override in effect and nothing written
-    assert cli.main(["release", str(tmp_path / "nope"), str(tmp_path / "out"), "--config.dit.num_layers=3"]) == 1
+    assert cli.main(["release", str(tmp_path / "nope"), str(tmp_path / "out"), "--config.dit.num_layers=3"]) == 2
     err = capsys.readouterr().err
     assert "release folder not found" in err and not (tmp_path / "out").exists()
 

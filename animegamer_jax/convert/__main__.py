@@ -36,8 +36,8 @@ KINDS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs ``KINDS[argv[0]].main(argv[1:])`` (cli_lib.run_subcommand: without a kind prints this module's
-    docstring, exit status 0 for ``--help``, else 2). Returns the exit status."""
+    """Runs ``KINDS[argv[0]].main(argv[1:])`` (cli_lib.run_subcommand: ``--help`` prints this
+    module's docstring, exit status 0; no kind or an unknown one is one ``error:`` line, exit status 2). Returns the exit status."""
     return cli_lib.run_subcommand(argv, {kind: module.main for kind, module in KINDS.items()}, __doc__)
 
 

@@ -800,6 +800,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _convert(f, src: str, dst: str) -> int:
     global ALLOW_PICKLE
+    if not fileio.isdir(src):  # a bad command line, one line before anything is read
+        raise cli.UsageError(f"{src}: release folder not found. Fix: pass the folder that holds AnimeGamer/, vae/, "
+                             f"google/, laion/ (the release's checkpoints/)")
     ALLOW_PICKLE = bool(f.allow_pickle)
     config, config_path = f.config, config_flags.get_config_filename(f["config"])
     t0 = time.perf_counter()

@@ -144,7 +144,8 @@ def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str,
     folder, renamed at the end). A dataset already there (any config of ``name``, and the ``replaces``
     paths, relative to ``out_dir``) is kept until the new one is complete: with ``overwrite`` the new one
     is built in a hidden ``out_dir/.building-*`` folder and swapped in. Incomplete and ``.building-*``
-    folders that a killed run left are removed first (one build per ``out_dir`` at a time).
+    folders that a killed run left are removed first (one build per ``out_dir`` at a time). A build that
+    fails into an ``out_dir`` it created removes that folder again.
 
     Args:
       make_builder: data_dir -> the builder (tfds builds into it).
@@ -176,9 +177,11 @@ def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str,
         log(f"removing {stale}: the incomplete build of an earlier run that stopped")
         fileio.rmtree(stale)
     options = beam_options(beam_pipeline_options)  # a bad option stops here, before anything is written
+    created = not os.path.exists(out_dir)
     fileio.makedirs(out_dir)
     build_dir = tempfile.mkdtemp(prefix=".building-", dir=out_dir) if existing else out_dir
     downloads = tempfile.mkdtemp(prefix=".tfds-downloads-", dir=out_dir)
+    ok = False
     try:
         builder = make_builder(build_dir)
         builder.download_and_prepare(download_dir=downloads, download_config=tfds.download.DownloadConfig(
@@ -205,10 +208,13 @@ def build(make_builder: Callable[[str], tfds.core.DatasetBuilder], out_dir: str,
                 parent = os.path.dirname(os.path.join(out_dir, old))
                 if parent != out_dir and os.path.isdir(parent) and not os.listdir(parent):
                     os.rmdir(parent)
+        ok = True
     finally:
         fileio.rmtree(downloads)
         if build_dir != out_dir:
             fileio.rmtree(build_dir)
+        if not ok and created and os.path.isdir(out_dir):  # a failed build leaves no folder this run made
+            fileio.rmtree(out_dir)
     return os.path.join(out_dir, rel)
 
 

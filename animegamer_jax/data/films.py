@@ -17,12 +17,21 @@ VIDEO_EXTENSIONS = (".mp4", ".mkv", ".avi", ".mov", ".webm", ".m4v")
 
 
 def parse_film_arg(arg: str) -> tuple[str, str]:
-    """``"FILM_ID=PATH"`` -> (FILM_ID, PATH); a bare ``"PATH"`` -> (file stem, PATH)."""
-    if "=" in arg:
+    """``"FILM_ID=PATH"`` -> (FILM_ID, PATH); a bare ``"PATH"`` -> (file stem, PATH).
+
+    Raises:
+      FileNotFoundError: PATH is a local path that is not a file (missing, or a folder), named with the
+        fix, so a command refuses it in one line before any work (a URL is checked when read).
+    """
+    if "=" in arg and not os.path.exists(arg):
         film_id, path = arg.split("=", 1)
     else:
         path = arg
         film_id = os.path.splitext(os.path.basename(path))[0]
+    if "://" not in path and not os.path.isfile(path):
+        what = "is a folder, not a video file" if os.path.isdir(path) else "no such video file"
+        raise FileNotFoundError(f"--film={arg}: {what}. Fix: pass --film=[ID=]PATH of a video file "
+                                f"(or --film_dir=FOLDER)")
     return film_id, path
 
 

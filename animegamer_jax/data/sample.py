@@ -230,8 +230,8 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``animegamer-sample`` on ``fv`` (absl)."""
     flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
-    flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", flag_values=fv)
-    flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", flag_values=fv)
+    flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", lower_bound=1, flag_values=fv)
     flags.DEFINE_bool("variants", False, "Write every film of VARIANTS into --out_dir.", flag_values=fv)
     flags.DEFINE_string("out_dir", "data/prepared/variants", "Folder of the variant films.", flag_values=fv)
     flags.DEFINE_string("labels_out", "", "With --variants: also write rule-based labels here (review them "

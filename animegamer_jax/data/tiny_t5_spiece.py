@@ -68,7 +68,7 @@ _CLI_DOC = "Train the tiny T5 sentencepiece used by configs/tiny.py."
 
 def _define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("out", "data/tiny_t5_spiece.model", "Output .model file.", flag_values=fv)
-    flags.DEFINE_integer("vocab_size", 384, "Most pieces of the trained model.", flag_values=fv)
+    flags.DEFINE_integer("vocab_size", 384, "Most pieces of the trained model.", lower_bound=1, flag_values=fv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(f) -> int:
+    if os.path.isdir(f.out):
+        raise cli_lib.UsageError(f"--out={f.out} is a folder. Fix: pass the path of the .model file to write")
     path = train_tiny_spiece(f.out, f.vocab_size)
     print(f"wrote {path} ({T5Tokenizer(path).vocab_size} pieces)")
     return 0

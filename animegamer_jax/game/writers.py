@@ -65,12 +65,26 @@ class OutputError(OSError):
     """The output folder cannot be created or written."""
 
 
-def check_writable(out_dir: str) -> None:
+def check_writable(out_dir: str, keep: bool = True) -> None:
     """Creates ``out_dir`` (a local path or a URL) if needed and checks a file can be written in it.
+
+    Args:
+      keep: False: the folders this call had to create are removed again once the check passed, so a
+        command that checks before its work and fails later leaves no empty folder behind (the
+        writer, :func:`write_game`, creates them when it writes).
 
     Raises:
       OutputError: the folder cannot be created or is not writable (message names it and the fix).
     """
+    created = []
+    if not keep:
+        p = out_dir.rstrip("/") or out_dir
+        while p and not fileio.exists(p):
+            created.append(p)
+            parent = p.rsplit("/", 1)[0] if "/" in p else ""
+            if parent == p or parent.endswith(":/") or parent.endswith(":"):
+                break
+            p = parent
     try:
         fileio.makedirs(out_dir)
         probe = paths.join(out_dir, f".write-probe-{uuid.uuid4().hex[:8]}")
@@ -79,6 +93,13 @@ def check_writable(out_dir: str) -> None:
     except OSError as e:
         raise OutputError(f"output folder {out_dir!r} is not writable ({e.strerror or e}). "
                           f"Fix: pass --out with a folder you can write to") from None
+    finally:
+        for p in created:  # deepest first; a folder something else wrote into meanwhile stays
+            try:
+                if fileio.isdir(p) and not fileio.listdir(p):
+                    fileio.rmdir(p)
+            except OSError:
+                break
 
 
 def _font(size: int) -> ImageFont.ImageFont:

@@ -26,6 +26,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from animegamer_jax import checkpoint, parallel
+from animegamer_jax.data import datasets
 from animegamer_jax.cli import define_verbosity, run_command, status
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import checkpoint as train_checkpoint
@@ -49,6 +50,9 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
     """Trains ``config.train.phase`` (one phase, or "all": the pipeline) and prints the system checkpoint;
     on SIGTERM / SIGINT prints where it stopped and the command (``argv``) that resumes, and returns 0."""
     config = f.config
+    phases = tuple(config.train.pipeline) if str(config.train.phase) == "all" else (str(config.train.phase),)
+    for phase in phases:  # a missing dataset is one line before any model is built
+        datasets.find(pipeline.phase_dataset_dir(config, phase))
     status("animegamer-train: phase %s, workdir %s (building the model) ...", config.train.phase, f.workdir)
     parallel.initialize()  # before the guard: jax.distributed's preemption service is its first choice
     opts = {"xla_backend_optimization_level": 0} if f.fast_compile else None
@@ -68,6 +72,7 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
+<<<<<<< HEAD
     SIGINT stopped it at a saved step, 2 with one line for a bad command line, a bad
     ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or
     a missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C."""
@@ -75,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
     return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
                        errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError,
                                train_checkpoint.CheckpointResumeError),
+=======
+    SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared dataset, a bad
+    ``--config.train.init_checkpoint`` or a workdir of another run, 130 after a second Ctrl-C."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
+                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError, datasets.DatasetError),
+>>>>>>> h41-input
                        interrupted="stopped at once, without saving the step in progress; rerun the same "
                                    "command to resume from the newest checkpoint (WORKDIR/checkpoints)")
 

@@ -31,6 +31,7 @@ from typing import Any
 import ml_collections
 from flax import nnx
 
+from animegamer_jax.config import TRAIN_PHASES
 from animegamer_jax.models import remat
 from animegamer_jax.models.cogvideox import dit as cogvideox_dit
 from animegamer_jax.models.lora import LoRAParam
@@ -38,7 +39,7 @@ from animegamer_jax.models.mistral import model as mistral_model
 from animegamer_jax.models.registry import build_component
 from animegamer_jax.train import losses
 
-PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d")
+PHASES: tuple[str, ...] = TRAIN_PHASES  # config.validate checks train.phase against the same names
 
 #: components held by each phase's TrainModel (frozen or not), in build order
 PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {

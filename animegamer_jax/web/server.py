@@ -22,9 +22,10 @@
   least recently seen dropped first. Any session unseen for ``idle_s`` seconds is dropped (its
   games stay saved on disk), unless a turn of it is queued or running. A finished turn's event log
   (its streamed frames) is dropped once its stream ends.
-* **Input**: instruction text is one line of printable text (:func:`check_text`): control
-  characters (which would reach the server's log and terminal), lone surrogates (which cannot be
-  written as UTF-8) and bidirectional overrides are refused.
+* **Input**: instruction text is one line of printable text (game/script.py :func:`check_text`, the
+  text policy of every front end): control characters (which would reach the server's log and
+  terminal), lone surrogates (which cannot be written as UTF-8), bidirectional overrides and
+  invisible format characters are refused.
 * **Streaming**: a turn's events (``queued``, ``started``, ``frames`` once per decoded VAE chunk,
   ``done`` or ``error``) go to the player as they happen (:class:`Job`).
 * **Failures**: a turn that raises (in the model or while saving) leaves the game as it was
@@ -45,7 +46,6 @@ import shutil
 import threading
 import time
 import traceback
-import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -58,7 +58,7 @@ from animegamer_jax.game.api import FRAME_RANGE, apply_mode
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.script import FIELDS, GameScriptError, Turn
+from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
 from animegamer_jax.game.window import METER_NAMES, InstructionTooLongError
 
@@ -79,8 +79,6 @@ MAX_SESSIONS = 64
 MAX_EMPTY_SESSIONS = 256
 #: default seconds a session may go unseen before it is dropped (its games stay saved on disk)
 SESSION_IDLE_S = 12 * 3600
-# explicit bidirectional formatting characters ("Trojan Source"): they reorder how text is shown
-_BIDI = set("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
 
 class BadInput(ValueError):
@@ -105,22 +103,6 @@ class QueueFull(RuntimeError):
     def __init__(self, message: str, retry_after_s: int):
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-def check_text(key: str, value: str) -> None:
-    """Refuses instruction text that is not one line of printable text.
-
-    Raises:
-      BadInput: ``value`` holds a control character (category Cc: newlines, tabs, ESC, NUL, DEL,
-        C1), a lone surrogate (Cs) or a bidirectional formatting character; the message names the
-        character (``U+001B``), its position and the fix.
-    """
-    for i, ch in enumerate(value):
-        cat = unicodedata.category(ch)
-        if cat in ("Cc", "Cs") or ch in _BIDI:
-            kind = {"Cc": "control character", "Cs": "lone surrogate"}.get(cat, "bidirectional formatting character")
-            raise BadInput(f"{key!r} contains the {kind} U+{ord(ch):04X} at position {i}. Fix: an instruction "
-                           f"is one line of plain text; remove it", (key,) if key in FIELDS else ("line",))
 
 
 def session_id_ok(sid: str) -> bool:
@@ -360,7 +342,10 @@ class GameServer:
             if not isinstance(body.get(k, ""), str):
                 raise BadInput(f"{k!r} must be a string, got {type(body[k]).__name__}",
                                (k,) if k in FIELDS else ("line",))
-            check_text(k, body.get(k, ""))
+            try:
+                check_text(body.get(k, ""), repr(k))
+            except GameScriptError as e:
+                raise BadInput(str(e), (k,) if k in FIELDS else ("line",)) from None
         line = body.get("line", "")
         where = f"turn {len(s.game) + 1 if s.game else 1}"
         try:
