@@ -26,8 +26,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from animegamer_jax import checkpoint, parallel
-from animegamer_jax.data import datasets
 from animegamer_jax.cli import define_verbosity, run_command, status
+from animegamer_jax.data import datasets
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import checkpoint as train_checkpoint
 from animegamer_jax.train import loop, pipeline
@@ -72,21 +72,13 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
-<<<<<<< HEAD
-    SIGINT stopped it at a saved step, 2 with one line for a bad command line, a bad
-    ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or
-    a missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C."""
+    SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared dataset, a bad
+    ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or a
+    missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C."""
     args = list(sys.argv[1:] if argv is None else argv)
     return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
                        errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError,
-                               train_checkpoint.CheckpointResumeError),
-=======
-    SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared dataset, a bad
-    ``--config.train.init_checkpoint`` or a workdir of another run, 130 after a second Ctrl-C."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
-                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError, datasets.DatasetError),
->>>>>>> h41-input
+                               train_checkpoint.CheckpointResumeError, datasets.DatasetError),
                        interrupted="stopped at once, without saving the step in progress; rerun the same "
                                    "command to resume from the newest checkpoint (WORKDIR/checkpoints)")
 

@@ -33,34 +33,23 @@ from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
-<<<<<<< HEAD
+from animegamer_jax.game.script import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_QUEUE, MAX_SESSIONS, build_server
-=======
-from animegamer_jax.game.script import SEED_RANGE
-from animegamer_jax.web.app import create_app, no_auth_warning
-from animegamer_jax.web.server import MAX_QUEUE, build_server
->>>>>>> h41-input
 
 
 def define_flags(fv) -> None:
     """The web app's own flags on ``fv``, next to game/flags.py's ``common_flags`` (less ``--overwrite``)
     and ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
     ``--config.a.b=v`` overrides a field of either)."""
-<<<<<<< HEAD
-    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", flag_values=fv)
+    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", lower_bound=SEED_RANGE[0],
+                         upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only); the server also answers to "
                         "this name in the Host header (0.0.0.0 or :: answer to any IP address and this machine's name).",
                         flag_values=fv)
     flags.DEFINE_string("token", None, "Secret every request must carry (16+ URL-safe characters): open "
                         "http://host:port/?token=TOKEN once, a cookie carries it from then on.", flag_values=fv)
-    flags.DEFINE_integer("port", 7860, "TCP port.", flag_values=fv)
-=======
-    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", lower_bound=SEED_RANGE[0],
-                         upper_bound=SEED_RANGE[1], flag_values=fv)
-    flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only).", flag_values=fv)
     flags.DEFINE_integer("port", 7860, "TCP port.", lower_bound=0, upper_bound=65535, flag_values=fv)
->>>>>>> h41-input
     flags.DEFINE_integer("max_queue", MAX_QUEUE, "Turns that may wait for the model; past that a turn is refused "
                          "with HTTP 503 'busy, try again' and Retry-After.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("max_sessions", MAX_SESSIONS, "Players whose games the server holds in memory; past that a "
