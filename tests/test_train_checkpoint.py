@@ -134,6 +134,7 @@ def test_every_step_damaged_is_one_line_and_moves_nothing(trainer, run, monkeypa
     # the train command: one line, exit 2, still nothing moved
     monkeypatch.setattr(pipeline, "run_phase", lambda config, workdir, **kw: loop.fit(
         trainer, toy_data(4), workdir=workdir, resume_step=int(config.train.resume_step), **KW))
+    monkeypatch.setattr(train_main.datasets, "find", lambda data_dir: None)  # toy data: no prepared dataset
     capsys.readouterr()
     argv = ["--config=configs/tiny.py", "--config.train.phase=a1", f"--workdir={run}"]
     assert train_main.main(argv) == 2

@@ -176,6 +176,7 @@ def test_train_command_prints_the_resume_line_and_exits_0(monkeypatch, capsys, t
         raise loop.Preempted("SIGTERM", "a2", 7, f"{workdir}/checkpoints")
 
     monkeypatch.setattr(pipeline, "run_phase", preempted)
+    monkeypatch.setattr(train_main.datasets, "find", lambda data_dir: None)  # no prepared dataset needed
     argv = ["--config=configs/tiny.py", "--config.train.phase=a2", f"--workdir={tmp_path}/my run"]
     assert train_main.main(argv) == 0
     err = capsys.readouterr().err.strip().splitlines()
