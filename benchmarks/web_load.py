@@ -46,7 +46,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from animegamer_jax import fileio  # noqa: E402
-from animegamer_jax.web.app import COOKIE  # noqa: E402
+from animegamer_jax.web.app import COOKIE, cookie_name  # noqa: E402
 from benchmarks.common import git_commit  # noqa: E402
 
 SERVING = re.compile(r"serving on (http://([^:/]+):(\d+))/")
@@ -152,19 +152,20 @@ class Player:
         self.host, self.port = m.group(1), int(m.group(2))
         self.timeout = timeout
         self.cookie: str | None = None
+        self.cookie_name = cookie_name(COOKIE, self.port)  # the session cookie of the server on this port
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
         """``(status, headers (lower-case names), response)``; the caller reads and closes the response."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         h = dict(headers or {})
         if self.cookie and "Cookie" not in h:
-            h["Cookie"] = f"{COOKIE}={self.cookie}"
+            h["Cookie"] = f"{self.cookie_name}={self.cookie}"
         if body is not None:
             h.setdefault("Content-Type", "application/json")
         conn.request(method, path, body=body, headers=h)
         resp = conn.getresponse()
         hdrs = {k.lower(): v for k, v in resp.getheaders()}
-        m = re.search(rf"{COOKIE}=([^;]*)", hdrs.get("set-cookie", ""))
+        m = re.search(rf"{self.cookie_name}=([^;]*)", hdrs.get("set-cookie", ""))
         if m:
             self.cookie = m.group(1) or None
         return resp.status, hdrs, resp

@@ -28,7 +28,8 @@ from animegamer_jax.game import writers
 from animegamer_jax.web import __main__ as web_main
 from starlette.requests import Request
 
-from animegamer_jax.web.app import COOKIE, STATIC, Guard, HttpThread, create_app, host_names, no_auth_warning
+from animegamer_jax.web.app import (COOKIE, STATIC, Guard, HttpThread, cookie_name, create_app, host_names,
+                                    no_auth_warning)
 from animegamer_jax.web.server import build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
 from test_serve import browser  # noqa: F401 - the headless Chromium fixture
@@ -258,10 +259,10 @@ def hostile_cases(own, other, guessed):
         ("HTML in a game id, no slash", get("/games/%3Cimg%20src=x%20onerror=alert(1)%3E/game.json", own), 404,
          "no such game file"),
         # sessions
-        ("tampered session cookie", get("/api/state", b'Cookie: ' + COOKIE.encode() + b'="x<script>"\r\n'), 400,
+        ("tampered session cookie", get("/api/state", b'Cookie: ' + COOKIE.encode() + b'_{port}="x<script>"\r\n'), 400,
          "not issued by this server"),
         ("session cookie with a path",
-         post("/api/turn", turn_with(), b"Cookie: " + COOKIE.encode() + b"=../../etc\r\n"), 400,
+         post("/api/turn", turn_with(), b"Cookie: " + COOKIE.encode() + b"_{port}=../../etc\r\n"), 400,
          "not issued by this server"),
         ("guessed session id: play", post("/api/turn", turn_with(), guessed), 403, "unknown to the server"),
         ("guessed session id: undo", post("/api/undo", b"", guessed), 403, "unknown to the server"),
@@ -315,7 +316,7 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     assert own.json("GET", "/api/state")[1]["turns"][0]["character"] == "<b>Bo</b>"
     played = server.turns_played
     before = {"root": tree(root), "static": tree(STATIC)}
-    cookie = lambda sid: f"Cookie: {COOKIE}={sid}\r\n".encode()  # noqa: E731
+    cookie = lambda sid: f"Cookie: {cookie_name(COOKIE, http.port)}={sid}\r\n".encode()  # noqa: E731
     guessed = "A" * 24
     assert server.find_session(guessed) is None
     got, wrong = [], []
@@ -340,8 +341,9 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     assert after == before
     assert sorted(os.listdir(root)) == ["games", "outside"] and os.listdir(root / "games") == [game_id]
     # a tampered cookie is cleared by the reply
-    status, hdrs, resp = Player(http.url).request("GET", "/api/state", headers={"Cookie": f"{COOKIE}=x.y"})
-    assert status == 400 and f'{COOKIE}=""' in hdrs["set-cookie"] and "Max-Age=0" in hdrs["set-cookie"]
+    name = cookie_name(COOKIE, http.port)
+    status, hdrs, resp = Player(http.url).request("GET", "/api/state", headers={"Cookie": f"{name}=x.y"})
+    assert status == 400 and f'{name}=""' in hdrs["set-cookie"] and "Max-Age=0" in hdrs["set-cookie"]
     resp.read()
     # the gallery escapes the instruction; every reply tells browsers not to sniff types
     status, page = own.get(f"/games/{game_id}/index.html")
@@ -407,7 +409,7 @@ def test_html_in_instructions_is_escaped_on_the_page(hosted, browser):  # noqa: 
     assert r["events"][-1]["event"] == "done"
     d = browser
     d.get(http.url + "/static/app.css")  # the cookie's origin, before the page loads
-    d.add_cookie({"name": COOKIE, "value": p.cookie, "path": "/"})
+    d.add_cookie({"name": cookie_name(COOKIE, http.port), "value": p.cookie, "path": "/"})
     d.get(http.url + "/")
     for _ in range(600):
         if d.execute_script("return document.querySelectorAll('#history figure').length") == 1:
@@ -482,10 +484,11 @@ def test_token_is_required_when_set(hosted):
         status, _, resp = p.request("GET", "/?token=" + token)
         resp.read()
         cookies = resp.headers.get_all("Set-Cookie")
-        assert status == 200 and len(cookies) == 2 and cookies[1].startswith(f"agj_token={token}; HttpOnly"), cookies
-        assert "SameSite=strict" in cookies[1] and cookies[0].startswith(f"{COOKIE}=")
+        assert status == 200 and len(cookies) == 2, cookies
+        assert cookies[1].startswith(f"agj_token_{http.port}={token}; HttpOnly"), cookies
+        assert "SameSite=strict" in cookies[1] and cookies[0].startswith(f"agj_session_{http.port}=")
         p.cookie = cookies[0].split(";")[0].split("=", 1)[1]
-        carried = {"Cookie": f"{COOKIE}={p.cookie}; agj_token={token}"}
+        carried = {"Cookie": f"agj_session_{http.port}={p.cookie}; agj_token_{http.port}={token}"}
         status, _, resp = p.request("GET", "/api/state", headers=carried)
         assert status == 200 and json.loads(resp.read())["turns"] == []
         status, _, resp = p.request("POST", "/api/turn", json.dumps(BUNNY).encode(), headers=carried)
@@ -501,6 +504,47 @@ def test_cli_refuses_a_weak_token(capsys):
     assert "--token must be 16 to 256 characters" in err[-1] and "warning" not in "".join(err)
     w = no_auth_warning("0.0.0.0", token=True)
     assert w.startswith("warning: serving on 0.0.0.0") and "plain HTTP" in w and "no authentication" not in w
+
+
+def test_servers_on_two_ports_of_one_host_keep_their_own_cookies(hosted, tmp_path):
+    """Browsers send a host's cookies to every port of it: one cookie jar (urllib's follows the same rule)
+    plays on one server, opens a second server's page (with its token), and still has its game and token
+    on the first."""
+    import urllib.request
+    from http.cookiejar import CookieJar
+
+    from animegamer_jax.web.server import GameServer
+
+    server, _, _ = hosted
+    token_a, token_b = "a" * 20, "b" * 20
+    a = HttpThread(create_app(server, token=token_a)).start()
+    b = HttpThread(create_app(GameServer(server.engine, str(tmp_path / "b")), token=token_b)).start()
+    jar = CookieJar()
+    browser_ = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+
+    def call(url, body=None):
+        req = urllib.request.Request(url, None if body is None else json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with browser_.open(req) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    try:
+        assert call(f"{a.url}/?token={token_a}")[0] == 200
+        status, stream = call(f"{a.url}/api/turn", BUNNY)
+        assert status == 200 and json.loads(stream.splitlines()[-1])["event"] == "done"
+        assert call(f"{b.url}/?token={token_b}")[0] == 200  # the second server's page, in the same browser
+        status, state = call(f"{a.url}/api/state")  # no ?token=: the first server's cookies
+        assert status == 200 and len(json.loads(state)["turns"]) == 1, state
+        status, state = call(f"{b.url}/api/state")
+        assert status == 200 and json.loads(state)["turns"] == [], state
+        assert sorted(c.name for c in jar) == sorted(cookie_name(n, p) for n in (COOKIE, "agj_token")
+                                                     for p in (a.port, b.port))
+    finally:
+        a.stop()
+        b.stop()
 
 
 # -- sessions: made by the page load only, players' games never dropped for room ---------------------
@@ -608,7 +652,7 @@ def test_slow_and_idle_connections_are_closed(quick):
     player = Player(http.url)
     assert player.join() == 200
     head = (b"POST /api/turn HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Cookie: " + f"{COOKIE}={player.cookie}".encode() + b"\r\nContent-Length: 16000\r\n\r\n{")
+            b"Cookie: " + f"{player.cookie_name}={player.cookie}".encode() + b"\r\nContent-Length: 16000\r\n\r\n{")
     # a body trickling in: 408 and closed, while another player is served meanwhile
     with socket.create_connection((http.host, http.port), timeout=60) as s:
         s.sendall(head)

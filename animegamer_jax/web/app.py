@@ -85,8 +85,9 @@ from animegamer_jax.game import writers
 from animegamer_jax.web.server import BadInput, Busy, GameServer, QueueFull, ServerFull, Session, session_id_ok
 
 STATIC = os.path.join(os.path.dirname(__file__), "static")
+#: the session cookie's name, before the port (:func:`cookie_name`)
 COOKIE = "agj_session"
-#: the cookie that carries ``--token`` once a URL with ``?token=`` has been opened
+#: the name, before the port, of the cookie that carries ``--token`` once a URL with ``?token=`` has been opened
 TOKEN_COOKIE = "agj_token"
 #: what a ``--token`` may hold: URL- and cookie-safe characters, long enough not to be guessed
 TOKEN = re.compile(r"^[A-Za-z0-9._~-]{16,256}$")
@@ -171,6 +172,20 @@ def host_names(host: str) -> tuple[frozenset[str], bool]:
     return frozenset(names), False
 
 
+def cookie_name(base: str, port: int | None) -> str:
+    """The name of cookie ``base`` (:data:`COOKIE`, :data:`TOKEN_COOKIE`) of the server on ``port``:
+    ``agj_session_7860`` (``base`` when the port is unknown). Browsers send a host's cookies to every
+    port of it, so servers on two ports of one host would otherwise replace each other's session and
+    token cookies (a player's game lost to "session unknown" in the other tab)."""
+    return base if port is None else f"{base}_{int(port)}"
+
+
+def _cookie(scope, base: str) -> str:
+    """:func:`cookie_name` of ``base`` for the server port of ASGI ``scope``."""
+    server = scope.get("server")
+    return cookie_name(base, None if server is None else server[1])
+
+
 def split_host(value: str) -> tuple[str, int | None] | None:
     """A ``Host`` header -> (lower-case name, port or None); None when it is not ``name[:port]``."""
     v = value.strip().lower()
@@ -192,7 +207,7 @@ class Guard:
 
     ``names`` / ``any_ip``: :func:`host_names`; ``token``: required on every request when set (it is
     compared in constant time; a request that brings it in ``?token=`` gets the cookie
-    :data:`TOKEN_COOKIE`, so the page's own requests carry it).
+    :data:`TOKEN_COOKIE` (:func:`cookie_name`), so the page's own requests carry it).
     """
 
     def __init__(self, app, names: frozenset[str], any_ip: bool, token: str | None):
@@ -236,7 +251,8 @@ class Guard:
             return 403, (f"cross-site request refused ({what}): only the server's own page may use it. Fix: "
                          f"open the page (/) and play there")
         if self.token is not None:
-            given = request.query_params.get("token") or request.cookies.get(TOKEN_COOKIE) or ""
+            carried = request.cookies.get(_cookie(request.scope, TOKEN_COOKIE))
+            given = request.query_params.get("token") or carried or ""
             if not secrets.compare_digest(given.encode(), self.token.encode()):
                 return 403, ("this server needs its token" + (" (the one given is wrong)" if given else "")
                              + ". Fix: open the URL with ?token= that the server printed when it started")
@@ -260,7 +276,8 @@ class Guard:
             async def send_on(message):  # the token came in the URL: a cookie carries it from now on
                 if message["type"] == "http.response.start":
                     carrier = Response()
-                    carrier.set_cookie(TOKEN_COOKIE, self.token, httponly=True, samesite="strict", path="/")
+                    carrier.set_cookie(_cookie(scope, TOKEN_COOKIE), self.token, httponly=True, samesite="strict",
+                                       path="/")
                     message = {**message, "headers": [*message.get("headers", []),
                                                       *[h for h in carrier.raw_headers if h[0] == b"set-cookie"]]}
                 await send(message)
@@ -328,7 +345,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
                     if n != "index.html" and os.path.isfile(os.path.join(STATIC, n))}
 
     def cookie_sid(request: Request) -> str | None:
-        sid = request.cookies.get(COOKIE)
+        sid = request.cookies.get(_cookie(request.scope, COOKIE))
         if sid is not None and not session_id_ok(sid):
             raise Refused(400, "the session cookie was not issued by this server. Fix: reload the page "
                                "(this reply cleared the cookie)", clear_cookie=True)
@@ -361,7 +378,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
                 s = server.new_session()
             except ServerFull as e:
                 return error(503, str(e))
-            page.set_cookie(COOKIE, s.id, httponly=True, samesite="strict", path="/")
+            page.set_cookie(_cookie(request.scope, COOKIE), s.id, httponly=True, samesite="strict", path="/")
         return page
 
     async def static(request: Request) -> Response:
@@ -481,7 +498,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
     async def refused(request: Request, exc: Refused) -> Response:
         response = JSONResponse({"error": str(exc)}, status_code=exc.status, headers=exc.headers)
         if exc.clear_cookie:
-            response.delete_cookie(COOKIE, path="/")
+            response.delete_cookie(_cookie(request.scope, COOKIE), path="/")
         return response
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
