@@ -1,63 +1,32 @@
-"""The real networks as a game system: GameStateMLLM -> CogVideoX DiT + DPM++ 2M (dynamic CFG) -> VAE.
+"""The MLLM's turn: GameStateMLLM on one turn's inputs -> the four states and s_a.
 
-Wraps loaded NNX modules (a system checkpoint's ``load_system``, game/loading.py) as a
-:class:`~animegamer_jax.game.api.GameSystem` whose three functions take the modules' states as
-jit arguments (weights are never baked in as constants):
-
-* **MLLM** (docs/token_layout.md, models/mistral/mllm.py): the history query slots take the projected
-  history representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the
-  padding mask: sequences are right-padded to one length per game shape) and the representation is
-  read at the engine's ``read_idx`` (the query positions, or the release's last 226 valid positions),
-  then ``output_resampler``; pass A is the release's purely causal greedy decoding over the same
-  embeddings, constrained to the state grammar (``AnimeGamerTokenizer.state_grammar``) and run with
-  a KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
-  position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded.
-  States are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields).
-  With ``mllm.history_attention = "turn_window"`` the turn is :func:`mllm_turn_cached` instead: the
-  game's KV cache is kept between turns (game/window.py ``CachePlan``, ``TurnKVCache``) and only the
-  new tokens are prefilled, once for both passes (see there for what is shared).
-  In ``reference`` mode pass A is the release's free greedy decoding (its logits processor, up to
-  ``game.reference_max_new_tokens`` ids) and the states come from its text parser on the host
-  (game/release_decoding.py; ``GameSystem.parse_states``).
-* **Sampling** (docs/dit.md#conditioning-paths, docs/dit.md#motion-level-to-flow,
-  docs/diffusion.md#sampler, docs/diffusion.md#guidance; diffusion/samplers.py): ML -> flow value
-  (``dit.flow_table``), cond = s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond,
-  docs/encoders.md#unconditional-embedding) with the same flow, one CFG batch per step. The sampler
-  is vmapped over games so each game's noise comes from its own key (``split(key)``: initial
-  latents, SDE noise), which makes a game's output independent of the batch it is played in.
-  Given noise replaces both draws: ``sample(..., noise={"initial": [B, T, C, h, w], "steps": [B, n,
-  T, C, h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a is rounded to
-  bfloat16 before the DiT, as the release does. :func:`dit_sampler` is this stage. With
-  ``diffusion.sampler = "student"`` the DiT is the distilled student (checkpoint component
-  ``student``, :func:`sampling_component`): ``num_sampling_steps`` calls, no CFG batch, the
-  guidance scale ``diffusion.cfg_scale`` as its input (samplers.sample_student).
-* **VAE** (docs/diffusion.md#latent-scale): ``decode(latents / scaling_factor)`` (spatially tiled
-  when ``vae.tile_size`` > 0, or as the device's memory allows when -1) -> frames, mapped from
-  [-1, 1] to [0, 1] and clipped (``video_io.to_unit``). Untiled, the system also has
-  ``decode_chunk``: one chunk of the same causal chunk plan (``vae.decode_chunks``) per call, the
-  cache carried by the caller, so a server can show the first frames while the rest decode.
-  :func:`vae_decoder` is this stage.
+(docs/token_layout.md, models/mistral/mllm.py.) The history query slots take the projected history
+representations (``embed_inputs``); pass B is one forward with the hybrid mask (+ the padding mask:
+sequences are right-padded to one length per game shape) and the representation is read at the
+turn's ``read_idx`` (the query positions, or the release's last 226 valid positions), then
+``output_resampler``; pass A is the release's purely causal greedy decoding over the same
+embeddings, constrained to the state grammar (``AnimeGamerTokenizer.state_grammar``) and run with a
+KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
+position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded. States
+are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields) by
+:func:`mllm_turn`. With ``mllm.history_attention = "turn_window"`` the turn is
+:func:`mllm_turn_cached` instead: the game's KV cache is kept between turns
+(inference/turn_inputs.py ``CachePlan``, ``TurnKVCache``) and only the new tokens are prefilled,
+once for both passes (see there for what is shared). In ``reference`` mode pass A is the release's
+free greedy decoding (its logits processor, up to ``game.reference_max_new_tokens`` ids) and the
+states come from its text parser on the host (inference/release_decoding.py).
 """
 
 from __future__ import annotations
 
-import logging
-from types import SimpleNamespace
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
-from animegamer_jax import mllm_tokenizer, parallel, video_io
-from animegamer_jax.diffusion import samplers
-from animegamer_jax.game import release_decoding
-from animegamer_jax.game.api import GameSystem, apply_mode, flow_value
-from animegamer_jax.game.window import CachePlan, TurnKVCache, WindowSpec
+from animegamer_jax import mllm_tokenizer
+from animegamer_jax.inference import release_decoding
+from animegamer_jax.inference.turn_inputs import CachePlan, TurnKVCache
 from animegamer_jax.models import attention
-from animegamer_jax.models.cogvideox import dit as dit_lib
-from animegamer_jax.models.cogvideox.vae_tiling import resolve_decode_tiling
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
 
@@ -98,12 +67,12 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
 
     Args:
       mllm: a ``GameStateMLLM``.
-      batch: ``game.window.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
+      batch: ``inference.turn_inputs.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
         hist_reps [B, W-1, Q, D], read_idx [B, Q], last_idx [B]).
       window: W (static); 1 means no history slots.
       decoding: ``"constrained"`` (state grammar, 10 ids, states read at positions 0, 3, 6, 9) or
         ``"free"`` (the release: ``max_new_tokens`` greedy ids after the release's logits processor,
-        game/release_decoding.py; the caller parses them on the host with
+        inference/release_decoding.py; the caller parses them on the host with
         ``release_decoding.states_from_generated``).
 
     Returns:
@@ -177,7 +146,7 @@ def mllm_prefill_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], p
     Writes the previous turn's history suffix (its s_a through ``input_resampler`` and its
     world ids), the current turn's prefix and its query block under the hybrid mask (pass B, in
     scratch B) in one forward over the cache; returns (s_a float32 [B, Q, D], cache). ``batch``:
-    game/window.py ``stack_cached_inputs``. Scratch A (last turn's pass A) is emptied first.
+    inference/turn_inputs.py ``stack_cached_inputs``. Scratch A (last turn's pass A) is emptied first.
     """
     q = plan.num_queries
     x = mllm.embed_inputs(batch["ids"], batch["cmp_mask"], batch["hist_rep"][:, None])
@@ -204,7 +173,7 @@ def mllm_turn_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], plan
 
     Args:
       mllm: a ``GameStateMLLM``; cache: :class:`TurnKVCache` of the game(s) (``CachePlan``
-        slots); batch: game/window.py ``stack_cached_inputs``; readout: "query" | "last".
+        slots); batch: inference/turn_inputs.py ``stack_cached_inputs``; readout: "query" | "last".
 
     Returns:
       (states int32 [B, 4], rep float32 [B, Q, D], cache, pass-A logits float32 [B, T, V]).
@@ -247,191 +216,3 @@ def mllm_turn_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], plan
     logits = jnp.concatenate([logits0[:, None], jnp.moveaxis(lgs, 0, 1)], axis=1)
     states = toks[:, jnp.array([0, 3, 6, 9])] - mllm_tokenizer.STRENGTH_BASE_ID + mllm_tokenizer.STRENGTH_MIN
     return states.astype(jnp.int32), rep, cache, logits
-
-
-def cached_mllm_functions(g_mllm, llm_cfg: mistral.MistralConfig, config) -> dict[str, Any]:
-    """The :class:`GameSystem` fields of the persistent-cache MLLM turn (``mllm_cached``,
-    ``mllm_prefill``, ``init_cache``, ``cache_plan``) for the MLLM graphdef ``g_mllm`` whose state
-    is ``params["mllm"]``; ``config`` with ``game.mode`` applied."""
-    plan = CachePlan.from_spec(WindowSpec.from_config(config), STATE_TOKENS)
-    readout = str(config.mllm.readout)
-
-    def mllm_cached(p, cache, batch):
-        states, rep, cache, _ = mllm_turn_cached(nnx.merge(g_mllm, p["mllm"]), cache, batch, plan, readout)
-        return states, rep, cache
-
-    def mllm_prefill(p, cache, batch):
-        return mllm_prefill_cached(nnx.merge(g_mllm, p["mllm"]), cache, batch, plan, readout)[1]
-
-    return {"mllm_cached": mllm_cached, "mllm_prefill": mllm_prefill, "cache_plan": plan,
-            "init_cache": lambda batch: TurnKVCache.init(llm_cfg, batch, plan)}
-
-
-def sampling_component(config) -> str:
-    """The checkpoint component the clip sampler runs: ``"student"`` (phase d's distilled DiT) for
-    ``diffusion.sampler = "student"``, else ``"dit"`` (the teacher)."""
-    return "student" if str(config.diffusion.sampler) == samplers.STUDENT else "dit"
-
-
-def build_real_system(components: dict[str, Any], config, label: str, decode_fn=None) -> GameSystem:
-    """Wraps loaded modules as a :class:`GameSystem`.
-
-    Args:
-      components: ``{"mllm": GameStateMLLM, "dit": CogVideoXDiT, "shot_encoder": ShotEncoder,
-        "vae": VAE with ``decode(z)``}``; ``"dit"`` is the module :func:`sampling_component` names
-        (the student for ``diffusion.sampler="student"``).
-      config: the run config with ``game.mode`` applied (:func:`~animegamer_jax.game.api.apply_mode`).
-      label: shown in outputs.
-      decode_fn: optional ``(latents [B, T, C, h, w]) -> frames [B, F, H, W, 3]`` in [0, 1]
-        replacing the VAE (tests of the other stages); the label should say so.
-    """
-    config = apply_mode(config)
-    window = int(config.mllm.history_window)
-    reference_mode = config.game.mode == "reference"
-    decoding = "free" if reference_mode else "constrained"
-    max_new = int(config.game.get("reference_max_new_tokens", 200))
-    g_mllm, s_mllm = nnx.split(components["mllm"])
-    # prepared once here, not per denoising step: LoRA merged, weights in the activation dtype
-    g_dit, s_dit = nnx.split(dit_lib.prepare_for_inference(components["dit"]))
-    uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a
-    params = {"mllm": s_mllm, "dit": s_dit, "uncond": uncond}
-    decode_plan, decode_chunk = (), None  # chunked decode for streaming (untiled VAE only)
-    if decode_fn is None:
-        g_vae, s_vae = nnx.split(components["vae"])
-        params["vae"] = s_vae
-        decode, decode_chunk, decode_plan = vae_decoder(g_vae, components["vae"].cfg, config)
-    else:
-        def decode(p, latents):
-            return decode_fn(latents)
-
-    def mllm(p, batch):
-        return mllm_turn(nnx.merge(g_mllm, p["mllm"]), batch, window, decoding, max_new)
-
-    cached = {}
-    if config.mllm.get("history_attention", "window_recompute") == "turn_window":
-        cached = cached_mllm_functions(g_mllm, components["mllm"].cfg.llm, config)
-
-    sample = dit_sampler(g_dit, config)
-    parse = release_decoding.states_from_generated if decoding == "free" else None
-    return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan, parse_states=parse, **cached)
-
-
-def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | None = None) -> int:
-    """Devices one decoded frame ``[H, W]`` is split over by the config's mesh and rules (the VAE's
-    ``act_height`` / ``act_width`` constraints; 8 in the latency layout on 8 devices, else 1)."""
-    n = jax.device_count() if num_devices is None else int(num_devices)
-    try:
-        shape = parallel.resolve_mesh_shape(tuple(config.mesh.shape), n, tuple(config.mesh.axes))
-    except parallel.ShardingConfigError:
-        return 1
-    mesh = SimpleNamespace(axis_names=tuple(config.mesh.axes), axis_sizes=shape)
-    spec = parallel.logical_to_spec(("act_batch", "act_frames", "act_height", "act_width", "act_channels"),
-                                    parallel.rules_from_config(config), shape=(1, 1, *frame_hw, 1), mesh=mesh)
-    sizes = dict(zip(mesh.axis_names, shape))
-    out = 1
-    for entry in (spec[2], spec[3]):
-        for a in ((entry,) if isinstance(entry, str) else (entry or ())):
-            out *= sizes[a]
-    return out
-
-
-def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None):
-    """Play's VAE stage: ``(decode, decode_chunk, decode_plan)``.
-
-    ``decode(p, latents [B, T, C, h, w] scaled) -> frames [B, F, H, W, 3]`` in [0, 1] with
-    ``p["vae"]`` the VAE state: ``VAE_dec(latents / scaling_factor)``, tiled and chunked as
-    ``vae_tiling.resolve_decode_tiling`` decides (``vae.tile_size`` -1: from the device's memory
-    and the frame's shards on the mesh, :func:`vae_spatial_shards`). Untiled, ``decode_chunk(p,
-    latents_chunk, cache) -> (frames, cache)`` runs one chunk of ``decode_plan`` (streaming);
-    tiled, both are None / (). ``decode.why`` says what was chosen. ``num_devices``: the mesh's
-    device count (default ``jax.device_count()``); ``device``: one device of that mesh, whose memory
-    (or chip HBM, for compile-only devices) sets the tile budget (default ``jax.devices()[0]``). Used
-    by :func:`build_real_system` and the ahead-of-time programs (animegamer_jax/aot).
-    """
-    scale = float(config.vae.scaling_factor)
-    t, h, w = int(config.dit.num_latent_frames), int(config.dit.sample_height), int(config.dit.sample_width)
-    sf = vcfg.spatial_factor
-    shards = vae_spatial_shards(config, (sf * h, sf * w), num_devices)
-    tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards, device=device)
-    logging.getLogger(__name__).info("VAE decode: %s", why)
-
-    def decode(p, latents):
-        vae = nnx.merge(g_vae, p["vae"])
-        z = latents / scale
-        video = vae.tiled_decode(z, tile_size=tile, plan=plan) if tile > 0 else vae.decode(z, plan)
-        return _to_unit_frames(video, latents.shape)
-
-    decode.why = why
-    if tile > 0:
-        return decode, None, ()
-
-    def decode_chunk(p, latents, cache):
-        # one step of CogVideoXVAE.decode's chunk loop (run_chunked), same plan and caches
-        vae = nnx.merge(g_vae, p["vae"])
-        z = jnp.moveaxis(latents / scale, 2, -1).astype(jnp.dtype(vae.cfg.dtype))
-        video, cache = vae.decoder(z, cache)
-        return _to_unit_frames(video.astype(jnp.float32), latents.shape), cache
-
-    return decode, decode_chunk, tuple(plan)
-
-
-def dit_sampler(g_dit, config):
-    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None)
-    -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
-    initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
-    samplers.sample's ``step_noise``), then the configured sampler with CFG, or the student's
-    (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its N
-    re-noising draws, no CFG batch). In reference mode s_a
-    is rounded to bfloat16 first, as the release does. The one clip sampler: play
-    (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation
-    (eval/decoder.py) and the ahead-of-time programs (aot/pieces.py) all call it."""
-    d = config.diffusion
-    student = str(d.sampler) == samplers.STUDENT
-    if student:  # the distilled student: N calls, no CFG batch, the guidance scale as its input
-        schedule = samplers.DiffusionSchedule.from_config(d)
-        tau = samplers.student_timesteps(int(d.num_sampling_steps), samplers.student_grid_steps(d), schedule)
-        w = float(d.cfg_scale)
-    else:
-        plan = samplers.plan_from_config(d)
-    table = tuple(config.dit.flow_table)
-    reference_mode = config.game.mode == "reference"
-    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
-                    config.dit.sample_width)
-
-    def sample(p, rep, ml, keys, noise=None):
-        dit = nnx.merge(g_dit, p["dit"])
-        flow = flow_value(ml, table)
-        if reference_mode:  # the release casts s_a to bfloat16 before the DiT (inference_Decoder.py)
-            rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
-
-        def denoise(x, t, c):
-            return dit(x, c["cond"], t, c["flow"], c.get("guidance"))
-
-        def one(rep_b, flow_b, key_b, noise_b):
-            k_init, k_sde = jax.random.split(key_b)
-            if noise_b is None:
-                x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
-            else:
-                x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
-            cond = {"cond": rep_b[None], "flow": flow_b[None]}
-            if student:
-                cond["guidance"] = jnp.full((1,), w, jnp.float32)
-                return samplers.sample_student(denoise, x, cond, k_sde, tau, schedule, step_noise=steps)[0]
-            unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
-            return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
-
-        # games stay split over the data axes inside the vmap (also in the attention's shard_map)
-        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
-
-    return sample
-
-
-def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
-    """VAE output in [-1, 1] -> float32 [B, F, H, W, 3] in [0, 1] (docs/diffusion.md#latent-scale,
-    ``video_io.to_unit``), accepting [B, F, H, W, 3] or the channels-first [B, 3, F, H, W] /
-    [B, F, 3, H, W] layouts."""
-    v = video.astype(jnp.float32)
-    if v.ndim == 5 and v.shape[-1] != 3:
-        v = jnp.moveaxis(v, 1 if v.shape[1] == 3 else 2, -1)
-    return video_io.to_unit(v, video_io.VAE_RANGE)
