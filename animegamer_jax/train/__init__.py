@@ -11,5 +11,4 @@ Modules:
   metrics.py            clu averages, tensorboardX summaries, throughput, MFU
   pipeline.py           run_phase / run_all: data -> loop -> system checkpoint (animegamer_jax.checkpoint)
   __main__.py           python -m animegamer_jax.train --config=configs/tiny.py --workdir=...
-  phases.py             deprecated alias of model / losses / batches / samples
 """
