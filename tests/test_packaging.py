@@ -101,7 +101,7 @@ def test_absl_commands_help_and_booleans_read_well(capsys):
 
 
 def test_cited_code_paths_exist():
-    """Every code path (``models/cogvideox/dit.py``, ``animegamer_jax/convert/common.py``) and
+    """Every code path (``models/cogvideox/dit.py``, ``animegamer_jax/convert/release.py``) and
     ``python -m animegamer_jax....`` module named in README.md, docs/ and the Python sources exists
     (in animegamer_jax/ or at the repository root): moved modules leave no stale pointer behind."""
     import glob
