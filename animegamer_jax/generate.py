@@ -32,13 +32,13 @@ from tqdm import tqdm
 from animegamer_jax import parallel
 from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import apply_mode
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.flags import run_game_command, setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
-from animegamer_jax.game.window import validate_games
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import validate_games
 from animegamer_jax.parallel import distributed
 
 

@@ -38,13 +38,14 @@ from animegamer_jax import parallel
 from animegamer_jax.cli import UsageError, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import TurnResult, apply_mode
+from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine, apply_layout
 from animegamer_jax.game.flags import run_game_command, setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import print_turn, save_game, summary
 from animegamer_jax.game.script import SEED_RANGE, Game, GameScriptError, load_script, parse_instruction
-from animegamer_jax.game.window import InstructionTooLongError, encode_instruction, validate_games
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import InstructionTooLongError, encode_instruction, validate_games
 
 
 def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dict | None, KeyboardInterrupt | None]:

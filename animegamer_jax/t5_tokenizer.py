@@ -111,5 +111,5 @@ def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
 if __name__ == "__main__":
     # The tiny sentencepiece's corpus is the data package's (a layer above), so its command lives there.
     print("error: the tiny T5 sentencepiece command moved: run `python -m animegamer_jax.data.tiny_t5_spiece` "
-          "(same flags; console script animegamer-t5-tokenizer)", file=sys.stderr)
+          "(same flags; console script animegamer-tiny-t5-spiece)", file=sys.stderr)
     sys.exit(2)

@@ -28,12 +28,13 @@ import jax  # noqa: E402
 from absl import flags  # noqa: E402
 
 from animegamer_jax import parallel  # noqa: E402
-from animegamer_jax.game.api import STAGES, apply_mode  # noqa: E402
+from animegamer_jax.game.api import STAGES  # noqa: E402
 from animegamer_jax.game.engine import GameEngine  # noqa: E402
-from animegamer_jax.game.script import load_script  # noqa: E402
-from animegamer_jax.game.loading import resolve_system  # noqa: E402
 from animegamer_jax.game.flags import CLI_ERRORS, parse_game_flags, setup_jax  # noqa: E402
+from animegamer_jax.game.loading import resolve_system  # noqa: E402
 from animegamer_jax.game.saving import save_game  # noqa: E402
+from animegamer_jax.game.script import load_script  # noqa: E402
+from animegamer_jax.inference.mode import apply_mode  # noqa: E402
 
 
 def main() -> None:

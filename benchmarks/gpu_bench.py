@@ -36,12 +36,12 @@ import numpy as np  # noqa: E402
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.aot import pieces  # noqa: E402
 from animegamer_jax.config import load_config  # noqa: E402
-from animegamer_jax.game.api import apply_mode  # noqa: E402
 from animegamer_jax.game.engine import GameEngine, apply_layout  # noqa: E402
-from animegamer_jax.game.script import Game, load_script  # noqa: E402
-from animegamer_jax.game.loading import build_random_system  # noqa: E402
-from animegamer_jax.parallel import target  # noqa: E402
 from animegamer_jax.game.flags import setup_jax  # noqa: E402
+from animegamer_jax.game.loading import build_random_system  # noqa: E402
+from animegamer_jax.game.script import Game, load_script  # noqa: E402
+from animegamer_jax.inference.mode import apply_mode  # noqa: E402
+from animegamer_jax.parallel import target  # noqa: E402
 from benchmarks import cost_model  # noqa: E402
 from benchmarks.common import median  # noqa: E402
 

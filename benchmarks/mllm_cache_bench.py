@@ -1,8 +1,8 @@
 """One MLLM turn with vs without the persistent KV cache (``python -m benchmarks mllm_cache``).
 
-A = ``mllm.history_attention = "turn_window"``: game/real_system.py ``mllm_turn_cached`` on the game's
+A = ``mllm.history_attention = "turn_window"``: inference/mllm_turn.py ``mllm_turn_cached`` on the game's
 cache (the new tokens prefilled once for both passes, pass A's query block + 10 decode steps).
-B = the default ``"window_recompute"``: game/real_system.py ``mllm_turn`` over the padded last-W-turn
+B = the default ``"window_recompute"``: inference/mllm_turn.py ``mllm_turn`` over the padded last-W-turn
 window (pass B forward, then pass A's prefill of the same window + 10 decode steps).
 Same weights, same game (``--turn`` turns played first through the cached path, so the window is
 full), jitted, compiled apart, timed interleaved A B A B. Check: A's s_a against a full recompute
@@ -21,9 +21,11 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax.config import load_config
-from animegamer_jax.game import real_system
-from animegamer_jax.game.window import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input, build_turn_input,
-                                       encode_instruction, stack_cached_inputs, stack_inputs)
+from animegamer_jax.inference import mllm_turn
+from animegamer_jax.inference.turn_inputs import (CachePlan, TurnKVCache, TurnRecord, WindowSpec,
+                                                  build_cached_turn_input,
+                                                  build_turn_input, encode_instruction, stack_cached_inputs,
+                                                  stack_inputs)
 from animegamer_jax.models.mistral.mllm import GameStateMLLM, turn_layout
 from benchmarks.common import git_commit, interleaved, median
 
@@ -46,9 +48,9 @@ def bench_size(size: str, config: str, turn: int, window: int, rounds: int) -> d
     spec_b = WindowSpec(spec.window, spec.num_queries, spec.max_text, spec.readout, "own", "window_recompute")
     plan = CachePlan.from_spec(spec)
     g, st = nnx.split(mllm)
-    cached = jax.jit(lambda s, c, b: real_system.mllm_turn_cached(nnx.merge(g, s), c, b, plan, spec.readout)[:3])
-    recompute = jax.jit(lambda s, b: real_system.mllm_turn(nnx.merge(g, s), b, window))
-    cache = real_system.TurnKVCache.init(mllm.cfg.llm, 1, plan)
+    cached = jax.jit(lambda s, c, b: mllm_turn.mllm_turn_cached(nnx.merge(g, s), c, b, plan, spec.readout)[:3])
+    recompute = jax.jit(lambda s, b: mllm_turn.mllm_turn(nnx.merge(g, s), b, window))
+    cache = TurnKVCache.init(mllm.cfg.llm, 1, plan)
     history, rng = [], np.random.default_rng(0)
     ids = [encode_instruction(TEXT.format(k=k), spec) for k in range(turn + 1)]
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ distilled DiT (models/registry.py ``build_student``), one game per call, no CFG 
 B = the teacher: ``diffusion.sampler`` of the config (DPM++ 2M) at ``--teacher_steps`` (default the
 config's ``diffusion.student_grid_steps``, 50: the grid the student is distilled on and samples
 from), CFG batch 2. Both are play's own program (animegamer_jax/aot/pieces.py ``dit_sampling`` =
-game/real_system.py ``dit_sampler`` on ``prepare_for_inference`` weights) in play's latency layout
+inference/clip_sampler.py ``dit_sampler`` on ``prepare_for_inference`` weights) in play's latency layout
 on one device, random weights, one game; compiled apart, then timed interleaved A B A B by the
 runner. Check: both outputs finite, of the latent shape [1, T, C, h, w] (random weights: the two
 clips are not expected to agree).

@@ -22,8 +22,6 @@ from tests.subproc import ROOT
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-#: old names kept for one release (docs/changelog.md); each must point at an entry point covered below
-ALIASES = ("animegamer-t5-tokenizer", "animegamer-system-checkpoint", "animegamer-serve", "animegamer-label")
 
 BIG = str(2**70)  # a seed beyond 64 bits
 # shared by every command that reads --config: a file that is not a config, and values out of range
@@ -188,9 +186,7 @@ def _entry(target: str):
 def test_every_console_script_has_a_row():
     targets = set(SCRIPTS.values())
     assert targets == set(CASES), f"entry points without cases: {sorted(targets - set(CASES))}"
-    for alias in ALIASES:
-        assert SCRIPTS[alias] in CASES, alias
-    assert len(SCRIPTS) == len(CASES) + len(ALIASES)  # every other name is an entry point of its own
+    assert len(SCRIPTS) == len(CASES)  # one console name per entry point (no old aliases)
 
 
 ROWS = [(t, n, a) for t, rows in CASES.items() for n, a in rows]

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax.weights import load_state_dict
-from animegamer_jax.models.cogvideox import dit_convert as conv
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.models import lora as lora_lib
-from animegamer_jax.models.cogvideox.dit import (TRAINABLE_SETS, CogVideoXDiT, DiTBlock, DiTConfig, flow_value,
+from animegamer_jax.models.cogvideox import dit_convert as conv
+from animegamer_jax.models.cogvideox.dit import (CogVideoXDiT, DiTBlock, DiTConfig, TRAINABLE_SETS, flow_value,
                                                  merge_lora)
 from animegamer_jax.train.model import trainable_filter
+from animegamer_jax.weights import load_state_dict
 from tests.convert_checks import assert_names_bad_keys
 
 TEXT_DIM, TEXT_LEN, FRAMES, H, W = 24, 8, 2, 8, 12
@@ -488,7 +488,7 @@ def test_prepare_for_inference_merges_and_casts():
 def test_cfg_and_context_parallel_sampling_equals_one_device():
     """One game on 8 fake devices in play's latency layout (game/engine.py apply_layout: CFG halves on
     `data` (2), the joint text+video sequence on `context` (4), weights sharded over all 8), through
-    play's own sampler (game/real_system.py dit_sampler, batch 1, no filler rows): the sampled latents equal
+    play's own sampler (inference/clip_sampler.py dit_sampler, batch 1, no filler rows): the sampled latents equal
     the 1-device result within 1e-5, K/V are all-gathered (context parallel attention), the
     weights are split 8 ways, and each device does about 1/8 of the compiled FLOPs."""
     from tests.subproc import run_python
@@ -499,9 +499,9 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
         from flax import nnx
         from animegamer_jax import parallel
         from animegamer_jax.config import load_config
-        from animegamer_jax.game.api import apply_mode
+        from animegamer_jax.inference.mode import apply_mode
         from animegamer_jax.game.engine import apply_layout
-        from animegamer_jax.game.real_system import dit_sampler
+        from animegamer_jax.inference.clip_sampler import dit_sampler
         from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
         cfg = apply_mode(load_config("configs/tiny.py", [

@@ -14,11 +14,12 @@ from animegamer_jax import cli, generate, mllm_tokenizer, play
 from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import apply_mode, flow_value
 from animegamer_jax.game.engine import GameEngine, turn_key
 from animegamer_jax.game.flags import parse_game_flags
 from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.play import define_flags
 from tests.subproc import run_python
 

@@ -15,7 +15,7 @@ PRELUDE = """
 import json, os, sys, tempfile
 import numpy as np, jax, jax.numpy as jnp
 from animegamer_jax.config import load_config
-from animegamer_jax.game.api import apply_mode
+from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.game import loading
@@ -32,8 +32,9 @@ def test_mllm_turn_on_padded_batch_equals_model_passes():
     padded jitted turn equal GameStateMLLM's own unpadded predict_states / forward."""
     out = run_python(PRELUDE + """
 from flax import nnx
-from animegamer_jax.game.real_system import mllm_turn
-from animegamer_jax.game.window import GameRun, WindowSpec, encode_instruction, stack_inputs
+from animegamer_jax.inference.mllm_turn import mllm_turn
+from animegamer_jax.game.run import GameRun
+from animegamer_jax.inference.turn_inputs import WindowSpec, encode_instruction, stack_inputs
 from animegamer_jax.models.mistral.mllm import GameStateMLLM
 cfg = load_config("configs/tiny.py")
 mllm = nnx.merge(*jax.jit(lambda: nnx.split(GameStateMLLM.from_config(cfg, rngs=nnx.Rngs(0))))())

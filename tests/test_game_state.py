@@ -6,12 +6,12 @@ import pytest
 from animegamer_jax import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import apply_mode
 from animegamer_jax.game.engine import batches
+from animegamer_jax.game.run import GameRun, Meters
 from animegamer_jax.game.saving import pending_games
 from animegamer_jax.game.script import Game, parse_instruction
-from animegamer_jax.game.window import (GameRun, InstructionTooLongError, Meters, WindowSpec,
-                                        encode_instruction)
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import InstructionTooLongError, WindowSpec, encode_instruction
 from animegamer_jax.models.mistral.mllm import build_sequence
 
 TEXTS = [
@@ -181,7 +181,7 @@ def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
 
 @pytest.mark.parametrize("window,history_states", [(3, "own"), (2, "zero"), (1, "own")])
 def test_training_and_play_give_the_same_layout(window, history_states):
-    """models/mistral/mllm.build_sequence (training) and game/window.build_turn_input (play): same ids and masks."""
+    """models/mistral/mllm.build_sequence (training) and inference/turn_inputs.build_turn_input (play): same ids and masks."""
     tok = mllm_tokenizer.get_tokenizer()
     spec = WindowSpec(window, 24, 48, "query", history_states)
     run = GameRun(spec, rep_dim=4)

@@ -10,7 +10,7 @@ from PIL import Image
 
 from animegamer_jax import video_io
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import FRAME_RANGE
+from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 
 def record(n):

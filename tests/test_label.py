@@ -464,18 +464,3 @@ def test_prepare_leaves_out_unlabelled_clips(footage, reference_labels, tmp_path
     os.symlink(footage["film"], films / "my_film.mp4")
     (films / "notes.txt").write_text("not a film")
     assert list_film_dir(str(films)) == [("my_film", str(films / "my_film.mp4"))]
-
-
-def test_deprecated_module_paths_still_run():
-    """data.label / data.labels are aliases of data.caption / data.label_schema for one release, and
-    `python -m animegamer_jax.data.label` still runs the captioning command."""
-    from animegamer_jax.data import label, labels
-
-    assert label.label_films is caption.label_films and label.main is caption.main
-    assert labels.read_labels is label_schema.read_labels and labels.LabelError is label_schema.LabelError
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-m", "animegamer_jax.data.label", "--captioner=rule"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
-    # (importing apache_beam without its optional apitools logs one warning line first)
-    assert res.returncode == 2 and res.stderr.splitlines()[-1].startswith("error: give the films to label"), \
-        res.stderr[-2000:]

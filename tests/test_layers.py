@@ -1,6 +1,6 @@
 """The package's import graph is a layered DAG (docs/design.md "Layers").
 
-Three checks, each reporting every violation it finds:
+Four checks, each reporting every violation it finds:
 
 - the import-linter contract of pyproject.toml (``[tool.importlinter]``: the layer table, a module
   imports only from its own layer or below, and siblings joined by "|" not each other), run through
@@ -8,7 +8,8 @@ Three checks, each reporting every violation it finds:
 - no import cycle between the package's modules (grimp's graph, which counts imports inside
   functions too): every strongly connected component has one module;
 - imports inside functions only of optional heavy third-party modules (:data:`OPTIONAL_HEAVY`),
-  each with a trailing comment that says why (``import torch  # optional``).
+  each with a trailing comment that says why (``import torch  # optional``);
+- no module that only re-exports another (an alias of an old path).
 """
 
 from __future__ import annotations
@@ -157,26 +158,43 @@ def test_no_dynamic_imports_of_the_package():
     assert not found, "imports by name that bypass the layer contract (import the module instead):\n" + "\n".join(found)
 
 
-def test_nothing_imports_a_deprecated_alias():
-    """Modules whose docstring starts "Deprecated alias" (docs/changelog.md) are kept for users' old
-    imports only: no module of the package imports one."""
-    sys.path.insert(0, ROOT)
-    try:
-        graph = grimp.build_graph(PACKAGE, cache_dir=None)
-    finally:
-        sys.path.remove(ROOT)
-    aliases = set()
-    for module in graph.modules:
-        path = os.path.join(ROOT, *module.split(".")) + ".py"
-        if os.path.exists(path):
+def reexport_only_modules(root: str) -> list[str]:
+    """Modules under ``root`` whose body is only imports (besides a docstring, ``__all__`` and an
+    ``if __name__ == "__main__"`` block) of which one is from the package: a re-export of another
+    module's names under an old path. Package ``__init__`` files are exempt."""
+    out = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py") and f != "__init__.py"):
+            path = os.path.join(folder, name)
             with open(path, encoding="utf-8") as f:
-                doc = ast.get_docstring(ast.parse(f.read())) or ""
-            if doc.startswith("Deprecated alias"):
-                aliases.add(module)
-    assert "animegamer_jax.system_checkpoint" in aliases, sorted(aliases)
-    found = sorted(f"{importer} -> {alias}" for alias in aliases
-                   for importer in graph.find_modules_that_directly_import(alias) if importer not in aliases)
-    assert not found, "imports of deprecated aliases (use the new module, docs/changelog.md):\n" + "\n".join(found)
+                body = ast.parse(f.read(), path).body
+            rest = [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))
+                    and not (isinstance(n, ast.Assign) and [getattr(t, "id", "") for t in n.targets] == ["__all__"])
+                    and not (isinstance(n, ast.If) and "__name__" in ast.unparse(n.test))]
+            imports = [n for n in rest if isinstance(n, (ast.Import, ast.ImportFrom))]
+            ours = [n for n in imports if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").split(".")[0]
+                                                                             == PACKAGE)]
+            if rest and len(imports) == len(rest) and ours:
+                out.append(os.path.relpath(path, ROOT))
+    return out
+
+
+def test_reexport_check_finds_what_it_should(tmp_path):
+    (tmp_path / "alias.py").write_text('"""Old name."""\nfrom animegamer_jax.paths import *  # noqa\n')
+    (tmp_path / "main_alias.py").write_text("from animegamer_jax.web.__main__ import cli\n\nif __name__ == '__main__':\n"
+                                            "    cli()\n")
+    (tmp_path / "real.py").write_text("from animegamer_jax import paths\n\nX = paths\n")
+    (tmp_path / "__init__.py").write_text("from animegamer_jax.paths import resource\n")
+    rel = os.path.relpath(str(tmp_path), ROOT)
+    assert reexport_only_modules(str(tmp_path)) == [f"{rel}/alias.py", f"{rel}/main_alias.py"]
+
+
+def test_no_module_only_reexports():
+    """No alias modules: a module that only re-exports another's names under an old path is gone
+    (docs/changelog.md says what to import instead)."""
+    found = reexport_only_modules(os.path.join(ROOT, PACKAGE))
+    assert not found, "modules that only re-export another module (import the module itself):\n" + "\n".join(found)
 
 
 def _comment_lines(source: str) -> set[int]:

@@ -1,7 +1,7 @@
 """``mllm.history_attention = "turn_window"``: the MLLM's KV cache kept across turns.
 
 Tiny config (fp32, CPU), W = 3, 6 turns of uneven instruction lengths, so turns 0..2 are evicted
-on the way: the persistent cache (game/real_system.py ``mllm_turn_cached``, one prefill of the new
+on the way: the persistent cache (inference/mllm_turn.py ``mllm_turn_cached``, one prefill of the new
 tokens per turn) against a full recompute of the whole game with the same turn-window mask
 (``turn_layout`` of every turn + ``hybrid_attention_mask(..., turn_ids, W)``, and pass A greedy by
 full forwards without any cache). Then the engine: a game whose cache is rebuilt by recompute
@@ -19,9 +19,9 @@ from flax import nnx
 from animegamer_jax import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import real_system
-from animegamer_jax.game import window
-from animegamer_jax.game.window import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
-                                       encode_instruction, stack_cached_inputs)
+from animegamer_jax.inference import mllm_turn, turn_inputs
+from animegamer_jax.inference.turn_inputs import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
+                                                  encode_instruction, stack_cached_inputs)
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mistral.mllm import GameStateMLLM, collate, hybrid_attention_mask, turn_layout
 
@@ -91,8 +91,8 @@ def _pass_a_logits(mllm, ids, cmp, hist, turns, at):
 def test_persistent_cache_equals_full_recompute_6_turns_w3(setup):
     cfg, mllm, spec = setup
     q, plan = spec.num_queries, CachePlan.from_spec(spec)
-    turn = jax.jit(lambda c, b: real_system.mllm_turn_cached(mllm, c, b, plan, "query"))
-    cache = window.TurnKVCache.init(mllm.cfg.llm, 1, plan)
+    turn = jax.jit(lambda c, b: mllm_turn.mllm_turn_cached(mllm, c, b, plan, "query"))
+    cache = turn_inputs.TurnKVCache.init(mllm.cfg.llm, 1, plan)
     ids = [encode_instruction(t, spec) for t in TEXTS]
     assert len({len(i) for i in ids}) == TURNS  # uneven turns: slots and positions are per turn
     # longest game sequence + decoded ids: one compiled full-recompute program

@@ -101,7 +101,7 @@ def test_absl_commands_help_and_booleans_read_well(capsys):
 
 
 def test_cited_code_paths_exist():
-    """Every code path (``models/cogvideox/dit.py``, ``animegamer_jax/convert/common.py``) and
+    """Every code path (``models/cogvideox/dit.py``, ``animegamer_jax/convert/release.py``) and
     ``python -m animegamer_jax....`` module named in README.md, docs/ and the Python sources exists
     (in animegamer_jax/ or at the repository root): moved modules leave no stale pointer behind."""
     import glob
@@ -133,10 +133,10 @@ def test_config_overrides_work_on_every_default_config(tmp_path, capsys):
     from animegamer_jax.web import __main__ as web_cli
 
     ckpt = os.path.join(ROOT, "checkpoints", "tiny_system")
-    f, rest, cfg = game_flags.parse_game_flags("animegamer-serve", ["--standin", "--config.game.seed=5", "--port=1"],
+    f, rest, cfg = game_flags.parse_game_flags("animegamer-web", ["--standin", "--config.game.seed=5", "--port=1"],
                                                web_cli.define_flags, exclude=("overwrite",))
     assert (rest, cfg.name, cfg.game.seed, f.port, f.standin) == ([], "tiny", 5, 1, True)
-    f, _, cfg = game_flags.parse_game_flags("animegamer-serve", ["--checkpoint", ckpt, "--config.game.mode=reference"],
+    f, _, cfg = game_flags.parse_game_flags("animegamer-web", ["--checkpoint", ckpt, "--config.game.mode=reference"],
                                             web_cli.define_flags, exclude=("overwrite",))
     assert cfg.game.mode == "reference" and cfg.name == game_flags.checkpoint_config(ckpt).name
     assert web_cli.main(["--standin", "--config.game.nope=1"]) == 2

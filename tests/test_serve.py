@@ -200,9 +200,8 @@ def test_failed_turn_leaves_the_game_as_it_was(served, monkeypatch):
     assert ev[-1]["event"] == "done" and len(ev[-1]["state"]["turns"]) == 1
 
 
-@pytest.mark.parametrize("module", ["animegamer_jax.web", "animegamer_jax.serve"])  # the command, its old name
-def test_cli_reports_a_missing_checkpoint(module):
-    proc = subprocess.run([sys.executable, "-m", module, "--checkpoint", "/nonexistent/ckpt",
+def test_cli_reports_a_missing_checkpoint():
+    proc = subprocess.run([sys.executable, "-m", "animegamer_jax.web", "--checkpoint", "/nonexistent/ckpt",
                            "--nowarmup"], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 2, proc.stderr[-2000:]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import checkpoint, play, system_checkpoint
+from animegamer_jax import checkpoint, play
 from animegamer_jax.checkpoint import __main__ as checkpoint_cli
 from animegamer_jax.checkpoint import integrity
 from configs import tiny
@@ -204,13 +204,3 @@ def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
     assert "81 two-second 64x96 clips" in about and checkpoint.read_manifest(dst)["description"] == about
     assert checkpoint_cli.main(["cast", src, str(tmp_path / "d"), "--components=vae", "--description=a <b> system"]) == 0
     assert checkpoint.read_manifest(str(tmp_path / "d"))["description"] == "a <b> system"
-
-
-def test_old_module_path_is_an_alias(capsys):
-    """``animegamer_jax.system_checkpoint`` (deprecated) forwards to the checkpoint package and its command."""
-    assert system_checkpoint.load_system is checkpoint.load_system and system_checkpoint.main is checkpoint_cli.main
-    assert system_checkpoint.COMPONENT_BUILDERS["dit"] is checkpoint.COMPONENT_BUILDERS["dit"]
-    assert system_checkpoint._pure is checkpoint.pure_dict and system_checkpoint._VERIFIED is integrity._VERIFIED
-    with pytest.raises(SystemExit) as e:
-        system_checkpoint.main(["verify", "--help"])
-    assert e.value.code == 0 and "usage: python -m animegamer_jax.checkpoint verify DIR" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax import parallel
-from animegamer_jax.train import batches, loop, model, optim, phases
+from animegamer_jax.train import batches, loop, model, optim
 from tests.subproc import run_processes
 
 # Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
@@ -149,15 +149,12 @@ def test_mllm_batch_builder_layout():
     assert b["latents"].shape == (2, 2, cfg.dit.in_channels, cfg.dit.sample_height, cfg.dit.sample_width)
 
 
-def test_phases_alias_and_sample_motion_levels():
-    """train/phases.py re-exports the split modules; the sample hook's motion levels (play's
-    dit_sampler takes levels) give back exactly the batch's flow values."""
+def test_sample_motion_levels():
+    """The sample hook's motion levels (play's dit_sampler takes levels) give back exactly the
+    batch's flow values."""
     from animegamer_jax.models.cogvideox.dit import flow_value
-    from animegamer_jax.train import losses, samples
+    from animegamer_jax.train import samples
 
-    assert phases.phase_spec is model.phase_spec and phases.BatchBuilder is batches.BatchBuilder
-    assert phases.decoder_loss is losses.decoder_loss and phases.sample_video is samples.sample_video
-    assert phases._mllm_batch is losses._mllm_batch and phases._under is model._under
     for table in (test_config("a1").dit.flow_table, (0.5, 1.0, 5.0, 20.0, 40.0), (1.0, 1.0, 2.0)):
         levels = np.array([1, 2, 3, 4, 5, 0, -1, 9])
         flow = batches.flow_values(levels, table)

@@ -6,7 +6,7 @@ where ``fn`` is a pure function of ``(params_state, *inputs)`` and ``args`` are 
 (``abstract=False``: random weights, random inputs) or ``jax.ShapeDtypeStruct`` with shardings
 (``abstract=True``: nothing allocated, for ahead-of-time lowering). Inference pieces use bf16
 weights with LoRA merged (``lora_rank=0``), as play does (``dit_sampling`` is play's own
-``game.real_system.dit_sampler`` on ``prepare_for_inference`` weights); train pieces keep the config's
+``inference.clip_sampler.dit_sampler`` on ``prepare_for_inference`` weights); train pieces keep the config's
 parameter dtype and LoRA.
 
 Turn pieces (docs/overview.md#one-turn):
@@ -16,7 +16,7 @@ Turn pieces (docs/overview.md#one-turn):
   dit_sampling  play's sampler: num_sampling_steps with CFG (batch 2 per game) through the DiT; with
                 diffusion.sampler = "student", the distilled student's (models/registry.py
                 build_student) num_sampling_steps calls, batch 1 per game (no CFG batch)
-  vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, game.real_system.vae_decoder)
+  vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, inference.vae_decode.vae_decoder)
 Train pieces (the models' real losses are in train/; here the standard objectives with the same
 compute): train_a2_dit (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
 train_b_mllm (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
@@ -36,8 +36,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
 from animegamer_jax.diffusion import losses, samplers
-from animegamer_jax.game.api import apply_mode
-from animegamer_jax.game.real_system import dit_sampler, sampling_component, vae_decoder
+from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.vae_decode import vae_decoder
 from animegamer_jax.models import registry
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
@@ -225,7 +226,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
                      note=f"{what}, {batch} game(s), play's program")
     if name == "vae_decode":
-        # exactly play's VAE stage (game/real_system.py vae_decoder: tiling / chunks as play resolves them)
+        # exactly play's VAE stage (inference/vae_decode.py vae_decoder: tiling / chunks as play resolves them)
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
         # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
         n_dev = getattr(b, "decode_devices", 0) or b.mesh.size

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    """Console script ``animegamer-system-checkpoint`` (pyproject.toml)."""
+    """Console script ``animegamer-checkpoint`` (pyproject.toml)."""
     raise SystemExit(main())
 
 

@@ -1,7 +1,7 @@
 """``convert check-release DST CASE.npz``: replay a recorded release turn on a converted system.
 
 In the spirit of maxtext's forward-pass logit checker: the system checkpoint written by
-``convert release`` plays the case's turn in ``reference`` mode (game/release_decoding.py: W = 1, last-226
+``convert release`` plays the case's turn in ``reference`` mode (inference/release_decoding.py: W = 1, last-226
 read-out, free greedy pass A + the release's text parser, release DynamicCFG, bf16 s_a, VAE chunks
 [0:3] [3:5]) with the case's recorded noise (its initial latents and every sampler draw, reordered
 by ``release_decoding.release_step_noise``), and every stage is compared with the recording:
@@ -37,11 +37,11 @@ import jax
 import numpy as np
 
 from animegamer_jax import checkpoint, cli, parallel, paths
-from animegamer_jax.game import release_decoding
-from animegamer_jax.game.api import flow_value
 from animegamer_jax.game.engine import GameEngine, turn_key
-from animegamer_jax.game.window import encode_instruction, stack_inputs
 from animegamer_jax.game.loading import CheckpointError, load_game_system
+from animegamer_jax.inference import release_decoding
+from animegamer_jax.inference.turn_inputs import encode_instruction, stack_inputs
+from animegamer_jax.models.cogvideox.dit import flow_value
 
 FACTOR = 10.0
 #: fixture README "Noise floor and tolerances", used when noise_floor.json is not beside the case

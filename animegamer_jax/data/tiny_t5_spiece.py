@@ -89,7 +89,7 @@ def _run(f) -> int:
 
 
 def cli() -> None:
-    """Console script ``animegamer-t5-tokenizer`` (pyproject.toml)."""
+    """Console script ``animegamer-tiny-t5-spiece`` (pyproject.toml)."""
     sys.exit(main())
 
 

@@ -23,7 +23,7 @@ at i = 0 and 1/(2r) = 0 at i = 1 are used, so no inf/NaN reaches the loop. The r
 noise sample per step for a discarded first-order update; noise here is
 `normal(fold_in(key, i), (x.size,)).reshape(x.shape)`, or, given noise (`sample(..., step_noise=...)`),
 step i's slice of an externally supplied array (e.g. the release's
-own draws reordered by `game.release_decoding.release_step_noise`).
+own draws reordered by `inference.release_decoding.release_step_noise`).
 
 Student (``sampler="student"``, :func:`sample_student`; docs/training.md#phase-d-distillation): a
 consistency model's multistep sampler on N of the teacher's grid timesteps tau_j (:func:`student_timesteps`),

@@ -10,6 +10,4 @@ docs/evaluation.md). Speed benchmarks are elsewhere (``benchmarks/``).
   ``report.md`` + ``report.json``; CLI ``python -m animegamer_jax.eval``.
 - ``vae``, ``decoder``, ``representation``: reconstruction PSNR of the VAE, decoder PSNR of D_a's samples,
   where play's predicted s_a land among the training clips' (one command each).
-
-Deprecated aliases (removed next release): ``benchmark`` -> ``table1``, ``benchmark_file`` -> ``table1_games``.
 """

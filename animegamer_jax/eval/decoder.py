@@ -6,7 +6,7 @@
   python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
-play's DiT sampler (``game.real_system.dit_sampler`` on the weights play prepares,
+play's DiT sampler (``inference.clip_sampler.dit_sampler`` on the weights play prepares,
 ``dit.prepare_for_inference``, with ``game.mode`` applied as play applies it) samples latents with the
 checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``, DynamicCFG ``cfg_scale`` /
 ``cfg_exp`` / ``cfg_schedule``; ``--sampler``, ``--cfg_scale`` and ``--num_sampling_steps`` override; the
@@ -45,8 +45,9 @@ from animegamer_jax.data import datasets, loader
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import FRAME_RANGE, apply_mode
-from animegamer_jax.game.real_system import dit_sampler, sampling_component
+from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.vae_decode import FRAME_RANGE
 from animegamer_jax.models.cogvideox.dit import prepare_for_inference
 from animegamer_jax.train.batches import BatchBuilder
 from animegamer_jax.train.losses import ea_representation

@@ -32,11 +32,12 @@ from animegamer_jax.eval import metrics
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
 from animegamer_jax.eval.table1_games import Benchmark, load_benchmark
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import FRAME_RANGE, STAGES
+from animegamer_jax.game.api import STAGES
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import save_game
 from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 # The paper's AnimeGamer row of Table 1 (docs/evaluation.md#table-1), printed beside ours for reference.
 PAPER_ROW = {"CLIP-I": 0.8132, "DreamSim": 0.7403, "CLIP-T": 0.4161, "CLIP-T^E": 0.4012, "ACC-F": 0.6744,

@@ -1,14 +1,11 @@
 """Game generation: a game script in, a sequence of game states (videos + character states) out.
 
 Modules (bottom to top; each imports only modules above it in this list):
-  api.py               the interface: GameSystem (three per-turn functions), TurnResult, STAGES,
-                       FRAME_RANGE, apply_mode (game.mode), flow_value
+  api.py               the interface: GameSystem (three per-turn functions), TurnResult, STAGES
   script.py            game scripts (one instruction a line, or JSONL batches) -> Game / Turn
-  window.py            meters, the sliding window of past turns, the MLLM token layout
-                       (docs/token_layout.md) and the turn-window KV cache (CachePlan, TurnKVCache)
-  release_decoding.py  the release's decoding quirks (reference mode): logits processor, text parser
-  real_system.py       the real networks as a GameSystem: GameStateMLLM -> CogVideoX DiT + DPM++ 2M
-                       (dynamic CFG) -> VAE; dit_sampler and vae_decoder are its sampling and VAE stages
+  run.py               one game's run: meters and the finished turns its MLLM window is built from
+  real_system.py       the real networks as a GameSystem: the inference layer's MLLM turn, clip sampler
+                       and VAE decoder (animegamer_jax/inference/) on the loaded modules' states
   standin_system.py    a random stand-in GameSystem with the same interfaces (tests; labelled everywhere)
   loading.py           which system a command plays: checkpoint, stand-in, or random tiny fallback
   engine.py            GameEngine: batches of games advanced turn by turn through three jitted stages
@@ -16,7 +13,8 @@ Modules (bottom to top; each imports only modules above it in this list):
   writers.py           per-turn MP4/GIF with the meters HUD, game video, game.json, index.html, contact sheet
   saving.py            save_game (engine result -> writers), resume checks, the console lines
   flags.py             the command line the game commands share (flags, --config, one-line errors)
-Old module names (real, standin, system, reference, session, state) are deprecated aliases.
+One turn's computations (token layout, MLLM turn, sampler, VAE decoder, release decoding) are the
+inference layer's (animegamer_jax/inference/).
 Entry points: ``python -m animegamer_jax.play`` (one game), ``python -m animegamer_jax.generate``
 (many games, resumable) and ``python -m animegamer_jax.web`` (in the browser, animegamer_jax/web/).
 """

@@ -5,14 +5,13 @@ parameters. The engine (game/engine.py) runs any system; the real networks are w
 game/real_system.py, the random stand-in by game/standin_system.py. Both sides import only this
 module, so neither imports the other.
 
-Also here: the stage names (:data:`STAGES`), the engine's frame range (:data:`FRAME_RANGE`), one
-game's output for one turn (:class:`TurnResult`), the ``game.mode`` rule (:func:`apply_mode`) and the
-motion level -> flow value rule (:func:`flow_value`, defined with the DiT that consumes it).
+Also here: the stage names (:data:`STAGES`) and one game's output for one turn (:class:`TurnResult`).
+The frames' range is inference/vae_decode.py's ``FRAME_RANGE``, the ``game.mode`` rule
+inference/mode.py's ``apply_mode``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -20,15 +19,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from animegamer_jax.models.cogvideox.dit import flow_value
-
-__all__ = ["FRAME_RANGE", "STAGES", "GameSystem", "TurnResult", "apply_mode", "flow_value"]
+__all__ = ["STAGES", "GameSystem", "TurnResult"]
 
 #: the three jitted stages of a turn, in order (timings and compile counts are keyed by these)
 STAGES = ("mllm", "sampling", "vae")
-
-#: value range of the frames a system's ``decode`` returns (float32, clipped)
-FRAME_RANGE = (0.0, 1.0)
 
 
 @dataclasses.dataclass
@@ -39,19 +33,19 @@ class GameSystem:
       params: pytree with the arrays each stage needs (``params["mllm"]``, ... or any layout
         the functions agree on); passed as a jit argument, never baked in as constants.
       mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
-        :func:`animegamer_jax.game.window.stack_inputs` output (ids, attention_mask, cmp_mask,
+        :func:`animegamer_jax.inference.turn_inputs.stack_inputs` output (ids, attention_mask, cmp_mask,
         gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
       sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None) -> latents
         [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
         given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
-      decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in :data:`FRAME_RANGE`.
+      decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in inference/vae_decode.py's ``FRAME_RANGE``.
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
       description: what it was trained on and can show, from the checkpoint's manifest
         (``save_system(description=...)``); "" when it has none. Shown in game.json
         (``system_description``), the gallery, play's summary and the web app.
       parse_states: optional host function ``ids int [B, T] -> states int32 [B, 4]``; when set,
         ``mllm`` returns generated ids instead of states (reference mode's free decoding + the
-        release's text parser, game/release_decoding.py).
+        release's text parser, inference/release_decoding.py).
       decode_chunk: optional ``(params, latents_chunk [B, t, C, h, w], cache | None) ->
         (frames [B, f, H, W, 3], cache)``: one causal chunk of ``decode`` (the same chunk plan, so
         the frames match ``decode``'s), for showing frames as they are decoded (web server).
@@ -60,10 +54,10 @@ class GameSystem:
         ``checkpoint_identity``); empty = the label.
       mllm_cached: with ``mllm.history_attention = "turn_window"``: ``(params, cache, batch) ->
         (states int32 [B, 4], rep float32 [B, Q, D], cache)`` on the games' persistent KV cache
-        (a game/window.py ``TurnKVCache``; batch = game/window.py ``stack_cached_inputs``).
+        (an inference/turn_inputs.py ``TurnKVCache``; batch = its ``stack_cached_inputs``).
       mllm_prefill: ``(params, cache, batch) -> cache``, the same turn's shared prefill only
         (rebuilding a cache by recompute); init_cache: ``batch -> empty cache``;
-        cache_plan: the game/window.py ``CachePlan`` both use.
+        cache_plan: the inference/turn_inputs.py ``CachePlan`` both use.
     """
 
     params: Any
@@ -89,7 +83,7 @@ class TurnResult:
     Attributes:
       states: the predicted ``(ML, SC, ET, ST)``.
       rep: s_a, float32 ``[Q, D]``.
-      frames: the clip, float32 ``[F, H, W, 3]`` in :data:`FRAME_RANGE` (or uint8 once converted).
+      frames: the clip, float32 ``[F, H, W, 3]`` in inference/vae_decode.py's ``FRAME_RANGE`` (or uint8 once converted).
       meters: ``{"social", "entertainment", "stamina"}`` after the turn.
     """
 
@@ -97,24 +91,3 @@ class TurnResult:
     rep: np.ndarray
     frames: np.ndarray
     meters: dict[str, int]
-
-
-def apply_mode(config):
-    """A copy of ``config`` with ``game.mode`` applied to the model sections.
-
-    ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
-    ``mllm.readout = "last"``, ``mllm.history_attention = "window_recompute"``,
-    ``diffusion.cfg_schedule = "release"``.
-
-    Raises:
-      ValueError: unknown ``game.mode``.
-    """
-    config = copy.deepcopy(config)
-    if config.game.mode == "reference":
-        config.mllm.history_window = 1
-        config.mllm.readout = "last"
-        config.mllm.history_attention = "window_recompute"
-        config.diffusion.cfg_schedule = "release"
-    elif config.game.mode != "default":
-        raise ValueError(f"game.mode must be 'default' or 'reference', got {config.game.mode!r}")
-    return config

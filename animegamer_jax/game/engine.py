@@ -2,7 +2,7 @@
 
 One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
 
-1. **MLLM** (``system.mllm``): token layout of the last W turns (game/window.py) + history
+1. **MLLM** (``system.mllm``): token layout of the last W turns (inference/turn_inputs.py) + history
    representations -> predicted states ``[ML, SC, ET, ST]`` (constrained greedy decoding) and the
    representation s_a ``[Q, D]``.
 2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``,
@@ -54,10 +54,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import mllm_tokenizer, parallel
 from animegamer_jax.diffusion import samplers
-from animegamer_jax.game.api import STAGES, GameSystem, TurnResult, apply_mode
+from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
+from animegamer_jax.game.run import GameRun, Meters
 from animegamer_jax.game.script import Game
-from animegamer_jax.game.window import (GameRun, Meters, TurnKVCache, WindowSpec, build_cached_turn_input,
-                                        encode_instruction, stack_cached_inputs, stack_inputs)
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import (TurnKVCache, WindowSpec, build_cached_turn_input, encode_instruction,
+                                                  stack_cached_inputs, stack_inputs)
 
 #: play's layouts (``config.game.play_layout``; module docstring)
 LAYOUTS = ("latency", "batch")
@@ -257,7 +259,7 @@ class GameEngine:
             are decoded: once per VAE chunk when the system has ``decode_chunk``, else once with
             the whole clip. Its own time is not counted in the stage timings.
           noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
-            replacing the keys' draws (e.g. a recorded release run, game/release_decoding.py).
+            replacing the keys' draws (e.g. a recorded release run, inference/release_decoding.py).
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,

@@ -27,8 +27,8 @@ from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game.loading import CheckpointError
 from animegamer_jax.game.script import GameScriptError
-from animegamer_jax.game.window import InstructionTooLongError
 from animegamer_jax.game.writers import OutputError
+from animegamer_jax.inference.turn_inputs import InstructionTooLongError
 
 #: the errors the game commands report as one line (exit status 2) instead of a traceback
 CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, OutputError)

@@ -15,8 +15,9 @@ from animegamer_jax import fileio, paths
 from animegamer_jax.checkpoint import (CheckpointIntegrityError, SystemCheckpointError, checkpoint_identity,
                                        load_system, read_manifest, verify_checkpoint)
 from animegamer_jax.game.api import GameSystem
-from animegamer_jax.game.real_system import build_real_system, sampling_component
+from animegamer_jax.game.real_system import build_real_system
 from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.clip_sampler import sampling_component
 from animegamer_jax.models.registry import COMPONENT_BUILDERS
 
 #: components a game needs from the checkpoint (clip/t5 only build E_a's uncond embedding)

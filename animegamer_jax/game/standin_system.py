@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from animegamer_jax import mllm_tokenizer
-from animegamer_jax.game.api import GameSystem, flow_value
+from animegamer_jax.game.api import GameSystem
+from animegamer_jax.models.cogvideox.dit import flow_value
 
 
 def attention_bias(attention_mask: jax.Array) -> jax.Array:

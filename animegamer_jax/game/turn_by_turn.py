@@ -1,7 +1,7 @@
 """One game played a turn at a time: the state an interactive front end (the web server) keeps.
 
 A :class:`TurnByTurnGame` holds the game's instructions, their token ids and the engine's
-per-turn results, and its :class:`~animegamer_jax.game.window.GameRun` (the MLLM's window and the
+per-turn results, and its :class:`~animegamer_jax.game.run.GameRun` (the MLLM's window and the
 meters). The model runs elsewhere: a caller batches the pending turns of several games into one
 :meth:`GameEngine.step` (rows from :meth:`row`) and records each row with :meth:`commit`.
 :meth:`undo` drops the last turn and rebuilds the window and meters from the turns kept (no model
@@ -19,8 +19,9 @@ import numpy as np
 
 from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine
+from animegamer_jax.game.run import GameRun
 from animegamer_jax.game.script import Game, Turn, parse_instruction
-from animegamer_jax.game.window import GameRun, encode_instruction
+from animegamer_jax.inference.turn_inputs import encode_instruction
 
 
 def instruction_from_fields(character: str = "", motion: str = "", background: str = "",

@@ -4,12 +4,11 @@ Modules:
   model.py              TrainModel per phase, the one trainable_filter, phase_spec
   losses.py             the phases' losses (v-MSE, MLLM CE + MSE, VAE L1 + MSE + KL), latent scale fit
   batches.py            BatchBuilder: loader examples -> model-ready host batches; the VAE curriculum
-  samples.py            sample videos during training (play's DiT sampler, game/real_system.py)
+  samples.py            sample videos during training (play's DiT sampler, inference/clip_sampler.py)
   optim.py              AdamW + warm-up/cosine + global-norm clip + optax.MultiSteps accumulation
   loop.py               Trainer (jitted, sharded step; trainable filter) and fit (resume, NaN stop, logs)
   checkpoint.py         orbax CheckpointManager: model + optimizer + step + Grain iterator state
   metrics.py            clu averages, tensorboardX summaries, throughput, MFU
   pipeline.py           run_phase / run_all: data -> loop -> system checkpoint (animegamer_jax.checkpoint)
   __main__.py           python -m animegamer_jax.train --config=configs/tiny.py --workdir=...
-  phases.py             deprecated alias of model / losses / batches / samples
 """

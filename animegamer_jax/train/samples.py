@@ -1,6 +1,6 @@
 """Periodic sample videos of the decoder phases: what the DiT currently makes of the batch's first clip.
 
-The clip is sampled from s_a by play's own DiT sampler (``game.real_system.dit_sampler``: the configured
+The clip is sampled from s_a by play's own DiT sampler (``inference.clip_sampler.dit_sampler``: the configured
 sampler with DynamicCFG against the bias-only uncond, docs/encoders.md#unconditional-embedding) and
 decoded by the frozen VAE.
 """
@@ -17,7 +17,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import parallel, paths, video_io
-from animegamer_jax.game.real_system import dit_sampler
+from animegamer_jax.inference.clip_sampler import dit_sampler
 from animegamer_jax.train import losses
 
 

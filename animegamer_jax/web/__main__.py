@@ -10,7 +10,7 @@ Usage::
     python -m animegamer_jax.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
     python -m animegamer_jax.web --checkpoint DIR --host 0.0.0.0 --token "$(openssl rand -hex 16)"  # prints the URL
 
-(``python -m animegamer_jax.serve`` and the ``animegamer-serve`` console script run the same command.)
+(The ``animegamer-web`` console script runs the same command.)
 
 The page has character / motion / background fields (or one whole instruction line), Generate,
 Undo and Restart, the current clip in a video player (its frames shown as the VAE decodes them),
@@ -97,11 +97,11 @@ def _serve(f, config, *rest: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Serves the game of ``argv`` (flags only) until Ctrl-C; returns the exit status (2 with a
     one-line message on bad input)."""
-    return run_game_command("animegamer-serve", argv, define_flags, __doc__, _serve, exclude=("overwrite",))
+    return run_game_command("animegamer-web", argv, define_flags, __doc__, _serve, exclude=("overwrite",))
 
 
 def cli() -> None:
-    """Console script ``animegamer-serve``."""
+    """Console script ``animegamer-web``."""
     sys.exit(main())
 
 

@@ -54,13 +54,15 @@ from PIL import Image
 
 from animegamer_jax import mllm_tokenizer, parallel, video_io
 from animegamer_jax.game import saving, writers
-from animegamer_jax.game.api import FRAME_RANGE, apply_mode
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
 from animegamer_jax.game.loading import resolve_system
+from animegamer_jax.game.run import METER_NAMES
 from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
-from animegamer_jax.game.window import METER_NAMES, InstructionTooLongError
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import InstructionTooLongError
+from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ Reference: the release's ``ContinuousLVLM_Video`` (docs/token_layout.md, docs/ml
   each other fully (hybrid mask, docs/token_layout.md#masks); everything else is causal (+ sliding window);
   ``history_attention = "turn_window"`` (not the release's;
   docs/token_layout.md#history-attention-mllmhistory_attention) also limits every token of turn t
-  to turns t-W+1..t (``turn_ids``), which lets play keep the KV cache across turns (game/real_system.py
+  to turns t-W+1..t (``turn_ids``), which lets play keep the KV cache across turns (inference/mllm_turn.py
   ``mllm_turn_cached``);
 * the representation is read at the query positions (``readout="query"``, training-exact) or at
   the last 226 positions (``readout="last"``, the release's off-by-3, docs/token_layout.md#read-out),
@@ -299,11 +299,11 @@ class GameStateMLLM(nnx.Module):
           (states int32 [B, 4] = [ML, SC, ET, ST], generated ids int32 [B, len(grammar)]).
 
         Raises: ValueError with ``history_attention="turn_window"`` (its pass A is
-          game/real_system.py ``mllm_turn_cached``).
+          inference/mllm_turn.py ``mllm_turn_cached``).
         """
         if self.cfg.turn_window:
             raise ValueError("predict_states decodes with the plain causal mask; with "
-                             "history_attention='turn_window' use game/real_system.py mllm_turn_cached")
+                             "history_attention='turn_window' use inference/mllm_turn.py mllm_turn_cached")
         grammar = grammar or mllm_tokenizer.AnimeGamerTokenizer.state_grammar()
         b = input_ids.shape[0]
         v = self.cfg.llm.vocab_size
@@ -355,7 +355,7 @@ def turn_layout(
     release_history_states: bool = False,
 ) -> TurnSequence:
     """The one MLLM token layout, for training (:func:`build_sequence`) and play
-    (``game/window.py`` ``build_turn_input``); docs/token_layout.md.
+    (``inference/turn_inputs.py`` ``build_turn_input``); docs/token_layout.md.
 
     ``[<s>]``, then per included turn ``<TURN> text <img><frame> <frame_0..Q-1> </frame></img>``
     followed, for a history turn, by its 14 world ids (``tokenizer.world_ids``, with the release's

@@ -25,7 +25,7 @@ The buffer is linear (not a ring): the sliding window is applied through the mas
 Prefill writes positions ``[length, length + L)``; a decode step writes one position. With
 ``cache_slots`` (int [B, L]) the new keys/values are scattered to those slots instead and the
 caller's :class:`~animegamer_jax.models.attention.AttentionMask` says which slots hold which
-positions (``k_pos``, ``kv_valid``): the MLLM's turn-granular rolling buffer (game/real_system.py).
+positions (``k_pos``, ``kv_valid``): the MLLM's turn-granular rolling buffer (inference/mllm_turn.py).
 
 Shapes: B batch, L query length, S key length, D model width, N query heads, K kv heads,
 H head dim, F MLP width, V vocab.

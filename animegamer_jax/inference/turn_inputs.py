@@ -1,4 +1,4 @@
-"""One game's window: running meters, the sliding window of past turns, and the MLLM input built from it.
+"""One turn's MLLM inputs: the token layout of the sliding window of past turns, and the turn-window KV cache.
 
 Follows docs/token_layout.md (the layout itself is built once, by
 ``models/mistral/mllm.py`` ``turn_layout``, for training and play):
@@ -19,12 +19,7 @@ With ``mllm.history_attention = "turn_window"``
 (docs/token_layout.md#history-attention-mllmhistory_attention) the MLLM keeps a KV cache across
 turns instead: :class:`CachePlan` is its slot plan, :class:`TurnKVCache` the cache arrays and
 :func:`build_cached_turn_input` the new tokens of one turn (cut from the same ``turn_layout``);
-:class:`GameRun` holds the game's cache between turns.
-
-Meters follow the release demo ``app.py`` (docs/token_layout.md#state-fields): social, entertainment
-and stamina start at 50, each turn adds ``5 x`` the predicted change (SC, ET, ST) and clamps to
-0..100. The app's display quirk (showing 5 less when a change is 0, without storing it) is a UI bug
-and is not copied.
+game/run.py ``GameRun`` holds a game's cache between turns.
 """
 
 from __future__ import annotations
@@ -42,37 +37,12 @@ from animegamer_jax import mllm_tokenizer
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral.mllm import turn_layout
 
-METER_NAMES = ("social", "entertainment", "stamina")
 #: world ids per history turn (docs/token_layout.md#per-turn-layout, includes the duplicated ``</ST>``)
 WORLD_LEN = 14
 
 
 class InstructionTooLongError(ValueError):
     """An instruction has more tokens than ``game.max_instruction_tokens``."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Meters:
-    """The three character meters of a game (app.py semantics, docs/token_layout.md#state-fields)."""
-
-    social: int = 50
-    entertainment: int = 50
-    stamina: int = 50
-
-    def update(self, states: Sequence[int], step: int = 5, lo: int = 0, hi: int = 100) -> "Meters":
-        """Returns the meters after one turn.
-
-        Args:
-          states: ``[ML, SC, ET, ST]``; SC/ET/ST are changes in -5..5.
-          step: meter units per unit of change (app.py: 5).
-        """
-        _, sc, et, st = (int(v) for v in states)
-        clamp = lambda v: max(lo, min(hi, v))  # noqa: E731
-        return Meters(clamp(self.social + step * sc), clamp(self.entertainment + step * et),
-                      clamp(self.stamina + step * st))
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,9 +233,6 @@ def stack_inputs(rows: Sequence[TurnInput]) -> dict[str, np.ndarray]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# history_attention = "turn_window": the MLLM's KV cache kept across turns.
-
 #: tokens of a history turn after its query block starts: Q reps, </frame></img>, 14 world ids
 def _suffix_len(q: int) -> int:
     return q + 2 + WORLD_LEN
@@ -431,7 +398,7 @@ def build_cached_turn_input(history: Sequence[TurnRecord], current_ids: Sequence
 
 
 def stack_cached_inputs(rows: Sequence[CachedTurnInput]) -> dict[str, np.ndarray]:
-    """Stacks rows into the batch dict of game/real_system.py ``mllm_turn_cached`` (leading dim B)."""
+    """Stacks rows into the batch dict of inference/mllm_turn.py ``mllm_turn_cached`` (leading dim B)."""
     keys = ("ids", "cmp_mask", "hist_rep", "positions", "turn_ids", "slots", "valid")
     out = {k: np.stack([getattr(r, k) for r in rows]) for k in keys}
     for k in ("block_first", "block_last", "ml_pos", "turn"):
@@ -471,53 +438,3 @@ class TurnKVCache:
             return caches[0]
         return TurnKVCache(jnp.concatenate([c.k for c in caches], 1), jnp.concatenate([c.v for c in caches], 1),
                            *(jnp.concatenate([getattr(c, f) for c in caches], 0) for f in ("k_pos", "k_turn", "valid")))
-
-
-def _same_records(a: Sequence[TurnRecord], b: Sequence[TurnRecord]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-@dataclasses.dataclass
-class GameRun:
-    """The running state of one game: finished turns (the window source) and the meters.
-
-    With ``history_attention = "turn_window"`` it also keeps the MLLM's KV cache (``kv_cache``, a
-    :class:`TurnKVCache` of device arrays of batch 1, valid for exactly the turns in ``kv_records``);
-    an engine step leaves its updated cache in ``kv_pending`` and :meth:`finish_turn` adopts it. A
-    run without a matching cache (new, undone, resumed) gets it rebuilt by recompute
-    (``GameEngine``).
-    """
-
-    spec: WindowSpec
-    rep_dim: int
-    meters: Meters = dataclasses.field(default_factory=Meters)
-    history: list[TurnRecord] = dataclasses.field(default_factory=list)
-    meter_log: list[dict[str, int]] = dataclasses.field(default_factory=list)
-    kv_cache: Any = None
-    kv_records: tuple[TurnRecord, ...] = ()
-    kv_pending: tuple[tuple[TurnRecord, ...], Any] | None = None
-
-    def cache_matches(self) -> bool:
-        """True when ``kv_cache`` holds exactly this run's finished turns."""
-        return self.kv_cache is not None and _same_records(self.kv_records, self.history)
-
-    def next_cached_input(self, current_ids: Sequence[int], plan: CachePlan | None = None) -> CachedTurnInput:
-        """The new tokens of the next turn for the rolling cache."""
-        return build_cached_turn_input(self.history, current_ids, self.spec, self.rep_dim, plan)
-
-    def next_input(self, current_ids: Sequence[int]) -> TurnInput:
-        """The MLLM input of the next turn."""
-        return build_turn_input(self.history, current_ids, self.spec, self.rep_dim)
-
-    def finish_turn(self, text_ids: Sequence[int], states: Sequence[int], rep: np.ndarray,
-                    meter_step: int = 5) -> Meters:
-        """Records a finished turn (its own states and representation) and updates the meters."""
-        st = tuple(int(v) for v in states)
-        pending, self.kv_pending = self.kv_pending, None
-        adopt = pending is not None and _same_records(pending[0], self.history)
-        self.history.append(TurnRecord(tuple(text_ids), st, np.asarray(rep, np.float32)))  # type: ignore[arg-type]
-        self.kv_cache = pending[1] if adopt else None
-        self.kv_records = tuple(self.history) if adopt else ()
-        self.meters = self.meters.update(st, meter_step)
-        self.meter_log.append(self.meters.as_dict())
-        return self.meters

@@ -1,0 +1,16 @@
+"""One turn's computations: what play, training's sample videos, eval, the compile tool and the release check run.
+
+Modules (bottom to top; each imports only modules above it in this list, ``models``, ``diffusion``
+and the layers below them):
+  mode.py              the ``game.mode`` rule (apply_mode): default, or the release's reference settings
+  turn_inputs.py       the MLLM token layout of a turn and its window of past turns (docs/token_layout.md),
+                       instruction encoding and checks, the turn-window KV cache (CachePlan, TurnKVCache)
+  release_decoding.py  the release's decoding quirks (reference mode): logits processor, text parser,
+                       recorded noise, uint8 frames
+  mllm_turn.py         the MLLM turn: pass B (s_a) and pass A (state decoding with a KV cache), also on
+                       the game's persistent cache (mllm_turn_cached)
+  clip_sampler.py      the DiT sampler (teacher with CFG, or the distilled student): s_a + ML -> latents
+  vae_decode.py        the VAE decoder step (tiled / chunked): latents -> frames in FRAME_RANGE
+The game (game/) wraps these as a GameSystem (game/real_system.py); nothing here knows games,
+scripts, checkpoints or files.
+"""

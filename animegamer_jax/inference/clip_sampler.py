@@ -1,0 +1,82 @@
+"""The clip sampler: s_a and the motion level -> a clip's latents (the CogVideoX DiT + DPM++ 2M, dynamic CFG).
+
+(docs/dit.md#conditioning-paths, docs/dit.md#motion-level-to-flow, docs/diffusion.md#sampler,
+docs/diffusion.md#guidance; diffusion/samplers.py.) ML -> flow value (``dit.flow_table``), cond =
+s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond,
+docs/encoders.md#unconditional-embedding) with the same flow, one CFG batch per step. The sampler
+is vmapped over games so each game's noise comes from its own key (``split(key)``: initial
+latents, SDE noise), which makes a game's output independent of the batch it is played in. Given
+noise replaces both draws: ``sample(..., noise={"initial": [B, T, C, h, w], "steps": [B, n, T, C,
+h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a is rounded to bfloat16 before
+the DiT, as the release does. With ``diffusion.sampler = "student"`` the DiT is the distilled
+student (checkpoint component ``student``, :func:`sampling_component`): ``num_sampling_steps``
+calls, no CFG batch, the guidance scale ``diffusion.cfg_scale`` as its input
+(samplers.sample_student).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from animegamer_jax import parallel
+from animegamer_jax.diffusion import samplers
+from animegamer_jax.models.cogvideox.dit import flow_value
+
+
+def sampling_component(config) -> str:
+    """The checkpoint component the clip sampler runs: ``"student"`` (phase d's distilled DiT) for
+    ``diffusion.sampler = "student"``, else ``"dit"`` (the teacher)."""
+    return "student" if str(config.diffusion.sampler) == samplers.STUDENT else "dit"
+
+
+def dit_sampler(g_dit, config):
+    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None)
+    -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
+    initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
+    samplers.sample's ``step_noise``), then the configured sampler with CFG, or the student's
+    (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its N
+    re-noising draws, no CFG batch). In reference mode s_a
+    is rounded to bfloat16 first, as the release does. The one clip sampler: play
+    (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation
+    (eval/decoder.py) and the ahead-of-time programs (aot/pieces.py) all call it."""
+    d = config.diffusion
+    student = str(d.sampler) == samplers.STUDENT
+    if student:  # the distilled student: N calls, no CFG batch, the guidance scale as its input
+        schedule = samplers.DiffusionSchedule.from_config(d)
+        tau = samplers.student_timesteps(int(d.num_sampling_steps), samplers.student_grid_steps(d), schedule)
+        w = float(d.cfg_scale)
+    else:
+        plan = samplers.plan_from_config(d)
+    table = tuple(config.dit.flow_table)
+    reference_mode = config.game.mode == "reference"
+    latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
+                    config.dit.sample_width)
+
+    def sample(p, rep, ml, keys, noise=None):
+        dit = nnx.merge(g_dit, p["dit"])
+        flow = flow_value(ml, table)
+        if reference_mode:  # the release casts s_a to bfloat16 before the DiT (inference_Decoder.py)
+            rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
+
+        def denoise(x, t, c):
+            return dit(x, c["cond"], t, c["flow"], c.get("guidance"))
+
+        def one(rep_b, flow_b, key_b, noise_b):
+            k_init, k_sde = jax.random.split(key_b)
+            if noise_b is None:
+                x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
+            else:
+                x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
+            cond = {"cond": rep_b[None], "flow": flow_b[None]}
+            if student:
+                cond["guidance"] = jnp.full((1,), w, jnp.float32)
+                return samplers.sample_student(denoise, x, cond, k_sde, tau, schedule, step_noise=steps)[0]
+            unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
+            return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
+
+        # games stay split over the data axes inside the vmap (also in the attention's shard_map)
+        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
+
+    return sample
