@@ -381,7 +381,7 @@ def test_tokenize_turns(dataset):
 def test_mllm_targets_encode_the_action_text(dataset):
     """Phase b/c's s_a targets and history come from E_a(T5(action), CLIP(first frame)), the inputs E_a is
     trained on in phase a, not from T5 of the whole instruction (which the decoder never sees)."""
-    from animegamer_jax.train import batches
+    from animegamer_jax.data import batches
 
     cfg = tiny.get_config()
     ld = loader.make_loader(dataset, mode="turns", batch_size=2, seed=0, num_epochs=1, shard_index=0,
@@ -407,7 +407,7 @@ def test_stored_features_reach_every_phase(dataset, tmp_path):
     phases (clips mode) and, per turn, to the MLLM phases (turns mode), with no T5 ids or first frames."""
     from animegamer_jax.data import extract_features
     from animegamer_jax.data.clip_dataset import features as features_lib
-    from animegamer_jax.train import batches
+    from animegamer_jax.data import batches
 
     cfg = tiny.get_config()
     lt, dt, p, dv = cfg.t5.max_length, cfg.t5.d_model, cfg.rep.num_image_tokens, cfg.clip.vision_width

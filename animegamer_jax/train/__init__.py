@@ -3,7 +3,6 @@
 Modules:
   model.py              TrainModel per phase, the one trainable_filter, phase_spec
   losses.py             the phases' losses (v-MSE, MLLM CE + MSE, VAE L1 + MSE + KL), latent scale fit
-  batches.py            BatchBuilder: loader examples -> model-ready host batches; the VAE curriculum
   samples.py            sample videos during training (play's DiT sampler, inference/clip_sampler.py)
   optim.py              AdamW + warm-up/cosine + global-norm clip + optax.MultiSteps accumulation
   loop.py               Trainer (jitted, sharded step; trainable filter) and fit (resume, NaN stop, logs)

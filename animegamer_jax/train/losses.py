@@ -2,7 +2,7 @@
 
 Every loss is ``loss(model, batch, rng, config) -> (scalar, {metric: scalar})`` where ``model`` holds
 the phase's components as attributes (``train.model.TrainModel``) and ``batch`` is what
-``train.batches.BatchBuilder`` builds (its docstring lists the keys and shapes).
+``data.batches.BatchBuilder`` builds (its docstring lists the keys and shapes).
 
 | phase  | loss                                         |
 |--------|----------------------------------------------|
@@ -25,7 +25,7 @@ the frozen (phase-a-trained) shot encoder; history slots carry the history turns
 
 Phase "vae" is not in the paper (AnimeGamer starts from the released CogVideoX VAE): it trains the
 VAE as a KL-regularized autoencoder (:func:`vae_loss`) under a clip-size curriculum
-(``train.vae_curriculum``, ``train.batches.vae_stage``) so that toy configs (configs/tiny.py) get a
+(``train.vae_curriculum``, ``data.batches.vae_stage``) so that toy configs (configs/tiny.py) get a
 VAE whose latents show their footage.
 """
 
@@ -42,42 +42,12 @@ from flax import nnx
 
 from animegamer_jax.diffusion import guidance, samplers, schedules
 from animegamer_jax.diffusion import losses as diffusion_losses
+from animegamer_jax.inference.action_representation import ea_representation, encode_features
 from animegamer_jax.models.cogvideox import vae_tiling
 
 #: ``(model, batch, rng, config) -> (loss [], {metric name: []})``
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array, ml_collections.ConfigDict],
                   tuple[jax.Array, dict[str, jax.Array]]]
-
-
-def _encode_features(model: nnx.Module, batch: Mapping[str, jax.Array], prefix: str = ""
-                     ) -> tuple[jax.Array, jax.Array]:
-    """Frozen T5 / CLIP features f_md [..., Lt, Dt] and f_v [..., P, Dv] of a batch.
-
-    Uses precomputed ``{prefix}f_md`` / ``{prefix}f_v`` when the batch has them (data/extract_features),
-    else runs the frozen encoders on ``{prefix}t5_ids`` [..., Lt] and ``{prefix}first_frame``
-    [..., H, W, 3] (leading dims are flattened for the encoders and restored).
-    """
-    if prefix + "f_md" in batch:
-        return batch[prefix + "f_md"], batch[prefix + "f_v"]
-    ids, frames = batch[prefix + "t5_ids"], batch[prefix + "first_frame"]
-    lead = ids.shape[:-1]
-    f_md = model.t5(ids.reshape((-1, ids.shape[-1])))
-    f_v = model.clip.visual.encode_reference(frames.reshape((-1,) + frames.shape[-3:]))
-    f_md = f_md.reshape(lead + f_md.shape[1:])
-    f_v = f_v.reshape(lead + f_v.shape[1:])
-    return jax.lax.stop_gradient(f_md), jax.lax.stop_gradient(f_v)
-
-
-def ea_representation(model: Any, batch: Mapping[str, jax.Array], prefix: str = "") -> jax.Array:
-    """E_a's action-aware representation s_a [..., Q, rep_dim] (paper Sec. 3.2; the shot encoder's
-    dtype, float32 at tiny size) of a batch's ``{prefix}t5_ids`` [..., Lt] + ``{prefix}first_frame``
-    [..., H, W, 3] in [-1, 1] (or precomputed ``{prefix}f_md`` / ``{prefix}f_v``; leading dims, e.g.
-    [B] or [B, M] turns, are kept): the frozen T5 / CLIP features through ``model.shot_encoder``.
-    ``model`` is any module with ``shot_encoder`` (and ``t5`` / ``clip`` for raw batches)."""
-    f_md, f_v = _encode_features(model, batch, prefix)
-    lead = f_md.shape[:-2]
-    reps = model.shot_encoder(f_md.reshape((-1,) + f_md.shape[-2:]), f_v.reshape((-1,) + f_v.shape[-2:]))
-    return reps.reshape(lead + reps.shape[1:])
 
 
 def _latents(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
@@ -109,7 +79,7 @@ def decoder_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Arr
                  config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
     k_t, k_i, k_n, k_z, k_u = jax.random.split(rng, 5)
-    f_md, f_v = _encode_features(model, batch)
+    f_md, f_v = encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
     # The release also zeroes T5 features per sample at the conditioner's ucg_rate, independently
     # (docs/diffusion.md#training-loss): 1 - (1 - text_dropout) (1 - text_ucg_rate) of the samples

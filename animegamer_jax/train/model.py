@@ -73,11 +73,6 @@ def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     return c
 
 
-def num_queries(config: ml_collections.ConfigDict) -> int:
-    """Query tokens Q of s_a: ``rep.num_text_tokens + rep.num_image_tokens``."""
-    return int(config.rep.num_text_tokens + config.rep.num_image_tokens)
-
-
 class TrainModel(nnx.Module):
     """Container of the components a phase needs (attributes named as in the system checkpoint), each
     built by ``models.registry.build_component`` from ``config``."""

@@ -33,7 +33,7 @@ from animegamer_jax.data import datasets, loader
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim
-from animegamer_jax.train.batches import BatchBuilder
+from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.train.model import PHASES, phase_spec, training_config
 from animegamer_jax.train.samples import sample_hook
 

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import parallel, paths, video_io
+from animegamer_jax.inference.action_representation import ea_representation
 from animegamer_jax.inference.clip_sampler import dit_sampler
 from animegamer_jax.train import losses
 
@@ -45,7 +46,7 @@ def sample_video(model: nnx.Module, batch: Mapping[str, jax.Array], key: jax.Arr
     if "input_ids" in first:
         cond = losses.mllm_representation(model, losses._mllm_batch(model, first))
     else:
-        cond = losses.ea_representation(model, first)
+        cond = ea_representation(model, first)
     uncond = model.shot_encoder.uncond(1).astype(cond.dtype)
     graphdef, state = nnx.split(model.dit)
     sample = dit_sampler(graphdef, config)

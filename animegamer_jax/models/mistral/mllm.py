@@ -48,6 +48,12 @@ IGNORE_INDEX = -100
 HISTORY_ATTENTION = ("window_recompute", "turn_window")
 
 
+def num_queries(config: Any) -> int:
+    """Query tokens Q of s_a per turn: ``rep.num_text_tokens + rep.num_image_tokens`` of the root config
+    (226 at paper size)."""
+    return int(config.rep.num_text_tokens + config.rep.num_image_tokens)
+
+
 @dataclasses.dataclass(frozen=True)
 class MLLMConfig:
     """GameStateMLLM hyper-parameters: the Mistral config plus the representation/loss fields."""
@@ -79,7 +85,7 @@ class MLLMConfig:
         return cls(
             llm=mistral_model.MistralConfig.from_config(m, **llm_overrides),
             rep_dim=cfg.rep.dim,
-            num_queries=cfg.rep.num_text_tokens + cfg.rep.num_image_tokens,
+            num_queries=num_queries(cfg),
             history_window=m.history_window,
             readout=m.readout,
             history_attention=m.get("history_attention", "window_recompute"),

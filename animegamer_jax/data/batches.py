@@ -1,7 +1,8 @@
 """Host-side batches of the training phases: loader examples -> model-ready numpy batches.
 
 :class:`BatchBuilder` turns the batches of ``data.loader.make_loader`` ("clips" mode for "vae" /
-"a1" / "a2", "turns" mode for "b" / "c") into what the losses (train/losses.py) read:
+"a1" / "a2", "turns" mode for "b" / "c") into what the losses (train/losses.py) read (eval.decoder
+and eval.representation build phase a's E_a inputs with it too):
 
   vae:               frames f32 [B * n, T, H, W, 3] in [-1, 1]: random windows of the clips
                      (:func:`vae_windows`) at the curriculum stage of the step (:func:`vae_stage`).
@@ -32,7 +33,6 @@ from animegamer_jax import fileio, mllm_tokenizer, paths, t5_tokenizer, video_io
 from animegamer_jax.data import video
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.models.mistral import mllm
-from animegamer_jax.train.model import num_queries
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Sequence[float]) -> np.ndarray:
@@ -161,7 +161,7 @@ class BatchBuilder:
     def mllm_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
         cfg = self.config
         w = int(cfg.mllm.history_window)
-        q = num_queries(cfg)
+        q = mllm.num_queries(cfg)
         num_turns = np.asarray(ex["num_turns"]).astype(np.int64)
         b, m = np.asarray(ex["states"]).shape[:2]
         instr = np.asarray(ex["instruction"]).reshape(b, m)
