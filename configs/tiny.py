@@ -90,7 +90,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.num_sampling_steps = 8
     # DynamicCFG scale 1 (s = 1 + scale (1 - cos(pi (i/8)^5)) / 2 rises to 1.5 by the 8th step), not the
     # paper's 6 (s up to 4.1 here), which oversaturates the tiny system's samples
-    # (python -m animegamer_jax.eval.decoder --cfg_scale S; docs/results.md).
+    # (python -m animegamer_jax.eval.decoder --config.diffusion.cfg_scale=S; docs/results.md).
     c.diffusion.cfg_scale = 1.0
     # phase d distils the teacher on the paper's 50-step grid (the teacher plays 8 steps here for speed);
     # the student learns the scales around the tiny system's 1.0

@@ -111,7 +111,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
     "animegamer_jax.eval.decoder:cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("clips 0", ["--checkpoint=inputs/folder", "--clips=0"]),
-        ("unknown sampler", ["--checkpoint=inputs/folder", "--sampler=zz"]),
+        ("unknown sampler", ["--checkpoint=inputs/folder", "--config.diffusion.sampler=zz"]),
         ("unknown flag", ["--no_such_flag=1"]),
     ],
     "animegamer_jax.eval.representation:cli": [

@@ -56,7 +56,7 @@ def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
     the teacher's guided sampler on the same 3 clips (issue 32's bar, here at the config's 8 teacher
     steps; docs/results.md#few-step-student has 50), and the checkpoint's teacher is still the default."""
     got = {}
-    for name, extra in (("teacher", []), ("student", ["--sampler", "student", "--num_sampling_steps", "4"])):
+    for name, extra in (("teacher", []), ("student", ["--config.diffusion.sampler=student", "--config.diffusion.num_sampling_steps=4"])):
         out = str(tmp_path / f"{name}.json")
         assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "3", "--json", out,
                              *extra]) == 0

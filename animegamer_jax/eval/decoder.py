@@ -1,16 +1,19 @@
 """Decoder PSNR of a system checkpoint: D_a's samples for a prepared dataset's clips against the clips' frames.
 
   python -m animegamer_jax.eval.decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
-  python -m animegamer_jax.eval.decoder --checkpoint DIR --cfg_scale 6 --num_sampling_steps 50   # other sampler
-  python -m animegamer_jax.eval.decoder --sampler student --num_sampling_steps 4   # the few-step student (phase d)
+  python -m animegamer_jax.eval.decoder --checkpoint DIR --config.diffusion.cfg_scale=6 \
+      --config.diffusion.num_sampling_steps=50   # other sampler settings
+  python -m animegamer_jax.eval.decoder --config.diffusion.sampler=student \
+      --config.diffusion.num_sampling_steps=4   # the few-step student (phase d)
   python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 play's DiT sampler (``inference.clip_sampler.dit_sampler`` on the weights play prepares,
 ``dit.prepare_for_inference``, with ``game.mode`` applied as play applies it) samples latents with the
 checkpoint config's sampler (``diffusion.sampler``, ``num_sampling_steps``, DynamicCFG ``cfg_scale`` /
-``cfg_exp`` / ``cfg_schedule``; ``--sampler``, ``--cfg_scale`` and ``--num_sampling_steps`` override; the
-``student`` sampler runs the checkpoint's ``student`` component), conditioned on the
+``cfg_exp`` / ``cfg_schedule``; ``--config.a.b=value`` overrides a field of the checkpoint's config,
+e.g. ``--config.diffusion.sampler=student``; the ``student`` sampler runs the checkpoint's ``student``
+component), conditioned on the
 clip's motion level (``dit.flow_table``) against E_a's unconditional embedding, and the VAE decodes them
 (``decode(latents / scaling_factor)``, untiled). Two PSNRs (dB, frames mapped to
 [0, 1], decoded output clipped to [0, 1]): ``sample``, the decoded sample against the clip's frames, and
@@ -33,8 +36,10 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import ml_collections
 from absl import flags
 from flax import nnx
+from ml_collections import config_flags
 from PIL import Image
 
 from animegamer_jax import cli as cli_lib
@@ -43,9 +48,11 @@ from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_s
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import datasets, loader
 from animegamer_jax.data.batches import BatchBuilder
+from animegamer_jax.diffusion import samplers
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.game import writers
+from animegamer_jax.game.flags import SavedConfigError
 from animegamer_jax.inference.action_representation import ea_representation
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
 from animegamer_jax.inference.mode import apply_mode
@@ -152,30 +159,50 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     return res
 
 
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval.decoder`` on ``fv`` (absl)."""
+def _own_flags(fv) -> None:
     flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint (E_a, DiT, VAE, T5, CLIP).",
                         flag_values=fv)
     flags.DEFINE_string("dataset", "", "Prepared dataset of clips to score (default: the checkpoint config's "
                         "data.dataset_dir, its training clips).", flag_values=fv)
     flags.DEFINE_integer("clips", 12, "Clips to score, evenly spaced over the dataset.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Noise seed of the first scored clip (the k-th uses seed + k).", flag_values=fv)
-    flags.DEFINE_float("cfg_scale", None, "DynamicCFG scale parameter (default: the config's diffusion.cfg_scale; "
-                       "docs/diffusion.md#guidance).", flag_values=fv)
-    flags.DEFINE_integer("num_sampling_steps", None, "Sampler steps (default: diffusion.num_sampling_steps).",
-                         flag_values=fv)
-    flags.DEFINE_enum("sampler", None, ["dpmpp_2m", "ddim", "student"], "Sampler (default: diffusion.sampler); "
-                      "student: the checkpoint's few-step student (training phase d).", flag_values=fv)
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
     flags.DEFINE_string("sheet", "", "Also write a PNG here: a row a scored clip, its middle frame, the VAE's "
                         "reconstruction of it and the sample.", flag_values=fv)
+
+
+def define_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.eval.decoder`` on ``fv`` (absl) and ``--config``: the config
+    saved in ``--checkpoint`` (``config_flags.DEFINE_config_dict``), whose fields ``--config.a.b=value``
+    overrides (e.g. ``--config.diffusion.sampler=student``; unknown keys are errors).
+
+    Raises:
+      SavedConfigError: no readable config in ``--checkpoint`` (not for ``--help``).
+    """
+    _own_flags(fv)
+    saved = ml_collections.ConfigDict()
+    if not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
+        probe = flags.FlagValues()  # only to read --checkpoint before --config exists
+        _own_flags(probe)
+        try:
+            probe(argv, known_only=True)
+        except flags.Error:
+            pass  # reported by the full parse
+        else:
+            try:
+                saved = load_config(paths.resource(probe.checkpoint))
+            except (SystemCheckpointError, ConfigError, OSError) as e:
+                raise SavedConfigError(str(e)) from None
+    config_flags.DEFINE_config_dict("config", saved, "The config saved in --checkpoint; --config.a.b=value "
+                                    "overrides a field, e.g. --config.diffusion.sampler=student.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
     return cli_lib.run_command("animegamer-eval-decoder", argv, define_flags, __doc__, None, _run,
                                (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
-                                ValueError, OSError))
+                                SavedConfigError, ValueError, OSError))
 
 
 def _run(f, *rest: str) -> int:
@@ -185,13 +212,11 @@ def _run(f, *rest: str) -> int:
     if f.clips < 1:
         raise cli_lib.UsageError(f"--clips={f.clips}: score at least one clip")
     ckpt = paths.resource(f.checkpoint)
-    config = load_config(ckpt)
-    if f.cfg_scale is not None:
-        config.diffusion.cfg_scale = float(f.cfg_scale)
-    if f.num_sampling_steps is not None:
-        config.diffusion.num_sampling_steps = int(f.num_sampling_steps)
-    if f.sampler is not None:
-        config.diffusion.sampler = f.sampler
+    config = f.config
+    known = (*samplers.SAMPLERS, samplers.STUDENT)
+    if config.diffusion.sampler not in known:
+        raise cli_lib.UsageError(f"--config.diffusion.sampler={config.diffusion.sampler!r} is not a sampler. Fix: "
+                                 f"one of {', '.join(known)}")
     config = apply_mode(config)  # as play samples; the summary line shows the sampler used
     dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
     check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
