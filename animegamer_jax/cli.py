@@ -18,7 +18,9 @@ The pattern of a command (``python -m animegamer_jax.<command>``, console script
 :func:`run_command` parses with :func:`parse_flags`, prints ``error: <message>`` and returns 2 for a
 bad command line or one of the command's input errors, returns 130 after Ctrl-C when the command
 says what an interruption leaves behind, and quiets library logs for commands that define
-``--verbosity`` (:func:`define_verbosity`). :func:`run_subcommand` dispatches ``<prog> KIND ...`` to
+``--verbosity`` (:func:`define_verbosity`). Every command also gets ``--compilation_cache_dir``
+(:func:`define_compilation_cache`): the body runs with JAX's persistent compilation cache in that
+folder (:func:`compilation_cache`). :func:`run_subcommand` dispatches ``<prog> KIND ...`` to
 one such ``main`` per kind.
 
 Config paths: ``--config=configs/tiny.py`` works from any directory: a config path that does not
@@ -39,6 +41,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
+from jax._src import compilation_cache as jax_cache  # reset_cache: no public equivalent
 from jax._src import xla_bridge  # backends_are_initialized: no public equivalent
 from absl import flags
 from absl import logging as absl_logging
@@ -165,6 +168,76 @@ def define_verbosity(fv: flags.FlagValues) -> None:
     flags.DEFINE_alias("v", "verbosity", flag_values=fv)
 
 
+#: the environment variable of jax's own that names its compilation cache folder ("" = no cache)
+CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def default_compilation_cache_dir() -> str:
+    """``$XDG_CACHE_HOME/animegamer_jax/jax_cache`` (without XDG_CACHE_HOME: ``~/.cache/...``)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "animegamer_jax", "jax_cache")
+
+
+def define_compilation_cache(fv: flags.FlagValues) -> None:
+    """Defines ``--compilation_cache_dir`` on ``fv``; :func:`parse_flags` adds it to every command."""
+    flags.DEFINE_string("compilation_cache_dir", None, "Folder (local or gs://) of JAX's persistent compilation "
+                        "cache: a program compiled once loads from here in later runs. Default: "
+                        f"${CACHE_ENV} if set, else $XDG_CACHE_HOME/animegamer_jax/jax_cache "
+                        "(~/.cache/...). --compilation_cache_dir= (empty) turns the cache off.", flag_values=fv)
+
+
+def compilation_cache_dir(flag_value: str | None) -> str:
+    """The cache folder a command uses: ``--compilation_cache_dir`` if given, else ``$JAX_COMPILATION_CACHE_DIR``
+    if set, else :func:`default_compilation_cache_dir`. ``""`` (given either way) means no cache."""
+    if flag_value is not None:
+        return flag_value
+    env = os.environ.get(CACHE_ENV)
+    return env if env is not None else default_compilation_cache_dir()
+
+
+#: the jax options :func:`compilation_cache` sets, and restores on exit
+_CACHE_OPTIONS = ("jax_compilation_cache_dir", "jax_enable_compilation_cache",
+                  "jax_persistent_cache_min_compile_time_secs", "jax_persistent_cache_min_entry_size_bytes")
+
+
+@contextlib.contextmanager
+def compilation_cache(folder: str) -> Iterator[None]:
+    """Inside, JAX's persistent compilation cache reads and writes ``folder`` ("" = off).
+
+    Every program is cached whatever its compile time or size
+    (``jax_persistent_cache_min_compile_time_secs = 0``, ``jax_persistent_cache_min_entry_size_bytes = -1``):
+    JAX's default skips programs that compile in under 1 s, which are all of the tiny config's on a
+    CPU and together still take seconds per run. Only jax options are set, so the backend does not
+    start here (``jax.distributed.initialize`` may still come first). A local folder that cannot be
+    created turns the cache off with one stage line: a cache is never a reason to fail. The options
+    and JAX's cache object are restored on exit (a command run in-process leaves no cache behind).
+    """
+    if folder and not paths.is_url(folder):
+        try:
+            os.makedirs(os.path.expanduser(folder), exist_ok=True)
+        except OSError as e:
+            status("compilation cache off: cannot create %s (%s)", folder, e.strerror or e)
+            folder = ""
+        else:
+            folder = os.path.expanduser(folder)
+    before = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
+    wanted = {"jax_compilation_cache_dir": folder or None, "jax_enable_compilation_cache": bool(folder),
+              "jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": -1}
+
+    def apply(values: Mapping[str, object]) -> None:
+        changed = any(getattr(jax.config, k) != v for k, v in values.items())
+        for k, v in values.items():
+            jax.config.update(k, v)
+        if changed:
+            jax_cache.reset_cache()  # the next compile opens the cache of the new settings
+
+    apply(wanted)
+    try:
+        yield
+    finally:
+        apply(before)
+
+
 def _override_error(overrides: Sequence[str], e: BaseException) -> UsageError:
     """An unknown config key (``AttributeError`` / ``KeyError`` of ml_collections) as one line."""
     return UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {list(overrides)}")
@@ -227,6 +300,8 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
         raise UsageError(str(e)) from None
     try:
         define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
+        if "compilation_cache_dir" not in fv:
+            define_compilation_cache(fv)
     except (AttributeError, KeyError) as e:
         raise _override_error(overrides, e) from None
     except OSError as e:
@@ -340,7 +415,8 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
             quiet_logs(f.verbosity)
             absl_logging.set_verbosity(f.verbosity)
             _console["on"] = True
-        rc = body(f, *rest)
+        with compilation_cache(compilation_cache_dir(f.compilation_cache_dir)):
+            rc = body(f, *rest)
         return 0 if rc is None else int(rc)
     except (UsageError, *errors) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)

@@ -29,6 +29,7 @@ status 1 when a program fails to compile, 2 for a bad command line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -43,7 +44,7 @@ from ml_collections import config_flags
 
 from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.aot import programs, report
-from animegamer_jax.cli import UsageError, run_command
+from animegamer_jax.cli import UsageError, compilation_cache, run_command
 from animegamer_jax.parallel import target
 
 GROUPS = {"train": programs.TRAIN_PROGRAMS, "turn": programs.TURN_PROGRAMS}
@@ -145,6 +146,13 @@ def _run(f: flags.FlagValues) -> int:
         topo = target.parse_topology(f.topology, f.num_slices)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    # cpu-N programs run on this host and go to the persistent compilation cache like every command's;
+    # a TPU / GPU target's are compile-only (and of the full-size config): kept out of the cache
+    with compilation_cache("") if topo.kind != "cpu" else contextlib.nullcontext():
+        return _compile_all(f, topo)
+
+
+def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
     config = f.config
     layout = f.layout or str(config.game.get("play_layout", "latency"))
     todo = _programs(list(f.program), layout)
