@@ -250,7 +250,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.vae_mse_weight = 1.0
     c.train.vae_curriculum = ((0, 1, 256, 256), (2000, 9, 256, 256), (6000, 17, 256, 256))
     c.train.vae_windows_per_clip = 4
-    # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (train/batches.py vae_windows)
+    # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (data/batches.py vae_windows)
     c.train.vae_max_crop_scale = 1.0
     c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
     c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
