@@ -34,37 +34,34 @@ import sys
 import jax
 from absl import flags
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, paths
 from animegamer_jax.cli import UsageError, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine, apply_layout
 from animegamer_jax.game.flags import run_game_command, setup_jax
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.saving import print_turn, save_game, summary
+from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
+                                        summary)
 from animegamer_jax.game.script import SEED_RANGE, Game, GameScriptError, load_script, parse_instruction
 from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.game.turn_by_turn import TurnByTurnGame
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError, encode_instruction, validate_games
 
 
-def _interactive(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dict | None, KeyboardInterrupt | None]:
-    """Plays instructions typed on stdin, one a line; ``save(result, k)`` writes the game after every turn.
-
-    Each turn is saved before it is printed, and the save with its bookkeeping is a
-    ``cli.signals_held`` section: every turn printed is on disk, and a Ctrl-C (or SIGTERM) during a
-    save takes effect once that turn is saved. Ctrl-D (EOF) or Ctrl-C ends the game; a turn interrupted
-    before its save began is dropped.
+def _interactive(engine: GameEngine, game: TurnByTurnGame, save) -> KeyboardInterrupt | None:
+    """Plays instructions typed on stdin, one a line, onto ``game``; ``save(game)`` saves its new
+    last turn (:func:`_play_turns`).
 
     A line that is not UTF-8 or that the text policy refuses (game/script.py ``check_text``; an
     undecodable byte is read as a lone surrogate, ``errors="surrogateescape"``) gets one ``error:``
     line on stderr, like any bad instruction, and play goes on with the next line.
 
     Returns:
-      (the result of the turns saved, None if none; the interruption that ended the game, None at EOF).
+      the interruption that ended the game, None at EOF.
     """
     with _stdin_errors("surrogateescape"):
-        return _play_lines(engine, game_id, seed, save)
+        return _play_turns(engine, game, save, _stdin_turns(engine))
 
 
 @contextlib.contextmanager
@@ -82,48 +79,57 @@ def _stdin_errors(errors: str):
         reconfigure(errors=previous)
 
 
-def _play_lines(engine: GameEngine, game_id: str, seed: int, save) -> tuple[dict | None, KeyboardInterrupt | None]:
-    """:func:`_interactive`'s loop over the lines of stdin."""
-    run = engine.new_run()
-    turns, results, timings = [], [], []
-    b = engine.batch_size
+def _stdin_turns(engine: GameEngine):
+    """Yields ``(turn, ids)`` of each instruction line of stdin (a prompt on a terminal); a bad line
+    gets one ``error:`` line on stderr and is skipped."""
     prompt = sys.stdin.isatty()
-    k = line_no = 0
-    result = None
+    line_no = 0
+    while True:
+        if prompt:
+            print("instruction> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return
+        line_no += 1
+        if not line.strip() or line.lstrip("\ufeff").lstrip().startswith("#"):
+            continue
+        try:
+            turn = parse_instruction(line, f"<stdin>:{line_no}")
+            ids = encode_instruction(turn.text, engine.spec, engine.tok, where=f"<stdin>:{line_no}")
+        except (GameScriptError, InstructionTooLongError) as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            continue
+        yield turn, ids
+
+
+def _play_turns(engine: GameEngine, game: TurnByTurnGame, save, turns) -> KeyboardInterrupt | None:
+    """Plays ``turns`` (``(Turn, ids)`` pairs) onto ``game``, one at a time; ``save(game)`` saves the
+    new last turn.
+
+    Each turn is saved before it is printed, and the save with its bookkeeping is a
+    ``cli.signals_held`` section: every turn printed is on disk, and a Ctrl-C (or SIGTERM) during a
+    save takes effect once that turn is saved. A turn interrupted before its save began is dropped;
+    a save that fails drops its turn and raises.
+
+    Returns:
+      the interruption that ended the game, None when ``turns`` ran out.
+    """
+    b = engine.batch_size
     try:
-        while True:
-            if prompt:
-                print("instruction> ", end="", flush=True)
-            line = sys.stdin.readline()
-            if not line:
-                break
-            line_no += 1
-            if not line.strip() or line.lstrip("\ufeff").lstrip().startswith("#"):
-                continue
-            try:
-                turn = parse_instruction(line, f"<stdin>:{line_no}")
-                ids = encode_instruction(turn.text, engine.spec, engine.tok, where=f"<stdin>:{line_no}")
-            except (GameScriptError, InstructionTooLongError) as e:
-                print(f"error: {e}", file=sys.stderr, flush=True)
-                continue
+        for turn, ids in turns:
+            run, seed, ids, k = game.row(ids)
             states, rep, frames, timing = engine.step([run] * b, [seed] * b, [ids] * b, [k] * b)
-            st = tuple(int(v) for v in states[0])
-            meters = run.finish_turn(ids, st, rep[0], int(engine.config.game.meter_step))
-            tr = TurnResult(st, rep[0], frames[0], meters.as_dict())
-            candidate = {"game": Game(game_id, tuple(turns + [turn]), seed), "seed": seed,
-                         "turns": results + [tr], "timings": timings + [timing],
-                         "compile_s": dict(engine.compile_s)}
             with signals_held():
-                save(candidate, k)
-                turns.append(turn)
-                results.append(tr)
-                timings.append(timing)
-                result = candidate
-                k += 1
-            print_turn(k - 1, turn.text, tr, timing)
+                tr = game.commit(turn, ids, states[0], rep[0], frames[0], timing)
+                try:
+                    save(game)
+                except BaseException:
+                    game.undo()
+                    raise
+            print_turn(k, turn.text, tr, timing)
     except KeyboardInterrupt as e:
-        return result, e
-    return result, None
+        return e
+    return None
 
 
 def define_flags(fv) -> None:
@@ -132,31 +138,55 @@ def define_flags(fv) -> None:
                          upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("game_id", None, "Output folder name (default: the script's file name).", flag_values=fv)
     flags.DEFINE_alias("game-id", "game_id", flag_values=fv)
+    flags.DEFINE_string("continue", None, "A saved game folder to play on: SCRIPT's instructions (or those typed "
+                        "on stdin) become its next turns, saved into that folder (or, with --from_turn, into a "
+                        "new game folder).", flag_values=fv)
+    flags.DEFINE_integer("from_turn", None, "With --continue SOURCE: start a NEW game (--out/--game-id, default id "
+                         "<source id>-from<N>) from the first N turns of SOURCE, which is left untouched.",
+                         lower_bound=0, flag_values=fv)
+    flags.DEFINE_alias("from-turn", "from_turn", flag_values=fv)
 
 
 def _play(f, config, *rest: str) -> int:
     """Plays the game of the parsed command line (``f``: flag values, ``rest``: ``[SCRIPT|-]``).
 
     Returns:
-      0, or 130 on Ctrl-C (143 on SIGTERM): interactive play then prints how many turns are saved
-      where (or that none was played), a script says nothing was written.
+      0, or 130 on Ctrl-C (143 on SIGTERM): a game saved turn by turn (interactive, ``--continue``)
+      then prints how many turns are saved where (or that none was played), a script says nothing
+      was written.
 
     Raises:
-      UsageError: more than one positional argument; any of game/flags.py's ``CLI_ERRORS``.
+      UsageError: more than one positional argument, ``--from_turn`` without ``--continue``,
+        ``--game-id`` or a different ``--seed`` with a plain ``--continue``; any of game/flags.py's
+        ``CLI_ERRORS`` (a saved game that cannot be continued: ``writers.SavedGameError``).
     """
     if len(rest) > 1:
         raise UsageError(f"unexpected arguments {list(rest[1:])}; play takes one script (or - for stdin)")
     script = rest[0] if rest else "-"
+    source, from_turn = f["continue"].value, f.from_turn
+    if from_turn is not None and source is None:
+        raise UsageError("--from_turn needs the game to start from. Fix: play --continue SOURCE_GAME_DIR "
+                         f"--from_turn {from_turn} [SCRIPT] --out DIR")
+    if source is not None and from_turn is None and f.game_id is not None:
+        raise UsageError("--game-id does not apply to --continue (the game goes on in its own folder). Fix: drop "
+                         "--game-id, or add --from_turn N to start a new game of that id")
     try:
         if f.game_id is not None:
             writers.check_game_id(f.game_id)
         out_dir = f.out or config.game.out_dir
-        writers.check_writable(out_dir, keep=False)  # created when a game is written
+        if source is None or from_turn is not None:
+            writers.check_writable(out_dir, keep=False)  # created when a game is written
         game = load_script(script, f.game_id) if script != "-" else None
-        game_id = game.game_id if game is not None else (f.game_id or "interactive")
+        if source is None:
+            game_id = game.game_id if game is not None else (f.game_id or "interactive")
+        elif from_turn is None:
+            game_id = source.rstrip("/").rsplit("/", 1)[-1]
+        else:
+            game_id = f.game_id or f"{source.rstrip('/').rsplit('/', 1)[-1]}-from{from_turn}"
         writers.check_game_id(game_id, "--game-id (default: the script's file name)")
-        writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
-        writers.check_target(out_dir, game_id, f.overwrite)
+        if source is None or from_turn is not None:
+            writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
+            writers.check_target(out_dir, game_id, f.overwrite and source is None)
         # one game on every device (latency layout) unless --config.game.play_layout=batch
         layout = str(config.game.get("play_layout", "latency"))
         try:
@@ -169,44 +199,97 @@ def _play(f, config, *rest: str) -> int:
         engine = GameEngine(config, system, mesh=mesh, latency=layout == "latency")
         if game is not None:
             validate_games([game], engine.spec, engine.tok)
+        if source is not None:
+            return _continue(engine, f, source, from_turn, game_id, out_dir, game)
         seed = f.seed if f.seed is not None else int(config.game.seed)
         print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
               f"{engine.spec.window}, seed {seed}", flush=True)
         if game is None:
-            saved = {}
+            tbt = TurnByTurnGame(engine, game_id, seed)
 
-            def save(result, k):
-                # the first write honours --overwrite; later ones replace this session's own folder
-                saved["out"] = save_game(engine, result, out_dir, overwrite=f.overwrite or k > 0)
+            def save(g):
+                # the first write honours --overwrite; later ones add a turn to this session's own folder
+                save_turn(engine, g, out_dir, new_folder=len(g) == 1, overwrite=f.overwrite)
 
-            result, stop = _interactive(engine, game_id, seed, save)
-            if stop is not None:
-                if result is None:
-                    print("\ninterrupted: no turn was played; nothing written", file=sys.stderr, flush=True)
-                    return interrupt_exit(stop)
-                print(summary(*saved["out"]))
-                print(f"interrupted: {len(result['turns'])} turn(s) saved in {saved['out'][0]}", file=sys.stderr,
-                      flush=True)
-                return interrupt_exit(stop)
-            if result is None:
-                raise GameScriptError("<stdin>: no instructions given. Fix: type one 'Character: ...; "
-                                      "Motion: ...; Background: ...' line per turn, then end with Ctrl-D")
-            folder, record = saved["out"]
-        else:
-            game = Game(game.game_id, game.turns, seed)
+            return _session_end(engine, tbt, paths.join(out_dir, game_id), _interactive(engine, tbt, save),
+                                played=0)
+        game = Game(game.game_id, game.turns, seed)
 
-            def on_turn(k, results):
-                r = results[0]
-                if k < len(r["turns"]):
-                    print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
+        def on_turn(k, results):
+            r = results[0]
+            if k < len(r["turns"]):
+                print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
 
-            result = engine.play([game], on_turn=on_turn)[0]
-            folder, record = save_game(engine, result, out_dir, overwrite=f.overwrite)
+        result = engine.play([game], on_turn=on_turn)[0]
+        folder, record = save_game(engine, result, out_dir, overwrite=f.overwrite)
     except KeyboardInterrupt as e:
         print("interrupted: nothing written for this game" + (" (a script's game is written when it ends)"
                                                               if script != "-" else ""), file=sys.stderr)
         return interrupt_exit(e)
     print(summary(folder, record))
+    return 0
+
+
+def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id: str, out_dir: str,
+              script: Game | None) -> int:
+    """``--continue SOURCE`` (``--from_turn N``: a new game ``<out_dir>/<game_id>`` from SOURCE's
+    first N turns): plays ``script``'s turns, or stdin's, onto the saved game, each saved before it is
+    printed. Returns the exit status (:func:`_session_end`)."""
+    tbt, _ = load_game(engine, source, upto=from_turn, game_id=game_id)
+    if f.seed is not None and f.seed != tbt.seed:
+        raise UsageError(f"--seed {f.seed}: {source} was played with seed {tbt.seed}, and a continued game keeps "
+                         f"its seed. Fix: drop --seed")
+    if from_turn is None:
+        folder = source.rstrip("/")
+        out_dir = folder.rsplit("/", 1)[0] if "/" in folder else "."
+    else:
+        folder = branch_game(source, tbt, engine, out_dir)
+    played = len(tbt)
+    print(f"system: {engine.system.label}\nconfig {engine.config.name}, mode {engine.config.game.mode}, window "
+          f"{engine.spec.window}, seed {tbt.seed}\n"
+          f"{'continuing' if from_turn is None else f'new game {folder} from'} {source} after turn {played}",
+          flush=True)
+
+    def save(g):
+        save_turn(engine, g, out_dir, new_folder=False)
+
+    if script is not None:
+        turns = [(t, encode_instruction(t.text, engine.spec, engine.tok)) for t in script.turns]
+        stop = _play_turns(engine, tbt, save, turns)
+    else:
+        stop = _interactive(engine, tbt, save)
+    return _session_end(engine, tbt, folder, stop, played=played, keep=from_turn is not None)
+
+
+def _session_end(engine: GameEngine, game: TurnByTurnGame, folder: str, stop: KeyboardInterrupt | None,
+                 played: int, keep: bool = False) -> int:
+    """Ends a game saved turn by turn: remakes its game video and contact sheet (``finish_session``),
+    prints its summary and, after an interruption, how many turns are saved; returns the exit status.
+
+    Args:
+      played: the game's turns before this session; keep: the folder exists even without a new turn.
+
+    Raises:
+      GameScriptError: stdin ended before any turn of a new game.
+    """
+    if len(game) == played and not keep:
+        if stop is not None:
+            print("\ninterrupted: no turn was played; nothing written", file=sys.stderr, flush=True)
+            return interrupt_exit(stop)
+        if played == 0:
+            raise GameScriptError("<stdin>: no instructions given. Fix: type one 'Character: ...; "
+                                  "Motion: ...; Background: ...' line per turn, then end with Ctrl-D")
+    record = None
+    try:
+        with signals_held():  # a Ctrl-C now ends the command once the files are made
+            record = finish_session(engine, folder)
+    except KeyboardInterrupt as e:
+        stop = stop or e
+    if record is not None:
+        print(summary(folder, record))
+    if stop is not None:
+        print(f"interrupted: {len(game)} turn(s) saved in {folder}", file=sys.stderr, flush=True)
+        return interrupt_exit(stop)
     return 0
 
 

@@ -2,19 +2,37 @@
 
 * :func:`save_game` writes a :meth:`GameEngine.play` result in the game/writers.py layout (the
   game.json record from ``engine.game_record``, the :func:`fingerprint` of what made it);
+* :func:`save_turn` saves a game played a turn at a time (a new folder on its first turn, then
+  ``writers.append_turn``: the cost of a save does not grow with the game), :func:`finish_session`
+  remakes its game video and contact sheet when a play session ends;
+* :func:`load_game` reads a saved game back (checked: the save format, the system and config that
+  played it, every turn's files) as a :class:`TurnByTurnGame` to play on (``play --continue``),
+  :func:`branch_game` starts a new game folder from the first turns of another;
 * :func:`pending_games` picks the games of a batch run that still need playing (resume);
 * :func:`print_turn` and :func:`summary` are the console lines of one turn and of a saved game.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from animegamer_jax import cli, fileio, paths
+from animegamer_jax.mllm_tokenizer import STATE_FIELDS as STATE_FIELD_NAMES
 from animegamer_jax.game import writers
-from animegamer_jax.game.api import TurnResult
-from animegamer_jax.game.engine import GameEngine, game_record
-from animegamer_jax.game.script import Game
+from animegamer_jax.game.api import STAGES, TurnResult
+from animegamer_jax.game.engine import GameEngine, game_record, turn_key
+from animegamer_jax.game.run import METER_NAMES
+from animegamer_jax.game.script import Game, GameScriptError, parse_instruction
+from animegamer_jax.game.turn_by_turn import TurnByTurnGame
+from animegamer_jax.inference.turn_inputs import TurnRecord
+
+#: what a turn's state record (``turn_NNN.state.npz``) holds, as game.json ``save.state`` says it
+STATE_FIELDS = ("turn: int64 k; seed: int64 game seed; text_ids: int32 instruction ids; states: int32 [4] "
+                "(ML, SC, ET, ST); rep: float32 [Q, D] s_a; meters: int32 [3] (social, entertainment, stamina) "
+                "after the turn; key: uint32 [2] turn k's sampler key; next_key: turn k+1's")
 
 
 def fingerprint(engine: GameEngine, game: Game, seed: int) -> dict:
@@ -22,6 +40,30 @@ def fingerprint(engine: GameEngine, game: Game, seed: int) -> dict:
     (``writers.game_fingerprint``): stored in game.json, compared when generate resumes."""
     return writers.game_fingerprint(engine.config, [t.text for t in game.turns], seed,
                                     engine.system.identity or engine.system.label)
+
+
+def turn_state(rec: TurnRecord, meters: dict, seed: int, k: int) -> bytes:
+    """The state record of turn ``k`` (``writers.encode_turn_state`` bytes; :data:`STATE_FIELDS`):
+    everything the next turn needs besides the earlier turns' records."""
+    return writers.encode_turn_state({
+        "turn": np.asarray(k, np.int64), "seed": np.asarray(seed, np.int64),
+        "text_ids": np.asarray(rec.text_ids, np.int32), "states": np.asarray(rec.states, np.int32),
+        "rep": np.asarray(rec.rep, np.float32), "meters": np.asarray([meters[m] for m in METER_NAMES], np.int32),
+        "key": turn_key(seed, k), "next_key": turn_key(seed, k + 1)})
+
+
+def _records(engine: GameEngine, result: dict) -> list[TurnRecord]:
+    """The window records of a result's turns (its instructions' ids, states, s_a)."""
+    from animegamer_jax.inference.turn_inputs import encode_instruction
+
+    ids = result.get("text_ids") or [encode_instruction(t.text, engine.spec, engine.tok) for t in result["game"].turns]
+    return [TurnRecord(tuple(i), tr.states, np.asarray(tr.rep, np.float32)) for i, tr in zip(ids, result["turns"])]
+
+
+def _record(engine: GameEngine, result: dict, frame_size) -> dict:
+    record = game_record(engine.config, result, engine.system.label, system_description=engine.system.description)
+    record["save"] = {"format": writers.SAVE_FORMAT, "state": STATE_FIELDS, "frame_size": [int(v) for v in frame_size]}
+    return record
 
 
 def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = False) -> tuple[str, dict]:
@@ -40,15 +82,166 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
       writers.OutputError: the target is not ours, or holds an earlier game and not ``overwrite``.
     """
     cfg = engine.config
-    record = game_record(cfg, result, engine.system.label, system_description=engine.system.description)
     frames = [tr.frames for tr in result["turns"]]
+    record = _record(engine, result, np.shape(frames[0])[1:3])
+    states = [turn_state(rec, tr.meters, result["seed"], k)
+              for k, (rec, tr) in enumerate(zip(_records(engine, result), result["turns"]))]
     with cli.signals_held():
         folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                     cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
-                                    fingerprint=fingerprint(engine, result["game"], result["seed"]))
+                                    fingerprint=fingerprint(engine, result["game"], result["seed"]),
+                                    turn_states=states)
     timings = writers.read_json(paths.join(folder, writers.TIMINGS_JSON))
     record["timings_s"]["run"]["writing"] = timings["run"]["writing"]
     return folder, record
+
+
+def save_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str, new_folder: bool,
+              overwrite: bool = False) -> tuple[str, dict]:
+    """Saves ``game``'s last turn; returns (folder, record).
+
+    ``new_folder``: the folder does not hold this game yet: the whole game (every turn's frames in
+    ``game.results``) is written as :func:`save_game` does (``overwrite`` as there). Else the folder
+    holds every turn before the last, and only the last turn's files and the index are written
+    (``writers.append_turn``). Call it inside a ``cli.signals_held`` section.
+    """
+    result = game.result()
+    result["text_ids"] = game.text_ids
+    if new_folder:
+        return save_game(engine, result, out_dir, overwrite=overwrite)
+    folder = paths.join(out_dir, game.game_id)
+    k = len(game) - 1
+    tr = game.results[k]
+    record = _record(engine, result, np.shape(tr.frames)[1:3])
+    state = turn_state(game.run.history[k], tr.meters, game.seed, k)
+    cfg = engine.config
+    writers.append_turn(folder, record, tr.frames, state, cfg.game.fps, cfg.game.write_gif,
+                        fingerprint=fingerprint(engine, result["game"], game.seed))
+    return folder, record
+
+
+def finish_session(engine: GameEngine, folder: str) -> dict:
+    """Remakes the game video, contact sheet and gallery of a game saved turn by turn
+    (``writers.write_derived``: once, when a play session ends); returns its game.json with the
+    session's timings (timings.json) as ``timings_s``."""
+    writers.write_derived(folder, engine.config.game.fps, engine.config.game.contact_sheet_columns)
+    record = writers.read_json(paths.join(folder, writers.GAME_JSON))
+    timings_path = paths.join(folder, writers.TIMINGS_JSON)
+    record["timings_s"] = writers.read_json(timings_path) if fileio.isfile(timings_path) else {"run": {}, "compile": {}}
+    record["timings_s"].setdefault("run", {})
+    record["timings_s"].setdefault("compile", {})
+    return record
+
+
+def _refuse(game_dir: str, why: str, fix: str) -> writers.SavedGameError:
+    return writers.SavedGameError(f"cannot continue {game_dir}: {why}. Fix: {fix}")
+
+
+def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
+              game_id: str | None = None) -> tuple[TurnByTurnGame, dict]:
+    """The saved game in ``game_dir`` as a :class:`TurnByTurnGame` holding its first ``upto`` turns
+    (default: all), ready to play on: the MLLM window rebuilt exactly from the turns' state records
+    (ids, states, s_a), the meters, the seed and turn count. Nothing is written.
+
+    Checked, each failure one :class:`writers.SavedGameError` line naming the folder and the fix: a
+    game folder of this project with a readable game.json; a save format this code reads (not
+    newer); the same system (checkpoint identity) and effective config as ``engine`` (the game's
+    fingerprint); every kept turn's files (video, GIF, state) with their recorded sizes and sha256,
+    and each state record consistent with game.json.
+
+    Returns:
+      (the game, its game.json record); the results' ``frames`` are None (not kept in memory).
+    """
+    if not writers.is_finished(game_dir):
+        raise _refuse(game_dir, "it is not a game folder written by animegamer_jax (no "
+                      f"{writers.MARKER} and {writers.GAME_JSON})", "pass the folder play wrote, <out>/<game id>")
+    try:
+        rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
+        turns, files, seed, fp = rec["turns"], rec["files"], int(rec["seed"]), rec["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise _refuse(game_dir, f"its {writers.GAME_JSON} is missing or damaged",
+                      "replay the game (play SCRIPT --overwrite)") from None
+    save = rec.get("save")
+    if not isinstance(save, dict):
+        raise _refuse(game_dir, "it was saved before games could be continued (no state record)",
+                      "replay it with this version (play SCRIPT --overwrite) to make it continuable")
+    if int(save.get("format", 0)) > writers.SAVE_FORMAT:
+        raise _refuse(game_dir, f"it was saved by a newer animegamer_jax (save format {save.get('format')}; this "
+                      f"one reads up to {writers.SAVE_FORMAT})", "continue it with that newer version")
+    want = writers.game_fingerprint(engine.config, rec.get("instructions", []), seed,
+                                    engine.system.identity or engine.system.label)
+    parts = fp.get("parts", {}) if isinstance(fp, dict) else {}
+    if parts.get("system") != want["parts"]["system"]:
+        raise _refuse(game_dir, f"it was played by system {parts.get('system')!r}, this command plays "
+                      f"{want['parts']['system']!r}", "pass the --checkpoint (or --standin) it was played with")
+    if not isinstance(fp, dict) or fp.get("sha256") != want["sha256"]:
+        changes = writers.fingerprint_changes(parts, want["parts"])
+        raise _refuse(game_dir, "it was played with other settings (" + "; ".join(changes[:3])
+                      + (f"; {len(changes) - 3} more" if len(changes) > 3 else "") + ")",
+                      "pass the --config and --config.* overrides it was played with")
+    n = len(turns) if upto is None else int(upto)
+    if not 0 <= n <= len(turns):
+        raise _refuse(game_dir, f"--from_turn {n} is beyond its {len(turns)} turn(s)",
+                      f"pass --from_turn between 0 and {len(turns)}")
+    timings_path = paths.join(game_dir, writers.TIMINGS_JSON)
+    try:
+        old_timings = writers.read_json(timings_path).get("turns", []) if fileio.isfile(timings_path) else []
+    except (OSError, ValueError):
+        old_timings = []
+    game = TurnByTurnGame(engine, game_id or game_dir.rstrip("/").rsplit("/", 1)[-1], seed)
+    step = int(engine.config.game.meter_step)
+    for k in range(n):
+        t = turns[k]
+        fix = (f"branch from the intact turns: play --continue {game_dir} --from_turn {k} --out ELSEWHERE"
+               if k else "replay the game (play SCRIPT --overwrite)")
+        for key in ("video", "gif", "state"):
+            name = t.get(key)
+            if key == "state" and not name:
+                raise _refuse(game_dir, f"turn {k + 1} has no state record", fix)
+            if name is None:
+                continue
+            path, entry = paths.join(game_dir, name), files.get(name)
+            if entry is None or not fileio.isfile(path) or fileio.size(path) != entry["size"] \
+                    or fileio.sha256_file(path) != entry["sha256"]:
+                raise _refuse(game_dir, f"turn {k + 1}'s file {name} is missing or damaged", fix)
+        try:
+            st = writers.decode_turn_state(fileio.read_bytes(paths.join(game_dir, t["state"])))
+            ok = (int(st["turn"]) == k and int(st["seed"]) == seed
+                  and [int(v) for v in st["states"]] == [t["states"][f] for f in STATE_FIELD_NAMES]
+                  and [int(v) for v in st["meters"]] == [t["meters"][m] for m in METER_NAMES])
+        except (ValueError, KeyError, TypeError):
+            ok = False
+        if not ok:
+            raise _refuse(game_dir, f"turn {k + 1}'s state record {t['state']} does not match {writers.GAME_JSON}", fix)
+        ids = tuple(int(v) for v in st["text_ids"])
+        states = tuple(int(v) for v in st["states"])
+        try:
+            turn = parse_instruction(t["instruction"], f"{game_dir}/{writers.GAME_JSON} turn {k + 1}")
+        except GameScriptError as e:
+            raise _refuse(game_dir, str(e), fix) from None
+        timing = old_timings[k] if k < len(old_timings) else dict.fromkeys((f"{s}_s" for s in STAGES), 0.0)
+        game.commit(turn, ids, np.asarray(states), st["rep"].astype(np.float32), None, timing)
+        if game.results[-1].meters != {m: int(v) for m, v in zip(METER_NAMES, st["meters"])}:
+            raise _refuse(game_dir, f"turn {k + 1}'s meters do not follow from its states (meter step {step})", fix)
+    return game, rec
+
+
+def branch_game(src_dir: str, game: TurnByTurnGame, engine: GameEngine, out_dir: str) -> str:
+    """Starts a new game folder ``<out_dir>/<game.game_id>`` holding ``game``'s turns, which are the
+    first turns of the saved game ``src_dir`` (:func:`load_game` with ``upto``): their files are
+    copied, ``src_dir`` is only read. Atomic (a temp folder renamed into place). Returns the folder.
+
+    Raises:
+      writers.OutputError: the target exists (a branch never replaces a game) or is not writable.
+    """
+    result = game.result()
+    result["text_ids"] = game.text_ids
+    src = writers.read_json(paths.join(src_dir, writers.GAME_JSON))
+    record = game_record(engine.config, result, engine.system.label, system_description=engine.system.description)
+    record["save"] = dict(src["save"], derived={"turns": 0})
+    with cli.signals_held():
+        return writers.copy_turns(src_dir, out_dir, game.game_id, record,
+                                  fingerprint(engine, result["game"], game.seed))
 
 
 def pending_games(games: Sequence[Game], out_dir: str, process_index: int = 0, process_count: int = 1,

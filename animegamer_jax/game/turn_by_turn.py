@@ -82,11 +82,12 @@ class TurnByTurnGame:
 
         Args:
           states: int ``[4]`` (ML, SC, ET, ST); rep: float32 ``[Q, D]``; frames: float32
-          ``[F, H, W, 3]`` in [0, 1]; timing: the step's stage timings.
+          ``[F, H, W, 3]`` in [0, 1] (None for a turn read back from a saved game, whose clip is on
+          disk); timing: the step's stage timings.
         """
         st = tuple(int(v) for v in states)
         meters = self.run.finish_turn(ids, st, rep, int(self.engine.config.game.meter_step))
-        tr = TurnResult(st, np.asarray(rep), np.asarray(frames), meters.as_dict())
+        tr = TurnResult(st, np.asarray(rep), None if frames is None else np.asarray(frames), meters.as_dict())
         self.turns.append(turn)
         self.text_ids.append(tuple(ids))
         self.results.append(tr)

@@ -3,6 +3,8 @@
 Layout of one finished game folder ``<out>/<game_id>/``::
 
     turn_000.mp4  turn_000.gif  ...   one clip per turn, HUD drawn on every frame
+    turn_000.state.npz  ...           the game's state after each turn (:func:`encode_turn_state`):
+                                      what the next turn needs, so the game can be continued
     game.mp4                          all turns concatenated
     contact_sheet.png                 rows = turns, columns = evenly spaced frames (no HUD)
     game.json                         instructions, states, meters, seeds, config name, the
@@ -17,7 +19,9 @@ holds the marker (then only with ``overwrite``), :func:`check_target`. Writes ar
 everything goes to a hidden temp folder ``.tmp-<game_id>-<hex>`` (holding ``.animegamer-tmp``) next to
 the target and is renamed into place only when complete; a replaced game is moved aside first and
 restored if the rename fails. Temp folders a killed run left are removed by the next write of that
-game (:func:`clean_stale_temp`). ``out`` may be a URL (``gs://bucket/games``; every file goes
+game (:func:`clean_stale_temp`). A game played on turn by turn grows in place (:func:`append_turn`:
+the new turn's files, then ``game.json``, the commit point, then ``index.html``); its ``game.mp4`` and
+contact sheet are remade from the turn videos when a play session ends (:func:`write_derived`). ``out`` may be a URL (``gs://bucket/games``; every file goes
 through animegamer_jax/fileio.py): object stores have no rename, so the final move is a copy then a
 delete, and a game counts as finished only when :func:`verify_game` finds every recorded file with
 its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
@@ -63,6 +67,54 @@ _METER_COLORS = {"social": (80, 160, 255), "entertainment": (255, 180, 60), "sta
 
 class OutputError(OSError):
     """The output folder cannot be created or written."""
+
+
+class SavedGameError(OutputError):
+    """A saved game cannot be continued (not a game, damaged, another system or config, a newer
+    save format); the message names the folder and the fix."""
+
+
+#: version of the save format (game.json ``save.format``); a game with a higher one is refused
+SAVE_FORMAT = 1
+#: files remade from the turn videos (:func:`write_derived`); a game grown turn by turn lists them in
+#: ``save.derived`` (informational) instead of ``files``, since they may lag behind the last turn
+DERIVED_FILES = ("game.mp4", "contact_sheet.png", "index.html")
+
+
+def state_name(turn: int) -> str:
+    """File name of turn ``turn``'s state record."""
+    return f"turn_{turn:03d}.state.npz"
+
+
+def encode_turn_state(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """A turn's state record as bytes: an uncompressed ``.npz`` (``np.load`` reads it) whose zip
+    entries carry a fixed date, so equal arrays give equal bytes."""
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name in sorted(arrays):
+            arr = io.BytesIO()
+            np.lib.format.write_array(arr, np.ascontiguousarray(arrays[name]), allow_pickle=False)
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, arr.getvalue())
+    return buf.getvalue()
+
+
+def decode_turn_state(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of :func:`encode_turn_state` bytes.
+
+    Raises:
+      ValueError: not such a record (damaged).
+    """
+    import zipfile
+
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            return {k: np.asarray(z[k]) for k in z.files}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"not a turn state record ({e})") from None
 
 
 def check_writable(out_dir: str, keep: bool = True) -> None:
@@ -479,7 +531,8 @@ def _split_timings(rec: dict) -> dict:
 
 def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frames: Sequence[np.ndarray],
                fps: float, write_gif_files: bool = True, sheet_columns: int = 6, *,
-               overwrite: bool = False, fingerprint: Mapping[str, Any] | None = None) -> str:
+               overwrite: bool = False, fingerprint: Mapping[str, Any] | None = None,
+               turn_states: Sequence[bytes] | None = None) -> str:
     """Writes one finished game atomically; returns the game folder.
 
     Args:
@@ -494,13 +547,15 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
       fps: frames per second of every video.
       overwrite: replace a finished game of this project already at the target.
       fingerprint: :func:`fingerprint` of what made the game (stored; compared on resume).
+      turn_states: per turn, its :func:`encode_turn_state` bytes, written as :func:`state_name`
+        files (the record's ``save`` section says what they hold); None: none.
 
     Raises:
       OutputError: ``out_dir`` not writable, a bad ``game_id``, or a target folder that is not
         ours or (without ``overwrite``) holds an earlier game; the target is left untouched.
       ValueError: ``record["turns"]`` and ``turn_frames`` differ in length.
     """
-    if len(record["turns"]) != len(turn_frames):
+    if len(record["turns"]) != len(turn_frames) or (turn_states is not None and len(turn_states) != len(turn_frames)):
         raise ValueError(f"{len(record['turns'])} turn records but {len(turn_frames)} frame arrays")
     t0 = time.perf_counter()
     check_game_id(game_id)
@@ -524,6 +579,9 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
             if write_gif_files:
                 t["gif"] = f"turn_{k:03d}.gif"
                 write_gif(paths.join(tmp, t["gif"]), hud, fps)
+            if turn_states is not None:
+                t["state"] = state_name(k)
+                fileio.write_bytes_atomic(paths.join(tmp, t["state"]), turn_states[k])
         write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
         save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
                     format="PNG")
@@ -560,6 +618,168 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     if old is not None:
         fileio.rmtree(old)
     return final
+
+
+def _folder_name(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _write_atomic(write: Callable[..., None], path: str, frames: np.ndarray, fps: float) -> None:
+    """``write(path, frames, fps)`` (:func:`write_mp4` / :func:`write_gif`) through a ``.part`` file renamed
+    into place, so a kill never leaves a half-written file at ``path``."""
+    part = path + ".part"
+    write(part, frames, fps)
+    fileio.rename(part, path)
+
+
+def _file_entry(path: str) -> dict:
+    return {"size": fileio.size(path), "sha256": fileio.sha256_file(path)}
+
+
+def _write_index(game_dir: str, game_id: str, rec: Mapping[str, Any]) -> None:
+    rec = dict(rec, video="game.mp4", contact_sheet="contact_sheet.png")
+    fileio.write_text_atomic(paths.join(game_dir, "index.html"), _index_html(game_id, rec))
+
+
+def append_turn(game_dir: str, record: Mapping[str, Any], frames: np.ndarray, state: bytes, fps: float,
+                write_gif_files: bool = True, *, fingerprint: Mapping[str, Any] | None = None) -> None:
+    """Adds the record's last turn to the saved game in ``game_dir`` (which holds the turns before it).
+
+    Writes the turn's MP4 (+GIF) and state record (:func:`state_name`), each atomically, then
+    ``game.json`` (the commit point: a kill before it leaves the game as it was, the new turn's files
+    unlisted and rewritten by the next save), then ``index.html`` and ``timings.json``. The cost does
+    not grow with the game: earlier turns' files are neither read nor rewritten (their entries in
+    ``files`` are carried over); ``game.mp4`` and the contact sheet are moved from ``files`` to
+    ``save.derived`` (remade by :func:`write_derived`).
+
+    Args:
+      game_dir: a game folder of this project (``game.json`` with ``len(record["turns"]) - 1`` turns).
+      record: the whole game's game.json content (engine.game_record; ``timings_s`` goes to timings.json).
+      frames: the new turn's clip ``[T, H, W, 3]`` (float [0, 1] or uint8, no HUD).
+      state: its :func:`encode_turn_state` bytes.
+
+    Raises:
+      SavedGameError: ``game_dir`` does not hold the turns before this one.
+    """
+    t0 = time.perf_counter()
+    old = read_json(paths.join(game_dir, GAME_JSON))
+    rec = json.loads(json.dumps(record))
+    timings = _split_timings(rec)
+    k = len(rec["turns"]) - 1
+    if len(old.get("turns", [])) != k:
+        raise SavedGameError(f"{game_dir} holds {len(old.get('turns', []))} turn(s), not the {k} before the "
+                             f"turn being saved. Fix: continue it with play --continue {game_dir}")
+    for key in ("video", "contact_sheet"):
+        if key in old:
+            rec[key] = old[key]
+    for j, t in enumerate(rec["turns"][:k]):  # earlier turns: their file names as saved
+        for key in ("video", "gif", "state"):
+            if key in old["turns"][j]:
+                t[key] = old["turns"][j][key]
+    t = rec["turns"][k]
+    hud = draw_hud(video_io.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
+    t["video"] = f"turn_{k:03d}.mp4"
+    _write_atomic(write_mp4, paths.join(game_dir, t["video"]), hud, fps)
+    new_files = [t["video"]]
+    if write_gif_files:
+        t["gif"] = f"turn_{k:03d}.gif"
+        _write_atomic(write_gif, paths.join(game_dir, t["gif"]), hud, fps)
+        new_files.append(t["gif"])
+    t["state"] = state_name(k)
+    fileio.write_bytes_atomic(paths.join(game_dir, t["state"]), state)
+    new_files.append(t["state"])
+    files = dict(old.get("files", {}))
+    derived = dict(old.get("save", {}).get("derived", {}))
+    for name in DERIVED_FILES:
+        if name in files:
+            derived.setdefault("files", {})[name] = files.pop(name)
+    derived.setdefault("turns", len(old.get("turns", [])))
+    for name in new_files:
+        files[name] = _file_entry(paths.join(game_dir, name))
+    rec["files"] = files
+    rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+    rec.setdefault("save", {})["derived"] = derived
+    fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    _write_index(game_dir, _folder_name(game_dir), rec)
+    if timings:
+        timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
+        fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+
+
+def copy_turns(src_dir: str, out_dir: str, game_id: str, record: Mapping[str, Any],
+               fingerprint: Mapping[str, Any] | None = None) -> str:
+    """A new game folder ``<out_dir>/<game_id>`` holding the first ``len(record["turns"])`` turns of
+    the game in ``src_dir`` (their video, GIF and state files copied; ``src_dir`` is only read) and
+    ``record`` as its game.json (the turns' file names added; ``game.mp4`` and the contact sheet are
+    made later, :func:`write_derived`). Atomic like :func:`write_game`; returns the folder.
+
+    Raises:
+      OutputError: the target exists and is not empty (never replaced), or ``out_dir`` is not writable.
+    """
+    check_game_id(game_id)
+    check_writable(out_dir)
+    clean_stale_temp(out_dir, game_id)
+    if check_target(out_dir, game_id, overwrite=True):
+        raise OutputError(f"{paths.join(out_dir, game_id)} holds a game; a branch starts a new folder. "
+                          f"Fix: pass another --game-id or --out")
+    src = read_json(paths.join(src_dir, GAME_JSON))
+    rec = json.loads(json.dumps(record))
+    timings = _split_timings(rec)
+    final = paths.join(out_dir, game_id)
+    tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+    fileio.makedirs(tmp)
+    try:
+        fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), fileio.owner_stamp())
+        files = {}
+        for t, s in zip(rec["turns"], src["turns"]):
+            for key in ("video", "gif", "state"):
+                if key in s:
+                    t[key] = s[key]
+                    fileio.write_bytes_atomic(paths.join(tmp, s[key]), fileio.read_bytes(paths.join(src_dir, s[key])))
+                    files[s[key]] = src["files"][s[key]]
+        rec["files"] = files
+        rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+        fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        _write_index(tmp, game_id, rec)
+        if timings:
+            fileio.write_text_atomic(paths.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+        fileio.write_text_atomic(paths.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
+        if fileio.exists(final):
+            fileio.rmdir(final)  # an empty folder
+        fileio.rename(tmp, final)
+        fileio.remove(paths.join(final, TMP_MARKER))
+    except BaseException:
+        fileio.rmtree(tmp)
+        raise
+    return final
+
+
+def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
+    """Remakes ``game.mp4``, the contact sheet and ``index.html`` of a game grown turn by turn from its
+    saved turn videos (decoded; the contact sheet's cells are the clips' frames cut from under the HUD
+    at ``save.frame_size``), then records them in ``game.json`` ``save.derived`` (each file and the
+    turns it covers). Nothing to do when they already cover every turn. Cost grows with the game:
+    run once when a play session ends."""
+    rec = read_json(paths.join(game_dir, GAME_JSON))
+    derived = rec.get("save", {}).get("derived")
+    n = len(rec["turns"])
+    if derived is None or (derived.get("turns") == n and fileio.isfile(paths.join(game_dir, "game.mp4"))):
+        return
+    h, w = rec["save"]["frame_size"]
+    huds, clips = [], []
+    for t in rec["turns"]:
+        hud = read_video(paths.join(game_dir, t["video"]))
+        huds.append(hud)
+        f = -(-240 // w) if w < 240 else 1  # draw_hud's enlargement of narrow frames
+        clips.append(hud[:, :h * f:f, :w * f:f])
+    _write_atomic(write_mp4, paths.join(game_dir, "game.mp4"), np.concatenate(huds, axis=0), fps)
+    save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(contact_sheet(clips, sheet_columns)),
+               format="PNG")
+    _write_index(game_dir, _folder_name(game_dir), rec)
+    rec["video"], rec["contact_sheet"] = "game.mp4", "contact_sheet.png"
+    rec["save"]["derived"] = {"turns": n, "files": {name: _file_entry(paths.join(game_dir, name))
+                                                     for name in DERIVED_FILES}}
+    fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
 
 
 def read_json(path: str) -> dict:
