@@ -307,22 +307,22 @@ def test_play_interrupt_before_any_turn_is_a_clean_exit(tmp_path, monkeypatch, c
 def test_play_ctrl_c_during_a_save_waits_for_it(tmp_path, monkeypatch, capsys):
     """A Ctrl-C (a real SIGINT) that arrives while turn 2 is being written: the write finishes, the
     turn is counted as saved and not printed, and nothing else is played."""
-    real_write, calls = writers.write_game, []
+    real_write, calls = writers.append_turn, []
 
-    def write_game(*a, **k):
+    def append_turn(*a, **k):  # turn 2's save (turn 1 makes the folder)
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 1:
             signal.raise_signal(signal.SIGINT)  # delivered at once without the held section
         return real_write(*a, **k)
 
-    monkeypatch.setattr(writers, "write_game", write_game)
+    monkeypatch.setattr(writers, "append_turn", append_turn)
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(TEXTS[:3]) + "\n"))
     out = tmp_path / "o"
     assert play.main(["-", "--standin", "--out", str(out), "--game-id", "g"]) == 130
     cap = capsys.readouterr()
     assert f"interrupted: 2 turn(s) saved in {out}/g" in cap.err and "Traceback" not in cap.err
     assert re.findall(r"^turn (\d+): ", cap.out, re.MULTILINE) == ["1"]  # turn 2 saved, never printed
-    assert len(json.load(open(out / "g" / "game.json"))["turns"]) == 2 and len(calls) == 2
+    assert len(json.load(open(out / "g" / "game.json"))["turns"]) == 2 and len(calls) == 1
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
 
 
