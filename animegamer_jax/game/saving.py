@@ -106,7 +106,6 @@ def save_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str, new_folder
     (``writers.append_turn``). Call it inside a ``cli.signals_held`` section.
     """
     result = game.result()
-    result["text_ids"] = game.text_ids
     if new_folder:
         return save_game(engine, result, out_dir, overwrite=overwrite)
     folder = paths.join(out_dir, game.game_id)
@@ -235,7 +234,6 @@ def branch_game(src_dir: str, game: TurnByTurnGame, engine: GameEngine, out_dir:
       writers.OutputError: the target exists (a branch never replaces a game) or is not writable.
     """
     result = game.result()
-    result["text_ids"] = game.text_ids
     src = writers.read_json(paths.join(src_dir, writers.GAME_JSON))
     record = game_record(engine.config, result, engine.system.label, system_description=engine.system.description)
     record["save"] = dict(src["save"], derived={"turns": 0})

@@ -116,5 +116,5 @@ class TurnByTurnGame:
     def result(self) -> dict:
         """The ``GameEngine.play``-style result of the turns so far (for ``saving.save_game``)."""
         return {"game": Game(self.game_id, tuple(self.turns), self.seed), "seed": self.seed,
-                "turns": list(self.results), "timings": list(self.timings),
+                "turns": list(self.results), "timings": list(self.timings), "text_ids": list(self.text_ids),
                 "compile_s": dict(self.engine.compile_s)}
