@@ -76,7 +76,10 @@ def _stdin_errors(errors: str):
     try:
         yield
     finally:
-        reconfigure(errors=previous)
+        try:
+            reconfigure(errors=previous)
+        except (OSError, ValueError):  # a read cut short (Ctrl-C in readline) left decoded text pending
+            pass
 
 
 def _stdin_turns(engine: GameEngine):
