@@ -61,6 +61,9 @@ ADVERBS = ("slowly", "quickly")
 _OUTLINE = np.array((25, 25, 25), np.float32)
 _GREY = (128, 128, 128)
 RADIUS = 0.2  # a sprite's radius, as a fraction of the frame height
+#: libx264 options of the films: with x264's macroblock tree on, the bytes of these small flat-colour films
+#: vary from run to run (same frames); without it they repeat
+X264_PARAMS = "mbtree=0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +158,8 @@ def background(name: str, w: int, h: int) -> np.ndarray:
     raise ValueError(f"unknown background {name!r}")
 
 
-def sprite_pose(motion: str, quick: bool, t: float, duration: float, w: int, h: int) -> tuple[float, float, float, float]:
+def sprite_pose(motion: str, quick: bool, t: float, duration: float, w: int,
+                h: int) -> tuple[float, float, float, float]:
     """(cx, cy, radius, angle) of a sprite ``t`` s into a scene of ``duration`` s doing ``motion``."""
     r, ground, p = RADIUS * h, 0.62 * h, t / duration
     cx, cy, angle = w / 2, ground, 0.0
@@ -306,13 +310,14 @@ def make_toy_world(out_dir: str, data_cfg, num_characters: int = 8, num_heldout:
                         yield render_frame(c, bg, s["motion"], s["quick"], i / fps, n / fps)
 
             local = os.path.join(tmp, "film.mp4")
-            video.write_video(local, frames(), fps)
+            video.write_video(local, frames(), fps, x264_params=X264_PARAMS)
             rel = f"{film['split']}/{film['film_id']}.mp4"
             fileio.makedirs(paths.join(out_dir, film["split"]))
             fileio.write_bytes_atomic(paths.join(out_dir, rel), open(local, "rb").read())
             shots = [scenes.Scene(k, s["start_frame"], s["end_frame"]) for k, s in enumerate(film["scenes"])]
-            for spec in clips_lib.plan_clips(film["film_id"], shots, fps, int(data_cfg.num_frames), float(data_cfg.fps),
-                                             float(data_cfg.clip_seconds), float(data_cfg.get("clip_stride_seconds", 0.0))):
+            for spec in clips_lib.plan_clips(film["film_id"], shots, fps, int(data_cfg.num_frames),
+                                             float(data_cfg.fps), float(data_cfg.clip_seconds),
+                                             float(data_cfg.get("clip_stride_seconds", 0.0))):
                 labels.append(scene_label(film["film_id"], spec.clip_index, spec.start_time, c.name,
                                           film["scenes"][spec.scene_id]))
             for s in film["scenes"]:
