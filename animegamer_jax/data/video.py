@@ -122,17 +122,20 @@ def iter_frames(path: str, size: tuple[int, int] | None = None) -> Iterator[tupl
         raise VideoError(f"{path}: contains no decodable video frames (corrupt or empty stream)")
 
 
-def write_video(path: str, frames: Iterable[np.ndarray], fps: float, crf: int = 18) -> int:
+def write_video(path: str, frames: Iterable[np.ndarray], fps: float, crf: int = 18, x264_params: str = "") -> int:
     """Encodes RGB uint8 [H, W, 3] frames as H.264 (yuv420p, PyAV's bundled libx264).
 
-    Width and height must be even (yuv420p). Returns the number of frames written.
+    Width and height must be even (yuv420p). ``x264_params``: extra libx264 options ("key=value:..."),
+    e.g. "mbtree=0", without which the bytes of a small film of flat colours vary from run to run
+    (data/toy_world.py). Returns the number of frames written.
     """
     count = 0
     with av.open(path, mode="w") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1001))
         stream.pix_fmt = "yuv420p"
         # Fixed x264 options so the sample film is reproducible bit-for-bit on one machine.
-        stream.options = {"crf": str(crf), "preset": "medium", "threads": "1"}
+        stream.options = {"crf": str(crf), "preset": "medium", "threads": "1",
+                          **({"x264-params": x264_params} if x264_params else {})}
         for rgb in frames:
             if count == 0:
                 stream.width, stream.height = rgb.shape[1], rgb.shape[0]

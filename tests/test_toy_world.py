@@ -1,0 +1,151 @@
+"""The toy world (data/toy_world.py) through the real data pipeline, and reference pair mining (data/references.py)."""
+
+import hashlib
+import json
+import os
+
+import numpy as np
+import pytest
+
+from animegamer_jax.data import clips, datasets, label_schema, prepare, references, sample, toy_world
+from configs import tiny
+
+#: a small world: 4 characters (1 held out), 2 films each of 3 two-second scenes, 128x96 at 10 fps (films
+#: of 64x48 do not repeat byte for byte: x264 varies on frames that small)
+SMALL = dict(num_characters=4, num_heldout=1, num_backgrounds=3, films_per_character=2, scenes_per_film=3,
+             scene_seconds=2.0, size=(128, 96), fps=10.0)
+
+
+def _data_cfg():
+    return tiny.get_config().data  # 64x96, 17 frames at 8 fps, 2 s clips back to back
+
+
+def _digests(root):
+    out = {}
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(dirpath, n)
+            out[os.path.relpath(p, root)] = hashlib.sha256(open(p, "rb").read()).hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("toy") / "world")
+    return out, toy_world.make_toy_world(out, _data_cfg(), seed=3, **SMALL)
+
+
+def test_same_seed_same_bytes(world, tmp_path):
+    out, manifest = world
+    again = toy_world.make_toy_world(str(tmp_path / "again"), _data_cfg(), seed=3, **SMALL)
+    first = _digests(out)
+    assert again == manifest and _digests(str(tmp_path / "again")) == first
+    assert sorted(first) == sorted(manifest["files"] + ["manifest.json"]) and len(first) == 4 + 8 + 1 + 1
+    other = toy_world.make_toy_world(str(tmp_path / "other"), _data_cfg(), seed=4, **SMALL)
+    assert [f["scenes"] for f in other["films"]] != [f["scenes"] for f in manifest["films"]]
+
+
+def test_pipeline_finds_the_cuts_and_labels_are_ground_truth(world):
+    out, manifest = world
+    labels = label_schema.read_labels(os.path.join(out, manifest["labels"]))
+    assert len(manifest["films"]) == 8
+    for film in manifest["films"]:
+        specs, shots, info = clips.plan_film(os.path.join(out, film["path"]), film["film_id"], _data_cfg())
+        assert film["cut_frames"] == [20, 40] and [s.start_frame for s in shots] == [0, 20, 40]
+        assert info.num_frames == 60 and len(specs) == 3
+        backgrounds = [s["background"] for s in film["scenes"]]
+        assert all(a != b for a, b in zip(backgrounds, backgrounds[1:]))  # a cut always changes the background
+        for spec, lab in zip(specs, label_schema.match_labels(film["film_id"], specs, labels)):
+            scene = film["scenes"][spec.scene_id]
+            verb = toy_world.MOTIONS[scene["motion"]][0]
+            assert lab.characters == (film["character"],) and lab.action.endswith(" " + verb)
+            assert lab.background == toy_world.BACKGROUNDS[scene["background"]] and lab.action == scene["action"]
+    # the first frame of a film shows its character's colours on its first background
+    film = manifest["films"][0]
+    c = next(c for c in toy_world.make_characters(4) if c.name == film["character"])
+    frames = clips.resize_center_crop(next(iter(clips.extract_clips(
+        os.path.join(out, film["path"]), clips.plan_film(os.path.join(out, film["path"]), "f", _data_cfg())[0][:1],
+        64, 96))).first_frame, 64, 96)
+    want = toy_world.render_frame(c, toy_world.background(film["scenes"][0]["background"], 128, 96),
+                                  film["scenes"][0]["motion"], film["scenes"][0]["quick"], 0.0, 2.0)
+    assert np.abs(frames.astype(int) - clips.resize_center_crop(want, 64, 96).astype(int)).mean() < 6
+
+
+def test_heldout_characters_never_in_training_films(world):
+    out, manifest = world
+    held = set(manifest["heldout"])
+    assert len(held) == 1 and {c["name"] for c in manifest["characters"] if c["heldout"]} == held
+    by_id = {f["film_id"]: f for f in manifest["films"]}
+    labels = label_schema.read_labels(os.path.join(out, "labels.jsonl"))
+    for split in ("train", "heldout"):
+        ids = [os.path.splitext(n)[0] for n in sorted(os.listdir(os.path.join(out, split)))]
+        assert len(ids) == (6 if split == "train" else 2)
+        for film_id in ids:
+            names = {n for lab in labels.for_film(film_id) for n in lab.characters} | set(labels.casts[film_id])
+            assert (names <= held) if split == "heldout" else not (names & held), (split, film_id, names)
+            assert by_id[film_id]["split"] == split
+    for c in manifest["characters"]:  # every reference PNG is its sprite on grey
+        ref = toy_world.load_reference(out, c["name"])
+        want = toy_world.reference_image(toy_world.Character(c["name"], c["shape"], c["colour"], c["colour2"],
+                                                             c["pattern"]), (128, 96))
+        assert ref.shape == (96, 128, 3) and np.array_equal(ref, want) and (ref != 128).any()
+
+
+def _row(film, scene, index, *chars):
+    return {"film_id": film, "scene_id": scene, "clip_index": index, "characters": chars}
+
+
+def test_mine_references_prefers_another_scene_of_the_same_character():
+    rows = [_row("a", 0, 0, "Pip"), _row("a", 0, 1, "Pip"), _row("a", 1, 2, "Bolt"), _row("a", 1, 3, "Bolt"),
+            _row("b", 0, 0, "Pip"), _row("b", 1, 1, "Mira", "Pip"), _row("b", 1, 2), _row("c", 0, 0, "Zed")]
+    refs = references.mine_references(rows, seed=0)
+    assert refs[0] == refs[1] == 4  # Pip's only clip in another scene
+    assert refs[4] in (0, 1)
+    assert refs[2] == 3 and refs[3] == 2  # Bolt has one scene: the other clip of it
+    assert refs[5] == -1 and refs[6] == -1 and refs[7] == -1  # Mira alone; nobody; Zed alone
+    assert np.array_equal(references.mine_references(rows, seed=0), refs)
+    # a reference depends on the set of clips, not their order
+    perm = [7, 3, 5, 0, 6, 2, 4, 1]
+    shuffled = references.mine_references([rows[i] for i in perm], seed=0)
+    assert [perm[j] if j >= 0 else -1 for j in shuffled] == [refs[i] for i in perm]
+    many = [_row(f"f{k}", s, i, "Pip") for k in range(3) for s in range(3) for i in range(2)]
+    picks = {tuple(references.mine_references(many, seed)) for seed in range(4)}
+    assert len(picks) > 1  # the seed matters
+
+
+def test_prepared_toy_world_references(world, tmp_path):
+    out, manifest = world
+    films = [(f["film_id"], os.path.join(out, f["path"])) for f in manifest["films"] if f["split"] == "train"][:4]
+    report = prepare.prepare_dataset(films, os.path.join(out, "labels.jsonl"), str(tmp_path / "ds"), _data_cfg())
+    assert report.num_clips == 12 and not report.skipped
+    rows = references.clips_with_characters(str(tmp_path / "ds"))
+    refs = references.dataset_references(str(tmp_path / "ds"), seed=1)
+    assert len(rows) == len(refs) == 12
+    for i, j in enumerate(refs):  # each of 2 characters has 2 films of 3 scenes: always another scene
+        assert j >= 0 and rows[j]["characters"] == rows[i]["characters"]
+        assert (rows[j]["film_id"], rows[j]["scene_id"]) != (rows[i]["film_id"], rows[i]["scene_id"])
+    source = datasets.open_split(str(tmp_path / "ds"), "train")
+    got = references.reference_frames(source, refs, [0, 5])
+    assert got.shape == (2, 64, 96, 3) and got.dtype == np.uint8
+    assert np.array_equal(got[1], source[int(refs[5])]["frames"][0])
+
+
+def test_command(tmp_path, capsys):
+    out = tmp_path / "w"
+    args = ["--world=toy", f"--out_dir={out}", "--num_characters=3", "--num_heldout=1", "--films_per_character=1",
+            "--scenes_per_film=2", "--scene_seconds=2", "--width=32", "--height=32", "--fps=8", "--seed=5",
+            "--clip_stride_seconds=0"]
+    assert sample.main(args) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] and manifest["size"] == [32, 32] and len(manifest["films"]) == 3
+    assert "held out" in capsys.readouterr().out
+    assert sample.main(args) == 0  # its own folder: written again
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    assert sample.main(["--world=toy", f"--out_dir={foreign}", "--num_characters=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out_dir=") and err.count("\n") == 1
+    assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep"
+    assert sample.main(["--world=toy", f"--out_dir={tmp_path / 'x'}", "--num_backgrounds=1"]) == 2
+    assert "--num_backgrounds=1" in capsys.readouterr().err
