@@ -82,7 +82,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str] 
 
 
 #: the training phases (``train.phase``, ``train.pipeline``; train/model.py builds each); "all" runs the pipeline
-TRAIN_PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d")
+TRAIN_PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d", "r")
 #: game modes (``game.mode``)
 GAME_MODES = ("default", "reference")
 #: what a seed may be: a signed 64-bit integer

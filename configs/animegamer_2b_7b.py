@@ -165,6 +165,10 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.use_flow = True  # flow embedding added to the timestep embedding (docs/dit.md#timestep-and-flow-embedding)
     c.dit.lora_rank = 64  # LoRA rank on attention (docs/dit.md#lora)
     c.dit.lora_alpha = 1.0  # SAT lora2 default alpha -> scaling 1/64 (docs/dit.md#lora, UNCERTAIN upstream)
+    # reference adapter (training phase r, docs/dit.md#reference-conditioning): its own LoRA on the attention,
+    # applied only when a reference image is given; scaling alpha / r
+    c.dit.reference_lora_rank = 64
+    c.dit.reference_lora_alpha = 64.0
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
     c.dit.param_dtype = "float32"  # master weights
     c.dit.remat = "full"  # remat policy of the block scan: none | full | save_dots | offload_dots (models/remat.py)

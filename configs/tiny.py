@@ -77,6 +77,8 @@ def get_config() -> ml_collections.ConfigDict:
     c.dit.in_channels = 16  # = vae.latent_channels
     c.dit.out_channels = 16
     c.dit.lora_rank = 4
+    c.dit.reference_lora_rank = 4
+    c.dit.reference_lora_alpha = 4.0
     c.dit.text_length = 24  # rep.num_text_tokens + rep.num_image_tokens
 
     # CogVideoX's 16 latent channels (8x spatial, 4x temporal compression: 64x96 -> 8x12x16 latents),

@@ -1,7 +1,7 @@
 """Will it fit? Compile the paper config's programs for the chips you plan to rent, on this host.
 
   python -m animegamer_jax.aot --topology=v5p-64 --program=train --config.train.global_batch_size=64
-                                                  # phases vae a1 a2 b c d on 32 chips (FSDP needs >= 32)
+                                                  # phases vae a1 a2 b c d r on 32 chips (FSDP needs >= 32)
   python -m animegamer_jax.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
   python -m animegamer_jax.aot --topology=v6e-1 --program=turn --config.diffusion.sampler=student \
       --config.diffusion.num_sampling_steps=4                               # the few-step student's turn
@@ -13,7 +13,7 @@ Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8, v6e-1; v4 / v5p names 
 per chip, so v5p-64 is 32 chips; v5e / v6e names count chips; --num_slices for multislice), GPU nodes
 (a100-8, h100-8, h200-8, b200-8; 4xh100-8 = 4 nodes) and cpu-N (fake CPU devices). Nothing is
 allocated and no accelerator is needed: the TPU compiler comes with `pip install 'jax[tpu]==0.10.2'`
-(`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c d (the train
+(`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c d r (the train
 command's step with the config's settings: batch, remat, precomputed features, latents; d = the
 few-step student's distillation) and prefill decode pass_b dit vae_decode (play's turn; --layout
 latency = one game on all chips, batch = one game per data-parallel slice; dit is the student's N

@@ -6,7 +6,7 @@ Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``, ``d``) are the train comm
 features or not, latents or frames, remat, ``train.global_batch_size`` / ``grad_accum_steps``. Their
 batches have the shapes ``data.batches.BatchBuilder`` makes (:func:`abstract_batch`). Phase ``d``
 (the few-step student's distillation against the frozen teacher, docs/training.md) takes a1 / a2's
-clip batches.
+clip batches; phase ``r`` (the reference adapter) takes them plus ``reference_frame`` uint8 [B, H, W, 3].
 
 Turn programs (``prefill``, ``decode``, ``pass_b``, ``dit``, ``vae_decode``) are play's stages
 (animegamer_jax/aot/pieces.py) in play's layouts (``game.engine.apply_layout``): ``latency`` (one
@@ -35,7 +35,7 @@ from animegamer_jax.game.engine import apply_layout
 from animegamer_jax.train import loop, optim
 from animegamer_jax.train.model import phase_spec
 
-TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d")
+TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d", "r")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
 #: turn program -> the piece of animegamer_jax/aot/pieces.py
 _PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pass_b", "dit": "dit_sampling",
@@ -78,7 +78,7 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
         _, t, h, w = tuple(config.train.vae_curriculum)[-1]
         n = max(1, min(int(config.train.vae_windows_per_clip), frames[0] // int(t)))
         shapes["frames"] = ((batch * n, int(t), int(h), int(w), 3), f32)
-    elif phase in ("a1", "a2", "d"):  # d: the same clips (BatchBuilder.decoder_batch)
+    elif phase in ("a1", "a2", "d", "r"):  # d, r: the same clips (BatchBuilder.decoder_batch)
         shapes["flow"] = ((batch,), f32)
         if pre:
             shapes.update(f_md=((batch, lt, dt), f32), f_v=((batch, p, dv), f32))
@@ -86,6 +86,8 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
             shapes.update(t5_ids=((batch, lt), i32), first_frame=((batch,) + frames[1:], f32))
         shapes["frames" if enc else "latents"] = (((batch,) + frames, f32) if enc
                                                   else ((batch, t_lat, c_lat, h_lat, w_lat), f32))
+        if phase == "r":  # each clip's reference image, VAE-encoded in the step
+            shapes["reference_frame"] = ((batch,) + frames[1:], jnp.uint8)
     elif phase in ("b", "c"):
         length, m, w = int(config.train.max_seq_len), int(config.data.max_turns), int(config.mllm.history_window)
         shapes.update(input_ids=((batch, length), i32), cmp_mask=((batch, length), b_), gen_mask=((batch, length), b_),

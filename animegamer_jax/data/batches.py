@@ -19,6 +19,8 @@ and eval.representation build phase a's E_a inputs with it too):
                      loader's per-turn f_md / f_v: a dataset's feature fields named f_md / f_v serve
                      a1/a2 and b/c alike; fields named turn_f_md / turn_f_v serve b/c only);
                      phase c adds flow [B] and frames / latents of the target turn.
+  reference (r):     the decoder batch plus reference_frame uint8 [B, H, W, 3], each clip's reference
+                     image (:func:`pick_reference_frames`; VAE-encoded in the step).
 """
 
 from __future__ import annotations
@@ -102,13 +104,44 @@ def vae_windows(frames: np.ndarray, num_frames: int, height: int, width: int, rn
     return np.ascontiguousarray(np.stack(out))
 
 
+def pick_reference_frames(records: Mapping[str, Any]) -> np.ndarray:
+    """Each clip's reference image for phase r: uint8 [B, H, W, 3] from a clips batch of the loader
+    (``first_frame`` [B, H, W, 3] or ``frames`` [B, T, H, W, 3]; optional ``characters`` [B] str).
+
+    Clip i's reference is the first frame of another clip of the batch: the next one (cyclically,
+    i+1, i+2, ...) whose ``characters`` label equals clip i's when the records carry labels and one
+    matches, else the next clip (i+1 mod B). A batch of one clip gets its own first frame. This is
+    the default pairing; the dataset-wide one (the first frame of another clip of the same character
+    in the whole dataset) replaces this function.
+
+    Raises:
+      KeyError: records with neither ``first_frame`` nor ``frames`` (a clips loader with frames).
+    """
+    if "first_frame" in records:
+        first = np.asarray(records["first_frame"])
+    elif "frames" in records:
+        first = np.asarray(records["frames"])[:, 0]
+    else:
+        raise KeyError("phase r needs each clip's first frame: build the batch with data.loader's clips mode "
+                       "with frames (first_frame / frames), not latents or features only")
+    b = first.shape[0]
+    labels = _strs(records["characters"]) if "characters" in records else None
+    pick = []
+    for i in range(b):
+        others = [(i + k) % b for k in range(1, b)]
+        same = [j for j in others if labels is not None and labels[i] and labels[j] == labels[i]]
+        pick.append(same[0] if same else others[0] if others else i)
+    return np.ascontiguousarray(first[pick].astype(np.uint8))
+
+
 class BatchBuilder:
     """Turns loader batches (``data.loader.make_loader`` "clips" / "turns" modes) into model-ready
     batches (module docstring).
 
     Args:
       config: full config (tokenizer paths, lengths, flow table, ``train.vae_curriculum``).
-      phase: "vae" / "a1" / "a2" (clips) or "b" / "c" (turns).
+      phase: "vae" / "a1" / "a2" / "d" / "r" (clips) or "b" / "c" (turns).
+      reference_frames: phase r's ``records -> uint8 [B, H, W, 3]`` (default :func:`pick_reference_frames`).
 
     ``__call__(ex, step)``: the step picks the "vae" curriculum stage and seeds its random windows
     (``default_rng([seed, step])``), so a resumed run builds the same batches as an uninterrupted one.
@@ -118,8 +151,9 @@ class BatchBuilder:
       ValueError: a malformed ``train.vae_curriculum`` (phase "vae").
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, phase: str):
+    def __init__(self, config: ml_collections.ConfigDict, phase: str, reference_frames: Any = None):
         self.config, self.phase = config, phase
+        self.reference_frames = reference_frames or pick_reference_frames
         if phase == "vae":
             vae_stage(config.train.vae_curriculum, 0)  # fail early on a malformed curriculum
             self.t5_tok = self.tok = None
@@ -136,6 +170,8 @@ class BatchBuilder:
             return self.vae_batch(ex, step)
         if self.phase in ("a1", "a2", "d"):
             return self.decoder_batch(ex)
+        if self.phase == "r":
+            return {**self.decoder_batch(ex), "reference_frame": self.reference_frames(ex)}
         return self.mllm_batch(ex)
 
     def vae_batch(self, ex: Mapping[str, Any], step: int) -> dict[str, np.ndarray]:

@@ -11,7 +11,11 @@ h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a is rounde
 the DiT, as the release does. With ``diffusion.sampler = "student"`` the DiT is the distilled
 student (checkpoint component ``student``, :func:`sampling_component`): ``num_sampling_steps``
 calls, no CFG batch, the guidance scale ``diffusion.cfg_scale`` as its input
-(samplers.sample_student).
+(samplers.sample_student). With a reference latent (``sample(..., reference=[B, 1, C, h, w])``, one
+VAE latent frame per game, models/cogvideox/reference.py ``encode_reference``) and the system's
+``reference`` adapter (``p["reference"]``), each game's DiT calls see its reference, in the CFG
+batch's conditional and unconditional halves alike (docs/dit.md#reference-conditioning); without one
+the sampler is the one it always was.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ def sampling_component(config) -> str:
     return "student" if str(config.diffusion.sampler) == samplers.STUDENT else "dit"
 
 
-def dit_sampler(g_dit, config):
-    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None)
-    -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``: per game,
+def dit_sampler(g_dit, config, g_reference=None):
+    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None,
+    reference=None) -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``
+    (plus ``"reference"``: the ``reference`` adapter's state, graph ``g_reference``, when a
+    ``reference`` latent [B, 1, C, h, w] is given; the unconditional CFG half keeps it): per game,
     initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
     samplers.sample's ``step_noise``), then the configured sampler with CFG, or the student's
     (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its N
@@ -54,29 +60,41 @@ def dit_sampler(g_dit, config):
     latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
                     config.dit.sample_width)
 
-    def sample(p, rep, ml, keys, noise=None):
+    def sample(p, rep, ml, keys, noise=None, reference=None):
         dit = nnx.merge(g_dit, p["dit"])
+        if reference is not None and (g_reference is None or "reference" not in p):
+            raise ValueError("a reference latent needs the reference adapter: dit_sampler(..., g_reference) and "
+                             "p['reference'] (a system trained with phase r)")
+        adapter = nnx.merge(g_reference, p["reference"]) if reference is not None else None
         flow = flow_value(ml, table)
         if reference_mode:  # the release casts s_a to bfloat16 before the DiT (inference_Decoder.py)
             rep = rep.astype(jnp.bfloat16).astype(jnp.float32)
 
         def denoise(x, t, c):
+            if "reference" in c:
+                return dit(x, c["cond"], t, c["flow"], c.get("guidance"), reference=c["reference"], adapter=adapter)
             return dit(x, c["cond"], t, c["flow"], c.get("guidance"))
 
-        def one(rep_b, flow_b, key_b, noise_b):
+        def one(rep_b, flow_b, key_b, noise_b, ref_b=None):
             k_init, k_sde = jax.random.split(key_b)
             if noise_b is None:
                 x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
             else:
                 x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
             cond = {"cond": rep_b[None], "flow": flow_b[None]}
+            if ref_b is not None:
+                cond["reference"] = ref_b[None]
             if student:
                 cond["guidance"] = jnp.full((1,), w, jnp.float32)
                 return samplers.sample_student(denoise, x, cond, k_sde, tau, schedule, step_noise=steps)[0]
             unc = {"cond": p["uncond"][None].astype(rep_b.dtype), "flow": flow_b[None]}
+            if ref_b is not None:  # the unconditional half keeps the reference: CFG guides the action only
+                unc["reference"] = ref_b[None]
             return samplers.sample(denoise, x, cond, unc, k_sde, plan, step_noise=steps)[0]
 
         # games stay split over the data axes inside the vmap (also in the attention's shard_map)
-        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
+        if reference is None:
+            return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise)
+        return parallel.vmap_over_batch(one, rep.shape[0])(rep, flow, keys, noise, reference.astype(jnp.float32))
 
     return sample

@@ -39,6 +39,16 @@ def _uniform_fan_in(key: jax.Array, shape: Sequence[int], dtype: Any, fan_in: in
     return jax.random.uniform(key, tuple(shape), dtype, -bound, bound)
 
 
+def low_rank_update(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scaling: float, n_in: int,
+                    dtype: Any) -> jax.Array:
+    """The LoRA branch ``scaling * (x . A) . B`` in ``dtype``: ``x [..., *in]``, ``A (*in, r)``,
+    ``B (r, *out)`` -> ``[..., *out]``; ``n_in`` = number of contracted input dims. The one LoRA
+    formula: :class:`LoRAEinsum` adds it to its base map, the DiT's reference adapter
+    (models/cogvideox/reference.py) adds it to the DiT's attention projections."""
+    low = jnp.tensordot(x.astype(dtype), lora_a.astype(dtype), axes=n_in)
+    return scaling * jnp.tensordot(low, lora_b.astype(dtype), axes=1)
+
+
 class LoRAEinsum(nnx.Module):
     """Linear map over several input / output axes with optional LoRA and bias.
 
@@ -133,8 +143,7 @@ class LoRAEinsum(nnx.Module):
             if dropout_rng is not None and self.dropout > 0.0:
                 keep = jax.random.bernoulli(dropout_rng, 1.0 - self.dropout, h.shape)
                 h = jnp.where(keep, h / (1.0 - self.dropout), 0.0).astype(self.dtype)
-            low = jnp.tensordot(h, self.lora_a[...].astype(self.dtype), axes=n_in)
-            y = y + self.scaling * jnp.tensordot(low, self.lora_b[...].astype(self.dtype), axes=1)
+            y = y + low_rank_update(h, self.lora_a[...], self.lora_b[...], self.scaling, n_in, self.dtype)
         return y
 
     def delta(self) -> jax.Array:

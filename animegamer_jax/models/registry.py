@@ -17,6 +17,7 @@ from flax import nnx
 
 from animegamer_jax.models.clip.model import CLIP
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
+from animegamer_jax.models.cogvideox.reference import ReferenceAdapter, ReferenceConfig
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
 from animegamer_jax.models.mistral.mllm import GameStateMLLM
 from animegamer_jax.models.shot_encoder.model import ShotEncoder
@@ -44,6 +45,13 @@ def build_student(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Modu
     cfg = DiTConfig.from_config(config.dit,
                                 text_length=int(config.rep.num_text_tokens + config.rep.num_image_tokens))
     return CogVideoXDiT(dataclasses.replace(cfg, use_guidance=True), rngs=rngs)
+
+
+def build_reference(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The DiT's reference adapter (training phase r; models/cogvideox/reference.py) from ``config.dit``
+    (``reference_lora_rank`` / ``reference_lora_alpha``): a system holding it plays characters from a
+    reference image (docs/dit.md#reference-conditioning)."""
+    return ReferenceAdapter(ReferenceConfig.from_config(config.dit), rngs=rngs)
 
 
 def build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
@@ -75,12 +83,14 @@ COMPONENT_BUILDERS: dict[str, Builder] = {
     "clip": build_clip,
     "t5": build_t5,
     "student": build_student,
+    "reference": build_reference,
 }
 
-#: components a system may hold besides :data:`COMPONENTS`: the few-step student (training phase d)
-OPTIONAL_COMPONENTS: tuple[str, ...] = ("student",)
+#: components a system may hold besides :data:`COMPONENTS`: the few-step student (training phase d) and the
+#: reference adapter (training phase r; a system with it supports references, :func:`supports_references`)
+OPTIONAL_COMPONENTS: tuple[str, ...] = ("student", "reference")
 
-#: the component names of a whole system, in the order above (the optional student not counted)
+#: the component names of a whole system, in the order above (the optional ones not counted)
 COMPONENTS: tuple[str, ...] = tuple(n for n in COMPONENT_BUILDERS if n not in OPTIONAL_COMPONENTS)
 
 
@@ -93,3 +103,9 @@ def build_component(name: str, config: ml_collections.ConfigDict, rngs: nnx.Rngs
     if name not in COMPONENT_BUILDERS:
         raise KeyError(f"no builder for component {name!r}; known: {sorted(COMPONENT_BUILDERS)}")
     return COMPONENT_BUILDERS[name](config, rngs)
+
+
+def supports_references(components) -> bool:
+    """Whether a system with these component names (a system checkpoint manifest's ``components``)
+    plays characters from a reference image: it holds the ``reference`` adapter (training phase r)."""
+    return "reference" in tuple(components)

@@ -10,6 +10,7 @@ the phase's components as attributes (``train.model.TrainModel``) and ``batch`` 
 | b      | :func:`mllm_loss`: CE + alpha MSE            |
 | c      | :func:`adaptation_loss`: v-MSE, DiT conditioned on the MLLM's s_a |
 | d      | :func:`distill_loss`: consistency distillation of the guided DiT into the student |
+| r      | :func:`reference_loss`: v-MSE, DiT conditioned on E_a and a reference image (adapter only) |
 | vae    | :func:`vae_loss`: L1 + MSE + KL              |
 
 Diffusion loss (docs/diffusion.md#training-loss): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``,
@@ -44,6 +45,7 @@ from animegamer_jax.diffusion import guidance, samplers, schedules
 from animegamer_jax.diffusion import losses as diffusion_losses
 from animegamer_jax.inference.action_representation import ea_representation, encode_features
 from animegamer_jax.models.cogvideox import vae_tiling
+from animegamer_jax.models.cogvideox.reference import encode_reference
 
 #: ``(model, batch, rng, config) -> (loss [], {metric name: []})``
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array, ml_collections.ConfigDict],
@@ -68,10 +70,14 @@ def _latents(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_colle
 
 
 def _diffusion_loss(model: nnx.Module, cond: jax.Array, x0: jax.Array, flow: jax.Array, key: jax.Array,
-                    schedule: schedules.DiffusionSchedule) -> jax.Array:
-    """v-prediction MSE of ``model.dit`` at uniform random timesteps (docs/diffusion.md#training-loss)."""
+                    schedule: schedules.DiffusionSchedule, reference: jax.Array | None = None) -> jax.Array:
+    """v-prediction MSE of ``model.dit`` at uniform random timesteps (docs/diffusion.md#training-loss);
+    with ``reference`` [B, 1, C, h, w] the DiT also sees it through ``model.reference`` (phase r)."""
     inputs = diffusion_losses.training_inputs(key, x0, schedule)
-    v = model.dit(inputs["x_t"], cond, inputs["timesteps"], flow)
+    if reference is None:
+        v = model.dit(inputs["x_t"], cond, inputs["timesteps"], flow)
+    else:
+        v = model.dit(inputs["x_t"], cond, inputs["timesteps"], flow, reference=reference, adapter=model.reference)
     return diffusion_losses.v_prediction_loss(v, x0, inputs["noise"], inputs["a"])
 
 
@@ -79,6 +85,17 @@ def decoder_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Arr
                  config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Phases a1 / a2: E_a(T5(action), CLIP(first frame)) conditions the DiT; v-prediction MSE."""
     k_t, k_i, k_n, k_z, k_u = jax.random.split(rng, 5)
+    cond, drop_t, drop_i = _ea_condition(model, batch, config, k_t, k_i, k_u)
+    x0 = _latents(model, batch, config, k_z)
+    schedule = schedules.DiffusionSchedule.from_config(config.diffusion)
+    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedule)
+    return loss, {"v_mse": loss, "text_dropped": jnp.mean(drop_t), "image_dropped": jnp.mean(drop_i)}
+
+
+def _ea_condition(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
+                  k_t: jax.Array, k_i: jax.Array, k_u: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """E_a's s_a [B, Q, D] of a clips batch with the per-sample CFG dropouts of phases a1 / a2 (module
+    docstring), and the text / image dropped masks [B]."""
     f_md, f_v = encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
     # The release also zeroes T5 features per sample at the conditioner's ucg_rate, independently
@@ -87,10 +104,31 @@ def decoder_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Arr
     f_md, drop_u = guidance.cfg_dropout(k_u, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_ucg_rate)
     drop_t = drop_t | drop_u
     f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
-    cond = model.shot_encoder(f_md, f_v)
+    return model.shot_encoder(f_md, f_v), drop_t, drop_i
+
+
+def reference_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+                   config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase r (docs/training.md#phase-r-reference): phase a2's v-prediction MSE (E_a's s_a with the
+    same CFG dropouts conditions the frozen DiT) with the clip's reference image joined as reference
+    tokens (``model.reference``, the one trained component). The reference is ``reference_latent``
+    [B, 1, C, h, w] when the batch carries it, else ``reference_frame`` uint8 [B, H, W, 3]
+    VAE-encoded in the step (``encode_reference``: the posterior mean, as play encodes it). A
+    CFG-dropped sample keeps its reference, as play's unconditional half does."""
+    k_t, k_i, k_n, k_z, k_u = jax.random.split(rng, 5)
+    cond, drop_t, drop_i = _ea_condition(model, batch, config, k_t, k_i, k_u)
+    cond = jax.lax.stop_gradient(cond)
     x0 = _latents(model, batch, config, k_z)
+    if "reference_latent" in batch:
+        ref = batch["reference_latent"].astype(jnp.float32)
+    else:
+        if not hasattr(model, "vae"):
+            raise ValueError("batch has no 'reference_latent' and the train model has no VAE to encode "
+                             "'reference_frame'")
+        ref = jax.lax.stop_gradient(encode_reference(model.vae, batch["reference_frame"],
+                                                     float(config.vae.scaling_factor)))
     schedule = schedules.DiffusionSchedule.from_config(config.diffusion)
-    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedule)
+    loss = _diffusion_loss(model, cond, x0, batch["flow"], k_n, schedule, reference=ref)
     return loss, {"v_mse": loss, "text_dropped": jnp.mean(drop_t), "image_dropped": jnp.mean(drop_i)}
 
 
@@ -258,4 +296,4 @@ def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray
 
 #: the loss of each phase
 LOSSES: dict[str, LossFn] = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss,
-                             "d": distill_loss, "vae": vae_loss}
+                             "d": distill_loss, "vae": vae_loss, "r": reference_loss}

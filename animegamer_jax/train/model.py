@@ -12,6 +12,7 @@ optimizer memory:
 | c     | dit, [mllm, shot_encoder, t5, clip, vae] | DiT LoRA + ``flow_embed`` + block adaLN              |
 | d     | student, [dit, shot_encoder, t5, clip, vae] | student: all, or LoRA + ``flow_embed`` + ``guidance_embed`` + block adaLN |
 | vae   | vae                                      | VAE (all)                                            |
+| r     | reference, [shot_encoder, dit, t5, clip, vae] | the reference adapter (type embedding + its LoRA) |
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
 only; the release code also trains flow and LoRA, docs/training.md#trainable-sets). a2 and c train
@@ -49,12 +50,13 @@ PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
     "c": ("mllm", "shot_encoder", "dit", "t5", "clip"),
     "d": ("shot_encoder", "dit", "student", "t5", "clip"),
     "vae": ("vae",),
+    "r": ("shot_encoder", "dit", "t5", "clip", "vae", "reference"),
 }
 
 #: components whose weights each phase changes (written to the system checkpoint after it)
 PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",), "d": ("student",),
-    "vae": ("vae",)}
+    "vae": ("vae",), "r": ("reference",)}
 
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -130,6 +132,8 @@ def _component_filters(phase: str, dit_trainable: str, distill_trainable: str = 
             dit_set("adaptation"), nnx.All(nnx.Param, _path_has(("guidance_embed",))))}
     if phase == "vae":
         return {"vae": nnx.Param}
+    if phase == "r":  # the DiT and E_a stay as they are: with no reference the decoder is unchanged
+        return {"reference": nnx.Param}
     raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
 
 

@@ -29,6 +29,9 @@ PAPER_SCHEDULE: dict[str, tuple[float, int]] = {
     # Not in the paper either: phase d, the few-step student (consistency distillation; LCM trains its
     # full-UNet student at 8e-6 for ~10k steps)
     "d": (1e-5, 10_000),
+    # Not in the paper: phase r, the reference adapter (a new LoRA + type embedding on the frozen DiT;
+    # Concat-ID-style adapters train at about 1e-4 for some 10k steps)
+    "r": (1e-4, 10_000),
 }
 
 

@@ -34,12 +34,12 @@ from animegamer_jax.diffusion import samplers
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim
 from animegamer_jax.data.batches import BatchBuilder
-from animegamer_jax.train.model import PHASES, phase_spec, training_config
+from animegamer_jax.train.model import PHASE_OUTPUTS, PHASES, phase_spec, training_config
 from animegamer_jax.train.samples import sample_hook
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phase in ("vae", "a1", "a2", "d"):
+    if phase in ("vae", "a1", "a2", "d", "r"):
         return dict(mode="clips", batch_size=local_batch)
     return dict(mode="turns", batch_size=local_batch, include_frames=True)
 
@@ -143,10 +143,15 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
     if init_checkpoint:
         held = checkpoint.read_manifest(init_checkpoint)["components"]
         rest = [n for n in held if n not in comps]
-        if "student" in rest and "dit" in comps:  # distilled from a teacher this phase may have changed
+        changed = PHASE_OUTPUTS.get(str(config.train.phase), ("dit",))
+        if "student" in rest and "dit" in comps and "dit" in changed:  # distilled from a teacher this phase changed
             rest.remove("student")
             status("the init checkpoint's few-step student is left out (its teacher DiT is this phase's); "
                    "train phase d again for one")
+        if "reference" in rest and "dit" in comps and "dit" in changed:  # trained against the old DiT
+            rest.remove("reference")
+            status("the init checkpoint's reference adapter is left out (trained against the DiT this phase "
+                   "changed); train phase r again for one")
         if rest:
             comps.update(checkpoint.load_system(init_checkpoint, training_config(config),
                                                        trainer.mesh, names=rest, rules=trainer.rules))

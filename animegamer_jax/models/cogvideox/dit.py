@@ -289,16 +289,27 @@ class Attention(nnx.Module):
         self.to_out = _dense(cfg, (N, H), (D,), heads, ("embed",), rngs=rngs, lora=True)
         self.attention_impl = cfg.attention_impl  # static kernel name (no parameters depend on it)
 
-    def __call__(self, h: Array) -> Array:
-        """h [B, L, D] (conditioning then video tokens) -> [B, L, D]; no mask, scale 1/sqrt(H)."""
-        q = constrain(self.norm_q(self.to_q(h)), BATCH_SEQ_HEADS)
-        k = constrain(self.norm_k(self.to_k(h)), BATCH_SEQ_HEADS)
-        v = constrain(self.to_v(h), BATCH_SEQ_HEADS)
+    def __call__(self, h: Array, ref_lora: Any = None) -> Array:
+        """h [B, L, D] (conditioning then video tokens) -> [B, L, D]; no mask, scale 1/sqrt(H).
+        ``ref_lora``: this layer's reference LoRA (models/cogvideox/reference.py ``ReferenceLoRA``),
+        added to q, k, v and out when a reference is given; None leaves the attention as it is."""
+        if ref_lora is None:
+            q, k, v = self.to_q(h), self.to_k(h), self.to_v(h)
+        else:
+            q = self.to_q(h) + ref_lora.update("q", h, self.to_q.dtype)
+            k = self.to_k(h) + ref_lora.update("k", h, self.to_k.dtype)
+            v = self.to_v(h) + ref_lora.update("v", h, self.to_v.dtype)
+        q = constrain(self.norm_q(q), BATCH_SEQ_HEADS)
+        k = constrain(self.norm_k(k), BATCH_SEQ_HEADS)
+        v = constrain(v, BATCH_SEQ_HEADS)
         # Full joint attention, no mask, scale 1/sqrt(head_dim); softmax in float32. With a `context`
         # mesh axis the joint sequence stays sharded (K/V all-gathered per layer).
         o = attention.context_parallel_attention(q, k, v, implementation=self.attention_impl)
         o = constrain(o, BATCH_SEQ_HEADS)
-        return constrain(self.to_out(o), BATCH_SEQ_EMBED)
+        out = self.to_out(o)
+        if ref_lora is not None:
+            out = out + ref_lora.update("out", o, self.to_out.dtype)
+        return constrain(out, BATCH_SEQ_EMBED)
 
 
 class FeedForward(nnx.Module):
@@ -338,9 +349,10 @@ class DiTBlock(nnx.Module):
         self.attn1 = Attention(cfg, rngs=rngs)
         self.ff = FeedForward(cfg, rngs=rngs)
 
-    def __call__(self, txt: Array, img: Array, emb: Array) -> tuple[Array, Array]:
-        """txt [B, Lt, D] conditioning tokens, img [B, Lv, D] video tokens, emb [B, E] time (+flow)
-        embedding (activation dtype) -> updated (txt, img)."""
+    def __call__(self, txt: Array, img: Array, emb: Array, ref_lora: Any = None) -> tuple[Array, Array]:
+        """txt [B, Lt, D] conditioning tokens, img [B, Lv, D] video tokens (with a reference: its
+        tokens at the end), emb [B, E] time (+flow) embedding (activation dtype), ``ref_lora`` the
+        layer's reference LoRA or None (:meth:`Attention.__call__`) -> updated (txt, img)."""
         lt = txt.shape[1]
         # [B, 12, D], laid out like activations (D whole) however the adaLN kernel is sharded
         mod = constrain(self.adaln(jax.nn.silu(emb)), ("act_batch", None, "act_embed"))
@@ -350,7 +362,7 @@ class DiTBlock(nnx.Module):
             return norm(x) * (1 + scale) + shift
 
         h = jnp.concatenate([modulate(self.norm1, txt, m[6], m[7]), modulate(self.norm1, img, m[0], m[1])], axis=1)
-        out = self.attn1(constrain(h, BATCH_SEQ_EMBED))
+        out = self.attn1(constrain(h, BATCH_SEQ_EMBED), ref_lora)
         txt = txt + m[8] * out[:, :lt]
         img = img + m[2] * out[:, lt:]
         h = jnp.concatenate([modulate(self.norm2, txt, m[9], m[10]), modulate(self.norm2, img, m[3], m[4])], axis=1)
@@ -370,10 +382,17 @@ class CogVideoXDiT(nnx.Module):
       flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for no flow
         embedding contribution.
       guidance: [B] float DynamicCFG scale w of a distilled student (``use_guidance``), or None.
+      reference: [B, 1, C_in, H, W] reference latent (one VAE latent frame of the reference image,
+        scaled like ``latents``; models/cogvideox/reference.py ``encode_reference``) or None; needs
+        ``adapter``. Its H/p x W/p tokens join the video tokens (docs/dit.md#reference-conditioning)
+        and are dropped before the output layer.
+      adapter: the ``reference`` component (``ReferenceAdapter``); used only with ``reference``, so
+        with ``reference=None`` the output is the DiT's own whatever ``adapter`` is.
     Returns:
       v-prediction [B, T, C_out, H, W] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
     Raises:
-      ValueError: wrong conditioning length or width, or H/W not divisible by the patch size.
+      ValueError: wrong conditioning length or width, H/W not divisible by the patch size, or a
+        reference of the wrong shape or without an adapter.
     """
 
     def __init__(self, cfg: DiTConfig, *, rngs: nnx.Rngs):
@@ -418,7 +437,7 @@ class CogVideoXDiT(nnx.Module):
         return emb
 
     def __call__(self, latents: Array, cond: Array, timesteps: Array, flow: Array | None = None,
-                 guidance: Array | None = None) -> Array:
+                 guidance: Array | None = None, reference: Array | None = None, adapter: Any = None) -> Array:
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         B, T, C, Hh, Ww = latents.shape
@@ -444,15 +463,37 @@ class CogVideoXDiT(nnx.Module):
                                   cfg.temporal_interpolation_scale)
         img = constrain(img + jnp.asarray(pos, dt)[None], BATCH_SEQ_EMBED)
         txt = constrain(cond.astype(dt), BATCH_SEQ_EMBED)
+        lv = img.shape[1]
+        if reference is not None:
+            if adapter is None:
+                raise ValueError("a reference latent was given without the reference adapter (component "
+                                 "'reference', training phase r)")
+            if reference.shape != (B, 1, C, Hh, Ww):
+                raise ValueError(f"reference must be [{B}, 1, {C}, {Hh}, {Ww}] (one latent frame at the "
+                                 f"clip's size), got {reference.shape}")
+            r = einops.rearrange(reference.astype(dt), "B T C (h p) (w q) -> B (T h w) (C p q)", p=p, q=p)
+            r = r @ self.patch_kernel[...].astype(dt) + self.patch_bias[...].astype(dt)
+            r = r + jnp.asarray(pos[:h * w], dt)[None] + adapter.type_embed[...].astype(dt)
+            img = constrain(jnp.concatenate([img, r], axis=1), BATCH_SEQ_EMBED)
 
         # jax.lax.scan over the split block state rather than nnx.scan: the samplers call the DiT inside
         # their own lax loops with the module closed over, where nnx transforms refuse a captured module.
         graphdef, block_state = nnx.split(self.blocks)
 
-        def body(carry: tuple[Array, Array], st: nnx.State) -> tuple[tuple[Array, Array], None]:
-            return nnx.merge(graphdef, st)(carry[0], carry[1], emb), None
+        if reference is None:
+            def body(carry: tuple[Array, Array], st: nnx.State) -> tuple[tuple[Array, Array], None]:
+                return nnx.merge(graphdef, st)(carry[0], carry[1], emb), None
 
-        (txt, img), _ = jax.lax.scan(remat_lib.remat(body, cfg.remat), (txt, img), block_state)
+            (txt, img), _ = jax.lax.scan(remat_lib.remat(body, cfg.remat), (txt, img), block_state)
+        else:  # the adapter's per-layer LoRA scans alongside the blocks; its tokens are dropped after
+            ref_graphdef, ref_state = nnx.split(adapter.lora)
+
+            def ref_body(carry: tuple[Array, Array], st: tuple[nnx.State, nnx.State]
+                         ) -> tuple[tuple[Array, Array], None]:
+                return nnx.merge(graphdef, st[0])(carry[0], carry[1], emb, nnx.merge(ref_graphdef, st[1])), None
+
+            (txt, img), _ = jax.lax.scan(remat_lib.remat(ref_body, cfg.remat), (txt, img), (block_state, ref_state))
+            img = img[:, :lv]
 
         # The conditioning tokens are dropped after the (per-token) final_layernorm.
         img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)

@@ -1,0 +1,175 @@
+"""Reference conditioning (training phase r): the DiT's reference adapter, the sampler's reference
+input, phase r's step and batches, at toy sizes (docs/dit.md#reference-conditioning)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
+from animegamer_jax.models.cogvideox.reference import ReferenceAdapter, ReferenceConfig
+
+CFG = DiTConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, time_embed_dim=16, in_channels=4,
+                out_channels=4, text_length=8, lora_rank=2)
+RCFG = ReferenceConfig(hidden_size=32, num_layers=2, num_heads=2, head_dim=16, lora_rank=2, lora_alpha=2.0)
+
+
+def _inputs(seed=0, b=2):
+    rs = np.random.RandomState(seed)
+    x = jnp.asarray(rs.randn(b, 2, 4, 8, 12), jnp.float32)
+    cond = jnp.asarray(rs.randn(b, 8, 32), jnp.float32)
+    ref = jnp.asarray(rs.randn(b, 1, 4, 8, 12), jnp.float32)
+    return x, cond, jnp.array([999, 37]), jnp.array([2.5, 10.0]), ref
+
+
+def _call(dit, *args, **kw):
+    return np.asarray(nnx.jit(lambda m, *a: m(*a, **kw))(dit, *args))
+
+
+def test_no_reference_is_the_plain_dit_with_or_without_adapter():
+    dit = CogVideoXDiT(CFG, rngs=nnx.Rngs(0))
+    adapter = ReferenceAdapter(RCFG, rngs=nnx.Rngs(1))
+    # move the adapter's zero-initialized B factors, so "no effect" cannot come from zeros
+    nnx.update(adapter, jax.tree.map(lambda a: a + 0.3, nnx.state(adapter)))
+    x, cond, t, flow, _ = _inputs()
+    plain = _call(dit, x, cond, t, flow)
+    with_adapter = np.asarray(nnx.jit(lambda m, a, *args: m(*args, reference=None, adapter=a))(
+        dit, adapter, x, cond, t, flow))
+    assert np.array_equal(plain, with_adapter)
+    # the same program: the adapter is not traced into the no-reference call
+    j0 = str(jax.make_jaxpr(lambda *a: dit(*a))(x, cond, t, flow))
+    j1 = str(jax.make_jaxpr(lambda *a: dit(*a, reference=None, adapter=adapter))(x, cond, t, flow))
+    assert j0 == j1
+
+
+def test_reference_changes_output_and_output_depends_on_it():
+    dit = CogVideoXDiT(CFG, rngs=nnx.Rngs(0))
+    adapter = ReferenceAdapter(RCFG, rngs=nnx.Rngs(1))
+    x, cond, t, flow, ref = _inputs()
+    run = nnx.jit(lambda m, a, r: m(x, cond, t, flow, reference=r, adapter=a))
+    plain = _call(dit, x, cond, t, flow)
+    out1 = np.asarray(run(dit, adapter, ref))
+    out2 = np.asarray(run(dit, adapter, ref * -1.0 + 0.5))
+    assert out1.shape == plain.shape == x.shape
+    assert np.abs(out1 - plain).mean() > 1e-3
+    assert np.abs(out1 - out2).mean() > 1e-3
+    # per sample: sample 0's output does not depend on sample 1's reference
+    ref_b = ref.at[1].set(ref[1] * 2.0)
+    out3 = np.asarray(run(dit, adapter, ref_b))
+    np.testing.assert_allclose(out3[0], out1[0], rtol=1e-5, atol=1e-5)
+    assert np.abs(out3[1] - out1[1]).mean() > 1e-3
+    # the adapter's LoRA acts (B factors moved off zero change the output)
+    moved = ReferenceAdapter(RCFG, rngs=nnx.Rngs(1))
+    nnx.update(moved.lora, jax.tree.map(lambda a: a + 0.1, nnx.state(moved.lora)))
+    assert np.abs(np.asarray(run(dit, moved, ref)) - out1).mean() > 1e-4
+
+
+def test_reference_errors():
+    dit = CogVideoXDiT(CFG, rngs=nnx.Rngs(0))
+    adapter = ReferenceAdapter(RCFG, rngs=nnx.Rngs(1))
+    x, cond, t, flow, ref = _inputs()
+    with pytest.raises(ValueError, match="without the reference adapter"):
+        dit(x, cond, t, flow, reference=ref)
+    with pytest.raises(ValueError, match="one latent frame"):
+        dit(x, cond, t, flow, reference=ref[:, :, :, :4], adapter=adapter)
+
+
+def test_sampler_threads_the_reference_and_is_unchanged_without_it():
+    from animegamer_jax.inference.clip_sampler import dit_sampler
+    from animegamer_jax.models.registry import build_component
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.diffusion.num_sampling_steps = 2
+    config.dit.num_layers = 2
+    dit = build_component("dit", config, nnx.Rngs(0))
+    adapter = build_component("reference", config, nnx.Rngs(1))
+    g_dit, s_dit = nnx.split(dit)
+    nnx.update(adapter.lora, jax.tree.map(lambda a: a + 0.05, nnx.state(adapter.lora)))  # a trained-like adapter
+    g_ref, s_ref = nnx.split(adapter)
+    q, d = dit.cfg.text_length, dit.cfg.hidden_size
+    rs = np.random.RandomState(0)
+    rep = jnp.asarray(rs.randn(2, q, d), jnp.float32)
+    ml, keys = jnp.array([1, 4]), jax.random.split(jax.random.key(3), 2)
+    lat = (config.dit.in_channels, config.dit.sample_height, config.dit.sample_width)
+    ref = jnp.asarray(rs.randn(2, 1, *lat), jnp.float32)
+    p = {"dit": s_dit, "uncond": jnp.zeros((q, d), jnp.float32)}
+    old = np.asarray(jax.jit(dit_sampler(g_dit, config))(p, rep, ml, keys))
+    new = jax.jit(dit_sampler(g_dit, config, g_ref))
+    pr = {**p, "reference": s_ref}
+    assert np.array_equal(old, np.asarray(new(pr, rep, ml, keys)))
+    with_ref = np.asarray(new(pr, rep, ml, keys, reference=ref))
+    assert with_ref.shape == old.shape and np.isfinite(with_ref).all()
+    assert np.abs(with_ref - old).mean() > 1e-3
+    # a game's clip depends on its own reference only
+    other = np.asarray(new(pr, rep, ml, keys, reference=ref.at[1].set(-ref[1])))
+    np.testing.assert_allclose(other[0], with_ref[0], rtol=1e-5, atol=1e-5)
+    assert np.abs(other[1] - with_ref[1]).mean() > 1e-4
+    with pytest.raises(ValueError, match="needs the reference adapter"):
+        dit_sampler(g_dit, config)(p, rep, ml, keys, reference=ref)
+
+
+def _r_config():
+    from tests.test_train_phases import test_config
+    cfg = test_config("r")
+    cfg.train.dit_trainable = "paper"
+    return cfg
+
+
+def _r_example(cfg, seed=0):
+    from tests.test_train_phases import loader_example
+    ex = loader_example(cfg, "a2", seed=seed)
+    rs = np.random.RandomState(seed + 1)
+    ex["first_frame"] = rs.randint(0, 256, (2, cfg.data.height, cfg.data.width, 3)).astype(np.uint8)
+    ex["characters"] = np.array(["Bunny", "Bunny"])
+    return ex
+
+
+def test_pick_reference_frames_pairs_other_clips_of_the_same_character():
+    from animegamer_jax.data.batches import pick_reference_frames
+    first = np.arange(5, dtype=np.uint8)[:, None, None, None] * np.ones((1, 2, 3, 3), np.uint8)
+    labels = np.array(["a", "b", "a", "c", "b"])
+    got = pick_reference_frames({"first_frame": first, "characters": labels})[:, 0, 0, 0]
+    np.testing.assert_array_equal(got, [2, 4, 0, 4, 1])  # same label when one exists, else the next clip
+    np.testing.assert_array_equal(pick_reference_frames({"frames": first[:, None]})[:, 0, 0, 0], [1, 2, 3, 4, 0])
+    np.testing.assert_array_equal(pick_reference_frames({"first_frame": first[:1]})[:, 0, 0, 0], [0])
+    with pytest.raises(KeyError, match="first frame"):
+        pick_reference_frames({"latents": first})
+
+
+@pytest.mark.slow  # ~50 s on a loaded 2-core host (the step's compile)
+@pytest.mark.parametrize("given", ["latent", "frame"])
+def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
+    """Two phase-r steps: finite losses, only the adapter changes. "latent" hands the step a reference
+    latent (fast); "frame" VAE-encodes the uint8 reference frame in the step (the tiny VAE's compile)."""
+    from animegamer_jax import parallel
+    from animegamer_jax.data import batches
+    from animegamer_jax.train import loop, model, optim
+
+    cfg = _r_config()
+    spec = model.phase_spec(cfg)
+    assert spec.components == ("shot_encoder", "dit", "vae", "reference") and spec.outputs == ("reference",)
+    batch = batches.BatchBuilder(cfg, "r")(_r_example(cfg))
+    assert batch["reference_frame"].dtype == np.uint8 and batch["reference_frame"].shape == (2, 64, 96, 3)
+    np.testing.assert_array_equal(batch["reference_frame"], _r_example(cfg)["first_frame"][[1, 0]])
+    if given == "latent":
+        lat = batch["latents"][:, :1]
+        batch = {k: v for k, v in batch.items() if k != "reference_frame"}
+        batch["reference_latent"] = lat[::-1].copy()
+    tx, sched = optim.make_optimizer(cfg.train)
+    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+    tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,
+                      compiler_options={"xla_backend_optimization_level": 0})
+    res = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path), num_steps=2, global_batch_size=2,
+                   checkpoint_every=100, log_every=100, progress=False)
+    assert all(np.isfinite(v) for v in res.losses.values()) and len(res.losses) == 2
+
+    def flat(state):
+        return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in
+                jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
+
+    final, init = flat(res.state[0]), flat(tr.init()[0])
+    changed = {k for k in final if not np.array_equal(final[k], init[k])}
+    assert changed and all(k.startswith("reference/") for k in changed), sorted(changed)[:5]
+    assert any(k.endswith("type_embed") for k in changed) and any(k.endswith("q_b") for k in changed)
