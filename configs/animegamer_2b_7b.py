@@ -141,9 +141,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
     # Mistral prefill/decode_step: "scan", "unstacked" (per-layer weights, XLA:CPU), "auto" (unstacked on CPU)
     c.mllm.decode_layers = "auto"
-    # inference weights of the Mistral decoder's linear layers, made at load from the bf16 checkpoint:
-    # "none" or "int8" (weight-only, per-output-channel scales; reference mode always "none")
-    c.mllm.quantize = "none"
 
     # ---- decoder D_a: CogVideoX-2B DiT (docs/dit.md) ----
     c.dit = ml_collections.ConfigDict()
