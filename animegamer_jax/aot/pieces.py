@@ -11,7 +11,8 @@ parameter dtype and LoRA.
 
 Turn pieces (docs/overview.md#one-turn):
   mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
-  mllm_decode   pass A: one greedy step on the cache (run max_new_tokens - 1 times)
+  mllm_decode   pass A: one jump-forward step on the cache: a chosen id + the state grammar's fixed ids
+                (3 tokens, run 3 times per turn: the ten state ids, inference/mllm_turn.py)
   mllm_pass_b   pass B: one forward without logits (the 226-query read-out)
   dit_sampling  play's sampler: num_sampling_steps with CFG (batch 2 per game) through the DiT; with
                 diffusion.sampler = "student", the distilled student's (models/registry.py
@@ -37,12 +38,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 from animegamer_jax import parallel
 from animegamer_jax.diffusion import losses, samplers
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
+from animegamer_jax.inference import mllm_turn
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.vae_decode import vae_decoder
 from animegamer_jax.models import registry
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
+from animegamer_jax.mllm_tokenizer import AnimeGamerTokenizer
+from animegamer_jax.models.lora import quantize_int8
 from animegamer_jax.models.mistral.mllm import num_queries
 from animegamer_jax.train.model import trainable_filter
 
@@ -72,8 +76,18 @@ def build_vae(cfg, seed: int = 0):
 
 
 def build_mistral(cfg, inference: bool, seed: int = 0):
+    """The Mistral decoder; ``inference``: LoRA merged (rank 0) and ``mllm.quantize`` applied."""
     over = {"lora_rank": 0} if inference else {"remat": "full"}
-    return mistral.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
+    m = mistral.Mistral.from_config(cfg.mllm, rngs=nnx.Rngs(seed), **over)
+    if inference and cfg.mllm.get("quantize", "none") == "int8":
+        quantize_int8(m.layers)
+    return m
+
+
+def decode_schedule() -> tuple[int, int]:
+    """(tokens per decode step k, decode steps per turn) of play's constrained jump-forward pass A."""
+    fixed = mllm_turn.jump_schedule(AnimeGamerTokenizer.state_grammar()[:mllm_turn.STATE_TOKENS])
+    return fixed.shape[1] + 1, fixed.shape[0]
 
 
 # ---------------------------------------------------------------- abstract / concrete helpers
@@ -178,12 +192,14 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
 
             return Piece(name, prefill, (m_state, ids, cache), donate=(2,), note=f"L={length}, cache {cache_len}")
         if name == "mllm_decode":
-            def decode(state, tok, cache):
-                out = nnx.merge(m_graph, state)(tok[:, None], cache=cache)
+            k, steps = decode_schedule()
+
+            def decode(state, toks, cache):
+                out = nnx.merge(m_graph, state)(toks, cache=cache)
                 return jnp.argmax(out.logits[:, -1], -1).astype(jnp.int32), out.cache
 
-            return Piece(name, decode, (m_state, b.array((batch,), jnp.int32, kind="ids"), cache), donate=(2,),
-                         note=f"x{new - 1} per turn, cache {cache_len}")
+            return Piece(name, decode, (m_state, b.array((batch, k), jnp.int32, kind="ids"), cache), donate=(2,),
+                         note=f"{k} tokens x{steps} per turn (jump-forward), cache {cache_len}")
         if name == "mllm_pass_b":
             def pass_b(state, ids):
                 return nnx.merge(m_graph, state)(ids, return_logits=False).hidden[:, -q:]

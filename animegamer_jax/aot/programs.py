@@ -45,7 +45,7 @@ _PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pa
 @dataclasses.dataclass
 class Program:
     """One program to compile: ``lower()`` returns ``jax.stages.Lowered``; ``runs`` = how often it runs
-    per step (train: ``grad_accum_steps`` micro-steps) or per turn (decode: ``max_new_tokens - 1``)."""
+    per step (train: ``grad_accum_steps`` micro-steps) or per turn (decode: the jump-forward steps, ``pieces.decode_schedule``)."""
 
     name: str
     kind: str  # "train" or "turn"
@@ -156,7 +156,7 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
         if name not in _PIECE:
             raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS}")
 
-        runs = max(1, int(cfg.mllm.max_new_tokens) - 1) if name == "decode" else 1
+        runs = pieces.decode_schedule()[1] if name == "decode" else 1
         prog = Program(name, "turn", lambda: None, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
                        runs=runs, mesh=mesh, layout=layout)
 

@@ -26,6 +26,7 @@ from animegamer_jax.inference.turn_inputs import CachePlan, TurnKVCache, WindowS
 from animegamer_jax.inference.vae_decode import vae_decoder
 from animegamer_jax.models.cogvideox import dit as dit_lib
 from animegamer_jax.models.mistral import model as mistral
+from animegamer_jax.models.mistral.mllm import quantize_weights
 
 
 def cached_mllm_functions(g_mllm, llm_cfg: mistral.MistralConfig, config) -> dict[str, Any]:
@@ -63,7 +64,8 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     reference_mode = config.game.mode == "reference"
     decoding = "free" if reference_mode else "constrained"
     max_new = int(config.game.get("reference_max_new_tokens", 200))
-    g_mllm, s_mllm = nnx.split(components["mllm"])
+    # mllm.quantize (default "none"; reference mode: always "none"): weight-only int8 made here, at load
+    g_mllm, s_mllm = nnx.split(quantize_weights(components["mllm"], config.mllm.get("quantize", "none")))
     # prepared once here, not per denoising step: LoRA merged, weights in the activation dtype
     g_dit, s_dit = nnx.split(dit_lib.prepare_for_inference(components["dit"]))
     uncond = components["shot_encoder"].uncond(1)[0].astype(jnp.float32)  # [Q, D] constant of E_a

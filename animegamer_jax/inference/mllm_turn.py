@@ -6,8 +6,10 @@ sequences are right-padded to one length per game shape) and the representation 
 turn's ``read_idx`` (the query positions, or the release's last 226 valid positions), then
 ``output_resampler``; pass A is the release's purely causal greedy decoding over the same
 embeddings, constrained to the state grammar (``AnimeGamerTokenizer.state_grammar``) and run with a
-KV cache inside one ``lax.scan``: prefill of the padded prompt, then one token per step at RoPE
-position ``last_idx + t`` with the padding keys masked, so each row decodes as if unpadded. States
+KV cache inside one ``lax.scan``: prefill of the padded prompt, then per step the chosen id and the
+grammar's fixed ids after it in one forward (jump-forward: the ten state ids cost prefill + 3
+forwards; the same ids as one id per step) at RoPE positions ``last_idx + 1 + ..`` with the padding
+keys masked, so each row decodes as if unpadded. States
 are read from the generated ids at positions 0, 3, 6, 9 (docs/token_layout.md#state-fields) by
 :func:`mllm_turn`. With ``mllm.history_attention = "turn_window"`` the turn is
 :func:`mllm_turn_cached` instead: the game's KV cache is kept between turns
@@ -34,31 +36,93 @@ from animegamer_jax.models.mistral.mllm import hybrid_attention_mask
 STATE_TOKENS = 10
 
 
-def _greedy_pass_a(llm, x: jax.Array, ids: jax.Array, last: jax.Array, num_tokens: int, pick) -> jax.Array:
-    """Causal greedy decoding of ``num_tokens`` ids after each row's ``last`` position (pass A).
+def jump_schedule(grammar) -> np.ndarray:
+    """The ids fed after each chosen one when decoding ``grammar`` (allowed ids per position).
 
-    One prefill of the right-padded prompt into a KV cache, then one token per ``lax.scan`` step at
-    RoPE position ``last + t`` with the padding keys masked, so each row decodes as if unpadded.
-    ``pick(t, logits [B, V] fp32, prev [B]) -> next ids [B]`` chooses each token.
-    Returns int32 [B, num_tokens].
+    A grammar of free positions (several allowed ids), each followed by the same number k-1 of fixed
+    positions (one allowed id), ending with a free one, e.g. the states' ``free f f free f f free f f
+    free``, gives int32 [S, k-1] (S = the free positions after the first): step s of
+    :func:`_decode` feeds the chosen id and row s in one forward.
+
+    Raises: ValueError for a grammar not of that shape.
+    """
+    free = [t for t, ok in enumerate(grammar) if len(ok) != 1]
+    k = free[1] - free[0] if len(free) > 1 else 1
+    if not free or free[0] != 0 or free != list(range(0, len(grammar), k)) or (len(grammar) - 1) % k:
+        raise ValueError(f"grammar is not free ids each followed by {k - 1} fixed ids: {grammar!r}")
+    return np.asarray([[grammar[f + j][0] for j in range(1, k)] for f in free[:-1]], np.int32).reshape(len(free) - 1,
+                                                                                                       k - 1)
+
+
+def _allowed(grammar, vocab_size: int) -> jax.Array:
+    """bool [len(grammar), V]: the ids allowed at each generated position."""
+    allowed = np.zeros((len(grammar), vocab_size), bool)
+    for t, ok in enumerate(grammar):
+        allowed[t, list(ok)] = True
+    return jnp.asarray(allowed)
+
+
+def _decode(forward, carry, tok0: jax.Array, pick, fixed: np.ndarray, keep_logits: bool = False):
+    """Greedy decoding after ``tok0`` with jump-forward over fixed ids, in one ``lax.scan``.
+
+    Step s feeds ``[chosen_s, *fixed[s]]`` (k = 1 + fixed.shape[1] tokens) in ONE forward (the KV cache
+    is written for all k) and chooses id ``chosen_{s+1}`` from the last position's logits, so S steps
+    yield 1 + S*k ids with S weight reads instead of S*k. The fixed ids are the only ids the step-by-step
+    constrained argmax could pick there, so the ids are the same as decoding one id per step.
+
+    Args:
+      forward: ``(tokens int32 [B, k], s int32 [], carry) -> (logits float32 [B, k, V], carry)``.
+      tok0: int32 [B], the first (chosen) id, output position 0.
+      pick: ``(t, logits [B, V] fp32, prev [B]) -> ids [B]`` for output position t (prev: the id at t-1).
+      fixed: int [S, k-1] (``jump_schedule``; shape [S, 0] = one id per step).
+      keep_logits: also return the logits of positions 1..S*k.
+
+    Returns: (ids int32 [B, 1 + S*k], logits float32 [B, S*k, V] or None, carry).
+    """
+    b = tok0.shape[0]
+    n_steps, k = fixed.shape[0], fixed.shape[1] + 1
+    fixed_j = jnp.asarray(fixed, jnp.int32).reshape(n_steps, k - 1)
+
+    def step(c, s):
+        tok, inner = c
+        feed = jnp.concatenate([tok[:, None], jnp.broadcast_to(fixed_j[s], (b, k - 1))], axis=1)
+        logits, inner = forward(feed, s, inner)
+        nxt = pick((s + 1) * k, logits[:, -1].astype(jnp.float32), feed[:, -1]).astype(jnp.int32)
+        return (nxt, inner), (feed, logits if keep_logits else None)
+
+    (last_tok, carry), (feeds, logits) = jax.lax.scan(step, (tok0.astype(jnp.int32), carry),
+                                                      jnp.arange(n_steps, dtype=jnp.int32))
+    ids = jnp.concatenate([jnp.moveaxis(feeds, 0, 1).reshape(b, n_steps * k), last_tok[:, None]], axis=1)
+    if keep_logits:
+        logits = jnp.moveaxis(logits, 0, 1).reshape(b, n_steps * k, -1)
+    return ids, logits, carry
+
+
+def _greedy_pass_a(llm, x: jax.Array, ids: jax.Array, last: jax.Array, pick, fixed: np.ndarray) -> jax.Array:
+    """Causal greedy decoding after each row's ``last`` position (pass A), :func:`_decode`'s schedule.
+
+    One prefill of the right-padded prompt into a KV cache, then each step's k ids at RoPE positions
+    ``last + 1 + s*k ..`` (cache slots n + s*k ..) with the padding keys masked, so each row decodes as
+    if unpadded. ``pick(t, logits [B, V] fp32, prev [B]) -> next ids [B]`` chooses each free id;
+    ``fixed`` int [S, k-1] (``jump_schedule``; [S, 0] = one id per step). Returns int32 [B, 1 + S*k].
     """
     b, n = ids.shape
-    cache = mistral.KVCache.init(llm.cfg, b, n + num_tokens - 1)
+    n_steps, k = fixed.shape[0], fixed.shape[1] + 1
+    cache = mistral.KVCache.init(llm.cfg, b, n + n_steps * k)
     out = llm(inputs_embeds=x, cache=cache, return_logits=False)
     h_last = jnp.take_along_axis(out.hidden, last[:, None, None], axis=1)
     logits = llm.logits(h_last)[:, 0].astype(jnp.float32)
     tok0 = pick(0, logits, jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0]).astype(jnp.int32)
-    k_pos = jnp.arange(n + num_tokens - 1)
+    k_pos = jnp.arange(n + n_steps * k)
     key_ok = (k_pos[None, :] <= last[:, None]) | (k_pos[None, :] >= n)  # drop the padding keys
 
-    def step(carry, t):
-        tok, cache = carry
-        o = llm(tok[:, None], positions=(last + t)[:, None], cache=cache, padding_mask=key_ok)
-        nxt = pick(t, o.logits[:, -1].astype(jnp.float32), tok).astype(jnp.int32)
-        return (nxt, o.cache), nxt
+    def forward(feed, s, cache):
+        pos = (last + 1 + s * k)[:, None] + jnp.arange(k, dtype=jnp.int32)
+        o = llm(feed, positions=pos, cache=cache, padding_mask=key_ok)
+        return o.logits, o.cache
 
-    _, toks = jax.lax.scan(step, (tok0, out.cache), jnp.arange(1, num_tokens, dtype=jnp.int32))
-    return jnp.concatenate([tok0[:, None], toks.T], axis=1)
+    toks, _, _ = _decode(forward, out.cache, tok0, pick, fixed)
+    return toks
 
 
 def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "constrained",
@@ -96,19 +160,18 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
         def pick_free(t, logits, prev):
             return jnp.argmax(release_decoding.video_token_logits(prev, logits), axis=-1)
 
-        return _greedy_pass_a(llm, x, ids, batch["last_idx"], int(max_new_tokens), pick_free), rep
+        return _greedy_pass_a(llm, x, ids, batch["last_idx"], pick_free,
+                              np.zeros((int(max_new_tokens) - 1, 0), np.int32)), rep
     if decoding != "constrained":
         raise ValueError(f"decoding must be 'constrained' or 'free', got {decoding!r}")
     grammar = mllm_tokenizer.AnimeGamerTokenizer.state_grammar()[:STATE_TOKENS]
-    allowed = np.zeros((STATE_TOKENS, llm.cfg.vocab_size), bool)
-    for t, ok in enumerate(grammar):
-        allowed[t, list(ok)] = True
-    allowed = jnp.asarray(allowed)
+    allowed = _allowed(grammar, llm.cfg.vocab_size)
 
     def pick_constrained(t, logits, prev):
         return jnp.argmax(jnp.where(allowed[t], logits, -jnp.inf), axis=-1)
 
-    toks = _greedy_pass_a(llm, x, ids, batch["last_idx"], STATE_TOKENS, pick_constrained)  # [B, 10]
+    # jump-forward: prefill + 3 forwards (each a free id and the two fixed ids after it)
+    toks = _greedy_pass_a(llm, x, ids, batch["last_idx"], pick_constrained, jump_schedule(grammar))  # [B, 10]
     states = toks[:, jnp.array([0, 3, 6, 9])] - mllm_tokenizer.STRENGTH_BASE_ID + mllm_tokenizer.STRENGTH_MIN
     return states.astype(jnp.int32), rep
 
@@ -189,30 +252,26 @@ def mllm_turn_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], plan
     hidden, cache = _cached_forward(llm, cache, xa, pos_a, turn_a, slots_a, jnp.ones((b, nb), bool), plan.window,
                                     hide=hide_b)
     grammar = mllm_tokenizer.AnimeGamerTokenizer.state_grammar()[:plan.decode_tokens]
-    allowed = np.zeros((len(grammar), llm.cfg.vocab_size), bool)
-    for t, ok in enumerate(grammar):
-        allowed[t, list(ok)] = True
-    allowed = jnp.asarray(allowed)
+    allowed = _allowed(grammar, llm.cfg.vocab_size)
+    fixed = jump_schedule(grammar)
+    k = fixed.shape[1] + 1
 
-    def pick(t, logits):
+    def pick(t, logits, prev=None):
         return jnp.argmax(jnp.where(allowed[t], logits, -jnp.inf), axis=-1).astype(jnp.int32)
 
     logits0 = llm.logits(hidden[:, -1:])[:, 0]
     tok0 = pick(0, logits0)
-    cur = batch["turn"][:, None]
+    cur = jnp.broadcast_to(batch["turn"][:, None], (b, k))
 
-    def step(carry, t):
-        tok, c = carry
-        pos = (batch["ml_pos"] + t)[:, None]
-        slot = jnp.broadcast_to(plan.scratch_a + nb + t - 1, (b, 1)).astype(jnp.int32)
-        h, c = _cached_forward(llm, c, llm.embed(tok[:, None]), pos, cur, slot, jnp.ones((b, 1), bool),
-                               plan.window, hide=hide_b)
-        lg = llm.logits(h)[:, 0]
-        nxt = pick(t, lg)
-        return (nxt, c), (nxt, lg)
+    def forward(feed, s, c):
+        pos = (batch["ml_pos"] + 1 + s * k)[:, None] + jnp.arange(k, dtype=jnp.int32)
+        slot = jnp.broadcast_to(plan.scratch_a + nb + s * k + jnp.arange(k, dtype=jnp.int32), (b, k))
+        h, c = _cached_forward(llm, c, llm.embed(feed), pos, cur, slot, jnp.ones((b, k), bool), plan.window,
+                               hide=hide_b)
+        return llm.logits(h), c
 
-    (_, cache), (toks, lgs) = jax.lax.scan(step, (tok0, cache), jnp.arange(1, plan.decode_tokens, dtype=jnp.int32))
-    toks = jnp.concatenate([tok0[:, None], toks.T], axis=1)
-    logits = jnp.concatenate([logits0[:, None], jnp.moveaxis(lgs, 0, 1)], axis=1)
+    # jump-forward: 3 forwards after the block (each a free id and the two fixed ids after it)
+    toks, lgs, cache = _decode(forward, cache, tok0, pick, fixed, keep_logits=True)
+    logits = jnp.concatenate([logits0[:, None], lgs], axis=1)
     states = toks[:, jnp.array([0, 3, 6, 9])] - mllm_tokenizer.STRENGTH_BASE_ID + mllm_tokenizer.STRENGTH_MIN
     return states.astype(jnp.int32), rep, cache, logits

@@ -10,7 +10,7 @@ def apply_mode(config):
 
     ``reference`` (the release, docs/release_quirks.md): ``mllm.history_window = 1``,
     ``mllm.readout = "last"``, ``mllm.history_attention = "window_recompute"``,
-    ``diffusion.cfg_schedule = "release"``.
+    ``diffusion.cfg_schedule = "release"``, ``mllm.quantize = "none"`` (the release's bf16 weights).
 
     Raises:
       ValueError: unknown ``game.mode``.
@@ -21,6 +21,8 @@ def apply_mode(config):
         config.mllm.readout = "last"
         config.mllm.history_attention = "window_recompute"
         config.diffusion.cfg_schedule = "release"
+        if "quantize" in config.mllm:
+            config.mllm.quantize = "none"
     elif config.game.mode != "default":
         raise ValueError(f"game.mode must be 'default' or 'reference', got {config.game.mode!r}")
     return config

@@ -118,6 +118,7 @@ class LoRAEinsum(nnx.Module):
         else:
             self.lora_a = None
             self.lora_b = None
+        self.kernel_scale = None  # set by quantize_int8
 
     @property
     def scaling(self) -> float:
@@ -135,7 +136,12 @@ class LoRAEinsum(nnx.Module):
         if tuple(x.shape[x.ndim - n_in :]) != self.in_features:
             raise ValueError(f"LoRAEinsum: input shape {x.shape} does not end with {self.in_features}")
         x = x.astype(self.dtype)
-        y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=n_in)
+        if self.kernel_scale is not None:  # weight-only int8: int8 x activation dot, fp32 accumulation
+            y = jax.lax.dot_general(x, self.kernel[...], ((tuple(range(x.ndim - n_in, x.ndim)), tuple(range(n_in))),
+                                                          ((), ())), preferred_element_type=jnp.float32)
+            y = (y * self.kernel_scale[...].astype(jnp.float32)).astype(self.dtype)
+        else:
+            y = jnp.tensordot(x, self.kernel[...].astype(self.dtype), axes=n_in)
         if self.bias is not None:  # bias before the LoRA branch: `W x + b + s B A x` (SAT lora2 order)
             y = y + self.bias[...].astype(self.dtype)
         if self.lora_a is not None:
@@ -166,6 +172,33 @@ class LoRAEinsum(nnx.Module):
         self.lora_a = None
         self.lora_b = None
         self.rank = 0
+
+
+    def quantize_int8(self) -> None:
+        """Weight-only int8, in place: ``kernel`` becomes int8 ``round(W / s)`` with ``kernel_scale`` s =
+        max|W| / 127 per output channel (shape ``(*lead, *out_features)``, float32; over the input axes), so
+        the layer computes ``(x . W_q) * s`` with an int8 x ``dtype`` dot accumulated in fp32. An adapter is
+        merged first (:meth:`merge`). No-op when already quantized."""
+        if self.kernel_scale is not None:
+            return
+        self.merge()
+        w = self.kernel[...].astype(jnp.float32)
+        n_in, n_out = len(self.in_features), len(self.out_features)
+        lead = w.ndim - n_in - n_out
+        amax = jnp.max(jnp.abs(w), axis=tuple(range(lead, lead + n_in)))
+        scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+        q = jnp.round(w / jnp.expand_dims(scale, tuple(range(lead, lead + n_in)))).astype(jnp.int8)
+        names = self.kernel.get_metadata().get("out_sharding") or (None,) * w.ndim
+        self.kernel = nnx.Param(q, out_sharding=tuple(names))
+        self.kernel_scale = nnx.data(nnx.Param(scale, out_sharding=tuple(names[:lead]) + tuple(names[lead + n_in:])))
+
+
+def quantize_int8(module: nnx.Module) -> nnx.Module:
+    """:meth:`LoRAEinsum.quantize_int8` on every :class:`LoRAEinsum` inside ``module``, in place; returns it."""
+    for _, m in nnx.iter_modules(module):
+        if isinstance(m, LoRAEinsum):
+            m.quantize_int8()
+    return module
 
 
 def merge_lora(module: nnx.Module) -> nnx.Module:

@@ -39,6 +39,7 @@ from flax import nnx
 from animegamer_jax import mllm_tokenizer
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mistral import model as mistral_model
+from animegamer_jax.models import lora as lora_lib
 from animegamer_jax.models.lora import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
@@ -325,6 +326,38 @@ class GameStateMLLM(nnx.Module):
         toks = np.asarray(toks)
         states = np.asarray([[mllm_tokenizer.strength_value(int(r[p])) for p in (0, 3, 6, 9)] for r in toks], np.int32)
         return states, toks
+
+
+#: ``mllm.quantize`` values: "none" (the checkpoint's bf16 weights) or "int8" (weight-only int8)
+QUANTIZE_MODES = ("none", "int8")
+
+
+def quantize_weights(mllm: "GameStateMLLM", mode: str) -> "GameStateMLLM":
+    """The MLLM with its Mistral decoder's linear weights (q/k/v/o, gate/up/down) quantized, jitted.
+
+    ``mode`` "int8": weight-only int8 with one float32 scale per output channel
+    (:meth:`~animegamer_jax.models.lora.LoRAEinsum.quantize_int8`, LoRA merged first); activations stay
+    in ``mllm.dtype`` and the dots are XLA's int8 x bf16 ``dot_general`` with fp32 accumulation. Embeddings,
+    ``lm_head``, norms and the resamplers keep their dtype. "none" returns ``mllm`` unchanged. Returns a new
+    module (``mllm`` is not modified).
+
+    Raises: ValueError for another mode.
+    """
+    if mode in ("none", "", None):
+        return mllm
+    if mode != "int8":
+        raise ValueError(f"mllm.quantize={mode!r}; use one of {QUANTIZE_MODES}")
+    graphdef, state = nnx.split(mllm)
+    out = {}
+
+    def quantize(state):
+        m = nnx.merge(graphdef, state)
+        lora_lib.quantize_int8(m.llm.layers)
+        out["graphdef"], new = nnx.split(m)
+        return new
+
+    new_state = jax.jit(quantize)(state)
+    return nnx.merge(out["graphdef"], new_state)
 
 
 # ---------------------------------------------------------------------------------------------
