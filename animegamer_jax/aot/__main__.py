@@ -44,6 +44,7 @@ from ml_collections import config_flags
 
 from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.aot import programs, report
+from animegamer_jax.aot.engine_stages import save_engine_stages
 from animegamer_jax.cli import UsageError, compilation_cache, run_command
 from animegamer_jax.parallel import target
 
@@ -192,6 +193,13 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
         _say(f"  {name}: {row.status}" + (f", peak {row.peak / 2**30:.2f} GiB per chip, compile {row.compile_s:.0f} s"
                                          if row.status == "ok" else ""))
     layouts = sorted({r.layout for r in rows if r.layout})
+    engine_saved = []
+    if f.save and topo.kind == "cpu":  # what play / generate / web --executables load: the engine's stages
+        for lay in layouts:
+            _say(f"compiling the game engine's stages ({lay} layout) for --executables ...")
+            n, h = save_engine_stages(config, lay, devices, str(paths.as_path(f.save)))
+            engine_saved.append(f"game engine stages ({lay} layout, config hash {h}): {n} program(s) saved in "
+                                f"{f.save} (play / generate / web --executables={f.save})")
     turns = {lay: report.turn_estimate(rows, lay) for lay in layouts}
     residents = {lay: report.turn_resident(rows, lay) for lay in layouts}
     print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
@@ -220,6 +228,8 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
             share = f", {100 * residents[lay] / chip.hbm_bytes:.0f} % of HBM" if chip else ""
             print(f"one turn resident per chip ({lay} layout): {residents[lay] / 2**30:.2f} GiB (every stage's "
                   f"weights and caches + the largest stage's temporaries{share})")
+    for line in engine_saved:
+        print(line)
     print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
     if f.json:
         doc = {"commit": commit(), "jax": jax.__version__, "topology": topo.name, "spec": topo.spec,
