@@ -202,6 +202,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
                                 f"{f.save} (play / generate / web --executables={f.save})")
     turns = {lay: report.turn_estimate(rows, lay) for lay in layouts}
     residents = {lay: report.turn_resident(rows, lay) for lay in layouts}
+    ttffs = {lay: report.turn_ttff(rows, lay) for lay in layouts}
     print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
           f"config {config.get('name', '?')}, commit {commit()}, jax {jax.__version__}\n")
     if chip is not None:
@@ -224,6 +225,10 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
         if turns[lay] is not None:
             print(f"roofline turn ({lay} layout): {turns[lay]:.3f} s at 100 % of peak, "
                   f"{turns[lay] / 0.4:.3f} s at 40 %")
+        if ttffs[lay] is not None:
+            secs, how = ttffs[lay]
+            print(f"roofline time to first frame ({lay} layout): {secs:.3f} s at 100 % of peak, {secs / 0.4:.3f} s "
+                  f"at 40 % ({how})")
         if residents[lay] is not None:
             share = f", {100 * residents[lay] / chip.hbm_bytes:.0f} % of HBM" if chip else ""
             print(f"one turn resident per chip ({lay} layout): {residents[lay] / 2**30:.2f} GiB (every stage's "
@@ -237,6 +242,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
                "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
                "layouts": layouts, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
                "turn_roofline_s": turns, "turn_resident_bytes": residents,
+               "turn_ttff_roofline_s": {k: v[0] if v else None for k, v in ttffs.items()},
                "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
         fileio.write_text_atomic(f.json, json.dumps(doc, indent=1))
         print(f"wrote {f.json}")
