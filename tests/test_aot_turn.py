@@ -70,6 +70,13 @@ def test_turn_estimate_sums_every_stage_times_its_runs():
         r.arguments, r.temporaries = args, tmp
     assert report.turn_resident(rows) == 15 + 4 + 0.5 + 9  # all weights at once + the largest stage's temps
     assert report.turn_estimate(rows[:-1]) is None and report.turn_estimate(rows, "batch") is None
+    # time to first frame: the VAE's first chunk priced as the one-program decode x its share of latent frames
+    rows[-1].first_chunk = (2, 5)
+    secs, label = report.turn_ttff(rows)
+    assert secs == pytest.approx(0.1 + 0.2 + 0.1 + 1.0 + 0.3 * 2 / 5) and "x 2/5 latent frames" in label
+    rows[-1].first_chunk = (5, 5)
+    assert report.turn_ttff(rows)[0] == pytest.approx(report.turn_estimate(rows))
+    assert report.turn_ttff(rows[:-1]) is None
     rows[2].status = "FAILED x"
     assert report.turn_estimate(rows) is None
 

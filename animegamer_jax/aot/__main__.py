@@ -44,6 +44,7 @@ from ml_collections import config_flags
 
 from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.aot import programs, report
+from animegamer_jax.aot.engine_stages import save_engine_stages
 from animegamer_jax.cli import UsageError, compilation_cache, run_command
 from animegamer_jax.parallel import target
 
@@ -192,8 +193,16 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
         _say(f"  {name}: {row.status}" + (f", peak {row.peak / 2**30:.2f} GiB per chip, compile {row.compile_s:.0f} s"
                                          if row.status == "ok" else ""))
     layouts = sorted({r.layout for r in rows if r.layout})
+    engine_saved = []
+    if f.save and topo.kind == "cpu":  # what play / generate / web --executables load: the engine's stages
+        for lay in layouts:
+            _say(f"compiling the game engine's stages ({lay} layout) for --executables ...")
+            n, h = save_engine_stages(config, lay, devices, str(paths.as_path(f.save)))
+            engine_saved.append(f"game engine stages ({lay} layout, config hash {h}): {n} program(s) saved in "
+                                f"{f.save} (play / generate / web --executables={f.save})")
     turns = {lay: report.turn_estimate(rows, lay) for lay in layouts}
     residents = {lay: report.turn_resident(rows, lay) for lay in layouts}
+    ttffs = {lay: report.turn_ttff(rows, lay) for lay in layouts}
     print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
           f"config {config.get('name', '?')}, commit {commit()}, jax {jax.__version__}\n")
     if chip is not None:
@@ -216,10 +225,16 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
         if turns[lay] is not None:
             print(f"roofline turn ({lay} layout): {turns[lay]:.3f} s at 100 % of peak, "
                   f"{turns[lay] / 0.4:.3f} s at 40 %")
+        if ttffs[lay] is not None:
+            secs, how = ttffs[lay]
+            print(f"roofline time to first frame ({lay} layout): {secs:.3f} s at 100 % of peak, {secs / 0.4:.3f} s "
+                  f"at 40 % ({how})")
         if residents[lay] is not None:
             share = f", {100 * residents[lay] / chip.hbm_bytes:.0f} % of HBM" if chip else ""
             print(f"one turn resident per chip ({lay} layout): {residents[lay] / 2**30:.2f} GiB (every stage's "
                   f"weights and caches + the largest stage's temporaries{share})")
+    for line in engine_saved:
+        print(line)
     print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
     if f.json:
         doc = {"commit": commit(), "jax": jax.__version__, "topology": topo.name, "spec": topo.spec,
@@ -227,6 +242,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
                "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
                "layouts": layouts, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
                "turn_roofline_s": turns, "turn_resident_bytes": residents,
+               "turn_ttff_roofline_s": {k: v[0] if v else None for k, v in ttffs.items()},
                "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
         fileio.write_text_atomic(f.json, json.dumps(doc, indent=1))
         print(f"wrote {f.json}")

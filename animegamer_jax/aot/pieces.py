@@ -101,6 +101,8 @@ class Piece:
     args: tuple
     donate: tuple[int, ...] = ()
     note: str = ""
+    #: vae_decode: latent frames of the decode's first chunk / all latent frames (play's chunk plan)
+    first_chunk: tuple[int, int] = (1, 1)
 
 
 class Builder:
@@ -243,13 +245,14 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
         # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
         n_dev = getattr(b, "decode_devices", 0) or b.mesh.size
-        decode = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev,
-                             device=b.mesh.devices.flat[0])[0]
+        decode, _, plan = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev,
+                                      device=b.mesh.devices.flat[0])
+        first = (int(plan[0]), int(sum(plan))) if plan else (int(cfg.dit.num_latent_frames),) * 2
 
         def vae_decode(state, latents):
             return decode({"vae": state}, latents)
 
-        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)), note=f"play's decode; {decode.why}")
+        return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)), note=f"play's decode; {decode.why}", first_chunk=first)
     raise KeyError(f"unknown turn piece {name!r}; known: {TURN_PIECES}")
 
 

@@ -54,6 +54,7 @@ class Program:
     runs: int = 1
     mesh: Any = None
     layout: str = ""  # turn programs: "latency" or "batch"
+    first_chunk: tuple[int, int] = (1, 1)  # vae_decode: (first chunk's, all) latent frames, set when lowered
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
@@ -163,6 +164,7 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
         def lower(name=name, prog=prog):  # the piece's own note (steps, CFG or student, ...) joins the program's
             piece = pieces.make_turn_piece(cfg, builder, _PIECE[name], batch=games)
             prog.note = f"{prog.note}; {piece.note}" if piece.note else prog.note
+            prog.first_chunk = piece.first_chunk
             return pieces.lower_piece(piece, builder)
 
         prog.lower = lower

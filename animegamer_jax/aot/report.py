@@ -65,6 +65,7 @@ class Row:
     compile_s: float = 0.0
     saved: str = ""
     layout: str = ""  # turn programs: "latency" or "batch"
+    first_chunk: tuple[int, int] = (1, 1)  # vae_decode: (first chunk's, all) latent frames of play's plan
 
     @property
     def label(self) -> str:
@@ -96,6 +97,7 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
         t1 = time.perf_counter()
         compiled = lowered.compile()
         row.lower_s, row.compile_s = t1 - t0, time.perf_counter() - t1
+        row.first_chunk = tuple(getattr(prog, "first_chunk", (1, 1)))
     except Exception as e:  # the row says why; the other programs still compile
         row.status = f"FAILED {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
         row.lower_s = time.perf_counter() - t0
@@ -129,6 +131,23 @@ def turn_estimate(rows: list[Row], layout: str = "latency") -> float | None:
     if set(got) != set(TURN_PROGRAMS):
         return None
     return sum(got[n].roofline_s * got[n].runs for n in TURN_PROGRAMS)
+
+
+def turn_ttff(rows: list[Row], layout: str = "latency") -> tuple[float, str] | None:
+    """Roofline seconds from a turn's start to its first decoded frames in ``layout``: the MLLM
+    (prefill + decodes + pass B) + the DiT's sampling + the VAE's first chunk, and the label saying how
+    the chunk was priced; None unless all five compiled. The VAE decode is compiled as one program
+    (every chunk of play's plan in it), so its first chunk is estimated as the whole decode's time x
+    (first chunk's latent frames / all latent frames)."""
+    got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
+           and r.roofline_s is not None}
+    if set(got) != set(TURN_PROGRAMS):
+        return None
+    n, total = got["vae_decode"].first_chunk
+    before = sum(got[p].roofline_s * got[p].runs for p in ("prefill", "decode", "pass_b", "dit"))
+    label = (f"MLLM + DiT + first VAE chunk, estimated as the decode (one program) x {n}/{total} latent frames"
+             if n < total else "MLLM + DiT + VAE decode (one chunk: the whole clip)")
+    return before + got["vae_decode"].roofline_s * n / total, label
 
 
 def turn_resident(rows: list[Row], layout: str = "latency") -> float | None:
@@ -177,4 +196,4 @@ def kernel_lines(rows: list[Row]) -> list[str]:
 
 
 __all__ = ["ASSUMPTIONS", "FIT_FRACTION", "Row", "compile_program", "kernel_lines", "kernel_summary", "table",
-           "turn_estimate", "turn_resident"]
+           "turn_estimate", "turn_resident", "turn_ttff"]

@@ -57,6 +57,7 @@ from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
 from animegamer_jax.game.run import GameRun, Meters
 from animegamer_jax.game.script import Game
+from animegamer_jax.inference import executables
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import (TurnKVCache, WindowSpec, build_cached_turn_input, encode_instruction,
                                                   stack_cached_inputs, stack_inputs)
@@ -201,10 +202,13 @@ class GameEngine:
             self.params = {k: place_component(v) for k, v in system.params.items()}
         else:
             self.params = jax.tree.map(place, system.params)
-        self.mllm_fn = jax.jit(system.mllm)
-        self.sample_fn = jax.jit(system.sample)
-        self.decode_fn = jax.jit(system.decode)
-        self.decode_chunk_fn = jax.jit(system.decode_chunk) if system.decode_chunk is not None else None
+        # each stage's jit loads a saved executable when a folder is in use (--executables, inference/executables.py)
+        executables.select(self.config, list(self.mesh.devices.flat))
+        self.mllm_fn = executables.StageJit("mllm", system.mllm)
+        self.sample_fn = executables.StageJit("sampling", system.sample)
+        self.decode_fn = executables.StageJit("vae", system.decode)
+        self.decode_chunk_fn = (executables.StageJit("vae_chunk", system.decode_chunk)
+                                if system.decode_chunk is not None else None)
         self.compile_s = dict.fromkeys(STAGES, 0.0)
         self.compiles = dict.fromkeys(STAGES, 0)
         self.cache_rebuilds = 0  # games whose MLLM cache was rebuilt by recompute (turn_window)
@@ -214,8 +218,8 @@ class GameEngine:
                 raise ValueError(f"mllm.history_attention='turn_window' needs a system with a cached MLLM turn; "
                                  f"{system.label!r} has none. Fix: play a real system (checkpoint or random "
                                  f"init), or use --config.mllm.history_attention=window_recompute")
-            self.mllm_cached_fn = jax.jit(system.mllm_cached)
-            self.mllm_prefill_fn = jax.jit(system.mllm_prefill)
+            self.mllm_cached_fn = executables.StageJit("mllm_cached", system.mllm_cached)
+            self.mllm_prefill_fn = executables.StageJit("mllm_prefill", system.mllm_prefill)
 
     def cache_sizes(self) -> dict[str, int]:
         """Compiled executables held by each stage's jit (1 each once warmed up on one game shape)."""
@@ -263,8 +267,20 @@ class GameEngine:
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
-          and stage timings ``{"mllm_s", "sampling_s", "vae_s"}`` (run time, compile excluded).
+          and timings: stage run times ``{"mllm_s", "sampling_s", "vae_s"}`` (compile excluded), and
+          wall times from the turn's start, compiles included: ``ttff_s`` until the first decoded
+          frames are on the host (the first ``on_frames`` call; without ``on_frames``, when the
+          clip is decoded) and ``turn_s`` until the turn's outputs are.
         """
+        t_start = time.perf_counter()
+        first: list[float] = []
+
+        def frames_ready(start: int, chunk: np.ndarray) -> None:
+            if not first:
+                first.append(time.perf_counter() - t_start)
+            if on_frames is not None:
+                on_frames(start, chunk)
+
         if self.persistent_cache:
             states, rep, t_mllm = self._mllm_cached(runs, current_ids)
         else:
@@ -277,13 +293,13 @@ class GameEngine:
         extra = () if noise is None else (self._shard(noise),)
         latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys, *extra)
         if on_frames is not None and self.decode_chunk_fn is not None:
-            frames, t_vae = self._decode_streaming(latents, on_frames)
+            frames, t_vae = self._decode_streaming(latents, frames_ready)
         else:
             frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
-            if on_frames is not None:
-                on_frames(0, np.asarray(jax.device_get(frames)))
+            frames_ready(0, np.asarray(jax.device_get(frames)))
         states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
-        return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae}
+        return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae,
+                                              "ttff_s": first[0], "turn_s": time.perf_counter() - t_start}
 
     def _synced_cache(self, run: GameRun):
         """``run``'s MLLM cache for its finished turns, rebuilt by recompute when it has none that

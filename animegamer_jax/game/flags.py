@@ -28,10 +28,12 @@ from animegamer_jax.config import ConfigError
 from animegamer_jax.game.loading import CheckpointError
 from animegamer_jax.game.script import GameScriptError
 from animegamer_jax.game.writers import OutputError
+from animegamer_jax.inference import executables
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError
 
 #: the errors the game commands report as one line (exit status 2) instead of a traceback
-CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, OutputError)
+CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, OutputError,
+              executables.ExecutablesError)
 
 CONFIG_HELP = ("Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
                "--config.a.b=value overrides a field, e.g. --config.game.mode=reference (unknown keys are errors).")
@@ -58,6 +60,9 @@ def common_flags(fv) -> None:
                       "fast = every file's size, full hash of files up to 8 MiB and sampled blocks of larger ones; "
                       "full = sha256 of every byte.", flag_values=fv)
     flags.DEFINE_alias("verify-checkpoint", "verify_checkpoint", flag_values=fv)
+    flags.DEFINE_string("executables", "", "Folder of compiled stage programs saved by python -m animegamer_jax.aot "
+                        "--save (same jax, commit, devices and config: loaded instead of compiled; else one line "
+                        "says why and they compile).", flag_values=fv)
 
 
 def checkpoint_config(checkpoint: str, verify: str = "fast"):
@@ -190,8 +195,14 @@ def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[ob
     """
     with cli.sigterm_as_interrupt() if interrupted is not None else contextlib.nullcontext():
         return cli.run_command(prog, argv, game_flags(define, exclude), doc, None,
-                               lambda f, *rest: body(f, game_config(f), *rest),
+                               lambda f, *rest: _with_executables(f, body, *rest),
                                errors=(*CLI_ERRORS, SavedConfigError), interrupted=interrupted)
+
+
+def _with_executables(f, body, *rest):
+    """``body(f, config, *rest)`` with ``--executables`` in use (inference/executables.py)."""
+    with executables.use(f.executables if "executables" in f else ""):
+        return body(f, game_config(f), *rest)
 
 
 def setup_jax() -> None:

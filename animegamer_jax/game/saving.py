@@ -279,12 +279,15 @@ def pending_games(games: Sequence[Game], out_dir: str, process_index: int = 0, p
 
 
 def print_turn(k: int, text: str, tr: TurnResult, timing: dict) -> None:
-    """Prints turn ``k``'s instruction, states, meters and stage wall times (two lines, stdout)."""
+    """Prints turn ``k``'s instruction, states, meters, stage wall times and the time to first frame /
+    turn time from the turn's start, compiles included (two lines, stdout)."""
     ml, sc, et, st = tr.states
     m = tr.meters
     print(f"turn {k + 1}: {text}\n  states ML={ml} SC={sc:+d} ET={et:+d} ST={st:+d} | social {m['social']} "
           f"entertainment {m['entertainment']} stamina {m['stamina']} | mllm {timing['mllm_s']:.2f}s "
-          f"sampling {timing['sampling_s']:.2f}s vae {timing['vae_s']:.2f}s", flush=True)
+          f"sampling {timing['sampling_s']:.2f}s vae {timing['vae_s']:.2f}s"
+          + (f" | first frame {timing['ttff_s']:.2f}s turn {timing['turn_s']:.2f}s" if "ttff_s" in timing else ""),
+          flush=True)
 
 
 def summary(folder: str, record: dict) -> str:
