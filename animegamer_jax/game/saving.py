@@ -27,7 +27,7 @@ from animegamer_jax.game.engine import GameEngine, game_record, turn_key
 from animegamer_jax.game.run import METER_NAMES
 from animegamer_jax.game.script import Game, GameScriptError, parse_instruction
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
-from animegamer_jax.inference.turn_inputs import TurnRecord
+from animegamer_jax.inference.turn_inputs import TurnRecord, encode_instruction
 
 #: what a turn's state record (``turn_NNN.state.npz``) holds, as game.json ``save.state`` says it
 STATE_FIELDS = ("turn: int64 k; seed: int64 game seed; text_ids: int32 instruction ids; states: int32 [4] "
@@ -54,8 +54,6 @@ def turn_state(rec: TurnRecord, meters: dict, seed: int, k: int) -> bytes:
 
 def _records(engine: GameEngine, result: dict) -> list[TurnRecord]:
     """The window records of a result's turns (its instructions' ids, states, s_a)."""
-    from animegamer_jax.inference.turn_inputs import encode_instruction
-
     ids = result.get("text_ids") or [encode_instruction(t.text, engine.spec, engine.tok) for t in result["game"].turns]
     return [TurnRecord(tuple(i), tr.states, np.asarray(tr.rep, np.float32)) for i, tr in zip(ids, result["turns"])]
 

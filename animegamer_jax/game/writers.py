@@ -43,6 +43,7 @@ import os
 import textwrap
 import time
 import uuid
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -89,8 +90,6 @@ def state_name(turn: int) -> str:
 def encode_turn_state(arrays: Mapping[str, np.ndarray]) -> bytes:
     """A turn's state record as bytes: an uncompressed ``.npz`` (``np.load`` reads it) whose zip
     entries carry a fixed date, so equal arrays give equal bytes."""
-    import zipfile
-
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
         for name in sorted(arrays):
@@ -108,7 +107,6 @@ def decode_turn_state(data: bytes) -> dict[str, np.ndarray]:
     Raises:
       ValueError: not such a record (damaged).
     """
-    import zipfile
 
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
