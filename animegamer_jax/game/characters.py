@@ -77,8 +77,7 @@ def character_from_bytes(name: str, data: bytes, where: str) -> Character:
     """
     check_name(name, where)
     if len(data) > MAX_BYTES:
-        raise CharacterError(f"{where}: the image is {len(data) / 2**20:.1f} MB, over the {MAX_BYTES >> 20} MB "
-                             f"limit. Fix: pass a smaller image (a few hundred pixels a side is plenty)")
+        raise CharacterError(_too_big(where, len(data)))
     try:
         with Image.open(io.BytesIO(data)) as im:
             w, h = im.size  # from the header: the size is checked before the pixels are decoded
@@ -114,13 +113,19 @@ def load_character(value: str) -> Character:
     try:
         if not fileio.isfile(path):
             raise FileNotFoundError(path)
-        if fileio.size(path) > MAX_BYTES:
-            return character_from_bytes(name, b"\0" * (MAX_BYTES + 1), where)
-        data = fileio.read_bytes(path)
+        size = fileio.size(path)
+        data = fileio.read_bytes(path) if size <= MAX_BYTES else None
     except (OSError, ValueError) as e:
         raise CharacterError(f"{where}: cannot read the image ({type(e).__name__}). Fix: pass an existing, "
                              f"readable image file") from None
+    if data is None:  # not read: refused on its size
+        raise CharacterError(_too_big(where, size))
     return character_from_bytes(name, data, where)
+
+
+def _too_big(where: str, size: int) -> str:
+    return (f"{where}: the image is {size / 2**20:.1f} MB, over the {MAX_BYTES / 2**20:g} MB limit. Fix: pass a "
+            f"smaller image (a few hundred pixels a side is plenty)")
 
 
 def load_characters(values: Iterable[str]) -> tuple[Character, ...]:
