@@ -18,11 +18,14 @@ replayed, and the run says which and why.
 A folder of the same name that this program did not write stops the run before anything is played.
 ``--overwrite`` replays every game. A tqdm bar shows games done and the ETA. Flags (absl) and
 ``--config`` / ``--config.a.b=value`` are play's (game/flags.py): without ``--config`` the config
-saved in ``--checkpoint`` is used.
+saved in ``--checkpoint`` is used. ``--character NAME=IMAGE`` (repeatable, game/characters.py) applies
+to every game: each game's turns naming NAME are decoded with IMAGE's reference (each game's output
+is the one it has alone, with or without references beside it); the image goes into each game folder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import jax
@@ -33,7 +36,8 @@ from animegamer_jax import parallel
 from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, batches
-from animegamer_jax.game.flags import run_game_command, setup_jax
+from animegamer_jax.game.characters import load_characters
+from animegamer_jax.game.flags import character_flag, run_game_command, setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
@@ -45,6 +49,7 @@ from animegamer_jax.parallel import distributed
 def define_flags(fv) -> None:
     """generate's own flags (next to game/flags.py's ``common_flags`` and ``--config``) on ``fv``."""
     flags.DEFINE_integer("limit", 0, "Stop after this many games (0 = all).", lower_bound=0, flag_values=fv)
+    character_flag(fv)
 
 
 def _generate(f, config, *rest: str) -> int:
@@ -62,9 +67,13 @@ def _generate(f, config, *rest: str) -> int:
         out_dir = f.out or config.game.out_dir
         writers.check_writable(out_dir, keep=False)  # created when a game is written
         games = load_jsonl(rest[0])
+        characters = load_characters(f.character)
+        if characters:  # every game gets them; each turn naming one is decoded with its reference
+            games = tuple(dataclasses.replace(g, characters=characters) for g in games)
         mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
         system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
-                                random_fallback=f.demo, verify=f.verify_checkpoint)
+                                random_fallback=f.demo, verify=f.verify_checkpoint,
+                                need_references=bool(characters))
         engine = GameEngine(config, system, mesh=mesh)
         validate_games(games, engine.spec, engine.tok)  # every game, before the first turn
         seeds = {g.game_id: engine.game_seed(g) for g in games}

@@ -7,6 +7,7 @@ Usage::
     python -m animegamer_jax.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
     python -m animegamer_jax.play data/games/bunny.txt --standin --seed=3 --config.game.mode=reference
     python -m animegamer_jax.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
+    python -m animegamer_jax.play data/games/bunny.txt --demo --character Bunny=me.png  # Bunny's turns look like me.png
 
 ``SCRIPT`` (the one positional argument) is a game script (.txt, local or gs://), or ``-`` (the
 default) for instructions typed on stdin. Flags are absl's (``--flag=value`` or ``--flag value``;
@@ -24,6 +25,10 @@ length, file:line) before the first turn. Interactive play writes the game after
 Devices: the one game runs on every device (``game.play_layout = "latency"``, the default: CFG halves
 on ``data``, the DiT's sequence on ``context``, weights sharded over all devices, no filler rows;
 game/engine.py ``apply_layout``). ``--config.game.play_layout=batch`` uses ``config.mesh`` as is.
+
+``--character NAME=IMAGE`` (repeatable; game/characters.py): the turns whose Character field is NAME
+are decoded with IMAGE as the reference (a system with phase r's adapter); the game folder keeps
+the image (``characters/<NAME>.png``, game.json ``characters``) and ``--continue`` reuses it.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from animegamer_jax.cli import UsageError, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, apply_layout
-from animegamer_jax.game.flags import run_game_command, setup_jax
+from animegamer_jax.game.characters import load_characters
+from animegamer_jax.game.flags import character_flag, run_game_command, setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
                                         summary)
@@ -121,7 +127,8 @@ def _play_turns(engine: GameEngine, game: TurnByTurnGame, save, turns) -> Keyboa
     try:
         for turn, ids in turns:
             run, seed, ids, k = game.row(ids)
-            states, rep, frames, timing = engine.step([run] * b, [seed] * b, [ids] * b, [k] * b)
+            states, rep, frames, timing = engine.step([run] * b, [seed] * b, [ids] * b, [k] * b,
+                                                      references=[game.reference(turn)] * b)
             with signals_held():
                 tr = game.commit(turn, ids, states[0], rep[0], frames[0], timing)
                 try:
@@ -148,6 +155,7 @@ def define_flags(fv) -> None:
                          "<source id>-from<N>) from the first N turns of SOURCE, which is left untouched.",
                          lower_bound=0, flag_values=fv)
     flags.DEFINE_alias("from-turn", "from_turn", flag_values=fv)
+    character_flag(fv)
 
 
 def _play(f, config, *rest: str) -> int:
@@ -180,6 +188,10 @@ def _play(f, config, *rest: str) -> int:
         if source is None or from_turn is not None:
             writers.check_writable(out_dir, keep=False)  # created when a game is written
         game = load_script(script, f.game_id) if script != "-" else None
+        characters = load_characters(f.character)
+        if characters and source is not None:
+            raise UsageError("--character does not apply to --continue: a continued game keeps the characters it "
+                             "was played with (its folder's characters/). Fix: drop --character")
         if source is None:
             game_id = game.game_id if game is not None else (f.game_id or "interactive")
         elif from_turn is None:
@@ -198,7 +210,8 @@ def _play(f, config, *rest: str) -> int:
             raise ConfigError(f"{e}. Fix: --config.game.play_layout=latency or =batch") from None
         mesh = parallel.mesh_from_config(config)
         system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
-                                random_fallback=f.demo, verify=f.verify_checkpoint)
+                                random_fallback=f.demo, verify=f.verify_checkpoint,
+                                need_references=bool(characters))
         engine = GameEngine(config, system, mesh=mesh, latency=layout == "latency")
         if game is not None:
             validate_games([game], engine.spec, engine.tok)
@@ -208,7 +221,7 @@ def _play(f, config, *rest: str) -> int:
         print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
               f"{engine.spec.window}, seed {seed}", flush=True)
         if game is None:
-            tbt = TurnByTurnGame(engine, game_id, seed)
+            tbt = TurnByTurnGame(engine, game_id, seed, characters=characters)
 
             def save(g):
                 # the first write honours --overwrite; later ones add a turn to this session's own folder
@@ -216,7 +229,7 @@ def _play(f, config, *rest: str) -> int:
 
             return _session_end(engine, tbt, paths.join(out_dir, game_id), _interactive(engine, tbt, save),
                                 played=0)
-        game = Game(game.game_id, game.turns, seed)
+        game = Game(game.game_id, game.turns, seed, characters)
 
         def on_turn(k, results):
             r = results[0]

@@ -40,6 +40,17 @@ CONFIG_CASES = [
     ("bad phase", ["--config=configs/tiny.py", "--config.train.phase=zz"]),
 ]
 GAME = ["--standin", "--out=out"]
+# --character NAME=IMAGE (play, generate): bad syntax, unreadable, not an image, too small, too large,
+# a system without the reference adapter (--demo's random fallback)
+CHARACTER_CASES = [
+    ("character without =", ["--character=Bunny", *GAME]),
+    ("character missing image", ["--character=Bunny=inputs/missing.png", *GAME]),
+    ("character not an image", ["--character=Bunny=inputs/binary.py", *GAME]),
+    ("character tiny image", ["--character=Bunny=inputs/tiny.png", *GAME]),
+    ("character huge image", ["--character=Bunny=inputs/huge.png", *GAME]),
+    # the shipped checkpoints/tiny_system (no phase r yet): refused from its manifest, before loading
+    ("character on a system without references", ["--character=Bunny=inputs/ok.png", "--demo", "--out=out"]),
+]
 
 #: entry point ("module:function") -> (case name, argv) rows
 CASES: dict[str, list[tuple[str, list[str]]]] = {
@@ -56,6 +67,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("two scripts", ["inputs/ok.txt", "inputs/ok.txt", *GAME]),
         ("fps 0", ["inputs/ok.txt", "--config.game.fps=0", *GAME]),
         ("missing checkpoint", ["inputs/ok.txt", "--checkpoint=inputs/missing", "--out=out"]),
+        *[(n, ["inputs/ok.txt", *a]) for n, a in CHARACTER_CASES],
         *[(n, ["inputs/ok.txt", *a, *GAME]) for n, a in CONFIG_CASES],
     ],
     "animegamer_jax.generate:cli": [
@@ -67,6 +79,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("binary games", ["inputs/binary.jsonl", *GAME]),
         ("seed beyond 64 bits in games", ["inputs/bigseed.jsonl", *GAME]),
         ("negative limit", ["inputs/ok.jsonl", "--limit=-1", *GAME]),
+        *[(n, ["inputs/ok.jsonl", *a]) for n, a in CHARACTER_CASES],
         *[(n, ["inputs/ok.jsonl", *a, *GAME]) for n, a in CONFIG_CASES],
     ],
     "animegamer_jax.train.__main__:cli": [
@@ -165,6 +178,11 @@ def _inputs(root: Path) -> None:
     for name in ("empty.py", "empty.txt", "empty.jsonl"):
         (d / name).write_bytes(b"")
     (d / "ok.txt").write_text(OK_LINE)
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (200, 100, 50)).save(d / "ok.png")
+    Image.new("RGB", (16, 16)).save(d / "tiny.png")
+    Image.new("1", (9000, 40)).save(d / "huge.png")
     (d / "esc.txt").write_text(OK_LINE.replace("hop", "hop\x1b[2J"))
     (d / "bidi.txt").write_text(OK_LINE.replace("hop", "hop\u202e"))
     (d / "zwsp.txt").write_text(OK_LINE.replace("hop", "h\u200bop"))

@@ -35,7 +35,7 @@ class GameSystem:
       mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
         :func:`animegamer_jax.inference.turn_inputs.stack_inputs` output (ids, attention_mask, cmp_mask,
         gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
-      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None) -> latents
+      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None[, reference=]) -> latents
         [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
         given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
       decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in inference/vae_decode.py's ``FRAME_RANGE``.
@@ -58,6 +58,9 @@ class GameSystem:
       mllm_prefill: ``(params, cache, batch) -> cache``, the same turn's shared prefill only
         (rebuilding a cache by recompute); init_cache: ``batch -> empty cache``;
         cache_plan: the inference/turn_inputs.py ``CachePlan`` both use.
+      encode_reference: a system that plays characters from a reference image (training phase r):
+        ``(params, images uint8 [B, H, W, 3]) -> reference latents float32 [B, 1, C, h, w]``, and
+        ``sample`` then takes ``reference=`` those latents (game/characters.py); None: no support.
     """
 
     params: Any
@@ -74,6 +77,7 @@ class GameSystem:
     mllm_prefill: Callable[..., Any] | None = None
     init_cache: Callable[[int], Any] | None = None
     cache_plan: Any = None
+    encode_reference: Callable[..., jax.Array] | None = None
 
 
 @dataclasses.dataclass

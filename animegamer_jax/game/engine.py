@@ -55,6 +55,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from animegamer_jax import mllm_tokenizer, parallel
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
+from animegamer_jax.game.characters import fit_image, named, record_entries
 from animegamer_jax.game.run import GameRun, Meters
 from animegamer_jax.game.script import Game
 from animegamer_jax.inference import executables
@@ -209,6 +210,10 @@ class GameEngine:
         self.decode_fn = executables.StageJit("vae", system.decode)
         self.decode_chunk_fn = (executables.StageJit("vae_chunk", system.decode_chunk)
                                 if system.decode_chunk is not None else None)
+        self.encode_reference_fn = (jax.jit(system.encode_reference) if system.encode_reference is not None
+                                    else None)
+        self._select_fn = jax.jit(lambda m, a, b: jax.numpy.where(m[:, None, None, None, None], a, b))
+        self._frame_hw: tuple[int, int] | None = None
         self.compile_s = dict.fromkeys(STAGES, 0.0)
         self.compiles = dict.fromkeys(STAGES, 0)
         self.cache_rebuilds = 0  # games whose MLLM cache was rebuilt by recompute (turn_window)
@@ -226,11 +231,64 @@ class GameEngine:
         return {"mllm": self.mllm_fn._cache_size(), "sampling": self.sample_fn._cache_size(),
                 "vae": self.decode_fn._cache_size()}
 
-    def _timed(self, stage: str, fn, *args):
+    @property
+    def supports_references(self) -> bool:
+        """Whether the system plays characters from a reference image (``--character``)."""
+        return self.encode_reference_fn is not None
+
+    def frame_size(self) -> tuple[int, int]:
+        """The clip's (height, width) in pixels, from the decoder's output shape (traced, not run)."""
+        if self._frame_hw is None:
+            c = self.config
+            z = jax.ShapeDtypeStruct((1, c.dit.num_latent_frames, c.vae.latent_channels, c.dit.sample_height,
+                                      c.dit.sample_width), np.float32)
+            out = jax.eval_shape(self.system.decode, self.params, z)
+            self._frame_hw = (int(out.shape[2]), int(out.shape[3]))
+        return self._frame_hw
+
+    def reference_latents(self, characters) -> dict[str, np.ndarray]:
+        """Each character's reference latent (game/characters.py): its image fitted to the clip size
+        and VAE-encoded alone (batch 1, so a latent never depends on the other characters), float32
+        ``[1, C, h, w]``, keyed by the casefolded name. Called once per game; {} for no characters.
+
+        Raises:
+          ValueError: characters given to a system without reference support.
+        """
+        if not characters:
+            return {}
+        if not self.supports_references:
+            raise ValueError(f"system {self.system.label!r} has no reference adapter")
+        h, w = self.frame_size()
+        out = {}
+        for c in characters:
+            img = jax.device_put(fit_image(c.pixels(), h, w)[None], self._replicated)
+            out[c.name.casefold()] = np.asarray(jax.device_get(self.encode_reference_fn(self.params, img)))[0]
+        return out
+
+    def _sample(self, rep, ml, keys, extra: tuple, references) -> tuple[Any, float]:
+        """The sampling stage: today's call when no row has a reference; else the call with each
+        row's reference latent (rows without one get a copy of another row's, output dropped) and,
+        when some rows have none, today's call too, each row taking its own call's latents. Every row
+        runs the program it runs alone, so its output does not depend on the batch."""
+        if references is None or all(r is None for r in references):
+            latents, t, _ = self._timed("sampling", self.sample_fn, self.params, rep, ml, keys, *extra)
+            return latents, t
+        fill = next(r for r in references if r is not None)
+        ref = self._shard(np.stack([fill if r is None else r for r in references]).astype(np.float32))
+        noise = extra[0] if extra else None
+        with_ref, t_ref, _ = self._timed("sampling", self.sample_fn, self.params, rep, ml, keys, noise, reference=ref)
+        if all(r is not None for r in references):
+            return with_ref, t_ref
+        plain, t_plain, _ = self._timed("sampling", self.sample_fn, self.params, rep, ml, keys, *extra)
+        mask = self._shard(np.asarray([r is not None for r in references]))
+        with parallel.sharding_context(self.mesh, self.rules):
+            return self._select_fn(mask, with_ref, plain), t_ref + t_plain
+
+    def _timed(self, stage: str, fn, *args, **kwargs):
         timer = _CompileTimer()
         t0 = time.perf_counter()
         with timer.measure(), parallel.sharding_context(self.mesh, self.rules):
-            out = fn(*args)
+            out = fn(*args, **kwargs)
             out = jax.block_until_ready(out)
         wall = time.perf_counter() - t0
         self.compile_s[stage] += timer.seconds
@@ -251,7 +309,8 @@ class GameEngine:
 
     def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
              turn_index: Sequence[int], on_frames: Callable[[int, np.ndarray], None] | None = None,
-             noise: dict | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+             noise: dict | None = None, references: Sequence[np.ndarray | None] | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
 
         Args:
@@ -264,6 +323,8 @@ class GameEngine:
             the whole clip. Its own time is not counted in the stage timings.
           noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
             replacing the keys' draws (e.g. a recorded release run, inference/release_decoding.py).
+          references: optional, per row, the reference latent ``[1, C, h, w]`` of the character the
+            row's turn names (:meth:`reference_latents`) or None (decoded as without references).
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
@@ -291,7 +352,7 @@ class GameEngine:
             states = self._shard(self.system.parse_states(np.asarray(jax.device_get(states))))
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
         extra = () if noise is None else (self._shard(noise),)
-        latents, t_samp, _ = self._timed("sampling", self.sample_fn, self.params, rep, states[:, 0], keys, *extra)
+        latents, t_samp = self._sample(rep, states[:, 0], keys, extra, references)
         if on_frames is not None and self.decode_chunk_fn is not None:
             frames, t_vae = self._decode_streaming(latents, frames_ready)
         else:
@@ -373,12 +434,15 @@ class GameEngine:
         seeds = [self.game_seed(g) for g in rows]
         results = [{"game": g, "seed": s, "turns": [], "timings": []} for g, s in zip(games, seeds)]
         n_turns = max(len(g.turns) for g in games)
+        ref_latents = [self.reference_latents(g.characters) for g in games]  # once per game
+        ref_latents += [ref_latents[0]] * (len(rows) - len(games))
         compile_before = dict(self.compile_s)
         for k in range(n_turns):
             # A finished game repeats its last turn as a filler row; its outputs are dropped.
             ks = [min(k, len(ids) - 1) for ids in text_ids]
             cur = [ids[kk] for ids, kk in zip(text_ids, ks)]
-            states_np, rep_np, frames_np, timing = self.step(runs, seeds, cur, ks)
+            refs = [lat.get(g.turns[kk].character.strip().casefold()) for lat, g, kk in zip(ref_latents, rows, ks)]
+            states_np, rep_np, frames_np, timing = self.step(runs, seeds, cur, ks, references=refs)
             timing["batch"] = len(games)
             for b, g in enumerate(games):
                 if k >= len(g.turns):
@@ -429,7 +493,7 @@ def game_record(config, result: dict, system_label: str, write_s: float | None =
     totals = {s: float(sum(t[f"{s}_s"] for t in result["timings"])) for s in STAGES}
     if write_s is not None:
         totals["writing"] = write_s
-    return {
+    record = {
         "game_id": game.game_id,
         "config": cfg.name,
         "mode": cfg.game.mode,
@@ -447,3 +511,10 @@ def game_record(config, result: dict, system_label: str, write_s: float | None =
         "turns": turns,
         "timings_s": {"run": totals, "compile": result.get("compile_s", {})},
     }
+    if game.characters:  # only games with --character: the others' game.json is as before
+        record["characters"] = record_entries(game.characters)
+        for t, turn in zip(turns, game.turns):
+            c = named(game.characters, turn.character)
+            if c is not None:
+                t["reference"] = c.file
+    return record

@@ -25,6 +25,7 @@ from ml_collections import config_flags
 from animegamer_jax import cli, fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
 from animegamer_jax.config import ConfigError
+from animegamer_jax.game.characters import CharacterError
 from animegamer_jax.game.loading import CheckpointError
 from animegamer_jax.game.script import GameScriptError
 from animegamer_jax.game.writers import OutputError
@@ -33,10 +34,17 @@ from animegamer_jax.inference.turn_inputs import InstructionTooLongError
 
 #: the errors the game commands report as one line (exit status 2) instead of a traceback
 CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, OutputError,
-              executables.ExecutablesError)
+              executables.ExecutablesError, CharacterError)
 
 CONFIG_HELP = ("Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
                "--config.a.b=value overrides a field, e.g. --config.game.mode=reference (unknown keys are errors).")
+
+
+def character_flag(fv) -> None:
+    """``--character NAME=IMAGE`` (repeatable; game/characters.py) on ``fv``: play and generate."""
+    flags.DEFINE_multi_string("character", [], "NAME=IMAGE: the turns whose Character field is NAME "
+                              "(case-insensitive) show the character of IMAGE (a PNG/JPEG, local or URL; needs a "
+                              "system trained with phase r). Repeatable.", flag_values=fv)
 
 
 def common_flags(fv) -> None:

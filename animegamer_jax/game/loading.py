@@ -18,7 +18,7 @@ from animegamer_jax.game.api import GameSystem
 from animegamer_jax.game.real_system import build_real_system
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
-from animegamer_jax.models.registry import COMPONENT_BUILDERS
+from animegamer_jax.models.registry import COMPONENT_BUILDERS, supports_references
 
 #: components a game needs from the checkpoint (clip/t5 only build E_a's uncond embedding)
 REQUIRED_COMPONENTS = ("mllm", "dit", "shot_encoder", "vae")
@@ -33,8 +33,14 @@ def _standin_decode(config):
     return lambda latents: st.decode(st.params, latents)
 
 
+def no_reference_error(checkpoint: str) -> CheckpointError:
+    """The one line for ``--character`` with a system that cannot take a reference image."""
+    return CheckpointError(f"checkpoint {checkpoint} has no reference adapter; train phase r "
+                           f"(docs/training.md#phase-r-reference) or drop --character")
+
+
 def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False,
-                     verify: str = "fast") -> GameSystem:
+                     verify: str = "fast", need_references: bool = False) -> GameSystem:
     """Loads every component from ``checkpoint`` and wraps them as per-turn functions.
 
     Args:
@@ -45,10 +51,12 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         builds without the VAE network); the system label says so.
       verify: integrity check of the checkpoint's files first (``checkpoint.verify_checkpoint``): ``"fast"``
         or ``"full"``.
+      need_references: refuse (before loading any weights) a checkpoint without the ``reference``
+        component (``--character``); one that has it is loaded with it either way.
 
     Raises:
       CheckpointError: missing directory, a missing, truncated or damaged file (named), or a
-        missing component (named); always one line.
+        missing component (named), or no ``reference`` with ``need_references``; always one line.
     """
     if not fileio.isdir(checkpoint):
         raise CheckpointError(f"checkpoint directory {checkpoint!r} not found. Fix: pass the folder "
@@ -73,6 +81,10 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
                                   f"{manifest['components']}), which --config.diffusion.sampler=student plays. "
                                   f"Fix: train it (python -m animegamer_jax.train --config.train.phase=d "
                                   f"--config.train.init_checkpoint={checkpoint}) or drop the sampler override")
+    if need_references and (standin_vae or not supports_references(manifest["components"])):
+        raise no_reference_error(checkpoint)
+    if supports_references(manifest["components"]) and not standin_vae:
+        need.append("reference")
     missing = [c for c in need if c not in manifest["components"]]
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing} (it holds "
@@ -120,11 +132,15 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
 
 
 def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=None,
-                   random_fallback: bool = False, standin_vae: bool = False, verify: str = "fast") -> GameSystem:
+                   random_fallback: bool = False, standin_vae: bool = False, verify: str = "fast",
+                   need_references: bool = False) -> GameSystem:
     """Picks the system a command plays.
 
     ``standin`` -> the random stand-in; else the checkpoint (argument or ``config.game.checkpoint``);
     with ``random_fallback`` (the demo) a missing checkpoint gives :func:`build_random_system`.
+
+    ``need_references`` (``--character``): a system without reference support is refused before it
+    is built (the random fallback has none; the stand-in has one).
 
     Raises:
       CheckpointError: no checkpoint given (and no fallback), or a bad checkpoint.
@@ -133,8 +149,11 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
         return build_standin(config, seed=int(config.seed))
     ckpt = paths.resource(checkpoint or config.game.checkpoint)
     if random_fallback and (not ckpt or not fileio.isdir(ckpt)):
+        if need_references:
+            raise no_reference_error(f"(none found: {ckpt or 'no --checkpoint'}; the randomly initialised system)")
         return build_random_system(config, seed=int(config.seed))
     if not ckpt:
         raise CheckpointError("no checkpoint: pass --checkpoint DIR (or --config.game.checkpoint=DIR), "
                               "or --standin to play a random, untrained stand-in")
-    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae, verify=verify)
+    return load_game_system(ckpt, config, mesh=mesh, standin_vae=standin_vae, verify=verify,
+                            need_references=need_references)

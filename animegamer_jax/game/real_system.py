@@ -25,6 +25,7 @@ from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import CachePlan, TurnKVCache, WindowSpec
 from animegamer_jax.inference.vae_decode import vae_decoder
 from animegamer_jax.models.cogvideox import dit as dit_lib
+from animegamer_jax.models.cogvideox.reference import encode_reference
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral.mllm import quantize_weights
 
@@ -52,7 +53,8 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
 
     Args:
       components: ``{"mllm": GameStateMLLM, "dit": CogVideoXDiT, "shot_encoder": ShotEncoder,
-        "vae": VAE with ``decode(z)``}``; ``"dit"`` is the module :func:`sampling_component` names
+        "vae": VAE with ``decode(z)``}`` and optionally ``"reference"`` (phase r's adapter: the system
+        gets ``encode_reference`` and its sampler takes ``reference=``); ``"dit"`` is the module :func:`sampling_component` names
         (the student for ``diffusion.sampler="student"``).
       config: the run config with ``game.mode`` applied (:func:`~animegamer_jax.game.api.apply_mode`).
       label: shown in outputs.
@@ -86,7 +88,15 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     if config.mllm.get("history_attention", "window_recompute") == "turn_window":
         cached = cached_mllm_functions(g_mllm, components["mllm"].cfg.llm, config)
 
-    sample = dit_sampler(g_dit, config)
+    g_ref, encode_ref = None, None
+    if "reference" in components and decode_fn is None:  # phase r's adapter: --character works
+        g_ref, params["reference"] = nnx.split(components["reference"])
+        scale = float(config.vae.scaling_factor)
+
+        def encode_ref(p, images):
+            return encode_reference(nnx.merge(g_vae, p["vae"]), images, scale)
+
+    sample = dit_sampler(g_dit, config, g_ref)
     parse = release_decoding.states_from_generated if decoding == "free" else None
     return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan, parse_states=parse, **cached)
+                      decode_plan=decode_plan, parse_states=parse, encode_reference=encode_ref, **cached)

@@ -21,7 +21,7 @@ import numpy as np
 
 from animegamer_jax import cli, fileio, paths
 from animegamer_jax.mllm_tokenizer import STATE_FIELDS as STATE_FIELD_NAMES
-from animegamer_jax.game import writers
+from animegamer_jax.game import characters, writers
 from animegamer_jax.game.api import STAGES, TurnResult
 from animegamer_jax.game.engine import GameEngine, game_record, turn_key
 from animegamer_jax.game.run import METER_NAMES
@@ -39,7 +39,8 @@ def fingerprint(engine: GameEngine, game: Game, seed: int) -> dict:
     """What makes ``game``'s outputs when ``engine`` plays it with ``seed``
     (``writers.game_fingerprint``): stored in game.json, compared when generate resumes."""
     return writers.game_fingerprint(engine.config, [t.text for t in game.turns], seed,
-                                    engine.system.identity or engine.system.label)
+                                    engine.system.identity or engine.system.label,
+                                    characters.fingerprint_part(game.characters))
 
 
 def turn_state(rec: TurnRecord, meters: dict, seed: int, k: int) -> bytes:
@@ -88,7 +89,7 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
         folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                     cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
                                     fingerprint=fingerprint(engine, result["game"], result["seed"]),
-                                    turn_states=states)
+                                    turn_states=states, extra_files=characters.files_of(result["game"].characters))
     timings = writers.read_json(paths.join(folder, writers.TIMINGS_JSON))
     record["timings_s"]["run"]["writing"] = timings["run"]["writing"]
     return folder, record
@@ -144,7 +145,8 @@ def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
     game folder of this project with a readable game.json; a save format this code reads (not
     newer); the same system (checkpoint identity) and effective config as ``engine`` (the game's
     fingerprint); every kept turn's files (video, GIF, state) with their recorded sizes and sha256,
-    and each state record consistent with game.json.
+    and each state record consistent with game.json; its reference images (game.json ``characters``,
+    ``characters/<NAME>.png``, sha256 checked), which the game keeps for its next turns.
 
     Returns:
       (the game, its game.json record); the results' ``frames`` are None (not kept in memory).
@@ -165,8 +167,17 @@ def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
     if int(save.get("format", 0)) > writers.SAVE_FORMAT:
         raise _refuse(game_dir, f"it was saved by a newer animegamer_jax (save format {save.get('format')}; this "
                       f"one reads up to {writers.SAVE_FORMAT})", "continue it with that newer version")
+    try:
+        chars = characters.from_record(rec.get("characters", []),
+                                       lambda name: fileio.read_bytes(paths.join(game_dir, name)))
+    except characters.CharacterError as e:
+        raise _refuse(game_dir, str(e), "replay the game (play SCRIPT --overwrite --character ...)") from None
+    if chars and not engine.supports_references:
+        raise _refuse(game_dir, "its characters' turns need a system with a reference adapter",
+                      "pass the --checkpoint it was played with")
     want = writers.game_fingerprint(engine.config, rec.get("instructions", []), seed,
-                                    engine.system.identity or engine.system.label)
+                                    engine.system.identity or engine.system.label,
+                                    characters.fingerprint_part(chars))
     parts = fp.get("parts", {}) if isinstance(fp, dict) else {}
     if parts.get("system") != want["parts"]["system"]:
         raise _refuse(game_dir, f"it was played by system {parts.get('system')!r}, this command plays "
@@ -185,7 +196,7 @@ def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
         old_timings = writers.read_json(timings_path).get("turns", []) if fileio.isfile(timings_path) else []
     except (OSError, ValueError):
         old_timings = []
-    game = TurnByTurnGame(engine, game_id or game_dir.rstrip("/").rsplit("/", 1)[-1], seed)
+    game = TurnByTurnGame(engine, game_id or game_dir.rstrip("/").rsplit("/", 1)[-1], seed, characters=chars)
     step = int(engine.config.game.meter_step)
     for k in range(n):
         t = turns[k]

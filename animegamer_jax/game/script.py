@@ -84,11 +84,13 @@ class Turn:
 
 @dataclasses.dataclass(frozen=True)
 class Game:
-    """A game: an id, an optional seed and its turns in order."""
+    """A game: an id, an optional seed and its turns in order; ``characters``: its reference images
+    (game/characters.py ``Character``, ``--character``), none by default."""
 
     game_id: str
     turns: tuple[Turn, ...]
     seed: int | None = None
+    characters: tuple = ()
 
 
 def refused_char(text: str) -> tuple[int, str] | None:

@@ -7,7 +7,8 @@ ids, overwrites the history query slots with projected history representations, 
 layer with the release's mask semantics (causal + the current turn's bidirectional query block,
 docs/token_layout.md#masks), reads s_a at ``read_idx`` and the states after ``last_idx``; the
 sampler runs N steps from per-row noise conditioned on s_a and the flow value; the decoder
-upsamples latents 4x in time (+1 frame) and 8x in space like the CogVideoX VAE.
+upsamples latents 4x in time (+1 frame) and 8x in space like the CogVideoX VAE. It takes reference
+images (``--character``): a mean-pooled projection shifts the clip's conditioning.
 """
 
 from __future__ import annotations
@@ -96,9 +97,11 @@ def build_standin(config, seed: int = 0, width: int = 16) -> GameSystem:
         states = jnp.argmax(logits, -1).astype(jnp.int32) + mllm_tokenizer.STRENGTH_MIN
         return states, rep
 
-    def sample(p, rep, ml, keys):
+    def sample(p, rep, ml, keys, noise=None, reference=None):
         flow = flow_value(ml, table)
         cond = jnp.tanh(jnp.einsum("bqd,dc->bc", rep, p["cond"]) / rep.shape[1])
+        if reference is not None:  # the reference's mean latent pulls the clip's colour (stand-in only)
+            cond = cond + reference.mean(axis=(1, 3, 4))
         noise = jax.vmap(lambda key: hash_noise(key, (t_lat, c, h, w)))(keys)
         target = cond[:, None, :, None, None] * (1.0 + jnp.log1p(flow))[:, None, None, None, None]
 
@@ -114,4 +117,11 @@ def build_standin(config, seed: int = 0, width: int = 16) -> GameSystem:
         video = jnp.repeat(jnp.repeat(video, 8, axis=2), 8, axis=3)
         return jax.nn.sigmoid(video)
 
-    return GameSystem(params, mllm, sample, decode, label=f"random stand-in (seed {seed}; NOT trained, NOT AnimeGamer)")
+    def encode_reference(p, images):
+        # 8x8 mean-pooled pixels projected to the latent channels: [B, H, W, 3] -> [B, 1, C, H/8, W/8]
+        x = images.astype(jnp.float32) / 255.0 - 0.5
+        b, hh, ww, _ = x.shape
+        x = x.reshape(b, hh // 8, 8, ww // 8, 8, 3).mean(axis=(2, 4))
+        return jnp.einsum("bhwk,ck->bchw", x, p["rgb"])[:, None]
+
+    return GameSystem(params, mllm, sample, decode, encode_reference=encode_reference, label=f"random stand-in (seed {seed}; NOT trained, NOT AnimeGamer)")

@@ -48,6 +48,7 @@ class TurnByTurnGame:
       engine: the engine whose config, window spec and tokenizer the game uses.
       game_id: output folder name.
       seed: the game seed (turn k samples with ``turn_key(seed, k)``).
+      characters: its reference images (game/characters.py), for the turns that name them.
     """
 
     engine: GameEngine
@@ -57,9 +58,20 @@ class TurnByTurnGame:
     text_ids: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     results: list[TurnResult] = dataclasses.field(default_factory=list)
     timings: list[dict] = dataclasses.field(default_factory=list)
+    characters: tuple = ()
 
     def __post_init__(self) -> None:
         self.run: GameRun = self.engine.new_run()
+        self._latents: dict | None = None
+
+    def reference(self, turn: Turn):
+        """The reference latent ``[1, C, h, w]`` of the character ``turn`` names (``characters``,
+        VAE-encoded once per game, on first use), or None."""
+        if not self.characters:
+            return None
+        if self._latents is None:
+            self._latents = self.engine.reference_latents(self.characters)
+        return self._latents.get(turn.character.strip().casefold())
 
     def __len__(self) -> int:
         return len(self.turns)
@@ -115,6 +127,6 @@ class TurnByTurnGame:
 
     def result(self) -> dict:
         """The ``GameEngine.play``-style result of the turns so far (for ``saving.save_game``)."""
-        return {"game": Game(self.game_id, tuple(self.turns), self.seed), "seed": self.seed,
+        return {"game": Game(self.game_id, tuple(self.turns), self.seed, self.characters), "seed": self.seed,
                 "turns": list(self.results), "timings": list(self.timings), "text_ids": list(self.text_ids),
                 "compile_s": dict(self.engine.compile_s)}

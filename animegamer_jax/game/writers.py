@@ -306,7 +306,7 @@ def _index_html(game_id: str, record: Mapping[str, Any]) -> str:
 {GALLERY_CSS}</style></head>
 <body><h1>{html.escape(game_id)}</h1>
 <p class="muted">config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.</p>
-{about_html(record)}
+{about_html(record)}{characters_html(record)}
 <p><button id="play" class="primary">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
 &middot; <a href="contact_sheet.png">contact sheet</a> &middot; <a href="game.json">game.json</a></p>
 <div class="turns">
@@ -321,6 +321,14 @@ document.getElementById('play').onclick=()=>playFrom(0);
 playFrom(0);
 </script></body></html>
 """
+
+
+def characters_html(record: Mapping[str, Any]) -> str:
+    """The gallery's line of a game's reference images (game.json ``characters``); "" without any."""
+    items = "".join(f'<figure class="character"><img src="{html.escape(c["image"])}" alt="{html.escape(c["name"])}" '
+                    f'height="64"><figcaption>{html.escape(c["name"])}</figcaption></figure>'
+                    for c in record.get("characters", []))
+    return f'<div class="characters">characters: {items}</div>\n' if items else ""
 
 
 def about_html(record: dict) -> str:
@@ -442,16 +450,21 @@ def _clean_temp(out_dir: str, names: Sequence[str], game_of: Callable[[str], str
 _NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode")
 
 
-def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str) -> dict:
+def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str,
+                     characters: Mapping[str, str] | None = None) -> dict:
     """The :func:`fingerprint` of one game: its instructions, seed, mode, the effective config (every
-    override included; :data:`_NOT_FINGERPRINTED` left out) and the system identity (a checkpoint's
-    content digest, or the stand-in's label)."""
+    override included; :data:`_NOT_FINGERPRINTED` left out), the system identity (a checkpoint's
+    content digest, or the stand-in's label) and, for a game with reference images, ``characters``
+    (name -> image sha256; absent otherwise, so such games' fingerprints are as before)."""
     cfg = json.loads(config.to_json_best_effort())
     for key in _NOT_FINGERPRINTED:
         sec, _, name = key.partition(".")
         cfg.get(sec, {}).pop(name, None)
-    return fingerprint({"instructions": list(instructions), "seed": int(seed), "mode": config.game.mode,
-                        "system": system_identity, "config": cfg})
+    parts = {"instructions": list(instructions), "seed": int(seed), "mode": config.game.mode,
+             "system": system_identity, "config": cfg}
+    if characters:
+        parts["characters"] = dict(characters)
+    return fingerprint(parts)
 
 
 def fingerprint(parts: Mapping[str, Any]) -> dict:
@@ -530,7 +543,7 @@ def _split_timings(rec: dict) -> dict:
 def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frames: Sequence[np.ndarray],
                fps: float, write_gif_files: bool = True, sheet_columns: int = 6, *,
                overwrite: bool = False, fingerprint: Mapping[str, Any] | None = None,
-               turn_states: Sequence[bytes] | None = None) -> str:
+               turn_states: Sequence[bytes] | None = None, extra_files: Mapping[str, bytes] | None = None) -> str:
     """Writes one finished game atomically; returns the game folder.
 
     Args:
@@ -547,6 +560,8 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
       fingerprint: :func:`fingerprint` of what made the game (stored; compared on resume).
       turn_states: per turn, its :func:`encode_turn_state` bytes, written as :func:`state_name`
         files (the record's ``save`` section says what they hold); None: none.
+      extra_files: more files of the game, relative name (one subfolder level, e.g.
+        ``characters/Bunny.png``) -> bytes, written and listed in ``files`` too.
 
     Raises:
       OutputError: ``out_dir`` not writable, a bad ``game_id``, or a target folder that is not
@@ -580,6 +595,10 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
             if turn_states is not None:
                 t["state"] = state_name(k)
                 fileio.write_bytes_atomic(paths.join(tmp, t["state"]), turn_states[k])
+        for name, data in (extra_files or {}).items():
+            if "/" in name:
+                fileio.makedirs(paths.join(tmp, name.rsplit("/", 1)[0]))
+            fileio.write_bytes_atomic(paths.join(tmp, name), data)
         write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
         save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
                     format="PNG")
@@ -589,7 +608,8 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
         rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
         rec["files"] = {name: {"size": fileio.size(paths.join(tmp, name)),
                                "sha256": fileio.sha256_file(paths.join(tmp, name))}
-                        for name in fileio.listdir(tmp) if name not in (TMP_MARKER, TIMINGS_JSON)}
+                        for name in [*fileio.listdir(tmp), *(extra_files or {})]
+                        if name not in (TMP_MARKER, TIMINGS_JSON) and fileio.isfile(paths.join(tmp, name))}
         fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
         if timings:
             timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
@@ -735,6 +755,10 @@ def copy_turns(src_dir: str, out_dir: str, game_id: str, record: Mapping[str, An
                     t[key] = s[key]
                     fileio.write_bytes_atomic(paths.join(tmp, s[key]), fileio.read_bytes(paths.join(src_dir, s[key])))
                     files[s[key]] = src["files"][s[key]]
+        for c in rec.get("characters", []):  # the game's reference images (game/characters.py)
+            fileio.makedirs(paths.join(tmp, c["image"].rsplit("/", 1)[0]))
+            fileio.write_bytes_atomic(paths.join(tmp, c["image"]), fileio.read_bytes(paths.join(src_dir, c["image"])))
+            files[c["image"]] = src["files"][c["image"]]
         rec["files"] = files
         rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
         fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")

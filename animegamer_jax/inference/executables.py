@@ -231,10 +231,10 @@ class StageJit:
         self.jit = jax.jit(fn, **jit_kwargs)
         self._exe: dict[str, Any] = {}
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         store = _active["store"]
-        if store is None or store.config is None:
-            return self.jit(*args)
+        if store is None or store.config is None or kwargs:  # keyword inputs (a turn's reference): the jit's
+            return self.jit(*args, **kwargs)
         sig = signature(args)
         exe = self._exe.get(sig)
         if exe is None:
