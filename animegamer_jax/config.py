@@ -85,6 +85,8 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str] 
 TRAIN_PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d", "r")
 #: game modes (``game.mode``)
 GAME_MODES = ("default", "reference")
+#: weight-only quantization of the MLLM (``mllm.quantize``)
+MLLM_QUANTIZE = ("none", "int8")
 #: what a seed may be: a signed 64-bit integer
 SEED_RANGE = (-2**63, 2**63 - 1)
 
@@ -120,6 +122,22 @@ _AT_LEAST = (
 )
 
 
+#: keys the configs gained after checkpoints were saved without them, with the value that behaves as before
+ADDED_KEYS = (("mllm.quantize", "none"),)
+
+
+def fill_added_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Adds, in place, each :data:`ADDED_KEYS` key that ``config`` (a checkpoint's saved config) lacks,
+    with its as-before value, so ``--config.mllm.quantize=int8`` overrides an older checkpoint's config
+    too; returns ``config``. A section that is missing altogether is left missing."""
+    for key, value in ADDED_KEYS:
+        *parents, last = key.split(".")
+        node = _get(config, ".".join(parents))
+        if node is not _MISSING and hasattr(node, "keys") and last not in node:
+            node[last] = value
+    return config
+
+
 def _get(config, key: str):
     node = config
     for part in key.split("."):
@@ -148,7 +166,8 @@ def validate(config) -> None:
     Checked when present: the numbers of :data:`_AT_LEAST` (a count, size, rate or step that must be
     at least 1, or at least 0: ``game.fps=0`` is refused here, not after a game was computed), every
     ``seed`` / ``*_seed`` field (an integer that fits a signed 64 bits), ``train.phase`` (one of
-    :data:`TRAIN_PHASES` or ``"all"``), ``train.pipeline`` (phases) and ``game.mode``.
+    :data:`TRAIN_PHASES` or ``"all"``), ``train.pipeline`` (phases), ``mllm.quantize`` (one of
+    :data:`MLLM_QUANTIZE`) and ``game.mode``.
 
     Raises:
       ConfigError: the first bad value, named with its key, what it is and the fix.
@@ -177,6 +196,10 @@ def validate(config) -> None:
         if bad or isinstance(pipeline, str):
             raise ConfigError(f"config value train.pipeline={pipeline!r} holds no training phase {bad or pipeline!r}. "
                               f"Fix: a tuple of {', '.join(TRAIN_PHASES)}, e.g. --config.train.pipeline=\"('a1','a2')\"")
+    quantize = _get(config, "mllm.quantize")
+    if quantize is not _MISSING and quantize not in MLLM_QUANTIZE:
+        raise ConfigError(f"config value mllm.quantize={quantize!r} is not a quantization. Fix: "
+                          f"--config.mllm.quantize=none or =int8")
     mode = _get(config, "game.mode")
     if mode is not _MISSING and mode not in GAME_MODES:
         raise ConfigError(f"config value game.mode={mode!r} is not a game mode. Fix: --config.game.mode=default "

@@ -141,6 +141,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.mllm.attention_impl = "auto"  # models/attention.py kernel (see c.clip.attention_impl)
     # Mistral prefill/decode_step: "scan", "unstacked" (per-layer weights, XLA:CPU), "auto" (unstacked on CPU)
     c.mllm.decode_layers = "auto"
+    # weight-only quantization of the Mistral linear weights at load: "none" (bf16) | "int8" (per-channel
+    # scales; models/mistral/mllm.py quantize_weights); game.mode=reference forces "none"
+    c.mllm.quantize = "none"
 
     # ---- decoder D_a: CogVideoX-2B DiT (docs/dit.md) ----
     c.dit = ml_collections.ConfigDict()

@@ -161,3 +161,32 @@ def test_top_bytes_adds_up_to_the_total():
     rows = top_bytes(text, 10**6)
     assert sum(r[0] for r in rows) == pytest.approx(program_cost(text).bytes_accessed)
     assert [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True) and len(top_bytes(text, 2)) == 2
+
+
+def test_nested_relayout_copy_under_a_slice_reads_the_slice():
+    """TPU fuses a stacked weight's relayout copy under the layer scan's dynamic-slice (int8 weights):
+    only the slice is read, not the whole stack."""
+    hlo = """HloModule m
+
+%copy_fusion (input: s8[32,64,128]) -> s8[32,64,128] {
+  %input = s8[32,64,128]{2,1,0:T(32,128)(4,1)} parameter(0)
+  ROOT %c = s8[32,64,128]{2,1,0:T(8,128)(4,1)} copy(%input)
+}
+
+%fused (param_0: s8[32,64,128], param_1: s32[]) -> s8[64,128] {
+  %param_0 = s8[32,64,128]{2,1,0} parameter(0)
+  %f = s8[32,64,128]{2,1,0} fusion(%param_0), kind=kLoop, calls=%copy_fusion
+  %param_1 = s32[] parameter(1)
+  %z = s32[] constant(0)
+  %ds = s8[1,64,128]{2,1,0} dynamic-slice(%f, %param_1, %z, %z), dynamic_slice_sizes={1,64,128}
+  ROOT %b = s8[64,128]{1,0} bitcast(%ds)
+}
+
+ENTRY %main (p: s8[32,64,128], i: s32[]) -> s8[64,128] {
+  %p = s8[32,64,128]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %r = s8[64,128]{1,0} fusion(%p, %i), kind=kLoop, calls=%fused
+}
+"""
+    slice_bytes = 64 * 128
+    assert program_cost(hlo).bytes_accessed == slice_bytes + 4 + slice_bytes  # slice + index read, slice written

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax.config import load_config
+from animegamer_jax.config import ConfigError, load_config, validate
 from animegamer_jax.inference.mllm_turn import mllm_turn
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import WindowSpec, encode_instruction, stack_inputs
@@ -45,6 +45,31 @@ def test_int8_tiny_states_unchanged_rep_close():
 def _first_input(spec, text):
     from animegamer_jax.game.run import GameRun
     return GameRun(spec, 8).next_input(encode_instruction(text, spec))
+
+
+def test_quantize_config_key():
+    """``mllm.quantize`` is a key of every config ("none" by default), set by an override, other values refused."""
+    for path in ("configs/tiny.py", "configs/release_tiny.py", "configs/animegamer_2b_7b.py"):
+        assert load_config(path).mllm.quantize == "none"
+    cfg = load_config("configs/tiny.py", ["mllm.quantize=int8"])
+    validate(cfg)
+    assert cfg.mllm.quantize == "int8"
+    cfg.mllm.quantize = "int4"
+    with pytest.raises(ConfigError, match=r"mllm.quantize='int4'.*--config.mllm.quantize=none or =int8"):
+        validate(cfg)
+
+
+def test_quantize_override_on_older_checkpoint_config(tmp_path):
+    """A checkpoint saved before the key existed: play's saved config gains ``mllm.quantize = "none"``,
+    so ``--config.mllm.quantize=int8`` overrides it."""
+    from animegamer_jax.config import apply_overrides, fill_added_keys
+    cfg = load_config("configs/tiny.py")
+    del cfg.mllm["quantize"]
+    with pytest.raises(ConfigError, match="unknown config key"):
+        apply_overrides(cfg.copy_and_resolve_references(), ["mllm.quantize=int8"])
+    fill_added_keys(cfg)
+    assert cfg.mllm.quantize == "none"
+    assert apply_overrides(cfg, ["mllm.quantize=int8"]).mllm.quantize == "int8"
 
 
 def test_reference_mode_stays_bf16():

@@ -22,7 +22,8 @@ Counted (formulas from XLA's ``xla/service/hlo_cost_analysis.cc``; 1 FMA = 2 FLO
 * Bytes: every instruction at the top level of a non-fusion computation adds its operand bytes read
   plus result bytes written, times the enclosing trip counts. As in XLA's ``HandleFusion`` /
   ``FusionParameterReadBytes``, a (fused) slice or dynamic-slice reads only its slice, an in-place
-  dynamic-update-slice reads and writes only its update, and a fused parameter used by several
+  dynamic-update-slice reads and writes only its update (also through a nested fusion, e.g. a relayout
+  copy, whose result is only sliced), and a fused parameter used by several
   other ops is read once. ``copy-start`` counts its operand twice (read + write). Sizes are logical
   (elements * dtype bits / 8): TPU tile padding and memory spaces (HBM vs VMEM) are ignored.
 
@@ -120,6 +121,12 @@ def _nbytes(shape: str) -> float:
     return total
 
 
+def _nelems(shape: str) -> float:
+    """Elements of an array or (nested) tuple shape."""
+    return float(sum(math.prod(int(re.sub(r"\D", "", d)) for d in dims.split(",") if d.strip())
+                     for _, dims in _ARRAY.findall(shape)))
+
+
 def _attr(ins: _Instr, key: str) -> str | None:
     m = re.search(r"\b" + key + r"=%?([\w.\-]+)", ins.attrs)
     return m.group(1) if m else None
@@ -165,12 +172,25 @@ class _Walker:
             name, total, plain = fused.params.get(k), 0.0, False
             for u in (u for u in fused.instrs.values() if name and name in u.operands):
                 for j in (j for j, o in enumerate(u.operands) if o == name):
-                    if u.op in ("slice", "dynamic-slice", "dynamic-update-slice", "fusion"):
+                    if u.op == "fusion":
+                        total += min(self.read(fused, u, j), self._sliced_cap(fused, u, name))
+                    elif u.op in ("slice", "dynamic-slice", "dynamic-update-slice"):
                         total += self.read(fused, u, j)
                     elif not plain:  # other users share one read
                         plain, total = True, total + _nbytes(fused.instrs[name].shape)
             return total
         return _nbytes(comp.instrs[ins.operands[k]].shape)
+
+    def _sliced_cap(self, comp, inner: _Instr, param: str) -> float:
+        """Upper bound of what a nested fusion ``inner`` reads of ``param`` when every use of its result
+        is a (dynamic-)slice (a relayout ``copy`` fused under a layer scan's ``dynamic-slice``: only the
+        slice is computed, so only its elements are read): the slices' elements at ``param``'s element
+        size; infinite otherwise."""
+        users = [u for u in comp.instrs.values() if inner.name in u.operands]
+        if not users or any(u.op not in ("slice", "dynamic-slice") or u.operands[0] != inner.name for u in users):
+            return math.inf
+        p_bytes, p_elems = _nbytes(comp.instrs[param].shape), _nelems(comp.instrs[param].shape)
+        return sum(_nelems(u.shape) for u in users) * (p_bytes / p_elems if p_elems else 0.0)
 
     def written(self, comp, ins: _Instr) -> float:
         if ins.op == "fusion":

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from animegamer_jax.aot import hlo_cost
+from animegamer_jax.aot import hlo_cost, pieces
 from animegamer_jax.aot.programs import TURN_PROGRAMS, Program
 from animegamer_jax.models import attention
 from animegamer_jax.parallel.target import Chip
@@ -34,8 +34,9 @@ ASSUMPTIONS = (
     "compiled FLOPs, not model FLOPs: a TPU pads small convolutions and matmuls to its tiles",
     "fits = peak <= 80 % of the chip's HBM (GPU: jax preallocates 75 % unless XLA_PYTHON_CLIENT_MEM_FRACTION "
     "says otherwise; the figure is the device's memory)",
-    "a turn = prefill + (max_new_tokens - 1) x decode + pass B + DiT sampling loop + VAE decode, one game "
-    "(latency layout) or one game per data-parallel slice (batch layout)",
+    "a turn = prefill + {steps} x decode (jump-forward: {k} tokens per step, aot/pieces.py decode_schedule) + "
+    "pass B + DiT sampling loop + VAE decode, one game (latency layout) or one game per data-parallel slice "
+    "(batch layout)".format(k=pieces.decode_schedule()[0], steps=pieces.decode_schedule()[1]),
 )
 
 

@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from animegamer_jax import cli, fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
-from animegamer_jax.config import ConfigError
+from animegamer_jax.config import ConfigError, fill_added_keys
 from animegamer_jax.game.characters import CharacterError
 from animegamer_jax.game.loading import CheckpointError
 from animegamer_jax.game.script import GameScriptError
@@ -91,7 +91,7 @@ def checkpoint_config(checkpoint: str, verify: str = "fast"):
     except SystemCheckpointError as e:
         raise ConfigError(str(e)) from None
     try:
-        return load_config(checkpoint)
+        return fill_added_keys(load_config(checkpoint))
     except (SystemCheckpointError, OSError) as e:
         raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
 

@@ -37,6 +37,7 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import mllm_tokenizer
+from animegamer_jax.config import MLLM_QUANTIZE
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mistral import model as mistral_model
 from animegamer_jax.models import lora as lora_lib
@@ -329,7 +330,7 @@ class GameStateMLLM(nnx.Module):
 
 
 #: ``mllm.quantize`` values: "none" (the checkpoint's bf16 weights) or "int8" (weight-only int8)
-QUANTIZE_MODES = ("none", "int8")
+QUANTIZE_MODES = MLLM_QUANTIZE
 
 
 def quantize_weights(mllm: "GameStateMLLM", mode: str) -> "GameStateMLLM":
