@@ -2,11 +2,20 @@
 
 * **One model instance**: one :class:`~animegamer_jax.game.engine.GameEngine`, driven by one
   worker thread (:func:`build_server` builds both). Each turn is ``engine.step`` (the same three
-  jitted stages as ``play``) and the game is saved after every turn with ``saving.save_game``
-  (game/saving.py; the game/writers.py layout:
-  ``<out>/<game_id>/turn_*.mp4``, ``game.mp4``, ``game.json``, ``index.html``, contact sheet).
+  jitted stages as ``play``).
+* **Saves off the model's thread**: a played turn goes to a writer thread, which saves it with
+  ``saving.save_turn`` (the game/writers.py layout, ``<out>/<game_id>/``: the first turn makes the
+  folder, every later one writes only its own clip, GIF and state record, then ``game.json`` and
+  ``index.html``: the cost does not grow with the game) and then tells the player ``done``; the
+  model meanwhile runs the next batch. A saved turn's frames are dropped from memory. ``game.mp4``
+  and the contact sheet (whose cost grows with the game) are made on demand: when the page asks
+  for them or the game's zip (:meth:`GameServer.finish_game`), and when a session leaves a game
+  (restart, expiry).
 * **Queue**: turns wait in FIFO order; the worker takes up to ``engine.batch_size`` of them (one
-  per game) into one batched step, so a data-parallel mesh serves several players at once. Every
+  per game: ``--max_batch`` games per data-parallel slice) into one batched step. The step always
+  has that one shape (a short batch is padded with filler rows, whose outputs are dropped), so a
+  game's clips do not depend on who else was in its batch: played beside others they equal, byte
+  for byte, the same game played alone on the server. Every
   waiting turn is told its position whenever it changes. The queue holds at most ``max_queue``
   turns; past that a turn is refused with :class:`QueueFull` (HTTP 503 + ``Retry-After``). Every
   turn gets a ``ticket`` (the order it was queued in) and, when it starts, ``served`` (the order
@@ -35,6 +44,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import io
 import logging
@@ -52,7 +62,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import mllm_tokenizer, parallel, video_io
+from animegamer_jax import cli, mllm_tokenizer, parallel, video_io
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
@@ -79,6 +89,8 @@ DEFAULT_BATCH_S = 5.0
 MAX_SESSIONS = 64
 #: default sessions without turns kept (page loads that have not played); past that the oldest go
 MAX_EMPTY_SESSIONS = 256
+#: default turns of different players run in one batched step, per data-parallel slice (``--max_batch``)
+MAX_BATCH = 4
 #: default seconds a session may go unseen before it is dropped (its games stay saved on disk)
 SESSION_IDLE_S = 12 * 3600
 
@@ -146,6 +158,7 @@ class Job:
         self.notify: Callable[[], None] | None = None
         self.submitted = time.perf_counter()
         self.served = 0  # the order it started in (set by the worker)
+        self.saving = False  # handed to the writer thread (which finishes it)
 
     def emit(self, event: str, **data: Any) -> None:
         self.events.append({"event": event, **data})
@@ -184,7 +197,7 @@ class GameServer:
       engine: the engine (built once; every session plays with it).
       out_dir: parent folder of the game folders (``config.game.out_dir`` by default in the CLI).
       seed: default game seed (``config.game.seed``).
-      max_sessions: sessions holding turns kept in memory (each holds its game's frames); past that
+      max_sessions: sessions holding turns kept in memory (each holds its game's states and s_a, not its frames, which are on disk); past that
         a new session, or the first turn of a session without turns, is refused with
         :class:`ServerFull` (no player's game is dropped to make room).
       max_queue: turns that may wait in the queue (running ones not counted); a turn past that is
@@ -228,23 +241,74 @@ class GameServer:
         self._tickets = 0  # turns queued so far
         self._served = 0  # turns started so far
         self._batch_s: float | None = None  # moving average of a batch's seconds (Retry-After)
+        self._writes: list[Callable[[], None]] = []  # the writer thread's work, in order
+        self._writer: threading.Thread | None = None
+        self._disk_locks: dict[str, threading.Lock] = {}  # game id -> held while its folder is written
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Starts the worker thread (idempotent)."""
+        """Starts the worker and writer threads (idempotent)."""
         if self._worker is None or not self._worker.is_alive():
             self._stop = False
             self._worker = threading.Thread(target=self._work, name="game-worker", daemon=True)
             self._worker.start()
+        if self._writer is None or not self._writer.is_alive():
+            self._writer = threading.Thread(target=self._write_loop, name="game-writer", daemon=True)
+            self._writer.start()
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Stops the worker after the batch it is running."""
+        """Stops the worker after the batch it is running, and the writer once the saves queued
+        before are done."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._worker is not None:
             self._worker.join(timeout)
+        if self._writer is not None:
+            self._write_later(None)  # after every save the worker queued
+            self._writer.join(timeout)
+
+    def _write_later(self, work: Callable[[], None] | None) -> None:
+        """Queues ``work`` for the writer thread (runs in order; an exception is logged; None stops it)."""
+        with self._cv:
+            self._writes.append(work)
+            self._cv.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._writes:
+                    self._cv.wait()
+                work = self._writes.pop(0)
+            if work is None:
+                return
+            try:
+                work()
+            except BaseException:  # never let the writer die
+                log.error("a save failed:\n%s", traceback.format_exc())
+
+    def disk_lock(self, game_id: str) -> threading.Lock:
+        """The lock held while game ``game_id``'s folder is written."""
+        with self._cv:
+            return self._disk_locks.setdefault(game_id, threading.Lock())
+
+    def finish_game(self, s: Session, game_id: str) -> str | None:
+        """Makes ``game.mp4`` and the contact sheet of session ``s``'s game ``game_id`` cover every
+        saved turn (``saving.finish_session``; nothing to do when they do). Returns the folder, or
+        None when ``s`` did not play it or it is not on disk."""
+        folder = self.game_dir(s, game_id)
+        if folder is None:
+            return None
+        with self.disk_lock(game_id), cli.signals_held():
+            if writers.is_finished(folder):
+                saving.finish_session(self.engine, folder)
+        return folder
+
+    def _finish_later(self, s: Session, game: TurnByTurnGame | None) -> None:
+        """Queues :meth:`finish_game` of ``game`` (a game ``s`` leaves) for the writer thread."""
+        if game is not None and len(game):
+            self._write_later(lambda: self.finish_game(s, game.game_id))
 
     @property
     def alive(self) -> bool:
@@ -295,6 +359,7 @@ class GameServer:
         now = time.time()
         for s in [x for x in self.sessions.values() if x.job is None and now - x.last_seen > self.idle_s]:
             del self.sessions[s.id]
+            self._finish_later(s, s.game)
 
     def _check_room(self, s: Session | None) -> None:
         """Raises :class:`ServerFull` when ``s`` (None: a new session) holds no turns and
@@ -313,6 +378,22 @@ class GameServer:
         s.game = TurnByTurnGame(self.engine, game_id, self.seed if seed is None else int(seed))
         s.games.add(game_id)
         return s.game
+
+    def _continue(self, s: Session, game_id: str) -> TurnByTurnGame:
+        """Makes ``s``'s current game its saved game ``game_id``, read back with ``saving.load_game``
+        (checked; frames stay on disk).
+
+        Raises:
+          BadInput: ``s`` did not play ``game_id`` or it is not on disk.
+          writers.SavedGameError: the save cannot be continued (message names why and the fix).
+        """
+        folder = self.game_dir(s, game_id)
+        if folder is None:
+            raise BadInput(f"no saved game {game_id!r} in this session. Fix: pick one of /api/games")
+        with self.disk_lock(game_id):
+            game, _ = saving.load_game(self.engine, folder, game_id=game_id)
+        s.game = game
+        return game
 
     def game_dir(self, s: Session, game_id: str) -> str | None:
         """The folder of ``game_id`` when session ``s`` played it and it exists, else None."""
@@ -403,15 +484,21 @@ class GameServer:
             if s.game is None or not len(s.game):
                 raise IndexError("there is no turn to undo")
             game = s.game
-            game.undo()
-            # saved under the lock: no turn of this session can start while the folder is rewritten
-            if len(game):
-                self._save(s, game)
-            else:
-                folder = os.path.join(self.out_dir, game.game_id)
-                if game.game_id in s.games and writers.is_finished(folder):
-                    shutil.rmtree(folder)
-                s.version += 1
+            folder = os.path.join(self.out_dir, game.game_id)
+            with self.disk_lock(game.game_id), cli.signals_held():
+                game.undo()
+                # under the lock: no turn of this session can start while the folder is rewritten
+                try:
+                    if len(game):
+                        saving.drop_turn(self.engine, game, self.out_dir)
+                    elif game.game_id in s.games and writers.is_finished(folder):
+                        shutil.rmtree(folder)
+                except Exception:
+                    log.error("undo of %s failed on disk:\n%s", game.game_id, traceback.format_exc())
+                    s.game = None
+                    self._continue(s, game.game_id)  # the game as it is on disk
+                    raise
+            s.version += 1
             return self.state(s)
 
     def restart(self, s: Session, seed: int | None = None) -> dict:
@@ -426,6 +513,7 @@ class GameServer:
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn is being generated. Fix: wait for it, then restart")
+            self._finish_later(s, s.game)
             self._new_game(s, seed)
         return self.state(s)
 
@@ -512,7 +600,7 @@ class GameServer:
             except BaseException:  # never let the worker die: report and go on
                 log.error("turn batch failed:\n%s", traceback.format_exc())
                 for job in batch:
-                    if not job.finished:
+                    if not job.finished and not job.saving:
                         self._finish(job, "error", message="internal error; the game is unchanged")
             finally:
                 with self._cv:
@@ -551,35 +639,40 @@ class GameServer:
             with self._cv:
                 job.game.commit(job.turn, job.ids, states[b], rep[b], video_io.to_uint8(frames[b], FRAME_RANGE),
                                 timing)
-            try:
-                self._save(job.session, job.game)
-            except Exception as e:  # noqa: BLE001 - the turn is rolled back, the server goes on
-                log.error("saving %s failed:\n%s", job.game.game_id, traceback.format_exc())
-                with self._cv:
-                    job.game.undo()
-                self._finish(job, "error", message=f"the turn could not be saved ({type(e).__name__}: {e}); "
-                                                   f"the game is unchanged. Fix: check the output folder "
-                                                   f"{self.out_dir!r}, then try again")
-                continue
-            self.turns_played += 1
-            k = len(job.game) - 1
-            saving.print_turn(k, job.turn.text, job.game.results[k], timing)
-            with self._cv:
-                job.session.job = None
-            job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
+            job.saving = True
+            self._write_later(lambda job=job: self._save_turn(job, timing, t0))
 
-    def _save(self, s: Session, game: TurnByTurnGame) -> str:
-        # the first write of a game needs its folder free; later ones replace this game's own folder
-        # (ids are unique per server: web-<time>-<random>)
-        ours = game.game_id in s.games and writers.is_finished(os.path.join(self.out_dir, game.game_id))
-        folder, _ = saving.save_game(self.engine, game.result(), self.out_dir, overwrite=ours)
-        s.version += 1
-        return folder
+    def _save_turn(self, job: Job, timing: dict, t0: float) -> None:
+        """The writer thread's part of a turn: saves it (rolled back when that fails), drops its
+        frames from memory, then tells the player ``done``."""
+        game = job.game
+        k = len(game) - 1
+        try:
+            with self.disk_lock(game.game_id), cli.signals_held():
+                # the first turn makes the folder (ids are unique per server: web-<time>-<random>);
+                # later ones add their own files
+                saving.save_turn(self.engine, game, self.out_dir, new_folder=k == 0)
+        except Exception as e:  # noqa: BLE001 - the turn is rolled back, the server goes on
+            log.error("saving %s failed:\n%s", game.game_id, traceback.format_exc())
+            with self._cv:
+                game.undo()
+            self._finish(job, "error", message=f"the turn could not be saved ({type(e).__name__}: {e}); "
+                                               f"the game is unchanged. Fix: check the output folder "
+                                               f"{self.out_dir!r}, then try again")
+            return
+        with self._cv:
+            game.results[k] = dataclasses.replace(game.results[k], frames=None)  # on disk now
+            job.session.version += 1
+            self.turns_played += 1
+        saving.print_turn(k, job.turn.text, game.results[k], timing)
+        with self._cv:
+            job.session.job = None
+        job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
 
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
                  seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
-                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS) -> GameServer:
+                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS, max_batch: int = MAX_BATCH) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
@@ -589,14 +682,16 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
       seed: default game seed (default ``config.game.seed``).
       max_queue: turns that may wait before new ones are refused (:class:`GameServer`).
       max_sessions: sessions holding turns before new players are refused (:class:`GameServer`).
+      max_batch: turns of different players in one batched step per data-parallel slice: the
+        engine's one batch shape (``GameEngine`` ``rows``).
 
     Raises:
       CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
-      ValueError: ``max_queue`` or ``max_sessions`` below 1.
+      ValueError: ``max_queue``, ``max_sessions`` or ``max_batch`` below 1.
     """
     setup_jax()
     mesh = parallel.mesh_from_config(config)
     system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
                             random_fallback=random_fallback)
-    engine = GameEngine(config, system, mesh=mesh)
+    engine = GameEngine(config, system, mesh=mesh, rows=max_batch)
     return GameServer(engine, out or config.game.out_dir, seed, max_sessions=max_sessions, max_queue=max_queue)
