@@ -136,3 +136,65 @@ def test_undo_takes_the_last_turn_off_the_save(server):
     assert turn_files(folder) == turn_files(os.path.join(server.out_dir, alone.game.game_id))
     server.finish_game(s, s.game.game_id)
     assert writers.read_json(os.path.join(folder, writers.GAME_JSON))["save"]["derived"]["turns"] == 3
+
+
+def test_server_restart_loses_no_game(server, tmp_path):
+    """Start the app, play 2 turns, stop; start again on the same output folder and port: the page
+    has the game, the 3rd turn continues it, the turn files equal the game in one go; the token and
+    the session cookie still decide who may play."""
+    import json
+    import urllib.error
+    import urllib.request
+    from http.cookiejar import CookieJar
+
+    from animegamer_jax.web.app import HttpThread, create_app
+    from animegamer_jax.web.server import SESSIONS_FILE, GameServer
+
+    out, token = str(tmp_path / "games"), "t" * 20
+    jar = CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+
+    def call(url, body=None, use=opener):
+        req = urllib.request.Request(url, None if body is None else json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with use.open(req) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def serve(port=0):
+        srv = GameServer(server.engine, out)
+        srv.start()
+        return srv, HttpThread(create_app(srv, token=token), port=port).start()
+
+    srv, http = serve()
+    port = http.port
+    try:
+        assert call(f"{http.url}/?token={token}")[0] == 200
+        for i in range(2):
+            status, stream = call(f"{http.url}/api/turn", fields(i))
+            assert status == 200 and json.loads(stream.splitlines()[-1])["event"] == "done"
+        game_id = json.loads(call(f"{http.url}/api/state")[1])["game_id"]
+    finally:
+        http.stop()
+        srv.stop()
+    saved = json.loads(open(os.path.join(out, SESSIONS_FILE)).read())["sessions"]
+    assert [v["current"] for v in saved.values()] == [game_id]
+    assert not any(c.value in json.dumps(saved) for c in jar)  # the file holds no cookie
+
+    srv, http = serve(port)
+    try:
+        assert call(f"{http.url}/api/state", use=urllib.request.build_opener())[0] == 403  # no token, no cookie
+        status, state = call(f"{http.url}/api/state")
+        state = json.loads(state)
+        assert status == 200 and state["game_id"] == game_id and len(state["turns"]) == 2, state
+        status, stream = call(f"{http.url}/api/turn", fields(2))
+        done = json.loads(stream.splitlines()[-1])
+        assert done["event"] == "done" and len(done["state"]["turns"]) == 3 and done["state"]["game_id"] == game_id
+    finally:
+        http.stop()
+        srv.stop()
+    one_go = Game("one-go", tuple(instruction_from_fields(**fields(i)) for i in range(3)), server.seed)
+    ref, _ = saving.save_game(server.engine, server.engine.play([one_go])[0], str(tmp_path / "ref"))
+    assert turn_files(ref) == turn_files(os.path.join(out, game_id))

@@ -16,8 +16,9 @@ Routes (every asset is served from this package; the page needs no internet):
                                 ``frames``, then ``done`` with the new state or ``error``)
 ``POST /api/undo``              drops the last turn (409 while busy, 400 with nothing to undo)
 ``POST /api/restart``           a new game, optional JSON ``{"seed": int}``
-``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests)
-``GET /games/<id>.zip``         the game folder as a zip
+``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests;
+                                ``game.mp4`` and ``contact_sheet.png`` made on demand)
+``GET /games/<id>.zip``         the game folder as a zip (game video and contact sheet made first)
 ==============================  ===============================================================
 
 Every refusal is a 4xx (or a 503) with a JSON body ``{"error": "<one line>"}``. Before any route
@@ -461,6 +462,9 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         folder = own_game(request)
         if folder is None or not _SAFE_NAME.match(name):
             return error(404, "no such game file in this session")
+        if name in writers.DERIVED_FILES[:2]:  # game.mp4, the contact sheet: made on demand
+            folder = await asyncio.to_thread(server.finish_game, server.find_session(cookie_sid(request)),
+                                             request.path_params["game_id"])
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             return error(404, "no such game file in this session")
@@ -471,6 +475,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         folder = own_game(request)
         if folder is None:
             return error(404, "no such game in this session")
+        await asyncio.to_thread(server.finish_game, server.find_session(cookie_sid(request)), game_id)
 
         def pack() -> bytes:
             buf = io.BytesIO()

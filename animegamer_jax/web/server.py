@@ -37,6 +37,12 @@
   invisible format characters are refused.
 * **Streaming**: a turn's events (``queued``, ``started``, ``frames`` once per decoded VAE chunk,
   ``done`` or ``error``) go to the player as they happen (:class:`Job`).
+* **Restarts**: which games each session played, and its current one, is kept in
+  ``<out>/.web-sessions.json`` (:data:`SESSIONS_FILE`, written atomically whenever a session's saved
+  games change; keyed by the sha256 of the session id, so the file does not hold the cookies). A
+  server started on the same output folder knows those sessions again: a player whose cookie it
+  issued before the restart gets their game back (read with ``saving.load_game``) and the next turn
+  continues it; the same access rules hold (the cookie named by the port, ``--token``).
 * **Failures**: a turn that raises (in the model or while saving) leaves the game as it was
   before the turn and the server running; the player gets the error.
 """
@@ -46,6 +52,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import hashlib
+import json
 import io
 import logging
 import math
@@ -62,13 +70,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import cli, mllm_tokenizer, parallel, video_io
+from animegamer_jax import cli, fileio, mllm_tokenizer, parallel, paths, video_io
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.run import METER_NAMES
-from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text
+from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text, is_plain_name
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError
@@ -89,6 +97,8 @@ DEFAULT_BATCH_S = 5.0
 MAX_SESSIONS = 64
 #: default sessions without turns kept (page loads that have not played); past that the oldest go
 MAX_EMPTY_SESSIONS = 256
+#: in the output folder: which saved games each session played (:meth:`GameServer.persist`)
+SESSIONS_FILE = ".web-sessions.json"
 #: default turns of different players run in one batched step, per data-parallel slice (``--max_batch``)
 MAX_BATCH = 4
 #: default seconds a session may go unseen before it is dropped (its games stay saved on disk)
@@ -183,6 +193,7 @@ class Session:
         self.job: Job | None = None
         self.version = 0  # bumped on every save: cache-busting for the clip URLs
         self.last_seen = time.time()
+        self.resume: str | None = None  # a saved game to read back before the next turn (restart)
 
     @property
     def holds_turns(self) -> bool:
@@ -244,6 +255,7 @@ class GameServer:
         self._writes: list[Callable[[], None]] = []  # the writer thread's work, in order
         self._writer: threading.Thread | None = None
         self._disk_locks: dict[str, threading.Lock] = {}  # game id -> held while its folder is written
+        self._saved = self._read_sessions()  # sha256 of session id -> {"games": [...], "current": id}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -328,11 +340,68 @@ class GameServer:
 
     # -- sessions --------------------------------------------------------------------------------
 
+    # -- persistence ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(sid: str) -> str:
+        return hashlib.sha256(sid.encode()).hexdigest()
+
+    def _read_sessions(self) -> dict[str, dict]:
+        """:data:`SESSIONS_FILE`'s sessions (empty when there is none; a damaged one is logged and ignored)."""
+        path = paths.join(self.out_dir, SESSIONS_FILE)
+        if not fileio.isfile(path):
+            return {}
+        try:
+            data = json.loads(fileio.read_bytes(path).decode("utf-8"))
+            saved = {str(k): {"games": [str(g) for g in v["games"]], "current": v.get("current")}
+                     for k, v in data["sessions"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("ignoring %s (%s): players of the last server start new games", path, e)
+            return {}
+        log.info("%d session(s) of an earlier server known again", len(saved))
+        return saved
+
+    def persist(self, s: Session) -> None:
+        """Records ``s``'s games on disk and its current one in :data:`SESSIONS_FILE` (atomically;
+        call with the lock held)."""
+        games = sorted(g for g in s.games if self.game_dir(s, g) is not None)
+        current = s.game.game_id if s.game is not None else s.resume
+        entry = {"games": games, "current": current if current in games else None}
+        key = self._key(s.id)
+        if self._saved.get(key) == entry or (not games and key not in self._saved):
+            return
+        self._saved[key] = entry
+        fileio.write_text_atomic(paths.join(self.out_dir, SESSIONS_FILE),
+                                 json.dumps({"format": 1, "sessions": self._saved}, indent=1, sort_keys=True) + "\n")
+
+    def _known_again(self, sid: str) -> Session | None:
+        """A session of an earlier server on this output folder, rebuilt (call with the lock held)."""
+        entry = self._saved.get(self._key(sid))
+        if entry is None:
+            return None
+        s = Session(sid)
+        s.games = {g for g in entry["games"] if is_plain_name(g) and os.path.isdir(os.path.join(self.out_dir, g))}
+        s.resume = entry["current"] if entry["current"] in s.games else None
+        self.sessions[sid] = s
+        return s
+
+    def _resume(self, s: Session) -> None:
+        """Reads back ``s``'s current saved game when it has none in memory (call with the lock held)."""
+        if s.game is None and s.resume is not None:
+            game_id, s.resume = s.resume, None
+            try:
+                self._continue(s, game_id)
+            except (BadInput, writers.OutputError) as e:
+                log.warning("session's game %s cannot be continued: %s", game_id, e)
+
     def find_session(self, sid: str | None) -> Session | None:
-        """The live session of cookie value ``sid`` (now seen), or None (no new session is made)."""
+        """The live session of cookie value ``sid`` (now seen), or None (no new session is made).
+        A session of an earlier server on this output folder is known again (:data:`SESSIONS_FILE`)."""
         with self._cv:
             self._expire()
             s = self.sessions.get(sid) if sid else None
+            if s is None and sid and session_id_ok(sid):
+                s = self._known_again(sid)
             if s is not None:
                 s.last_seen = time.time()
             return s
@@ -460,6 +529,7 @@ class GameServer:
                 wait = self.retry_after_s()
                 raise QueueFull(f"the server is busy: the turn queue is full ({len(self._queue)} turns waiting). "
                                 f"Fix: try again in {wait} s", wait)
+            self._resume(s)
             if s.game is None:
                 self._new_game(s, None)
             self._tickets += 1
@@ -493,6 +563,7 @@ class GameServer:
                         saving.drop_turn(self.engine, game, self.out_dir)
                     elif game.game_id in s.games and writers.is_finished(folder):
                         shutil.rmtree(folder)
+                        self.persist(s)
                 except Exception:
                     log.error("undo of %s failed on disk:\n%s", game.game_id, traceback.format_exc())
                     s.game = None
@@ -515,6 +586,7 @@ class GameServer:
                 raise Busy("a turn is being generated. Fix: wait for it, then restart")
             self._finish_later(s, s.game)
             self._new_game(s, seed)
+            self.persist(s)
         return self.state(s)
 
     # -- state -----------------------------------------------------------------------------------
@@ -522,6 +594,7 @@ class GameServer:
     def state(self, s: Session) -> dict:
         """The JSON the page renders: the game's turns (clip URLs, states, meters, deltas)."""
         with self._cv:
+            self._resume(s)
             if s.game is None:
                 self._new_game(s, None)
             game = s.game
@@ -664,6 +737,8 @@ class GameServer:
             game.results[k] = dataclasses.replace(game.results[k], frames=None)  # on disk now
             job.session.version += 1
             self.turns_played += 1
+            if k == 0:
+                self.persist(job.session)
         saving.print_turn(k, job.turn.text, game.results[k], timing)
         with self._cv:
             job.session.job = None
