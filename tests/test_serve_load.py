@@ -54,7 +54,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
     try:
         idle_kib = server.rss_kib()
         results = play_load(server.url, PLAYERS, TURNS)
-        failures = check_load(results, TURNS, str(out))
+        failures = check_load(results, TURNS, str(out), batch=server.batch)
         fig = summarize(results)
         peak_kib = server.peak_rss_kib()
         still = Player(server.url)
@@ -63,6 +63,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
         rc = server.stop()
     print(f"\n{fig}; server RSS idle {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB")
     assert failures == []
+    assert server.batch == 4  # the default --max_batch on one device
     assert fig["turns_done"] == PLAYERS * TURNS and fig["refused_503"] == 0  # the default queue holds 16
     # the players really waited behind each other: the queue was at least half of them deep
     assert fig["max_position"] >= PLAYERS // 2, fig

@@ -198,3 +198,34 @@ def test_server_restart_loses_no_game(server, tmp_path):
     one_go = Game("one-go", tuple(instruction_from_fields(**fields(i)) for i in range(3)), server.seed)
     ref, _ = saving.save_game(server.engine, server.engine.play([one_go])[0], str(tmp_path / "ref"))
     assert turn_files(ref) == turn_files(os.path.join(out, game_id))
+
+
+def test_branch_and_continue_saved_games(server):
+    from animegamer_jax.web.server import BadInput
+
+    s = server.new_session()
+    for i in range(3):
+        play(server, s, fields(i))
+    src = s.game.game_id
+    src_folder = os.path.join(server.out_dir, src)
+    before = turn_files(src_folder)
+    with pytest.raises(BadInput, match="1..3"):
+        server.branch(s, 4)
+    state = server.branch(s, 2)  # from turn 2
+    new = state["game_id"]
+    assert new != src and len(state["turns"]) == 2
+    assert [(g["game_id"], g["turns"], g["current"]) for g in state["saved_games"]] == sorted(
+        [(src, 3, False), (new, 2, True)], reverse=True)
+    play(server, s, fields(9))  # the branch's own third turn
+    assert turn_files(src_folder) == before  # the source is only read
+    alone = server.new_session()
+    for i in (0, 1, 9):
+        play(server, alone, fields(i))
+    assert turn_files(os.path.join(server.out_dir, new)) == turn_files(os.path.join(server.out_dir,
+                                                                                    alone.game.game_id))
+    state = server.continue_game(s, src)  # back to the first game, read from its save
+    assert state["game_id"] == src and len(state["turns"]) == 3
+    play(server, s, fields(3))
+    assert len(turn_files(src_folder)) == 12
+    with pytest.raises(BadInput, match="no such saved game"):
+        server.continue_game(s, alone.game.game_id)  # another player's game

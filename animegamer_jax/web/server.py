@@ -3,7 +3,8 @@
 * **One model instance**: one :class:`~animegamer_jax.game.engine.GameEngine`, driven by one
   worker thread (:func:`build_server` builds both). Each turn is ``engine.step`` (the same three
   jitted stages as ``play``).
-* **Saves off the model's thread**: a played turn goes to a writer thread, which saves it with
+* **Saves off the model's thread**: a played turn goes to a writer thread (:data:`WRITERS` of them:
+  saves of different games run at once), which saves it with
   ``saving.save_turn`` (the game/writers.py layout, ``<out>/<game_id>/``: the first turn makes the
   folder, every later one writes only its own clip, GIF and state record, then ``game.json`` and
   ``index.html``: the cost does not grow with the game) and then tells the player ``done``; the
@@ -97,6 +98,8 @@ DEFAULT_BATCH_S = 5.0
 MAX_SESSIONS = 64
 #: default sessions without turns kept (page loads that have not played); past that the oldest go
 MAX_EMPTY_SESSIONS = 256
+#: writer threads (saves of different games run at once; a game has one turn in flight at a time)
+WRITERS = 2
 #: in the output folder: which saved games each session played (:meth:`GameServer.persist`)
 SESSIONS_FILE = ".web-sessions.json"
 #: default turns of different players run in one batched step, per data-parallel slice (``--max_batch``)
@@ -253,7 +256,7 @@ class GameServer:
         self._served = 0  # turns started so far
         self._batch_s: float | None = None  # moving average of a batch's seconds (Retry-After)
         self._writes: list[Callable[[], None]] = []  # the writer thread's work, in order
-        self._writer: threading.Thread | None = None
+        self._writers: list[threading.Thread] = []
         self._disk_locks: dict[str, threading.Lock] = {}  # game id -> held while its folder is written
         self._saved = self._read_sessions()  # sha256 of session id -> {"games": [...], "current": id}
 
@@ -265,9 +268,11 @@ class GameServer:
             self._stop = False
             self._worker = threading.Thread(target=self._work, name="game-worker", daemon=True)
             self._worker.start()
-        if self._writer is None or not self._writer.is_alive():
-            self._writer = threading.Thread(target=self._write_loop, name="game-writer", daemon=True)
-            self._writer.start()
+        if not any(w.is_alive() for w in self._writers):
+            self._writers = [threading.Thread(target=self._write_loop, name=f"game-writer-{i}", daemon=True)
+                             for i in range(WRITERS)]
+            for w in self._writers:
+                w.start()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stops the worker after the batch it is running, and the writer once the saves queued
@@ -277,9 +282,10 @@ class GameServer:
             self._cv.notify_all()
         if self._worker is not None:
             self._worker.join(timeout)
-        if self._writer is not None:
+        for _ in self._writers:
             self._write_later(None)  # after every save the worker queued
-            self._writer.join(timeout)
+        for w in self._writers:
+            w.join(timeout)
 
     def _write_later(self, work: Callable[[], None] | None) -> None:
         """Queues ``work`` for the writer thread (runs in order; an exception is logged; None stops it)."""
@@ -589,6 +595,80 @@ class GameServer:
             self.persist(s)
         return self.state(s)
 
+    def continue_game(self, s: Session, game_id: Any) -> dict:
+        """Makes ``s``'s saved game ``game_id`` its current game again (read back from its save);
+        the game it leaves gets its game video and contact sheet. Returns the new state.
+
+        Raises:
+          Busy: a turn is queued or running. BadInput: not one of ``s``'s saved games, or a save
+          that cannot be continued (the message says why).
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then switch games")
+            if not isinstance(game_id, str) or self.game_dir(s, game_id) is None:
+                raise BadInput("no such saved game in this session. Fix: pick one of the page's saved games")
+            old = s.game
+            try:
+                self._continue(s, game_id)
+            except writers.OutputError as e:
+                raise BadInput(str(e)) from None
+            if old is not None and old.game_id != game_id:
+                self._finish_later(s, old)
+            s.version += 1
+            self.persist(s)
+        return self.state(s)
+
+    def branch(self, s: Session, turns: Any = None) -> dict:
+        """A new game holding the first ``turns`` turns of ``s``'s current game (default: all of
+        them), in its own folder (``saving.branch_game``: the turns' files copied, the source only
+        read); it becomes ``s``'s current game, the source stays saved. Returns the new state.
+
+        Raises:
+          Busy: a turn is queued or running. BadInput: ``turns`` not an integer in 1..(turns played),
+          or the current game has no saved turn.
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then branch")
+            self._resume(s)
+            src = s.game
+            n = len(src) if src is not None else 0
+            folder = None if src is None else self.game_dir(s, src.game_id)
+            if folder is None or n == 0:
+                raise BadInput("this game has no saved turn to branch from. Fix: play a turn first")
+            k = n if turns is None else turns
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n:
+                raise BadInput(f"branch takes {{\"turns\": <1..{n}>}} (the turns to keep) or nothing (all {n})")
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            game_id = f"web-{stamp}-{secrets.token_hex(3)}"
+            with self.disk_lock(src.game_id), cli.signals_held():
+                game, _ = saving.load_game(self.engine, folder, upto=k, game_id=game_id)
+                saving.branch_game(folder, game, self.engine, self.out_dir)
+            s.games.add(game_id)
+            s.game = game
+            self._finish_later(s, src)
+            s.version += 1
+            self.persist(s)
+        return self.state(s)
+
+    def saved_games(self, s: Session) -> list[dict]:
+        """``s``'s games on disk, newest first: ``{"game_id", "turns", "current"}``."""
+        out = []
+        for g in sorted(s.games, reverse=True):
+            folder = self.game_dir(s, g)
+            if folder is None:
+                continue
+            if s.game is not None and s.game.game_id == g:
+                n = len(s.game)
+            else:
+                try:
+                    n = len(writers.read_json(os.path.join(folder, writers.GAME_JSON))["turns"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            out.append({"game_id": g, "turns": n, "current": s.game is not None and s.game.game_id == g})
+        return out
+
     # -- state -----------------------------------------------------------------------------------
 
     def state(self, s: Session) -> dict:
@@ -618,7 +698,7 @@ class GameServer:
                 "system_description": self.engine.system.description,
                 "config": cfg.name, "mode": cfg.game.mode, "fps": float(cfg.game.fps),
                 "meters": prev, "start_meters": start, "turns": turns,
-                "busy": s.job is not None, "version": s.version,
+                "busy": s.job is not None, "version": s.version, "saved_games": self.saved_games(s),
                 "folder": os.path.join(self.out_dir, game.game_id) if saved and turns else None,
                 "download": f"{base}.zip" if saved and turns else None,
                 "gallery": f"{base}/index.html?v={s.version}" if saved and turns else None,
