@@ -18,7 +18,8 @@ A turn refused with 503 is retried after its ``Retry-After``. Prints one line of
   /proc/<pid>/status), and RSS growth per turn held in memory ((end - idle) / turns played).
 
 and checks (exit status 1, naming each failure): every turn finished ``done``; FIFO (each turn's
-``served`` equals its ``ticket``); positions (non-increasing, ending at most at the server's batch size, ``ahead`` consistent);
+``served`` equals its ``ticket``); positions (non-increasing, ending at most at the server's batch
+size, ``ahead`` consistent);
 isolation (distinct games, each game holds exactly its player's instructions, on disk too, and
 another player's clip and zip are 404). tests/test_serve_load.py runs the same checks in CI.
 Figures: docs/results.md "Web server under load".

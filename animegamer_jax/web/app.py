@@ -363,8 +363,8 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
             raise Refused(403, "this request has no session. Fix: load the page (/) first: it starts a session")
         s = server.find_session(sid)
         if s is None:
-            raise Refused(403, "this session is unknown to the server (it expired or the server restarted; its "
-                               "games stay saved on disk). Fix: reload the page to start a new session")
+            raise Refused(403, "this session is unknown to the server (it expired or the server restarted before "
+                               "it saved a game). Fix: reload the page to start a new session")
         return s
 
     async def body_of(request: Request):
@@ -539,7 +539,8 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
     async def http_error(request: Request, exc: HTTPException) -> Response:
         where = f"{request.method} {request.url.path[:200]}"
         if exc.status_code == 404:
-            message = f"no route {where}. Fix: the page is at /, the API under /api/ (state, turn, undo, restart, continue, branch)"
+            message = (f"no route {where}. Fix: the page is at /, the API under /api/ (state, turn, undo, restart, "
+                       f"continue, branch)")
         elif exc.status_code == 405:
             allowed = sorted((exc.headers or {}).get("Allow", "").replace(" ", "").split(","))
             message = f"method not allowed: {where}. Fix: use {', '.join(allowed)}"

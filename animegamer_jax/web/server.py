@@ -29,8 +29,9 @@
   can be continued) is never dropped to make room: at most ``max_sessions`` of them, and past that
   a new player is refused (:class:`ServerFull`, HTTP 503) rather than an old game dropped. Sessions
   without turns (a page loaded, nothing played) are small: at most ``max_empty_sessions``, the
-  least recently seen dropped first. Any session unseen for ``idle_s`` seconds is dropped (its
-  games stay saved on disk), unless a turn of it is queued or running. A finished turn's event log
+  least recently seen dropped first. Any session unseen for ``idle_s`` seconds is dropped from
+  memory, unless a turn of it is queued or running; its games stay saved on disk and, when it
+  played any, it is known again when its cookie comes back (**Restarts**). A finished turn's event log
   (its streamed frames) is dropped once its stream ends.
 * **Input**: instruction text is one line of printable text (game/script.py :func:`check_text`, the
   text policy of every front end): control characters (which would reach the server's log and
@@ -305,6 +306,7 @@ class GameServer:
                 work()
             except BaseException:  # never let the writer die
                 log.error("a save failed:\n%s", traceback.format_exc())
+            del work  # not kept (with its turn's job and events) while waiting for the next
 
     def disk_lock(self, game_id: str) -> threading.Lock:
         """The lock held while game ``game_id``'s folder is written."""
@@ -557,6 +559,7 @@ class GameServer:
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn is being generated. Fix: wait for it, then undo")
+            self._resume(s)
             if s.game is None or not len(s.game):
                 raise IndexError("there is no turn to undo")
             game = s.game
@@ -827,7 +830,8 @@ class GameServer:
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
                  seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
-                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS, max_batch: int = MAX_BATCH) -> GameServer:
+                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS,
+                 max_batch: int = MAX_BATCH) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
