@@ -43,7 +43,9 @@ TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_games")
-    server = build_server(checkpoint.load_config(CKPT), CKPT, out=str(out))
+    # one turn per step: test_two_games_at_once checks the queue positions of one player behind
+    # another (batches of several players: tests/test_serve_saves.py, tests/test_serve_load.py)
+    server = build_server(checkpoint.load_config(CKPT), CKPT, out=str(out), max_batch=1)
     server.start()
     http = HttpThread(create_app(server)).start()
     yield server, http

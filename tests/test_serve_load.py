@@ -30,7 +30,7 @@ from starlette.requests import Request
 
 from animegamer_jax.web.app import (COOKIE, STATIC, Guard, HttpThread, cookie_name, create_app, host_names,
                                     no_auth_warning)
-from animegamer_jax.web.server import build_server
+from animegamer_jax.web.server import SESSIONS_FILE, build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
 from test_serve import browser  # noqa: F401 - the headless Chromium fixture
 
@@ -54,7 +54,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
     try:
         idle_kib = server.rss_kib()
         results = play_load(server.url, PLAYERS, TURNS)
-        failures = check_load(results, TURNS, str(out))
+        failures = check_load(results, TURNS, str(out), batch=server.batch)
         fig = summarize(results)
         peak_kib = server.peak_rss_kib()
         still = Player(server.url)
@@ -63,6 +63,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
         rc = server.stop()
     print(f"\n{fig}; server RSS idle {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB")
     assert failures == []
+    assert server.batch == 4  # the default --max_batch on one device
     assert fig["turns_done"] == PLAYERS * TURNS and fig["refused_503"] == 0  # the default queue holds 16
     # the players really waited behind each other: the queue was at least half of them deep
     assert fig["max_position"] >= PLAYERS // 2, fig
@@ -71,9 +72,10 @@ def test_sixteen_players_three_turns_each(tmp_path):
     out_text = "".join(server.lines)
     assert f"serving on http://127.0.0.1:{server.port}/" in out_text and "no authentication" not in out_text
     assert rc == 0, out_text[-2000:]
-    # only the 16 games, finished, under the games folder; nothing beside it
+    # only the 16 games, finished, and the sessions' record under the games folder; nothing beside it
     assert os.listdir(tmp_path) == ["games"]
     games = sorted(os.listdir(out))
+    assert games.pop(0) == SESSIONS_FILE
     assert len(games) == PLAYERS and all(g.startswith("web-") for g in games), games
     assert all(writers.is_finished(out / g) for g in games)
     assert sorted(r["state"]["game_id"] for r in results) == games
@@ -339,7 +341,8 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     assert server.turns_played == played and server.alive and set(server.sessions) == sessions
     after = {"root": tree(root), "static": tree(STATIC)}
     assert after == before
-    assert sorted(os.listdir(root)) == ["games", "outside"] and os.listdir(root / "games") == [game_id]
+    assert sorted(os.listdir(root)) == ["games", "outside"]
+    assert sorted(os.listdir(root / "games")) == [SESSIONS_FILE, game_id]
     # a tampered cookie is cleared by the reply
     name = cookie_name(COOKIE, http.port)
     status, hdrs, resp = Player(http.url).request("GET", "/api/state", headers={"Cookie": f"{name}=x.y"})
@@ -602,9 +605,18 @@ def test_idle_sessions_expire_but_not_mid_turn(hosted):
         server._expire()
         assert gone.cookie not in server.sessions and busy.cookie in server.sessions
         server.sessions[busy.cookie].job = None
-    status, j = gone.json("POST", "/api/undo", {})
+    # a session whose game is saved is known again (its game read back from disk), one that played
+    # nothing is gone
+    status, j = gone.json("GET", "/api/state")
+    assert status == 200 and len(j["turns"]) == 1 and gone.cookie in server.sessions, j
+    empty = Player(http.url)
+    assert empty.join() == 200
+    with server._cv:
+        server.sessions[empty.cookie].last_seen -= server.idle_s + 1
+        server._expire()
+    status, j = empty.json("POST", "/api/undo", {})
     assert status == 403 and "unknown to the server" in j["error"]
-    assert gone.join() == 200 and gone.json("GET", "/api/state")[1]["turns"] == []  # a new session
+    assert empty.join() == 200 and empty.json("GET", "/api/state")[1]["turns"] == []  # a new session
 
 
 # -- slow and idle connections ------------------------------------------------------------------------

@@ -21,7 +21,8 @@ run time. Every stage is traced and run inside the engine's mesh and logical rul
 Two layouts (:func:`apply_layout`, ``config.game.play_layout``):
 
 * ``batch`` (generate, and play with ``--config.game.play_layout=batch``): the config's mesh; one
-  game per data-parallel slice, B = data-parallel size (a short batch is padded with filler rows).
+  game per data-parallel slice (``rows`` of them with the web server's ``--max_batch``), B = rows x
+  data-parallel size (a short batch is padded with filler rows).
 * ``latency`` (play's default): ONE game on every device, B = 1 and no filler rows. The mesh is
   :func:`latency_mesh_shape` (CFG halves on ``data``, the DiT's joint sequence on ``context``:
   cfg 2 x context n/2); weights are sharded over every device (``embed`` on data, fsdp and
@@ -173,9 +174,16 @@ class GameEngine:
       mesh: the device mesh; the batch is split over its data axes (default: from config).
       latency: one game on the whole mesh (batch 1, no filler rows; inputs replicated, the work
         split by the models' sharding constraints); False: ``batch`` layout (module docstring).
+      rows: games per data-parallel slice in the ``batch`` layout (the web server's ``--max_batch``):
+        ``batch_size = rows x data-parallel size``; ignored by the latency layout.
+
+    Raises:
+      ValueError: ``rows`` below 1.
     """
 
-    def __init__(self, config, system: GameSystem, mesh=None, latency: bool = False):
+    def __init__(self, config, system: GameSystem, mesh=None, latency: bool = False, rows: int = 1):
+        if int(rows) < 1:
+            raise ValueError(f"rows must be at least 1, got {rows}")
         self.config = apply_mode(config)
         self.system = system
         self.mesh = mesh if mesh is not None else parallel.mesh_from_config(self.config)
@@ -183,7 +191,7 @@ class GameEngine:
         self.spec = WindowSpec.from_config(self.config)
         self.rep_dim = self.config.rep.dim
         self.latency = bool(latency)
-        self.batch_size = 1 if self.latency else parallel.data_parallel_size(self.mesh, self.rules)
+        self.batch_size = 1 if self.latency else int(rows) * parallel.data_parallel_size(self.mesh, self.rules)
         self.tok = mllm_tokenizer.get_tokenizer()
         self._replicated = replicated = NamedSharding(self.mesh, PartitionSpec())
 

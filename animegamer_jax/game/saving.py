@@ -118,6 +118,18 @@ def save_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str, new_folder
     return folder, record
 
 
+def drop_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str) -> str:
+    """Removes from ``game``'s save the turn after its last (``game`` was just undone in memory and
+    keeps at least one turn): ``writers.drop_last_turn``, the cost not growing with the game. Call
+    it inside a ``cli.signals_held`` section. Returns the folder."""
+    folder = paths.join(out_dir, game.game_id)
+    old = writers.read_json(paths.join(folder, writers.GAME_JSON))
+    result = game.result()
+    record = _record(engine, result, old["save"]["frame_size"])
+    writers.drop_last_turn(folder, record, fingerprint=fingerprint(engine, result["game"], game.seed))
+    return folder
+
+
 def finish_session(engine: GameEngine, folder: str) -> dict:
     """Remakes the game video, contact sheet and gallery of a game saved turn by turn
     (``writers.write_derived``: once, when a play session ends); returns its game.json with the

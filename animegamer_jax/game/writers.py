@@ -724,6 +724,57 @@ def append_turn(game_dir: str, record: Mapping[str, Any], frames: np.ndarray, st
         fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
 
 
+def drop_last_turn(game_dir: str, record: Mapping[str, Any], *,
+                   fingerprint: Mapping[str, Any] | None = None) -> None:
+    """Removes the last turn of a saved game grown turn by turn (the web server's undo).
+
+    ``record`` is the game.json content of the turns kept (one fewer than saved; engine.game_record,
+    ``timings_s`` goes to timings.json). Writes ``game.json`` (the commit point: the dropped turn's
+    files are then unlisted; kept turns' file entries carried over), then removes the dropped turn's
+    video, GIF and state files and rewrites ``index.html`` and ``timings.json``; ``game.mp4`` and the
+    contact sheet are marked stale in ``save.derived`` (remade by :func:`write_derived`). The cost
+    does not grow with the game (no earlier turn's file is read or written).
+
+    Raises:
+      SavedGameError: ``game_dir`` does not hold ``len(record["turns"]) + 1`` turns, or the record has none
+        (a one-turn game is removed whole by its owner).
+    """
+    old = read_json(paths.join(game_dir, GAME_JSON))
+    rec = json.loads(json.dumps(record))
+    timings = _split_timings(rec)
+    n = len(rec["turns"])
+    if n < 1 or len(old.get("turns", [])) != n + 1:
+        raise SavedGameError(f"{game_dir} holds {len(old.get('turns', []))} turn(s), not the {n + 1} whose last "
+                             f"is being dropped. Fix: continue it with play --continue {game_dir}")
+    for key in ("video", "contact_sheet"):
+        if key in old:
+            rec[key] = old[key]
+    for j, t in enumerate(rec["turns"]):
+        for key in ("video", "gif", "state"):
+            if key in old["turns"][j]:
+                t[key] = old["turns"][j][key]
+    last = old["turns"][n]
+    gone = [last[key] for key in ("video", "gif", "state") if key in last]
+    files = dict(old.get("files", {}))
+    derived = dict(old.get("save", {}).get("derived", {}))
+    for name in DERIVED_FILES:
+        if name in files:
+            derived.setdefault("files", {})[name] = files.pop(name)
+    derived["turns"] = -1  # stale: cover no turn count the game can have
+    for name in gone:
+        files.pop(name, None)
+    rec["files"] = files
+    rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+    rec["save"] = dict(old.get("save", {}), **rec.get("save", {}), derived=derived)
+    fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    for name in gone:
+        if fileio.exists(paths.join(game_dir, name)):
+            fileio.remove(paths.join(game_dir, name))
+    _write_index(game_dir, _folder_name(game_dir), rec)
+    if timings:
+        fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+
+
 def copy_turns(src_dir: str, out_dir: str, game_id: str, record: Mapping[str, Any],
                fingerprint: Mapping[str, Any] | None = None) -> str:
     """A new game folder ``<out_dir>/<game_id>`` holding the first ``len(record["turns"])`` turns of

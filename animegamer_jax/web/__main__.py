@@ -8,6 +8,7 @@ Usage::
     python -m animegamer_jax.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
     python -m animegamer_jax.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
     python -m animegamer_jax.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
+    python -m animegamer_jax.web --checkpoint DIR --max_batch 8          # 8 players' turns per model call
     python -m animegamer_jax.web --checkpoint DIR --host 0.0.0.0 --token "$(openssl rand -hex 16)"  # prints the URL
 
 (The ``animegamer-web`` console script runs the same command.)
@@ -35,7 +36,7 @@ from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
 from animegamer_jax.game.script import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
-from animegamer_jax.web.server import MAX_QUEUE, MAX_SESSIONS, build_server
+from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
 
 
 def define_flags(fv) -> None:
@@ -54,6 +55,10 @@ def define_flags(fv) -> None:
                          "with HTTP 503 'busy, try again' and Retry-After.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("max_sessions", MAX_SESSIONS, "Players whose games the server holds in memory; past that a "
                          "new player gets HTTP 503 (no game is dropped to make room).", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("max_batch", MAX_BATCH, "Turns of different players run in one batched model call, per "
+                         "device (data-parallel slice): the model always runs this one batch shape (empty rows "
+                         "padded), so a game's clips do not depend on who else played beside it.", lower_bound=1,
+                         flag_values=fv)
     flags.DEFINE_bool("warmup", True, "Compile the model with one throwaway turn before serving, so the first "
                       "player does not wait for compilation (--nowarmup: compile on the first turn).", flag_values=fv)
     define_verbosity(fv)
@@ -78,9 +83,11 @@ def _serve(f, config, *rest: str) -> int:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
-                          random_fallback=f.demo, max_queue=f.max_queue, max_sessions=f.max_sessions)
+                          random_fallback=f.demo, max_queue=f.max_queue, max_sessions=f.max_sessions,
+                          max_batch=f.max_batch)
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
-          f"games in {server.out_dir}/, at most {server.max_queue} turns waiting", flush=True)
+          f"games in {server.out_dir}/, at most {server.max_queue} turns waiting, {server.engine.batch_size} "
+          f"turns per batch", flush=True)
     if f.warmup:
         print("compiling (one throwaway turn)...", flush=True)
         print(f"ready after {server.warmup():.1f} s", flush=True)

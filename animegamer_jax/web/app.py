@@ -16,8 +16,13 @@ Routes (every asset is served from this package; the page needs no internet):
                                 ``frames``, then ``done`` with the new state or ``error``)
 ``POST /api/undo``              drops the last turn (409 while busy, 400 with nothing to undo)
 ``POST /api/restart``           a new game, optional JSON ``{"seed": int}``
-``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests)
-``GET /games/<id>.zip``         the game folder as a zip
+``POST /api/continue``          ``{"game_id"}``: one of the session's saved games (``state``'s
+                                ``saved_games``) becomes its current game again, read from disk
+``POST /api/branch``            optional ``{"turns": k}``: a new game (its own folder) holding the
+                                current game's first k turns (default all); the source stays
+``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests;
+                                ``game.mp4`` and ``contact_sheet.png`` made on demand)
+``GET /games/<id>.zip``         the game folder as a zip (game video and contact sheet made first)
 ==============================  ===============================================================
 
 Every refusal is a 4xx (or a 503) with a JSON body ``{"error": "<one line>"}``. Before any route
@@ -358,8 +363,8 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
             raise Refused(403, "this request has no session. Fix: load the page (/) first: it starts a session")
         s = server.find_session(sid)
         if s is None:
-            raise Refused(403, "this session is unknown to the server (it expired or the server restarted; its "
-                               "games stay saved on disk). Fix: reload the page to start a new session")
+            raise Refused(403, "this session is unknown to the server (it expired or the server restarted before "
+                               "it saved a game). Fix: reload the page to start a new session")
         return s
 
     async def body_of(request: Request):
@@ -451,6 +456,30 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         except Busy as e:
             return error(409, str(e))
 
+    async def switch(request: Request) -> Response:
+        s = session_of(request)
+        body = await body_of(request)
+        if not isinstance(body, dict) or set(body) != {"game_id"}:
+            return error(400, "continue takes {\"game_id\": \"<one of the session's saved games>\"}")
+        try:
+            return JSONResponse(await asyncio.to_thread(server.continue_game, s, body["game_id"]))
+        except BadInput as e:
+            return error(400, str(e))
+        except Busy as e:
+            return error(409, str(e))
+
+    async def branch(request: Request) -> Response:
+        s = session_of(request)
+        body = await body_of(request)
+        if not isinstance(body, dict) or set(body) - {"turns"}:
+            return error(400, "branch takes {\"turns\": <turns to keep>} or nothing")
+        try:
+            return JSONResponse(await asyncio.to_thread(server.branch, s, body.get("turns")))
+        except BadInput as e:
+            return error(400, str(e))
+        except Busy as e:
+            return error(409, str(e))
+
     def own_game(request: Request) -> str | None:
         """The folder of the URL's game when the request's session played it (no session is made)."""
         s = server.find_session(cookie_sid(request))
@@ -461,6 +490,9 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         folder = own_game(request)
         if folder is None or not _SAFE_NAME.match(name):
             return error(404, "no such game file in this session")
+        if name in writers.DERIVED_FILES[:2]:  # game.mp4, the contact sheet: made on demand
+            folder = await asyncio.to_thread(server.finish_game, server.find_session(cookie_sid(request)),
+                                             request.path_params["game_id"])
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
             return error(404, "no such game file in this session")
@@ -471,6 +503,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         folder = own_game(request)
         if folder is None:
             return error(404, "no such game in this session")
+        await asyncio.to_thread(server.finish_game, server.find_session(cookie_sid(request)), game_id)
 
         def pack() -> bytes:
             buf = io.BytesIO()
@@ -491,6 +524,8 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         Route("/api/turn", turn, methods=["POST"]),
         Route("/api/undo", undo, methods=["POST"]),
         Route("/api/restart", restart, methods=["POST"]),
+        Route("/api/continue", switch, methods=["POST"]),
+        Route("/api/branch", branch, methods=["POST"]),
         Route("/games/{game_id}.zip", game_zip),
         Route("/games/{game_id}/{name}", game_file),
     ]
@@ -504,7 +539,8 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
     async def http_error(request: Request, exc: HTTPException) -> Response:
         where = f"{request.method} {request.url.path[:200]}"
         if exc.status_code == 404:
-            message = f"no route {where}. Fix: the page is at /, the API under /api/ (state, turn, undo, restart)"
+            message = (f"no route {where}. Fix: the page is at /, the API under /api/ (state, turn, undo, restart, "
+                       f"continue, branch)")
         elif exc.status_code == 405:
             allowed = sorted((exc.headers or {}).get("Allow", "").replace(" ", "").split(","))
             message = f"method not allowed: {where}. Fix: use {', '.join(allowed)}"

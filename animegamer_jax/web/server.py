@@ -2,11 +2,21 @@
 
 * **One model instance**: one :class:`~animegamer_jax.game.engine.GameEngine`, driven by one
   worker thread (:func:`build_server` builds both). Each turn is ``engine.step`` (the same three
-  jitted stages as ``play``) and the game is saved after every turn with ``saving.save_game``
-  (game/saving.py; the game/writers.py layout:
-  ``<out>/<game_id>/turn_*.mp4``, ``game.mp4``, ``game.json``, ``index.html``, contact sheet).
+  jitted stages as ``play``).
+* **Saves off the model's thread**: a played turn goes to a writer thread (:data:`WRITERS` of them:
+  saves of different games run at once), which saves it with
+  ``saving.save_turn`` (the game/writers.py layout, ``<out>/<game_id>/``: the first turn makes the
+  folder, every later one writes only its own clip, GIF and state record, then ``game.json`` and
+  ``index.html``: the cost does not grow with the game) and then tells the player ``done``; the
+  model meanwhile runs the next batch. A saved turn's frames are dropped from memory. ``game.mp4``
+  and the contact sheet (whose cost grows with the game) are made on demand: when the page asks
+  for them or the game's zip (:meth:`GameServer.finish_game`), and when a session leaves a game
+  (restart, expiry).
 * **Queue**: turns wait in FIFO order; the worker takes up to ``engine.batch_size`` of them (one
-  per game) into one batched step, so a data-parallel mesh serves several players at once. Every
+  per game: ``--max_batch`` games per data-parallel slice) into one batched step. The step always
+  has that one shape (a short batch is padded with filler rows, whose outputs are dropped), so a
+  game's clips do not depend on who else was in its batch: played beside others they equal, byte
+  for byte, the same game played alone on the server. Every
   waiting turn is told its position whenever it changes. The queue holds at most ``max_queue``
   turns; past that a turn is refused with :class:`QueueFull` (HTTP 503 + ``Retry-After``). Every
   turn gets a ``ticket`` (the order it was queued in) and, when it starts, ``served`` (the order
@@ -19,8 +29,9 @@
   can be continued) is never dropped to make room: at most ``max_sessions`` of them, and past that
   a new player is refused (:class:`ServerFull`, HTTP 503) rather than an old game dropped. Sessions
   without turns (a page loaded, nothing played) are small: at most ``max_empty_sessions``, the
-  least recently seen dropped first. Any session unseen for ``idle_s`` seconds is dropped (its
-  games stay saved on disk), unless a turn of it is queued or running. A finished turn's event log
+  least recently seen dropped first. Any session unseen for ``idle_s`` seconds is dropped from
+  memory, unless a turn of it is queued or running; its games stay saved on disk and, when it
+  played any, it is known again when its cookie comes back (**Restarts**). A finished turn's event log
   (its streamed frames) is dropped once its stream ends.
 * **Input**: instruction text is one line of printable text (game/script.py :func:`check_text`, the
   text policy of every front end): control characters (which would reach the server's log and
@@ -28,6 +39,12 @@
   invisible format characters are refused.
 * **Streaming**: a turn's events (``queued``, ``started``, ``frames`` once per decoded VAE chunk,
   ``done`` or ``error``) go to the player as they happen (:class:`Job`).
+* **Restarts**: which games each session played, and its current one, is kept in
+  ``<out>/.web-sessions.json`` (:data:`SESSIONS_FILE`, written atomically whenever a session's saved
+  games change; keyed by the sha256 of the session id, so the file does not hold the cookies). A
+  server started on the same output folder knows those sessions again: a player whose cookie it
+  issued before the restart gets their game back (read with ``saving.load_game``) and the next turn
+  continues it; the same access rules hold (the cookie named by the port, ``--token``).
 * **Failures**: a turn that raises (in the model or while saving) leaves the game as it was
   before the turn and the server running; the player gets the error.
 """
@@ -35,7 +52,10 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
+import hashlib
+import json
 import io
 import logging
 import math
@@ -52,13 +72,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import mllm_tokenizer, parallel, video_io
+from animegamer_jax import cli, fileio, mllm_tokenizer, parallel, paths, video_io
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.run import METER_NAMES
-from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text
+from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text, is_plain_name
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError
@@ -79,6 +99,12 @@ DEFAULT_BATCH_S = 5.0
 MAX_SESSIONS = 64
 #: default sessions without turns kept (page loads that have not played); past that the oldest go
 MAX_EMPTY_SESSIONS = 256
+#: writer threads (saves of different games run at once; a game has one turn in flight at a time)
+WRITERS = 2
+#: in the output folder: which saved games each session played (:meth:`GameServer.persist`)
+SESSIONS_FILE = ".web-sessions.json"
+#: default turns of different players run in one batched step, per data-parallel slice (``--max_batch``)
+MAX_BATCH = 4
 #: default seconds a session may go unseen before it is dropped (its games stay saved on disk)
 SESSION_IDLE_S = 12 * 3600
 
@@ -146,6 +172,7 @@ class Job:
         self.notify: Callable[[], None] | None = None
         self.submitted = time.perf_counter()
         self.served = 0  # the order it started in (set by the worker)
+        self.saving = False  # handed to the writer thread (which finishes it)
 
     def emit(self, event: str, **data: Any) -> None:
         self.events.append({"event": event, **data})
@@ -170,6 +197,7 @@ class Session:
         self.job: Job | None = None
         self.version = 0  # bumped on every save: cache-busting for the clip URLs
         self.last_seen = time.time()
+        self.resume: str | None = None  # a saved game to read back before the next turn (restart)
 
     @property
     def holds_turns(self) -> bool:
@@ -184,7 +212,7 @@ class GameServer:
       engine: the engine (built once; every session plays with it).
       out_dir: parent folder of the game folders (``config.game.out_dir`` by default in the CLI).
       seed: default game seed (``config.game.seed``).
-      max_sessions: sessions holding turns kept in memory (each holds its game's frames); past that
+      max_sessions: sessions holding turns kept in memory (each holds its game's states and s_a, not its frames, which are on disk); past that
         a new session, or the first turn of a session without turns, is refused with
         :class:`ServerFull` (no player's game is dropped to make room).
       max_queue: turns that may wait in the queue (running ones not counted); a turn past that is
@@ -228,23 +256,79 @@ class GameServer:
         self._tickets = 0  # turns queued so far
         self._served = 0  # turns started so far
         self._batch_s: float | None = None  # moving average of a batch's seconds (Retry-After)
+        self._writes: list[Callable[[], None]] = []  # the writer thread's work, in order
+        self._writers: list[threading.Thread] = []
+        self._disk_locks: dict[str, threading.Lock] = {}  # game id -> held while its folder is written
+        self._saved = self._read_sessions()  # sha256 of session id -> {"games": [...], "current": id}
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Starts the worker thread (idempotent)."""
+        """Starts the worker and writer threads (idempotent)."""
         if self._worker is None or not self._worker.is_alive():
             self._stop = False
             self._worker = threading.Thread(target=self._work, name="game-worker", daemon=True)
             self._worker.start()
+        if not any(w.is_alive() for w in self._writers):
+            self._writers = [threading.Thread(target=self._write_loop, name=f"game-writer-{i}", daemon=True)
+                             for i in range(WRITERS)]
+            for w in self._writers:
+                w.start()
 
     def stop(self, timeout: float = 60.0) -> None:
-        """Stops the worker after the batch it is running."""
+        """Stops the worker after the batch it is running, and the writer once the saves queued
+        before are done."""
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._worker is not None:
             self._worker.join(timeout)
+        for _ in self._writers:
+            self._write_later(None)  # after every save the worker queued
+        for w in self._writers:
+            w.join(timeout)
+
+    def _write_later(self, work: Callable[[], None] | None) -> None:
+        """Queues ``work`` for the writer thread (runs in order; an exception is logged; None stops it)."""
+        with self._cv:
+            self._writes.append(work)
+            self._cv.notify_all()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._writes:
+                    self._cv.wait()
+                work = self._writes.pop(0)
+            if work is None:
+                return
+            try:
+                work()
+            except BaseException:  # never let the writer die
+                log.error("a save failed:\n%s", traceback.format_exc())
+            del work  # not kept (with its turn's job and events) while waiting for the next
+
+    def disk_lock(self, game_id: str) -> threading.Lock:
+        """The lock held while game ``game_id``'s folder is written."""
+        with self._cv:
+            return self._disk_locks.setdefault(game_id, threading.Lock())
+
+    def finish_game(self, s: Session, game_id: str) -> str | None:
+        """Makes ``game.mp4`` and the contact sheet of session ``s``'s game ``game_id`` cover every
+        saved turn (``saving.finish_session``; nothing to do when they do). Returns the folder, or
+        None when ``s`` did not play it or it is not on disk."""
+        folder = self.game_dir(s, game_id)
+        if folder is None:
+            return None
+        with self.disk_lock(game_id), cli.signals_held():
+            if writers.is_finished(folder):
+                saving.finish_session(self.engine, folder)
+        return folder
+
+    def _finish_later(self, s: Session, game: TurnByTurnGame | None) -> None:
+        """Queues :meth:`finish_game` of ``game`` (a game ``s`` leaves) for the writer thread."""
+        if game is not None and len(game):
+            self._write_later(lambda: self.finish_game(s, game.game_id))
 
     @property
     def alive(self) -> bool:
@@ -264,11 +348,68 @@ class GameServer:
 
     # -- sessions --------------------------------------------------------------------------------
 
+    # -- persistence ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _key(sid: str) -> str:
+        return hashlib.sha256(sid.encode()).hexdigest()
+
+    def _read_sessions(self) -> dict[str, dict]:
+        """:data:`SESSIONS_FILE`'s sessions (empty when there is none; a damaged one is logged and ignored)."""
+        path = paths.join(self.out_dir, SESSIONS_FILE)
+        if not fileio.isfile(path):
+            return {}
+        try:
+            data = json.loads(fileio.read_bytes(path).decode("utf-8"))
+            saved = {str(k): {"games": [str(g) for g in v["games"]], "current": v.get("current")}
+                     for k, v in data["sessions"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("ignoring %s (%s): players of the last server start new games", path, e)
+            return {}
+        log.info("%d session(s) of an earlier server known again", len(saved))
+        return saved
+
+    def persist(self, s: Session) -> None:
+        """Records ``s``'s games on disk and its current one in :data:`SESSIONS_FILE` (atomically;
+        call with the lock held)."""
+        games = sorted(g for g in s.games if self.game_dir(s, g) is not None)
+        current = s.game.game_id if s.game is not None else s.resume
+        entry = {"games": games, "current": current if current in games else None}
+        key = self._key(s.id)
+        if self._saved.get(key) == entry or (not games and key not in self._saved):
+            return
+        self._saved[key] = entry
+        fileio.write_text_atomic(paths.join(self.out_dir, SESSIONS_FILE),
+                                 json.dumps({"format": 1, "sessions": self._saved}, indent=1, sort_keys=True) + "\n")
+
+    def _known_again(self, sid: str) -> Session | None:
+        """A session of an earlier server on this output folder, rebuilt (call with the lock held)."""
+        entry = self._saved.get(self._key(sid))
+        if entry is None:
+            return None
+        s = Session(sid)
+        s.games = {g for g in entry["games"] if is_plain_name(g) and os.path.isdir(os.path.join(self.out_dir, g))}
+        s.resume = entry["current"] if entry["current"] in s.games else None
+        self.sessions[sid] = s
+        return s
+
+    def _resume(self, s: Session) -> None:
+        """Reads back ``s``'s current saved game when it has none in memory (call with the lock held)."""
+        if s.game is None and s.resume is not None:
+            game_id, s.resume = s.resume, None
+            try:
+                self._continue(s, game_id)
+            except (BadInput, writers.OutputError) as e:
+                log.warning("session's game %s cannot be continued: %s", game_id, e)
+
     def find_session(self, sid: str | None) -> Session | None:
-        """The live session of cookie value ``sid`` (now seen), or None (no new session is made)."""
+        """The live session of cookie value ``sid`` (now seen), or None (no new session is made).
+        A session of an earlier server on this output folder is known again (:data:`SESSIONS_FILE`)."""
         with self._cv:
             self._expire()
             s = self.sessions.get(sid) if sid else None
+            if s is None and sid and session_id_ok(sid):
+                s = self._known_again(sid)
             if s is not None:
                 s.last_seen = time.time()
             return s
@@ -295,6 +436,7 @@ class GameServer:
         now = time.time()
         for s in [x for x in self.sessions.values() if x.job is None and now - x.last_seen > self.idle_s]:
             del self.sessions[s.id]
+            self._finish_later(s, s.game)
 
     def _check_room(self, s: Session | None) -> None:
         """Raises :class:`ServerFull` when ``s`` (None: a new session) holds no turns and
@@ -313,6 +455,22 @@ class GameServer:
         s.game = TurnByTurnGame(self.engine, game_id, self.seed if seed is None else int(seed))
         s.games.add(game_id)
         return s.game
+
+    def _continue(self, s: Session, game_id: str) -> TurnByTurnGame:
+        """Makes ``s``'s current game its saved game ``game_id``, read back with ``saving.load_game``
+        (checked; frames stay on disk).
+
+        Raises:
+          BadInput: ``s`` did not play ``game_id`` or it is not on disk.
+          writers.SavedGameError: the save cannot be continued (message names why and the fix).
+        """
+        folder = self.game_dir(s, game_id)
+        if folder is None:
+            raise BadInput(f"no saved game {game_id!r} in this session. Fix: pick one of /api/games")
+        with self.disk_lock(game_id):
+            game, _ = saving.load_game(self.engine, folder, game_id=game_id)
+        s.game = game
+        return game
 
     def game_dir(self, s: Session, game_id: str) -> str | None:
         """The folder of ``game_id`` when session ``s`` played it and it exists, else None."""
@@ -379,6 +537,7 @@ class GameServer:
                 wait = self.retry_after_s()
                 raise QueueFull(f"the server is busy: the turn queue is full ({len(self._queue)} turns waiting). "
                                 f"Fix: try again in {wait} s", wait)
+            self._resume(s)
             if s.game is None:
                 self._new_game(s, None)
             self._tickets += 1
@@ -400,18 +559,26 @@ class GameServer:
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn is being generated. Fix: wait for it, then undo")
+            self._resume(s)
             if s.game is None or not len(s.game):
                 raise IndexError("there is no turn to undo")
             game = s.game
-            game.undo()
-            # saved under the lock: no turn of this session can start while the folder is rewritten
-            if len(game):
-                self._save(s, game)
-            else:
-                folder = os.path.join(self.out_dir, game.game_id)
-                if game.game_id in s.games and writers.is_finished(folder):
-                    shutil.rmtree(folder)
-                s.version += 1
+            folder = os.path.join(self.out_dir, game.game_id)
+            with self.disk_lock(game.game_id), cli.signals_held():
+                game.undo()
+                # under the lock: no turn of this session can start while the folder is rewritten
+                try:
+                    if len(game):
+                        saving.drop_turn(self.engine, game, self.out_dir)
+                    elif game.game_id in s.games and writers.is_finished(folder):
+                        shutil.rmtree(folder)
+                        self.persist(s)
+                except Exception:
+                    log.error("undo of %s failed on disk:\n%s", game.game_id, traceback.format_exc())
+                    s.game = None
+                    self._continue(s, game.game_id)  # the game as it is on disk
+                    raise
+            s.version += 1
             return self.state(s)
 
     def restart(self, s: Session, seed: int | None = None) -> dict:
@@ -426,14 +593,91 @@ class GameServer:
         with self._cv:
             if s.job is not None:
                 raise Busy("a turn is being generated. Fix: wait for it, then restart")
+            self._finish_later(s, s.game)
             self._new_game(s, seed)
+            self.persist(s)
         return self.state(s)
+
+    def continue_game(self, s: Session, game_id: Any) -> dict:
+        """Makes ``s``'s saved game ``game_id`` its current game again (read back from its save);
+        the game it leaves gets its game video and contact sheet. Returns the new state.
+
+        Raises:
+          Busy: a turn is queued or running. BadInput: not one of ``s``'s saved games, or a save
+          that cannot be continued (the message says why).
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then switch games")
+            if not isinstance(game_id, str) or self.game_dir(s, game_id) is None:
+                raise BadInput("no such saved game in this session. Fix: pick one of the page's saved games")
+            old = s.game
+            try:
+                self._continue(s, game_id)
+            except writers.OutputError as e:
+                raise BadInput(str(e)) from None
+            if old is not None and old.game_id != game_id:
+                self._finish_later(s, old)
+            s.version += 1
+            self.persist(s)
+        return self.state(s)
+
+    def branch(self, s: Session, turns: Any = None) -> dict:
+        """A new game holding the first ``turns`` turns of ``s``'s current game (default: all of
+        them), in its own folder (``saving.branch_game``: the turns' files copied, the source only
+        read); it becomes ``s``'s current game, the source stays saved. Returns the new state.
+
+        Raises:
+          Busy: a turn is queued or running. BadInput: ``turns`` not an integer in 1..(turns played),
+          or the current game has no saved turn.
+        """
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then branch")
+            self._resume(s)
+            src = s.game
+            n = len(src) if src is not None else 0
+            folder = None if src is None else self.game_dir(s, src.game_id)
+            if folder is None or n == 0:
+                raise BadInput("this game has no saved turn to branch from. Fix: play a turn first")
+            k = n if turns is None else turns
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= n:
+                raise BadInput(f"branch takes {{\"turns\": <1..{n}>}} (the turns to keep) or nothing (all {n})")
+            stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+            game_id = f"web-{stamp}-{secrets.token_hex(3)}"
+            with self.disk_lock(src.game_id), cli.signals_held():
+                game, _ = saving.load_game(self.engine, folder, upto=k, game_id=game_id)
+                saving.branch_game(folder, game, self.engine, self.out_dir)
+            s.games.add(game_id)
+            s.game = game
+            self._finish_later(s, src)
+            s.version += 1
+            self.persist(s)
+        return self.state(s)
+
+    def saved_games(self, s: Session) -> list[dict]:
+        """``s``'s games on disk, newest first: ``{"game_id", "turns", "current"}``."""
+        out = []
+        for g in sorted(s.games, reverse=True):
+            folder = self.game_dir(s, g)
+            if folder is None:
+                continue
+            if s.game is not None and s.game.game_id == g:
+                n = len(s.game)
+            else:
+                try:
+                    n = len(writers.read_json(os.path.join(folder, writers.GAME_JSON))["turns"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            out.append({"game_id": g, "turns": n, "current": s.game is not None and s.game.game_id == g})
+        return out
 
     # -- state -----------------------------------------------------------------------------------
 
     def state(self, s: Session) -> dict:
         """The JSON the page renders: the game's turns (clip URLs, states, meters, deltas)."""
         with self._cv:
+            self._resume(s)
             if s.game is None:
                 self._new_game(s, None)
             game = s.game
@@ -457,7 +701,7 @@ class GameServer:
                 "system_description": self.engine.system.description,
                 "config": cfg.name, "mode": cfg.game.mode, "fps": float(cfg.game.fps),
                 "meters": prev, "start_meters": start, "turns": turns,
-                "busy": s.job is not None, "version": s.version,
+                "busy": s.job is not None, "version": s.version, "saved_games": self.saved_games(s),
                 "folder": os.path.join(self.out_dir, game.game_id) if saved and turns else None,
                 "download": f"{base}.zip" if saved and turns else None,
                 "gallery": f"{base}/index.html?v={s.version}" if saved and turns else None,
@@ -512,7 +756,7 @@ class GameServer:
             except BaseException:  # never let the worker die: report and go on
                 log.error("turn batch failed:\n%s", traceback.format_exc())
                 for job in batch:
-                    if not job.finished:
+                    if not job.finished and not job.saving:
                         self._finish(job, "error", message="internal error; the game is unchanged")
             finally:
                 with self._cv:
@@ -551,35 +795,43 @@ class GameServer:
             with self._cv:
                 job.game.commit(job.turn, job.ids, states[b], rep[b], video_io.to_uint8(frames[b], FRAME_RANGE),
                                 timing)
-            try:
-                self._save(job.session, job.game)
-            except Exception as e:  # noqa: BLE001 - the turn is rolled back, the server goes on
-                log.error("saving %s failed:\n%s", job.game.game_id, traceback.format_exc())
-                with self._cv:
-                    job.game.undo()
-                self._finish(job, "error", message=f"the turn could not be saved ({type(e).__name__}: {e}); "
-                                                   f"the game is unchanged. Fix: check the output folder "
-                                                   f"{self.out_dir!r}, then try again")
-                continue
-            self.turns_played += 1
-            k = len(job.game) - 1
-            saving.print_turn(k, job.turn.text, job.game.results[k], timing)
-            with self._cv:
-                job.session.job = None
-            job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
+            job.saving = True
+            self._write_later(lambda job=job: self._save_turn(job, timing, t0))
 
-    def _save(self, s: Session, game: TurnByTurnGame) -> str:
-        # the first write of a game needs its folder free; later ones replace this game's own folder
-        # (ids are unique per server: web-<time>-<random>)
-        ours = game.game_id in s.games and writers.is_finished(os.path.join(self.out_dir, game.game_id))
-        folder, _ = saving.save_game(self.engine, game.result(), self.out_dir, overwrite=ours)
-        s.version += 1
-        return folder
+    def _save_turn(self, job: Job, timing: dict, t0: float) -> None:
+        """The writer thread's part of a turn: saves it (rolled back when that fails), drops its
+        frames from memory, then tells the player ``done``."""
+        game = job.game
+        k = len(game) - 1
+        try:
+            with self.disk_lock(game.game_id), cli.signals_held():
+                # the first turn makes the folder (ids are unique per server: web-<time>-<random>);
+                # later ones add their own files
+                saving.save_turn(self.engine, game, self.out_dir, new_folder=k == 0)
+        except Exception as e:  # noqa: BLE001 - the turn is rolled back, the server goes on
+            log.error("saving %s failed:\n%s", game.game_id, traceback.format_exc())
+            with self._cv:
+                game.undo()
+            self._finish(job, "error", message=f"the turn could not be saved ({type(e).__name__}: {e}); "
+                                               f"the game is unchanged. Fix: check the output folder "
+                                               f"{self.out_dir!r}, then try again")
+            return
+        with self._cv:
+            game.results[k] = dataclasses.replace(game.results[k], frames=None)  # on disk now
+            job.session.version += 1
+            self.turns_played += 1
+            if k == 0:
+                self.persist(job.session)
+        saving.print_turn(k, job.turn.text, game.results[k], timing)
+        with self._cv:
+            job.session.job = None
+        job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
 
 
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
                  seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
-                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS) -> GameServer:
+                 max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS,
+                 max_batch: int = MAX_BATCH) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
@@ -589,14 +841,16 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
       seed: default game seed (default ``config.game.seed``).
       max_queue: turns that may wait before new ones are refused (:class:`GameServer`).
       max_sessions: sessions holding turns before new players are refused (:class:`GameServer`).
+      max_batch: turns of different players in one batched step per data-parallel slice: the
+        engine's one batch shape (``GameEngine`` ``rows``).
 
     Raises:
       CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
-      ValueError: ``max_queue`` or ``max_sessions`` below 1.
+      ValueError: ``max_queue``, ``max_sessions`` or ``max_batch`` below 1.
     """
     setup_jax()
     mesh = parallel.mesh_from_config(config)
     system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
                             random_fallback=random_fallback)
-    engine = GameEngine(config, system, mesh=mesh)
+    engine = GameEngine(config, system, mesh=mesh, rows=max_batch)
     return GameServer(engine, out or config.game.out_dir, seed, max_sessions=max_sessions, max_queue=max_queue)

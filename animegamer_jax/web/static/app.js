@@ -43,6 +43,7 @@ function setBusy(b) {
   busy = b;
   $("#generate").disabled = b;
   $("#restart").disabled = b;
+  $("#branch").disabled = b || !current || current.turns.length === 0;
   $("#undo").disabled = b || !current || current.turns.length === 0;
 }
 
@@ -60,9 +61,22 @@ function playClip(src) {
   v.play().then(hideLive, () => {});
 }
 
+let shownTurn = -1; // the turn in the player (Branch from here keeps the turns up to it)
+
 function render(state, { play = true } = {}) {
   current = state;
   const n = state.turns.length;
+  shownTurn = n - 1;
+  $("#saved-games").innerHTML = (state.saved_games || []).map((g) =>
+    `<li>${g.current ? `<b>${esc(g.game_id)}</b> (playing)` :
+      `<a href="#" data-game="${esc(g.game_id)}">${esc(g.game_id)}</a>`} · ${g.turns} turn${g.turns === 1 ? "" : "s"}</li>`).join("");
+  for (const a of $("#saved-games").querySelectorAll("a[data-game]")) {
+    a.addEventListener("click", async (e) => {
+      e.preventDefault();
+      const j = await simple("/api/continue", { game_id: a.dataset.game });
+      if (j) setStatus(`Continuing ${j.game_id} (${j.turns.length} turns).`);
+    });
+  }
   $("#info").textContent = `game ${state.game_id} · seed ${state.seed} · ${n} turn${n === 1 ? "" : "s"} · ` +
     `${state.config} (${state.mode}) · ${state.system}`;
   $("#about").textContent = state.system_description || "";
@@ -85,6 +99,7 @@ function render(state, { play = true } = {}) {
     const t = state.turns[Number(fig.dataset.turn)];
     const show = () => {
       hist.querySelectorAll("figure").forEach((f) => f.classList.toggle("current", f === fig));
+      shownTurn = t.turn;
       $("#caption").textContent = `Turn ${t.turn + 1}: ${t.instruction}`;
       playClip(t.video);
     };
@@ -227,5 +242,9 @@ $("#restart").addEventListener("click", async () => {
   const seed = $("#seed").value === "" ? undefined : Number($("#seed").value);
   const j = await simple("/api/restart", seed === undefined ? {} : { seed });
   if (j) setStatus("New game started; the previous one stays saved.");
+});
+$("#branch").addEventListener("click", async () => {
+  const j = await simple("/api/branch", { turns: shownTurn + 1 });
+  if (j) setStatus(`Branched: a new game ${j.game_id} from turn ${j.turns.length}; the other one stays saved.`);
 });
 refresh();
