@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install tpu-compiler aot-gpu browser demo test test-fast clean-venv
+.PHONY: install tpu-compiler aot-gpu browser demo toy-world test test-fast clean-venv
 
 install: $(STAMP)
 
@@ -37,6 +37,13 @@ aot-gpu:
 demo: $(STAMP)
 	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo --overwrite  # a rerun replaces its own game
 	$(PY) -m animegamer_jax.play data/games/sample_tour.txt --demo --overwrite  # the three sample films
+
+# The toy world, end to end: generate it, prepare train/ and heldout/, train configs/toy_world.py's
+# pipeline (hours on 2 CPU cores). Rerunning resumes where it stopped (docs/training.md#train-the-toy-world).
+TOY_DATA ?= data/prepared
+TOY_WORKDIR ?= outputs/toy_world
+toy-world: $(STAMP)
+	$(PY) -m animegamer_jax.train.toy_world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
 
 # Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
 # (tests/test_serve.py). Needs root (CI runs as root); where it cannot install, the browser test is

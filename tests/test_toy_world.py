@@ -149,3 +149,37 @@ def test_command(tmp_path, capsys):
     assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep"
     assert sample.main(["--world=toy", f"--out_dir={tmp_path / 'x'}", "--num_backgrounds=1"]) == 2
     assert "--num_backgrounds=1" in capsys.readouterr().err
+
+
+def test_phase_r_batches_take_the_mined_references(world, tmp_path):
+    """Phase r's reference_frame is the first frame of the mined clip (another scene of the same character),
+    picked by the records' dataset index; without the labels file, the within-batch pairing."""
+    import shutil
+
+    from animegamer_jax.data import batches
+    from tests.test_train_phases import test_config
+    out, manifest = world
+    labels = str(tmp_path / "labels.jsonl")
+    shutil.copy(os.path.join(out, "labels.jsonl"), labels)
+    films = [(f["film_id"], os.path.join(out, f["path"])) for f in manifest["films"] if f["split"] == "train"][:4]
+    ds = str(tmp_path / "ds")
+    prepare.prepare_dataset(films, labels, ds, _data_cfg())
+    fn, how = batches.mined_reference_frames(ds, "train", seed=1)
+    assert how == "mined"
+    refs = references.dataset_references(ds, seed=1)
+    source = datasets.open_split(ds, "train")
+    idx = np.array([3, 0, 7], np.int32)
+    ex = {k: np.stack([source[int(i)][k] for i in idx]) for k in ("frames", "motion_level")}
+    ex.update(index=idx, action=np.array(["walk left"] * 3), first_frame=ex["frames"][:, 0])
+    cfg = test_config("r")
+    batch = batches.BatchBuilder(cfg, "r", reference_frames=fn)(ex)
+    for row, i in zip(batch["reference_frame"], idx):
+        assert int(refs[i]) not in (-1, int(i))
+        assert np.array_equal(row, source[int(refs[i])]["frames"][0])
+    rows = references.clips_with_characters(ds)
+    assert all(rows[int(refs[i])]["characters"] == rows[int(i)]["characters"] for i in idx)
+    with pytest.raises(KeyError, match="index"):
+        fn({"first_frame": ex["first_frame"]})
+    os.remove(labels)  # no character labels: the within-batch default
+    fn, how = batches.mined_reference_frames(ds, "train")
+    assert how == "within-batch" and fn is batches.pick_reference_frames

@@ -32,7 +32,7 @@ import ml_collections
 import numpy as np
 
 from animegamer_jax import fileio, mllm_tokenizer, paths, t5_tokenizer, video_io
-from animegamer_jax.data import video
+from animegamer_jax.data import datasets, references, video
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.models.mistral import mllm
 
@@ -111,8 +111,8 @@ def pick_reference_frames(records: Mapping[str, Any]) -> np.ndarray:
     Clip i's reference is the first frame of another clip of the batch: the next one (cyclically,
     i+1, i+2, ...) whose ``characters`` label equals clip i's when the records carry labels and one
     matches, else the next clip (i+1 mod B). A batch of one clip gets its own first frame. This is
-    the default pairing; the dataset-wide one (the first frame of another clip of the same character
-    in the whole dataset) replaces this function.
+    the fallback of :func:`mined_reference_frames` (clips without character labels) and the pairing
+    of batches a caller hands in without a dataset.
 
     Raises:
       KeyError: records with neither ``first_frame`` nor ``frames`` (a clips loader with frames).
@@ -132,6 +132,39 @@ def pick_reference_frames(records: Mapping[str, Any]) -> np.ndarray:
         same = [j for j in others if labels is not None and labels[i] and labels[j] == labels[i]]
         pick.append(same[0] if same else others[0] if others else i)
     return np.ascontiguousarray(first[pick].astype(np.uint8))
+
+
+def mined_reference_frames(dataset_dir: str, split: str = "train", seed: int = 0):
+    """Phase r's ``records -> uint8 [B, H, W, 3]`` from the dataset-wide mined pairs: record i's reference
+    is the first frame of the clip ``references.dataset_references`` picks for it (another clip of the same
+    character, from another scene wherever the character has one), read from the split by the records'
+    ``index`` (int [B], the record index the clips loader adds). A record without a mined reference (its
+    clip shows nobody, or is its character's only clip) gets its own first frame.
+
+    Returns ``(fn, how)``: ``how`` is "mined" or, where the dataset's clips carry no character labels (its
+    labels file is gone, or no clip names a character), "within-batch" with ``fn`` =
+    :func:`pick_reference_frames`.
+
+    Raises:
+      datasets.DatasetError: no prepared dataset at ``dataset_dir``; ValueError: a clip without a label
+        in its labels file (labels of another preparation).
+    """
+    try:
+        refs = references.dataset_references(dataset_dir, split, seed=seed)
+    except FileNotFoundError:
+        return pick_reference_frames, "within-batch"
+    if not (refs >= 0).any():
+        return pick_reference_frames, "within-batch"
+    source = datasets.open_split(dataset_dir, split)
+
+    def fn(records: Mapping[str, Any]) -> np.ndarray:
+        if "index" not in records:
+            raise KeyError("phase r's mined references need each record's dataset 'index' (data.loader's clips "
+                           "mode adds it)")
+        idx = np.asarray(records["index"]).reshape(-1)
+        return np.ascontiguousarray(references.reference_frames(source, refs, idx).astype(np.uint8))
+
+    return fn, "mined"
 
 
 class BatchBuilder:

@@ -33,7 +33,7 @@ from animegamer_jax.data import datasets, loader
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim
-from animegamer_jax.data.batches import BatchBuilder
+from animegamer_jax.data.batches import BatchBuilder, mined_reference_frames
 from animegamer_jax.train.model import PHASE_OUTPUTS, PHASES, phase_spec, training_config
 from animegamer_jax.train.samples import sample_hook
 
@@ -215,10 +215,17 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         state = trainer.init()
         return load_init_components(trainer, state, init_ckpt, config) if init_ckpt else state
 
+    data_given = data is not None
     meta = run_meta(config, phase, dataset=data is None)
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
-    builder = BatchBuilder(config, phase)
+    ref_fn = None
+    if phase == "r" and data_given is False:
+        ref_fn, how = mined_reference_frames(phase_dataset_dir(config, phase), str(config.data.get("split", "train")),
+                                             seed=int(config.seed))
+        status("phase r references: %s", "another clip of the same character (mined over the dataset)"
+               if how == "mined" else "within the batch (the dataset's clips carry no character labels)")
+    builder = BatchBuilder(config, phase, reference_frames=ref_fn)
     hooks = ()
     if int(t.sample_every) > 0 and phase in ("a1", "a2", "c") and "vae" in spec.components:
         hooks = (sample_hook(trainer, config, workdir, int(t.sample_every)),)

@@ -1,0 +1,48 @@
+"""Identity accuracy (eval/identity.py) on synthetic clips: nearest of K references in an image embedding."""
+
+import numpy as np
+import pytest
+
+from animegamer_jax.data import toy_world
+from animegamer_jax.eval import embedders, identity
+
+
+def _refs():
+    """3 toy characters on grey, 64x96."""
+    chars = toy_world.make_characters(3)
+    return np.stack([toy_world.reference_image(c, (96, 64)) for c in chars])
+
+
+def _clip(ref, rs, t=9):
+    """A clip of a reference: small shifts and pixel noise per frame (uint8 [T, 64, 96, 3])."""
+    frames = [np.clip(np.roll(ref, rs.randint(-3, 4), axis=1).astype(int) + rs.randint(-20, 21, ref.shape), 0, 255)
+              for _ in range(t)]
+    return np.stack(frames).astype(np.uint8)
+
+
+def test_clips_of_a_character_are_nearest_its_reference():
+    refs, rs = _refs(), np.random.RandomState(0)
+    named = [0, 1, 2, 2, 1, 0]
+    clips = [_clip(refs[k], rs) for k in named]
+    embed = embedders.standin_embedder().image
+    res = identity.identity_accuracy(clips, named, refs, embed)
+    assert res["accuracy"] == 1.0 and res["chance"] == pytest.approx(1 / 3) and res["num_clips"] == 6
+    assert res["predicted"] == named and res["per_character"][2] == {"accuracy": 1.0, "num_clips": 2}
+    wrong = identity.identity_accuracy(clips, [1, 2, 0, 0, 2, 1], refs, embed)  # every turn named another one
+    assert wrong["accuracy"] == 0.0 and wrong["predicted"] == named
+    scores = identity.identity_scores(clips[:1], refs, embed, frames_per_clip=0)
+    assert scores.shape == (1, 3) and scores[0].argmax() == 0 and scores.max() <= 1.0
+    with pytest.raises(ValueError, match="index the 3"):
+        identity.identity_accuracy(clips[:1], [3], refs, embed)
+    with pytest.raises(ValueError, match="one named character per clip"):
+        identity.identity_accuracy(clips, [0], refs, embed)
+
+
+def test_toy_references(tmp_path):
+    world = str(tmp_path / "w")
+    from configs import tiny
+    toy_world.make_toy_world(world, tiny.get_config().data, num_characters=3, num_heldout=1, films_per_character=1,
+                             scenes_per_film=2, scene_seconds=2.0, size=(48, 32), fps=8.0, seed=5)
+    names, refs, held = identity.toy_references(world)
+    assert names == [c.name for c in toy_world.make_characters(3)] and refs.shape == (3, 32, 48, 3)
+    assert sum(held) == 1 and np.array_equal(refs[1], toy_world.load_reference(world, names[1]))
