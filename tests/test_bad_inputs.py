@@ -41,15 +41,19 @@ CONFIG_CASES = [
 ]
 GAME = ["--standin", "--out=out"]
 # --character NAME=IMAGE (play, generate): bad syntax, unreadable, not an image, too small, too large,
-# a system without the reference adapter (--demo's random fallback)
+# a system without the reference adapter (a copy of the shipped tiny system without its ``reference``
+# component, inputs/noref; and --demo's random fallback when no checkpoint is found)
 CHARACTER_CASES = [
     ("character without =", ["--character=Bunny", *GAME]),
     ("character missing image", ["--character=Bunny=inputs/missing.png", *GAME]),
     ("character not an image", ["--character=Bunny=inputs/binary.py", *GAME]),
     ("character tiny image", ["--character=Bunny=inputs/tiny.png", *GAME]),
     ("character huge image", ["--character=Bunny=inputs/huge.png", *GAME]),
-    # the shipped checkpoints/tiny_system (no phase r yet): refused from its manifest, before loading
-    ("character on a system without references", ["--character=Bunny=inputs/ok.png", "--demo", "--out=out"]),
+    # refused from the manifest, before loading
+    ("character on a system without references", ["--character=Bunny=inputs/ok.png", "--checkpoint=inputs/noref",
+                                                   "--out=out"]),
+    ("character on the random demo system", ["--character=Bunny=inputs/ok.png", "--demo",
+                                             "--config.game.checkpoint=inputs/missing", "--out=out"]),
 ]
 
 #: entry point ("module:function") -> (case name, argv) rows
@@ -183,6 +187,9 @@ def _inputs(root: Path) -> None:
     Image.new("RGB", (64, 64), (200, 100, 50)).save(d / "ok.png")
     Image.new("RGB", (16, 16)).save(d / "tiny.png")
     Image.new("1", (9000, 40)).save(d / "huge.png")
+    from tests.test_system_checkpoint import system_without
+
+    system_without(str(REPO / "checkpoints" / "tiny_system"), str(d / "noref"), ("reference",))
     (d / "esc.txt").write_text(OK_LINE.replace("hop", "hop\x1b[2J"))
     (d / "bidi.txt").write_text(OK_LINE.replace("hop", "hop\u202e"))
     (d / "zwsp.txt").write_text(OK_LINE.replace("hop", "h\u200bop"))

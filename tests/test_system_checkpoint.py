@@ -31,6 +31,25 @@ def _copy(saved, tmp_path):
     return dst
 
 
+def system_without(src: str, dst: str, names: tuple[str, ...]) -> str:
+    """A copy of the system checkpoint ``src`` at ``dst`` without the components ``names`` (their
+    folders, manifest entries and orbax handlers dropped; integrity.json rewritten); returns ``dst``."""
+    shutil.copytree(src, dst, ignore=lambda d, entries: [e for e in entries
+                                                         if os.path.samefile(d, src) and e in names])
+    man_path = os.path.join(dst, "manifest", "metadata")
+    man = json.load(open(man_path))
+    man["components"] = [c for c in man["components"] if c not in names]
+    man["param_counts"] = {k: v for k, v in man["param_counts"].items() if k not in names}
+    meta_path = os.path.join(dst, "_CHECKPOINT_METADATA")
+    meta = json.load(open(meta_path))
+    meta["item_handlers"] = {k: v for k, v in meta["item_handlers"].items() if k not in names}
+    for path, payload in ((man_path, man), (meta_path, meta)):
+        with open(path, "w") as f:
+            json.dump(payload, f)
+    checkpoint.write_integrity(dst)
+    return dst
+
+
 def _array_file(d):
     """The largest OCDBT data file of the dit component (holds the weights)."""
     files = [f for f in glob.glob(os.path.join(d, "dit", "**", "d", "*"), recursive=True) if os.path.isfile(f)]
@@ -121,7 +140,7 @@ def test_missing_or_damaged_integrity_file_and_remanifest(saved, tmp_path, capsy
     assert "ok: " in out and "MiB, full check in" in out
     assert checkpoint_cli.main(["check", d]) == 2 and checkpoint_cli.main(["verify", d, "--fast"]) == 2  # absl: a one-line usage error
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == "error: unknown kind 'check'; choose one of verify, manifest, cast"
+    assert err[0] == "error: unknown kind 'check'; choose one of verify, manifest, cast, add"
     assert err[1].startswith("error: Unknown command line flag 'fast'")
     with open(os.path.join(d, checkpoint.INTEGRITY_FILE), "r+b") as f:
         f.truncate(40)
@@ -204,3 +223,54 @@ def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
     assert "81 two-second 64x96 clips" in about and checkpoint.read_manifest(dst)["description"] == about
     assert checkpoint_cli.main(["cast", src, str(tmp_path / "d"), "--components=vae", "--description=a <b> system"]) == 0
     assert checkpoint.read_manifest(str(tmp_path / "d"))["description"] == "a <b> system"
+
+
+def test_add_copies_every_file_and_rewrites_only_the_records(tmp_path, capsys):
+    """``python -m animegamer_jax.checkpoint add BASE DST --from=SYSTEM --components=reference`` (how the
+    shipped tiny system gained its reference adapter): every file of BASE and of the added component
+    byte for byte, the manifest/config/handlers gain the component; refusals are one line."""
+    ship = "checkpoints/tiny_system"
+    base = system_without(ship, str(tmp_path / "base"), ("reference",))
+    cfg = json.load(open(os.path.join(base, "config", "metadata")))
+    for key in ("reference_lora_rank", "reference_lora_alpha"):  # a base whose config predates them
+        cfg["dit"].pop(key)
+    cfg["train"]["phase"] = "d"
+    with open(os.path.join(base, "config", "metadata"), "w") as f:
+        json.dump(cfg, f)
+    checkpoint.write_integrity(base)
+    src = str(tmp_path / "src")
+    shutil.copytree(ship, src)
+    with open(os.path.join(src, "config", "metadata")) as f:
+        src_cfg = json.load(f)
+    src_cfg["train"]["phase"], src_cfg["train"]["resume_step"] = "r", 7  # the run's own settings stay out
+    with open(os.path.join(src, "config", "metadata"), "w") as f:
+        json.dump(src_cfg, f)
+    checkpoint.write_integrity(src)
+    dst = str(tmp_path / "dst")
+    assert checkpoint_cli.main(["add", base, dst, f"--from={src}", "--components=reference"]) == 0
+    assert "config gained dit.reference_lora_rank, dit.reference_lora_alpha" in capsys.readouterr().out
+    records = {"manifest/metadata", "config/metadata", "_CHECKPOINT_METADATA", checkpoint.INTEGRITY_FILE}
+    got = set(checkpoint.verify_checkpoint(dst, "full")["files"])
+    assert got == set(checkpoint.read_integrity(ship)["files"])  # the shipped system's file list exactly
+    for rel in got - records:
+        root = src if rel.startswith("reference/") else base
+        assert open(os.path.join(dst, rel), "rb").read() == open(os.path.join(root, rel), "rb").read(), rel
+    man, ship_man = checkpoint.read_manifest(dst), checkpoint.read_manifest(ship)
+    assert man["components"] == ship_man["components"] and man["param_counts"] == ship_man["param_counts"]
+    assert man["description"] == ship_man["description"]  # BASE's, kept
+    new_cfg = json.load(open(os.path.join(dst, "config", "metadata")))
+    assert new_cfg["dit"]["reference_lora_rank"] == 4 and new_cfg["dit"]["reference_lora_alpha"] == 4.0
+    assert new_cfg["train"] == cfg["train"] and "resume_step" not in new_cfg["train"]
+    meta = json.load(open(os.path.join(dst, "_CHECKPOINT_METADATA")))
+    assert meta["item_handlers"] == json.load(open(os.path.join(ship, "_CHECKPOINT_METADATA")))["item_handlers"]
+    assert checkpoint.stored_dtypes(dst, "mllm") == checkpoint.stored_dtypes(ship, "mllm")  # bf16 kept
+    # refusals: an existing DST, a component BASE holds or SRC lacks, nothing named; nothing written
+    for argv, says in ((["add", base, dst, f"--from={src}", "--components=reference"], "exists"),
+                       (["add", src, str(tmp_path / "x"), f"--from={src}", "--components=reference"], "already holds"),
+                       (["add", base, str(tmp_path / "x"), f"--from={base}", "--components=reference"],
+                        "has no component(s) ['reference']"),
+                       (["add", base, str(tmp_path / "x"), f"--from={src}"], "expected 'add BASE DST")):
+        assert checkpoint_cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["base", "dst", "src"]

@@ -4,11 +4,15 @@ Usage: python -m animegamer_jax.checkpoint verify [--full] DIR
        python -m animegamer_jax.checkpoint manifest DIR
        python -m animegamer_jax.checkpoint cast SRC DST --components=mllm [--dtype=bfloat16]
            [--description="what the system is"]
+       python -m animegamer_jax.checkpoint add BASE DST --from=SYSTEM --components=reference
+           [--description="what the system is"]
 
 verify: check every file against integrity.json; manifest: write integrity.json for the files
 there now (only for a checkpoint you trust); cast: copy SRC to the new folder DST with the float32
 arrays of --components stored as --dtype (loading casts them back); --description replaces the
-manifest's description of the system (shown in game outputs). Each subcommand takes --help.
+manifest's description of the system (shown in game outputs); add: copy BASE to the new folder DST
+with the components of SYSTEM added (every file copied byte for byte; the config gains SYSTEM's
+settings that BASE lacks, its train section excepted). Each subcommand takes --help.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from absl import flags
 
 from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths
+from animegamer_jax.checkpoint.add import add_components
 from animegamer_jax.checkpoint.cast import cast_system
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.checkpoint.integrity import verify_checkpoint, write_integrity
@@ -45,6 +50,14 @@ def _define_cast(fv, argv: list[str]) -> None:
     flags.DEFINE_string("description", None, "what the system is (trained on what, what it can show), stored in "
                         "DST's manifest and shown in game outputs (default: SRC's; --description= clears it)",
                         flag_values=fv)
+
+
+def _define_add(fv, argv: list[str]) -> None:
+    flags.DEFINE_string("from", None, "the system checkpoint holding the components to add (e.g. a training "
+                        "run's runs/NAME/system)", flag_values=fv)
+    flags.DEFINE_list("components", [], "the components of --from to add (BASE must lack them)", flag_values=fv)
+    flags.DEFINE_string("description", None, "what the system is, stored in DST's manifest and shown in game "
+                        "outputs (default: BASE's; --description= clears it)", flag_values=fv)
 
 
 def _checkpoint_dir(directory: str) -> str:
@@ -78,6 +91,18 @@ def _cast(f, src: str, dst: str) -> int:
     return 0
 
 
+def _add(f, base: str, dst: str) -> int:
+    other = f["from"].value
+    if not other or not f.components:
+        raise cli_lib.UsageError(f"expected 'add BASE DST --from=SYSTEM --components=NAME[,NAME]', "
+                                 f"got {['add', base, dst]}")
+    t0 = time.perf_counter()
+    out, keys = add_components(_checkpoint_dir(base), _checkpoint_dir(other), dst, f.components, f.description)
+    print(f"wrote {out} ({', '.join(f.components)} from {other}; config gained {', '.join(keys) or 'nothing'}) "
+          f"in {time.perf_counter() - t0:.1f}s")
+    return 0
+
+
 #: subcommand -> (flag definitions, positional arguments, body, --help text)
 SUBCOMMANDS = {
     "verify": (_define_verify, ("DIR",), _verify,
@@ -87,6 +112,10 @@ SUBCOMMANDS = {
     "cast": (_define_cast, ("SRC", "DST"), _cast,
              "Copies the checkpoint SRC to the new folder DST with the float32 arrays of --components stored as "
              "--dtype (loading casts them back)."),
+    "add": (_define_add, ("BASE", "DST"), _add,
+            "Copies the checkpoint BASE to the new folder DST with the --components of --from added: every file "
+            "copied byte for byte, the manifest, config and integrity record rewritten (the config gains the "
+            "settings --from has and BASE lacks, its train section excepted)."),
 }
 
 
@@ -98,7 +127,8 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.checkpoint {verify [--full] | manifest} DIR`` or
-    ``... cast SRC DST --components=...`` (module docstring).
+    ``... cast SRC DST --components=...`` or ``... add BASE DST --from=SYSTEM --components=...``
+    (module docstring).
 
     Returns the exit status (2 with a one-line message on a bad command line, an unknown subcommand or a
     damaged checkpoint; 0 for ``--help``).

@@ -18,6 +18,11 @@ Routes (every asset is served from this package; the page needs no internet):
 ``POST /api/restart``           a new game, optional JSON ``{"seed": int}``
 ``POST /api/continue``          ``{"game_id"}``: one of the session's saved games (``state``'s
                                 ``saved_games``) becomes its current game again, read from disk
+``POST /api/character``         ``{"name", "image_b64"}``: a new game whose turns naming ``name`` are
+                                decoded with the image (base64, at most 8 MB decoded; checked as
+                                play's ``--character``) as reference; it keeps the current game's
+                                seed and other characters (400 with one line on a bad image or a
+                                system without a reference adapter)
 ``POST /api/branch``            optional ``{"turns": k}``: a new game (its own folder) holding the
                                 current game's first k turns (default all); the source stays
 ``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests;
@@ -49,7 +54,8 @@ Then, in the routes:
   session did not play, file names that are not plain names (path traversal);
 * 405: a method the route does not take (``Allow`` says which);
 * 408: a request body that has not arrived within ``body_timeout_s`` (the connection is closed);
-* 413: a request body over ``max_body`` bytes (checked before it is read);
+* 413: a request body over ``max_body`` bytes (checked before it is read; ``/api/character`` takes
+  up to :data:`CHARACTER_MAX_BODY`);
 * 503: the first turn of a session while ``max_sessions`` players hold games
   (:class:`~animegamer_jax.web.server.ServerFull`), or ``max_queue`` turns wait (``Retry-After``).
 
@@ -87,7 +93,8 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from animegamer_jax.game import writers
-from animegamer_jax.web.server import BadInput, Busy, GameServer, QueueFull, ServerFull, Session, session_id_ok
+from animegamer_jax.web.server import (MAX_CHARACTER_BYTES, BadInput, Busy, GameServer, QueueFull, ServerFull, Session,
+                                       session_id_ok)
 
 STATIC = os.path.join(os.path.dirname(__file__), "static")
 #: the session cookie's name, before the port (:func:`cookie_name`)
@@ -105,6 +112,8 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 KEEPALIVE_S = 10.0
 #: default largest request body in bytes (a turn's JSON is a few hundred bytes)
 MAX_BODY = 16 * 1024
+#: the largest ``POST /api/character`` body: an image of ``MAX_CHARACTER_BYTES`` as base64, and its name
+CHARACTER_MAX_BODY = 4 * (MAX_CHARACTER_BYTES // 3 + 1) + 4096
 #: default seconds a request body may take to arrive (408 and the connection closed after that)
 BODY_TIMEOUT_S = 10.0
 #: default seconds a connection may take to send a request head (after it opens or after a response)
@@ -289,12 +298,14 @@ class Guard:
         await self.app(scope, receive, send_on)
 
 
-async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
+async def read_body(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S,
+                    fix: str = "send a turn of a few hundred bytes") -> bytes:
     """The request body, refused with 413 once it is over ``limit`` bytes (by Content-Length,
-    before anything is read, or while a chunked body streams in) and with 408 when all of it has
-    not arrived within ``timeout_s`` seconds (a sender trickling bytes); both close the connection."""
+    before anything is read, or while a chunked body streams in; ``fix`` ends the message) and with
+    408 when all of it has not arrived within ``timeout_s`` seconds (a sender trickling bytes); both
+    close the connection."""
     close = {"Connection": "close"}  # the rest of the body is not read
-    too_big = f"the request body is over {limit} bytes. Fix: send a turn of a few hundred bytes"
+    too_big = f"the request body is over {limit} bytes. Fix: {fix}"
     declared = request.headers.get("content-length")
     if declared is not None and not declared.isdigit():
         raise Refused(400, "the Content-Length header is not a number", close)
@@ -367,8 +378,9 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
                                "it saved a game). Fix: reload the page to start a new session")
         return s
 
-    async def body_of(request: Request):
-        return parse_json(await read_body(request, max_body, body_timeout_s), empty={})
+    async def body_of(request: Request, limit: int | None = None, **fix):
+        return parse_json(await read_body(request, max_body if limit is None else limit, body_timeout_s, **fix),
+                          empty={})
 
     def error(status: int, message: str, **extra) -> JSONResponse:
         return JSONResponse({"error": message, **extra}, status_code=status)
@@ -468,6 +480,19 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         except Busy as e:
             return error(409, str(e))
 
+    async def character(request: Request) -> Response:
+        s = session_of(request)
+        body = await body_of(request, max(max_body, CHARACTER_MAX_BODY),
+                             fix=f"upload an image of at most {MAX_CHARACTER_BYTES >> 20} MB")
+        if not isinstance(body, dict) or set(body) != {"name", "image_b64"}:
+            return error(400, "character takes {\"name\": \"<character name>\", \"image_b64\": \"<the image, base64>\"}")
+        try:
+            return JSONResponse(await asyncio.to_thread(server.add_character, s, body["name"], body["image_b64"]))
+        except BadInput as e:
+            return error(400, str(e))
+        except Busy as e:
+            return error(409, str(e))
+
     async def branch(request: Request) -> Response:
         s = session_of(request)
         body = await body_of(request)
@@ -526,6 +551,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         Route("/api/restart", restart, methods=["POST"]),
         Route("/api/continue", switch, methods=["POST"]),
         Route("/api/branch", branch, methods=["POST"]),
+        Route("/api/character", character, methods=["POST"]),
         Route("/games/{game_id}.zip", game_zip),
         Route("/games/{game_id}/{name}", game_file),
     ]
@@ -540,7 +566,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         where = f"{request.method} {request.url.path[:200]}"
         if exc.status_code == 404:
             message = (f"no route {where}. Fix: the page is at /, the API under /api/ (state, turn, undo, restart, "
-                       f"continue, branch)")
+                       f"continue, branch, character)")
         elif exc.status_code == 405:
             allowed = sorted((exc.headers or {}).get("Allow", "").replace(" ", "").split(","))
             message = f"method not allowed: {where}. Fix: use {', '.join(allowed)}"

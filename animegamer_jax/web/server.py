@@ -73,6 +73,7 @@ import numpy as np
 from PIL import Image
 
 from animegamer_jax import cli, fileio, mllm_tokenizer, parallel, paths, video_io
+from animegamer_jax.game import characters as characters_lib
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import setup_jax
@@ -107,6 +108,8 @@ SESSIONS_FILE = ".web-sessions.json"
 MAX_BATCH = 4
 #: default seconds a session may go unseen before it is dropped (its games stay saved on disk)
 SESSION_IDLE_S = 12 * 3600
+#: the largest uploaded reference image, decoded bytes (``POST /api/character``)
+MAX_CHARACTER_BYTES = 8 * 1024 * 1024
 
 
 class BadInput(ValueError):
@@ -449,10 +452,11 @@ class GameServer:
                              f"{self.max_sessions}); a game unseen for {self.idle_s / 3600:g} h is let go. "
                              f"Fix: try again later")
 
-    def _new_game(self, s: Session, seed: int | None) -> TurnByTurnGame:
+    def _new_game(self, s: Session, seed: int | None, characters: tuple = ()) -> TurnByTurnGame:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         game_id = f"web-{stamp}-{secrets.token_hex(3)}"
-        s.game = TurnByTurnGame(self.engine, game_id, self.seed if seed is None else int(seed))
+        s.game = TurnByTurnGame(self.engine, game_id, self.seed if seed is None else int(seed),
+                                characters=tuple(characters))
         s.games.add(game_id)
         return s.game
 
@@ -598,6 +602,48 @@ class GameServer:
             self.persist(s)
         return self.state(s)
 
+    def add_character(self, s: Session, name: Any, image_b64: Any) -> dict:
+        """Starts a new game for ``s`` whose turns naming ``name`` are decoded with the uploaded image
+        as their reference (game/characters.py, as play's ``--character``); it keeps the current
+        game's other characters and seed, and records them in its game.json. A game's characters
+        are fixed when it starts, so its output depends only on its own inputs and seed; the
+        previous game stays saved. Returns the new state.
+
+        Raises:
+          BadInput: ``name`` / ``image_b64`` not strings, not base64, over
+            :data:`MAX_CHARACTER_BYTES` decoded, an image ``characters.character_from_bytes``
+            refuses (one line), or a system without a reference adapter. Busy: a turn is queued or running.
+        """
+        if not isinstance(name, str) or not isinstance(image_b64, str):
+            raise BadInput("character takes {\"name\": \"<character name>\", \"image_b64\": \"<the image, base64>\"}")
+        if not self.engine.supports_references:
+            raise BadInput(f"this server's system ({self.engine.system.label}) has no reference adapter. Fix: serve "
+                           f"a checkpoint trained with phase r (docs/training.md#phase-r-reference)")
+        if len(image_b64) > 4 * (MAX_CHARACTER_BYTES // 3 + 1):
+            raise BadInput(f"the image is over {MAX_CHARACTER_BYTES >> 20} MB. Fix: upload a smaller picture")
+        try:
+            data = base64.b64decode(image_b64, validate=True)
+        except ValueError:
+            raise BadInput("image_b64 is not base64. Fix: send the file's bytes base64-encoded") from None
+        if len(data) > MAX_CHARACTER_BYTES:
+            raise BadInput(f"the image is over {MAX_CHARACTER_BYTES >> 20} MB. Fix: upload a smaller picture")
+        try:
+            char = characters_lib.character_from_bytes(name.strip(), data, f"character {name.strip()!r}")
+        except characters_lib.CharacterError as e:
+            raise BadInput(str(e)) from None
+        with self._cv:
+            if s.job is not None:
+                raise Busy("a turn is being generated. Fix: wait for it, then add the character")
+            self._resume(s)
+            old = s.game
+            kept = () if old is None else tuple(c for c in old.characters
+                                               if c.name.casefold() != char.name.casefold())
+            self._finish_later(s, old)
+            self._new_game(s, None if old is None else old.seed, (*kept, char))
+            s.version += 1
+            self.persist(s)
+        return self.state(s)
+
     def continue_game(self, s: Session, game_id: Any) -> dict:
         """Makes ``s``'s saved game ``game_id`` its current game again (read back from its save);
         the game it leaves gets its game video and contact sheet. Returns the new state.
@@ -702,6 +748,8 @@ class GameServer:
                 "config": cfg.name, "mode": cfg.game.mode, "fps": float(cfg.game.fps),
                 "meters": prev, "start_meters": start, "turns": turns,
                 "busy": s.job is not None, "version": s.version, "saved_games": self.saved_games(s),
+                "characters": [c.name for c in game.characters],
+                "references": self.engine.supports_references,
                 "folder": os.path.join(self.out_dir, game.game_id) if saved and turns else None,
                 "download": f"{base}.zip" if saved and turns else None,
                 "gallery": f"{base}/index.html?v={s.version}" if saved and turns else None,
@@ -783,7 +831,11 @@ class GameServer:
 
         t0 = time.perf_counter()
         try:
-            states, rep, frames, timing = self.engine.step(runs, seeds, ids, ks, on_frames=on_frames)
+            refs = [job.game.reference(job.turn) for job in batch]  # each game's own characters, or None
+            refs += [None] * (self.engine.batch_size - len(refs))
+            states, rep, frames, timing = self.engine.step(
+                runs, seeds, ids, ks, on_frames=on_frames,
+                references=refs if any(r is not None for r in refs) else None)
         except Exception as e:  # noqa: BLE001 - any model failure: the turn fails, the server goes on
             log.error("turn failed:\n%s", traceback.format_exc())
             for job in batch:

@@ -43,6 +43,7 @@ function setBusy(b) {
   busy = b;
   $("#generate").disabled = b;
   $("#restart").disabled = b;
+  $("#char-upload").disabled = b || (current !== null && current.references === false);
   $("#branch").disabled = b || !current || current.turns.length === 0;
   $("#undo").disabled = b || !current || current.turns.length === 0;
 }
@@ -77,6 +78,10 @@ function render(state, { play = true } = {}) {
       if (j) setStatus(`Continuing ${j.game_id} (${j.turns.length} turns).`);
     });
   }
+  const chars = state.characters || [];
+  $("#characters").textContent = state.references === false ? "This server's system has no reference adapter." :
+    chars.length ? `This game's characters from pictures: ${chars.join(", ")}.` : "";
+  $("#char-upload").disabled = busy || state.references === false;
   $("#info").textContent = `game ${state.game_id} · seed ${state.seed} · ${n} turn${n === 1 ? "" : "s"} · ` +
     `${state.config} (${state.mode}) · ${state.system}`;
   $("#about").textContent = state.system_description || "";
@@ -246,5 +251,26 @@ $("#restart").addEventListener("click", async () => {
 $("#branch").addEventListener("click", async () => {
   const j = await simple("/api/branch", { turns: shownTurn + 1 });
   if (j) setStatus(`Branched: a new game ${j.game_id} from turn ${j.turns.length}; the other one stays saved.`);
+});
+const MAX_CHARACTER_BYTES = 8 * 1024 * 1024; // the server's limit (web/server.py MAX_CHARACTER_BYTES)
+function fileBase64(file) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(String(r.result).replace(/^data:[^,]*,/, ""));
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(file);
+  });
+}
+$("#character-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  if (busy) return;
+  const name = $("#char-name").value.trim();
+  const file = $("#char-image").files[0];
+  if (!name || !file) { showError("Give the character's name and pick a picture of it.", []); return; }
+  if (file.size > MAX_CHARACTER_BYTES) { showError(`${file.name} is over 8 MB. Pick a smaller picture.`, []); return; }
+  setStatus(`Uploading ${file.name}…`);
+  const j = await simple("/api/character", { name, image_b64: await fileBase64(file) });
+  setStatus(j ? `New game ${j.game_id}: turns naming ${name} use ${file.name}; the previous game stays saved.` : "");
+  if (j) $("#character").value = name;
 });
 refresh();
