@@ -469,3 +469,22 @@ def test_generate_max_batch_games_equal_each_alone(tmp_path, capsys):
     assert len(set(clips)) == 3  # the rows are different games (their own seeds), not copies of one
     assert generate.main([str(jl), "--standin", "--max_batch=0", "--out", str(tmp_path / "x")]) == 2
     assert "max_batch" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_ctrl_c_after_the_command_returned_exits_130_at_once():
+    """A SIGINT in the interpreter's shutdown after play returned (summary printed, files written):
+    exit 130 with one line, not a KeyboardInterrupt traceback and status -2."""
+    code = ("import os, signal, time\n"
+            "from animegamer_jax import cli\n"
+            "import atexit\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
+            "print('summary', flush=True)\n"
+            "cli.exit_finished(0)\n")
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 130, (r.returncode, r.stderr[-500:])
+    assert r.stdout.strip() == "summary"
+    assert r.stderr.strip().splitlines() == ["interrupted: the command had already finished; everything it "
+                                             "reported is written"], r.stderr
