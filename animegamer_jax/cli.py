@@ -39,6 +39,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NoReturn
 
 import jax
 from jax._src import compilation_cache as jax_cache  # reset_cache: no public equivalent
@@ -73,6 +74,29 @@ def interrupt_exit(e: KeyboardInterrupt) -> int:
     """The exit status of a command stopped by ``e``: 143 for :class:`Terminated` (SIGTERM), else 130."""
     return TERMINATED_EXIT if isinstance(e, Terminated) else INTERRUPTED_EXIT
 
+
+
+def exit_finished(code: int) -> NoReturn:
+    """Exits with ``code``, the status of a command that has returned (its files written, its summary
+    printed). A Ctrl-C or SIGTERM from here on lands in the interpreter's shutdown (JAX's backends,
+    thread joins: seconds), where there is nothing left to save or abandon: it ends the process at once
+    with 130 / 143 and one line on stderr, instead of a KeyboardInterrupt traceback and a -2 status."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+    def now(signum, frame):
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.write("interrupted: the command had already finished; everything it reported is written\n")
+            sys.stderr.flush()
+        os._exit(TERMINATED_EXIT if signum == signal.SIGTERM else INTERRUPTED_EXIT)
+
+    if _on_main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(s) is not None:
+                signal.signal(s, now)
+    sys.exit(code)
 
 def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()

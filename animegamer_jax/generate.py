@@ -6,8 +6,11 @@ Usage::
     python -m animegamer_jax.generate data/games/demo.jsonl --config=configs/tiny.py --checkpoint=DIR --limit=2
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m animegamer_jax.generate games.jsonl --standin
 
-Games are played ``B`` at a time, B = the data-parallel size of the mesh (one game per data
-shard), games with equal turn counts grouped together (game/engine.py ``batches``). Under a multi-process launch
+Games are played ``B`` at a time, B = ``--max_batch`` x the data-parallel size of the mesh
+(``--max_batch`` games per data shard, default 1, the web server's flag of the same name), games with
+equal turn counts grouped together (game/engine.py ``batches``); a short batch is padded with filler
+rows, so every batch has the one shape and each game's files are byte for byte those of the same
+game generated alone with the same ``--max_batch``. Under a multi-process launch
 (``JAX_NUM_PROCESSES`` etc., parallel/distributed.py) process p takes games p, p + P, ... and plays
 them on a mesh of its local devices, so processes never wait for each other. Every game's
 instructions are checked (fields, token length, file:line) before the first turn. Resumable and
@@ -49,6 +52,9 @@ from animegamer_jax.parallel import distributed
 def define_flags(fv) -> None:
     """generate's own flags (next to game/flags.py's ``common_flags`` and ``--config``) on ``fv``."""
     flags.DEFINE_integer("limit", 0, "Stop after this many games (0 = all).", lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("max_batch", 1, "Games played in one batched model call, per device (data-parallel "
+                         "slice), as web's --max_batch: every batch has this one shape (a short one is padded), so "
+                         "a game's files do not depend on the games beside it.", lower_bound=1, flag_values=fv)
     character_flag(fv)
 
 
@@ -74,7 +80,7 @@ def _generate(f, config, *rest: str) -> int:
         system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
                                 random_fallback=f.demo, verify=f.verify_checkpoint,
                                 need_references=bool(characters))
-        engine = GameEngine(config, system, mesh=mesh)
+        engine = GameEngine(config, system, mesh=mesh, rows=f.max_batch)
         validate_games(games, engine.spec, engine.tok)  # every game, before the first turn
         seeds = {g.game_id: engine.game_seed(g) for g in games}
         todo, done, replay = pending_games(games, out_dir, jax.process_index(), jax.process_count(),

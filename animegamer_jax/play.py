@@ -40,7 +40,7 @@ import jax
 from absl import flags
 
 from animegamer_jax import parallel, paths
-from animegamer_jax.cli import UsageError, interrupt_exit, signals_held
+from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, apply_layout
@@ -318,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> None:
-    """Console script (pyproject.toml)."""
-    sys.exit(main())
+    """Console script (pyproject.toml); a Ctrl-C after the command returned exits 130 at once
+    (``cli.exit_finished``)."""
+    exit_finished(main())
 
 
 if __name__ == "__main__":

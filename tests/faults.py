@@ -557,6 +557,86 @@ class PlayInteractiveCase(PlayScriptCase):
         return done[0]
 
 
+class PlayContinueCase(PlayScriptCase):
+    """``play --continue GAME MORE.txt``: a saved one-turn game (made once by ``play``, copied into each
+    run's folder) gets two more turns, each saved before it is printed. After a kill every turn printed
+    (``turn k:``, k counted from the game's start) is saved, the saved turns equal the reference's and
+    the folder verifies (a continued game stays loadable); the rerun continues the same folder with the
+    instructions not yet saved (none left: ``play --continue GAME -`` with empty stdin, which remakes
+    the derived game video and contact sheet) and must give the reference game byte for byte."""
+
+    name = "play (continue)"
+    #: turns of the saved game the continue starts from; the rest of TURNS are continued
+    BASE = 1
+
+    def base_game(self) -> Path:
+        folder = self.inputs.root / "continue-base" / "games" / "g"
+        if not folder.is_dir():
+            script = self.inputs.root / "continue-base.txt"
+            script.parent.mkdir(parents=True, exist_ok=True)
+            fileio.write_text_atomic(str(script), "\n".join(TURNS[: self.BASE]) + "\n")
+            child = Child([PY, "-m", "animegamer_jax.play", str(script), "--game-id", "g", "--out",
+                           str(folder.parent), *system_flags(self.system)], self.inputs.root / "logs" / "continue-base",
+                          self.env)
+            if child.wait(600) != 0:
+                raise HarnessError(f"{self.name}: making the saved game failed: {child.tail()}")
+        return folder
+
+    def more(self, first: int) -> Path:
+        """A script of TURNS[first:] (the instructions a continue still has to play)."""
+        path = self.inputs.root / f"continue-from{first}.txt"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fileio.write_text_atomic(str(path), "\n".join(TURNS[first:]) + "\n")
+        return path
+
+    def setup(self) -> None:
+        self.base_game()
+        self.more(self.BASE)
+
+    def command(self, out: Path) -> list[str]:
+        g = out / "games" / "g"
+        if not g.exists():  # each run starts from its own copy of the saved game
+            shutil.copytree(self.base_game(), g)
+        return [PY, "-m", "animegamer_jax.play", "--continue", str(g), str(self.more(self.BASE)),
+                *system_flags(self.system)]
+
+    def rerun_command(self, out: Path) -> list[str]:
+        g = out / "games" / "g"
+        saved = game_turns(g)
+        rest = [str(self.more(saved))] if saved < len(TURNS) else ["-"]
+        return [PY, "-m", "animegamer_jax.play", "--continue", str(g), *rest, *system_flags(self.system)]
+
+    def reported_done(self, out: Path, child: Child, ref: Path) -> object:
+        printed = max((int(k) for k in re.findall(r"^turn (\d+): ", child.stdout, re.MULTILINE)), default=0)
+        g = out / "games" / "g"
+        saved = game_turns(g) if g.is_dir() else 0
+        fails = []
+        if saved < max(printed, self.BASE):
+            fails.append(f"turn {printed} was printed as played (the game had {self.BASE} before) but the saved "
+                         f"game holds {saved} turn(s)")
+        if saved:
+            fails += game_prefix_matches(g, ref / "games" / "g", saved)
+        return fails, saved
+
+    def after_signal(self, sig, rc, child, out, done) -> list[str]:
+        fails = []
+        saved = done[1]
+        said = re.search(r"interrupted: (\d+) turn\(s\) saved", child.stderr)
+        if said and int(said.group(1)) != saved:
+            fails.append(f"SIG{SIGNAL_NAMES[sig]} said {said.group(1)} turn(s) saved; the saved game holds {saved}")
+        # -sig: the signal came before play installed its handler (startup), when no new turn is saved yet
+        if rc not in (0, 128 + sig) and not (rc == -sig and saved == self.BASE):
+            fails.append(f"SIG{SIGNAL_NAMES[sig]} ended play --continue with exit status {rc} (expected {128 + sig})")
+        for line in child.stderr.splitlines():
+            if line.startswith("error:"):
+                fails.append(f"Ctrl-C reported as an error: {line[:160]}")
+        return fails
+
+    def intact(self, done, ref: Path, out: Path, rerun: Child | None) -> list[str]:
+        return done[0]
+
+
 class GenerateCase(Case):
     """``generate GAMES.jsonl``: games are saved one by one as they finish; the same command resumes,
     skipping the finished games (which must stay untouched) and replaying the rest."""
@@ -1187,6 +1267,7 @@ def run_case(case: Case, n: int, seed: int, workdir: Path, *, warm_reference: bo
 CASES = {
     "play-script": lambda i, e, s: PlayScriptCase(i, e, s),
     "play-interactive": lambda i, e, s: PlayInteractiveCase(i, e, s),
+    "play-continue": lambda i, e, s: PlayContinueCase(i, e, s),
     "generate": lambda i, e, s: GenerateCase(i, e, s),
     "serve": lambda i, e, s: ServeCase(i, e, s),
     **{f"train-{p}": (lambda p: lambda i, e, s: TrainCase(i, e, p))(p) for p in ("vae", "a1", "a2", "b", "c")},

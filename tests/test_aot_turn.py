@@ -4,9 +4,11 @@
 import json
 import os
 
+import jax
 import pytest
 
-from animegamer_jax.aot import report
+from animegamer_jax.aot import pieces, programs, report
+from animegamer_jax.parallel import target
 from animegamer_jax.aot.__main__ import main
 from tests.test_aot_train import compile_tiny
 
@@ -136,3 +138,33 @@ def test_benchmark_student_piece_runs_plays_samplers():
     assert r["notes"]["teacher"] == "2 steps x CFG batch 2, 1 game(s), play's program"
     student, teacher = r["fns"]
     assert student().shape == teacher().shape == (1, 5, 16, 8, 12)
+
+
+def test_games_per_chip_batches_games_in_one_program():
+    """``--games_per_chip=B``: B games in each turn program (the engine's rows); on one chip the decode's
+    arguments grow by exactly B - 1 more KV caches (weights once), and the batch's DiT sampling costs
+    about B times one game's FLOPs."""
+    from animegamer_jax.config import load_config
+    from tests.tpu import tpu_devices
+
+    cfg = load_config("configs/tiny.py", ["diffusion.sampler=student", "diffusion.num_sampling_steps=2"])
+    devs = tpu_devices("v6e-1")
+    chip = target.of_device(devs[0]).chip
+    rows = {}
+    for b in (1, 3):
+        for name in ("decode", "dit"):
+            prog = programs.turn_programs(cfg, [name], devs, "latency", games_per_chip=b)[0]
+            with jax.default_matmul_precision("default"):
+                rows[name, b] = report.compile_program(prog, chip)
+            assert rows[name, b].status == "ok", rows[name, b].status
+    assert "latency layout, 3 game(s), mesh" in rows["dit", 3].note
+    m = cfg.mllm
+    length = pieces.turn_length(cfg) + int(m.max_new_tokens)
+    import numpy as np
+    cache = 2 * int(m.num_layers) * length * int(m.num_kv_heads) * int(m.head_dim) * np.dtype(m.dtype).itemsize  # K, V per game
+    grown = rows["decode", 3].arguments - rows["decode", 1].arguments
+    # two more caches (the TPU pads their minor dimensions to its tiles: 1.27x at tiny size), not more weights
+    assert 2 * cache <= grown < 1.5 * 2 * cache < rows["decode", 1].arguments, (grown, cache)
+    assert 2.5 * rows["dit", 1].flops < rows["dit", 3].flops < 3.5 * rows["dit", 1].flops
+    with pytest.raises(ValueError, match="games_per_chip must be at least 1"):
+        programs.turn_programs(cfg, ["dit"], devs, "latency", games_per_chip=0)

@@ -438,3 +438,53 @@ def test_play_script_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err == "interrupted: nothing written for this game (a script's game is written when it ends)\n"
     assert not (tmp_path / "o").exists()  # --out is created with the first game
+
+
+def _files(folder):
+    """{relative path: bytes} of a game folder, timings.json (wall times) left out."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for n in names:
+            if n != "timings.json":
+                p = os.path.join(root, n)
+                out[os.path.relpath(p, folder)] = open(p, "rb").read()
+    return out
+
+
+def test_generate_max_batch_games_equal_each_alone(tmp_path, capsys):
+    """``generate --max_batch=2``: three games play as one batch of 2 and one of 1 + a filler row, and
+    each game's files (timings aside) are byte for byte those of the game generated alone."""
+    jl = tmp_path / "games.jsonl"
+    _jsonl(jl, [0, 1, 2])
+    assert generate.main([str(jl), "--standin", "--max_batch=2", "--out", str(tmp_path / "together")]) == 0
+    assert "3 games to play (0 replayed), 0 already finished, batch 2 on mesh" in capsys.readouterr().out
+    for i in (0, 1, 2):
+        alone = tmp_path / f"alone{i}.jsonl"
+        alone.write_text(jl.read_text().splitlines()[i] + "\n")
+        assert generate.main([str(alone), "--standin", "--max_batch=2", "--out", str(tmp_path / f"alone{i}")]) == 0
+        together, single = _files(tmp_path / "together" / f"g{i}"), _files(tmp_path / f"alone{i}" / f"g{i}")
+        assert "turn_001.mp4" in together and "game.json" in together
+        assert together == single, sorted(k for k in together if together[k] != single.get(k))
+    clips = [(tmp_path / "together" / f"g{i}" / "turn_001.mp4").read_bytes() for i in (0, 1, 2)]
+    assert len(set(clips)) == 3  # the rows are different games (their own seeds), not copies of one
+    assert generate.main([str(jl), "--standin", "--max_batch=0", "--out", str(tmp_path / "x")]) == 2
+    assert "max_batch" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_ctrl_c_after_the_command_returned_exits_130_at_once():
+    """A SIGINT in the interpreter's shutdown after play returned (summary printed, files written):
+    exit 130 with one line, not a KeyboardInterrupt traceback and status -2."""
+    code = ("import os, signal, time\n"
+            "from animegamer_jax import cli\n"
+            "import atexit\n"
+            "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
+            "print('summary', flush=True)\n"
+            "cli.exit_finished(0)\n")
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 130, (r.returncode, r.stderr[-500:])
+    assert r.stdout.strip() == "summary"
+    assert r.stderr.strip().splitlines() == ["interrupted: the command had already finished; everything it "
+                                             "reported is written"], r.stderr

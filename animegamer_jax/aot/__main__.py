@@ -5,6 +5,8 @@
   python -m animegamer_jax.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
   python -m animegamer_jax.aot --topology=v6e-1 --program=turn --config.diffusion.sampler=student \
       --config.diffusion.num_sampling_steps=4                               # the few-step student's turn
+  python -m animegamer_jax.aot --topology=v6e-1 --program=turn --games_per_chip=4 \
+      --config.diffusion.sampler=student --config.diffusion.num_sampling_steps=4  # 4 players batched on one chip
   python -m animegamer_jax.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
   python -m animegamer_jax.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
   python -m animegamer_jax.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
@@ -18,7 +20,9 @@ command's step with the config's settings: batch, remat, precomputed features, l
 few-step student's distillation) and prefill decode pass_b dit vae_decode (play's turn; --layout
 latency = one game on all chips, batch = one game per data-parallel slice; dit is the student's N
 steps without a CFG batch under --config.diffusion.sampler=student); groups train, turn, generate
-(turn in the batch layout), all.
+(turn in the batch layout), all. --games_per_chip=B batches B games in each turn program (the game
+engine's rows, web / generate --max_batch): with --topology=v6e-1 the turn of B players on one chip,
+its resident bytes (weights once, B KV caches, the largest stage's activations) against the HBM.
 
 Prints, per program and per chip: arguments / temporaries / outputs / aliased / peak bytes against the
 chip's HBM (a program fits at <= 80 %), FLOPs and bytes accessed (loop trip counts included), the
@@ -62,6 +66,9 @@ def _define(fv: flags.FlagValues, argv: list[str]) -> None:
                       "train, turn, generate, all.", flag_values=fv)
     flags.DEFINE_enum("layout", "", ["", "latency", "batch"], "Turn programs' layout (default game.play_layout).",
                       flag_values=fv)
+    flags.DEFINE_integer("games_per_chip", 1, "Turn programs: games batched in one program (the game engine's "
+                         "rows, web / generate --max_batch): latency: B games on all chips (v6e-1: B players per "
+                         "chip); batch: B per data-parallel slice.", lower_bound=1, flag_values=fv)
     flags.DEFINE_string("json", "", "Write the report as JSON here (path or URL).", flag_values=fv)
     flags.DEFINE_string("save", "", "Folder for the serialized executables (one file per program).", flag_values=fv)
 
@@ -182,7 +189,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
         _say(f"compiling {name}{f' ({lay} layout)' if name in GROUPS['turn'] else ''} ...")
         try:
             prog = (programs.train_program(config, name, devices) if name in GROUPS["train"]
-                    else programs.turn_programs(config, [name], devices, lay)[0])
+                    else programs.turn_programs(config, [name], devices, lay, f.games_per_chip)[0])
         except (parallel.ShardingConfigError, ValueError) as e:
             turn = name in GROUPS["turn"]
             rows.append(report.Row(name, "turn" if turn else "train", "", status=f"FAILED {type(e).__name__}: {e}",
@@ -233,6 +240,14 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
             share = f", {100 * residents[lay] / chip.hbm_bytes:.0f} % of HBM" if chip else ""
             print(f"one turn resident per chip ({lay} layout): {residents[lay] / 2**30:.2f} GiB (every stage's "
                   f"weights and caches + the largest stage's temporaries{share})")
+        if turns[lay] is not None and residents[lay] is not None and f.games_per_chip > 1:
+            b = f.games_per_chip
+            fit = (f", {'fits' if residents[lay] <= report.FIT_FRACTION * chip.hbm_bytes else 'over'} "
+                   f"{100 * report.FIT_FRACTION:.0f} % of HBM") if chip else ""
+            print(f"{b} games batched ({lay} layout): each player's turn takes the batch's turn, {turns[lay]:.3f} s "
+                  f"at 100 % / {turns[lay] / 0.4:.3f} s at 40 % of peak ({turns[lay] / b:.3f} / "
+                  f"{turns[lay] / 0.4 / b:.3f} s of chip time per player-turn); resident "
+                  f"{residents[lay] / 2**30:.2f} GiB per chip{fit}")
     for line in engine_saved:
         print(line)
     print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
@@ -240,7 +255,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
         doc = {"commit": commit(), "jax": jax.__version__, "topology": topo.name, "spec": topo.spec,
                "num_devices": len(devices), "device_kind": getattr(devices[0], "device_kind", ""),
                "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
-               "layouts": layouts, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
+               "layouts": layouts, "games_per_chip": f.games_per_chip, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
                "turn_roofline_s": turns, "turn_resident_bytes": residents,
                "turn_ttff_roofline_s": {k: v[0] if v else None for k, v in ttffs.items()},
                "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}

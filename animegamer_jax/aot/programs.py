@@ -142,15 +142,24 @@ def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections
 
 
 def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: list[Any],
-                  layout: str) -> list[Program]:
+                  layout: str, games_per_chip: int = 1) -> list[Program]:
     """Play's stages ``names`` (:data:`TURN_PROGRAMS`) in ``layout`` ("latency": one game on all
     ``devices``; "batch": ``config.mesh`` with one game per data-parallel slice, generate's batch).
+    ``games_per_chip`` = B multiplies the games of one program (the game engine's ``rows``, the
+    web server's and generate's ``--max_batch``): latency: B games batched on all ``devices`` (on one
+    chip: B players per chip); batch: B games per data-parallel slice.
     A program's note (layout, games, mesh) gains its piece's note ("4 steps, no CFG batch (student),
-    ...") when it is lowered."""
+    ...") when it is lowered.
+
+    Raises:
+      ValueError: an unknown name, or ``games_per_chip`` below 1.
+    """
+    if int(games_per_chip) < 1:
+        raise ValueError(f"games_per_chip must be at least 1, got {games_per_chip}")
     cfg = apply_layout(config, layout, len(devices))
     mesh = parallel.mesh_from_config(cfg, devices=devices)
     rules = parallel.rules_from_config(cfg)
-    games = 1 if layout == "latency" else parallel.data_parallel_size(mesh, rules)
+    games = int(games_per_chip) * (1 if layout == "latency" else parallel.data_parallel_size(mesh, rules))
     builder = pieces.Builder(cfg, mesh, abstract=True)
     out = []
     for name in names:
