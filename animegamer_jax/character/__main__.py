@@ -21,7 +21,7 @@ from absl import flags
 from animegamer_jax import cli as cli_lib
 from animegamer_jax.character.fit import FitError, fit_character, read_images
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
-from animegamer_jax.game.characters import CharacterError
+from animegamer_jax.game.characters import CharacterError, check_name
 
 PROG = "python -m animegamer_jax.character"
 #: exceptions reported as one ``error: ...`` line, exit status 2
@@ -52,6 +52,7 @@ def _fit(f) -> int:
     for flag in ("name", "checkpoint", "out"):
         if not f[flag].value:
             raise cli_lib.UsageError(f"--{flag} is required (see --help)")
+    check_name(f.name, f"--name {f.name}")
     pictures = read_images(f.images, f.film, f.name)
     res = fit_character(f.checkpoint, f.out, f.name, pictures, steps=f.steps, rank=f.rank,
                         learning_rate=f.learning_rate, batch_size=f.batch_size, variants=f.variants, seed=f.seed,
