@@ -128,7 +128,8 @@ def _play_turns(engine: GameEngine, game: TurnByTurnGame, save, turns) -> Keyboa
         for turn, ids in turns:
             run, seed, ids, k = game.row(ids)
             states, rep, frames, timing = engine.step([run] * b, [seed] * b, [ids] * b, [k] * b,
-                                                      references=[game.reference(turn)] * b)
+                                                      references=[game.reference(turn)] * b,
+                                                      characters=[engine.character_index(turn.character)] * b)
             with signals_held():
                 tr = game.commit(turn, ids, states[0], rep[0], frames[0], timing)
                 try:

@@ -47,13 +47,16 @@ def merged_config(base: Mapping[str, Any], src: Mapping[str, Any]) -> tuple[dict
 
 
 def add_components(base: str, src: str, dst: str, components: Iterable[str],
-                   description: str | None = None) -> tuple[str, list[str]]:
+                   description: str | None = None, *, replace: bool = False,
+                   manifest_extra: Mapping[str, Any] | None = None) -> tuple[str, list[str]]:
     """Writes the new checkpoint ``dst``: ``base`` plus the ``components`` of ``src``.
 
     Both are checked first (integrity.json, fast check). Every file of ``base`` and of ``src``'s
     ``components`` is copied byte for byte; the manifest lists ``base``'s components and the added
     ones (with ``src``'s parameter counts); the config is :func:`merged_config`; ``description``
-    replaces ``base``'s manifest description (None keeps it, "" drops it). A local ``dst`` is written
+    replaces ``base``'s manifest description (None keeps it, "" drops it). With ``replace`` a component
+    ``base`` already holds is taken from ``src`` instead (``base``'s files of it are not copied);
+    ``manifest_extra`` entries are set in the manifest (e.g. ``characters``). A local ``dst`` is written
     in a temporary sibling folder and renamed into place; a URL is written in place, integrity.json last
     (``store.is_complete``).
 
@@ -75,20 +78,21 @@ def add_components(base: str, src: str, dst: str, components: Iterable[str],
     if missing:
         raise SystemCheckpointError(f"{src} has no component(s) {missing}; it holds {src_man['components']}")
     held = [n for n in names if n in base_man["components"]]
-    if held:
+    if held and not replace:
         raise SystemCheckpointError(f"{base} already holds {held}; add only components it lacks")
     if fileio.exists(dst):
         raise SystemCheckpointError(f"{dst} exists; add writes a new checkpoint (pick another folder)")
     config, added = merged_config(read_json(base, "config", "the saved config") or {},
                                   read_json(src, "config", "the saved config") or {})
     manifest = dict(base_man)
-    manifest["components"] = sorted(base_man["components"] + names)
+    manifest["components"] = sorted(set(base_man["components"]) | set(names))
     manifest["param_counts"] = {**base_man.get("param_counts", {}),
                                 **{n: src_man.get("param_counts", {}).get(n) for n in names}}
     if description is not None:
         manifest.pop("description", None)
         if description:
             manifest["description"] = str(description)
+    manifest.update(manifest_extra or {})
     meta = json.loads(fileio.read_bytes(paths.join(base, "_CHECKPOINT_METADATA")).decode("utf-8"))
     src_meta = json.loads(fileio.read_bytes(paths.join(src, "_CHECKPOINT_METADATA")).decode("utf-8"))
     handlers = dict(meta.get("item_handlers", {}))
@@ -100,7 +104,8 @@ def add_components(base: str, src: str, dst: str, components: Iterable[str],
     work = dst if url else paths.join(str(paths.as_path(dst).parent), f".{paths.as_path(dst).name}.tmp-"
                                       f"{uuid.uuid4().hex[:8]}")
     try:
-        copies = [(base, rel) for rel in fileio.walk_files(base) if rel not in _RECORDS]
+        copies = [(base, rel) for rel in fileio.walk_files(base)
+                  if rel not in _RECORDS and rel.split("/", 1)[0] not in names]
         copies += [(src, rel) for rel in fileio.walk_files(src) if rel.split("/", 1)[0] in names]
         for root, rel in copies:
             fileio.makedirs(str(paths.as_path(paths.join(work, rel)).parent))

@@ -222,6 +222,7 @@ class GameEngine:
                                     else None)
         self._select_fn = jax.jit(lambda m, a, b: jax.numpy.where(m[:, None, None, None, None], a, b))
         self._frame_hw: tuple[int, int] | None = None
+        self._character_params: dict[int, Any] = {}
         self.compile_s = dict.fromkeys(STAGES, 0.0)
         self.compiles = dict.fromkeys(STAGES, 0)
         self.cache_rebuilds = 0  # games whose MLLM cache was rebuilt by recompute (turn_window)
@@ -273,21 +274,58 @@ class GameEngine:
             out[c.name.casefold()] = np.asarray(jax.device_get(self.encode_reference_fn(self.params, img)))[0]
         return out
 
-    def _sample(self, rep, ml, keys, extra: tuple, references) -> tuple[Any, float]:
+    def character_index(self, character_field: str) -> int | None:
+        """The stored character LoRA a turn's Character field names (case-insensitive), else None."""
+        key = character_field.strip().casefold()
+        return next((i for i, n in enumerate(self.system.character_names) if n.casefold() == key), None)
+
+    def _params_for(self, character: int | None):
+        """The sampling params of turns naming stored character ``character`` (its LoRA folded into the
+        DiT, made once per character and kept, laid out as the DiT's own), or the system's (None)."""
+        if character is None:
+            return self.params
+        if character not in self._character_params:
+            dit = self.params["dit"]
+            fn = jax.jit(self.system.apply_character, static_argnums=1,
+                         out_shardings=jax.tree.map(lambda x: x.sharding, dit))
+            with parallel.sharding_context(self.mesh, self.rules):
+                self._character_params[character] = {**self.params, "dit": fn(self.params, character)}
+        return self._character_params[character]
+
+    def _sample(self, rep, ml, keys, extra: tuple, references, characters=None) -> tuple[Any, float]:
+        """The sampling stage: one call per stored character LoRA the rows name (``characters``: per
+        row an index into ``system.character_names`` or None), each with that character's params
+        (:meth:`_params_for`), every row taking its own call's latents; rows naming none run with the
+        system's params exactly as without character LoRAs."""
+        chars = list(characters) if characters is not None else [None] * len(rep)
+        groups = list(dict.fromkeys(chars))
+        out, total = None, 0.0
+        for c in groups:
+            latents, t = self._sample_refs(self._params_for(c), rep, ml, keys, extra, references)
+            total += t
+            if out is None:
+                out = latents
+            else:
+                mask = self._shard(np.asarray([x == c for x in chars]))
+                with parallel.sharding_context(self.mesh, self.rules):
+                    out = self._select_fn(mask, latents, out)
+        return out, total
+
+    def _sample_refs(self, params, rep, ml, keys, extra: tuple, references) -> tuple[Any, float]:
         """The sampling stage: today's call when no row has a reference; else the call with each
         row's reference latent (rows without one get a copy of another row's, output dropped) and,
         when some rows have none, today's call too, each row taking its own call's latents. Every row
         runs the program it runs alone, so its output does not depend on the batch."""
         if references is None or all(r is None for r in references):
-            latents, t, _ = self._timed("sampling", self.sample_fn, self.params, rep, ml, keys, *extra)
+            latents, t, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, *extra)
             return latents, t
         fill = next(r for r in references if r is not None)
         ref = self._shard(np.stack([fill if r is None else r for r in references]).astype(np.float32))
         noise = extra[0] if extra else None
-        with_ref, t_ref, _ = self._timed("sampling", self.sample_fn, self.params, rep, ml, keys, noise, reference=ref)
+        with_ref, t_ref, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, noise, reference=ref)
         if all(r is not None for r in references):
             return with_ref, t_ref
-        plain, t_plain, _ = self._timed("sampling", self.sample_fn, self.params, rep, ml, keys, *extra)
+        plain, t_plain, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, *extra)
         mask = self._shard(np.asarray([r is not None for r in references]))
         with parallel.sharding_context(self.mesh, self.rules):
             return self._select_fn(mask, with_ref, plain), t_ref + t_plain
@@ -317,8 +355,8 @@ class GameEngine:
 
     def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
              turn_index: Sequence[int], on_frames: Callable[[int, np.ndarray], None] | None = None,
-             noise: dict | None = None, references: Sequence[np.ndarray | None] | None = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+             noise: dict | None = None, references: Sequence[np.ndarray | None] | None = None,
+             characters: Sequence[int | None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
 
         Args:
@@ -333,6 +371,8 @@ class GameEngine:
             replacing the keys' draws (e.g. a recorded release run, inference/release_decoding.py).
           references: optional, per row, the reference latent ``[1, C, h, w]`` of the character the
             row's turn names (:meth:`reference_latents`) or None (decoded as without references).
+          characters: optional, per row, the stored character LoRA the row's turn names
+            (:meth:`character_index`) or None (decoded with the system's DiT as it is).
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
@@ -360,7 +400,7 @@ class GameEngine:
             states = self._shard(self.system.parse_states(np.asarray(jax.device_get(states))))
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
         extra = () if noise is None else (self._shard(noise),)
-        latents, t_samp = self._sample(rep, states[:, 0], keys, extra, references)
+        latents, t_samp = self._sample(rep, states[:, 0], keys, extra, references, characters)
         if on_frames is not None and self.decode_chunk_fn is not None:
             frames, t_vae = self._decode_streaming(latents, frames_ready)
         else:
@@ -450,7 +490,8 @@ class GameEngine:
             ks = [min(k, len(ids) - 1) for ids in text_ids]
             cur = [ids[kk] for ids, kk in zip(text_ids, ks)]
             refs = [lat.get(g.turns[kk].character.strip().casefold()) for lat, g, kk in zip(ref_latents, rows, ks)]
-            states_np, rep_np, frames_np, timing = self.step(runs, seeds, cur, ks, references=refs)
+            chars = [self.character_index(g.turns[kk].character) for g, kk in zip(rows, ks)]
+            states_np, rep_np, frames_np, timing = self.step(runs, seeds, cur, ks, references=refs, characters=chars)
             timing["batch"] = len(games)
             for b, g in enumerate(games):
                 if k >= len(g.turns):

@@ -18,6 +18,8 @@ from animegamer_jax.game.api import GameSystem
 from animegamer_jax.game.real_system import build_real_system
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
+from animegamer_jax.models.cogvideox.character import COMPONENT as CHARACTERS
+from animegamer_jax.models.cogvideox.character import CharacterLoRAs, CharacterSpec
 from animegamer_jax.models.registry import COMPONENT_BUILDERS, supports_references
 
 #: components a game needs from the checkpoint (clip/t5 only build E_a's uncond embedding)
@@ -85,13 +87,22 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         raise no_reference_error(checkpoint)
     if supports_references(manifest["components"]) and not standin_vae:
         need.append("reference")
+    builders = {}
+    if CHARACTERS in manifest["components"]:  # character LoRAs: names, rank and alpha from the manifest
+        try:
+            spec = CharacterSpec.from_json(manifest.get(CHARACTERS))
+        except ValueError as e:
+            raise CheckpointError(f"checkpoint {checkpoint!r}: {e}") from None
+        need.append(CHARACTERS)
+        builders[CHARACTERS] = lambda cfg, rngs: CharacterLoRAs(cfg.dit, spec, rngs=rngs)
     missing = [c for c in need if c not in manifest["components"]]
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing} (it holds "
                               f"{manifest['components']}); a game needs {need}. Fix: save all of them "
                               f"with save_system")
     try:
-        components = load_system(checkpoint, config, mesh=mesh, names=need, verify=None)
+        components = load_system(checkpoint, config, mesh=mesh, names=need, verify=None,
+                                 builders=builders)
     except CheckpointIntegrityError as e:
         raise CheckpointError(str(e)) from None
     except SystemCheckpointError as e:

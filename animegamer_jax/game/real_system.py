@@ -25,6 +25,7 @@ from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import CachePlan, TurnKVCache, WindowSpec
 from animegamer_jax.inference.vae_decode import vae_decoder
 from animegamer_jax.models.cogvideox import dit as dit_lib
+from animegamer_jax.models.cogvideox.character import merge_character
 from animegamer_jax.models.cogvideox.reference import encode_reference
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral.mllm import quantize_weights
@@ -54,7 +55,8 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
     Args:
       components: ``{"mllm": GameStateMLLM, "dit": CogVideoXDiT, "shot_encoder": ShotEncoder,
         "vae": VAE with ``decode(z)``}`` and optionally ``"reference"`` (phase r's adapter: the system
-        gets ``encode_reference`` and its sampler takes ``reference=``); ``"dit"`` is the module :func:`sampling_component` names
+        gets ``encode_reference`` and its sampler takes ``reference=``) and ``"characters"`` (stored
+        character LoRAs: the system gets ``character_names`` / ``apply_character``); ``"dit"`` is the module :func:`sampling_component` names
         (the student for ``diffusion.sampler="student"``).
       config: the run config with ``game.mode`` applied (:func:`~animegamer_jax.game.api.apply_mode`).
       label: shown in outputs.
@@ -96,7 +98,19 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
         def encode_ref(p, images):
             return encode_reference(nnx.merge(g_vae, p["vae"]), images, scale)
 
+    names, apply_character = (), None
+    if "characters" in components:  # character LoRAs (python -m animegamer_jax.character fit)
+        chars = components["characters"]
+        names = tuple(chars.spec.names)
+        g_chars, params["characters"] = nnx.split(chars)
+
+        def apply_character(p, index):
+            dit = nnx.merge(g_dit, p["dit"])
+            merge_character(dit, nnx.merge(g_chars, p["characters"]).loras[index])
+            return nnx.state(dit)
+
     sample = dit_sampler(g_dit, config, g_ref)
     parse = release_decoding.states_from_generated if decoding == "free" else None
     return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan, parse_states=parse, encode_reference=encode_ref, **cached)
+                      decode_plan=decode_plan, parse_states=parse, encode_reference=encode_ref,
+                      character_names=names, apply_character=apply_character, **cached)

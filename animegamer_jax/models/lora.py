@@ -49,6 +49,21 @@ def low_rank_update(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scaling:
     return scaling * jnp.tensordot(low, lora_b.astype(dtype), axes=1)
 
 
+def lora_delta(lora_a: jax.Array, lora_b: jax.Array, scaling: float, n_in: int) -> jax.Array:
+    """``scaling * A . B`` in fp32, the weight update a LoRA adds: ``A (*lead, *in, r)``, ``B (*lead, r,
+    *out)`` -> ``(*lead, *in, *out)`` (leading stacked axes, e.g. "layers", kept); ``n_in`` = number of
+    input dims. :meth:`LoRAEinsum.delta` and the DiT's character LoRAs (models/cogvideox/character.py)
+    merge with it."""
+    a = lora_a.astype(jnp.float32)
+    b = lora_b.astype(jnp.float32)
+    rank = a.shape[-1]
+    lead = a.shape[: a.ndim - n_in - 1]
+    ins, outs = a.shape[len(lead):-1], b.shape[len(lead) + 1:]
+    a2 = a.reshape(lead + (math.prod(ins), rank))
+    b2 = b.reshape(lead + (rank, math.prod(outs)))
+    return (jnp.matmul(a2, b2) * scaling).reshape(lead + ins + outs)
+
+
 class LoRAEinsum(nnx.Module):
     """Linear map over several input / output axes with optional LoRA and bias.
 
@@ -153,15 +168,8 @@ class LoRAEinsum(nnx.Module):
         return y
 
     def delta(self) -> jax.Array:
-        """``scaling * A . B`` with the kernel's shape (leading stacked axes kept), in fp32."""
-        a = self.lora_a[...].astype(jnp.float32)
-        b = self.lora_b[...].astype(jnp.float32)
-        n_in = len(self.in_features)
-        lead = a.shape[: a.ndim - n_in - 1]
-        a2 = a.reshape(lead + (math.prod(self.in_features), self.rank))
-        b2 = b.reshape(lead + (self.rank, math.prod(self.out_features)))
-        d = jnp.matmul(a2, b2) * self.scaling
-        return d.reshape(lead + self.in_features + self.out_features)
+        """``scaling * A . B`` with the kernel's shape (leading stacked axes kept), in fp32 (:func:`lora_delta`)."""
+        return lora_delta(self.lora_a[...], self.lora_b[...], self.scaling, len(self.in_features))
 
     def merge(self) -> None:
         """Folds the adapter into ``kernel`` (in place) and removes the LoRA params (rank -> 0)."""

@@ -833,9 +833,11 @@ class GameServer:
         try:
             refs = [job.game.reference(job.turn) for job in batch]  # each game's own characters, or None
             refs += [None] * (self.engine.batch_size - len(refs))
+            chars = [self.engine.character_index(job.turn.character) for job in batch]  # stored character LoRAs
+            chars += [None] * (self.engine.batch_size - len(chars))
             states, rep, frames, timing = self.engine.step(
                 runs, seeds, ids, ks, on_frames=on_frames,
-                references=refs if any(r is not None for r in refs) else None)
+                references=refs if any(r is not None for r in refs) else None, characters=chars)
         except Exception as e:  # noqa: BLE001 - any model failure: the turn fails, the server goes on
             log.error("turn failed:\n%s", traceback.format_exc())
             for job in batch:
