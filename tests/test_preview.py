@@ -92,3 +92,64 @@ def test_loss_is_zero_for_the_teacher_itself():
     tm.preview = Teacher()
     loss0, m0 = losses.preview_loss(tm, {"frames": x}, jax.random.key(0), cfg)
     assert float(loss0) == 0.0 and float(m0["psnr"]) == pytest.approx(106.02, abs=0.01)  # the 1e-10 floor
+
+
+def _engines():
+    """Stand-in engines with a preview decoder (half the stand-in's frames) in each game.decoder mode."""
+    import dataclasses
+
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.engine import GameEngine
+    from animegamer_jax.game.standin_system import build_standin
+
+    cfg = load_config("configs/tiny.py")
+    base = build_standin(cfg)
+    sysm = dataclasses.replace(base, preview=lambda p, z: base.decode(p, z) * 0.5)
+    out = {}
+    for mode in ("full", "preview", "preview_then_full"):
+        c = load_config("configs/tiny.py")
+        c.game.decoder = mode
+        out[mode] = GameEngine(c, sysm)
+    return base, out
+
+
+def test_engine_decoder_modes():
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.engine import GameEngine
+
+    base, engines = _engines()
+    results = {}
+    for mode, eng in engines.items():
+        calls = []
+        run = eng.new_run()
+        ids = [[1, 2, 3]]
+        out = eng.step([run], [7], ids, [0], on_frames=lambda s, f: calls.append((s, np.asarray(f).copy())))
+        results[mode] = (out, calls)
+    full, pre, both = (results[m] for m in ("full", "preview", "preview_then_full"))
+    assert "preview_s" not in full[0][3] and "preview_s" in both[0][3] and "preview_s" in pre[0][3]
+    np.testing.assert_array_equal(both[0][2], full[0][2])  # the clip is the VAE's
+    np.testing.assert_allclose(pre[0][2], full[0][2] * 0.5)
+    # preview_then_full: the preview's whole clip first, then the VAE's from frame 0
+    assert both[1][0][0] == 0 and both[1][0][1].shape == full[0][2].shape
+    np.testing.assert_allclose(both[1][0][1], full[0][2] * 0.5)
+    assert len(both[1]) == len(full[1]) + 1 and both[1][1][0] == 0
+    assert len(pre[1]) == 1
+    cfg = load_config("configs/tiny.py")
+    cfg.game.decoder = "preview"
+    with pytest.raises(ValueError, match="no preview|preview decoder"):
+        GameEngine(cfg, base)
+
+
+def test_no_preview_component_is_one_line(tmp_path):
+    from animegamer_jax.config import ConfigError, load_config, validate
+    from animegamer_jax.game.loading import CheckpointError, resolve_system
+
+    cfg = load_config("configs/tiny.py")
+    cfg.game.decoder = "preview"
+    with pytest.raises(CheckpointError, match="no preview decoder.*phase preview.*decoder=full"):
+        resolve_system(cfg, "checkpoints/tiny_system")
+    with pytest.raises(CheckpointError, match="stand-in has no preview decoder"):
+        resolve_system(cfg, standin=True)
+    cfg.game.decoder = "fast"
+    with pytest.raises(ConfigError, match="game.decoder='fast'"):
+        validate(cfg)

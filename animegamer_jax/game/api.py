@@ -61,6 +61,9 @@ class GameSystem:
       encode_reference: a system that plays characters from a reference image (training phase r):
         ``(params, images uint8 [B, H, W, 3]) -> reference latents float32 [B, 1, C, h, w]``, and
         ``sample`` then takes ``reference=`` those latents (game/characters.py); None: no support.
+      preview: a system with the preview decoder (training phase preview): ``(params, latents) ->
+        frames`` like ``decode`` (same shape and range), from the small distilled decoder; played with
+        ``game.decoder=preview`` or ``preview_then_full``; None: no preview.
     """
 
     params: Any
@@ -78,6 +81,7 @@ class GameSystem:
     init_cache: Callable[[int], Any] | None = None
     cache_plan: Any = None
     encode_reference: Callable[..., jax.Array] | None = None
+    preview: Callable[..., jax.Array] | None = None
 
 
 @dataclasses.dataclass
