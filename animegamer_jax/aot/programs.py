@@ -37,9 +37,11 @@ from animegamer_jax.train.model import phase_spec
 
 TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d", "r", "preview")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
+#: turn programs outside the "turn" group (and the turn's roofline): the preview decoder (game.decoder)
+EXTRA_TURN_PROGRAMS = ("preview_decode",)
 #: turn program -> the piece of animegamer_jax/aot/pieces.py
 _PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pass_b", "dit": "dit_sampling",
-          "vae_decode": "vae_decode"}
+          "vae_decode": "vae_decode", "preview_decode": "preview_decode"}
 
 
 @dataclasses.dataclass
@@ -157,7 +159,7 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
     out = []
     for name in names:
         if name not in _PIECE:
-            raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS}")
+            raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS + EXTRA_TURN_PROGRAMS}")
 
         runs = pieces.decode_schedule()[1] if name == "decode" else 1
         prog = Program(name, "turn", lambda: None, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
@@ -174,4 +176,4 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
     return out
 
 
-__all__ = ["Program", "TRAIN_PROGRAMS", "TURN_PROGRAMS", "abstract_batch", "train_program", "turn_programs"]
+__all__ = ["EXTRA_TURN_PROGRAMS", "Program", "TRAIN_PROGRAMS", "TURN_PROGRAMS", "abstract_batch", "train_program", "turn_programs"]
