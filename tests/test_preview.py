@@ -153,3 +153,16 @@ def test_no_preview_component_is_one_line(tmp_path):
     cfg.game.decoder = "fast"
     with pytest.raises(ConfigError, match="game.decoder='fast'"):
         validate(cfg)
+
+
+def test_fingerprint_leaves_out_the_preview_keys_only_while_unused():
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.writers import game_fingerprint
+
+    cfg = load_config("configs/tiny.py")
+    old = load_config("configs/tiny.py")  # a config from before the preview decoder
+    del old["preview"], old.game["decoder"], old.train["preview_real_weight"]
+    fp = lambda c: game_fingerprint(c, ["a"], 1, "sys")["sha256"]  # noqa: E731
+    assert fp(cfg) == fp(old)
+    cfg.game.decoder = "preview"
+    assert fp(cfg) != fp(old) and game_fingerprint(cfg, ["a"], 1, "sys")["parts"]["config"]["preview"]
