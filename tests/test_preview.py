@@ -43,8 +43,9 @@ def test_config_errors():
         preview.PreviewConfig.from_config(c)
 
 
+@pytest.mark.slow  # ~25 s on a loaded 2-core host (the step's compile)
 def test_phase_preview_steps_train_only_the_preview(tmp_path):
-    """Two phase-preview steps on 9-frame 32x48 clips: finite losses, only ``preview`` changes."""
+    """Two phase-preview steps on 1-frame 16x24 clips: finite losses, only ``preview`` changes."""
     from animegamer_jax import parallel
     from animegamer_jax.data import batches
     from animegamer_jax.train import loop, model, optim
@@ -52,7 +53,7 @@ def test_phase_preview_steps_train_only_the_preview(tmp_path):
     cfg = _tiny_config()
     spec = model.phase_spec(cfg)
     assert spec.components == ("vae", "preview") and spec.outputs == ("preview",)
-    frames = np.random.default_rng(0).integers(0, 256, (2, 9, 32, 48, 3), dtype=np.uint8)
+    frames = np.random.default_rng(0).integers(0, 256, (2, 1, 16, 24, 3), dtype=np.uint8)
     batch = batches.BatchBuilder(cfg, "preview")({"frames": frames})
     assert set(batch) == {"frames"} and batch["frames"].dtype == np.float32
     tx, sched = optim.make_optimizer(cfg.train)
@@ -73,6 +74,7 @@ def test_phase_preview_steps_train_only_the_preview(tmp_path):
     assert any(k.startswith("preview/conv_out") for k in changed)
 
 
+@pytest.mark.slow  # ~17 s: the tiny VAE run eagerly
 def test_loss_is_zero_for_the_teacher_itself():
     """The distillation target is the frozen VAE's decode of its own posterior-mean latents: a preview
     that returned exactly that would score loss 0 (checked by swapping in the teacher)."""
