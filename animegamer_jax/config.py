@@ -82,9 +82,12 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str] 
 
 
 #: the training phases (``train.phase``, ``train.pipeline``; train/model.py builds each); "all" runs the pipeline
-TRAIN_PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d", "r")
+TRAIN_PHASES: tuple[str, ...] = ("vae", "a1", "a2", "b", "c", "d", "r", "preview")
 #: game modes (``game.mode``)
 GAME_MODES = ("default", "reference")
+#: clip decoders of play / generate / web (``game.decoder``): the VAE, the preview decoder alone, or the
+#: preview's frames first and then the VAE's
+GAME_DECODERS = ("full", "preview", "preview_then_full")
 #: weight-only quantization of the MLLM (``mllm.quantize``)
 MLLM_QUANTIZE = ("none", "int8")
 #: what a seed may be: a signed 64-bit integer
@@ -123,7 +126,7 @@ _AT_LEAST = (
 
 
 #: keys the configs gained after checkpoints were saved without them, with the value that behaves as before
-ADDED_KEYS = (("mllm.quantize", "none"),)
+ADDED_KEYS = (("mllm.quantize", "none"), ("game.decoder", "full"))
 
 
 def fill_added_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -167,7 +170,7 @@ def validate(config) -> None:
     at least 1, or at least 0: ``game.fps=0`` is refused here, not after a game was computed), every
     ``seed`` / ``*_seed`` field (an integer that fits a signed 64 bits), ``train.phase`` (one of
     :data:`TRAIN_PHASES` or ``"all"``), ``train.pipeline`` (phases), ``mllm.quantize`` (one of
-    :data:`MLLM_QUANTIZE`) and ``game.mode``.
+    :data:`MLLM_QUANTIZE`), ``game.mode`` and ``game.decoder`` (one of :data:`GAME_DECODERS`).
 
     Raises:
       ConfigError: the first bad value, named with its key, what it is and the fix.
@@ -204,6 +207,10 @@ def validate(config) -> None:
     if mode is not _MISSING and mode not in GAME_MODES:
         raise ConfigError(f"config value game.mode={mode!r} is not a game mode. Fix: --config.game.mode=default "
                           f"or =reference")
+    decoder = _get(config, "game.decoder")
+    if decoder is not _MISSING and decoder not in GAME_DECODERS:
+        raise ConfigError(f"config value game.decoder={decoder!r} is not a clip decoder. Fix: "
+                          f"--config.game.decoder= one of {', '.join(GAME_DECODERS)}")
 
 
 def check_config_file(path: str) -> None:

@@ -299,8 +299,17 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.resume_step = -1  # checkpoint step to resume from (-1 = the newest intact one; docs/training.md)
 
     # ---- game generation (docs/overview.md#one-turn, docs/token_layout.md) ----
+    # --- Preview decoder (not in the paper: a small conv decoder distilled from the VAE decoder,
+    # training phase "preview", models/cogvideox/preview.py; played with game.decoder) ---
+    c.preview = ml_collections.ConfigDict()
+    c.preview.channels = (256, 128, 64, 32)  # widths at latent size, then after each 2x upsampling
+    c.train.preview_real_weight = 0.0  # phase preview: weight of the MSE against the real frames too
+
     c.game = ml_collections.ConfigDict()
     c.game.mode = "default"  # "default" or "reference" (window 1, last-226 read-out, release CFG)
+    # clip decoder: "full" (the VAE), "preview" (the preview decoder's frames are the clip), or
+    # "preview_then_full" (preview frames shown first, then replaced by the VAE's; files as "full")
+    c.game.decoder = "full"
     c.game.reference_max_new_tokens = 200  # reference mode: free greedy pass-A budget (release max_new_tokens)
     c.game.seed = 0  # game seed when a script gives none (turn k samples with game/engine.py turn_key(seed, k))
     c.game.fps = 8  # output video fps

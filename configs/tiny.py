@@ -86,6 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     # low-resolution levels are wider than the full-resolution one, which does most of the FLOPs
     # (held-out reconstruction PSNR: python -m animegamer_jax.eval.vae; docs/results.md).
     c.vae.latent_channels = 16
+    c.preview.channels = (8, 8, 8, 8)  # ~10 k parameters (phase preview)
     c.vae.block_out_channels = (8, 16, 32, 64)
     c.vae.norm_num_groups = 4
 

@@ -62,7 +62,8 @@ def _define(fv: flags.FlagValues, argv: list[str]) -> None:
     flags.DEFINE_string("topology", None, "Target: v5p-64, v6e-8, v5e-4, h100-8, 4xh100-8, cpu-8, ...",
                         flag_values=fv)
     flags.DEFINE_integer("num_slices", 1, "TPU multislice: slices of --topology.", lower_bound=1, flag_values=fv)
-    flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,d,prefill,decode,pass_b,dit,vae_decode; "
+    flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,d,r,preview,prefill,decode,pass_b,dit,vae_decode,"
+                      "preview_decode; "
                       "train, turn, generate, all.", flag_values=fv)
     flags.DEFINE_enum("layout", "", ["", "latency", "batch"], "Turn programs' layout (default game.play_layout).",
                       flag_values=fv)
@@ -88,10 +89,11 @@ def _programs(names: list[str], default_layout: str) -> list[tuple[str, str]]:
             items = [(p, "batch") for p in GROUPS["turn"]]
         elif n in GROUPS:
             items = [(p, default_layout) for p in GROUPS[n]]
-        elif n in GROUPS["train"] or n in GROUPS["turn"]:
+        elif n in GROUPS["train"] or n in GROUPS["turn"] or n in programs.EXTRA_TURN_PROGRAMS:
             items = [(n, default_layout)]
         else:
-            raise UsageError(f"unknown --program {n!r}; use {', '.join(GROUPS['train'] + GROUPS['turn'])}, "
+            raise UsageError(f"unknown --program {n!r}; use "
+                             f"{', '.join(GROUPS['train'] + GROUPS['turn'] + programs.EXTRA_TURN_PROGRAMS)}, "
                                  f"or train, turn, generate, all")
         out += [i for i in items if i not in out]
     return out
@@ -186,12 +188,12 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
     save = _saver(f.save, topo.name) if f.save else None
     rows = []
     for name, lay in todo:
-        _say(f"compiling {name}{f' ({lay} layout)' if name in GROUPS['turn'] else ''} ...")
+        _say(f"compiling {name}{f' ({lay} layout)' if name not in GROUPS['train'] else ''} ...")
         try:
             prog = (programs.train_program(config, name, devices) if name in GROUPS["train"]
                     else programs.turn_programs(config, [name], devices, lay, f.games_per_chip)[0])
         except (parallel.ShardingConfigError, ValueError) as e:
-            turn = name in GROUPS["turn"]
+            turn = name not in GROUPS["train"]
             rows.append(report.Row(name, "turn" if turn else "train", "", status=f"FAILED {type(e).__name__}: {e}",
                                    layout=lay if turn else ""))
             continue

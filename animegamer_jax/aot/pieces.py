@@ -18,6 +18,8 @@ Turn pieces (docs/overview.md#one-turn):
                 diffusion.sampler = "student", the distilled student's (models/registry.py
                 build_student) num_sampling_steps calls, batch 1 per game (no CFG batch)
   vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, inference.vae_decode.vae_decoder)
+  preview_decode  the same latents -> 17 frames through the preview decoder (game.decoder preview modes,
+                models/cogvideox/preview.py), as game/real_system.py runs it
 Train pieces (the models' real losses are in train/; here the standard objectives with the same
 compute): train_a2_dit (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
 train_b_mllm (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
@@ -35,7 +37,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel
+from animegamer_jax import parallel, video_io
 from animegamer_jax.diffusion import losses, samplers
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
 from animegamer_jax.inference import mllm_turn
@@ -152,7 +154,7 @@ class Builder:
 
 # ---------------------------------------------------------------- turn pieces
 
-TURN_PIECES = ("mllm_prefill", "mllm_decode", "mllm_pass_b", "dit_sampling", "vae_decode")
+TURN_PIECES = ("mllm_prefill", "mllm_decode", "mllm_pass_b", "dit_sampling", "vae_decode", "preview_decode")
 TRAIN_PIECES = ("train_a2_dit", "train_b_mllm")
 
 
@@ -253,6 +255,15 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
             return decode({"vae": state}, latents)
 
         return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)), note=f"play's decode; {decode.why}", first_chunk=first)
+    if name == "preview_decode":
+        # play's preview stage (game/real_system.py): frames in [0, 1] from the preview decoder
+        p_graph, p_state = _cached(b, "preview", lambda: registry.build_preview(cfg, nnx.Rngs(0)))
+
+        def preview_decode(state, latents):
+            return video_io.to_unit(nnx.merge(p_graph, state)(latents), video_io.VAE_RANGE)
+
+        return Piece(name, preview_decode, (p_state, b.array(lat_shape, jnp.float32)),
+                     note=f"preview decoder, channels {tuple(cfg.preview.channels)}")
     raise KeyError(f"unknown turn piece {name!r}; known: {TURN_PIECES}")
 
 

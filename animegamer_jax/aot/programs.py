@@ -35,11 +35,13 @@ from animegamer_jax.game.engine import apply_layout
 from animegamer_jax.train import loop, optim
 from animegamer_jax.train.model import phase_spec
 
-TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d", "r")
+TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d", "r", "preview")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
+#: turn programs outside the "turn" group (and the turn's roofline): the preview decoder (game.decoder)
+EXTRA_TURN_PROGRAMS = ("preview_decode",)
 #: turn program -> the piece of animegamer_jax/aot/pieces.py
 _PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pass_b", "dit": "dit_sampling",
-          "vae_decode": "vae_decode"}
+          "vae_decode": "vae_decode", "preview_decode": "preview_decode"}
 
 
 @dataclasses.dataclass
@@ -79,6 +81,8 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
         _, t, h, w = tuple(config.train.vae_curriculum)[-1]
         n = max(1, min(int(config.train.vae_windows_per_clip), frames[0] // int(t)))
         shapes["frames"] = ((batch * n, int(t), int(h), int(w), 3), f32)
+    elif phase == "preview":  # the clips' frames (BatchBuilder: frames only)
+        shapes["frames"] = ((batch,) + frames, f32)
     elif phase in ("a1", "a2", "d", "r"):  # d, r: the same clips (BatchBuilder.decoder_batch)
         shapes["flow"] = ((batch,), f32)
         if pre:
@@ -127,7 +131,7 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
                            grad_accum_steps=accum, seed=int(config.seed))
     trained, total = trainer.num_trainable()
     batch = abstract_batch(config, phase, micro, mesh, rules)
-    inputs = ("frames" if phase == "vae" else
+    inputs = ("frames" if phase in ("vae", "preview") else
               ("T5/CLIP features precomputed" if t.precomputed_features else "T5/CLIP in the step") +
               ("" if phase == "b" else ", VAE-encoded frames" if t.encode_latents else ", latents"))
     note = (f"global batch {t.global_batch_size} ({accum} micro-step(s) of {micro}), {', '.join(spec.components)}; "
@@ -164,7 +168,7 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
     out = []
     for name in names:
         if name not in _PIECE:
-            raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS}")
+            raise ValueError(f"unknown turn program {name!r}; use one of {TURN_PROGRAMS + EXTRA_TURN_PROGRAMS}")
 
         runs = pieces.decode_schedule()[1] if name == "decode" else 1
         prog = Program(name, "turn", lambda: None, f"{layout} layout, {games} game(s), mesh {dict(mesh.shape)}",
@@ -181,4 +185,4 @@ def turn_programs(config: ml_collections.ConfigDict, names: list[str], devices: 
     return out
 
 
-__all__ = ["Program", "TRAIN_PROGRAMS", "TURN_PROGRAMS", "abstract_batch", "train_program", "turn_programs"]
+__all__ = ["EXTRA_TURN_PROGRAMS", "Program", "TRAIN_PROGRAMS", "TURN_PROGRAMS", "abstract_batch", "train_program", "turn_programs"]

@@ -128,7 +128,7 @@ def turn_estimate(rows: list[Row], layout: str = "latency") -> float | None:
     """Roofline seconds of one turn in ``layout`` (every turn program's time x its runs), or None unless
     all five compiled in that layout."""
     got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
-           and r.roofline_s is not None}
+           and r.roofline_s is not None and r.program in TURN_PROGRAMS}
     if set(got) != set(TURN_PROGRAMS):
         return None
     return sum(got[n].roofline_s * got[n].runs for n in TURN_PROGRAMS)
@@ -141,7 +141,7 @@ def turn_ttff(rows: list[Row], layout: str = "latency") -> tuple[float, str] | N
     (every chunk of play's plan in it), so its first chunk is estimated as the whole decode's time x
     (first chunk's latent frames / all latent frames)."""
     got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
-           and r.roofline_s is not None}
+           and r.roofline_s is not None and r.program in TURN_PROGRAMS}
     if set(got) != set(TURN_PROGRAMS):
         return None
     n, total = got["vae_decode"].first_chunk
@@ -157,7 +157,8 @@ def turn_resident(rows: list[Row], layout: str = "latency") -> float | None:
     every stage's arguments resident (the MLLM's weights and KV cache: the largest of prefill / decode /
     pass B; the DiT's; the VAE's) and runs one stage at a time, so the peak adds the largest stage's
     ``temporaries + outputs - aliased`` to them."""
-    got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"}
+    got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
+           and r.program in TURN_PROGRAMS}
     if set(got) != set(TURN_PROGRAMS):
         return None
     args = max(got[n].arguments for n in ("prefill", "decode", "pass_b")) + got["dit"].arguments + \

@@ -19,6 +19,8 @@ and eval.representation build phase a's E_a inputs with it too):
                      loader's per-turn f_md / f_v: a dataset's feature fields named f_md / f_v serve
                      a1/a2 and b/c alike; fields named turn_f_md / turn_f_v serve b/c only);
                      phase c adds flow [B] and frames / latents of the target turn.
+  preview:           frames f32 [B, T, H, W, 3] in [-1, 1] (the whole clips; the frozen VAE encodes them
+                     and its decoder makes the target).
   reference (r):     the decoder batch plus reference_frame uint8 [B, H, W, 3], each clip's reference
                      image (:func:`pick_reference_frames`; VAE-encoded in the step).
 """
@@ -173,14 +175,14 @@ class BatchBuilder:
 
     Args:
       config: full config (tokenizer paths, lengths, flow table, ``train.vae_curriculum``).
-      phase: "vae" / "a1" / "a2" / "d" / "r" (clips) or "b" / "c" (turns).
+      phase: "vae" / "a1" / "a2" / "d" / "r" / "preview" (clips) or "b" / "c" (turns).
       reference_frames: phase r's ``records -> uint8 [B, H, W, 3]`` (default :func:`pick_reference_frames`).
 
     ``__call__(ex, step)``: the step picks the "vae" curriculum stage and seeds its random windows
     (``default_rng([seed, step])``), so a resumed run builds the same batches as an uninterrupted one.
 
     Raises:
-      FileNotFoundError: ``config.t5.spiece_model`` missing (phases other than "vae").
+      FileNotFoundError: ``config.t5.spiece_model`` missing (phases other than "vae" and "preview").
       ValueError: a malformed ``train.vae_curriculum`` (phase "vae").
     """
 
@@ -189,6 +191,9 @@ class BatchBuilder:
         self.reference_frames = reference_frames or pick_reference_frames
         if phase == "vae":
             vae_stage(config.train.vae_curriculum, 0)  # fail early on a malformed curriculum
+            self.t5_tok = self.tok = None
+            return
+        if phase == "preview":  # frames only (no text): the VAE encodes them, its decoder is the target
             self.t5_tok = self.tok = None
             return
         spiece = paths.resource(config.t5.spiece_model)
@@ -201,6 +206,8 @@ class BatchBuilder:
     def __call__(self, ex: Mapping[str, Any], step: int = 0) -> dict[str, np.ndarray]:
         if self.phase == "vae":
             return self.vae_batch(ex, step)
+        if self.phase == "preview":
+            return {"frames": video_io.from_uint8(ex["frames"])}
         if self.phase in ("a1", "a2", "d"):
             return self.decoder_batch(ex)
         if self.phase == "r":

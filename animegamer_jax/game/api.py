@@ -66,6 +66,9 @@ class GameSystem:
       apply_character: ``(dit params, index) -> dit params`` with stored character ``index``'s LoRA
         folded into the DiT's attention (``index`` static); ``sample`` with ``params["dit"]`` replaced
         by it plays a turn that names the character. None when ``character_names`` is empty.
+      preview: a system with the preview decoder (training phase preview): ``(params, latents) ->
+        frames`` like ``decode`` (same shape and range), from the small distilled decoder; played with
+        ``game.decoder=preview`` or ``preview_then_full``; None: no preview.
     """
 
     params: Any
@@ -85,6 +88,7 @@ class GameSystem:
     encode_reference: Callable[..., jax.Array] | None = None
     character_names: tuple[str, ...] = ()
     apply_character: Callable[..., Any] | None = None
+    preview: Callable[..., jax.Array] | None = None
 
 
 @dataclasses.dataclass

@@ -218,6 +218,14 @@ class GameEngine:
         self.decode_fn = executables.StageJit("vae", system.decode)
         self.decode_chunk_fn = (executables.StageJit("vae_chunk", system.decode_chunk)
                                 if system.decode_chunk is not None else None)
+        # game.decoder: "full" (the VAE), "preview" (the preview decoder's frames are the clip) or
+        # "preview_then_full" (its frames reported first, then the VAE's, which are the clip)
+        self.decoder = str(self.config.game.get("decoder", "full"))
+        if self.decoder != "full" and system.preview is None:
+            raise ValueError(f"game.decoder={self.decoder!r} needs a system with a preview decoder; "
+                             f"{system.label!r} has none. Fix: --config.game.decoder=full")
+        self.preview_fn = (executables.StageJit("preview", system.preview)
+                           if self.decoder != "full" else None)
         self.encode_reference_fn = (jax.jit(system.encode_reference) if system.encode_reference is not None
                                     else None)
         self._select_fn = jax.jit(lambda m, a, b: jax.numpy.where(m[:, None, None, None, None], a, b))
@@ -366,7 +374,10 @@ class GameEngine:
           turn_index: per row, the turn number k (selects the PRNG key).
           on_frames: optional ``(first_frame, frames float32 [B, f, H, W, 3])``, called as frames
             are decoded: once per VAE chunk when the system has ``decode_chunk``, else once with
-            the whole clip. Its own time is not counted in the stage timings.
+            the whole clip. Its own time is not counted in the stage timings. With
+            ``game.decoder=preview_then_full`` the first call is the preview decoder's whole clip and
+            the VAE's calls then start again at frame 0: a call replaces the frames from its
+            ``first_frame`` on. With ``game.decoder=preview``: one call, the preview's clip.
           noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
             replacing the keys' draws (e.g. a recorded release run, inference/release_decoding.py).
           references: optional, per row, the reference latent ``[1, C, h, w]`` of the character the
@@ -376,7 +387,8 @@ class GameEngine:
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
-          and timings: stage run times ``{"mllm_s", "sampling_s", "vae_s"}`` (compile excluded), and
+          and timings: stage run times ``{"mllm_s", "sampling_s", "vae_s"}`` (compile excluded; the
+          preview decode counts in ``vae_s`` and, with a preview mode, also alone as ``preview_s``), and
           wall times from the turn's start, compiles included: ``ttff_s`` until the first decoded
           frames are on the host (the first ``on_frames`` call; without ``on_frames``, when the
           clip is decoded) and ``turn_s`` until the turn's outputs are.
@@ -401,14 +413,25 @@ class GameEngine:
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
         extra = () if noise is None else (self._shard(noise),)
         latents, t_samp = self._sample(rep, states[:, 0], keys, extra, references, characters)
-        if on_frames is not None and self.decode_chunk_fn is not None:
+        t_prev = 0.0
+        if self.preview_fn is not None:
+            frames, t_prev, _ = self._timed("vae", self.preview_fn, self.params, latents)
+            frames_ready(0, np.asarray(jax.device_get(frames)))
+        if self.decoder == "preview":
+            t_vae = t_prev
+        elif on_frames is not None and self.decode_chunk_fn is not None:
             frames, t_vae = self._decode_streaming(latents, frames_ready)
+            t_vae += t_prev
         else:
             frames, t_vae, _ = self._timed("vae", self.decode_fn, self.params, latents)
             frames_ready(0, np.asarray(jax.device_get(frames)))
+            t_vae += t_prev
         states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
-        return states_np, rep_np, frames_np, {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae,
-                                              "ttff_s": first[0], "turn_s": time.perf_counter() - t_start}
+        timing = {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae, "ttff_s": first[0],
+                  "turn_s": time.perf_counter() - t_start}
+        if self.preview_fn is not None:  # only in the preview modes: "full" keeps its timing keys
+            timing["preview_s"] = t_prev
+        return states_np, rep_np, frames_np, timing
 
     def _synced_cache(self, run: GameRun):
         """``run``'s MLLM cache for its finished turns, rebuilt by recompute when it has none that
@@ -560,6 +583,8 @@ def game_record(config, result: dict, system_label: str, write_s: float | None =
         "turns": turns,
         "timings_s": {"run": totals, "compile": result.get("compile_s", {})},
     }
+    if str(cfg.game.get("decoder", "full")) != "full":  # only the preview modes: "full" games as before
+        record["decoder"] = str(cfg.game.decoder)
     if game.characters:  # only games with --character: the others' game.json is as before
         record["characters"] = record_entries(game.characters)
         for t, turn in zip(turns, game.turns):

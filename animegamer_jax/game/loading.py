@@ -20,7 +20,7 @@ from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
 from animegamer_jax.models.cogvideox.character import COMPONENT as CHARACTERS
 from animegamer_jax.models.cogvideox.character import CharacterLoRAs, CharacterSpec
-from animegamer_jax.models.registry import COMPONENT_BUILDERS, supports_references
+from animegamer_jax.models.registry import COMPONENT_BUILDERS, supports_preview, supports_references
 
 #: components a game needs from the checkpoint (clip/t5 only build E_a's uncond embedding)
 REQUIRED_COMPONENTS = ("mllm", "dit", "shot_encoder", "vae")
@@ -39,6 +39,18 @@ def no_reference_error(checkpoint: str) -> CheckpointError:
     """The one line for ``--character`` with a system that cannot take a reference image."""
     return CheckpointError(f"checkpoint {checkpoint} has no reference adapter; train phase r "
                            f"(docs/training.md#phase-r-reference) or drop --character")
+
+
+def no_preview_error(checkpoint: str, decoder: str) -> CheckpointError:
+    """The one line for ``game.decoder`` preview modes with a system that has no preview decoder."""
+    return CheckpointError(f"checkpoint {checkpoint} has no preview decoder, which --config.game.decoder={decoder} "
+                           f"plays; train phase preview (docs/training.md#phase-preview) or use "
+                           f"--config.game.decoder=full")
+
+
+def wants_preview(config) -> bool:
+    """Whether ``config.game.decoder`` asks for the preview decoder (``preview`` / ``preview_then_full``)."""
+    return str(config.game.get("decoder", "full")) != "full"
 
 
 def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False,
@@ -95,6 +107,10 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
             raise CheckpointError(f"checkpoint {checkpoint!r}: {e}") from None
         need.append(CHARACTERS)
         builders[CHARACTERS] = lambda cfg, rngs: CharacterLoRAs(cfg.dit, spec, rngs=rngs)
+    if wants_preview(config):  # loaded only when asked: game.decoder=full plays exactly as without it
+        if standin_vae or not supports_preview(manifest["components"]):
+            raise no_preview_error(checkpoint, config.game.decoder)
+        need.append("preview")
     missing = [c for c in need if c not in manifest["components"]]
     if missing:
         raise CheckpointError(f"checkpoint {checkpoint!r} lacks component(s) {missing} (it holds "
@@ -127,11 +143,13 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
     The label says so.
     """
 
+    preview = wants_preview(config)
+
     @jax.jit
     def init():
         # one compiled init instead of one eager PRNG op per parameter
-        mods = {name: COMPONENT_BUILDERS[name](config, nnx.Rngs(seed + i))
-                for i, name in enumerate(("mllm", sampling_component(config), "shot_encoder", "vae"))}
+        names = ("mllm", sampling_component(config), "shot_encoder", "vae") + (("preview",) if preview else ())
+        mods = {name: COMPONENT_BUILDERS[name](config, nnx.Rngs(seed + i)) for i, name in enumerate(names)}
         mods["dit"] = mods.pop(sampling_component(config))
         return {k: nnx.split(m) for k, m in mods.items()}
 
@@ -157,6 +175,10 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
       CheckpointError: no checkpoint given (and no fallback), or a bad checkpoint.
     """
     if standin:
+        if wants_preview(config):
+            raise CheckpointError(f"the random stand-in has no preview decoder, which --config.game.decoder="
+                                  f"{config.game.decoder} plays. Fix: play a checkpoint with one (training phase "
+                                  f"preview) or use --config.game.decoder=full")
         return build_standin(config, seed=int(config.seed))
     ckpt = paths.resource(checkpoint or config.game.checkpoint)
     if random_fallback and (not ckpt or not fileio.isdir(ckpt)):

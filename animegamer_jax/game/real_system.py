@@ -17,6 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
+from animegamer_jax import video_io
 from animegamer_jax.game.api import GameSystem
 from animegamer_jax.inference import release_decoding
 from animegamer_jax.inference.clip_sampler import dit_sampler
@@ -108,9 +109,15 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
             dit = nnx.merge(g_dit, p["dit"])
             merge_character(dit, nnx.merge(g_chars, p["characters"]).loras[index])
             return nnx.state(dit)
+    preview = None
+    if "preview" in components:  # phase preview's decoder: game.decoder=preview / preview_then_full
+        g_prev, params["preview"] = nnx.split(components["preview"])
+
+        def preview(p, latents):
+            return video_io.to_unit(nnx.merge(g_prev, p["preview"])(latents), video_io.VAE_RANGE)
 
     sample = dit_sampler(g_dit, config, g_ref)
     parse = release_decoding.states_from_generated if decoding == "free" else None
     return GameSystem(params, mllm, sample, decode, label=label, decode_chunk=decode_chunk,
-                      decode_plan=decode_plan, parse_states=parse, encode_reference=encode_ref,
+                      decode_plan=decode_plan, parse_states=parse, encode_reference=encode_ref, preview=preview,
                       character_names=names, apply_character=apply_character, **cached)

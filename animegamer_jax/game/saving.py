@@ -307,6 +307,7 @@ def print_turn(k: int, text: str, tr: TurnResult, timing: dict) -> None:
     print(f"turn {k + 1}: {text}\n  states ML={ml} SC={sc:+d} ET={et:+d} ST={st:+d} | social {m['social']} "
           f"entertainment {m['entertainment']} stamina {m['stamina']} | mllm {timing['mllm_s']:.2f}s "
           f"sampling {timing['sampling_s']:.2f}s vae {timing['vae_s']:.2f}s"
+          + (f" (preview {timing['preview_s']:.2f}s)" if "preview_s" in timing else "")
           + (f" | first frame {timing['ttff_s']:.2f}s turn {timing['turn_s']:.2f}s" if "ttff_s" in timing else ""),
           flush=True)
 

@@ -448,6 +448,10 @@ def _clean_temp(out_dir: str, names: Sequence[str], game_of: Callable[[str], str
 #: config fields left out of a game's fingerprint: where things are (out_dir, checkpoint path: the
 #: system identity names the weights), or recorded on their own (the game's effective seed and mode)
 _NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode")
+#: config fields added after games were fingerprinted, left out while they have no effect on a game, so
+#: those games' fingerprints (and game.json) stay as they were: (key, value without effect) and, for
+#: ``preview``, the whole section unless ``game.decoder`` uses it
+_ADDED_AT_DEFAULT = (("game.decoder", "full"), ("train.preview_real_weight", 0.0))
 
 
 def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str,
@@ -460,6 +464,12 @@ def game_fingerprint(config, instructions: Sequence[str], seed: int, system_iden
     for key in _NOT_FINGERPRINTED:
         sec, _, name = key.partition(".")
         cfg.get(sec, {}).pop(name, None)
+    if str(config.game.get("decoder", "full")) == "full":
+        cfg.pop("preview", None)
+    for key, value in _ADDED_AT_DEFAULT:
+        sec, _, name = key.partition(".")
+        if cfg.get(sec, {}).get(name, value) == value:
+            cfg.get(sec, {}).pop(name, None)
     parts = {"instructions": list(instructions), "seed": int(seed), "mode": config.game.mode,
              "system": system_identity, "config": cfg}
     if characters:

@@ -17,6 +17,7 @@ from flax import nnx
 
 from animegamer_jax.models.clip.model import CLIP
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
+from animegamer_jax.models.cogvideox.preview import PreviewDecoder
 from animegamer_jax.models.cogvideox.reference import ReferenceAdapter, ReferenceConfig
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
 from animegamer_jax.models.mistral.mllm import GameStateMLLM
@@ -59,6 +60,12 @@ def build_vae(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
     return CogVideoXVAE.from_config(config.vae, rngs=rngs)
 
 
+def build_preview(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
+    """The preview decoder (training phase ``preview``; models/cogvideox/preview.py) from ``config.preview``
+    and the VAE's latent sizes: a system holding it can show fast frames first (``game.decoder``)."""
+    return PreviewDecoder.from_config(config, rngs=rngs)
+
+
 def build_shot_encoder(config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
     """The shot encoder E_a from ``config.shot_encoder`` and ``config.rep``."""
     return ShotEncoder.from_config(config, rngs=rngs)
@@ -84,11 +91,13 @@ COMPONENT_BUILDERS: dict[str, Builder] = {
     "t5": build_t5,
     "student": build_student,
     "reference": build_reference,
+    "preview": build_preview,
 }
 
-#: components a system may hold besides :data:`COMPONENTS`: the few-step student (training phase d) and the
+#: components a system may hold besides :data:`COMPONENTS`: the few-step student (training phase d), the
 #: reference adapter (training phase r; a system with it supports references, :func:`supports_references`)
-OPTIONAL_COMPONENTS: tuple[str, ...] = ("student", "reference")
+#: and the preview decoder (training phase preview; :func:`supports_preview`)
+OPTIONAL_COMPONENTS: tuple[str, ...] = ("student", "reference", "preview")
 
 #: the component names of a whole system, in the order above (the optional ones not counted)
 COMPONENTS: tuple[str, ...] = tuple(n for n in COMPONENT_BUILDERS if n not in OPTIONAL_COMPONENTS)
@@ -109,3 +118,9 @@ def supports_references(components) -> bool:
     """Whether a system with these component names (a system checkpoint manifest's ``components``)
     plays characters from a reference image: it holds the ``reference`` adapter (training phase r)."""
     return "reference" in tuple(components)
+
+
+def supports_preview(components) -> bool:
+    """Whether a system with these component names can decode previews (``game.decoder=preview`` or
+    ``preview_then_full``): it holds the ``preview`` decoder (training phase preview)."""
+    return "preview" in tuple(components)

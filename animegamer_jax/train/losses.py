@@ -12,6 +12,7 @@ the phase's components as attributes (``train.model.TrainModel``) and ``batch`` 
 | d      | :func:`distill_loss`: consistency distillation of the guided DiT into the student |
 | r      | :func:`reference_loss`: v-MSE, DiT conditioned on E_a and a reference image (adapter only) |
 | vae    | :func:`vae_loss`: L1 + MSE + KL              |
+| preview | :func:`preview_loss`: L1 + MSE of the preview decoder against the frozen VAE decoder |
 
 Diffusion loss (docs/diffusion.md#training-loss): uniform integer timesteps, ``x_t = a x0 + sqrt(1-a^2) eps``,
 MSE on v (equal to SAT's ``w (D - x0)^2`` with ``w = 1/(1-a^2)``), per-sample CFG dropout: T5 features
@@ -278,6 +279,33 @@ def vae_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
     return loss, {"l1": l1, "mse": mse, "psnr": psnr, "kl": jnp.mean(kl_el), "latent_std": jnp.std(mean)}
 
 
+def preview_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
+                 config: ml_collections.ConfigDict) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Phase "preview": distils the frozen VAE decoder into ``model.preview`` on the clips' latents.
+
+    ``frames`` [B, T, H, W, 3] in [-1, 1] -> scaled latents ``z = scaling_factor * mean(q(z|x))`` (frozen
+    encoder, posterior mean) -> target ``clip(VAE_dec(z / scaling_factor), -1, 1)`` (frozen decoder, the
+    release chunk plan :func:`vae_decode_plan`, as play decodes untiled); with ``latents`` in the batch
+    those are used instead of encoding. ``L = mean|p - y| + mean (p - y)^2 (+ w mean (p - x)^2)`` with
+    ``p = preview(z)``, ``y`` the target, ``w = train.preview_real_weight`` (0: distillation only).
+    Metrics: l1, mse, psnr (dB against the VAE decode, frames in [0, 1]), psnr_real (against the frames).
+    """
+    del rng
+    x = batch["frames"].astype(jnp.float32)
+    scale = float(config.vae.scaling_factor)
+    z = batch["latents"].astype(jnp.float32) if "latents" in batch else model.vae.encode(x).mean * scale
+    z = jax.lax.stop_gradient(z)
+    target = jnp.clip(model.vae.decode(z / scale, vae_decode_plan(z.shape[1])).astype(jnp.float32), -1.0, 1.0)
+    target = jax.lax.stop_gradient(target)
+    pred = model.preview(z).astype(jnp.float32)
+    err = pred - target
+    l1, mse = jnp.mean(jnp.abs(err)), jnp.mean(err ** 2)
+    mse_real = jnp.mean((pred - x) ** 2)
+    loss = l1 + mse + float(config.train.get("preview_real_weight", 0.0)) * mse_real
+    psnr = lambda m: 10.0 * jnp.log10(4.0 / jnp.maximum(m, 1e-10))  # noqa: E731  (peak-to-peak 2 = 1 in [0, 1])
+    return loss, {"l1": l1, "mse": mse, "psnr": psnr(mse), "psnr_real": psnr(mse_real)}
+
+
 def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray]]) -> float:
     """``1 / std`` of the posterior means of ``batches`` (``frames`` [B, T, H, W, 3] in [-1, 1]): the
     latent scale that gives the DiT unit-variance latents, found as LDM / CogVideoX found theirs
@@ -296,4 +324,5 @@ def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray
 
 #: the loss of each phase
 LOSSES: dict[str, LossFn] = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss,
-                             "d": distill_loss, "vae": vae_loss, "r": reference_loss}
+                             "d": distill_loss, "vae": vae_loss, "r": reference_loss,
+                             "preview": preview_loss}

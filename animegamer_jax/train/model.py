@@ -13,6 +13,7 @@ optimizer memory:
 | d     | student, [dit, shot_encoder, t5, clip, vae] | student: all, or LoRA + ``flow_embed`` + ``guidance_embed`` + block adaLN |
 | vae   | vae                                      | VAE (all)                                            |
 | r     | reference, [shot_encoder, dit, t5, clip, vae] | the reference adapter (type embedding + its LoRA) |
+| preview | preview, [vae]                         | the preview decoder (all), distilled from the VAE decoder |
 
 a1 follows the brief "E_a (+ motion embedding) against the frozen decoder" (the paper trains E_a
 only; the release code also trains flow and LoRA, docs/training.md#trainable-sets). a2 and c train
@@ -51,12 +52,13 @@ PHASE_COMPONENTS: dict[str, tuple[str, ...]] = {
     "d": ("shot_encoder", "dit", "student", "t5", "clip"),
     "vae": ("vae",),
     "r": ("shot_encoder", "dit", "t5", "clip", "vae", "reference"),
+    "preview": ("vae", "preview"),
 }
 
 #: components whose weights each phase changes (written to the system checkpoint after it)
 PHASE_OUTPUTS: dict[str, tuple[str, ...]] = {
     "a1": ("shot_encoder", "dit"), "a2": ("shot_encoder", "dit"), "b": ("mllm",), "c": ("dit",), "d": ("student",),
-    "vae": ("vae",), "r": ("reference",)}
+    "vae": ("vae",), "r": ("reference",), "preview": ("preview",)}
 
 
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -134,6 +136,8 @@ def _component_filters(phase: str, dit_trainable: str, distill_trainable: str = 
         return {"vae": nnx.Param}
     if phase == "r":  # the DiT and E_a stay as they are: with no reference the decoder is unchanged
         return {"reference": nnx.Param}
+    if phase == "preview":  # the VAE is the frozen teacher (its encoder gives the latents, its decoder the target)
+        return {"preview": nnx.Param}
     raise ValueError(f"unknown training phase {phase!r}; use one of {PHASES}")
 
 

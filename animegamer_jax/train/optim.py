@@ -32,6 +32,9 @@ PAPER_SCHEDULE: dict[str, tuple[float, int]] = {
     # Not in the paper: phase r, the reference adapter (a new LoRA + type embedding on the frozen DiT;
     # Concat-ID-style adapters train at about 1e-4 for some 10k steps)
     "r": (1e-4, 10_000),
+    # Not in the paper: the preview decoder (a small conv net distilled from the VAE decoder, trained
+    # from scratch; TAESD-like decoders train at about 1e-3)
+    "preview": (1e-3, 10_000),
 }
 
 

@@ -39,7 +39,7 @@ from animegamer_jax.train.samples import sample_hook
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phase in ("vae", "a1", "a2", "d", "r"):
+    if phase in ("vae", "a1", "a2", "d", "r", "preview"):
         return dict(mode="clips", batch_size=local_batch)
     return dict(mode="turns", batch_size=local_batch, include_frames=True)
 

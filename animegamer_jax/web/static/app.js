@@ -124,7 +124,13 @@ function liveReset() {
   if (live.timer) clearInterval(live.timer);
   live.timer = null;
 }
-function liveAdd(urls, fps) {
+function liveAdd(urls, fps, start) {
+  // frames from `start` on replace those already there (game.decoder=preview_then_full: the preview
+  // decoder's clip first, then the VAE's chunks from frame 0)
+  if (start !== undefined && start < live.frames.length) {
+    live.frames.length = start;
+    live.shown = Math.min(live.shown, start);
+  }
   live.frames.push(...urls);
   const img = $("#live");
   const next = () => {
@@ -155,7 +161,7 @@ function onEvent(ev) {
       break;
     case "frames":
       setStatus(`Decoding: ${ev.start + ev.frames.length} frames so far…`);
-      liveAdd(ev.frames, current ? current.fps : 8);
+      liveAdd(ev.frames, current ? current.fps : 8, ev.start);
       break;
     case "done": {
       agj.tDone = performance.now();
