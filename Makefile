@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install tpu-compiler aot-gpu browser demo toy-world test test-fast clean-venv
+.PHONY: install tpu-compiler aot-gpu browser demo toy-world test test-fast test-paper clean-venv
 
 install: $(STAMP)
 
@@ -55,9 +55,13 @@ browser:
 	    chromium chromium-driver >/dev/null) || echo "browser: apt-get install failed; the browser test will be skipped"; \
 	else echo "browser: not root or no apt-get; install chromium + chromedriver to run the browser test"; fi
 
-# The whole test suite (what .ci/run runs).
+# The whole test suite (what .ci/run runs), but for the paper-width checks (`make test-paper`).
 test: $(STAMP) $(TPU_COMPILER) browser
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not paper"
+
+# Paper-width layers on the CPU (jump-forward ids, int8 error) and second variants of slow tests: minutes.
+test-paper: $(STAMP)
+	$(PY) -m pytest -q -m paper
 
 # Without the PyTorch parity and multi-process tests.
 test-fast: $(STAMP)

@@ -19,7 +19,8 @@ def test_turn_stages_compile_on_tpu(layout):
     for name, row in rows.items():
         assert row.status == "ok", (name, row.status)
         assert row.peak > 0 and row.hbm_fraction < 0.01 and row.roofline_s > 0
-    assert rows["decode"].runs == 10  # max_new_tokens - 1 greedy steps per turn (tiny: 11)
+    # jump-forward pass A: the ten state ids in prefill + 3 steps of 3 tokens (the chosen id + 2 fixed)
+    assert pieces.decode_schedule() == (3, 3) and rows["decode"].runs == 3
     if layout == "latency":  # one game on all 4 chips: CFG halves on data, the sequence on context
         assert "1 game(s), mesh {'data': 2, 'fsdp': 1, 'tensor': 1, 'context': 2}" in rows["dit"].note
     else:  # tiny.py's mesh: 4-way data parallel, one game per chip

@@ -225,7 +225,7 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     print("emulator objects after the test:\n" + "\n".join(objects))
     game = {p.removeprefix("bucket/games/duel/") for p in objects if p.startswith("bucket/games/duel/")}
     assert game == {"turn_000.mp4", "turn_000.gif", "game.mp4", "contact_sheet.png", "index.html", "game.json",
-                    "timings.json", ".animegamer-game"}
+                    "timings.json", ".animegamer-game", "turn_000.state.npz"}
     system = {p.removeprefix("bucket/run/system/").split("/")[0] for p in objects
               if p.startswith("bucket/run/system/")}
     assert {"manifest", "config", "integrity.json", "mllm", "dit", "vae", "shot_encoder", "t5", "clip"} <= system

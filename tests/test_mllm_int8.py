@@ -79,7 +79,7 @@ def test_reference_mode_stays_bf16():
     assert apply_mode(cfg).mllm.quantize == "none"
 
 
-@pytest.mark.slow
+@pytest.mark.paper
 def test_int8_paper_width_hidden_within_tolerance():
     """D 4096, 32/8 heads of 128, F 14336, two layers, bf16, random weights: the last hidden states
     (what pass B reads) within 3 % relative error."""

@@ -59,7 +59,7 @@ def test_jump_forward_ids_equal_step_by_step_tiny():
     assert len({tuple(r[[0, 3, 6, 9]]) for r in jump}) > 1  # the rows decode different states
 
 
-@pytest.mark.slow
+@pytest.mark.paper
 def test_jump_forward_ids_equal_step_by_step_paper_width():
     """Paper width and head layout (D 4096, 32 query / 8 KV heads of 128), two layers (fp32: CPU bf16 dots
     are slow)."""

@@ -139,7 +139,7 @@ def test_pick_reference_frames_pairs_other_clips_of_the_same_character():
 
 
 @pytest.mark.slow  # ~50 s on a loaded 2-core host (the step's compile)
-@pytest.mark.parametrize("given", ["latent", "frame"])
+@pytest.mark.parametrize("given", ["frame", pytest.param("latent", marks=pytest.mark.paper)])
 def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
     """Two phase-r steps: finite losses, only the adapter changes. "latent" hands the step a reference
     latent (fast); "frame" VAE-encodes the uint8 reference frame in the step (the tiny VAE's compile)."""

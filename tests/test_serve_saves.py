@@ -84,7 +84,8 @@ def test_save_work_per_turn_does_not_grow_and_equals_one_go(server, n):
         len(writers.read_video(os.path.join(folder, f"turn_{k:03d}.mp4"))) for k in range(n))
     # the same game in one go (same engine, same batch shape): every turn file equal
     game = Game("one-go", tuple(s.game.turns), s.game.seed)
-    one_go, _ = saving.save_game(server.engine, server.engine.play([game])[0], os.path.join(server.out_dir, "ref"))
+    one_go, _ = saving.save_game(server.engine, server.engine.play([game])[0],
+                                os.path.join(server.out_dir, f"ref-{n}"))
     ref, got = turn_files(one_go), turn_files(folder)
     assert len(ref) == 3 * n and ref.keys() == got.keys()
     assert [k for k in ref if ref[k] != got[k]] == []
