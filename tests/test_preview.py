@@ -145,11 +145,13 @@ def test_engine_decoder_modes():
 def test_no_preview_component_is_one_line(tmp_path):
     from animegamer_jax.config import ConfigError, load_config, validate
     from animegamer_jax.game.loading import CheckpointError, resolve_system
+    from tests.test_system_checkpoint import system_without
 
+    noprev = system_without("checkpoints/tiny_system", str(tmp_path / "noprev"), ("preview",))
     cfg = load_config("configs/tiny.py")
     cfg.game.decoder = "preview"
     with pytest.raises(CheckpointError, match="no preview decoder.*phase preview.*decoder=full"):
-        resolve_system(cfg, "checkpoints/tiny_system")
+        resolve_system(cfg, noprev)
     with pytest.raises(CheckpointError, match="stand-in has no preview decoder"):
         resolve_system(cfg, standin=True)
     cfg.game.decoder = "fast"
