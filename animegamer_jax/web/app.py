@@ -446,39 +446,34 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         return StreamingResponse(events(), media_type="application/x-ndjson",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
+    async def answer(fn, *args, in_thread: bool = True, bad: tuple[type[Exception], ...] = (BadInput,)) -> Response:
+        """``fn(*args)``'s value as JSON (run on a worker thread unless ``in_thread`` is False); 400 with
+        the message of a ``bad`` error, 409 with a :class:`Busy` one."""
+        try:
+            return JSONResponse(await asyncio.to_thread(fn, *args) if in_thread else fn(*args))
+        except Busy as e:
+            return error(409, str(e))
+        except bad as e:
+            return error(400, str(e))
+
     async def undo(request: Request) -> Response:
         s = session_of(request)
         await body_of(request)
-        try:
-            return JSONResponse(await asyncio.to_thread(server.undo, s))
-        except Busy as e:
-            return error(409, str(e))
-        except IndexError as e:
-            return error(400, str(e))
+        return await answer(server.undo, s, bad=(IndexError,))
 
     async def restart(request: Request) -> Response:
         s = session_of(request)
         body = await body_of(request)
         if not isinstance(body, dict) or set(body) - {"seed"}:
             return error(400, "restart takes {\"seed\": <integer>} or nothing")
-        try:
-            return JSONResponse(server.restart(s, body.get("seed")))
-        except BadInput as e:
-            return error(400, str(e))
-        except Busy as e:
-            return error(409, str(e))
+        return await answer(server.restart, s, body.get("seed"), in_thread=False)
 
     async def switch(request: Request) -> Response:
         s = session_of(request)
         body = await body_of(request)
         if not isinstance(body, dict) or set(body) != {"game_id"}:
             return error(400, "continue takes {\"game_id\": \"<one of the session's saved games>\"}")
-        try:
-            return JSONResponse(await asyncio.to_thread(server.continue_game, s, body["game_id"]))
-        except BadInput as e:
-            return error(400, str(e))
-        except Busy as e:
-            return error(409, str(e))
+        return await answer(server.continue_game, s, body["game_id"])
 
     async def character(request: Request) -> Response:
         s = session_of(request)
@@ -486,24 +481,14 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
                              fix=f"upload an image of at most {MAX_CHARACTER_BYTES >> 20} MB")
         if not isinstance(body, dict) or set(body) != {"name", "image_b64"}:
             return error(400, "character takes {\"name\": \"<character name>\", \"image_b64\": \"<the image, base64>\"}")
-        try:
-            return JSONResponse(await asyncio.to_thread(server.add_character, s, body["name"], body["image_b64"]))
-        except BadInput as e:
-            return error(400, str(e))
-        except Busy as e:
-            return error(409, str(e))
+        return await answer(server.add_character, s, body["name"], body["image_b64"])
 
     async def branch(request: Request) -> Response:
         s = session_of(request)
         body = await body_of(request)
         if not isinstance(body, dict) or set(body) - {"turns"}:
             return error(400, "branch takes {\"turns\": <turns to keep>} or nothing")
-        try:
-            return JSONResponse(await asyncio.to_thread(server.branch, s, body.get("turns")))
-        except BadInput as e:
-            return error(400, str(e))
-        except Busy as e:
-            return error(409, str(e))
+        return await answer(server.branch, s, body.get("turns"))
 
     def own_game(request: Request) -> str | None:
         """The folder of the URL's game when the request's session played it (no session is made)."""
