@@ -264,13 +264,15 @@ PLAYING = ("const v=document.querySelector('#clip'); return v.src.includes(argum
            "v.readyState>=2 && v.currentTime>0 && v.videoWidth>0")
 
 
-def _play_turn(driver, k, character, motion, background):
+def _play_turn(driver, k, character, motion, background, done=None):
+    """Plays turn ``k`` (0-based) from the form; ``done``: the page's count of finished turns after
+    it (``k + 1`` unless the page was reloaded or a turn undone)."""
     for name, value in (("character", character), ("motion", motion), ("background", background)):
         el = driver.find_element("id", name)
         el.clear()
         el.send_keys(value)
     driver.find_element("id", "generate").click()
-    _wait(driver, f"return window.agj.turnsDone === {k + 1}", TURN_TIMEOUT, f"turn {k + 1}")
+    _wait(driver, f"return window.agj.turnsDone === {k + 1 if done is None else done}", TURN_TIMEOUT, f"turn {k + 1}")
     src = f"turn_{k:03d}.mp4"
     _wait(driver, PLAYING.replace("arguments[0]", repr(src)), 30, f"the clip {src} to play")
     # the streamed frames gave way to the finished clip in its player
@@ -350,6 +352,102 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
     assert urls and all(u.startswith(http.url) or u.startswith("data:") for u in urls), urls
     errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, errors
+
+
+def _files(folder, prefix="turn_"):
+    """{name: bytes} of ``folder``'s turn files (clip, GIF, state record)."""
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))
+            if n.startswith(prefix) and n.endswith((".mp4", ".gif", ".state.npz"))}
+
+
+def _page_game(driver):
+    return driver.execute_script("return document.querySelector('#info').textContent").split()[1]
+
+
+def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_path):
+    """In the page: two turns, Undo last turn, a new second turn, Branch from turn 1 (picked in the
+    history), then the server restarts on the same game folder and port, the page lists the first
+    game under Saved games and continues it with a third turn. Its turn files equal the same three
+    turns played in one go; the branch's turn 1 equals the first game's; the branch left the first
+    game's turn files as they were."""
+    from animegamer_jax.game.script import Game
+    from animegamer_jax.game.turn_by_turn import instruction_from_fields
+    from animegamer_jax.web.server import SESSIONS_FILE, GameServer
+
+    engine, out, d = served[0].engine, str(tmp_path / "games"), browser
+    turns = [("Bunny", "slowly walk out of the burrow", "day meadow"),  # turn 1
+             ("Bunny", "quickly chase a butterfly", "day forest"),  # turn 2, undone
+             ("Bunny", "happily stretch in the sun", "day meadow"),  # turn 2 again
+             ("Bunny", "jump over a log", "night forest")]  # turn 3, after the restart
+
+    def serve(port=0):
+        srv = GameServer(engine, out)
+        srv.start()
+        return srv, HttpThread(create_app(srv), port=port).start()
+
+    srv, http = serve()
+    port = http.port
+    try:
+        d.get(http.url + "/")
+        _wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
+        assert d.find_element("id", "undo").text == "Undo last turn"
+        assert not d.find_element("id", "branch").is_enabled()  # nothing to branch from yet
+        _play_turn(d, 0, *turns[0])
+        _play_turn(d, 1, *turns[1])
+        first = _page_game(d)
+        folder = os.path.join(out, first)
+        assert len(_files(folder)) == 6
+        d.find_element("id", "undo").click()
+        _wait(d, "return document.querySelectorAll('#history figure').length === 1", 60, "undo")
+        assert sorted(_files(folder)) == ["turn_000.gif", "turn_000.mp4", "turn_000.state.npz"]
+        _play_turn(d, 1, *turns[2], done=3)
+        before = _files(folder)
+        assert len(before) == 6 and d.find_element("id", "branch").text == "Branch from turn 2"
+        stats = {n: os.stat(os.path.join(folder, n)).st_mtime_ns for n in before}
+
+        d.find_element("css selector", "#history figure[data-turn='0']").click()  # pick turn 1
+        assert d.find_element("id", "branch").text == "Branch from turn 1"
+        d.find_element("id", "branch").click()
+        _wait(d, f"return !document.querySelector('#info').textContent.includes('{first}') && "
+                 "document.querySelectorAll('#history figure').length === 1", 60, "the branch")
+        branch = _page_game(d)
+        listed = d.execute_script("return [...document.querySelectorAll('#saved-games li')].map(e => e.textContent)")
+        assert listed == sorted([f"{branch} (playing) · 1 turn", f"{first} · 2 turns"], reverse=True), listed
+    finally:
+        http.stop()
+        srv.stop()
+    # the branch: turn 1's files copied from the first game, which it did not touch
+    assert _files(os.path.join(out, branch)) == _files(folder, "turn_000")
+    assert _files(folder) == before
+    assert {n: os.stat(os.path.join(folder, n)).st_mtime_ns for n in before} == stats
+    assert json.load(open(os.path.join(out, SESSIONS_FILE)))["sessions"].popitem()[1] == {
+        "games": sorted([first, branch]), "current": branch}
+
+    srv, http = serve(port)  # a new server on the same game folder and port: the session is known again
+    try:
+        d.refresh()
+        _wait(d, f"return document.querySelector('#info').textContent.startsWith('game {branch}') && "
+                 "document.querySelectorAll('#history figure').length === 1", 60, "the branch after the restart")
+        d.find_element("css selector", f"#saved-games a[data-game='{first}']").click()  # continue the first game
+        _wait(d, f"return document.querySelector('#info').textContent.startsWith('game {first}') && "
+                 "document.querySelectorAll('#history figure').length === 2", 60, "the first game continued")
+        assert d.find_element("id", "branch").text == "Branch from turn 2"
+        _play_turn(d, 2, *turns[3], done=1)  # the reloaded page counts from 0
+        errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        http.stop()
+        srv.stop()
+
+    # the same three turns played in one go: every turn file byte-identical
+    seed = json.load(open(os.path.join(folder, "game.json")))["seed"]
+    assert seed == srv.seed
+    one_go = Game("one-go", tuple(instruction_from_fields(*t) for t in (turns[0], turns[2], turns[3])), seed)
+    ref, _ = saving.save_game(engine, engine.play([one_go])[0], str(tmp_path / "ref"))
+    got, want = _files(folder), _files(ref)
+    assert len(want) == 9 and sorted(got) == sorted(want)
+    assert [n for n in want if got[n] != want[n]] == []
+    assert _files(os.path.join(out, branch)) == _files(ref, "turn_000")
 
 
 def test_engine_streams_decode_chunks():

@@ -470,7 +470,7 @@ class GameServer:
         """
         folder = self.game_dir(s, game_id)
         if folder is None:
-            raise BadInput(f"no saved game {game_id!r} in this session. Fix: pick one of /api/games")
+            raise BadInput(f"no saved game {game_id!r} in this session. Fix: pick one of the page's saved games (state's saved_games)")
         with self.disk_lock(game_id):
             game, _ = saving.load_game(self.engine, folder, game_id=game_id)
         s.game = game

@@ -70,7 +70,8 @@ function render(state, { play = true } = {}) {
   shownTurn = n - 1;
   $("#saved-games").innerHTML = (state.saved_games || []).map((g) =>
     `<li>${g.current ? `<b>${esc(g.game_id)}</b> (playing)` :
-      `<a href="#" data-game="${esc(g.game_id)}">${esc(g.game_id)}</a>`} · ${g.turns} turn${g.turns === 1 ? "" : "s"}</li>`).join("");
+      `<a href="#" data-game="${esc(g.game_id)}" title="continue this game">${esc(g.game_id)}</a>`} · ` +
+    `${g.turns} turn${g.turns === 1 ? "" : "s"}</li>`).join("");
   for (const a of $("#saved-games").querySelectorAll("a[data-game]")) {
     a.addEventListener("click", async (e) => {
       e.preventDefault();
@@ -105,6 +106,7 @@ function render(state, { play = true } = {}) {
     const show = () => {
       hist.querySelectorAll("figure").forEach((f) => f.classList.toggle("current", f === fig));
       shownTurn = t.turn;
+      branchLabel();
       $("#caption").textContent = `Turn ${t.turn + 1}: ${t.instruction}`;
       playClip(t.video);
     };
@@ -114,7 +116,13 @@ function render(state, { play = true } = {}) {
   hist.scrollLeft = hist.scrollWidth; // the newest turn in view, without scrolling the page
   $("#caption").textContent = last ? `Turn ${last.turn + 1}: ${last.instruction}` : "";
   if (play) playClip(last ? last.video : null);
+  branchLabel();
   setBusy(state.busy);
+}
+
+// "Branch from turn k": the turn in the player (the last one, or the one picked in the history)
+function branchLabel() {
+  $("#branch").textContent = shownTurn >= 0 ? `Branch from turn ${shownTurn + 1}` : "Branch from here";
 }
 
 // frames of the turn being decoded, shown at the game's fps as they arrive
