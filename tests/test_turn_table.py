@@ -1,0 +1,64 @@
+"""benchmarks/turn_table.py: one table of roofline turns assembled from animegamer-aot JSON reports."""
+
+import json
+
+import pytest
+
+from benchmarks import turn_table
+
+V6E = {"name": "v6e", "hbm_bytes": 32 * 2**30, "bf16_flops": 918e12, "hbm_bytes_per_s": 1640e9}
+
+
+def _report(path, programs, chip=V6E):
+    rows = [{"program": n, "kind": "turn", "note": "", "layout": "latency", "roofline_s": s, "runs": runs,
+             "arguments": args, "temporaries": temps, "outputs": 0.0, "aliased": 0.0,
+             "first_chunk": chunk} for n, s, runs, args, temps, chunk in programs]
+    path.write_text(json.dumps({"chip": chip, "programs": rows}))
+    return str(path)
+
+
+@pytest.fixture
+def reports(tmp_path):
+    g = 2**30
+    bf16 = _report(tmp_path / "bf16.json", [("prefill", 0.030, 1, 13 * g, 0.1 * g, [1, 1]),
+                                            ("decode", 0.010, 3, 13 * g, 0.1 * g, [1, 1]),
+                                            ("pass_b", 0.020, 1, 12 * g, 0.0, [1, 1]),
+                                            ("dit", 0.250, 1, 3 * g, 1 * g, [1, 1]),
+                                            ("vae_decode", 0.400, 1, 0.5 * g, 4 * g, [2, 8]),
+                                            ("preview_decode", 0.008, 1, 0.01 * g, 0.1 * g, [1, 1])])
+    int8 = _report(tmp_path / "int8.json", [("prefill", 0.020, 1, 7 * g, 0.1 * g, [1, 1]),
+                                            ("decode", 0.005, 3, 7 * g, 0.1 * g, [1, 1]),
+                                            ("pass_b", 0.010, 1, 7 * g, 0.0, [1, 1])])
+    return bf16, int8
+
+
+def test_full_preview_and_int8_rows_add_up(reports, capsys):
+    bf16, int8 = reports
+    full, preview, both, q = turn_table.main([
+        "--row", f"ONE v6e|student-4|bf16|full={bf16}", "--row", f"ONE v6e|student-4|bf16|preview={bf16}",
+        "--row", f"ONE v6e|student-4|bf16|preview_then_full={bf16}",
+        "--row", f"ONE v6e|student-4|int8|full={int8}+{bf16}"])
+    mllm_dit = 0.030 + 0.030 + 0.020 + 0.250
+    assert full["turn_s"] == pytest.approx(mllm_dit + 0.400)
+    assert full["ttff_s"] == pytest.approx(mllm_dit + 0.400 * 2 / 8)  # the VAE's first chunk: 2 of 8 latent frames
+    assert preview["turn_s"] == preview["ttff_s"] == pytest.approx(mllm_dit + 0.008)
+    assert both["ttff_s"] == pytest.approx(mllm_dit + 0.008) and both["turn_s"] == pytest.approx(mllm_dit + 0.408)
+    assert q["turn_s"] == pytest.approx(0.020 + 0.015 + 0.010 + 0.250 + 0.400)  # int8 MLLM from the first file
+    # resident: the MLLM's largest args (13) + DiT (3) + VAE (0.5) + the largest stage's activations (VAE: 4) GiB
+    assert full["resident_gib"] == pytest.approx(20.5) and full["resident_fraction"] == pytest.approx(20.5 / 32)
+    out = capsys.readouterr().out
+    assert "| ONE v6e | student-4 | int8 | full |" in out and f"**{q['turn_s']:.3f} / {q['turn_s'] / 0.4:.3f} s**" in out
+
+
+def test_bad_rows_are_one_line(reports, tmp_path, capsys):
+    bf16, int8 = reports
+    h100 = _report(tmp_path / "h100.json", [("prefill", 0.01, 1, 0, 0, [1, 1])], chip=dict(V6E, name="h100"))
+    for row, says in [(f"ONE v6e|student-4|int8|full={int8}", "no compiled latency-layout dit, vae_decode"),
+                      (f"x|y|z|full={int8}+{h100}", "mixes reports of chips ['h100', 'v6e']"),
+                      (f"x|y|z|fast={bf16}", "decoder 'fast' is not one of"),
+                      (f"x|full={bf16}", "is not TARGET|SAMPLER|MLLM|DECODER"),
+                      (f"x|y|z|full={tmp_path / 'none.json'}", "no such report")]:
+        with pytest.raises(SystemExit) as e:
+            turn_table.main(["--row", row])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, (row, err)
