@@ -190,3 +190,39 @@ ENTRY %main (p: s8[32,64,128], i: s32[]) -> s8[64,128] {
 """
     slice_bytes = 64 * 128
     assert program_cost(hlo).bytes_accessed == slice_bytes + 4 + slice_bytes  # slice + index read, slice written
+
+
+def test_sliced_prefetch_counts_each_piece_not_the_source():
+    """The TPU compiler prefetches a buffer in pieces: each ``slice-start`` result tuple names the whole
+    source, but only its piece moves (read + write, as a copy-start); the ``ConcatBitcast`` that joins
+    the pieces is a bitcast. So the two pieces of a 4096-byte buffer cost 2 x 4096 bytes, not
+    2 x (4096 + 2048 + 2048 + 4)."""
+    hlo = """HloModule m
+
+ENTRY %main (p: s8[4096]) -> bf16[2048] {
+  %p = s8[4096]{0:T(1024)} parameter(0)
+  %s0 = ((s8[4096]{0:T(1024)}), s8[2048]{0:T(1024)S(1)}, s32[]{:S(2)}) slice-start(%p), slice={[0:2048]}
+  %s1 = ((s8[4096]{0:T(1024)}), s8[2048]{0:T(1024)S(1)}, s32[]{:S(2)}) slice-start(%p), slice={[2048:4096]}
+  %d0 = s8[2048]{0:T(1024)S(1)} slice-done(%s0)
+  %d1 = s8[2048]{0:T(1024)S(1)} slice-done(%s1)
+  %c = bf16[2048]{0:T(1024)S(1)} custom-call(%d0, %d1), custom_call_target="ConcatBitcast"
+  ROOT %n = bf16[2048]{0} negate(%c)
+}
+"""
+    negate = 2 * 2048 * 2
+    assert program_cost(hlo).bytes_accessed == 2 * 4096 + negate
+    rows = top_bytes(hlo, 10)
+    assert sorted((r[1], r[0]) for r in rows) == [("custom-call", 0.0), ("negate", negate),
+                                                 ("slice-start", 2 * 2048), ("slice-start", 2 * 2048)]
+
+
+def test_strided_slice_start_counts_its_elements():
+    hlo = """HloModule m
+
+ENTRY %main (p: f32[8,100]) -> f32[4,10] {
+  %p = f32[8,100]{1,0} parameter(0)
+  %s = ((f32[8,100]{1,0}), f32[4,10]{1,0:S(1)}, s32[]) slice-start(%p), slice={[0:8:2], [0:100:10]}
+  ROOT %d = f32[4,10]{1,0:S(1)} slice-done(%s)
+}
+"""
+    assert program_cost(hlo).bytes_accessed == 2 * 4 * 10 * 4

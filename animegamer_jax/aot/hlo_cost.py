@@ -24,7 +24,11 @@ Counted (formulas from XLA's ``xla/service/hlo_cost_analysis.cc``; 1 FMA = 2 FLO
   ``FusionParameterReadBytes``, a (fused) slice or dynamic-slice reads only its slice, an in-place
   dynamic-update-slice reads and writes only its update (also through a nested fusion, e.g. a relayout
   copy, whose result is only sliced), and a fused parameter used by several
-  other ops is read once. ``copy-start`` counts its operand twice (read + write). Sizes are logical
+  other ops is read once. ``copy-start`` counts its operand twice (read + write); so does the TPU
+  compiler's sliced prefetch, per piece: each ``slice-start`` counts its slice twice (its result tuple
+  also names the whole source buffer, which it does not read), and the ``ConcatBitcast`` custom call
+  that joins the ``slice-done`` pieces into one buffer counts nothing (a bitcast); the pieces are s8
+  views of the source's tiled buffer, so these count its padded bytes. Other sizes are logical
   (elements * dtype bits / 8): TPU tile padding and memory spaces (HBM vs VMEM) are ignored.
 
 Ignored: elementwise ops and reductions (so ``flops`` is a little below XLA's, which counts one per
@@ -127,6 +131,20 @@ def _nelems(shape: str) -> float:
                      for _, dims in _ARRAY.findall(shape)))
 
 
+def _slice_bytes(ins: _Instr, comp) -> float:
+    """Bytes of the piece a ``slice`` / ``slice-start`` takes: ``slice={[start:limit(:stride)], ...}``
+    of its operand, at the operand's element size."""
+    src = comp.instrs[ins.operands[0]].shape
+    m = re.search(r"slice=\{([^}]*)\}", ins.attrs)
+    elems, size = _nelems(src), _nbytes(src)
+    if not m or not elems:
+        return size
+    n = 1
+    for lo, hi, st in re.findall(r"\[(-?\d+):(-?\d+)(?::(\d+))?\]", m.group(1)):
+        n *= -(-(int(hi) - int(lo)) // int(st or 1))
+    return n * size / elems
+
+
 def _attr(ins: _Instr, key: str) -> str | None:
     m = re.search(r"\b" + key + r"=%?([\w.\-]+)", ins.attrs)
     return m.group(1) if m else None
@@ -201,6 +219,16 @@ class _Walker:
         if ins.op == "dynamic-update-slice":
             return _nbytes(comp.instrs[ins.operands[1]].shape)
         return _nbytes(ins.shape)
+
+    def instr_bytes(self, comp, ins: _Instr) -> float:
+        """Bytes one run of the top-level (unfused) instruction ``ins`` reads plus writes."""
+        if ins.op == "copy-start":
+            return 2 * _nbytes(comp.instrs[ins.operands[0]].shape)
+        if ins.op == "slice-start":  # result ((source), piece, context): only the piece moves
+            return 2 * _slice_bytes(ins, comp)
+        if ins.op == "custom-call" and re.search(r'custom_call_target="ConcatBitcast"', ins.attrs):
+            return 0.0
+        return self.written(comp, ins) + sum(self.read(comp, ins, k) for k in range(len(ins.operands)))
 
     def trace(self, comp, name: str, outer: tuple = ()):
         """('gte', k) | ('const', v) | ('add', k, step) | None: what a loop-counter value is made of."""
@@ -293,10 +321,7 @@ class _Walker:
                 flops, nbytes, ncc = flops + sub[0], nbytes + sub[1], ncc + sub[2]
             if fused or ins.op in _NO_BYTES or ins.op.endswith(("-done", "-update")):
                 continue
-            if ins.op == "copy-start":
-                nbytes += 2 * _nbytes(comp.instrs[ins.operands[0]].shape)
-            else:
-                nbytes += self.written(comp, ins) + sum(self.read(comp, ins, k) for k in range(len(ins.operands)))
+            nbytes += self.instr_bytes(comp, ins)
         self.memo[name, fused] = (flops, nbytes, ncc)
         return self.memo[name, fused]
 
@@ -368,10 +393,7 @@ def top_bytes(hlo_text: str, n: int = 10) -> list[tuple[float, str, str, str]]:
                 continue
             if ins.op in _NO_BYTES or ins.op.endswith(("-done", "-update")):
                 continue
-            if ins.op == "copy-start":
-                nbytes = 2 * _nbytes(comp.instrs[ins.operands[0]].shape)
-            else:
-                nbytes = walker.written(comp, ins) + sum(walker.read(comp, ins, k) for k in range(len(ins.operands)))
+            nbytes = walker.instr_bytes(comp, ins)
             meta = re.search(r'op_name="([^"]*)"', ins.attrs)
             out[(name, ins.name)] = (nbytes * mult, ins.op, ins.shape[:80], meta[1][-120:] if meta else "")
 
