@@ -169,3 +169,36 @@ def test_games_per_chip_batches_games_in_one_program():
     assert 2.5 * rows["dit", 1].flops < rows["dit", 3].flops < 3.5 * rows["dit", 1].flops
     with pytest.raises(ValueError, match="games_per_chip must be at least 1"):
         programs.turn_programs(cfg, ["dit"], devs, "latency", games_per_chip=0)
+
+
+def test_reference_programs_add_one_latent_frame_of_tokens():
+    """``--program=dit_reference``: play's sampler with a --character's reference latent and the phase-r
+    adapter (cpu-1, tiny): every DiT call's sequence gains one patchified latent frame (8 x 12 latents,
+    patch 2: 24 tokens on 144), so the sampling costs more FLOPs and takes the adapter and the latent as
+    arguments; ``reference_encode`` (once per character per game) maps one 64 x 96 image to one latent
+    frame [1, 1, 16, 8, 12] float32."""
+    from animegamer_jax.config import load_config
+
+    cfg = load_config("configs/tiny.py", [])
+    devs = target.compile_devices(target.parse_topology("cpu-1"))
+    rows = {p.name: report.compile_program(p, None) for p in
+            programs.turn_programs(cfg, ["dit", "dit_reference", "reference_encode"], devs, "latency")}
+    assert all(r.status == "ok" for r in rows.values()), {n: r.status for n, r in rows.items()}
+    plain, ref = rows["dit"], rows["dit_reference"]
+    assert pieces.reference_tokens(cfg) == 24 and "(+24 tokens per DiT call)" in ref.note
+    (k_plain,), (k_ref,) = plain.kernels, ref.kernels
+    assert "q (2, 144, 4, 32)" in k_plain and "q (2, 168, 4, 32)" in k_ref, (k_plain, k_ref)
+    # the attention grows by (168 / 144)^2 and the projections / MLP by 168 / 144: between the two
+    assert 168 / 144 < ref.flops / plain.flops < (168 / 144) ** 2, (ref.flops, plain.flops)
+    d = cfg.dit
+    latent = 4 * int(d.in_channels) * int(d.sample_height) * int(d.sample_width)
+    assert ref.arguments - plain.arguments > latent
+    assert rows["reference_encode"].outputs == latent == 6144 and "64x96 -> [1, 1, 16, 8, 12]" in \
+        rows["reference_encode"].note
+    # the report's added cost needs a chip's roofline (none for cpu-N); with one it is the difference per turn
+    assert report.reference_added(list(rows.values())) is None
+    for r, t in ((plain, 1.0), (ref, 1.25), (rows["reference_encode"], 0.01)):
+        r.roofline_s = t
+    added = report.reference_added(list(rows.values()))
+    assert added["added_s"] == pytest.approx(0.25) and added["encode_s"] == 0.01
+    assert added["added_flops"] == ref.flops - plain.flops and added["added_peak"] == ref.peak - plain.peak

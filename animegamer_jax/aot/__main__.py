@@ -9,6 +9,8 @@
       --config.diffusion.sampler=student --config.diffusion.num_sampling_steps=4  # 4 players batched on one chip
   python -m animegamer_jax.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
   python -m animegamer_jax.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
+  python -m animegamer_jax.aot --topology=v6e-1 --program=dit,dit_reference,reference_encode  # what a
+                                                  # --character adds: reference tokens per turn, encode per game
   python -m animegamer_jax.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
 
 Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8, v6e-1; v4 / v5p names count two TensorCores
@@ -20,7 +22,10 @@ command's step with the config's settings: batch, remat, precomputed features, l
 few-step student's distillation) and prefill decode pass_b dit vae_decode (play's turn; --layout
 latency = one game on all chips, batch = one game per data-parallel slice; dit is the student's N
 steps without a CFG batch under --config.diffusion.sampler=student); groups train, turn, generate
-(turn in the batch layout), all. --games_per_chip=B batches B games in each turn program (the game
+(turn in the batch layout), all. Outside the groups: preview_decode, dit_reference (play's DiT sampling
+for a turn that names a --character: the reference latent's tokens and the phase-r adapter; with dit
+in the same run the added time and memory per turn are printed) and reference_encode (the --character
+image's VAE encode, once per character per game). --games_per_chip=B batches B games in each turn program (the game
 engine's rows, web / generate --max_batch): with --topology=v6e-1 the turn of B players on one chip,
 its resident bytes (weights once, B KV caches, the largest stage's activations) against the HBM.
 
@@ -63,7 +68,7 @@ def _define(fv: flags.FlagValues, argv: list[str]) -> None:
                         flag_values=fv)
     flags.DEFINE_integer("num_slices", 1, "TPU multislice: slices of --topology.", lower_bound=1, flag_values=fv)
     flags.DEFINE_list("program", ["all"], "Programs or groups: vae,a1,a2,b,c,d,r,preview,prefill,decode,pass_b,dit,vae_decode,"
-                      "preview_decode; "
+                      "preview_decode,dit_reference,reference_encode; "
                       "train, turn, generate, all.", flag_values=fv)
     flags.DEFINE_enum("layout", "", ["", "latency", "batch"], "Turn programs' layout (default game.play_layout).",
                       flag_values=fv)
@@ -210,6 +215,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
             engine_saved.append(f"game engine stages ({lay} layout, config hash {h}): {n} program(s) saved in "
                                 f"{f.save} (play / generate / web --executables={f.save})")
     turns = {lay: report.turn_estimate(rows, lay) for lay in layouts}
+    refs = {lay: report.reference_added(rows, lay) for lay in layouts}
     residents = {lay: report.turn_resident(rows, lay) for lay in layouts}
     ttffs = {lay: report.turn_ttff(rows, lay) for lay in layouts}
     print(f"\n## animegamer-aot {topo.name} ({len(devices)} x {getattr(devices[0], 'device_kind', '?')}), "
@@ -250,6 +256,16 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
                   f"at 100 % / {turns[lay] / 0.4:.3f} s at 40 % of peak ({turns[lay] / b:.3f} / "
                   f"{turns[lay] / 0.4 / b:.3f} s of chip time per player-turn); resident "
                   f"{residents[lay] / 2**30:.2f} GiB per chip{fit}")
+        if refs[lay] is not None:
+            ref = refs[lay]
+            with_ref = (f"; a turn with it {turns[lay] + ref['added_s']:.3f} s at 100 % of peak"
+                        if turns[lay] is not None else "")
+            enc = (f"; reference_encode {1e3 * ref['encode_s']:.1f} ms once per character per game"
+                   if "encode_s" in ref else "")
+            print(f"reference tokens ({lay} layout, dit_reference - dit): +{1e3 * ref['added_s']:.1f} ms per turn at "
+                  f"100 % of peak (+{1e3 * ref['added_s'] / 0.4:.1f} ms at 40 %), +{ref['added_flops'] / 1e12:.3f} "
+                  f"TFLOP, +{ref['added_bytes'] / 1e9:.1f} GB, peak +{ref['added_peak'] / 2**30:.2f} GiB per chip "
+                  f"(arguments +{ref['added_arguments'] / 2**30:.2f} GiB: the adapter and the latent){with_ref}{enc}")
     for line in engine_saved:
         print(line)
     print("assumptions:\n" + "\n".join(f"- {a}" for a in report.ASSUMPTIONS))
@@ -258,7 +274,7 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
                "num_devices": len(devices), "device_kind": getattr(devices[0], "device_kind", ""),
                "chip": dataclasses.asdict(chip) if chip else None, "config": config.get("name", ""),
                "layouts": layouts, "games_per_chip": f.games_per_chip, "fit_fraction": report.FIT_FRACTION, "assumptions": list(report.ASSUMPTIONS),
-               "turn_roofline_s": turns, "turn_resident_bytes": residents,
+               "turn_roofline_s": turns, "turn_resident_bytes": residents, "reference_added": refs,
                "turn_ttff_roofline_s": {k: v[0] if v else None for k, v in ttffs.items()},
                "programs": [dict(dataclasses.asdict(r), fits=r.fits) for r in rows]}
         fileio.write_text_atomic(f.json, json.dumps(doc, indent=1))

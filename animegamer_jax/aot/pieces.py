@@ -20,6 +20,11 @@ Turn pieces (docs/overview.md#one-turn):
   vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, inference.vae_decode.vae_decoder)
   preview_decode  the same latents -> 17 frames through the preview decoder (game.decoder preview modes,
                 models/cogvideox/preview.py), as game/real_system.py runs it
+  dit_reference   dit_sampling with a reference latent [B, 1, 16, 60, 90] and the reference adapter
+                (training phase r): play's sampler for a turn that names a ``--character``; the
+                reference's 1350 tokens join every DiT call (models/cogvideox/reference.py)
+  reference_encode  one --character image uint8 [B, 480, 720, 3] -> its reference latent through the
+                VAE encoder (once per character per game, game/engine.py reference_latents)
 Train pieces (the models' real losses are in train/; here the standard objectives with the same
 compute): train_a2_dit (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
 train_b_mllm (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
@@ -45,6 +50,7 @@ from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.vae_decode import vae_decoder
 from animegamer_jax.models import registry
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare_for_inference
+from animegamer_jax.models.cogvideox.reference import encode_reference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.mllm_tokenizer import AnimeGamerTokenizer
@@ -145,6 +151,8 @@ class Builder:
         self.key, k = jax.random.split(self.key)
         if kind == "ids":
             x = jax.random.randint(k, shape, 3, 32000, jnp.int32)
+        elif kind == "pixels":
+            x = jax.random.randint(k, shape, 0, 256, jnp.int32).astype(dtype)
         elif kind == "timesteps":
             x = jax.random.randint(k, shape, 0, 1000, jnp.int32)
         else:
@@ -154,7 +162,15 @@ class Builder:
 
 # ---------------------------------------------------------------- turn pieces
 
-TURN_PIECES = ("mllm_prefill", "mllm_decode", "mllm_pass_b", "dit_sampling", "vae_decode", "preview_decode")
+TURN_PIECES = ("mllm_prefill", "mllm_decode", "mllm_pass_b", "dit_sampling", "vae_decode", "preview_decode",
+               "dit_reference", "reference_encode")
+
+
+def reference_tokens(cfg) -> int:
+    """Tokens a reference latent adds to every DiT call: one latent frame, patchified
+    (``(sample_height / patch_size) * (sample_width / patch_size)``; 1350 at 60 x 90, patch 2)."""
+    p = int(cfg.dit.patch_size)
+    return (int(cfg.dit.sample_height) // p) * (int(cfg.dit.sample_width) // p)
 TRAIN_PIECES = ("train_a2_dit", "train_b_mllm")
 
 
@@ -211,11 +227,14 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
             return Piece(name, pass_b, (m_state, ids), note=f"L={length}, no logits")
     lat_shape = (batch, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
                  int(cfg.dit.sample_width))
-    if name == "dit_sampling":
+    if name in ("dit_sampling", "dit_reference"):
         # exactly play's program: game/real_system.py prepares the weights once (LoRA merged, cast to the
         # activation dtype) and samples with dit_sampler (noise from each game's key, CFG; the student:
-        # its own weights, guidance scale as an input, no CFG batch)
+        # its own weights, guidance scale as an input, no CFG batch); dit_reference: the same sampler
+        # built with the reference adapter's graph, called with each game's reference latent, as play
+        # samples a turn that names a --character (game/engine.py _sample_refs)
         play_cfg = apply_mode(cfg)
+        with_reference = name == "dit_reference"
         student = sampling_component(play_cfg) == "student"
         if student:
             d_graph, d_state = _cached(b, "student_inference",
@@ -225,10 +244,16 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
             d_graph, d_state = _cached(b, "dit_inference",
                                        lambda: prepare_for_inference(build_dit(cfg, inference=False)))
             what = f"{samplers.plan_from_config(play_cfg.diffusion).num_steps} steps x CFG batch 2"
-        sample = dit_sampler(d_graph, play_cfg)
+        g_ref = None
+        if with_reference:  # the adapter as play holds it (real_system.py: the component, uncast)
+            g_ref, s_ref = _cached(b, "reference", lambda: registry.build_reference(cfg, nnx.Rngs(0)))
+        sample = dit_sampler(d_graph, play_cfg, g_ref)
 
         def sampling(state, rep, uncond, ml, keys):
             return sample({"dit": state, "uncond": uncond}, rep, ml, keys)
+
+        def sampling_reference(state, rep, uncond, ml, keys, ref_state, reference):
+            return sample({"dit": state, "uncond": uncond, "reference": ref_state}, rep, ml, keys, reference=reference)
 
         bsh = parallel.batch_sharding(b.mesh, 1, b.rules, shape=(batch,))
         ksh = parallel.batch_sharding(b.mesh, 2, b.rules, shape=(batch, 2))
@@ -240,8 +265,29 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
             keys = jax.device_put(jax.random.split(jax.random.PRNGKey(1), batch), ksh)
             ml = jax.device_put(jnp.full((batch,), 3, jnp.int32), bsh)
             uncond = b.array((q, d), jnp.float32, batch_axis=False)
-        return Piece(name, sampling, (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys),
-                     note=f"{what}, {batch} game(s), play's program")
+        args = (d_state, b.array((batch, q, d), jnp.float32), uncond, ml, keys)
+        if with_reference:
+            ref = b.array((batch, 1, int(cfg.dit.in_channels), int(cfg.dit.sample_height), int(cfg.dit.sample_width)),
+                          jnp.float32)
+            return Piece(name, sampling_reference, args + (s_ref, ref),
+                         note=f"{what}, {batch} game(s), play's program with a reference latent "
+                              f"(+{reference_tokens(cfg)} tokens per DiT call)")
+        return Piece(name, sampling, args, note=f"{what}, {batch} game(s), play's program")
+    if name == "reference_encode":
+        # play's reference encode (game/real_system.py encode_ref via game/engine.py reference_latents):
+        # one --character image, fitted to the clip's size, VAE-encoded to one latent frame; once per
+        # character per game, not per turn
+        v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
+        scale = float(cfg.vae.scaling_factor)
+
+        def reference_encode(state, images):
+            return encode_reference(nnx.merge(v_graph, state), images, scale)
+
+        sf = 2 ** (len(tuple(cfg.vae.block_out_channels)) - 1)
+        hw = (sf * int(cfg.dit.sample_height), sf * int(cfg.dit.sample_width))
+        return Piece(name, reference_encode, (v_state, b.array((batch, *hw, 3), jnp.uint8, kind="pixels")),
+                     note=f"{batch} image(s) {hw[0]}x{hw[1]} -> [{batch}, 1, {int(cfg.dit.in_channels)}, "
+                          f"{int(cfg.dit.sample_height)}, {int(cfg.dit.sample_width)}], once per character per game")
     if name == "vae_decode":
         # exactly play's VAE stage (inference/vae_decode.py vae_decoder: tiling / chunks as play resolves them)
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))

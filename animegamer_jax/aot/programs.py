@@ -12,7 +12,10 @@ Turn programs (``prefill``, ``decode``, ``pass_b``, ``dit``, ``vae_decode``) are
 (animegamer_jax/aot/pieces.py) in play's layouts (``game.engine.apply_layout``): ``latency`` (one
 game over all chips) or ``batch`` (one game per data-parallel slice, as ``generate`` runs). With
 ``diffusion.sampler = "student"`` the ``dit`` program is the student's N-step loop without a CFG
-batch (and the latency layout puts no data axis of 2 on the chips).
+batch (and the latency layout puts no data axis of 2 on the chips). Outside the turn group:
+``preview_decode``, ``dit_reference`` (the ``dit`` program with each game's reference latent and the
+phase-r adapter: what play samples for a turn naming a ``--character``) and ``reference_encode``
+(the reference image's VAE encode, run once per character per game).
 
 Nothing is allocated; :func:`lower` traces under the program's mesh, so every hardware choice
 (attention kernel, VAE tiles) is made for the mesh's devices.
@@ -37,11 +40,14 @@ from animegamer_jax.train.model import phase_spec
 
 TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d", "r", "preview")
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
-#: turn programs outside the "turn" group (and the turn's roofline): the preview decoder (game.decoder)
-EXTRA_TURN_PROGRAMS = ("preview_decode",)
+#: turn programs outside the "turn" group (and the turn's roofline): the preview decoder (game.decoder),
+#: the DiT sampling of a turn that names a --character (dit with the reference latent and adapter) and
+#: the reference image's VAE encode (once per character per game)
+EXTRA_TURN_PROGRAMS = ("preview_decode", "dit_reference", "reference_encode")
 #: turn program -> the piece of animegamer_jax/aot/pieces.py
 _PIECE = {"prefill": "mllm_prefill", "decode": "mllm_decode", "pass_b": "mllm_pass_b", "dit": "dit_sampling",
-          "vae_decode": "vae_decode", "preview_decode": "preview_decode"}
+          "vae_decode": "vae_decode", "preview_decode": "preview_decode", "dit_reference": "dit_reference",
+          "reference_encode": "reference_encode"}
 
 
 @dataclasses.dataclass

@@ -166,6 +166,25 @@ def turn_resident(rows: list[Row], layout: str = "latency") -> float | None:
     return args + max(r.temporaries + r.outputs - r.aliased for r in got.values())
 
 
+def reference_added(rows: list[Row], layout: str = "latency") -> dict[str, float] | None:
+    """What a turn naming a ``--character`` adds in ``layout``: ``dit_reference`` against ``dit``
+    (roofline seconds per turn ``added_s``, FLOPs ``added_flops``, bytes accessed ``added_bytes``, peak
+    bytes ``added_peak``, argument bytes ``added_arguments``: the adapter and the reference latent),
+    plus ``encode_s`` (the ``reference_encode`` roofline, once per character per game) when it compiled;
+    None unless both DiT programs compiled in that layout with a roofline."""
+    got = {r.program: r for r in rows if r.kind == "turn" and r.layout == layout and r.status == "ok"
+           and r.roofline_s is not None}
+    if not {"dit", "dit_reference"} <= set(got):
+        return None
+    a, b = got["dit"], got["dit_reference"]
+    out = {"added_s": b.roofline_s * b.runs - a.roofline_s * a.runs, "added_flops": b.flops - a.flops,
+           "added_bytes": b.bytes_accessed - a.bytes_accessed, "added_peak": b.peak - a.peak,
+           "added_arguments": b.arguments - a.arguments}
+    if "reference_encode" in got:
+        out["encode_s"] = got["reference_encode"].roofline_s
+    return out
+
+
 def _gib(x: float) -> str:
     return f"{x / 2**30:.2f}"
 
@@ -197,5 +216,5 @@ def kernel_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
-__all__ = ["ASSUMPTIONS", "FIT_FRACTION", "Row", "compile_program", "kernel_lines", "kernel_summary", "table",
-           "turn_estimate", "turn_resident", "turn_ttff"]
+__all__ = ["ASSUMPTIONS", "FIT_FRACTION", "Row", "compile_program", "kernel_lines", "kernel_summary",
+           "reference_added", "table", "turn_estimate", "turn_resident", "turn_ttff"]
