@@ -51,6 +51,9 @@ from animegamer_jax.models.cogvideox.vae_tiling import (
 
 from animegamer_jax.parallel import constrain
 
+#: ``VAEConfig.conv_impl`` values
+CONV_IMPLS = ("as_2d", "3d")
+
 _ACT_AXES = ("act_batch", "act_frames", "act_height", "act_width", "act_channels")
 
 
@@ -81,6 +84,12 @@ class VAEConfig:
       encoder_in_channels: width of the encoder's ``conv_in`` (SAT ``ch``); 0 = ``block_out_channels[0]``
         (SAT ``ch * ch_mult[0]``, equal at paper size where ``ch_mult[0] = 1``).
       dtype: activation dtype name ("float32", "bfloat16"); parameters stay float32.
+      conv_impl: how the 3x3x3 causal convs are built: "as_2d" (the ``kt`` time taps unfolded into
+        the channels of one 2-D conv, :func:`conv3d_as_2d`; fast on XLA:CPU, which has no fast 3-D
+        conv, but the unfolded input is ``kt`` times the activation's bytes) or "3d" (one native
+        ``conv_general_dilated`` over NDHWC, :func:`conv3d_native`; no unfolded copy, but on v6e
+        the compiler adds relayout copies and it moves more bytes: docs/results.md#vae-decode-bytes), and the decoder's SpatialNorm convs at the latent resolution
+        (:class:`SpatialNorm3D`). Same result up to float summation order (docs/vae.md#building-blocks).
     """
 
     in_channels: int = 3
@@ -99,6 +108,7 @@ class VAEConfig:
     decode_memory_gib: float = 0.0
     encoder_in_channels: int = 0
     dtype: str = "float32"
+    conv_impl: str = "as_2d"
 
     @classmethod
     def from_config(cls, cfg: Any) -> "VAEConfig":
@@ -108,6 +118,8 @@ class VAEConfig:
         for k in ("block_out_channels", "decode_chunks", "encode_chunks"):
             if k in kw:
                 kw[k] = tuple(int(v) for v in kw[k])
+        if kw.get("conv_impl", "as_2d") not in CONV_IMPLS:
+            raise ValueError(f"vae.conv_impl={kw['conv_impl']!r}: use one of {', '.join(CONV_IMPLS)}")
         return cls(**kw)
 
     @property
@@ -150,10 +162,25 @@ class Conv3d(nnx.Module):
         self.bias = nnx.Param(nnx.with_partitioning(init, ("conv_out",))(rngs.params(), (cout,)))
         self.pad = pad
         self.dtype = dtype
+        self.impl = "as_2d"  # set for the whole network from VAEConfig.conv_impl (_set_conv_impl)
 
     def __call__(self, x: Array) -> Array:
-        y = conv3d_as_2d(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.pad)
+        conv = conv3d_native if self.impl == "3d" else conv3d_as_2d
+        y = conv(x.astype(self.dtype), self.kernel[...].astype(self.dtype), self.pad)
         return y + self.bias[...].astype(self.dtype)
+
+
+def conv3d_native(x: Array, kernel: Array, pad: int) -> Array:
+    """:func:`conv3d_as_2d`'s contract as one native 3-D ``conv_general_dilated`` (NDHWC, DHWIO).
+
+    Reads the input once (the 2-D form materialises ``kt`` shifted copies of it); 1x1x1 kernels
+    go through :func:`conv3d_as_2d` (a plain per-pixel matmul either way).
+    """
+    if kernel.shape[0] == 1:
+        return conv3d_as_2d(x, kernel, pad)
+    return jax.lax.conv_general_dilated(x, kernel, window_strides=(1, 1, 1),
+                                        padding=((0, 0), (pad, pad), (pad, pad)),
+                                        dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
 
 
 def conv3d_as_2d(x: Array, kernel: Array, pad: int) -> Array:
@@ -233,7 +260,7 @@ class CausalConv3d(nnx.Module):
             # so the taps' kernels sum to one 2-D conv (kt x fewer FLOPs; first-frame training/encode).
             c = self.conv
             k = jnp.sum(c.kernel[...].astype(c.dtype), axis=0, keepdims=True)
-            y = conv3d_as_2d(x.astype(c.dtype), k, c.pad) + c.bias[...].astype(c.dtype)
+            y = conv3d_as_2d(x.astype(c.dtype), k, c.pad) + c.bias[...].astype(c.dtype)  # kt = 1: a 2-D conv
             return y, jnp.repeat(x, kt - 1, axis=1)
         pad = jnp.repeat(x[:, :1], kt - 1, axis=1) if cache is None else cache.astype(x.dtype)
         xp = jnp.concatenate([pad, x], axis=1)
@@ -286,24 +313,36 @@ class SpatialNorm3D(nnx.Module):
     """``GroupNorm(f) * conv_y(zq) + conv_b(zq)`` with zq nearest-resized to f (odd-frame rule).
 
     ``conv_y``/``conv_b`` are causal 1x1x1 convs (no time cache needed). docs/vae.md#building-blocks.
+    With ``at_latent`` (``VAEConfig.conv_impl = "3d"``) they run before the resize, at zq's
+    resolution: the same values up to float summation order, 64x fewer conv pixels at the top level.
     """
 
     def __init__(self, f_channels: int, zq_channels: int, groups: int, *, dtype, rngs: nnx.Rngs):
         self.norm_layer = GroupNorm(f_channels, groups, 1e-6, dtype=dtype)
         self.conv_y = CausalConv3d(zq_channels, f_channels, 1, dtype=dtype, rngs=rngs)
         self.conv_b = CausalConv3d(zq_channels, f_channels, 1, dtype=dtype, rngs=rngs)
+        self.at_latent = False  # conv_y / conv_b at zq's resolution; VAEConfig.conv_impl "3d" (_set_conv_impl)
 
     def __call__(self, f: Array, zq: Array) -> Array:
-        t, h, w = f.shape[1:4]
-        if t > 1 and t % 2 == 1:
-            z_first = nearest_resize(zq[:, :1], (1, h, w))
-            z_rest = nearest_resize(zq[:, 1:], (t - 1, h, w))
-            zq = jnp.concatenate([z_first, z_rest], axis=1)
-        else:
-            zq = nearest_resize(zq, (t, h, w))
+        size = f.shape[1:4]
+        if self.at_latent:
+            # conv_y / conv_b are per-pixel (1x1x1), so they commute with the nearest resize: they run
+            # at zq's (latent) resolution and only their outputs are resized, a broadcast that XLA fuses
+            # into the norm's elementwise tail (no full-resolution zq, y or b in memory)
+            y, b = self.conv_y(zq)[0], self.conv_b(zq)[0]
+            return self.norm_layer(f) * _resize_odd(y, size) + _resize_odd(b, size)
+        zq = _resize_odd(zq, size)
         y, _ = self.conv_y(zq)
         b, _ = self.conv_b(zq)
         return self.norm_layer(f) * y + b
+
+
+def _resize_odd(z: Array, size: tuple[int, int, int]) -> Array:
+    """:func:`nearest_resize` with the odd-frame rule: odd T' > 1 resizes frame 0 alone, the rest together."""
+    t, h, w = size
+    if t > 1 and t % 2 == 1:
+        return jnp.concatenate([nearest_resize(z[:, :1], (1, h, w)), nearest_resize(z[:, 1:], (t - 1, h, w))], axis=1)
+    return nearest_resize(z, (t, h, w))
 
 
 class ResnetBlock3D(nnx.Module):
@@ -420,6 +459,16 @@ class MidBlock3D(_Level):
         self.resnets = nnx.List(resnets)
 
 
+def _set_conv_impl(net: nnx.Module, impl: str) -> None:
+    """Applies ``VAEConfig.conv_impl`` to ``net``: ``impl`` on every :class:`Conv3d`; with "3d" also
+    every :class:`SpatialNorm3D` runs its convs at the latent resolution."""
+    for _, m in net.iter_modules():
+        if isinstance(m, Conv3d):
+            m.impl = impl
+        elif isinstance(m, SpatialNorm3D):
+            m.at_latent = impl == "3d"
+
+
 class Encoder3D(nnx.Module):
     """``conv_in`` -> down levels -> mid -> GroupNorm -> SiLU -> ``conv_out`` (2 x latent channels)."""
 
@@ -445,6 +494,7 @@ class Encoder3D(nnx.Module):
             [ResnetBlock3D(boc[-1], boc[-1], g, eps, None, dtype=dt, rngs=rngs) for _ in range(2)])
         self.norm_out = GroupNorm(boc[-1], g, 1e-6, dtype=dt)
         self.conv_out = CausalConv3d(boc[-1], 2 * cfg.latent_channels, 3, dtype=dt, rngs=rngs)
+        _set_conv_impl(self, cfg.conv_impl)
 
     def __call__(self, x: Array, cache: Cache | None = None) -> tuple[Array, Cache]:
         """x: [B, T, H, W, C_in] -> moments [B, T_lat, H/8, W/8, 2 C_lat] and the new cache."""
@@ -484,6 +534,7 @@ class Decoder3D(nnx.Module):
         self.up_blocks = nnx.List(blocks)
         self.norm_out = SpatialNorm3D(rev[-1], zc, g, dtype=dt, rngs=rngs)
         self.conv_out = CausalConv3d(rev[-1], cfg.out_channels, 3, dtype=dt, rngs=rngs)
+        _set_conv_impl(self, cfg.conv_impl)
 
     def __call__(self, z: Array, cache: Cache | None = None) -> tuple[Array, Cache]:
         """z: [B, t, h, w, C_lat] (unscaled) -> frames [B, T, 8h, 8w, 3] and the new cache."""

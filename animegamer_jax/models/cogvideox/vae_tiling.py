@@ -215,6 +215,12 @@ def tiled_apply(
 #: (XLA:CPU, nothing run; ``python -m benchmarks.vae_bench --full_memory``, untiled and tiled) divided
 #: by that product, rounded up
 DECODE_BYTES_FACTOR = 120.0
+#: the same factor for TPU devices (the compiler's buffer reuse keeps far fewer temporaries alive): the
+#: v6e-1 ``vae_decode`` program (``python -m animegamer_jax.aot --topology=v6e-1 --program=vae_decode``,
+#: tile 38, chunks (3, 2), bf16) compiled to 4.59 GiB of temporaries where the CPU factor estimated
+#: 23.8 GiB, i.e. a factor of 23.1; rounded up to 30 for margin. With it one v6e chip decodes the
+#: paper's 60x90 latents untiled (estimated 22.2 GiB of its 25.6 GiB budget), not in 6 overlapping tiles.
+TPU_DECODE_BYTES_FACTOR = 30.0
 #: per-device factor of a decode whose frames are sharded over devices (halo exchange, replicated
 #: small tensors), from the compiled latency layout on 8 devices against the unsharded decode / 8
 SHARDED_DECODE_OVERHEAD = 1.25
@@ -231,10 +237,18 @@ def _chunk_frames(plan: Sequence[int], ratio: int) -> int:
     return max([1 + ratio * (plan[0] - 1)] + [ratio * s for s in plan[1:]])
 
 
-def decode_memory_bytes(cfg: DecodeConfig, tile: tuple[int, int], plan: Sequence[int], shards: int = 1) -> float:
+def decode_bytes_factor(device: Any = None) -> float:
+    """:data:`TPU_DECODE_BYTES_FACTOR` for a TPU ``device`` (compile-only ones too), else
+    :data:`DECODE_BYTES_FACTOR` (XLA:CPU's calibration; GPUs keep it: not measured there)."""
+    device = jax.devices()[0] if device is None else device
+    return TPU_DECODE_BYTES_FACTOR if getattr(device, "platform", "") == "tpu" else DECODE_BYTES_FACTOR
+
+
+def decode_memory_bytes(cfg: DecodeConfig, tile: tuple[int, int], plan: Sequence[int], shards: int = 1,
+                        factor: float = DECODE_BYTES_FACTOR) -> float:
     """Estimated per-device temporaries of decoding one ``tile`` (latent h, w) with a chunk ``plan``.
 
-    ``DECODE_BYTES_FACTOR x itemsize x block_out_channels[0] x (sf h)(sf w) x frames of the largest
+    ``factor`` (:func:`decode_bytes_factor`; default ``DECODE_BYTES_FACTOR``) ``x itemsize x block_out_channels[0] x (sf h)(sf w) x frames of the largest
     chunk``, divided by ``shards`` devices holding parts of each frame (times
     ``SHARDED_DECODE_OVERHEAD`` when > 1). Decode memory is one chunk's activations (the scan
     carries only the causal cache), so the frame count of the clip does not enter.
@@ -242,7 +256,7 @@ def decode_memory_bytes(cfg: DecodeConfig, tile: tuple[int, int], plan: Sequence
     sf = cfg.spatial_factor
     px = (sf * int(tile[0])) * (sf * int(tile[1]))
     frames = _chunk_frames(tuple(plan), cfg.temporal_compression_ratio)
-    est = DECODE_BYTES_FACTOR * jnp.dtype(cfg.dtype).itemsize * cfg.block_out_channels[0] * px * frames
+    est = factor * jnp.dtype(cfg.dtype).itemsize * cfg.block_out_channels[0] * px * frames
     return est / shards * (SHARDED_DECODE_OVERHEAD if shards > 1 else 1.0)
 
 
@@ -273,13 +287,15 @@ def device_decode_budget(cfg: DecodeConfig, device: Any = None) -> tuple[float, 
 
 
 def pick_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], budget_bytes: float,
-                       shards: int = 1) -> tuple[int, tuple[int, ...]]:
+                       shards: int = 1, factor: float = DECODE_BYTES_FACTOR) -> tuple[int, tuple[int, ...]]:
     """The largest decode of ``latent_shape`` (T_lat, h, w) whose :func:`decode_memory_bytes` fits.
 
     Tried in order, first fit wins: with the release chunk plan (``cfg.decode_chunks``), untiled,
     then square tiles from ``max(h, w)`` down to 8 latent px (clipped to the plane, 2 px steps);
     then the same with 1-latent time chunks (diffusers' tiled decode likewise decodes each tile in
     small time chunks with carried caches). Nothing fits: 8 px tiles with 1-latent chunks.
+
+    ``factor``: :func:`decode_memory_bytes`'s bytes factor.
 
     Returns:
       (tile size in latent px, 0 = untiled; chunk plan).
@@ -289,12 +305,12 @@ def pick_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], budget_by
     if plans[0] != chunk_plan(t, 1, 1):
         plans.append(chunk_plan(t, 1, 1))
     for plan in plans:
-        if decode_memory_bytes(cfg, (h, w), plan, shards) <= budget_bytes:
+        if decode_memory_bytes(cfg, (h, w), plan, shards, factor) <= budget_bytes:
             return 0, plan
         for tile in range(max(h, w), 7, -2):
             if tile >= h and tile >= w:
                 continue  # that is the untiled decode
-            if decode_memory_bytes(cfg, (min(tile, h), min(tile, w)), plan, shards) <= budget_bytes:
+            if decode_memory_bytes(cfg, (min(tile, h), min(tile, w)), plan, shards, factor) <= budget_bytes:
                 return tile, plan
     return 8, plans[-1]
 
@@ -302,14 +318,16 @@ def pick_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], budget_by
 def resolve_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], shards: int = 1,
                           device: Any = None) -> tuple[int, tuple[int, ...], str]:
     """(tile, plan, why) for ``cfg``: ``tile_size >= 0`` as configured with the release plan;
-    ``-1`` from :func:`pick_decode_tiling` under :func:`device_decode_budget`; ``why`` says which
+    ``-1`` from :func:`pick_decode_tiling` under :func:`device_decode_budget` with the device's
+    :func:`decode_bytes_factor`; ``why`` says which
     (for logs)."""
     t, h, w = (int(v) for v in latent_shape)
     release = chunk_plan(t, *cfg.decode_chunks)
     if cfg.tile_size >= 0:
         return cfg.tile_size, release, f"vae.tile_size={cfg.tile_size}"
     budget, src = device_decode_budget(cfg, device)
-    tile, plan = pick_decode_tiling(cfg, latent_shape, budget, shards)
-    est = decode_memory_bytes(cfg, (min(tile or h, h), min(tile or w, w)), plan, shards)
+    factor = decode_bytes_factor(device)
+    tile, plan = pick_decode_tiling(cfg, latent_shape, budget, shards, factor)
+    est = decode_memory_bytes(cfg, (min(tile or h, h), min(tile or w, w)), plan, shards, factor)
     return tile, plan, (f"auto: {'untiled' if not tile else f'tile {tile}'}, chunks {plan}, estimated "
                         f"{est / 2**30:.1f} GiB of a {budget / 2**30:.1f} GiB budget ({src}, {shards} shard(s))")
