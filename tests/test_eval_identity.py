@@ -46,3 +46,38 @@ def test_toy_references(tmp_path):
     names, refs, held = identity.toy_references(world)
     assert names == [c.name for c in toy_world.make_characters(3)] and refs.shape == (3, 32, 48, 3)
     assert sum(held) == 1 and np.array_equal(refs[1], toy_world.load_reference(world, names[1]))
+
+
+def _scene(c, bg_name, cx, cy, radius, t=3, w=96, h=64):
+    """uint8 [t, h, w, 3]: toy character ``c`` drawn at (cx, cy) px with ``radius`` px on a toy background,
+    drifting one px a frame."""
+    frames = []
+    for k in range(t):
+        canvas = toy_world.background(bg_name, w, h).astype(np.float32)
+        toy_world.draw_sprite(canvas, c, cx + k, cy, radius)
+        frames.append(canvas.astype(np.uint8))
+    return np.stack(frames)
+
+
+def test_crop_feature_finds_small_moving_sprites_the_standin_does_not():
+    chars = toy_world.make_characters(3)
+    refs = np.stack([toy_world.reference_image(c, (96, 64)) for c in chars])  # centred, radius 12.8 px, grey
+    # small sprites away from the centre, at other sizes, on striped / checkered backgrounds
+    places = [("stripes", 20, 20, 7), ("checkered", 70, 40, 9), ("stripes", 60, 32, 16), ("checkered", 25, 45, 6)]
+    named = [0, 1, 2, 0, 1, 2, 0, 1, 2, 1, 2, 0]
+    clips = [_scene(chars[k], *places[i % len(places)]) for i, k in enumerate(named)]
+    mask = identity.foreground_mask(clips[0][:1])[0]
+    ys, xs = np.nonzero(mask)
+    assert mask.shape == (64, 96) and 100 < mask.sum() < 300  # the sprite (~pi 7^2 px), no stripes
+    assert abs(ys.mean() - 20) < 2 and abs(xs.mean() - 20) < 2
+    feat = identity.crop_feature(refs)
+    assert feat.shape == (3, 16 * 16 * 3) and feat.dtype == np.float64 and np.abs(feat).max() <= 0.5
+    res = identity.identity_accuracy(clips, named, refs, identity.crop_feature)
+    assert res["accuracy"] == 1.0 and res["predicted"] == named
+    # the whole-frame stand-in sees backgrounds and positions, not the sprite
+    standin = identity.identity_accuracy(clips, named, refs, embedders.standin_embedder().image)
+    assert standin["accuracy"] <= 0.5
+    blank = identity.crop_feature(np.stack([toy_world.background("sky", 96, 64)]))  # no foreground: zeros
+    assert not blank.any()
+    with pytest.raises(ValueError, match=r"\[N, H, W, 3\]"):
+        identity.crop_feature(refs[0])

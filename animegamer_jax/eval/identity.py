@@ -9,6 +9,13 @@ character is the one the turn named; chance is 1/K.
   names, refs, heldout = identity.toy_references("data/prepared/toy")         # K names, uint8 [K, H, W, 3]
   res = identity.identity_accuracy(clips, [names.index(n) for n in named], refs, embedder.image)
   res["accuracy"], res["chance"]                                               # e.g. 0.75, 0.125
+  res = identity.identity_accuracy(clips, named_idx, refs, identity.crop_feature)  # the sprite feature
+
+Two image features serve as ``image_embed``: an embedder's (CLIP, or the stand-in, a random projection
+of a 16x16 thumbnail of the whole frame) and :func:`crop_feature`, a thumbnail of the frame's
+foreground only (flat sprites on backgrounds that reach the frame border, as in the toy world). The
+whole-frame features are dominated by the background and the sprite's position and size; the crop
+feature is not.
 """
 
 from __future__ import annotations
@@ -19,6 +26,11 @@ import numpy as np
 
 from animegamer_jax.data import toy_world
 from animegamer_jax.eval import metrics
+
+#: :func:`crop_feature`'s defaults: colour cell width (levels), border ring width (px), background
+#: tolerance (cells), thumbnail side (cells), the crop box's percentiles (%), fewest foreground pixels
+CELL, BORDER, TOLERANCE, SIZE, PERCENTILE, MIN_PIXELS = 8, 6, 5, 16, 2.0, 4
+_GREY = 128.0
 
 
 def toy_references(world_dir: str) -> tuple[list[str], np.ndarray, list[bool]]:
@@ -79,3 +91,91 @@ def identity_accuracy(clips: Sequence[np.ndarray], named: Sequence[int], referen
            for c in sorted(set(named))}
     return {"accuracy": float(hit.mean()), "chance": 1.0 / k, "num_clips": len(clips),
             "predicted": [int(p) for p in pred], "per_character": per}
+
+
+def _dilate(occupied: np.ndarray, radius: int) -> np.ndarray:
+    """bool [N, C, C, C] -> bool [N, C, C, C]: True within ``radius`` cells (Chebyshev) of a True cell."""
+    out = occupied
+    for axis in (1, 2, 3):
+        grown = out.copy()
+        for shift in range(1, radius + 1):
+            lo = [slice(None)] * 4
+            hi = [slice(None)] * 4
+            lo[axis], hi[axis] = slice(shift, None), slice(None, -shift)
+            grown[tuple(lo)] |= out[tuple(hi)]
+            grown[tuple(hi)] |= out[tuple(lo)]
+        out = grown
+    return out
+
+
+def foreground_mask(frames: np.ndarray, border: int = BORDER, tolerance: int = TOLERANCE,
+                    cell: int = CELL) -> np.ndarray:
+    """bool [N, H, W]: the pixels of uint8 frames [N, H, W, 3] whose colour is not the background's.
+
+    The background's colours are those of each frame's border ring (``border`` px wide): a pixel is
+    background when its colour cell (each channel // ``cell``) lies within ``tolerance`` cells
+    (Chebyshev, i.e. about ``tolerance * cell`` levels per channel) of a border pixel's cell. Assumes
+    the background reaches the frame border and the foreground neither touches the ring nor shares the
+    background's colours (a sprite that reaches the ring makes its own colours background).
+    """
+    frames = np.asarray(frames, np.uint8)
+    n, h, w, _ = frames.shape
+    levels = 256 // cell
+    codes = frames.astype(np.int32) // cell
+    codes = (codes[..., 0] * levels + codes[..., 1]) * levels + codes[..., 2]  # [N, H, W]
+    b = max(1, min(border, h // 2, w // 2))
+    ring = np.concatenate([codes[:, :b].reshape(n, -1), codes[:, -b:].reshape(n, -1),
+                           codes[:, :, :b].reshape(n, -1), codes[:, :, -b:].reshape(n, -1)], axis=1)
+    occupied = np.zeros((n, levels ** 3), bool)
+    occupied[np.arange(n)[:, None], ring] = True
+    near = _dilate(occupied.reshape(n, levels, levels, levels), int(tolerance)).reshape(n, -1)
+    return ~near[np.arange(n)[:, None, None], codes]
+
+
+def _quantile_edges(counts: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """int [N] first and last index where the cumulative share of ``counts`` [N, L] passes q and 1 - q."""
+    cum = np.cumsum(counts, axis=1)
+    total = cum[:, -1:]
+    lo = np.argmax(cum > q * total, axis=1)
+    hi = np.argmax(cum >= (1.0 - q) * total, axis=1)
+    return lo, np.maximum(hi, lo)
+
+
+def crop_feature(frames: np.ndarray, size: int = SIZE, percentile: float = PERCENTILE, border: int = BORDER,
+                 tolerance: int = TOLERANCE, min_pixels: int = MIN_PIXELS) -> np.ndarray:
+    """A frame's foreground, cropped and thumbnailed: uint8 [N, H, W, 3] -> float64 [N, size * size * 3].
+
+    The foreground (:func:`foreground_mask`) is put on grey (128), cropped to the box between its
+    ``percentile`` and ``100 - percentile`` percentiles of rows and of columns (stray pixels do not widen
+    it), and area-averaged onto ``size`` x ``size`` cells; values are pixel / 255 - 0.5. So the feature
+    is the sprite's shape and colours regardless of where it is, how large, and on which background
+    (compare with cosine, ``metrics.cosine_matrix``). A frame with fewer than ``min_pixels`` foreground
+    pixels gets zeros (cosine 0 with everything). Assumes flat sprites on backgrounds that reach the
+    frame border (the toy world); a reference image (one sprite on plain grey) gives its sprite.
+    """
+    frames = np.asarray(frames, np.uint8)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [N, H, W, 3], got shape {frames.shape}")
+    n, h, w, _ = frames.shape
+    mask = foreground_mask(frames, border, tolerance)
+    img = np.where(mask[..., None], frames.astype(np.float64), _GREY)
+    y0, y1 = _quantile_edges(mask.sum(axis=2), percentile / 100.0)
+    x0, x1 = _quantile_edges(mask.sum(axis=1), percentile / 100.0)
+    # cell k of a box [a, b] spans [a + floor(k * len / size), a + floor((k + 1) * len / size)), >= 1 px
+    k = np.arange(size + 1)
+    ey = y0[:, None] + (k[None] * (y1 - y0 + 1)[:, None]) // size  # [N, size + 1]
+    ex = x0[:, None] + (k[None] * (x1 - x0 + 1)[:, None]) // size
+    ys, ye = ey[:, :-1], np.minimum(np.maximum(ey[:, 1:], ey[:, :-1] + 1), h)
+    xs, xe = ex[:, :-1], np.minimum(np.maximum(ex[:, 1:], ex[:, :-1] + 1), w)
+    integral = np.zeros((n, h + 1, w + 1, 3))
+    integral[:, 1:, 1:] = img.cumsum(axis=1).cumsum(axis=2)
+    idx = np.arange(n)[:, None, None]
+
+    def at(yy, xx):  # integral[n, yy[n, i], xx[n, j]] -> [N, size, size, 3]
+        return integral[idx, yy[:, :, None], xx[:, None, :]]
+
+    area = ((ye - ys)[:, :, None] * (xe - xs)[:, None, :])[..., None]
+    cells = (at(ye, xe) - at(ys, xe) - at(ye, xs) + at(ys, xs)) / area
+    out = (cells / 255.0 - 0.5).reshape(n, -1)
+    out[mask.sum(axis=(1, 2)) < min_pixels] = 0.0
+    return out
