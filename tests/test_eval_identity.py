@@ -1,5 +1,6 @@
 """Identity accuracy (eval/identity.py) on synthetic clips: nearest of K references in an image embedding."""
 
+import json
 import os
 
 import numpy as np
@@ -121,3 +122,8 @@ def test_command_parts_games_scores_and_bad_inputs(tmp_path, capsys):
     assert "no toy world" in capsys.readouterr().err and not os.path.exists(out)
     assert identity.main(["--world", world, "--out", out]) == 2
     assert "--system is required" in capsys.readouterr().err
+    # --ground_truth: the world's own films, no system
+    assert identity.main(["--ground_truth", "--world", world, "--out", out]) == 0
+    gt = json.load(open(os.path.join(out, "ground_truth.json")))
+    assert gt["identity"]["crop"]["all"] == 1.0 and gt["identity"]["crop"]["num_clips"]["heldout"] >= 1
+    assert "| crop | 100.0 % | 100.0 % | 100.0 % |" in capsys.readouterr().out

@@ -17,6 +17,10 @@ the system config's ``data.dataset_dir``, its training clips: seen characters; e
 ``decoder_psnr``, ``reference``). Writes ``OUT/report.json`` and ``OUT/report.md``. Rerunning resumes:
 finished games are kept (generate's check, game/saving.py ``pending_games``).
 
+  python -m animegamer_jax.eval.identity --ground_truth --world DIR [--out DIR]
+
+scores the world's own films instead (no system: :func:`ground_truth_clips`), the features' ceiling.
+
 For each clip, the mean cosine between its sampled frames and each reference image in an image
 embedding (an :class:`embedders.Embedder`'s ``image``: CLIP with local weights, else the labelled
 random-feature stand-in, the features CLIP-I uses; ``metrics.cosine_matrix``); the clip's predicted
@@ -47,7 +51,7 @@ import numpy as np
 from absl import flags
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import fileio, parallel, paths
+from animegamer_jax import fileio, parallel, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.data import datasets, toy_world
@@ -240,6 +244,21 @@ def toy_games(world_dir: str, per_character: int, turns: int, seed: int = 0) -> 
     return out
 
 
+def ground_truth_clips(world_dir: str, num_frames: int = 17, stride: int = 50) -> tuple[list[np.ndarray], list[int]]:
+    """The toy world's own films as clips: every ``stride`` frames of each film of the manifest (train and
+    held out), ``num_frames`` frames each (uint8 [num_frames, H, W, 3], film size), and the index of each
+    film's character in the manifest's order."""
+    manifest = toy_world.read_manifest(world_dir)
+    names = [c["name"] for c in manifest["characters"]]
+    clips, named = [], []
+    for film in manifest["films"]:
+        frames = video_io.read_video(paths.join(world_dir, film["path"]))[0]
+        for start in range(0, max(1, len(frames) - num_frames + 1), stride):
+            clips.append(frames[start:start + num_frames])
+            named.append(names.index(film["character"]))
+    return clips, named
+
+
 def played_clips(game_dir: str) -> list[np.ndarray]:
     """Every turn's clip of a saved game, uint8 [T, h, w, 3] (turn videos cut from under the HUD)."""
     rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
@@ -271,6 +290,8 @@ def _own_flags(fv) -> None:
                         flag_values=fv)
     flags.DEFINE_string("out", None, "Output folder: games.jsonl, without/, with/, report.json, report.md.",
                         flag_values=fv)
+    flags.DEFINE_bool("ground_truth", False, "Score the world's own films instead of a system's games (no "
+                      "--system; the features' ceiling).", flag_values=fv)
     flags.DEFINE_integer("games_per_character", 4, "Games per character.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("turns", 3, "Turns per game.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Draws the games' motions, backgrounds and seeds.", flag_values=fv)
@@ -356,6 +377,8 @@ def _run(f, *rest: str) -> int:
     """The body of :func:`main` on parsed flags ``f``."""
     if rest:
         raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
+    if f.ground_truth:
+        return _ground_truth(f)
     for name in ("system", "world", "out"):
         if not getattr(f, name):
             raise cli_lib.UsageError(f"--{name} is required")
@@ -410,6 +433,26 @@ def _run(f, *rest: str) -> int:
     fileio.write_text_atomic(paths.join(out, "report.json"), json.dumps(report, indent=1) + "\n")
     fileio.write_text_atomic(paths.join(out, "report.md"), md)
     print(md + f"wrote {paths.join(out, 'report.json')} and report.md")
+    return 0
+
+
+def _ground_truth(f) -> int:
+    """``--ground_truth``: both features on the world's own films; prints a table, writes OUT/ground_truth.json."""
+    if not f.world:
+        raise cli_lib.UsageError("--world is required")
+    names, refs, heldout = toy_references(f.world)
+    clips, named = ground_truth_clips(f.world)
+    features = {"crop": crop_feature, "standin": embedders.standin_embedder().image}
+    res = {feat: score_games(clips, named, refs, heldout, names, embed, f.frames_per_clip)
+           for feat, embed in features.items()}
+    lines = [f"Ground truth of {f.world}: {len(clips)} clips, {len(names)} characters (chance "
+             f"{_pct(1.0 / len(names))})", "", "| feature | seen | held-out | all |", "|---|---|---|---|"]
+    lines += [f"| {feat} | {_pct(r['seen'])} | {_pct(r['heldout'])} | {_pct(r['all'])} |" for feat, r in res.items()]
+    print("\n".join(lines))
+    if f.out:
+        fileio.makedirs(f.out)
+        fileio.write_text_atomic(paths.join(f.out, "ground_truth.json"), json.dumps(
+            {"world": f.world, "chance": 1.0 / len(names), "identity": res}, indent=1) + "\n")
     return 0
 
 
