@@ -111,7 +111,8 @@ def test_command_parts_games_scores_and_bad_inputs(tmp_path, capsys):
     clips = [np.stack([toy_world.reference_image(toy_world.make_characters(3)[k], (96, 64))] * 2) for k in (0, h, h)]
     s = identity.score_games(clips, [0, h, 0], refs, held, names, identity.crop_feature)
     assert s["seen"] == 0.5 and s["heldout"] == 1.0 and s["all"] == pytest.approx(2 / 3)
-    assert s["num_clips"] == {"all": 3, "seen": 2, "heldout": 1} and s["per_character"] == {names[0]: 0.5, names[h]: 1.0}
+    assert s["num_clips"] == {"all": 3, "seen": 2, "heldout": 1}
+    assert s["per_character"] == {names[0]: 0.5, names[h]: 1.0}
     # a turn video's clip cut from under its HUD (frames enlarged 3x: 96 px wide < 240)
     clip = (np.arange(2 * 64 * 96 * 3) % 251).astype(np.uint8).reshape(2, 64, 96, 3)
     hud = writers.draw_hud(clip, {"social": 1, "entertainment": 2, "stamina": 3}, "Character: Pip", 0)

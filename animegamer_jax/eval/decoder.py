@@ -274,7 +274,8 @@ def _run(f, *rest: str) -> int:
     print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
           f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
           f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
-          f"{float(d.cfg_scale):g}{'; with a reference image (another clip of the same character)' if f.reference else ''}")
+          f"{float(d.cfg_scale):g}"
+          f"{'; with a reference image (another clip of the same character)' if f.reference else ''}")
     if f.sheet:
         writers.save_image(f.sheet, Image.fromarray(writers.contact_sheet(res.pop("frames"), columns=3)), format="PNG")
         print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")

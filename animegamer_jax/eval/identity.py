@@ -390,7 +390,8 @@ def _run(f, *rest: str) -> int:
     character_of = {g["game_id"]: names.index(g["character"]) for g in games}
     refs_flags = [f"{n}={paths.join(world, 'characters', n, 'reference.png')}" for n in names]
     variants = {"without": load_jsonl(games_path)}
-    variants["with"] = tuple(dataclasses.replace(g, characters=load_characters(refs_flags)) for g in variants["without"])
+    chars = load_characters(refs_flags)
+    variants["with"] = tuple(dataclasses.replace(g, characters=chars) for g in variants["without"])
     mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
     system = resolve_system(apply_mode(config), ckpt, mesh=mesh, need_references=True)
     engine = GameEngine(config, system, mesh=mesh, rows=f.max_batch)
@@ -423,7 +424,8 @@ def _run(f, *rest: str) -> int:
         comps["dit"] = comps.pop(dit)
         res = {v: decoder.decoder_psnr(comps, dconfig, dataset, f.decoder_clips, f.seed, reference=v == "with")
                for v in VARIANTS}
-        report["decoder"] = {"dataset": dataset, "clips": len(res["with"]["clips"]), "without": res["without"]["sample"],
+        report["decoder"] = {"dataset": dataset, "clips": len(res["with"]["clips"]),
+                             "without": res["without"]["sample"],
                              "with": res["with"]["sample"], "reconstruction": res["with"]["reconstruction"],
                              "per_clip": {v: res[v]["clips"] for v in VARIANTS}}
         acc["decoder_drop_db"] = res["with"]["sample"] - res["without"]["sample"]
