@@ -162,3 +162,22 @@ def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys
     assert "--game is required" in capsys.readouterr().err
     assert representation.main(["--checkpoint", CKPT, "--game", str(tmp_path / "none.txt")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
+
+
+@pytest.mark.slow
+def test_reference_decodes_with_another_clip_of_the_same_character(sample_clips, tmp_path, capsys):
+    """--reference: each clip is sampled with the first frame of the clip phase r pairs it with
+    (data/references.py) through the reference adapter; the samples change, the VAE reconstruction does not."""
+    from animegamer_jax.data import references
+    paths = {k: str(tmp_path / f"{k}.json") for k in ("plain", "ref")}
+    assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--json", paths["plain"]]) == 0
+    assert decoder.main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--reference",
+                         "--json", paths["ref"]]) == 0
+    assert "with a reference image" in capsys.readouterr().out
+    plain, ref = (json.load(open(p)) for p in paths.values())
+    mined = references.dataset_references(sample_clips, "train", seed=tiny.get_config().seed)
+    for a, b in zip(plain["clips"], ref["clips"]):
+        assert "reference" not in a and b["reference"] == (mined[b["index"]] if mined[b["index"]] >= 0 else b["index"])
+        assert a["reconstruction"] == pytest.approx(b["reconstruction"]) and a["sample"] != b["sample"]
+        assert b["sample"] > 12.0
+    assert any(c["reference"] != c["index"] for c in ref["clips"])

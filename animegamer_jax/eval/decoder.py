@@ -6,6 +6,7 @@
   python -m animegamer_jax.eval.decoder --config.diffusion.sampler=student \
       --config.diffusion.num_sampling_steps=4   # the few-step student (phase d)
   python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
+  python -m animegamer_jax.eval.decoder --checkpoint DIR --reference   # each clip decoded with a reference image
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 play's DiT sampler (``inference.clip_sampler.dit_sampler`` on the weights play prepares,
@@ -21,6 +22,14 @@ clip's motion level (``dit.flow_table``) against E_a's unconditional embedding, 
 reach through this VAE. ``--sheet PNG`` also writes the middle frame of each scored clip, of its VAE
 reconstruction and of the sample, side by side (one row per clip, in that order): what a sample can show,
 and what the VAE already loses.
+
+``--reference`` (a system trained with phase r, its ``reference`` component): each scored clip is
+sampled with a reference image as play samples a turn naming a ``--character`` (the VAE's reference
+latent, ``models/cogvideox/reference.py`` ``encode_reference``, into the same sampler with the
+adapter): the first frame of ANOTHER clip of the same character, the pair phase r trains on
+(``data.batches.mined_reference_frames`` on the dataset's labels with the config's seed; a clip
+without one gets its own first frame, and a dataset without character labels is refused). Run once
+without and once with it for the decoder PSNR with and without a reference.
 
 Scored clips: ``--clips`` evenly spaced over the dataset's clip order (all when it has fewer,
 eval/metrics.py ``sample_frame_indices``), each with its own noise (``--seed`` + its position). The
@@ -46,7 +55,7 @@ from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
-from animegamer_jax.data import datasets, loader
+from animegamer_jax.data import datasets, loader, references
 from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.eval.metrics import sample_frame_indices
@@ -58,6 +67,7 @@ from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_componen
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 from animegamer_jax.models.cogvideox.dit import prepare_for_inference
+from animegamer_jax.models.cogvideox.reference import encode_reference
 
 
 def clip_indices(num_clips: int, count: int) -> list[int]:
@@ -104,13 +114,16 @@ class _Encoders(nnx.Module):
 
 
 def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, seed: int = 0,
-                 keep_frames: bool = False) -> dict:
+                 keep_frames: bool = False, reference: bool = False) -> dict:
     """Scores D_a's samples on ``count`` clips of ``dataset_dir`` (module docstring).
 
     Args:
       components: ``shot_encoder``, ``dit``, ``vae``, ``t5`` and ``clip`` modules (``checkpoint.load_system``).
       config: the system's config (sizes, sampler, flow table, T5 tokenizer).
       keep_frames: also return each clip's middle frame, VAE reconstruction and sample (``"frames"``).
+      reference: sample each clip with its mined reference image (module docstring; needs the
+        ``reference`` component); each scored clip's record then has ``"reference"``, the record index
+        of the clip whose first frame it got.
 
     Returns:
       ``{"sample": dB, "reconstruction": dB, "clips": [{"index", "film_id", "action", "motion_level",
@@ -121,6 +134,8 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     Raises:
       datasets.DatasetError: no prepared dataset at ``dataset_dir``, no clips, or clips of another size
         or length than the config's (:func:`check_dataset`).
+      ValueError: ``reference`` without a ``reference`` component, or on a dataset whose clips carry no
+        character labels.
     """
     check_dataset(dataset_dir, config)
     source = loader.ClipSource(dataset_dir)
@@ -128,12 +143,27 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     # play's sampling stage (game.real_system.build_real_system): the same prepared DiT, uncond and sampler
     dit_graph, dit_state = nnx.split(prepare_for_inference(components["dit"]))
     params = {"dit": dit_state, "uncond": components["shot_encoder"].uncond(1)[0].astype(jnp.float32)}
-    sample = dit_sampler(dit_graph, apply_mode(config))
+    g_ref, refs = None, None
+    if reference:
+        if "reference" not in components:
+            raise ValueError("--reference needs the system's reference adapter (a system trained with phase r); "
+                             "this one has none")
+        try:
+            refs = references.dataset_references(dataset_dir, "train", seed=int(config.seed))
+        except FileNotFoundError:
+            refs = np.full(len(source), -1)
+        if not (refs >= 0).any():
+            raise ValueError(f"{dataset_dir}: its clips carry no character labels (or no character has two clips), "
+                             f"so no clip has a reference of the same character; drop --reference or score a "
+                             f"dataset prepared with character labels")
+        g_ref, params["reference"] = nnx.split(components["reference"])
+    sample = dit_sampler(dit_graph, apply_mode(config), g_ref)
     scale = float(config.vae.scaling_factor)
 
     @nnx.jit
-    def run(m, p, batch, level, key):
-        latents = sample(p, ea_representation(m, batch), level, key[None])
+    def run(m, p, batch, level, key, ref_images):
+        ref = None if ref_images is None else encode_reference(m.vae, ref_images, scale)
+        latents = sample(p, ea_representation(m, batch), level, key[None], reference=ref)
         return m.vae.decode(latents / scale), m.vae.decode(m.vae.encode(batch["frames"]).mean)
 
     model = _Encoders(components)
@@ -142,11 +172,16 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
         rec = source[i]
         batch = jax.tree.map(jnp.asarray, builder(clip_example(rec)))
         level = jnp.asarray([int(rec["motion_level"])], jnp.int32)
-        video, recon = run(model, params, batch, level, jax.random.key(seed + k))
+        ref_images = None  # phase r's pair (data.batches.mined_reference_frames): another clip's first frame
+        if refs is not None:
+            ref_images = jnp.asarray(references.reference_frames(source, refs, [i]).astype(np.uint8))
+        video, recon = run(model, params, batch, level, jax.random.key(seed + k), ref_images)
         target = model_frames_to_unit(batch["frames"])[0]
         scored.append({"index": int(i), "film_id": str(rec["film_id"]), "action": str(rec["action"]),
                        "motion_level": int(rec["motion_level"]), "sample": psnr(model_frames_to_unit(video)[0], target),
                        "reconstruction": psnr(model_frames_to_unit(recon)[0], target)})
+        if refs is not None:
+            scored[-1]["reference"] = int(refs[i]) if refs[i] >= 0 else int(i)
         if keep_frames:
             mid = target.shape[0] // 2
             frames.append(np.stack([np.asarray(target[mid]), np.asarray(model_frames_to_unit(recon)[0][mid]),
@@ -166,6 +201,9 @@ def _own_flags(fv) -> None:
                         "data.dataset_dir, its training clips).", flag_values=fv)
     flags.DEFINE_integer("clips", 12, "Clips to score, evenly spaced over the dataset.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "Noise seed of the first scored clip (the k-th uses seed + k).", flag_values=fv)
+    flags.DEFINE_bool("reference", False, "Sample each clip with a reference image: the first frame of another "
+                      "clip of the same character (phase r's pairs; needs a system trained with phase r).",
+                      flag_values=fv)
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
     flags.DEFINE_string("sheet", "", "Also write a PNG here: a row a scored clip, its middle frame, the VAE's "
                         "reconstruction of it and the sample.", flag_values=fv)
@@ -225,9 +263,10 @@ def _run(f, *rest: str) -> int:
     if f.sheet and not paths.is_url(f.sheet) and not fileio.isdir(paths.as_path(f.sheet).parent):
         raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
     sampler_dit = sampling_component(config)
-    components = load_system(ckpt, config, names=["shot_encoder", sampler_dit, "vae", "t5", "clip"])
+    components = load_system(ckpt, config, names=["shot_encoder", sampler_dit, "vae", "t5", "clip"]
+                             + (["reference"] if f.reference else []))
     components["dit"] = components.pop(sampler_dit)
-    res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet))
+    res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet), reference=f.reference)
     d = config.diffusion
     for c in res["clips"]:
         print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
@@ -235,7 +274,8 @@ def _run(f, *rest: str) -> int:
     print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
           f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
           f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
-          f"{float(d.cfg_scale):g}")
+          f"{float(d.cfg_scale):g}"
+          f"{'; with a reference image (another clip of the same character)' if f.reference else ''}")
     if f.sheet:
         writers.save_image(f.sheet, Image.fromarray(writers.contact_sheet(res.pop("frames"), columns=3)), format="PNG")
         print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")

@@ -1,5 +1,26 @@
 """Identity accuracy: which of K character references each generated clip looks like.
 
+Command (a system trained on a toy world, data/toy_world.py, and that world)::
+
+  python -m animegamer_jax.eval.identity --system DIR --world DIR --out DIR \
+      [--games_per_character 4] [--turns 3] [--seed 0] [--decoder_clips 12] [--dataset DIR]
+
+plays, for each of the world's K characters (held out or not), ``--games_per_character`` games of
+``--turns`` turns whose instructions name it (``Character: NAME; Motion: ...; Background: ...``, motions
+and backgrounds drawn from the world's labelled scenes by ``--seed``; ``OUT/games.jsonl``), twice with
+the same seeds: ``OUT/without/`` as ``python -m animegamer_jax.generate`` plays them, ``OUT/with/`` with
+``--character NAME=WORLD/characters/NAME/reference.png`` for all K (the same engine, game/engine.py).
+Then it scores every turn's clip (read back from its turn video, cut from under the HUD) with
+:func:`identity_accuracy` in both features below, for seen and held-out characters and per character,
+and (``--decoder_clips`` > 0) the decoder PSNR without and with a reference on ``--dataset`` (default
+the system config's ``data.dataset_dir``, its training clips: seen characters; eval/decoder.py
+``decoder_psnr``, ``reference``). Writes ``OUT/report.json`` and ``OUT/report.md``. Rerunning resumes:
+finished games are kept (generate's check, game/saving.py ``pending_games``).
+
+  python -m animegamer_jax.eval.identity --ground_truth --world DIR [--out DIR]
+
+scores the world's own films instead (no system: :func:`ground_truth_clips`), the features' ceiling.
+
 For each clip, the mean cosine between its sampled frames and each reference image in an image
 embedding (an :class:`embedders.Embedder`'s ``image``: CLIP with local weights, else the labelled
 random-feature stand-in, the features CLIP-I uses; ``metrics.cosine_matrix``); the clip's predicted
@@ -9,16 +30,47 @@ character is the one the turn named; chance is 1/K.
   names, refs, heldout = identity.toy_references("data/prepared/toy")         # K names, uint8 [K, H, W, 3]
   res = identity.identity_accuracy(clips, [names.index(n) for n in named], refs, embedder.image)
   res["accuracy"], res["chance"]                                               # e.g. 0.75, 0.125
+  res = identity.identity_accuracy(clips, named_idx, refs, identity.crop_feature)  # the sprite feature
+
+Two image features serve as ``image_embed``: an embedder's (CLIP, or the stand-in, a random projection
+of a 16x16 thumbnail of the whole frame) and :func:`crop_feature`, a thumbnail of the frame's
+foreground only (flat sprites on backgrounds that reach the frame border, as in the toy world). The
+whole-frame features are dominated by the background and the sprite's position and size; the crop
+feature is not.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import sys
 from collections.abc import Callable, Sequence
 
+import jax
 import numpy as np
+from absl import flags
 
-from animegamer_jax.data import toy_world
-from animegamer_jax.eval import metrics
+from animegamer_jax import cli as cli_lib
+from animegamer_jax import fileio, parallel, paths, video_io
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.config import ConfigError
+from animegamer_jax.data import datasets, toy_world
+from animegamer_jax.eval import decoder, embedders, metrics
+from animegamer_jax.game import writers
+from animegamer_jax.game.characters import load_characters
+from animegamer_jax.game.engine import GameEngine, batches
+from animegamer_jax.game.flags import CLI_ERRORS, setup_jax
+from animegamer_jax.game.loading import resolve_system
+from animegamer_jax.game.saving import fingerprint, pending_games, save_game
+from animegamer_jax.game.script import load_jsonl
+from animegamer_jax.inference.clip_sampler import sampling_component
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import validate_games
+
+#: :func:`crop_feature`'s defaults: colour cell width (levels), border ring width (px), background
+#: tolerance (cells), thumbnail side (cells), the crop box's percentiles (%), fewest foreground pixels
+CELL, BORDER, TOLERANCE, SIZE, PERCENTILE, MIN_PIXELS = 8, 6, 5, 16, 2.0, 4
+_GREY = 128.0
 
 
 def toy_references(world_dir: str) -> tuple[list[str], np.ndarray, list[bool]]:
@@ -79,3 +131,346 @@ def identity_accuracy(clips: Sequence[np.ndarray], named: Sequence[int], referen
            for c in sorted(set(named))}
     return {"accuracy": float(hit.mean()), "chance": 1.0 / k, "num_clips": len(clips),
             "predicted": [int(p) for p in pred], "per_character": per}
+
+
+def _dilate(occupied: np.ndarray, radius: int) -> np.ndarray:
+    """bool [N, C, C, C] -> bool [N, C, C, C]: True within ``radius`` cells (Chebyshev) of a True cell."""
+    out = occupied
+    for axis in (1, 2, 3):
+        grown = out.copy()
+        for shift in range(1, radius + 1):
+            lo = [slice(None)] * 4
+            hi = [slice(None)] * 4
+            lo[axis], hi[axis] = slice(shift, None), slice(None, -shift)
+            grown[tuple(lo)] |= out[tuple(hi)]
+            grown[tuple(hi)] |= out[tuple(lo)]
+        out = grown
+    return out
+
+
+def foreground_mask(frames: np.ndarray, border: int = BORDER, tolerance: int = TOLERANCE,
+                    cell: int = CELL) -> np.ndarray:
+    """bool [N, H, W]: the pixels of uint8 frames [N, H, W, 3] whose colour is not the background's.
+
+    The background's colours are those of each frame's border ring (``border`` px wide): a pixel is
+    background when its colour cell (each channel // ``cell``) lies within ``tolerance`` cells
+    (Chebyshev, i.e. about ``tolerance * cell`` levels per channel) of a border pixel's cell. Assumes
+    the background reaches the frame border and the foreground neither touches the ring nor shares the
+    background's colours (a sprite that reaches the ring makes its own colours background).
+    """
+    frames = np.asarray(frames, np.uint8)
+    n, h, w, _ = frames.shape
+    levels = 256 // cell
+    codes = frames.astype(np.int32) // cell
+    codes = (codes[..., 0] * levels + codes[..., 1]) * levels + codes[..., 2]  # [N, H, W]
+    b = max(1, min(border, h // 2, w // 2))
+    ring = np.concatenate([codes[:, :b].reshape(n, -1), codes[:, -b:].reshape(n, -1),
+                           codes[:, :, :b].reshape(n, -1), codes[:, :, -b:].reshape(n, -1)], axis=1)
+    occupied = np.zeros((n, levels ** 3), bool)
+    occupied[np.arange(n)[:, None], ring] = True
+    near = _dilate(occupied.reshape(n, levels, levels, levels), int(tolerance)).reshape(n, -1)
+    return ~near[np.arange(n)[:, None, None], codes]
+
+
+def _quantile_edges(counts: np.ndarray, q: float) -> tuple[np.ndarray, np.ndarray]:
+    """int [N] first and last index where the cumulative share of ``counts`` [N, L] passes q and 1 - q."""
+    cum = np.cumsum(counts, axis=1)
+    total = cum[:, -1:]
+    lo = np.argmax(cum > q * total, axis=1)
+    hi = np.argmax(cum >= (1.0 - q) * total, axis=1)
+    return lo, np.maximum(hi, lo)
+
+
+def crop_feature(frames: np.ndarray, size: int = SIZE, percentile: float = PERCENTILE, border: int = BORDER,
+                 tolerance: int = TOLERANCE, min_pixels: int = MIN_PIXELS) -> np.ndarray:
+    """A frame's foreground, cropped and thumbnailed: uint8 [N, H, W, 3] -> float64 [N, size * size * 3].
+
+    The foreground (:func:`foreground_mask`) is put on grey (128), cropped to the box between its
+    ``percentile`` and ``100 - percentile`` percentiles of rows and of columns (stray pixels do not widen
+    it), and area-averaged onto ``size`` x ``size`` cells; values are pixel / 255 - 0.5. So the feature
+    is the sprite's shape and colours regardless of where it is, how large, and on which background
+    (compare with cosine, ``metrics.cosine_matrix``). A frame with fewer than ``min_pixels`` foreground
+    pixels gets zeros (cosine 0 with everything). Assumes flat sprites on backgrounds that reach the
+    frame border (the toy world); a reference image (one sprite on plain grey) gives its sprite.
+    """
+    frames = np.asarray(frames, np.uint8)
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [N, H, W, 3], got shape {frames.shape}")
+    n, h, w, _ = frames.shape
+    mask = foreground_mask(frames, border, tolerance)
+    img = np.where(mask[..., None], frames.astype(np.float64), _GREY)
+    y0, y1 = _quantile_edges(mask.sum(axis=2), percentile / 100.0)
+    x0, x1 = _quantile_edges(mask.sum(axis=1), percentile / 100.0)
+    # cell k of a box [a, b] spans [a + floor(k * len / size), a + floor((k + 1) * len / size)), >= 1 px
+    k = np.arange(size + 1)
+    ey = y0[:, None] + (k[None] * (y1 - y0 + 1)[:, None]) // size  # [N, size + 1]
+    ex = x0[:, None] + (k[None] * (x1 - x0 + 1)[:, None]) // size
+    ys, ye = ey[:, :-1], np.minimum(np.maximum(ey[:, 1:], ey[:, :-1] + 1), h)
+    xs, xe = ex[:, :-1], np.minimum(np.maximum(ex[:, 1:], ex[:, :-1] + 1), w)
+    integral = np.zeros((n, h + 1, w + 1, 3))
+    integral[:, 1:, 1:] = img.cumsum(axis=1).cumsum(axis=2)
+    idx = np.arange(n)[:, None, None]
+
+    def at(yy, xx):  # integral[n, yy[n, i], xx[n, j]] -> [N, size, size, 3]
+        return integral[idx, yy[:, :, None], xx[:, None, :]]
+
+    area = ((ye - ys)[:, :, None] * (xe - xs)[:, None, :])[..., None]
+    cells = (at(ye, xe) - at(ys, xe) - at(ye, xs) + at(ys, xs)) / area
+    out = (cells / 255.0 - 0.5).reshape(n, -1)
+    out[mask.sum(axis=(1, 2)) < min_pixels] = 0.0
+    return out
+
+
+PROG = "python -m animegamer_jax.eval.identity"
+VARIANTS = ("without", "with")  # references off / on: OUT/without/, OUT/with/
+
+
+def toy_games(world_dir: str, per_character: int, turns: int, seed: int = 0) -> list[dict]:
+    """The games of the command (module docstring): per character of the world's manifest (its order),
+    ``per_character`` games ``{"game_id": "<name>-<g>", "seed": ..., "turns": [instruction, ...],
+    "character": NAME}`` whose ``turns`` instructions name it, each with a (motion, background) of one
+    of the world's scenes drawn by ``seed`` (numpy ``default_rng([seed, character, game])``)."""
+    manifest = toy_world.read_manifest(world_dir)
+    scenes = sorted({(sc["action"], toy_world.BACKGROUNDS[sc["background"]])
+                     for film in manifest["films"] for sc in film["scenes"]})
+    out = []
+    for k, c in enumerate(manifest["characters"]):
+        for g in range(per_character):
+            rng = np.random.default_rng([seed, k, g])
+            picks = [scenes[int(i)] for i in rng.integers(len(scenes), size=turns)]
+            out.append({"game_id": f"{c['name'].lower()}-{g}", "seed": seed * 100003 + k * 1009 + g,
+                        "turns": [f"Character: {c['name']}; Motion: {m}; Background: {b}." for m, b in picks],
+                        "character": c["name"]})
+    return out
+
+
+def ground_truth_clips(world_dir: str, num_frames: int = 17, stride: int = 50) -> tuple[list[np.ndarray], list[int]]:
+    """The toy world's own films as clips: every ``stride`` frames of each film of the manifest (train and
+    held out), ``num_frames`` frames each (uint8 [num_frames, H, W, 3], film size), and the index of each
+    film's character in the manifest's order."""
+    manifest = toy_world.read_manifest(world_dir)
+    names = [c["name"] for c in manifest["characters"]]
+    clips, named = [], []
+    for film in manifest["films"]:
+        frames = video_io.read_video(paths.join(world_dir, film["path"]))[0]
+        for start in range(0, max(1, len(frames) - num_frames + 1), stride):
+            clips.append(frames[start:start + num_frames])
+            named.append(names.index(film["character"]))
+    return clips, named
+
+
+def played_clips(game_dir: str) -> list[np.ndarray]:
+    """Every turn's clip of a saved game, uint8 [T, h, w, 3] (turn videos cut from under the HUD)."""
+    rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
+    return [writers.clip_from_hud(writers.read_video(paths.join(game_dir, t["video"])), rec["save"]["frame_size"])
+            for t in rec["turns"]]
+
+
+def score_games(clips: Sequence[np.ndarray], named: Sequence[int], references: np.ndarray, heldout: Sequence[bool],
+                names: Sequence[str], image_embed, frames_per_clip: int = 4) -> dict:
+    """:func:`identity_accuracy` of ``clips`` (``named``: index of the character each turn named) over all
+    clips and split by seen / held-out characters: {"all", "seen", "heldout": accuracy or None (no clips),
+    "num_clips": {...}, "per_character": {name: accuracy}}."""
+    res = identity_accuracy(clips, named, references, image_embed, frames_per_clip)
+    hit = np.asarray(res["predicted"]) == np.asarray(named)
+    held = np.asarray([heldout[n] for n in named])
+    out = {"all": res["accuracy"], "num_clips": {"all": len(clips)}, "per_character": {}}
+    for key, sel in (("seen", ~held), ("heldout", held)):
+        out[key] = float(hit[sel].mean()) if sel.any() else None
+        out["num_clips"][key] = int(sel.sum())
+    for k, v in res["per_character"].items():
+        out["per_character"][names[k]] = v["accuracy"]
+    return out
+
+
+def _own_flags(fv) -> None:
+    flags.DEFINE_string("system", None, "System checkpoint trained on the toy world (with phase r's reference "
+                        "component).", flag_values=fv)
+    flags.DEFINE_string("world", None, "The toy world folder (characters/<Name>/reference.png, manifest.json).",
+                        flag_values=fv)
+    flags.DEFINE_string("out", None, "Output folder: games.jsonl, without/, with/, report.json, report.md.",
+                        flag_values=fv)
+    flags.DEFINE_bool("ground_truth", False, "Score the world's own films instead of a system's games (no "
+                      "--system; the features' ceiling).", flag_values=fv)
+    flags.DEFINE_integer("games_per_character", 4, "Games per character.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("turns", 3, "Turns per game.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Draws the games' motions, backgrounds and seeds.", flag_values=fv)
+    flags.DEFINE_integer("frames_per_clip", 4, "Frames of each clip compared with the references (0 = all).",
+                         lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("max_batch", 1, "Games per batched model call (generate's --max_batch).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("decoder_clips", 12, "Clips of --dataset scored for the decoder PSNR without / with a "
+                         "reference (0 = skip).", lower_bound=0, flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset for the decoder PSNR (default: the system config's "
+                        "data.dataset_dir, its training clips).", flag_values=fv)
+
+
+def define_flags(fv, argv: list[str]) -> None:
+    """The command's flags on ``fv`` (absl)."""
+    del argv
+    _own_flags(fv)
+
+
+def _games_file(out: str, games: list[dict]) -> str:
+    """Writes OUT/games.jsonl (atomically), or keeps the same one; another one there is refused."""
+    path = paths.join(out, "games.jsonl")
+    text = "".join(json.dumps({k: g[k] for k in ("game_id", "seed", "turns")}) + "\n" for g in games)
+    if fileio.exists(path):
+        if fileio.read_bytes(path).decode("utf-8") != text:
+            raise ValueError(f"{path}: games of other settings (--games_per_character, --turns, --seed or world); "
+                             f"pass another --out or the settings it was made with")
+        return path
+    fileio.makedirs(out)
+    fileio.write_text_atomic(path, text)
+    return path
+
+
+def _play(engine: GameEngine, games, out_dir: str) -> int:
+    """Plays every pending game of ``games`` into ``out_dir`` (generate's loop); returns how many."""
+    writers.check_writable(out_dir, keep=False)
+    validate_games(games, engine.spec, engine.tok)
+    seeds = {g.game_id: engine.game_seed(g) for g in games}
+    todo, done, replay = pending_games(games, out_dir, 0, 1, lambda g: fingerprint(engine, g, seeds[g.game_id]),
+                                       False)
+    print(f"{out_dir}: {len(todo)} games to play, {done} already finished", flush=True)
+    for group in batches(todo, engine.batch_size):
+        for result in engine.play(group):
+            save_game(engine, result, out_dir, overwrite=result["game"].game_id in replay)
+    return len(todo)
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f} %"
+
+
+def render_markdown(report: dict) -> str:
+    """report.md: identity accuracy per feature and references, seen / held-out, per character; decoder PSNR."""
+    lines = [f"Identity accuracy, {report['num_characters']} characters (chance {_pct(report['chance'])}), "
+             f"{report['games_per_character']} games x {report['turns']} turns per character; system "
+             f"{report['system']}, world {report['world']}.", "",
+             "| feature | references | seen | held-out | all |", "|---|---|---|---|---|"]
+    for feat, by in report["identity"].items():
+        for v in VARIANTS:
+            r = by[v]
+            lines.append(f"| {feat} | {v} | {_pct(r['seen'])} | {_pct(r['heldout'])} | {_pct(r['all'])} |")
+    names = list(report["characters"])
+    lines += ["", "| feature | references | " + " | ".join(
+        f"{n}{' (held out)' if report['characters'][n] else ''}" for n in names) + " |",
+              "|---|---|" + "---|" * len(names)]
+    for feat, by in report["identity"].items():
+        for v in VARIANTS:
+            lines.append(f"| {feat} | {v} | " + " | ".join(_pct(by[v]["per_character"].get(n)) for n in names) + " |")
+    d = report.get("decoder")
+    if d:
+        lines += ["", f"Decoder PSNR on {d['clips']} clips of {d['dataset']} (seen characters): "
+                  f"{d['without']:.2f} dB without a reference, {d['with']:.2f} dB with one "
+                  f"(VAE reconstruction {d['reconstruction']:.2f} dB)."]
+    a = report["acceptance"]
+    lines += ["", f"Held-out with reference (crop feature) {_pct(a['heldout_with'])}: >= 3x chance "
+              f"{a['heldout_3x_chance']}, >= 2x without ({_pct(a['heldout_without'])}) {a['heldout_2x_without']}"
+              + (f"; decoder PSNR with - without {a['decoder_drop_db']:+.2f} dB >= -0.5 dB {a['decoder_ok']}"
+                 if d else "")]
+    return "\n".join(lines) + "\n"
+
+
+def _run(f, *rest: str) -> int:
+    """The body of :func:`main` on parsed flags ``f``."""
+    if rest:
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
+    if f.ground_truth:
+        return _ground_truth(f)
+    for name in ("system", "world", "out"):
+        if not getattr(f, name):
+            raise cli_lib.UsageError(f"--{name} is required")
+    ckpt, world, out = paths.resource(f.system), f.world, f.out
+    names, refs, heldout = toy_references(world)  # a missing world fails before the load
+    config = load_config(ckpt)
+    games = toy_games(world, f.games_per_character, f.turns, f.seed)
+    games_path = _games_file(out, games)
+    character_of = {g["game_id"]: names.index(g["character"]) for g in games}
+    refs_flags = [f"{n}={paths.join(world, 'characters', n, 'reference.png')}" for n in names]
+    variants = {"without": load_jsonl(games_path)}
+    chars = load_characters(refs_flags)
+    variants["with"] = tuple(dataclasses.replace(g, characters=chars) for g in variants["without"])
+    mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
+    system = resolve_system(apply_mode(config), ckpt, mesh=mesh, need_references=True)
+    engine = GameEngine(config, system, mesh=mesh, rows=f.max_batch)
+    for v in VARIANTS:
+        _play(engine, variants[v], paths.join(out, v))
+    features = {"crop": crop_feature, "standin": embedders.standin_embedder().image}
+    identity = {feat: {} for feat in features}
+    for v in VARIANTS:
+        clips, named = [], []
+        for g in variants[v]:
+            for clip in played_clips(paths.join(out, v, g.game_id)):
+                clips.append(clip)
+                named.append(character_of[g.game_id])
+        for feat, embed in features.items():
+            identity[feat][v] = score_games(clips, named, refs, heldout, names, embed, f.frames_per_clip)
+    chance = 1.0 / len(names)
+    crop = identity["crop"]
+    report = {"system": ckpt, "world": world, "num_characters": len(names), "chance": chance,
+              "games_per_character": f.games_per_character, "turns": f.turns, "seed": f.seed,
+              "characters": {n: h for n, h in zip(names, heldout)}, "identity": identity}
+    acc = {"heldout_with": crop["with"]["heldout"], "heldout_without": crop["without"]["heldout"]}
+    acc["heldout_3x_chance"] = acc["heldout_with"] is not None and acc["heldout_with"] >= 3 * chance
+    acc["heldout_2x_without"] = acc["heldout_with"] is not None and acc["heldout_with"] >= 2 * acc["heldout_without"]
+    if f.decoder_clips:
+        dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
+        dconfig = apply_mode(config)
+        decoder.check_dataset(dataset, dconfig)
+        dit = sampling_component(dconfig)
+        comps = load_system(ckpt, dconfig, names=["shot_encoder", dit, "vae", "t5", "clip", "reference"])
+        comps["dit"] = comps.pop(dit)
+        res = {v: decoder.decoder_psnr(comps, dconfig, dataset, f.decoder_clips, f.seed, reference=v == "with")
+               for v in VARIANTS}
+        report["decoder"] = {"dataset": dataset, "clips": len(res["with"]["clips"]),
+                             "without": res["without"]["sample"],
+                             "with": res["with"]["sample"], "reconstruction": res["with"]["reconstruction"],
+                             "per_clip": {v: res[v]["clips"] for v in VARIANTS}}
+        acc["decoder_drop_db"] = res["with"]["sample"] - res["without"]["sample"]
+        acc["decoder_ok"] = acc["decoder_drop_db"] >= -0.5
+    report["acceptance"] = acc
+    md = render_markdown(report)
+    fileio.write_text_atomic(paths.join(out, "report.json"), json.dumps(report, indent=1) + "\n")
+    fileio.write_text_atomic(paths.join(out, "report.md"), md)
+    print(md + f"wrote {paths.join(out, 'report.json')} and report.md")
+    return 0
+
+
+def _ground_truth(f) -> int:
+    """``--ground_truth``: both features on the world's own films; prints a table, writes OUT/ground_truth.json."""
+    if not f.world:
+        raise cli_lib.UsageError("--world is required")
+    names, refs, heldout = toy_references(f.world)
+    clips, named = ground_truth_clips(f.world)
+    features = {"crop": crop_feature, "standin": embedders.standin_embedder().image}
+    res = {feat: score_games(clips, named, refs, heldout, names, embed, f.frames_per_clip)
+           for feat, embed in features.items()}
+    lines = [f"Ground truth of {f.world}: {len(clips)} clips, {len(names)} characters (chance "
+             f"{_pct(1.0 / len(names))})", "", "| feature | seen | held-out | all |", "|---|---|---|---|"]
+    lines += [f"| {feat} | {_pct(r['seen'])} | {_pct(r['heldout'])} | {_pct(r['all'])} |" for feat, r in res.items()]
+    print("\n".join(lines))
+    if f.out:
+        fileio.makedirs(f.out)
+        fileio.write_text_atomic(paths.join(f.out, "ground_truth.json"), json.dumps(
+            {"world": f.world, "chance": 1.0 / len(names), "identity": res}, indent=1) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command (module docstring); returns the exit status (2 with one line on bad input)."""
+    setup_jax()
+    return cli_lib.run_command(PROG, argv, define_flags, __doc__, None, _run,
+                               (*CLI_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError,
+                                datasets.DatasetError, ValueError, OSError),
+                               interrupted="finished games are kept; rerun the same command to resume")
+
+
+def cli() -> None:
+    """``python -m animegamer_jax.eval.identity``."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

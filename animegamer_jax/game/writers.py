@@ -853,8 +853,7 @@ def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
     for t in rec["turns"]:
         hud = read_video(paths.join(game_dir, t["video"]))
         huds.append(hud)
-        f = -(-240 // w) if w < 240 else 1  # draw_hud's enlargement of narrow frames
-        clips.append(hud[:, :h * f:f, :w * f:f])
+        clips.append(clip_from_hud(hud, (h, w)))
     _write_atomic(write_mp4, paths.join(game_dir, "game.mp4"), np.concatenate(huds, axis=0), fps)
     save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(contact_sheet(clips, sheet_columns)),
                format="PNG")
@@ -863,6 +862,15 @@ def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
     rec["save"]["derived"] = {"turns": n, "files": {name: _file_entry(paths.join(game_dir, name))
                                                      for name in DERIVED_FILES}}
     fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+
+
+def clip_from_hud(hud: np.ndarray, frame_size: Sequence[int]) -> np.ndarray:
+    """A turn's clip cut from under its HUD: a decoded turn video uint8 ``[T, H', W', 3]`` (:func:`draw_hud`'s
+    output) -> uint8 ``[T, h, w, 3]`` with ``frame_size`` = (h, w), game.json's ``save.frame_size`` (every
+    f-th pixel where draw_hud enlarged a narrow frame f times)."""
+    h, w = int(frame_size[0]), int(frame_size[1])
+    f = -(-240 // w) if w < 240 else 1  # draw_hud's enlargement of narrow frames
+    return hud[:, :h * f:f, :w * f:f]
 
 
 def read_json(path: str) -> dict:
