@@ -46,7 +46,7 @@ toy-world: $(STAMP)
 	$(PY) -m animegamer_jax.train.toy_world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
 
 # Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
-# (tests/test_serve.py). Needs root (CI runs as root); where it cannot install, the browser test is
+# (tests/test_web.py). Needs root (CI runs as root); where it cannot install, the browser test is
 # skipped and says why.
 browser:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \

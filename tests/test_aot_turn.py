@@ -10,7 +10,7 @@ import pytest
 from animegamer_jax.aot import pieces, programs, report
 from animegamer_jax.parallel import target
 from animegamer_jax.aot.__main__ import main
-from tests.test_aot_train import compile_tiny
+from tests.tpu import compile_tiny
 
 
 @pytest.mark.parametrize("layout", ["latency", "batch"])

@@ -3,7 +3,7 @@
 TPU compiler takes minutes over the 3D causal VAE on 2 cores (pytest-xdist runs files side by side)."""
 
 from animegamer_jax.parallel import target
-from tests.test_aot_train import FSDP, compile_tiny
+from tests.tpu import FSDP, compile_tiny
 
 
 def test_vae_phase_step_compiles_on_tpu():

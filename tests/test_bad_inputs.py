@@ -200,7 +200,7 @@ def _inputs(root: Path) -> None:
     Image.new("RGB", (64, 64), (200, 100, 50)).save(d / "ok.png")
     Image.new("RGB", (16, 16)).save(d / "tiny.png")
     Image.new("1", (9000, 40)).save(d / "huge.png")
-    from tests.test_system_checkpoint import system_without
+    from tests.checkpoint_helpers import system_without
 
     system_without(str(REPO / "checkpoints" / "tiny_system"), str(d / "noref"), ("reference",))
     (d / "esc.txt").write_text(OK_LINE.replace("hop", "hop\x1b[2J"))

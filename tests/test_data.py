@@ -294,7 +294,7 @@ def test_labels_roundtrip(tmp_path):
     label_schema.write_labels(str(out), lab.for_film("sample_film"), lab.casts)
     again = label_schema.read_labels(str(out))
     assert again.clips == lab.clips and again.casts == lab.casts
-    # Captioning (data/caption.py, data/captioners.py) is tested in tests/test_label.py.
+    # Captioning (data/caption.py, data/captioners.py) is tested in tests/test_data_caption.py.
 
 
 def _take(it, n):

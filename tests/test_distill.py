@@ -1,7 +1,7 @@
 """Few-step sampling (issue 32): the student's sampler against its formula, its guidance-scale
 embedding, the distillation target, and play with a checkpoint holding a student (eval.decoder with
 the shipped student: tests/test_eval_decoder.py).
-Phase d's train + exact resume is tests/test_train_phases.py's ``test_phase_trains_and_resumes[d]``."""
+Phase d's train + exact resume is tests/test_train_model.py's ``test_phase_trains_and_resumes[d]``."""
 
 import json
 import os

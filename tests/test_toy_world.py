@@ -157,7 +157,7 @@ def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     import shutil
 
     from animegamer_jax.data import batches
-    from tests.test_train_phases import test_config
+    from tests.train_helpers import phase_config
     out, manifest = world
     labels = str(tmp_path / "labels.jsonl")
     shutil.copy(os.path.join(out, "labels.jsonl"), labels)
@@ -171,7 +171,7 @@ def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     idx = np.array([3, 0, 7], np.int32)
     ex = {k: np.stack([source[int(i)][k] for i in idx]) for k in ("frames", "motion_level")}
     ex.update(index=idx, action=np.array(["walk left"] * 3), first_frame=ex["frames"][:, 0])
-    cfg = test_config("r")
+    cfg = phase_config("r")
     batch = batches.BatchBuilder(cfg, "r", reference_frames=fn)(ex)
     for row, i in zip(batch["reference_frame"], idx):
         assert int(refs[i]) not in (-1, int(i))

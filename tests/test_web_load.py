@@ -8,7 +8,7 @@
 * Hostile input: one table of requests, each with the status it must get, against a server in this
   process; the server keeps serving and nothing is written outside its games folder.
 * The bounded queue: past ``max_queue`` waiting turns, 503 with ``Retry-After``.
-* HTML in instructions is escaped on the page (headless Chromium, as tests/test_serve.py) and in
+* HTML in instructions is escaped on the page (headless Chromium, as tests/test_web.py) and in
   the game's gallery.
 """
 
@@ -32,7 +32,7 @@ from animegamer_jax.web.app import (COOKIE, STATIC, Guard, HttpThread, cookie_na
                                     no_auth_warning)
 from animegamer_jax.web.server import SESSIONS_FILE, build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
-from test_serve import browser  # noqa: F401 - the headless Chromium fixture
+from tests.web_helpers import post, raw
 
 PLAYERS, TURNS = 16, 3
 
@@ -115,32 +115,6 @@ def hosted(tmp_path_factory):
     yield server, http, root
     http.stop()
     server.stop()
-
-
-def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
-    """Sends ``data`` as it is on a new connection; ``(status, body)`` of the reply."""
-    with socket.create_connection((http.host, http.port), timeout=read_timeout) as s:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed before all was sent
-            pass
-        buf = b""
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
-
-
-def post(path, body: bytes, extra=b"", ctype=b"application/json", host=b"127.0.0.1"):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n"
-            + (b"Content-Type: " + ctype + b"\r\n" if ctype else b"") + extra
-            + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 def get(path, extra=b"", host=b"127.0.0.1"):
