@@ -6,6 +6,8 @@ import pytest
 from animegamer_jax.parallel import target
 from tests.tpu import FSDP, compile_tiny
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 LEAN = FSDP + ["train.precomputed_features=True", "train.encode_latents=False"]
 
 

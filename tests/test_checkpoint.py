@@ -42,6 +42,7 @@ def _rel(d, path):
     return os.path.relpath(path, d)
 
 
+@pytest.mark.slow
 def test_save_writes_integrity_and_load_verifies(saved):
     man = json.load(open(os.path.join(saved, checkpoint.INTEGRITY_FILE)))
     assert "commit_success.txt" in man["files"] and "manifest/metadata" in man["files"]
@@ -169,6 +170,7 @@ def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "o" / "s")
 
 
+@pytest.mark.slow
 def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
     """``python -m animegamer_jax.checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
     tiny system's MLLM is stored), loaded back at the module dtype within bf16 rounding, the rest

@@ -314,6 +314,7 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
         check_release.tolerances(os.path.join(RELEASE_FIXTURE, "cases", f"{case}.npz"))
 
 
+@pytest.mark.slow
 def test_training_checkpoint_integrity_and_damaged_step_on_gcs(gcs, capsys):
     """On gs:// (orbax's commit file instead of a rename) every step carries integrity.json written before
     its commit_success.txt; a damaged newest step is kept aside (copied, then removed) and the older

@@ -160,6 +160,7 @@ def _tiny_internvl(model_dir):
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
+@pytest.mark.slow
 def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model_dir = tmp_path / "internvl"
@@ -227,6 +228,7 @@ def reference_labels(footage):
     return out
 
 
+@pytest.mark.slow
 def test_rule_based_labels_match_the_footage(reference_labels):
     got = label_schema.read_labels(str(reference_labels))
     assert got.casts == {"sample_film": CAST}
@@ -259,6 +261,7 @@ def test_pipeline_writes_the_sequential_labellers_file(footage, reference_labels
     assert reference_labels.read_text() == "".join(line + "\n" for line in lines)
 
 
+@pytest.mark.slow
 def test_two_worker_processes_write_the_same_file(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -271,6 +274,7 @@ def test_two_worker_processes_write_the_same_file(footage, reference_labels, tmp
     assert out.read_bytes() == reference_labels.read_bytes() and not _parts(out).exists()
 
 
+@pytest.mark.slow
 def test_a_bad_film_fails_alone(footage, reference_labels, tmp_path, monkeypatch):
     bad = tmp_path / "broken.mp4"
     bad.write_bytes(b"not a video")
@@ -308,6 +312,7 @@ def test_resume_from_parts_and_a_torn_file(footage, reference_labels, tmp_path):
     assert out.read_bytes() == reference_labels.read_bytes() and not parts.exists()
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_labels_every_clip_once(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
     parts = _parts(out)
@@ -403,6 +408,7 @@ def test_rule_labels_prepare_and_train(footage, reference_labels, tmp_path):
     assert os.path.isdir(out) and jax.device_count() >= 1
 
 
+@pytest.mark.slow
 def test_prepare_leaves_out_unlabelled_clips(footage, reference_labels, tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     lines = reference_labels.read_text().splitlines()

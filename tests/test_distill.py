@@ -142,6 +142,7 @@ def student_checkpoint(tmp_path_factory):
     return save_system(str(root / "sys"), comps, cfg), without
 
 
+@pytest.mark.slow
 def test_play_with_the_student_end_to_end(student_checkpoint, tmp_path, capsys):
     from animegamer_jax import play
 

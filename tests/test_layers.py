@@ -28,6 +28,7 @@ import tomllib
 from collections.abc import Iterator, Mapping, Set
 
 import grimp
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "animegamer_jax"
@@ -157,6 +158,7 @@ def test_dynamic_import_check_finds_what_it_should(tmp_path):
         f"{rel}:4: runpy.run_module('animegamer_jax.web', run_name='__main__')"]
 
 
+@pytest.mark.slow
 def test_no_dynamic_imports_of_the_package():
     found = dynamic_imports_of_the_package(os.path.join(ROOT, PACKAGE))
     assert not found, "imports by name that bypass the layer contract (import the module instead):\n" + "\n".join(found)
@@ -194,6 +196,7 @@ def test_reexport_check_finds_what_it_should(tmp_path):
     assert reexport_only_modules(str(tmp_path)) == [f"{rel}/alias.py", f"{rel}/main_alias.py"]
 
 
+@pytest.mark.slow
 def test_no_module_only_reexports():
     """No alias modules: a module that only re-exports another's names under an old path is gone
     (docs/changelog.md says what to import instead)."""
@@ -271,6 +274,7 @@ def test_local_import_check_finds_what_it_should(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_function_local_imports_only_of_optional_heavy_modules():
     found = local_import_violations(os.path.join(ROOT, PACKAGE))
     assert not found, (f"{len(found)} function-local import(s) that belong at module level (or need a reason "

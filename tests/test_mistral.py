@@ -64,6 +64,7 @@ def window_pair(tmp_path_factory):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.slow
 def test_logits_parity_vs_transformers(window, tmp_path):
     tm = _hf_model(window, seed=1)
     tm.save_pretrained(str(tmp_path))
@@ -78,6 +79,7 @@ def test_logits_parity_vs_transformers(window, tmp_path):
     assert err <= 1e-4
 
 
+@pytest.mark.slow
 def test_sliding_window_changes_logits(window_pair):
     """The window is live: removing it changes late positions but not the first `window` ones."""
     _, ours = window_pair
@@ -118,6 +120,7 @@ def test_orbax_roundtrip(window_pair, tmp_path):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
 
+@pytest.mark.slow
 def test_cached_greedy_equals_uncached(window_pair):
     """16 cached greedy steps (prompt 6, window 5: crosses the window) == one uncached forward."""
     _, ours = window_pair
@@ -276,6 +279,7 @@ _FULL_SIZE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_full_size_eval_shape_and_fsdp_shardings():
     """7B shapes via eval_shape in a subprocess with 8 host devices (conftest already imported jax)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

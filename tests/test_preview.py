@@ -115,6 +115,7 @@ def _engines():
     return base, out
 
 
+@pytest.mark.slow
 def test_engine_decoder_modes():
     from animegamer_jax.config import load_config
     from animegamer_jax.game.engine import GameEngine

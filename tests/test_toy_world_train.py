@@ -28,6 +28,7 @@ def data(tmp_path_factory):
     return root, driver.make_data(root, toy_config.get_config().data, **WORLD)
 
 
+@pytest.mark.slow
 def test_make_data_prepares_both_splits_and_skips_what_is_there(data, capsys):
     root, folders = data
     train, held = (datasets.read_index(folders[s], "train") for s in ("train", "heldout"))

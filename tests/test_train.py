@@ -30,6 +30,7 @@ def test_schedule_and_paper_defaults():
         optim.phase_lr_and_steps(train_cfg(phase="z"))
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_full_batch():
     """Two micro-batches of 2 with MultiSteps == one batch of 4 (mean losses, equal sizes)."""
     model = Toy(nnx.Rngs(0))
@@ -51,6 +52,7 @@ def test_grad_accumulation_matches_full_batch():
     assert not np.allclose(np.asarray(a.w1[...]), np.asarray(model.w1[...]))
 
 
+@pytest.mark.slow
 def test_loss_decreases_frozen_untouched_and_no_frozen_optimizer_state(tmp_path):
     cfg = train_cfg(learning_rate=3e-2)
     tx, sched = optim.make_optimizer(cfg)
@@ -71,6 +73,7 @@ def test_loss_decreases_frozen_untouched_and_no_frozen_optimizer_state(tmp_path)
     np.testing.assert_allclose(tb["lr"][0][1], np.mean([float(sched(s)) for s in range(10)]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     tx, sched = optim.make_optimizer(train_cfg(grad_accum_steps=2))
     tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched,
@@ -88,6 +91,7 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_resume_with_another_run_is_one_line_or_explicitly_allowed(tmp_path):
     tx, sched = optim.make_optimizer(train_cfg())
     tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
@@ -114,6 +118,7 @@ def _index_dataset(path, instruction="Motion: sit."):
                               films=[{"film_id": "f", "path": os.path.join(str(path), "f.mp4")}])
 
 
+@pytest.mark.slow
 def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):
     """What shapes the batches is part of the run (train.pipeline.run_meta, what run_phase records):
     another seed, dataset content, loader order or phase batch setting (VAE curriculum, turns per
@@ -177,6 +182,7 @@ def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):
         "batch_settings.max_turns 4 -> 5"]
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
     tx, _ = optim.make_optimizer(train_cfg())
     tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh())
@@ -247,6 +253,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sharded_step_on_8_devices_matches_single_device():
     r = json.loads(run_python("import os\n" + _SHARDED).strip().splitlines()[-1])
     assert r["eight"]["spec"] == "P('fsdp', 'tensor')" and r["one"]["spec"] in ("P('fsdp', 'tensor')", "P()")
@@ -276,6 +283,7 @@ jax.distributed.shutdown()
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_process_training_agrees(tmp_path):
     res = run_processes(_WORKER, tmp_path, devices=2, timeout=300)
     assert [r["devices"] for r in res] == [4, 4]
@@ -300,6 +308,7 @@ def test_write_system_never_replaces_a_users_folder(tmp_path):
     assert (users / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_summaries_are_on_disk_when_written(tmp_path):
     """A SIGKILL right after write_scalars loses nothing: another process reads every value back
     while the writer is still open (tensorboardX's own SummaryWriter queues events to a thread)."""

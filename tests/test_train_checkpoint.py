@@ -19,6 +19,8 @@ from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny
 from tests.train_helpers import Toy, one_device_mesh, toy_data, toy_loss, toy_trainable, train_cfg
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 KW = dict(num_steps=4, global_batch_size=4, checkpoint_every=2, keep_checkpoints=3, progress=False)
 
 

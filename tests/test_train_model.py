@@ -23,6 +23,7 @@ def _paths(state):
 
 
 @pytest.mark.parametrize("phase", ["a1", "a2", "b", "c", "d"])
+@pytest.mark.slow
 def test_phase_trains_and_resumes(phase, tmp_path):
     cfg = phase_config(phase)
     cfg.train.dit_trainable = "paper"  # the paper's a2 set (tiny's "all": test_a2_dit_trainable_all_vs_paper)
@@ -151,6 +152,7 @@ jax.distributed.shutdown()
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_phase_b_two_processes_agree(tmp_path):
     res = run_processes(_WORKER, tmp_path, devices=1, timeout=600)
     assert [r["devices"] for r in res] == [2, 2]

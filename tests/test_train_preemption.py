@@ -35,6 +35,8 @@ assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, optim
 from configs import tiny
+
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 c = tiny.get_config().train
 c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
 tx, sched = optim.make_optimizer(c)

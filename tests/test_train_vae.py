@@ -55,6 +55,7 @@ def _paths(state):
             jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
 
 
+@pytest.mark.slow
 def test_vae_phase_trains_and_resumes(tmp_path):
     cfg = _config()
     spec = model.phase_spec(cfg)
@@ -231,6 +232,7 @@ def test_pipeline_config_errors(tmp_path):
         pipeline.run_all(cfg, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_run_phase_writes_vae_system_with_fitted_latent_scale(tmp_path):
     from animegamer_jax import checkpoint
     from animegamer_jax.train import pipeline

@@ -89,6 +89,7 @@ def _ours_latents(z):  # torch [B, C, T, h, w] -> [B, T, C, h, w]
 
 @pytest.mark.parity
 @pytest.mark.parametrize("num_frames", [1, 5, 9, 17])
+@pytest.mark.slow
 def test_encode_decode_parity(models, num_frames):
     ref, ours = models
     x = _video(num_frames)

@@ -32,6 +32,8 @@ from animegamer_jax.web.app import HttpThread, create_app
 from animegamer_jax.web.server import build_server
 from tests.web_helpers import PLAYING, Client, play_turn, wait
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = os.path.join(ROOT, "checkpoints", "tiny_system")
 

@@ -124,6 +124,7 @@ def test_bad_uploads_are_one_line_and_change_nothing(served):
     assert sorted(os.listdir(server.out_dir)) == listing
 
 
+@pytest.mark.slow
 def test_browser_uploads_a_character(served, browser, tmp_path):
     server, http = served
     d = browser

@@ -48,6 +48,7 @@ def tree(root):
     return out
 
 
+@pytest.mark.slow
 def test_sixteen_players_three_turns_each(tmp_path):
     out = tmp_path / "games"
     server = ServerProcess(["--standin"], str(out)).start()
@@ -90,6 +91,7 @@ def test_no_auth_warning_for_other_hosts(host, warns):
         assert w.startswith(f"warning: serving on {host}") and "no authentication" in w and "\n" not in w
 
 
+@pytest.mark.slow
 def test_cli_warns_before_serving_on_another_host(capsys):
     # an output folder that cannot be made stops the command just before it would listen
     bad = ["--standin", "--out", "/proc/no-games-here", "--nowarmup"]
@@ -282,6 +284,7 @@ def hostile_cases(own, other, guessed):
     ]
 
 
+@pytest.mark.slow
 def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     server, http, root = hosted
     own, other = Player(http.url), Player(http.url)
@@ -329,6 +332,7 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     assert own.request("GET", "/api/state")[1]["x-content-type-options"] == "nosniff"
 
 
+@pytest.mark.slow
 def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
     server, http, _ = hosted
     release = threading.Event()
@@ -378,6 +382,7 @@ def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
     assert len(jobs) == 4 and [j() for j in jobs] == [None] * 4
 
 
+@pytest.mark.slow
 def test_html_in_instructions_is_escaped_on_the_page(hosted, browser):  # noqa: F811 - the imported fixture
     server, http, _ = hosted
     p = Player(http.url)
@@ -526,6 +531,7 @@ def test_servers_on_two_ports_of_one_host_keep_their_own_cookies(hosted, tmp_pat
 
 # -- sessions: made by the page load only, players' games never dropped for room ---------------------
 
+@pytest.mark.slow
 def test_cookieless_requests_evict_no_player(hosted, monkeypatch):
     server, http, _ = hosted
     player = Player(http.url)
@@ -633,6 +639,7 @@ def closed_by_server(s: socket.socket, trickle: bytes = b"") -> bytes:
     return got
 
 
+@pytest.mark.slow
 def test_slow_and_idle_connections_are_closed(quick):
     server, http = quick
     player = Player(http.url)
