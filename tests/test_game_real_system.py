@@ -9,6 +9,8 @@ import pytest
 
 from tests.subproc import run_python
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 ENV = {"JAX_THREEFRY_PARTITIONABLE": "0"}
 
 PRELUDE = """
@@ -123,8 +125,6 @@ print("SEEDS_OK")
 def test_real_batch_of_4_on_8_devices_equals_one_by_one():
     out = run_python(PRELUDE + """
 from animegamer_jax import parallel
-
-pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 cfg = load_config("configs/tiny.py", ["diffusion.num_sampling_steps=4"])
 sysm = loading.build_random_system(cfg, seed=0)
 games = [game(f"g{i}", 20 + i, n=1 + i % 2) for i in range(4)]

@@ -22,6 +22,8 @@ from configs import tiny
 from tests.subproc import ROOT, run_processes
 from tests.train_helpers import TOY, Toy, toy_data, toy_loss, toy_trainable
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 NUM_STEPS = 160  # each paced (100 ms / step) run stops within ~10-25 steps; unpaced, 160 steps take ~3 s
 
 # argv: process id, port, workdir [, "paced"]. Paced: 100 ms per step, WORKDIR/ready.<pid> written after this
@@ -35,8 +37,6 @@ assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processe
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, optim
 from configs import tiny
-
-pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 c = tiny.get_config().train
 c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
 tx, sched = optim.make_optimizer(c)
