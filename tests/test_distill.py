@@ -76,6 +76,7 @@ def _student_from(teacher, cfg):
     return student
 
 
+@pytest.mark.slow
 def test_guidance_embedding_starts_at_zero_and_is_an_input():
     cfg = tiny.get_config()
     teacher = COMPONENT_BUILDERS["dit"](cfg, nnx.Rngs(1))
@@ -98,6 +99,7 @@ def test_guidance_embedding_starts_at_zero_and_is_an_input():
     assert float(jnp.abs(a - b).max()) > 1e-4
 
 
+@pytest.mark.slow
 def test_distill_target_at_the_grid_end_is_the_teacher():
     """One grid point (its last): the target is the teacher's guided D; with w = 0 (s = 1) that is the
     conditional D, which a student copied from the teacher predicts exactly: loss 0. With two points

@@ -136,6 +136,7 @@ def test_cached_greedy_equals_uncached(window_pair):
     assert mistral._decode_step._cache_size() == n_exec + 1  # one executable for all 15 decode steps
 
 
+@pytest.mark.slow
 def test_long_prompt_generate_equals_uncached(window_pair):
     """A prompt long enough for the causal query blocks (fresh cache, ``empty_cache``): the cached
     greedy steps equal one uncached forward."""
@@ -151,6 +152,7 @@ def test_long_prompt_generate_equals_uncached(window_pair):
     np.testing.assert_array_equal(np.asarray(toks), ref.argmax(-1))
 
 
+@pytest.mark.slow
 def test_unstacked_decode_equals_scanned(window_pair):
     """``decode_layers="unstacked"`` (CPU's "auto": per-layer weights split once, looped) generates the
     scanned path's tokens and logits; the split is reused until the stacked weights change."""
@@ -198,6 +200,7 @@ def _randomize_lora(model, seed=0):
         v[...] = jnp.asarray(rng.normal(0, 0.3, v.shape), jnp.float32)
 
 
+@pytest.mark.slow
 def test_lora_merge_equals_unmerged():
     m = random_model(lambda: mistral.Mistral(_lora_cfg(), rngs=nnx.Rngs(0)))
     for path, v in nnx.to_flat_state(nnx.state(m, LoRAParam)):  # a fresh adapter: B = 0
@@ -213,6 +216,7 @@ def test_lora_merge_equals_unmerged():
     np.testing.assert_allclose(np.asarray(_logits(m, ids)), unmerged, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_lora_dropout_only_with_rng():
     m = random_model(lambda: mistral.Mistral(dataclasses.replace(_lora_cfg(), lora_dropout=0.5), rngs=nnx.Rngs(0)))
     _randomize_lora(m)

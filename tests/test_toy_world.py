@@ -35,6 +35,7 @@ def world(tmp_path_factory):
     return out, toy_world.make_toy_world(out, _data_cfg(), seed=3, **SMALL)
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes(world, tmp_path):
     out, manifest = world
     again = toy_world.make_toy_world(str(tmp_path / "again"), _data_cfg(), seed=3, **SMALL)
@@ -113,6 +114,7 @@ def test_mine_references_prefers_another_scene_of_the_same_character():
     assert len(picks) > 1  # the seed matters
 
 
+@pytest.mark.slow
 def test_prepared_toy_world_references(world, tmp_path):
     out, manifest = world
     films = [(f["film_id"], os.path.join(out, f["path"])) for f in manifest["films"] if f["split"] == "train"][:4]
@@ -151,6 +153,7 @@ def test_command(tmp_path, capsys):
     assert "--num_backgrounds=1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     """Phase r's reference_frame is the first frame of the mined clip (another scene of the same character),
     picked by the records' dataset index; without the labels file, the within-batch pairing."""

@@ -184,6 +184,7 @@ def test_conv3d_as_2d_matches_native_3d_conv():
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_causal_conv_single_frame_shortcut_matches_padded_path():
     from flax import nnx
 
