@@ -46,7 +46,7 @@ toy-world: $(STAMP)
 	$(PY) -m animegamer_jax.train.toy_world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
 
 # Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
-# (tests/test_serve.py). Needs root (CI runs as root); where it cannot install, the browser test is
+# (tests/test_web.py). Needs root (CI runs as root); where it cannot install, the browser test is
 # skipped and says why.
 browser:
 	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
@@ -63,9 +63,11 @@ test: $(STAMP) $(TPU_COMPILER) browser
 test-paper: $(STAMP)
 	$(PY) -m pytest -q -m paper
 
-# Without the PyTorch parity and multi-process tests.
+# The suite without the tests marked `slow` (each over ~10 s on a loaded 2-core host: compiles of the tiny
+# system, TPU compiles, the browser, subprocess commands, several processes) and the paper-width ones:
+# within 3 minutes on 2 cores. `make test` (and CI) runs the slow tests too.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not parity and not multiprocess"
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not paper"
 
 # Kill-anywhere table (issue 31; tests/faults.py, docs/faults.md): every long command (play, generate,
 # serve, each training phase, prepare, label, extract_features, convert release) killed FAULTS_N times

@@ -21,7 +21,7 @@ and checks (exit status 1, naming each failure): every turn finished ``done``; F
 ``served`` equals its ``ticket``); positions (non-increasing, ending at most at the server's batch
 size, ``ahead`` consistent);
 isolation (distinct games, each game holds exactly its player's instructions, on disk too, and
-another player's clip and zip are 404). tests/test_serve_load.py runs the same checks in CI.
+another player's clip and zip are 404). tests/test_web_load.py runs the same checks in CI.
 Figures: docs/results.md "Web server under load".
 """
 

@@ -83,6 +83,7 @@ def test_attention_auto_follows_the_mesh_not_the_host():
     assert attention._auto(q.astype(jnp.float32), q, None, attention.AttentionMask(), attention.DENSE_LIMIT_BYTES, "gpu")[0] == "blockwise"
 
 
+@pytest.mark.slow
 def test_splash_compiles_partitioned_under_fsdp():
     """The DiT's failure on a pod (a1/a2): the Mosaic splash call under an FSDP-sharded batch. Called
     bare, the real TPU compiler refuses it; through dot_product_attention it runs in a shard_map."""
@@ -119,6 +120,7 @@ def test_vae_budget_and_decode_layout_follow_the_target():
     assert t_v5p[0] > t_v5e[0] > 0, (t_v5e, t_v5p)  # larger tiles on the larger chip
 
 
+@pytest.mark.slow
 def test_mistral_decode_layers_follow_the_weights_devices():
     from flax import nnx
 
@@ -139,6 +141,7 @@ def test_multislice_mesh_puts_data_across_slices():
     assert [{d.slice_index for d in row.flat} for row in mesh.devices] == [{0}, {1}]
 
 
+@pytest.mark.slow
 def test_partitioned_kernel_equals_the_whole_call_on_4_devices():
     """attention._partitioned (the shard_map every splash / cuDNN call goes through) gives the
     unpartitioned result: batch over data, grouped heads over tensor, key padding, the hybrid mask's

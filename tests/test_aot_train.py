@@ -1,30 +1,14 @@
 """One train step of every phase of configs/tiny.py compiles for a 4-chip v5e slice with the real TPU
 compiler (deviceless), with the kernels ``auto`` must pick there: the program the train command runs."""
 
-import jax
 import pytest
 
-from animegamer_jax.aot import programs, report
-from animegamer_jax.config import load_config
 from animegamer_jax.parallel import target
-from tests.tpu import tpu_devices
+from tests.tpu import FSDP, compile_tiny
 
-# FSDP over the 4 chips (the paper config's layout) and a batch they divide. Phase a1 runs T5 and CLIP
-# in the step, as tiny.py does; the others take precomputed features (data/extract_features) so that
-# each compiles in seconds. Every decoder phase takes latents: the VAE (slow to compile for a TPU, about
-# 2 min at tiny size on 2 cores) is compiled once for training and once for play, in test_aot_vae.py.
-FSDP = ["mesh.shape=(1,-1,1,1)", "train.global_batch_size=4"]
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 LEAN = FSDP + ["train.precomputed_features=True", "train.encode_latents=False"]
-
-
-def compile_tiny(program: str, overrides: list[str], layout: str = "latency") -> report.Row:
-    """Compiles ``program`` of configs/tiny.py (+ ``overrides``) for v5e-4 and returns its row."""
-    cfg = load_config("configs/tiny.py", overrides)
-    devs = tpu_devices("v5e-4")
-    prog = (programs.train_program(cfg, program, devs) if program in programs.TRAIN_PROGRAMS
-            else programs.turn_programs(cfg, [program], devs, layout)[0])
-    with jax.default_matmul_precision("default"):  # conftest's "highest" is for fp32 parity tests
-        return report.compile_program(prog, target.of_device(devs[0]).chip)
 
 
 def _kernels(row):

@@ -10,10 +10,11 @@ import pytest
 from animegamer_jax.aot import pieces, programs, report
 from animegamer_jax.parallel import target
 from animegamer_jax.aot.__main__ import main
-from tests.test_aot_train import compile_tiny
+from tests.tpu import compile_tiny
 
 
 @pytest.mark.parametrize("layout", ["latency", "batch"])
+@pytest.mark.slow
 def test_turn_stages_compile_on_tpu(layout):
     rows = {p: compile_tiny(p, [], layout) for p in ("prefill", "decode", "pass_b", "dit")}
     for name, row in rows.items():
@@ -33,6 +34,7 @@ def test_turn_stages_compile_on_tpu(layout):
     assert all("KV-cache" in k for k in rows["prefill"].kernels)
 
 
+@pytest.mark.slow
 def test_cli_prints_the_table_and_writes_json(tmp_path, capsys):
     out = tmp_path / "aot.json"
     rc = main(["--topology=v5e-4", "--config=configs/tiny.py", "--program=pass_b,dit", f"--json={out}",
@@ -99,6 +101,7 @@ def test_latency_layout_weights_sharded_or_replicated():
         apply_layout(cfg, "latency", 8)
 
 
+@pytest.mark.slow
 def test_batch_layout_splits_games_over_chips():
     """generate's layout: 4 games on 4 chips run one game per chip, also through the splash kernel's
     shard_map inside the per-game vmap (parallel.vmap_over_batch), so each chip does about 4x the
@@ -108,6 +111,7 @@ def test_batch_layout_splits_games_over_chips():
     assert batch.flops == pytest.approx(4 * latency.flops, rel=0.1), (batch.flops, latency.flops)
 
 
+@pytest.mark.slow
 def test_student_dit_sampling_compiles_without_a_cfg_batch():
     """``--config.diffusion.sampler=student``: the dit program is the student's N steps, one game per
     call, and the latency layout puts all 4 chips on the sequence (no CFG halves on data); its loop
@@ -127,6 +131,7 @@ def test_student_dit_sampling_compiles_without_a_cfg_batch():
     assert 2.5 * student.flops < teacher.flops < 4 * student.flops, (student.flops, teacher.flops)
 
 
+@pytest.mark.slow
 def test_benchmark_student_piece_runs_plays_samplers():
     """The benchmark runner's ``student`` piece (benchmarks/student_bench.py) compiles and runs play's
     student and teacher sampling for one game on this CPU (configs/tiny.py, random weights)."""
@@ -141,6 +146,7 @@ def test_benchmark_student_piece_runs_plays_samplers():
     assert student().shape == teacher().shape == (1, 5, 16, 8, 12)
 
 
+@pytest.mark.slow
 def test_games_per_chip_batches_games_in_one_program():
     """``--games_per_chip=B``: B games in each turn program (the engine's rows); on one chip the decode's
     arguments grow by exactly B - 1 more KV caches (weights once), and the batch's DiT sampling costs

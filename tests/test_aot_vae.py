@@ -2,8 +2,12 @@
 (smallest curriculum stage) and play's decode stage. Apart from the other compile tests because the
 TPU compiler takes minutes over the 3D causal VAE on 2 cores (pytest-xdist runs files side by side)."""
 
+import pytest
+
 from animegamer_jax.parallel import target
-from tests.test_aot_train import FSDP, compile_tiny
+from tests.tpu import FSDP, compile_tiny
+
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 
 def test_vae_phase_step_compiles_on_tpu():

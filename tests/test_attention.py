@@ -63,6 +63,7 @@ def attend(q, k, v, impl, mask=None, bias=None, scale=None, **kw):
 # every mask through the blockwise and the dense (CPU auto) kernels; jax's own XLA kernel on the richest
 @pytest.mark.parametrize("name,impl", [(n, "blockwise") for n in MASKS] + [(n, "dense") for n in MASKS]
                          + [("hybrid_block_padding", "xla"), ("dense", "xla"), ("turn_window", "xla")])
+@pytest.mark.slow
 def test_kernel_matches_reference(qkv, name, impl):
     q, k, v = qkv
     m = MASKS[name]
@@ -72,6 +73,7 @@ def test_kernel_matches_reference(qkv, name, impl):
     np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_mask_rule_on_known_entries():
     m = attention.causal_mask(3, block_first=jnp.array([2]), block_last=jnp.array([4]),
                       kv_valid=jnp.array([[True] * 6 + [False]])).materialize(1, 7, 7)[0]
@@ -82,6 +84,7 @@ def test_mask_rule_on_known_entries():
     assert not m[6, 6]  # padding key
 
 
+@pytest.mark.slow
 def test_reference_matches_dense_softmax(qkv):
     """The reference itself against a hand-written softmax on the materialised mask."""
     q, k, v = qkv
@@ -110,6 +113,7 @@ def test_turn_window_rule_on_known_entries():
 
 
 @pytest.mark.parametrize("name", ["hybrid_block_padding", "turn_window"])
+@pytest.mark.slow
 def test_blockwise_gradients_match_reference(qkv, name):
     """The custom VJP (FlashAttention backward) against autodiff of the reference."""
     q, k, v = qkv
@@ -126,6 +130,7 @@ def test_blockwise_gradients_match_reference(qkv, name):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=2e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_bias_paths_match_reference(qkv):
     """T5's additive position bias (scale 1) with key padding."""
     q, k, v = qkv
@@ -139,6 +144,7 @@ def test_bias_paths_match_reference(qkv):
         np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=TOL, rtol=0)
 
 
+@pytest.mark.slow
 def test_dense_gradients_match_reference(qkv):
     """Autodiff through the dense kernel (CPU training uses it below the size limit)."""
     q, k, v = qkv
@@ -155,6 +161,7 @@ def test_dense_gradients_match_reference(qkv):
 
 
 
+@pytest.mark.slow
 def test_splash_kernel_interpret_mode_matches_reference():
     """The Pallas TPU splash kernel in interpret mode on CPU: causal + window + key padding,
     a length that is not a multiple of its 128 tiles."""
@@ -172,6 +179,7 @@ def test_splash_kernel_interpret_mode_matches_reference():
                                 implementation="splash")
 
 
+@pytest.mark.slow
 def test_blockwise_never_materialises_scores():
     """Compiled temporaries of the blockwise kernel stay far below one L x L fp32 score matrix."""
     ll, n = 4096, 2
@@ -200,6 +208,7 @@ def test_auto_choice_and_log(caplog):
 
 
 @pytest.mark.parametrize("mask_kind", ["causal", "window_padding", "turn_window"])
+@pytest.mark.slow
 def test_dense_causal_blocks_match_reference(mask_kind):
     """At >= CAUSAL_SPLIT_MIN queries with default positions "dense" runs causal query blocks
     (keys past each block skipped); the result is the reference's, with and without a T5-style bias."""

@@ -200,7 +200,7 @@ def _inputs(root: Path) -> None:
     Image.new("RGB", (64, 64), (200, 100, 50)).save(d / "ok.png")
     Image.new("RGB", (16, 16)).save(d / "tiny.png")
     Image.new("1", (9000, 40)).save(d / "huge.png")
-    from tests.test_system_checkpoint import system_without
+    from tests.checkpoint_helpers import system_without
 
     system_without(str(REPO / "checkpoints" / "tiny_system"), str(d / "noref"), ("reference",))
     (d / "esc.txt").write_text(OK_LINE.replace("hop", "hop\x1b[2J"))
@@ -238,6 +238,7 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_bad_inputs_get_one_line_and_write_nothing(workdir, capsys, monkeypatch):
     """Every row of :data:`CASES`: exit status 2, one ``error:`` line on stderr, the folder unchanged."""
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
@@ -277,6 +278,7 @@ SCRIPTS_BY_TARGET = {t: min(n for n, v in SCRIPTS.items() if v == t) for t in se
 @pytest.mark.parametrize("argv", [["animegamer-play", "inputs/folder", "--standin"],
                                   ["animegamer-train", "--config=configs/tiny.py", "--workdir=wd",
                                    "--config.train.phase=zz"]])
+@pytest.mark.slow
 def test_the_console_path_prints_one_line(workdir, argv):
     """The real console script (``sys.exit(main())``) in a subprocess: one line, exit status 2."""
     import subprocess
@@ -291,6 +293,7 @@ def test_the_console_path_prints_one_line(workdir, argv):
     assert sorted(os.listdir(workdir)) == ["inputs"]
 
 
+@pytest.mark.slow
 def test_interactive_play_refuses_a_bad_line_and_plays_the_next(workdir, capsys, monkeypatch):
     """``play -``: a line with a byte that is not UTF-8, or with ESC, gets one ``error:`` line naming the
     line; the lines after it are played."""

@@ -21,6 +21,7 @@ T = ["Character: Bunny; Motion: hop; Background: meadow.", "Character: Driver; M
      "Character: bunny; Motion: sit; Background: meadow."]
 
 
+@pytest.mark.slow
 def test_mixed_batch_each_game_equals_itself_alone():
     """Batch of 2 on 2 devices: a game with a reference beside one without; each equals itself alone;
     the reference changes exactly the turns naming the character."""
@@ -58,6 +59,7 @@ def _files(d):
             and p.name != "timings.json"}
 
 
+@pytest.mark.slow
 def test_play_keeps_the_reference_and_continue_reloads_it(tmp_path, monkeypatch, capsys):
     s2, s1, s3 = tmp_path / "g.txt", tmp_path / "more.txt", tmp_path / "all.txt"
     s2.write_text("\n".join(T[:2]) + "\n")

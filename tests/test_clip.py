@@ -86,6 +86,7 @@ def _ours(model, pixels, ids):
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_clip_parity_hf_and_open_clip_names():
     # exact GELU here (laion2b); the vision-model test below covers quick_gelu (OpenAI CLIP).
     act = "gelu"
@@ -116,6 +117,7 @@ def test_clip_parity_hf_and_open_clip_names():
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_clip_vision_model_parity_and_argmax_pooling():
     hf = _hf_clip("quick_gelu")
     pixels, ids = _inputs()
@@ -186,6 +188,7 @@ def _torch_preprocess(x: torch.Tensor, size: int, method: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("method,hw,size", [("kornia", (480, 720), 224), ("kornia", (30, 20), 32), ("jax", (96, 144), 32)])
+@pytest.mark.slow
 def test_preprocess_matches_torch_reimplementation(method, hw, size):
     rng = np.random.default_rng(1)
     # Smooth image (like a frame) plus noise, in [-1, 1].

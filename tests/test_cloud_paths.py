@@ -110,14 +110,14 @@ def _local_snapshot(*dirs):
 
 #: the training child: tiny phase a2 (3 steps, a checkpoint every step) with workdir argv[1], the
 #: shipped tiny system as init checkpoint. There is no prepared dataset in a fresh clone (``make``
-#: builds it), so the batches are test_train_phases' synthetic ones; with argv[2] == "stall" the data
+#: builds it), so the batches are tests/train_helpers.py's synthetic ones; with argv[2] == "stall" the data
 #: source stalls at the 3rd batch, so the run is certainly mid-way when the test kills it.
 _TRAIN_CHILD = r"""
 import os, sys, time
-from tests.test_train_phases import SETUP
+from tests.train_helpers import SETUP
 exec(SETUP)
 from animegamer_jax.train import pipeline
-cfg = test_config("a2")
+cfg = phase_config("a2")
 cfg.train.update(num_steps=3, checkpoint_every=1, log_every=1, progress=False,
                  init_checkpoint=os.path.join(os.environ["ROOT"], "checkpoints", "tiny_system"))
 
@@ -314,6 +314,7 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
         check_release.tolerances(os.path.join(RELEASE_FIXTURE, "cases", f"{case}.npz"))
 
 
+@pytest.mark.slow
 def test_training_checkpoint_integrity_and_damaged_step_on_gcs(gcs, capsys):
     """On gs:// (orbax's commit file instead of a rename) every step carries integrity.json written before
     its commit_success.txt; a damaged newest step is kept aside (copied, then removed) and the older
@@ -325,10 +326,10 @@ def test_training_checkpoint_integrity_and_damaged_step_on_gcs(gcs, capsys):
 
     from animegamer_jax import checkpoint
     from animegamer_jax.train import loop, optim
-    from tests.test_train import Toy, _one_device_mesh, _train_cfg, toy_data, toy_loss, toy_trainable
+    from tests.train_helpers import Toy, one_device_mesh, toy_data, toy_loss, toy_trainable, train_cfg
 
-    tx, sched = optim.make_optimizer(_train_cfg())
-    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    tx, sched = optim.make_optimizer(train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
     kw = dict(num_steps=4, global_batch_size=4, checkpoint_every=2, progress=False)
     full = loop.fit(tr, toy_data(4), workdir="gs://bucket/toy", **kw)
     assert _committed_steps(gcs, "bucket/toy/checkpoints") == [2, 4]

@@ -5,6 +5,7 @@ import json
 import os
 
 import jax
+import pytest
 
 from animegamer_jax import cli
 from tests.subproc import run_python
@@ -32,6 +33,7 @@ def _files(folder) -> dict:
     return {name: (folder / name).read_bytes() for name in sorted(os.listdir(folder)) if name != "timings.json"}
 
 
+@pytest.mark.slow
 def test_second_run_loads_every_program_from_the_cache_and_writes_the_same_game(tmp_path):
     script = tmp_path / "one.txt"
     script.write_text("Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.\n")

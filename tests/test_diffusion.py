@@ -200,6 +200,7 @@ def test_v_loss_equals_weighted_x0_loss():
     np.testing.assert_allclose(x_t[2], noise[2], atol=1e-7)
 
 
+@pytest.mark.slow
 def test_uniform_timesteps_and_cfg_dropout():
     t = np.asarray(losses.sample_timesteps(jax.random.key(0), 20000))
     assert t.min() == 0 and t.max() == 999 and abs(t.mean() - 499.5) < 10

@@ -1,7 +1,7 @@
 """Few-step sampling (issue 32): the student's sampler against its formula, its guidance-scale
 embedding, the distillation target, and play with a checkpoint holding a student (eval.decoder with
 the shipped student: tests/test_eval_decoder.py).
-Phase d's train + exact resume is tests/test_train_phases.py's ``test_phase_trains_and_resumes[d]``."""
+Phase d's train + exact resume is tests/test_train_model.py's ``test_phase_trains_and_resumes[d]``."""
 
 import json
 import os
@@ -76,6 +76,7 @@ def _student_from(teacher, cfg):
     return student
 
 
+@pytest.mark.slow
 def test_guidance_embedding_starts_at_zero_and_is_an_input():
     cfg = tiny.get_config()
     teacher = COMPONENT_BUILDERS["dit"](cfg, nnx.Rngs(1))
@@ -98,6 +99,7 @@ def test_guidance_embedding_starts_at_zero_and_is_an_input():
     assert float(jnp.abs(a - b).max()) > 1e-4
 
 
+@pytest.mark.slow
 def test_distill_target_at_the_grid_end_is_the_teacher():
     """One grid point (its last): the target is the teacher's guided D; with w = 0 (s = 1) that is the
     conditional D, which a student copied from the teacher predicts exactly: loss 0. With two points
@@ -142,6 +144,7 @@ def student_checkpoint(tmp_path_factory):
     return save_system(str(root / "sys"), comps, cfg), without
 
 
+@pytest.mark.slow
 def test_play_with_the_student_end_to_end(student_checkpoint, tmp_path, capsys):
     from animegamer_jax import play
 

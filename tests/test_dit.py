@@ -69,6 +69,7 @@ def _run(model, ref, flow=None):
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_parity_vs_diffusers_from_saved_file(ref, tmp_path):
     sd = load_state_dict(ref["path"])
     params, extras = conv.from_diffusers(sd, CFG)
@@ -84,6 +85,7 @@ def test_parity_vs_diffusers_from_saved_file(ref, tmp_path):
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_block_parity_vs_diffusers_cogvideox_block():
     """One `DiTBlock` against diffusers' `CogVideoXBlock` (fp32, converted through `block_from_diffusers`)."""
     import torch
@@ -106,6 +108,7 @@ def test_block_parity_vs_diffusers_cogvideox_block():
     assert err <= 1e-5
 
 
+@pytest.mark.slow
 def test_remat_policies_same_values_and_grads(ref):
     """Named remat policies of the block scan: "full" gives the forward and gradients of "none"; every
     policy puts its `jax.checkpoint` policy on the scanned block (traced, not compiled)."""
@@ -214,6 +217,7 @@ def _to_sat(sd, cfg, rank, rng, scaling):
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_sat_names_with_lora_convert_to_same_outputs(ref):
     rank, alpha = 4, 2.0
     rng = np.random.default_rng(0)
@@ -254,6 +258,7 @@ def test_converters_fail_loudly(ref):
                       dataclasses.replace(CFG, lora_rank=4))
 
 
+@pytest.mark.slow
 def test_bf16_forward_close_to_fp32(ref):
     params, _ = conv.from_diffusers(ref["sd"], CFG)
     f32 = conv.build_model(CFG, params, keep_init=("flow_embed", "lora"))
@@ -266,6 +271,7 @@ def test_bf16_forward_close_to_fp32(ref):
     assert rel < 3e-2
 
 
+@pytest.mark.slow
 def test_flow_embedding_zero_init_and_effect(ref):
     params, _ = conv.from_diffusers(ref["sd"], CFG)
     model = conv.build_model(dataclasses.replace(CFG, lora_rank=2), params, keep_init=("flow_embed", "lora"))
@@ -277,6 +283,7 @@ def test_flow_embedding_zero_init_and_effect(ref):
     assert np.abs(moved - base).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_flow_value_table():
     from configs import animegamer_2b_7b
 
@@ -308,6 +315,7 @@ def test_trainable_filters():
     assert {".".join(map(str, p)) for p, _ in nnx.state(model, lora_lib.LoRAParam).flat_state()} == lora
 
 
+@pytest.mark.slow
 def test_dit_in_jitted_guided_sampler():
     cfg = dataclasses.replace(CFG, lora_rank=2)
     model = CogVideoXDiT(cfg, rngs=nnx.Rngs(1))
@@ -374,6 +382,7 @@ _EVAL_SHAPE_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_eval_shape_2b_params_and_shardings():
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     res = subprocess.run([sys.executable, "-c", _EVAL_SHAPE_SCRIPT], capture_output=True, text=True, env=env,
@@ -435,6 +444,7 @@ def test_migrate_legacy_blocks_same_arrays_new_nesting():
         conv.migrate_legacy_blocks(new)
 
 
+@pytest.mark.slow
 def test_migrate_system_checkpoint_end_to_end(tmp_path):
     """An old-layout system checkpoint fails to load with the fix named; after migration it loads
     with the same arrays."""
@@ -462,6 +472,7 @@ def test_migrate_system_checkpoint_end_to_end(tmp_path):
         migrate_system_checkpoint(dst, str(tmp_path / "again"))
 
 
+@pytest.mark.slow
 def test_prepare_for_inference_merges_and_casts():
     """Play's one-time weight preparation: LoRA merged + cast; fp32 result equals the unmerged model."""
     from animegamer_jax.models.cogvideox.dit import prepare_for_inference
@@ -485,6 +496,7 @@ def test_prepare_for_inference_merges_and_casts():
     assert bf16.cfg.param_dtype == "bfloat16" and model.cfg.lora_rank == 4  # the input is left alone
 
 
+@pytest.mark.slow
 def test_cfg_and_context_parallel_sampling_equals_one_device():
     """One game on 8 fake devices in play's latency layout (game/engine.py apply_layout: CFG halves on
     `data` (2), the joint text+video sequence on `context` (4), weights sharded over all 8), through

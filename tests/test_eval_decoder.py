@@ -32,6 +32,7 @@ def sample_clips(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys):
     """D_a's samples from E_a's s_a of 3 sample-film clips (the bunny, the bikes, the phone call) come
     within a few dB of the VAE's own reconstructions (a DiT that draws latent-block mosaics scores far
@@ -51,6 +52,7 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
     assert "not a prepared dataset (no <name>/<config>/<version>/dataset_info.json)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
     """The shipped few-step student (training phase d) at 4 steps, no CFG batch, scores within 1 dB of
     the teacher's guided sampler on the same 3 clips (issue 32's bar, here at the config's 8 teacher
@@ -67,6 +69,7 @@ def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
     assert all(c["sample"] > 18.0 for c in got["student"]["clips"]), got["student"]
 
 
+@pytest.mark.slow
 def test_dataset_of_another_size_is_refused_before_loading(sample_clips, tmp_path, capsys):
     """A dataset whose clips are not the system's size or length, or that has none, is one line naming both."""
     import shutil
@@ -87,6 +90,7 @@ def test_dataset_of_another_size_is_refused_before_loading(sample_clips, tmp_pat
     assert capsys.readouterr().err.startswith("error: ")
 
 
+@pytest.mark.slow
 def test_sheet_shows_frame_reconstruction_and_sample(sample_clips, tmp_path, capsys):
     """--sheet: a row a scored clip of its middle frame, the VAE's reconstruction and the sample, each of
     which is closer to the clip's frame than a sample of another clip is."""
@@ -138,6 +142,7 @@ def test_turn_distances_by_hand():
         representation.turn_distances([turn[:1]], ["a"], clips, rows)
 
 
+@pytest.mark.slow
 def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys):
     """The shipped system's predicted s_a for a labelled instruction is nearer E_a of its action's clip than
     of any other clip of the sample film; an instruction no clip has reports no clip of its own."""

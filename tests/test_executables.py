@@ -6,6 +6,7 @@ import json
 import os
 
 import jax
+import pytest
 from ml_collections import config_flags
 
 from animegamer_jax import paths, play
@@ -55,6 +56,7 @@ def _record(script, folder):
     return store
 
 
+@pytest.mark.slow
 def test_play_runs_saved_executables_compiles_no_stage_and_writes_the_same_game(tmp_path, capsys):
     script = _script(tmp_path)
     _play(script, tmp_path / "plain")  # warms the eager helpers so the next count is the stages'

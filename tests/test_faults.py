@@ -99,6 +99,7 @@ def test_temp_names(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["prepare", "label", "play-script"])
+@pytest.mark.slow
 def test_one_kill_and_rerun(case, tmp_path_factory):
     """One seeded kill (signal and moment drawn from seed 0) of a real command, then the rerun: no
     invariant failure (nothing partial at a final path, the result equals the uninterrupted run's,

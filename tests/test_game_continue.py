@@ -11,6 +11,8 @@ import pytest
 from animegamer_jax import play
 from animegamer_jax.game import writers
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
          "Character: Bunny; Motion: happily stretch in the sun; Background: day meadow.",
          "Character: Bunny; Motion: quickly chase a butterfly; Background: day forest."]

@@ -50,6 +50,7 @@ def test_turn_keys_distinct_and_stable():
     np.testing.assert_array_equal(turn_key(5, 2), turn_key(5, 2))
 
 
+@pytest.mark.slow
 def test_seeds_and_compile_once(engine):
     a = engine.play([game("a", 1)])[0]
     sizes = engine.cache_sizes()
@@ -75,6 +76,7 @@ def test_seeds_and_compile_once(engine):
         assert t.meters == m
 
 
+@pytest.mark.slow
 def test_mllm_input_holds_last_w_turns(engine, monkeypatch):
     seen = []
     real = engine_mod.stack_inputs
@@ -100,6 +102,7 @@ def test_mllm_input_holds_last_w_turns(engine, monkeypatch):
             assert got == res["turns"][t].states
 
 
+@pytest.mark.slow
 def test_batch_of_4_on_8_devices_equals_one_by_one():
     """Batch layout (4 games + filler rows on 8 devices) and play's latency layout (one game on 8
     devices, batch 1) both give each game's 1-device result."""
@@ -150,6 +153,7 @@ def _jsonl(path, seeds, extra=()):
                                for i, s in enumerate(seeds)] + list(extra)) + "\n")
 
 
+@pytest.mark.slow
 def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
     """Killed mid-write: no temp folder left; resume skips only games whose fingerprint and files
     check out, replays the others saying why; a user's folder of a game's name stops the run."""
@@ -257,6 +261,7 @@ def _files(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "timings.json"}
 
 
+@pytest.mark.slow
 def test_play_script_and_stdin(tmp_path, monkeypatch, capsys):
     script = tmp_path / "s.txt"
     script.write_text("# comment\n" + "\n".join(TEXTS[:2]) + "\n")
@@ -304,6 +309,7 @@ def test_play_interrupt_before_any_turn_is_a_clean_exit(tmp_path, monkeypatch, c
     assert not (tmp_path / "o" / "g").exists()
 
 
+@pytest.mark.slow
 def test_play_ctrl_c_during_a_save_waits_for_it(tmp_path, monkeypatch, capsys):
     """A Ctrl-C (a real SIGINT) that arrives while turn 2 is being written: the write finishes, the
     turn is counted as saved and not printed, and nothing else is played."""
@@ -451,6 +457,7 @@ def _files(folder):
     return out
 
 
+@pytest.mark.slow
 def test_generate_max_batch_games_equal_each_alone(tmp_path, capsys):
     """``generate --max_batch=2``: three games play as one batch of 2 and one of 1 + a filler row, and
     each game's files (timings aside) are byte for byte those of the game generated alone."""
@@ -471,6 +478,7 @@ def test_generate_max_batch_games_equal_each_alone(tmp_path, capsys):
     assert "max_batch" in capsys.readouterr().err and not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_after_the_command_returned_exits_130_at_once():
     """A SIGINT in the interpreter's shutdown after play returned (summary printed, files written):
     exit 130 with one line, not a KeyboardInterrupt traceback and status -2."""

@@ -55,6 +55,7 @@ def test_write_game_files(tmp_path):
     assert writers.is_finished(folder)
 
 
+@pytest.mark.slow
 def test_gallery_says_what_the_system_is(tmp_path):
     """index.html names the system and gives its checkpoint's description (escaped); neither line
     without them."""
@@ -146,6 +147,7 @@ def test_stale_temp_folders_cleaned_only_if_ours(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".tmp-g-user", "g"]
 
 
+@pytest.mark.slow
 def test_a_kill_between_the_two_renames_loses_no_game(tmp_path):
     """SIGKILL after the earlier game was moved aside and before the new one was renamed in: the game's
     folder is missing and both games sit in temp folders. The next write of that game (or the web
@@ -179,6 +181,7 @@ def test_a_kill_between_the_two_renames_loses_no_game(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".tmp-web-2-bb-0000live", ".tmp-web-3-cc-0000away", "g"]
 
 
+@pytest.mark.slow
 def test_identical_inputs_give_identical_files_and_verify(tmp_path):
     """Two writes of one game: every file byte-identical (deterministic libx264); timings apart."""
     rec = dict(record(2), timings_s={"run": {"mllm": 1.0}})

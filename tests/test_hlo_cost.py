@@ -117,6 +117,7 @@ ENTRY %main (p: bf16[8,128,64]) -> (f32[2], s32[]) {
     assert cost.bytes_accessed == 2 * big + (big + small) + 2 * small
 
 
+@pytest.mark.slow
 def test_tpu_compiler_trip_count():
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -133,6 +134,7 @@ def test_tpu_compiler_trip_count():
     assert _xla(c)["flops"] == pytest.approx(LAYER_FLOPS, rel=0.02)
 
 
+@pytest.mark.slow
 def test_splash_attention_priced_from_its_operands():
     """The Mosaic splash kernel is a custom call XLA gives no FLOPs: its forward is priced as Q K^T
     and P V (4 B N L S H), forward + dq + dkv as 4 + 6 + 8 = 18 B N L S H; one chip of v5e-4 runs one

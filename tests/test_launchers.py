@@ -91,6 +91,7 @@ def test_two_node_gpu_and_slurm_dry_run():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_process_cpu_job_through_the_multinode_script():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,6 +10,9 @@ Four checks, each reporting every violation it finds:
 - imports inside functions only of optional heavy third-party modules (:data:`OPTIONAL_HEAVY`),
   each with a trailing comment that says why (``import torch  # optional``);
 - no module that only re-exports another (an alias of an old path).
+
+And one of the tests: no test module imports another (shared code lives in tests/*_helpers.py and
+conftest.py).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ast
 import io
 import os
+import re
 import subprocess
 import sys
 import tokenize
@@ -24,6 +28,7 @@ import tomllib
 from collections.abc import Iterator, Mapping, Set
 
 import grimp
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = "animegamer_jax"
@@ -153,6 +158,7 @@ def test_dynamic_import_check_finds_what_it_should(tmp_path):
         f"{rel}:4: runpy.run_module('animegamer_jax.web', run_name='__main__')"]
 
 
+@pytest.mark.slow
 def test_no_dynamic_imports_of_the_package():
     found = dynamic_imports_of_the_package(os.path.join(ROOT, PACKAGE))
     assert not found, "imports by name that bypass the layer contract (import the module instead):\n" + "\n".join(found)
@@ -190,6 +196,7 @@ def test_reexport_check_finds_what_it_should(tmp_path):
     assert reexport_only_modules(str(tmp_path)) == [f"{rel}/alias.py", f"{rel}/main_alias.py"]
 
 
+@pytest.mark.slow
 def test_no_module_only_reexports():
     """No alias modules: a module that only re-exports another's names under an old path is gone
     (docs/changelog.md says what to import instead)."""
@@ -267,7 +274,37 @@ def test_local_import_check_finds_what_it_should(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_function_local_imports_only_of_optional_heavy_modules():
     found = local_import_violations(os.path.join(ROOT, PACKAGE))
     assert not found, (f"{len(found)} function-local import(s) that belong at module level (or need a reason "
                        f"comment):\n" + "\n".join(found))
+
+
+# `from tests.test_x import ...`, `import test_x`, and captioner specs `py:tests.<test module>:NAME`, anywhere in the
+# text: source run by child processes is a string of the test module and counts too.
+TEST_MODULE_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:tests\.)?(test_\w+)|py:tests\.(test_\w+)", re.M)
+
+
+def imported_test_modules(text: str) -> list[str]:
+    """The test modules (``test_*``) that the Python source ``text`` imports, sorted, each once."""
+    return sorted({a or b for a, b in TEST_MODULE_IMPORT.findall(text)})
+
+
+def test_test_module_import_check_finds_what_it_should():
+    text = ("import os\nfrom tests.train_helpers import SETUP\nfrom tests.test_train import Toy\nCHILD = \"\"\"\n"
+            "    import test_web\n\"\"\"\nSPEC = 'py:tests." "test_label:rule'\nx = 'test_configs'  # not an import\n")
+    assert imported_test_modules(text) == ["test_label", "test_train", "test_web"]
+
+
+def test_test_modules_do_not_import_each_other():
+    """A test module imported by another ties the two files together (and pytest collects the tests it
+    imports twice): what several share goes into a helper module or a conftest.py fixture."""
+    tests = os.path.join(ROOT, "tests")
+    found = {}
+    for name in sorted(os.listdir(tests)):
+        if name.endswith(".py"):
+            with open(os.path.join(tests, name), encoding="utf-8") as f:
+                if imported := imported_test_modules(f.read()):
+                    found[name] = imported
+    assert not found, f"test modules importing test modules (move what they share to a helper module): {found}"

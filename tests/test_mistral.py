@@ -64,6 +64,7 @@ def window_pair(tmp_path_factory):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.slow
 def test_logits_parity_vs_transformers(window, tmp_path):
     tm = _hf_model(window, seed=1)
     tm.save_pretrained(str(tmp_path))
@@ -78,6 +79,7 @@ def test_logits_parity_vs_transformers(window, tmp_path):
     assert err <= 1e-4
 
 
+@pytest.mark.slow
 def test_sliding_window_changes_logits(window_pair):
     """The window is live: removing it changes late positions but not the first `window` ones."""
     _, ours = window_pair
@@ -118,6 +120,7 @@ def test_orbax_roundtrip(window_pair, tmp_path):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
 
+@pytest.mark.slow
 def test_cached_greedy_equals_uncached(window_pair):
     """16 cached greedy steps (prompt 6, window 5: crosses the window) == one uncached forward."""
     _, ours = window_pair
@@ -133,6 +136,7 @@ def test_cached_greedy_equals_uncached(window_pair):
     assert mistral._decode_step._cache_size() == n_exec + 1  # one executable for all 15 decode steps
 
 
+@pytest.mark.slow
 def test_long_prompt_generate_equals_uncached(window_pair):
     """A prompt long enough for the causal query blocks (fresh cache, ``empty_cache``): the cached
     greedy steps equal one uncached forward."""
@@ -148,6 +152,7 @@ def test_long_prompt_generate_equals_uncached(window_pair):
     np.testing.assert_array_equal(np.asarray(toks), ref.argmax(-1))
 
 
+@pytest.mark.slow
 def test_unstacked_decode_equals_scanned(window_pair):
     """``decode_layers="unstacked"`` (CPU's "auto": per-layer weights split once, looped) generates the
     scanned path's tokens and logits; the split is reused until the stacked weights change."""
@@ -195,6 +200,7 @@ def _randomize_lora(model, seed=0):
         v[...] = jnp.asarray(rng.normal(0, 0.3, v.shape), jnp.float32)
 
 
+@pytest.mark.slow
 def test_lora_merge_equals_unmerged():
     m = random_model(lambda: mistral.Mistral(_lora_cfg(), rngs=nnx.Rngs(0)))
     for path, v in nnx.to_flat_state(nnx.state(m, LoRAParam)):  # a fresh adapter: B = 0
@@ -210,6 +216,7 @@ def test_lora_merge_equals_unmerged():
     np.testing.assert_allclose(np.asarray(_logits(m, ids)), unmerged, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_lora_dropout_only_with_rng():
     m = random_model(lambda: mistral.Mistral(dataclasses.replace(_lora_cfg(), lora_dropout=0.5), rngs=nnx.Rngs(0)))
     _randomize_lora(m)
@@ -276,6 +283,7 @@ _FULL_SIZE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_full_size_eval_shape_and_fsdp_shardings():
     """7B shapes via eval_shape in a subprocess with 8 host devices (conftest already imported jax)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

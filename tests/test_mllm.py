@@ -77,6 +77,7 @@ def _ids(b, l, seed):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.slow
 def test_peft_conversion_logits_parity(release, merge):
     pm, _, _, sd = release
     assert any(".base_layer." in k for k in sd) and any("modules_to_save.default" in k for k in sd)
@@ -138,6 +139,7 @@ def _torch_release_mask(attn_1d, window):
 
 @pytest.mark.parity
 @pytest.mark.parametrize("window", [None, 9])
+@pytest.mark.slow
 def test_hybrid_mask_forward_matches_torch(window):
     pm, inp, outr, sd = _release_like(window, seed=3)
     cfg, state = mllm_convert.convert_animegamer_mllm(sd, dataclasses.replace(_base_cfg(window)))
@@ -215,6 +217,7 @@ def test_build_sequence_release_layout(tok):
         mllm.build_sequence(tok, instr, states[:1])
 
 
+@pytest.mark.slow
 def test_predict_states_grammar_and_loss(tok):
     cfg = _base_cfg(vocab=mllm_tokenizer.VOCAB_SIZE)
     cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, hidden_size=32, intermediate_size=64,
@@ -304,6 +307,7 @@ def test_mllm_cli_roundtrip(tmp_path):
         np.testing.assert_array_equal(np.asarray(a[...]), np.asarray(b[...]), err_msg=str(p))
 
 
+@pytest.mark.slow
 def test_train_step_updates_only_trainable_set():
     """Grads flow through the scanned layers; an optimizer on trainable_filter leaves base kernels frozen."""
     import optax

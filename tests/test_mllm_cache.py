@@ -88,6 +88,7 @@ def _pass_a_logits(mllm, ids, cmp, hist, turns, at):
     return mllm.llm.logits(jax.lax.dynamic_slice_in_dim(out.hidden, at, 1, axis=1))[:, 0]
 
 
+@pytest.mark.slow
 def test_persistent_cache_equals_full_recompute_6_turns_w3(setup):
     cfg, mllm, spec = setup
     q, plan = spec.num_queries, CachePlan.from_spec(spec)
@@ -137,6 +138,7 @@ def test_default_mode_is_the_release_layout(setup):
         mllm.predict_states(jnp.zeros((1, 8), jnp.int32))
 
 
+@pytest.mark.slow
 def test_engine_cache_rebuilt_by_recompute_plays_on_equal(setup):
     """Uninterrupted game vs the same game undone at turn 4 and vs a session restored from its
     stored turns (no cache: rebuilt by recompute): equal states, s_a within 1e-5."""

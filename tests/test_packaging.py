@@ -69,6 +69,7 @@ def test_configs_and_repo_data_resolve_from_any_directory(tmp_path, monkeypatch)
     assert paths.resource("configs/tiny.py") == "configs/tiny.py"  # the user's own file wins
 
 
+@pytest.mark.slow
 def test_absl_command_runs_outside_the_checkout(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     res = subprocess.run([sys.executable, "-m", "animegamer_jax.data.prepare", "--helpfull"], cwd=tmp_path,
@@ -126,6 +127,7 @@ def test_cited_code_paths_exist():
     assert not stale, stale
 
 
+@pytest.mark.slow
 def test_config_overrides_work_on_every_default_config(tmp_path, capsys):
     """`--config.a.b=v` without `--config` overrides the command's default config (serve: the config saved
     in --checkpoint, else configs/tiny.py); a command without a default (train) says to add --config."""

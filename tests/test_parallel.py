@@ -31,6 +31,7 @@ def test_logical_to_spec_drops_reused_axes():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sharded_jit_on_8_cpu_devices():
     out = run_python("""
         import json
@@ -98,6 +99,7 @@ jax.distributed.shutdown()
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_process_distributed_global_sum():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -125,6 +127,7 @@ def test_initialize_is_skipped_for_one_process(monkeypatch):
     assert parallel.is_multiprocess_launch({"SLURM_NTASKS": "2", "SLURM_PROCID": "1"}) is True
 
 
+@pytest.mark.slow
 def test_stage_lines_before_distributed_initialize_leave_the_backend_alone():
     """`train` prints its first stage line before jax.distributed.initialize, which fails once the XLA
     backend is up: the line must not start it (it did, through jax.process_index; every multi-process

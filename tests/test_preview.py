@@ -115,6 +115,7 @@ def _engines():
     return base, out
 
 
+@pytest.mark.slow
 def test_engine_decoder_modes():
     from animegamer_jax.config import load_config
     from animegamer_jax.game.engine import GameEngine
@@ -145,7 +146,7 @@ def test_engine_decoder_modes():
 def test_no_preview_component_is_one_line(tmp_path):
     from animegamer_jax.config import ConfigError, load_config, validate
     from animegamer_jax.game.loading import CheckpointError, resolve_system
-    from tests.test_system_checkpoint import system_without
+    from tests.checkpoint_helpers import system_without
 
     noprev = system_without("checkpoints/tiny_system", str(tmp_path / "noprev"), ("preview",))
     cfg = load_config("configs/tiny.py")

@@ -111,14 +111,14 @@ def test_sampler_threads_the_reference_and_is_unchanged_without_it():
 
 
 def _r_config():
-    from tests.test_train_phases import test_config
-    cfg = test_config("r")
+    from tests.train_helpers import phase_config
+    cfg = phase_config("r")
     cfg.train.dit_trainable = "paper"
     return cfg
 
 
 def _r_example(cfg, seed=0):
-    from tests.test_train_phases import loader_example
+    from tests.train_helpers import loader_example
     ex = loader_example(cfg, "a2", seed=seed)
     rs = np.random.RandomState(seed + 1)
     ex["first_frame"] = rs.randint(0, 256, (2, cfg.data.height, cfg.data.width, 3)).astype(np.uint8)

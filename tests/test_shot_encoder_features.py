@@ -22,6 +22,8 @@ from animegamer_jax.t5_tokenizer import T5Tokenizer
 from configs import tiny
 from tests.subproc import run_python
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 _CACHE: dict = {}
 
 

@@ -42,6 +42,7 @@ def test_relative_position_buckets_match_hf():
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_t5_parity_from_saved_file(tmp_path):
     hf = _hf_t5()
     hf.save_pretrained(tmp_path / "hf")

@@ -35,6 +35,7 @@ def world(tmp_path_factory):
     return out, toy_world.make_toy_world(out, _data_cfg(), seed=3, **SMALL)
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes(world, tmp_path):
     out, manifest = world
     again = toy_world.make_toy_world(str(tmp_path / "again"), _data_cfg(), seed=3, **SMALL)
@@ -113,6 +114,7 @@ def test_mine_references_prefers_another_scene_of_the_same_character():
     assert len(picks) > 1  # the seed matters
 
 
+@pytest.mark.slow
 def test_prepared_toy_world_references(world, tmp_path):
     out, manifest = world
     films = [(f["film_id"], os.path.join(out, f["path"])) for f in manifest["films"] if f["split"] == "train"][:4]
@@ -151,13 +153,14 @@ def test_command(tmp_path, capsys):
     assert "--num_backgrounds=1" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     """Phase r's reference_frame is the first frame of the mined clip (another scene of the same character),
     picked by the records' dataset index; without the labels file, the within-batch pairing."""
     import shutil
 
     from animegamer_jax.data import batches
-    from tests.test_train_phases import test_config
+    from tests.train_helpers import phase_config
     out, manifest = world
     labels = str(tmp_path / "labels.jsonl")
     shutil.copy(os.path.join(out, "labels.jsonl"), labels)
@@ -171,7 +174,7 @@ def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     idx = np.array([3, 0, 7], np.int32)
     ex = {k: np.stack([source[int(i)][k] for i in idx]) for k in ("frames", "motion_level")}
     ex.update(index=idx, action=np.array(["walk left"] * 3), first_frame=ex["frames"][:, 0])
-    cfg = test_config("r")
+    cfg = phase_config("r")
     batch = batches.BatchBuilder(cfg, "r", reference_frames=fn)(ex)
     for row, i in zip(batch["reference_frame"], idx):
         assert int(refs[i]) not in (-1, int(i))

@@ -28,6 +28,7 @@ def data(tmp_path_factory):
     return root, driver.make_data(root, toy_config.get_config().data, **WORLD)
 
 
+@pytest.mark.slow
 def test_make_data_prepares_both_splits_and_skips_what_is_there(data, capsys):
     root, folders = data
     train, held = (datasets.read_index(folders[s], "train") for s in ("train", "heldout"))
@@ -44,7 +45,7 @@ def test_make_data_prepares_both_splits_and_skips_what_is_there(data, capsys):
             os.walk(folders[p]) for f in fs} == stamp  # nothing rewritten
 
 
-@pytest.mark.slow  # two phases compile their steps (each phase's own step: tests/test_train_phases.py)
+@pytest.mark.slow  # two phases compile their steps (each phase's own step: tests/test_train_model.py)
 def test_every_phase_runs_a_step_and_a_rerun_resumes(data, tmp_path):
     root, _ = data
     c = toy_config.get_config()

@@ -9,66 +9,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import parallel
 from animegamer_jax import checkpoint
 from animegamer_jax.train import loop, metrics, optim
 from configs import tiny
 from tests.dataset_helpers import index_only_dataset
 from tests.subproc import run_processes, run_python
-
-# Shared by this process and the subprocesses (8 fake devices, two jax.distributed processes).
-TOY = r'''
-import grain, jax, jax.numpy as jnp, numpy as np
-from flax import nnx
-
-class Toy(nnx.Module):
-    """x [B, 8] -> frozen [8, 8] -> w1 [8, 16] (tanh) -> w2 [16, 4]; only w1/w2 train."""
-    def __init__(self, rngs):
-        init = nnx.initializers.normal(0.5)
-        self.frozen = nnx.Param(nnx.with_partitioning(init, ("embed", None))(rngs.params(), (8, 8)))
-        self.w1 = nnx.Param(nnx.with_partitioning(init, ("embed", "mlp"))(rngs.params(), (8, 16)))
-        self.w2 = nnx.Param(nnx.with_partitioning(init, ("mlp", "embed"))(rngs.params(), (16, 4)))
-    def __call__(self, x):
-        return jnp.tanh((x @ self.frozen[...]) @ self.w1[...]) @ self.w2[...]
-
-def toy_trainable(path, v):
-    return isinstance(v, nnx.Param) and path[-1] in ("w1", "w2")
-
-def toy_loss(model, batch, rng):
-    # The noise term makes the loss depend on the per-step key (resume must reproduce it).
-    y = model(batch["x"]) + 0.01 * jax.random.normal(rng, batch["y"].shape)
-    mse = jnp.mean((y - batch["y"]) ** 2)
-    return mse, {"mse": mse}
-
-_rs = np.random.RandomState(0)
-TOY_X = _rs.randn(64, 8).astype(np.float32)
-TOY_Y = _rs.randn(64, 4).astype(np.float32)
-
-def _example(i):
-    return {"x": TOY_X[i], "y": TOY_Y[i]}
-
-def toy_data(batch, seed=0, shard=0, num_shards=1):
-    ds = grain.MapDataset.range(64).shuffle(seed=seed).repeat()
-    ds = ds[shard::num_shards].map(_example).batch(batch)
-    return iter(ds)
-'''
-exec(TOY)  # noqa: S102  (defines Toy, toy_trainable, toy_loss, toy_data, TOY_X, TOY_Y)
-
-
-def _train_cfg(**kw):
-    c = tiny.get_config().train
-    c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
-    for k, v in kw.items():
-        c[k] = v
-    return c
-
-
-def _one_device_mesh():
-    return parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
+from tests.train_helpers import (TOY, TOY_X, TOY_Y, Toy, one_device_mesh, toy_data, toy_loss, toy_trainable,
+                                 train_cfg)
 
 
 def test_schedule_and_paper_defaults():
-    c = _train_cfg(learning_rate=0.0, num_steps=0, warmup_steps=100, end_lr_factor=0.1, phase="b")
+    c = train_cfg(learning_rate=0.0, num_steps=0, warmup_steps=100, end_lr_factor=0.1, phase="b")
     assert optim.phase_lr_and_steps(c) == (5e-5, 15_000)
     s = optim.make_schedule(c)
     assert float(s(0)) == 0.0
@@ -76,16 +27,17 @@ def test_schedule_and_paper_defaults():
     np.testing.assert_allclose(float(s(100)), 5e-5, rtol=1e-6)
     np.testing.assert_allclose(float(s(15_000)), 5e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="unknown training phase 'z'"):
-        optim.phase_lr_and_steps(_train_cfg(phase="z"))
+        optim.phase_lr_and_steps(train_cfg(phase="z"))
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_full_batch():
     """Two micro-batches of 2 with MultiSteps == one batch of 4 (mean losses, equal sizes)."""
     model = Toy(nnx.Rngs(0))
     x, y = jnp.asarray(TOY_X[:4]), jnp.asarray(TOY_Y[:4])
 
     def run(accum):
-        tx, _ = optim.make_optimizer(_train_cfg(grad_accum_steps=accum, grad_clip=0.0))
+        tx, _ = optim.make_optimizer(train_cfg(grad_accum_steps=accum, grad_clip=0.0))
         m = nnx.clone(model)
         opt = nnx.Optimizer(m, tx, wrt=toy_trainable)
         loss = lambda mm, xb, yb: jnp.mean((mm(xb) - yb) ** 2)
@@ -100,10 +52,11 @@ def test_grad_accumulation_matches_full_batch():
     assert not np.allclose(np.asarray(a.w1[...]), np.asarray(model.w1[...]))
 
 
+@pytest.mark.slow
 def test_loss_decreases_frozen_untouched_and_no_frozen_optimizer_state(tmp_path):
-    cfg = _train_cfg(learning_rate=3e-2)
+    cfg = train_cfg(learning_rate=3e-2)
     tx, sched = optim.make_optimizer(cfg)
-    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
     assert tr.num_trainable() == (8 * 16 + 16 * 4, 8 * 8 + 8 * 16 + 16 * 4)
     fixed = {"x": TOY_X[:8], "y": TOY_Y[:8]}
     r = loop.fit(tr, iter(lambda: fixed, None), num_steps=30, workdir=str(tmp_path), global_batch_size=8,
@@ -120,9 +73,10 @@ def test_loss_decreases_frozen_untouched_and_no_frozen_optimizer_state(tmp_path)
     np.testing.assert_allclose(tb["lr"][0][1], np.mean([float(sched(s)) for s in range(10)]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_equals_uninterrupted(tmp_path):
-    tx, sched = optim.make_optimizer(_train_cfg(grad_accum_steps=2))
-    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched,
+    tx, sched = optim.make_optimizer(train_cfg(grad_accum_steps=2))
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched,
                       grad_accum_steps=2)
     kw = dict(num_steps=12, global_batch_size=4, checkpoint_every=3, keep_checkpoints=2, log_every=4, progress=False)
     killed = loop.fit(tr, toy_data(4), workdir=str(tmp_path / "a"), stop_after=7, **kw)
@@ -137,9 +91,10 @@ def test_killed_and_resumed_equals_uninterrupted(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_resume_with_another_run_is_one_line_or_explicitly_allowed(tmp_path):
-    tx, sched = optim.make_optimizer(_train_cfg())
-    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    tx, sched = optim.make_optimizer(train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
     kw = dict(workdir=str(tmp_path), global_batch_size=4, checkpoint_every=2, progress=False, async_checkpoint=False)
     meta = {"phase": "a1", "config": "tiny", "learning_rate": 1e-2, "warmup_steps": 2}
     loop.fit(tr, toy_data(4), num_steps=6, stop_after=2, meta=meta, **kw)
@@ -163,6 +118,7 @@ def _index_dataset(path, instruction="Motion: sit."):
                               films=[{"film_id": "f", "path": os.path.join(str(path), "f.mp4")}])
 
 
+@pytest.mark.slow
 def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):
     """What shapes the batches is part of the run (train.pipeline.run_meta, what run_phase records):
     another seed, dataset content, loader order or phase batch setting (VAE curriculum, turns per
@@ -181,8 +137,8 @@ def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):
         c.data.update(data)
         return c
 
-    tx, sched = optim.make_optimizer(_train_cfg())
-    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    tx, sched = optim.make_optimizer(train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
     shutil.copytree(ds, tmp_path / "moved")
     other_clips = _index_dataset(tmp_path / "other", instruction="Motion: run.")
     vae_ds = config()
@@ -226,9 +182,10 @@ def test_resume_checks_seed_dataset_and_batch_settings(tmp_path):
         "batch_settings.max_turns 4 -> 5"]
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
-    tx, _ = optim.make_optimizer(_train_cfg())
-    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh())
+    tx, _ = optim.make_optimizer(train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh())
     good = {"x": TOY_X[:4], "y": TOY_Y[:4]}
     bad = {"x": TOY_X[:4], "y": np.full_like(TOY_Y[:4], np.nan)}
     data = iter([good] * 4 + [bad] * 4)
@@ -296,6 +253,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sharded_step_on_8_devices_matches_single_device():
     r = json.loads(run_python("import os\n" + _SHARDED).strip().splitlines()[-1])
     assert r["eight"]["spec"] == "P('fsdp', 'tensor')" and r["one"]["spec"] in ("P('fsdp', 'tensor')", "P()")
@@ -325,6 +283,7 @@ jax.distributed.shutdown()
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_process_training_agrees(tmp_path):
     res = run_processes(_WORKER, tmp_path, devices=2, timeout=300)
     assert [r["devices"] for r in res] == [4, 4]
@@ -349,6 +308,7 @@ def test_write_system_never_replaces_a_users_folder(tmp_path):
     assert (users / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_summaries_are_on_disk_when_written(tmp_path):
     """A SIGKILL right after write_scalars loses nothing: another process reads every value back
     while the writer is still open (tensorboardX's own SummaryWriter queues events to a thread)."""

@@ -17,15 +17,17 @@ from animegamer_jax.train import __main__ as train_main
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny
-from tests.test_train import Toy, _one_device_mesh, _train_cfg, toy_data, toy_loss, toy_trainable
+from tests.train_helpers import Toy, one_device_mesh, toy_data, toy_loss, toy_trainable, train_cfg
+
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 KW = dict(num_steps=4, global_batch_size=4, checkpoint_every=2, keep_checkpoints=3, progress=False)
 
 
 @pytest.fixture(scope="module")
 def trainer():
-    tx, sched = optim.make_optimizer(_train_cfg())
-    return loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, _one_device_mesh(), schedule=sched)
+    tx, sched = optim.make_optimizer(train_cfg())
+    return loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
 
 
 @pytest.fixture(scope="module")

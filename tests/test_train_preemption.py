@@ -20,7 +20,9 @@ from animegamer_jax.train import __main__ as train_main
 from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny
 from tests.subproc import ROOT, run_processes
-from tests.test_train import TOY, Toy, toy_data, toy_loss, toy_trainable
+from tests.train_helpers import TOY, Toy, toy_data, toy_loss, toy_trainable
+
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 NUM_STEPS = 160  # each paced (100 ms / step) run stops within ~10-25 steps; unpaced, 160 steps take ~3 s
 

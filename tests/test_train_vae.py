@@ -55,6 +55,7 @@ def _paths(state):
             jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
 
 
+@pytest.mark.slow
 def test_vae_phase_trains_and_resumes(tmp_path):
     cfg = _config()
     spec = model.phase_spec(cfg)
@@ -183,6 +184,7 @@ def test_conv3d_as_2d_matches_native_3d_conv():
                                    rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_causal_conv_single_frame_shortcut_matches_padded_path():
     from flax import nnx
 
@@ -231,6 +233,7 @@ def test_pipeline_config_errors(tmp_path):
         pipeline.run_all(cfg, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_run_phase_writes_vae_system_with_fitted_latent_scale(tmp_path):
     from animegamer_jax import checkpoint
     from animegamer_jax.train import pipeline

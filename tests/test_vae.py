@@ -89,6 +89,7 @@ def _ours_latents(z):  # torch [B, C, T, h, w] -> [B, T, C, h, w]
 
 @pytest.mark.parity
 @pytest.mark.parametrize("num_frames", [1, 5, 9, 17])
+@pytest.mark.slow
 def test_encode_decode_parity(models, num_frames):
     ref, ours = models
     x = _video(num_frames)
@@ -122,6 +123,7 @@ def test_plans():
 
 @pytest.mark.parity
 @pytest.mark.parametrize("plan", [(1, 2, 2), (3, 1, 1)])
+@pytest.mark.slow
 def test_chunk_plan_matches_reference(models, plan):
     """Any chunk plan (incl. single-latent chunks that continue a cache) equals diffusers' decoder
     driven with the same plan and conv_cache."""
@@ -136,6 +138,7 @@ def test_chunk_plan_matches_reference(models, plan):
 
 
 @pytest.mark.parity
+@pytest.mark.slow
 def test_no_periodic_error_spike(models):
     """Release plan [0:3], [3:5] on 5 latents: per-frame error vs the reference is flat (no spike at
     the chunk start or every 4 frames); a port that drops the causal cache spikes there."""
@@ -156,6 +159,7 @@ def test_no_periodic_error_spike(models):
     assert broken_err[:9].max() <= TOL and broken_err[9] > 100 * TOL
 
 
+@pytest.mark.slow
 def test_single_frame_paths(models):
     """1 frame -> 1 latent -> 1 frame through the public helpers (scaled latents, clipped video)."""
     _, ours = models
@@ -172,6 +176,7 @@ def test_single_frame_paths(models):
 
 
 @pytest.mark.parametrize("tile,overlap", [(2, 0.5), (3, 0.25), (4, 0.0), (8, 0.25)])
+@pytest.mark.slow
 def test_tiling_geometry_exact(tile, overlap):
     """With a pointwise 'decoder' (nearest x8 upsampling) the blended tiles reproduce the untiled
     output exactly: the tile layout covers the plane and the blend weights normalise."""
@@ -190,6 +195,7 @@ def test_tiling_geometry_exact(tile, overlap):
     assert all(b - a <= max(1, int(n * (1 - overlap))) for a, b in zip(starts, starts[1:]))
 
 
+@pytest.mark.slow
 def test_tiled_decode_equals_untiled_within_tolerance(models):
     """Tiled vs untiled decode at tiny size, 8x8 latents (64x64 px).
 

@@ -49,6 +49,7 @@ def _flat(state):
     return {k: np.asarray(v[...]) for k, v in nnx.to_flat_state(state)}
 
 
+@pytest.mark.slow
 def test_diffusers_layouts(ref_sd):
     state = _flat(diffusers_to_state(ref_sd, VAEConfig(**TINY)))
     k = ref_sd["encoder.down_blocks.1.resnets.0.conv1.conv.weight"].numpy()
@@ -61,6 +62,7 @@ def test_diffusers_layouts(ref_sd):
     assert len(state) == len(ref_sd)
 
 
+@pytest.mark.slow
 def test_sat_file_to_orbax_matches_diffusers(ref_sd, tmp_path):
     sat = _to_sat(ref_sd)
     assert "decoder.up.3.block.0.norm1.conv_y.conv.weight" in sat and "encoder.mid.block_2.conv2.conv.weight" in sat
@@ -80,6 +82,7 @@ def test_sat_file_to_orbax_matches_diffusers(ref_sd, tmp_path):
     assert set(sat_to_diffusers_keys(prefixed)) == set(ref_sd)
 
 
+@pytest.mark.slow
 def test_diffusers_safetensors_file(ref_sd, tmp_path):
     from safetensors.torch import save_file
 
@@ -91,6 +94,7 @@ def test_diffusers_safetensors_file(ref_sd, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_mismatch_is_loud(ref_sd):
     cfg = VAEConfig(**TINY)
     assert_names_bad_keys(lambda bad: diffusers_to_state(bad, cfg), ref_sd, drop=["decoder.mid_block.resnets.1.conv2.conv.bias"],
@@ -104,6 +108,7 @@ def test_mismatch_is_loud(ref_sd):
         diffusers_to_state(ref_sd, VAEConfig(**{**TINY, "layers_per_block": 2}))
 
 
+@pytest.mark.slow
 def test_full_config_eval_shape():
     """Full CogVideoX-2B VAE: parameter count equals diffusers' (built on the meta device)."""
     from configs.animegamer_2b_7b import get_config

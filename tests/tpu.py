@@ -1,4 +1,5 @@
-"""Compile-only TPU devices for tests (the real TPU compiler, deviceless)."""
+"""Compile-only TPU devices for tests (the real TPU compiler, deviceless), and configs/tiny.py's programs
+compiled for them."""
 
 import os
 
@@ -17,3 +18,26 @@ def tpu_devices(topology: str = "v5e-4"):
             pytest.fail("the TPU compiler (libtpu) is missing under CI: `make tpu-compiler` installs it")
         pytest.skip("the TPU compiler (libtpu) is not installed: make tpu-compiler")
     return target.compile_devices(target.parse_topology(topology))
+
+
+# FSDP over the 4 chips (the paper config's layout) and a batch they divide. Phase a1 runs T5 and CLIP
+# in the step, as tiny.py does; the others take precomputed features (data/extract_features) so that
+# each compiles in seconds. Every decoder phase takes latents: the VAE (slow to compile for a TPU, about
+# 2 min at tiny size on 2 cores) is compiled once for training and once for play, in tests/test_aot_vae.py.
+FSDP = ["mesh.shape=(1,-1,1,1)", "train.global_batch_size=4"]
+
+
+def compile_tiny(program: str, overrides: list[str], layout: str = "latency") -> "report.Row":
+    """Compiles ``program`` of configs/tiny.py (+ ``overrides``) for v5e-4 and returns its row."""
+    import jax
+
+    from animegamer_jax.aot import programs, report
+    from animegamer_jax.config import load_config
+    from animegamer_jax.parallel import target
+
+    cfg = load_config("configs/tiny.py", overrides)
+    devs = tpu_devices("v5e-4")
+    prog = (programs.train_program(cfg, program, devs) if program in programs.TRAIN_PROGRAMS
+            else programs.turn_programs(cfg, [program], devs, layout)[0])
+    with jax.default_matmul_precision("default"):  # conftest's "highest" is for fp32 parity tests
+        return report.compile_program(prog, target.of_device(devs[0]).chip)

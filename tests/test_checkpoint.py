@@ -14,7 +14,8 @@ from animegamer_jax import checkpoint, play
 from animegamer_jax.checkpoint import __main__ as checkpoint_cli
 from animegamer_jax.checkpoint import integrity
 from configs import tiny
-from tests.test_train import Toy
+from tests.checkpoint_helpers import system_without
+from tests.train_helpers import Toy
 
 BUILDERS = {"dit": lambda c, r: Toy(r)}
 
@@ -31,25 +32,6 @@ def _copy(saved, tmp_path):
     return dst
 
 
-def system_without(src: str, dst: str, names: tuple[str, ...]) -> str:
-    """A copy of the system checkpoint ``src`` at ``dst`` without the components ``names`` (their
-    folders, manifest entries and orbax handlers dropped; integrity.json rewritten); returns ``dst``."""
-    shutil.copytree(src, dst, ignore=lambda d, entries: [e for e in entries
-                                                         if os.path.samefile(d, src) and e in names])
-    man_path = os.path.join(dst, "manifest", "metadata")
-    man = json.load(open(man_path))
-    man["components"] = [c for c in man["components"] if c not in names]
-    man["param_counts"] = {k: v for k, v in man["param_counts"].items() if k not in names}
-    meta_path = os.path.join(dst, "_CHECKPOINT_METADATA")
-    meta = json.load(open(meta_path))
-    meta["item_handlers"] = {k: v for k, v in meta["item_handlers"].items() if k not in names}
-    for path, payload in ((man_path, man), (meta_path, meta)):
-        with open(path, "w") as f:
-            json.dump(payload, f)
-    checkpoint.write_integrity(dst)
-    return dst
-
-
 def _array_file(d):
     """The largest OCDBT data file of the dit component (holds the weights)."""
     files = [f for f in glob.glob(os.path.join(d, "dit", "**", "d", "*"), recursive=True) if os.path.isfile(f)]
@@ -60,6 +42,7 @@ def _rel(d, path):
     return os.path.relpath(path, d)
 
 
+@pytest.mark.slow
 def test_save_writes_integrity_and_load_verifies(saved):
     man = json.load(open(os.path.join(saved, checkpoint.INTEGRITY_FILE)))
     assert "commit_success.txt" in man["files"] and "manifest/metadata" in man["files"]
@@ -187,6 +170,7 @@ def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
     assert not os.path.exists(tmp_path / "o" / "s")
 
 
+@pytest.mark.slow
 def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
     """``python -m animegamer_jax.checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
     tiny system's MLLM is stored), loaded back at the module dtype within bf16 rounding, the rest

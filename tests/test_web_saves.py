@@ -57,6 +57,7 @@ def turn_files(folder: str) -> dict:
 
 
 @pytest.mark.parametrize("n", [10, pytest.param(40, marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_save_work_per_turn_does_not_grow_and_equals_one_go(server, n):
     s = server.new_session()
     folder, touched, media_bytes = None, [], []

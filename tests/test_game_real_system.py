@@ -9,6 +9,8 @@ import pytest
 
 from tests.subproc import run_python
 
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
+
 ENV = {"JAX_THREEFRY_PARTITIONABLE": "0"}
 
 PRELUDE = """

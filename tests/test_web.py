@@ -9,16 +9,12 @@ test is skipped, saying so, only where it could not be installed.
 
 import base64
 import dataclasses
-import http.cookiejar
 import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import zipfile
 
 import jax.numpy as jnp
@@ -34,55 +30,25 @@ from animegamer_jax.game.script import GameScriptError, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.web.app import HttpThread, create_app
 from animegamer_jax.web.server import build_server
+from tests.web_helpers import PLAYING, Client, play_turn, wait
+
+pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = os.path.join(ROOT, "checkpoints", "tiny_system")
-TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-core CPU
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_games")
     # one turn per step: test_two_games_at_once checks the queue positions of one player behind
-    # another (batches of several players: tests/test_serve_saves.py, tests/test_serve_load.py)
+    # another (batches of several players: tests/test_web_saves.py, tests/test_web_load.py)
     server = build_server(checkpoint.load_config(CKPT), CKPT, out=str(out), max_batch=1)
     server.start()
     http = HttpThread(create_app(server)).start()
     yield server, http
     http.stop()
     server.stop()
-
-
-class Client:
-    """One browser session over plain HTTP (its own cookie jar; the page load starts the session)."""
-
-    def __init__(self, url):
-        self.url = url
-        self.op = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
-        page = self.op.open(self.url + "/", timeout=TURN_TIMEOUT)
-        assert page.status == 200 and b"<script src=\"/static/app.js\">" in page.read()
-
-    def request(self, path, body=None, raw=None):
-        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
-        try:
-            return self.op.open(req, timeout=TURN_TIMEOUT)
-        except urllib.error.HTTPError as e:
-            return e
-
-    def json(self, path, body=None, raw=None):
-        r = self.request(path, body, raw)
-        return r.status, json.loads(r.read())
-
-    def open_turn(self, body):
-        """POSTs a turn; returns the open streaming response (the turn is queued when it returns)."""
-        r = self.request("/api/turn", body)
-        assert r.status == 200, r.read()
-        return r
-
-    @staticmethod
-    def events(resp):
-        return [json.loads(line) for line in resp if line.strip()]
 
 
 def test_bad_input_is_refused_with_the_parsers_message(served):
@@ -134,7 +100,7 @@ def test_two_games_at_once(served):
     # b is then next (position 1), with a running (ahead 1) or done (ahead 0), until b starts.
     queued_b = [e for e in ev_b if e["event"] == "queued"]
     ticket_a = next(e for e in ev_a if e["event"] == "queued")["ticket"]
-    assert all(e["ticket"] == ticket_a + 1 for e in queued_b)  # queued right after a (tests/test_serve_load.py: FIFO)
+    assert all(e["ticket"] == ticket_a + 1 for e in queued_b)  # queued right after a (tests/test_web_load.py: FIFO)
     assert {**queued_b[0], "ticket": None} in ({"event": "queued", "position": 1, "ahead": 1, "ticket": None},
                                                {"event": "queued", "position": 2, "ahead": 1, "ticket": None}), queued_b
     assert all(e["position"] == 1 and e["ahead"] in (0, 1) for e in queued_b[1:]), queued_b
@@ -212,45 +178,6 @@ def test_cli_reports_a_missing_checkpoint():
 
 # -- the real browser ------------------------------------------------------------------------------
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-
-
-@pytest.fixture
-def browser(tmp_path):
-    if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-        pytest.skip("headless Chromium is not installed (no chromium / chromedriver on PATH). Fix: "
-                    "`make browser` (apt-get install chromium chromium-driver); make test and CI run it")
-    from selenium import webdriver  # optional
-    from selenium.webdriver.chrome.service import Service  # optional
-
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", "--autoplay-policy=no-user-gesture-required",
-              "--window-size=1280,1400", f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        opts.add_argument(a)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-def _wait(driver, script, timeout, what):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        v = driver.execute_script(script)
-        if v:
-            return v
-        time.sleep(0.05)
-    status = driver.execute_script("return document.querySelector('#status').textContent + ' | ' + "
-                                   "document.querySelector('#error').textContent")
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}; page says: {status}")
-
-
 def _page_meters(driver):
     return driver.execute_script(
         "const o={}; for (const n of ['social','entertainment','stamina']) {"
@@ -260,39 +187,18 @@ def _page_meters(driver):
         " o[n]=[Number(v), w, d]; } return o;")
 
 
-PLAYING = ("const v=document.querySelector('#clip'); return v.src.includes(arguments[0]) && !v.paused && "
-           "v.readyState>=2 && v.currentTime>0 && v.videoWidth>0")
-
-
-def _play_turn(driver, k, character, motion, background, done=None):
-    """Plays turn ``k`` (0-based) from the form; ``done``: the page's count of finished turns after
-    it (``k + 1`` unless the page was reloaded or a turn undone)."""
-    for name, value in (("character", character), ("motion", motion), ("background", background)):
-        el = driver.find_element("id", name)
-        el.clear()
-        el.send_keys(value)
-    driver.find_element("id", "generate").click()
-    _wait(driver, f"return window.agj.turnsDone === {k + 1 if done is None else done}", TURN_TIMEOUT, f"turn {k + 1}")
-    src = f"turn_{k:03d}.mp4"
-    _wait(driver, PLAYING.replace("arguments[0]", repr(src)), 30, f"the clip {src} to play")
-    # the streamed frames gave way to the finished clip in its player
-    _wait(driver, "return document.querySelector('#live').hidden", 10, "the live frames to give way to the clip")
-    return driver.execute_script("return {click: agj.tClick, first: agj.tFirstFrame, done: agj.tDone, "
-                                 "shown: agj.framesShown}")
-
-
 def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_property):
     server, http = served
     d = browser
     d.get(http.url + "/")
-    _wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
+    wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
     start = server.engine.new_run().meters.as_dict()
     assert {n: v[0] for n, v in _page_meters(d).items()} == start
     step = int(server.engine.config.game.meter_step)
 
-    t1 = _play_turn(d, 0, "Bunny", "slowly walk out of the burrow", "day meadow")
+    t1 = play_turn(d, 0, "Bunny", "slowly walk out of the burrow", "day meadow")
     m1 = _page_meters(d)
-    t2 = _play_turn(d, 1, "Bunny", "quickly chase a butterfly", "day forest")
+    t2 = play_turn(d, 1, "Bunny", "quickly chase a butterfly", "day forest")
     m2 = _page_meters(d)
     for t in (t1, t2):
         # frames of the clip were on screen before the turn finished (streamed VAE chunks)
@@ -335,14 +241,14 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
 
     # Undo: back to turn 1's clip and meters, and the saved game has one turn
     d.find_element("id", "undo").click()
-    _wait(d, "return document.querySelectorAll('#history figure').length === 1", 60, "undo")
-    _wait(d, PLAYING.replace("arguments[0]", "'turn_000.mp4'"), 30, "turn 1's clip after undo")
+    wait(d, "return document.querySelectorAll('#history figure').length === 1", 60, "undo")
+    wait(d, PLAYING.replace("arguments[0]", "'turn_000.mp4'"), 30, "turn 1's clip after undo")
     assert _page_meters(d) == m1
     assert len(json.load(open(os.path.join(server.out_dir, game_id, "game.json")))["turns"]) == 1
 
     # Restart: a new game at the start meters; the old one stays saved
     d.find_element("id", "restart").click()
-    _wait(d, f"return !document.querySelector('#info').textContent.includes('{game_id}') && "
+    wait(d, f"return !document.querySelector('#info').textContent.includes('{game_id}') && "
              "document.querySelectorAll('#history figure').length === 0", 30, "restart")
     assert {n: v[0] for n, v in _page_meters(d).items()} == start
     assert writers.is_finished(os.path.join(server.out_dir, game_id))
@@ -389,18 +295,18 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
     port = http.port
     try:
         d.get(http.url + "/")
-        _wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
+        wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
         assert d.find_element("id", "undo").text == "Undo last turn"
         assert not d.find_element("id", "branch").is_enabled()  # nothing to branch from yet
-        _play_turn(d, 0, *turns[0])
-        _play_turn(d, 1, *turns[1])
+        play_turn(d, 0, *turns[0])
+        play_turn(d, 1, *turns[1])
         first = _page_game(d)
         folder = os.path.join(out, first)
         assert len(_files(folder)) == 6
         d.find_element("id", "undo").click()
-        _wait(d, "return document.querySelectorAll('#history figure').length === 1", 60, "undo")
+        wait(d, "return document.querySelectorAll('#history figure').length === 1", 60, "undo")
         assert sorted(_files(folder)) == ["turn_000.gif", "turn_000.mp4", "turn_000.state.npz"]
-        _play_turn(d, 1, *turns[2], done=3)
+        play_turn(d, 1, *turns[2], done=3)
         before = _files(folder)
         assert len(before) == 6 and d.find_element("id", "branch").text == "Branch from turn 2"
         stats = {n: os.stat(os.path.join(folder, n)).st_mtime_ns for n in before}
@@ -408,7 +314,7 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
         d.find_element("css selector", "#history figure[data-turn='0']").click()  # pick turn 1
         assert d.find_element("id", "branch").text == "Branch from turn 1"
         d.find_element("id", "branch").click()
-        _wait(d, f"return !document.querySelector('#info').textContent.includes('{first}') && "
+        wait(d, f"return !document.querySelector('#info').textContent.includes('{first}') && "
                  "document.querySelectorAll('#history figure').length === 1", 60, "the branch")
         branch = _page_game(d)
         listed = d.execute_script("return [...document.querySelectorAll('#saved-games li')].map(e => e.textContent)")
@@ -426,13 +332,13 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
     srv, http = serve(port)  # a new server on the same game folder and port: the session is known again
     try:
         d.refresh()
-        _wait(d, f"return document.querySelector('#info').textContent.startsWith('game {branch}') && "
+        wait(d, f"return document.querySelector('#info').textContent.startsWith('game {branch}') && "
                  "document.querySelectorAll('#history figure').length === 1", 60, "the branch after the restart")
         d.find_element("css selector", f"#saved-games a[data-game='{first}']").click()  # continue the first game
-        _wait(d, f"return document.querySelector('#info').textContent.startsWith('game {first}') && "
+        wait(d, f"return document.querySelector('#info').textContent.startsWith('game {first}') && "
                  "document.querySelectorAll('#history figure').length === 2", 60, "the first game continued")
         assert d.find_element("id", "branch").text == "Branch from turn 2"
-        _play_turn(d, 2, *turns[3], done=1)  # the reloaded page counts from 0
+        play_turn(d, 2, *turns[3], done=1)  # the reloaded page counts from 0
         errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors
     finally:

@@ -18,8 +18,7 @@ from animegamer_jax.game import characters, saving
 from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.web.app import CHARACTER_MAX_BODY, HttpThread, create_app
 from animegamer_jax.web.server import MAX_CHARACTER_BYTES, build_server
-from tests.test_serve import Client, _play_turn, _wait, browser  # noqa: F401  (fixture)
-from tests.test_serve_load import post, raw
+from tests.web_helpers import Client, play_turn, post, raw, wait
 
 TURN_FILES = (".mp4", ".gif", ".state.npz")
 
@@ -125,18 +124,19 @@ def test_bad_uploads_are_one_line_and_change_nothing(served):
     assert sorted(os.listdir(server.out_dir)) == listing
 
 
+@pytest.mark.slow
 def test_browser_uploads_a_character(served, browser, tmp_path):
     server, http = served
     d = browser
     d.get(http.url + "/")
-    _wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
+    wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
     picture = tmp_path / "bunny.png"
     picture.write_bytes(png((80, 60), (20, 180, 40)))
     d.find_element("id", "char-name").send_keys("Bunny")
     d.find_element("id", "char-image").send_keys(str(picture))
     d.find_element("id", "char-upload").click()
-    _wait(d, "return document.querySelector('#characters').textContent.includes('Bunny')", 30, "the upload")
-    _play_turn(d, 0, "Bunny", "hop", "meadow")
+    wait(d, "return document.querySelector('#characters').textContent.includes('Bunny')", 30, "the upload")
+    play_turn(d, 0, "Bunny", "hop", "meadow")
     game_id = d.execute_script("return document.querySelector('#info').textContent.split(' ')[1]")
     rec = json.load(open(os.path.join(server.out_dir, game_id, "game.json")))
     assert rec["characters"][0]["name"] == "Bunny" and rec["turns"][0]["reference"] == "characters/Bunny.png"

@@ -12,46 +12,9 @@ from animegamer_jax.data import batches
 from animegamer_jax.models.mistral.mllm import num_queries
 from animegamer_jax.train import loop, model, optim
 from tests.subproc import run_processes
-
-# Shared with the two-process workers: the tiny config and fixed synthetic loader batches.
-SETUP = r'''
-import numpy as np
-from configs import tiny
-
-def test_config(phase):
-    cfg = tiny.get_config()
-    cfg.train.phase = phase
-    cfg.train.precomputed_features = True  # T5 / CLIP features in the batch: keeps compiles small
-    cfg.train.encode_latents = False
-    cfg.train.max_seq_len = 160
-    cfg.train.learning_rate, cfg.train.warmup_steps = 3e-3, 1
-    return cfg
-
-def loader_example(cfg, phase, b=2, m=3, t_lat=2, seed=0):
-    rs = np.random.RandomState(seed)
-    lt, dt = cfg.t5.max_length, cfg.t5.d_model
-    p, dv = cfg.rep.num_image_tokens, cfg.clip.vision_width
-    lat = (t_lat, cfg.dit.in_channels, cfg.dit.sample_height, cfg.dit.sample_width)
-    if phase in ("a1", "a2", "d"):
-        return {"action": np.array(["sit", "run"][:b]), "motion_level": np.array([1, 4][:b]),
-                "f_md": rs.randn(b, lt, dt).astype(np.float32), "f_v": rs.randn(b, p, dv).astype(np.float32),
-                "latents": rs.randn(b, *lat).astype(np.float32)}
-    states = np.array([[[2, 1, -1, 0], [3, 0, 2, -2], [5, -5, 1, 1]]] * b, np.int32)[:, :m]
-    return {"num_turns": np.array([3, 2], np.int32)[:b], "states": states,
-            "instruction": np.array([["Motion: sit.", "Motion: run.", "Motion: jump."][:m]] * b),
-            "turn_f_md": rs.randn(b, m, lt, dt).astype(np.float32),
-            "turn_f_v": rs.randn(b, m, p, dv).astype(np.float32),
-            "latents": rs.randn(b, m, *lat).astype(np.float32)}
-'''
-exec(SETUP)  # noqa: S102  (defines test_config, loader_example)
-test_config.__test__ = False
-
+from tests.train_helpers import SETUP, loader_example, phase_batch, phase_config
 
 FAST = {"xla_backend_optimization_level": 0}  # CPU compiles ~4x faster; these steps are tiny anyway
-
-
-def _batch(cfg, phase):
-    return batches.BatchBuilder(cfg, phase)(loader_example(cfg, phase))
 
 
 def _paths(state):
@@ -60,8 +23,9 @@ def _paths(state):
 
 
 @pytest.mark.parametrize("phase", ["a1", "a2", "b", "c", "d"])
+@pytest.mark.slow
 def test_phase_trains_and_resumes(phase, tmp_path):
-    cfg = test_config(phase)
+    cfg = phase_config(phase)
     cfg.train.dit_trainable = "paper"  # the paper's a2 set (tiny's "all": test_a2_dit_trainable_all_vs_paper)
     spec = model.phase_spec(cfg)
     tx, sched = optim.make_optimizer(cfg.train)
@@ -69,7 +33,7 @@ def test_phase_trains_and_resumes(phase, tmp_path):
     loss_fn = lambda m, b, rng: spec.loss_fn(m, b, jax.random.key(1))  # noqa: E731
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
     tr = loop.Trainer(spec.model_fn, loss_fn, tx, spec.trainable, mesh, schedule=sched, compiler_options=FAST)
-    batch = _batch(cfg, phase)
+    batch = phase_batch(cfg, phase)
     kw = dict(num_steps=6, global_batch_size=2, checkpoint_every=100, log_every=100, progress=False)
     full = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path / "full"), **kw)
     losses = list(full.losses.values())
@@ -100,7 +64,7 @@ def test_phase_trains_and_resumes(phase, tmp_path):
 
 
 def test_trainable_sets_and_errors():
-    cfg = test_config("b")
+    cfg = phase_config("b")
     with pytest.raises(ValueError, match="unknown training phase 'x'"):
         model.phase_spec(cfg, "x")
     assert model.phase_spec(cfg, "a1").components == ("shot_encoder", "dit")
@@ -119,7 +83,7 @@ def test_a2_dit_trainable_all_vs_paper():
     the release's LoRA + flow + block adaLN subset; a1 and c do not change."""
     from flax import nnx
 
-    cfg = test_config("a2")
+    cfg = phase_config("a2")
     assert cfg.train.dit_trainable == "all"
     spec = model.phase_spec(cfg, "a2")
     net = spec.model_fn()
@@ -138,7 +102,7 @@ def test_a2_dit_trainable_all_vs_paper():
 
 
 def test_mllm_batch_builder_layout():
-    cfg = test_config("c")
+    cfg = phase_config("c")
     b = batches.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
     q = num_queries(cfg)
     assert b["input_ids"].shape == (2, 160)
@@ -157,7 +121,7 @@ def test_sample_motion_levels():
     from animegamer_jax.models.cogvideox.dit import flow_value
     from animegamer_jax.train import samples
 
-    for table in (test_config("a1").dit.flow_table, (0.5, 1.0, 5.0, 20.0, 40.0), (1.0, 1.0, 2.0)):
+    for table in (phase_config("a1").dit.flow_table, (0.5, 1.0, 5.0, 20.0, 40.0), (1.0, 1.0, 2.0)):
         levels = np.array([1, 2, 3, 4, 5, 0, -1, 9])
         flow = batches.flow_values(levels, table)
         back = samples.motion_levels(flow, table)
@@ -170,15 +134,15 @@ import jax
 from animegamer_jax import parallel
 pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-from tests.test_train_phases import _batch
+from tests.train_helpers import phase_batch
 from animegamer_jax.train import loop, model, optim
-cfg = test_config("b")
+cfg = phase_config("b")
 spec = model.phase_spec(cfg)
 tx, sched = optim.make_optimizer(cfg.train)
 mesh = parallel.make_mesh((-1, 1, 1, 1))
 tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,
                   compiler_options={"xla_backend_optimization_level": 0})
-full = _batch(cfg, "b")  # the global batch of 2; each process feeds its own row
+full = phase_batch(cfg, "b")  # the global batch of 2; each process feeds its own row
 local = {k: v[pid:pid + 1] for k, v in full.items()}
 r = loop.fit(tr, iter(lambda: local, None), num_steps=3, workdir=workdir, global_batch_size=2,
              checkpoint_every=3, progress=False)
@@ -188,6 +152,7 @@ jax.distributed.shutdown()
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_phase_b_two_processes_agree(tmp_path):
     res = run_processes(_WORKER, tmp_path, devices=1, timeout=600)
     assert [r["devices"] for r in res] == [2, 2]

@@ -8,7 +8,7 @@
 * Hostile input: one table of requests, each with the status it must get, against a server in this
   process; the server keeps serving and nothing is written outside its games folder.
 * The bounded queue: past ``max_queue`` waiting turns, 503 with ``Retry-After``.
-* HTML in instructions is escaped on the page (headless Chromium, as tests/test_serve.py) and in
+* HTML in instructions is escaped on the page (headless Chromium, as tests/test_web.py) and in
   the game's gallery.
 """
 
@@ -32,7 +32,7 @@ from animegamer_jax.web.app import (COOKIE, STATIC, Guard, HttpThread, cookie_na
                                     no_auth_warning)
 from animegamer_jax.web.server import SESSIONS_FILE, build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
-from test_serve import browser  # noqa: F401 - the headless Chromium fixture
+from tests.web_helpers import post, raw
 
 PLAYERS, TURNS = 16, 3
 
@@ -48,6 +48,7 @@ def tree(root):
     return out
 
 
+@pytest.mark.slow
 def test_sixteen_players_three_turns_each(tmp_path):
     out = tmp_path / "games"
     server = ServerProcess(["--standin"], str(out)).start()
@@ -90,6 +91,7 @@ def test_no_auth_warning_for_other_hosts(host, warns):
         assert w.startswith(f"warning: serving on {host}") and "no authentication" in w and "\n" not in w
 
 
+@pytest.mark.slow
 def test_cli_warns_before_serving_on_another_host(capsys):
     # an output folder that cannot be made stops the command just before it would listen
     bad = ["--standin", "--out", "/proc/no-games-here", "--nowarmup"]
@@ -115,32 +117,6 @@ def hosted(tmp_path_factory):
     yield server, http, root
     http.stop()
     server.stop()
-
-
-def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
-    """Sends ``data`` as it is on a new connection; ``(status, body)`` of the reply."""
-    with socket.create_connection((http.host, http.port), timeout=read_timeout) as s:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed before all was sent
-            pass
-        buf = b""
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    return int(head.split(b" ", 2)[1]), body
-
-
-def post(path, body: bytes, extra=b"", ctype=b"application/json", host=b"127.0.0.1"):
-    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n"
-            + (b"Content-Type: " + ctype + b"\r\n" if ctype else b"") + extra
-            + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
 def get(path, extra=b"", host=b"127.0.0.1"):
@@ -308,6 +284,7 @@ def hostile_cases(own, other, guessed):
     ]
 
 
+@pytest.mark.slow
 def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     server, http, root = hosted
     own, other = Player(http.url), Player(http.url)
@@ -355,6 +332,7 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     assert own.request("GET", "/api/state")[1]["x-content-type-options"] == "nosniff"
 
 
+@pytest.mark.slow
 def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
     server, http, _ = hosted
     release = threading.Event()
@@ -404,6 +382,7 @@ def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
     assert len(jobs) == 4 and [j() for j in jobs] == [None] * 4
 
 
+@pytest.mark.slow
 def test_html_in_instructions_is_escaped_on_the_page(hosted, browser):  # noqa: F811 - the imported fixture
     server, http, _ = hosted
     p = Player(http.url)
@@ -552,6 +531,7 @@ def test_servers_on_two_ports_of_one_host_keep_their_own_cookies(hosted, tmp_pat
 
 # -- sessions: made by the page load only, players' games never dropped for room ---------------------
 
+@pytest.mark.slow
 def test_cookieless_requests_evict_no_player(hosted, monkeypatch):
     server, http, _ = hosted
     player = Player(http.url)
@@ -659,6 +639,7 @@ def closed_by_server(s: socket.socket, trickle: bytes = b"") -> bytes:
     return got
 
 
+@pytest.mark.slow
 def test_slow_and_idle_connections_are_closed(quick):
     server, http = quick
     player = Player(http.url)

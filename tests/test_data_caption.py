@@ -55,47 +55,6 @@ def _clip_lines(path):
     return out
 
 
-def counting_rule(label_cfg):
-    """`--captioner=py:tests.test_label:counting_rule`: the rule-based captioner, each construction
-    appended as a line to $LABEL_TEST_BUILDS (the pipeline must build one per worker, not per batch)."""
-    with open(os.environ["LABEL_TEST_BUILDS"], "a") as f:
-        f.write(f"{os.getpid()}\n")
-    return captioners.RuleBasedCaptioner(float(label_cfg.match_threshold))
-
-
-class _RecordingHF:
-    """An HFCaptioner ($LABEL_TEST_MODEL) that appends, per caption() call, a JSON line to
-    $LABEL_TEST_RECORD: the requests (clip index, strict, frames shape, images in the prompt) and the
-    answers; the first call also records what the model sees of the first request."""
-
-    def __init__(self, label_cfg):
-        self.vlm = captioners.HFCaptioner(os.environ["LABEL_TEST_MODEL"], label_cfg)
-        self.name = self.vlm.name
-        self.record = os.environ["LABEL_TEST_RECORD"]
-
-    def caption(self, requests):
-        call = {"requests": [(r.clip[1], r.strict, list(r.frames.shape), sum(not isinstance(p, str) for p in r.prompt))
-                             for r in requests]}
-        if not os.path.exists(self.record):
-            vlm = self.vlm
-            inputs = vlm.processor.apply_chat_template([vlm.conversation(requests[0])], add_generation_prompt=True,
-                                                       tokenize=True, return_dict=True, return_tensors="pt")
-            tok = vlm.processor.tokenizer
-            ids = inputs["input_ids"][0].tolist()
-            call["seen"] = {"pixel_values": list(inputs["pixel_values"].shape),
-                            "start_image": ids.count(tok.start_image_token_id),
-                            "context_image": ids.count(tok.context_image_token_id), "text": tok.decode(ids)}
-        call["answers"] = self.vlm.caption(requests)
-        with open(self.record, "a") as f:
-            f.write(json.dumps(call) + "\n")
-        return call["answers"]
-
-
-def recording_hf(label_cfg):
-    """`--captioner=py:tests.test_label:recording_hf` (see _RecordingHF)."""
-    return _RecordingHF(label_cfg)
-
-
 # ----------------------------------------------------------------------------- parser
 
 REAL_ANSWER = ('{"characters": ["Bunny"], "adverb": "slowly", "verb": "crawl out of burrow", "time": "day", '
@@ -201,6 +160,7 @@ def _tiny_internvl(model_dir):
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
 
+@pytest.mark.slow
 def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model_dir = tmp_path / "internvl"
@@ -218,7 +178,7 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LABEL_TEST_RECORD", str(record))
 
     out = tmp_path / "labels.jsonl"
-    report = caption.label_films([("sample_film", footage["film"])], "py:tests.test_label:recording_hf", str(out), cfg,
+    report = caption.label_films([("sample_film", footage["film"])], "py:tests.label_helpers:recording_hf", str(out), cfg,
                                  characters_dir=footage["chars"], progress=False)
     print(report.summary())
     calls = [json.loads(line) for line in record.read_text().splitlines()]
@@ -268,6 +228,7 @@ def reference_labels(footage):
     return out
 
 
+@pytest.mark.slow
 def test_rule_based_labels_match_the_footage(reference_labels):
     got = label_schema.read_labels(str(reference_labels))
     assert got.casts == {"sample_film": CAST}
@@ -300,6 +261,7 @@ def test_pipeline_writes_the_sequential_labellers_file(footage, reference_labels
     assert reference_labels.read_text() == "".join(line + "\n" for line in lines)
 
 
+@pytest.mark.slow
 def test_two_worker_processes_write_the_same_file(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
@@ -312,6 +274,7 @@ def test_two_worker_processes_write_the_same_file(footage, reference_labels, tmp
     assert out.read_bytes() == reference_labels.read_bytes() and not _parts(out).exists()
 
 
+@pytest.mark.slow
 def test_a_bad_film_fails_alone(footage, reference_labels, tmp_path, monkeypatch):
     bad = tmp_path / "broken.mp4"
     bad.write_bytes(b"not a video")
@@ -319,7 +282,7 @@ def test_a_bad_film_fails_alone(footage, reference_labels, tmp_path, monkeypatch
     monkeypatch.setenv("LABEL_TEST_BUILDS", str(builds))
     out = tmp_path / "labels.jsonl"
     films = [("broken", str(bad)), ("sample_film", footage["film"])]
-    report = caption.label_films(films, "py:tests.test_label:counting_rule", str(out), _cfg(batch_size=2),
+    report = caption.label_films(films, "py:tests.label_helpers:counting_rule", str(out), _cfg(batch_size=2),
                                  characters_dir=footage["chars"], progress=False)
     assert [f for f, _ in report.failed] == ["broken"] and "cannot open as a video" in report.failed[0][1]
     assert report.counters["films_failed"] == 1
@@ -349,6 +312,7 @@ def test_resume_from_parts_and_a_torn_file(footage, reference_labels, tmp_path):
     assert out.read_bytes() == reference_labels.read_bytes() and not parts.exists()
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_labels_every_clip_once(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
     parts = _parts(out)
@@ -444,6 +408,7 @@ def test_rule_labels_prepare_and_train(footage, reference_labels, tmp_path):
     assert os.path.isdir(out) and jax.device_count() >= 1
 
 
+@pytest.mark.slow
 def test_prepare_leaves_out_unlabelled_clips(footage, reference_labels, tmp_path):
     mixed = tmp_path / "mixed.jsonl"
     lines = reference_labels.read_text().splitlines()

@@ -1,0 +1,100 @@
+"""The web tests' shared client side: an HTTP session with its own cookies, raw requests on a new
+connection, and waits / a played turn in the headless Chromium page (the ``browser`` fixture is in conftest.py)."""
+
+import http.cookiejar
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-core CPU
+
+
+class Client:
+    """One browser session over plain HTTP (its own cookie jar; the page load starts the session)."""
+
+    def __init__(self, url):
+        self.url = url
+        self.op = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        page = self.op.open(self.url + "/", timeout=TURN_TIMEOUT)
+        assert page.status == 200 and b"<script src=\"/static/app.js\">" in page.read()
+
+    def request(self, path, body=None, raw=None):
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(self.url + path, data, {"Content-Type": "application/json"})
+        try:
+            return self.op.open(req, timeout=TURN_TIMEOUT)
+        except urllib.error.HTTPError as e:
+            return e
+
+    def json(self, path, body=None, raw=None):
+        r = self.request(path, body, raw)
+        return r.status, json.loads(r.read())
+
+    def open_turn(self, body):
+        """POSTs a turn; returns the open streaming response (the turn is queued when it returns)."""
+        r = self.request("/api/turn", body)
+        assert r.status == 200, r.read()
+        return r
+
+    @staticmethod
+    def events(resp):
+        return [json.loads(line) for line in resp if line.strip()]
+
+
+def wait(driver, script, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = driver.execute_script(script)
+        if v:
+            return v
+        time.sleep(0.05)
+    status = driver.execute_script("return document.querySelector('#status').textContent + ' | ' + "
+                                   "document.querySelector('#error').textContent")
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}; page says: {status}")
+
+
+PLAYING = ("const v=document.querySelector('#clip'); return v.src.includes(arguments[0]) && !v.paused && "
+           "v.readyState>=2 && v.currentTime>0 && v.videoWidth>0")
+
+
+def play_turn(driver, k, character, motion, background, done=None):
+    for name, value in (("character", character), ("motion", motion), ("background", background)):
+        el = driver.find_element("id", name)
+        el.clear()
+        el.send_keys(value)
+    driver.find_element("id", "generate").click()
+    wait(driver, f"return window.agj.turnsDone === {k + 1 if done is None else done}", TURN_TIMEOUT, f"turn {k + 1}")
+    src = f"turn_{k:03d}.mp4"
+    wait(driver, PLAYING.replace("arguments[0]", repr(src)), 30, f"the clip {src} to play")
+    # the streamed frames gave way to the finished clip in its player
+    wait(driver, "return document.querySelector('#live').hidden", 10, "the live frames to give way to the clip")
+    return driver.execute_script("return {click: agj.tClick, first: agj.tFirstFrame, done: agj.tDone, "
+                                 "shown: agj.framesShown}")
+
+
+def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
+    """Sends ``data`` as it is on a new connection; ``(status, body)`` of the reply."""
+    with socket.create_connection((http.host, http.port), timeout=read_timeout) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):  # the server answered and closed before all was sent
+            pass
+        buf = b""
+        while True:
+            try:
+                chunk = s.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            buf += chunk
+    head, _, body = buf.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+def post(path, body: bytes, extra=b"", ctype=b"application/json", host=b"127.0.0.1"):
+    return (b"POST " + path.encode() + b" HTTP/1.1\r\nHost: " + host + b"\r\nConnection: close\r\n"
+            + (b"Content-Type: " + ctype + b"\r\n" if ctype else b"") + extra
+            + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
