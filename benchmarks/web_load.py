@@ -14,6 +14,9 @@ A turn refused with 503 is retried after its ``Retry-After``. Prints one line of
 * queue wait: the server's ``wait_s`` of each turn (queued -> its batch starts), p50 / p95 / max;
 * turn latency: POST -> ``done`` as the player sees it, p50 / p95;
 * the largest queue position a player was told, and the 503 refusals;
+* turn latency by turn number (median over players; ``latency_by_turn_s`` in the JSON), and the
+  last turn's over the first's: ``--players 1 --turns 40`` shows whether a turn's cost grows with
+  the game;
 * the server process's RSS: idle after the warm-up, at the end, and its peak (``VmHWM`` of
   /proc/<pid>/status), and RSS growth per turn held in memory ((end - idle) / turns played).
 
@@ -329,8 +332,9 @@ def summarize(results: list[dict]) -> dict:
     """Figures of a :func:`play_load` run: players, turns, queue wait and turn latency percentiles (s),
     the largest position reported, 503 refusals."""
     waits, lat, pos = [], [], [0]
+    by_turn: dict[int, list[float]] = {}
     for r in results:
-        for t in r["turns"]:
+        for k, t in enumerate(r["turns"]):
             for e in t["events"]:
                 if e["event"] == "started":
                     waits.append(e["wait_s"])
@@ -338,11 +342,21 @@ def summarize(results: list[dict]) -> dict:
                     pos.append(e["position"])
             if t["events"] and t["events"][-1]["event"] == "done":
                 lat.append(t["t_done"] - t["t_post"])
+                by_turn.setdefault(k, []).append(t["t_done"] - t["t_post"])
     pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
     return {"players": len(results), "turns": sum(len(r["turns"]) for r in results),
             "turns_done": len(lat), "wait_p50_s": pct(waits, 50), "wait_p95_s": pct(waits, 95),
             "wait_max_s": max(waits, default=float("nan")), "latency_p50_s": pct(lat, 50),
-            "latency_p95_s": pct(lat, 95), "max_position": max(pos), "refused_503": sum(r["refused"] for r in results)}
+            "latency_p95_s": pct(lat, 95), "max_position": max(pos), "refused_503": sum(r["refused"] for r in results),
+            "latency_by_turn_s": [float(np.median(by_turn[k])) for k in sorted(by_turn)]}
+
+
+def _growth(by_turn: list[float]) -> str:
+    """'turn 1 X s, turn N Y s (Y/X x); ' from the median latency of each turn number."""
+    if len(by_turn) < 2:
+        return ""
+    return (f"turn 1 {by_turn[0]:.2f} s, turn {len(by_turn)} {by_turn[-1]:.2f} s "
+            f"({by_turn[-1] / by_turn[0]:.2f}x); ")
 
 
 def main() -> None:
@@ -387,6 +401,7 @@ def main() -> None:
           f"{fig['latency_p95_s']:.2f} s; max position {fig['max_position']}; 503s {fig['refused_503']}; "
           f"server RSS idle {fig['rss_idle_mib']:.0f} MiB, end {fig['rss_end_mib']:.0f} MiB, peak "
           f"{fig['rss_peak_mib']:.0f} MiB ({fig['rss_per_turn_held_mib']:.2f} MiB per turn held); "
+          f"{_growth(fig['latency_by_turn_s'])}"
           f"checks: {'all passed' if not failures else f'{len(failures)} FAILED'}", flush=True)
     for f in failures:
         print("FAILED:", f)

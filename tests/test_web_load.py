@@ -66,6 +66,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
     assert failures == []
     assert server.batch == 4  # the default --max_batch on one device
     assert fig["turns_done"] == PLAYERS * TURNS and fig["refused_503"] == 0  # the default queue holds 16
+    assert len(fig["latency_by_turn_s"]) == TURNS and min(fig["latency_by_turn_s"]) > 0, fig
     # the players really waited behind each other: the queue was at least half of them deep
     assert fig["max_position"] >= PLAYERS // 2, fig
     # bounded: 48 turns held in 16 games cost the stand-in server well under 200 MiB over its idle size
