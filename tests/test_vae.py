@@ -246,6 +246,13 @@ def test_decode_tiling_from_device_memory():
     Dev.device_kind = "Some Accelerator"
     assert vae_tiling.device_decode_budget(full, Dev(None)) == (16 * gib, "fallback 16 GiB (gpu)")
     Dev.device_kind = "H200"
+    # a GPU uses the GPU bytes factor: one H100 (compile-only: its HBM) decodes 60x90 untiled, where the
+    # CPU factor at the same budget tiled it (tile 64, what h100-1 used to compile)
+    Dev.device_kind = "NVIDIA H100 80GB HBM3"
+    tile, plan, why = vae_tiling.resolve_decode_tiling(VAEConfig(dtype="bfloat16", tile_size=-1), shape, device=Dev(None))
+    assert (tile, plan) == (0, (3, 2)) and "untiled" in why and "22.2 GiB of a 63.3 GiB" in why, why
+    assert vae_tiling.pick_decode_tiling(full, shape, vae_tiling.device_decode_budget(full, Dev(None))[0])[0] == 64  # CPU factor
+    Dev.device_kind = "H200"
     over = VAEConfig(dtype="bfloat16", decode_memory_gib=3.0)
     assert vae_tiling.device_decode_budget(over, Dev(None))[0] == 3 * gib
     auto = VAEConfig(dtype="bfloat16", tile_size=-1)

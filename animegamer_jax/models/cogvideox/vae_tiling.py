@@ -221,6 +221,12 @@ DECODE_BYTES_FACTOR = 120.0
 #: 23.8 GiB, i.e. a factor of 23.1; rounded up to 30 for margin. With it one v6e chip decodes the
 #: paper's 60x90 latents untiled (estimated 22.2 GiB of its 25.6 GiB budget), not in 6 overlapping tiles.
 TPU_DECODE_BYTES_FACTOR = 30.0
+#: the same factor for GPU devices: the h200-1 ``vae_decode`` program (``python -m animegamer_jax.aot
+#: --topology=h200-1 --program=vae_decode``, XLA:GPU deviceless, untiled, chunks (3, 2), bf16) compiled
+#: to 18.12 GiB of temporaries where the CPU factor estimated 89.0 GiB, i.e. a factor of 24.4; rounded
+#: up to 30 for margin. With it one H100 (63.3 GiB budget) decodes the 60x90 latents untiled
+#: (estimated 22.2 GiB), not in 2x2 tiles of 64 (1.4x the latent pixels).
+GPU_DECODE_BYTES_FACTOR = 30.0
 #: per-device factor of a decode whose frames are sharded over devices (halo exchange, replicated
 #: small tensors), from the compiled latency layout on 8 devices against the unsharded decode / 8
 SHARDED_DECODE_OVERHEAD = 1.25
@@ -238,10 +244,14 @@ def _chunk_frames(plan: Sequence[int], ratio: int) -> int:
 
 
 def decode_bytes_factor(device: Any = None) -> float:
-    """:data:`TPU_DECODE_BYTES_FACTOR` for a TPU ``device`` (compile-only ones too), else
-    :data:`DECODE_BYTES_FACTOR` (XLA:CPU's calibration; GPUs keep it: not measured there)."""
+    """:data:`TPU_DECODE_BYTES_FACTOR` for a TPU ``device``, :data:`GPU_DECODE_BYTES_FACTOR` for a
+    GPU (platform ``gpu`` / ``cuda`` / ``rocm``; compile-only devices too), else
+    :data:`DECODE_BYTES_FACTOR` (XLA:CPU's calibration)."""
     device = jax.devices()[0] if device is None else device
-    return TPU_DECODE_BYTES_FACTOR if getattr(device, "platform", "") == "tpu" else DECODE_BYTES_FACTOR
+    platform = getattr(device, "platform", "")
+    if platform == "tpu":
+        return TPU_DECODE_BYTES_FACTOR
+    return GPU_DECODE_BYTES_FACTOR if platform in ("gpu", "cuda", "rocm") else DECODE_BYTES_FACTOR
 
 
 def decode_memory_bytes(cfg: DecodeConfig, tile: tuple[int, int], plan: Sequence[int], shards: int = 1,
