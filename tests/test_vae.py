@@ -319,3 +319,43 @@ def test_conv_impl_3d_paper_width_psnr():
 def test_conv_impl_refused():
     with pytest.raises(ValueError, match="vae.conv_impl='2d'"):
         VAEConfig.from_config({"conv_impl": "2d"})
+
+
+def test_decode_rows_past_the_budget_one_game_at_a_time(models):
+    """inference.vae_decode.vae_decoder sizes its plan for one game per device; a batch with more rows
+    per device than the budget holds decodes one row at a time (lax.map), each row's frames equal to
+    decoding that game alone, chunk by chunk (decode_chunk) too; within the budget the batch decodes
+    at once (no loop in the program)."""
+    import dataclasses
+
+    from animegamer_jax.config import load_config
+    from animegamer_jax.inference.vae_decode import vae_decoder
+
+    _, ours = models
+    config = load_config("configs/tiny.py")
+    config.dit.update(num_latent_frames=3, sample_height=2, sample_width=2)
+    plan = chunk_plan(3, *ours.cfg.decode_chunks)
+    one = vae_tiling.decode_memory_bytes(ours.cfg, (2, 2), plan, 1, vae_tiling.decode_bytes_factor())
+    g, state = nnx.split(ours)
+    p = {"vae": state}
+    z = _ours_latents(torch.randn(3, 4, 3, 2, 2, generator=torch.Generator().manual_seed(3)))
+    scale = float(config.vae.scaling_factor)
+    runs = {}
+    for rows_fit in (2, 3):  # the budget holds 2 games (3 rows: one at a time), then 3 (at once)
+        vcfg = dataclasses.replace(ours.cfg, tile_size=-1, decode_memory_gib=(rows_fit + 0.5) * one / 2**30)
+        decode, decode_chunk, dplan = vae_decoder(g, vcfg, config, num_devices=1)
+        assert "untiled" in decode.why and dplan == plan
+        loops = "scan[" in str(jax.make_jaxpr(decode)(p, z))  # lax.map
+        assert loops == (rows_fit < 3)
+        runs[rows_fit] = np.asarray(jax.jit(decode)(p, z))
+        alone = np.concatenate([np.asarray(jax.jit(decode)(p, z[i:i + 1])) for i in range(3)])
+        np.testing.assert_allclose(runs[rows_fit], alone, atol=1e-6)
+        cache, chunks, s = None, [], 0
+        for n in plan:
+            f, cache = jax.jit(decode_chunk)(p, z[:, s:s + n], cache)
+            chunks.append(np.asarray(f))
+            s += n
+        np.testing.assert_allclose(np.concatenate(chunks, 1), runs[rows_fit], atol=1e-5)
+    assert runs[2].shape == (3, 9, 16, 16, 3) and 0.0 <= runs[2].min() and runs[2].max() <= 1.0
+    np.testing.assert_allclose(runs[2], runs[3], atol=1e-6)
+    assert float(np.std(runs[2])) > 0.01  # real frames, not a constant

@@ -10,6 +10,7 @@ cache carried by the caller, so a server can show the first frames while the res
 from __future__ import annotations
 
 import logging
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from animegamer_jax import parallel, video_io
+from animegamer_jax.models.cogvideox import vae_tiling
 from animegamer_jax.models.cogvideox.vae_tiling import resolve_decode_tiling
 
 #: value range of the frames a system's ``decode`` returns (float32, clipped)
@@ -26,6 +28,17 @@ FRAME_RANGE = (0.0, 1.0)
 def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | None = None) -> int:
     """Devices one decoded frame ``[H, W]`` is split over by the config's mesh and rules (the VAE's
     ``act_height`` / ``act_width`` constraints; 8 in the latency layout on 8 devices, else 1)."""
+    return _act_shards(config, frame_hw, num_devices, (2, 3))
+
+
+def vae_batch_shards(config, num_devices: int | None = None) -> int:
+    """Devices the games of a decoded batch are split over (``act_batch``: the data-parallel size in
+    generate's batch layout, else 1)."""
+    return _act_shards(config, (1, 1), num_devices, (0,))
+
+
+def _act_shards(config, frame_hw: tuple[int, int], num_devices: int | None, dims: tuple[int, ...]) -> int:
+    """Product of the mesh axes the VAE activation ``[B, F, H, W, C]``'s ``dims`` are sharded over."""
     n = jax.device_count() if num_devices is None else int(num_devices)
     try:
         shape = parallel.resolve_mesh_shape(tuple(config.mesh.shape), n, tuple(config.mesh.axes))
@@ -36,7 +49,7 @@ def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | Non
                                     parallel.rules_from_config(config), shape=(1, 1, *frame_hw, 1), mesh=mesh)
     sizes = dict(zip(mesh.axis_names, shape))
     out = 1
-    for entry in (spec[2], spec[3]):
+    for entry in (spec[d] for d in dims):
         for a in ((entry,) if isinstance(entry, str) else (entry or ())):
             out *= sizes[a]
     return out
@@ -60,12 +73,23 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None
     sf = vcfg.spatial_factor
     shards = vae_spatial_shards(config, (sf * h, sf * w), num_devices)
     tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards, device=device)
-    logging.getLogger(__name__).info("VAE decode: %s", why)
+    # the plan is sized for ONE game per device; more rows per device than fit at once decode one
+    # game per device at a time (lax.map), so the batch's memory is one game's (web --max_batch,
+    # generate --max_batch, animegamer-aot --games_per_chip)
+    one = vae_tiling.decode_memory_bytes(vcfg, (min(tile or h, h), min(tile or w, w)), plan, shards,
+                                         vae_tiling.decode_bytes_factor(device))
+    # a configured tile (vae.tile_size >= 0) is the user's choice: the batch decodes at once
+    budget = vae_tiling.device_decode_budget(vcfg, device)[0] if vcfg.tile_size < 0 else None
+    fit_rows = sys.maxsize if budget is None or one <= 0 else max(1, int(budget // one))
+    batch_shards = vae_batch_shards(config, num_devices)
+    logging.getLogger(__name__).info("VAE decode: %s; at most %d game(s) per device at once", why, fit_rows)
 
     def decode(p, latents):
-        vae = nnx.merge(g_vae, p["vae"])
-        z = latents / scale
-        video = vae.tiled_decode(z, tile_size=tile, plan=plan) if tile > 0 else vae.decode(z, plan)
+        def run(z):
+            vae = nnx.merge(g_vae, p["vae"])
+            return vae.tiled_decode(z, tile_size=tile, plan=plan) if tile > 0 else vae.decode(z, plan)
+
+        video = _rows_at_a_time(run, fit_rows, batch_shards)(latents / scale)
         return _to_unit_frames(video, latents.shape)
 
     decode.why = why
@@ -74,12 +98,41 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None
 
     def decode_chunk(p, latents, cache):
         # one step of CogVideoXVAE.decode's chunk loop (run_chunked), same plan and caches
-        vae = nnx.merge(g_vae, p["vae"])
-        z = jnp.moveaxis(latents / scale, 2, -1).astype(jnp.dtype(vae.cfg.dtype))
-        video, cache = vae.decoder(z, cache)
+        def run(z, c):
+            vae = nnx.merge(g_vae, p["vae"])
+            return vae.decoder(jnp.moveaxis(z, 2, -1).astype(jnp.dtype(vae.cfg.dtype)), c)
+
+        video, cache = _rows_at_a_time(run, fit_rows, batch_shards)(latents / scale, cache)
         return _to_unit_frames(video.astype(jnp.float32), latents.shape), cache
 
     return decode, decode_chunk, tuple(plan)
+
+
+def _rows_at_a_time(fn, fit_rows: int, batch_shards: int):
+    """``fn`` over batch-first pytrees, as is when each device holds at most ``fit_rows`` of the
+    batch's rows, else one row per device at a time: ``[B, ...]`` -> ``[B / n, n, ...]`` with
+    ``n = batch_shards`` (the devices the batch is split over), ``lax.map`` over the first axis, and
+    back to ``[B, ...]``. Each mapped step is the one-game-per-device program, so a game's frames do
+    not depend on how many games were decoded with it."""
+
+    def run(*args):
+        leaves = jax.tree.leaves(args)
+        b = leaves[0].shape[0]
+        n = batch_shards if b % batch_shards == 0 else 1
+        r = b // n
+        if r <= fit_rows:
+            return fn(*args)
+
+        def split(x):  # [B, ...] -> [r, n, ...]: row j of device i is x[i * r + j]
+            return jnp.moveaxis(x.reshape((n, r) + x.shape[1:]), 1, 0)
+
+        def join(y):
+            return jnp.moveaxis(y, 0, 1).reshape((n * r,) + y.shape[2:])
+
+        out = jax.lax.map(lambda a: fn(*a), jax.tree.map(split, args))
+        return jax.tree.map(join, out)
+
+    return run
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
