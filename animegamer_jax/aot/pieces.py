@@ -180,6 +180,27 @@ def _cached(b: Builder, key: str, make):
     return b.modules[key]
 
 
+def _per_device_bytes(state) -> float:
+    """Bytes of one device's shards of an abstract (sharded ``ShapeDtypeStruct``) state."""
+    total = 0.0
+    for x in jax.tree.leaves(state):
+        shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+        total += float(np.prod(shape)) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def _turn_weight_bytes(cfg, b: Builder) -> float:
+    """Per-device bytes of the weights play holds through a turn (abstract): the MLLM as play loads it
+    (LoRA merged, ``mllm.quantize``), the sampling DiT (teacher or student) and the VAE."""
+    _, m = _cached(b, "mistral_inference", lambda: build_mistral(cfg, inference=True))
+    if sampling_component(apply_mode(cfg)) == "student":
+        _, d = _cached(b, "student_inference", lambda: prepare_for_inference(registry.build_student(cfg, nnx.Rngs(0))))
+    else:
+        _, d = _cached(b, "dit_inference", lambda: prepare_for_inference(build_dit(cfg, inference=False)))
+    _, v = _cached(b, "vae", lambda: build_vae(cfg))
+    return sum(_per_device_bytes(s) for s in (m, d, v))
+
+
 def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int = 25) -> Piece:
     """One inference piece of a turn for ``batch`` games (modules are built once per Builder).
 
@@ -293,8 +314,11 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
         # decode_devices: decide tiling as on that many devices (a 1-device compile of the same program)
         n_dev = getattr(b, "decode_devices", 0) or b.mesh.size
+        # a compile-only chip reports no memory stats: the decode budget is its HBM less the turn's
+        # other weights, as play's memory_stats would show them (vae_tiling.device_decode_budget)
+        resident = _turn_weight_bytes(cfg, b) if b.abstract else 0.0
         decode, _, plan = vae_decoder(v_graph, VAEConfig.from_config(cfg.vae), cfg, num_devices=n_dev,
-                                      device=b.mesh.devices.flat[0])
+                                      device=b.mesh.devices.flat[0], resident_bytes=resident)
         first = (int(plan[0]), int(sum(plan))) if plan else (int(cfg.dit.num_latent_frames),) * 2
 
         def vae_decode(state, latents):

@@ -55,7 +55,7 @@ def _act_shards(config, frame_hw: tuple[int, int], num_devices: int | None, dims
     return out
 
 
-def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None):
+def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None, resident_bytes: float = 0.0):
     """Play's VAE stage: ``(decode, decode_chunk, decode_plan)``.
 
     ``decode(p, latents [B, T, C, h, w] scaled) -> frames [B, F, H, W, 3]`` in [0, 1] with
@@ -66,20 +66,22 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None
     tiled, both are None / (). ``decode.why`` says what was chosen. ``num_devices``: the mesh's
     device count (default ``jax.device_count()``); ``device``: one device of that mesh, whose memory
     (or chip HBM, for compile-only devices) sets the tile budget (default ``jax.devices()[0]``). Used
-    by :func:`build_real_system` and the ahead-of-time programs (animegamer_jax/aot).
+    by :func:`build_real_system` and the ahead-of-time programs (animegamer_jax/aot), which pass
+    ``resident_bytes`` (the turn's other weights per device) for compile-only devices.
     """
     scale = float(config.vae.scaling_factor)
     t, h, w = int(config.dit.num_latent_frames), int(config.dit.sample_height), int(config.dit.sample_width)
     sf = vcfg.spatial_factor
     shards = vae_spatial_shards(config, (sf * h, sf * w), num_devices)
-    tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards, device=device)
+    tile, plan, why = resolve_decode_tiling(vcfg, (t, h, w), shards=shards, device=device,
+                                            resident_bytes=resident_bytes)
     # the plan is sized for ONE game per device; more rows per device than fit at once decode one
     # game per device at a time (lax.map), so the batch's memory is one game's (web --max_batch,
     # generate --max_batch, animegamer-aot --games_per_chip)
     one = vae_tiling.decode_memory_bytes(vcfg, (min(tile or h, h), min(tile or w, w)), plan, shards,
-                                         vae_tiling.decode_bytes_factor(device))
+                                         vae_tiling.decode_bytes_factor(device, tiled=tile > 0))
     # a configured tile (vae.tile_size >= 0) is the user's choice: the batch decodes at once
-    budget = vae_tiling.device_decode_budget(vcfg, device)[0] if vcfg.tile_size < 0 else None
+    budget = vae_tiling.device_decode_budget(vcfg, device, resident_bytes)[0] if vcfg.tile_size < 0 else None
     fit_rows = sys.maxsize if budget is None or one <= 0 else max(1, int(budget // one))
     batch_shards = vae_batch_shards(config, num_devices)
     logging.getLogger(__name__).info("VAE decode: %s; at most %d game(s) per device at once", why, fit_rows)

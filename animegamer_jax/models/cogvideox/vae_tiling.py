@@ -227,6 +227,11 @@ TPU_DECODE_BYTES_FACTOR = 30.0
 #: up to 30 for margin. With it one H100 (63.3 GiB budget) decodes the 60x90 latents untiled
 #: (estimated 22.2 GiB), not in 2x2 tiles of 64 (1.4x the latent pixels).
 GPU_DECODE_BYTES_FACTOR = 30.0
+#: the TPU factor of an UNTILED decode (no tile blending buffers): the v6e-1 ``vae_decode`` program
+#: untiled (60x90 latents, chunks (3, 2), bf16) compiled to 13.81 GiB of temporaries where the CPU
+#: factor estimated 88.8 GiB, i.e. a factor of 18.7; rounded up to 20. Tiles keep
+#: :data:`TPU_DECODE_BYTES_FACTOR` (their blend buffers measured 23.1).
+TPU_UNTILED_DECODE_BYTES_FACTOR = 20.0
 #: per-device factor of a decode whose frames are sharded over devices (halo exchange, replicated
 #: small tensors), from the compiled latency layout on 8 devices against the unsharded decode / 8
 SHARDED_DECODE_OVERHEAD = 1.25
@@ -243,14 +248,15 @@ def _chunk_frames(plan: Sequence[int], ratio: int) -> int:
     return max([1 + ratio * (plan[0] - 1)] + [ratio * s for s in plan[1:]])
 
 
-def decode_bytes_factor(device: Any = None) -> float:
-    """:data:`TPU_DECODE_BYTES_FACTOR` for a TPU ``device``, :data:`GPU_DECODE_BYTES_FACTOR` for a
-    GPU (platform ``gpu`` / ``cuda`` / ``rocm``; compile-only devices too), else
-    :data:`DECODE_BYTES_FACTOR` (XLA:CPU's calibration)."""
+def decode_bytes_factor(device: Any = None, tiled: bool = True) -> float:
+    """:data:`TPU_DECODE_BYTES_FACTOR` for a TPU ``device`` (``tiled=False``: the untiled decode's
+    :data:`TPU_UNTILED_DECODE_BYTES_FACTOR`), :data:`GPU_DECODE_BYTES_FACTOR` for a GPU (platform
+    ``gpu`` / ``cuda`` / ``rocm``; compile-only devices too), else :data:`DECODE_BYTES_FACTOR`
+    (XLA:CPU's calibration)."""
     device = jax.devices()[0] if device is None else device
     platform = getattr(device, "platform", "")
     if platform == "tpu":
-        return TPU_DECODE_BYTES_FACTOR
+        return TPU_DECODE_BYTES_FACTOR if tiled else TPU_UNTILED_DECODE_BYTES_FACTOR
     return GPU_DECODE_BYTES_FACTOR if platform in ("gpu", "cuda", "rocm") else DECODE_BYTES_FACTOR
 
 
@@ -270,13 +276,15 @@ def decode_memory_bytes(cfg: DecodeConfig, tile: tuple[int, int], plan: Sequence
     return est / shards * (SHARDED_DECODE_OVERHEAD if shards > 1 else 1.0)
 
 
-def device_decode_budget(cfg: DecodeConfig, device: Any = None) -> tuple[float, str]:
+def device_decode_budget(cfg: DecodeConfig, device: Any = None, resident_bytes: float = 0.0) -> tuple[float, str]:
     """(bytes, where from) that auto tiling may plan for on ``device`` (default ``jax.devices()[0]``;
     a compile-only device of another chip when compiling for it ahead of time).
 
     ``cfg.decode_memory_gib`` > 0 wins; else ``DEVICE_BUDGET_FRACTION`` of the device's free memory
-    from ``memory_stats()`` (``bytes_limit - bytes_in_use``, GPU/TPU); else (compile-only devices
-    have no stats) of its chip's HBM (``parallel.target.CHIPS``); else (XLA:CPU reports no limit)
+    from ``memory_stats()`` (``bytes_limit - bytes_in_use``, GPU/TPU: play builds the decoder with
+    every stage's weights already on the device); else (compile-only devices have no stats) of its
+    chip's HBM (``parallel.target.CHIPS``) less ``resident_bytes`` (the ahead-of-time tool passes the
+    turn's other weights, so it decides as play on that chip would); else (XLA:CPU reports no limit)
     ``CPU_DECODE_BUDGET_GIB``.
     """
     if cfg.decode_memory_gib > 0:
@@ -292,52 +300,65 @@ def device_decode_budget(cfg: DecodeConfig, device: Any = None) -> tuple[float, 
         return DEVICE_BUDGET_FRACTION * free, f"{device.device_kind} memory_stats"
     chip = target_lib.of_device(device).chip
     if chip is not None:
-        return DEVICE_BUDGET_FRACTION * chip.hbm_bytes, f"{device.device_kind} HBM {chip.hbm_bytes / 2**30:.0f} GiB"
+        less = f" less {resident_bytes / 2**30:.1f} GiB of weights" if resident_bytes else ""
+        return (DEVICE_BUDGET_FRACTION * (chip.hbm_bytes - resident_bytes),
+                f"{device.device_kind} HBM {chip.hbm_bytes / 2**30:.0f} GiB{less}")
     return CPU_DECODE_BUDGET_GIB * 2**30, f"fallback {CPU_DECODE_BUDGET_GIB:g} GiB ({device.platform})"
 
 
+def tiled_work(h: int, w: int, tile: int, overlap: float) -> int:
+    """Latent px decoded by a ``tile`` layout of an ``h x w`` plane (overlaps counted each time)."""
+    th, sh = tile_layout(h, tile, overlap)
+    tw, sw = tile_layout(w, tile, overlap)
+    return th * len(sh) * tw * len(sw)
+
+
 def pick_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], budget_bytes: float,
-                       shards: int = 1, factor: float = DECODE_BYTES_FACTOR) -> tuple[int, tuple[int, ...]]:
-    """The largest decode of ``latent_shape`` (T_lat, h, w) whose :func:`decode_memory_bytes` fits.
+                       shards: int = 1, factor: float = DECODE_BYTES_FACTOR,
+                       untiled_factor: float | None = None) -> tuple[int, tuple[int, ...]]:
+    """The cheapest decode of ``latent_shape`` (T_lat, h, w) whose :func:`decode_memory_bytes` fits.
 
-    Tried in order, first fit wins: with the release chunk plan (``cfg.decode_chunks``), untiled,
-    then square tiles from ``max(h, w)`` down to 8 latent px (clipped to the plane, 2 px steps);
-    then the same with 1-latent time chunks (diffusers' tiled decode likewise decodes each tile in
-    small time chunks with carried caches). Nothing fits: 8 px tiles with 1-latent chunks.
+    Tried in order, first fit wins: with the release chunk plan (``cfg.decode_chunks``), untiled;
+    then, of the square tiles from ``max(h, w)`` down to 8 latent px (clipped to the plane, 2 px
+    steps) that fit, the one decoding the fewest latent px (:func:`tiled_work` with
+    ``cfg.tile_overlap``; ties: the larger tile); then the same with 1-latent time chunks (diffusers'
+    tiled decode likewise decodes each tile in small time chunks with carried caches). Nothing fits:
+    8 px tiles with 1-latent chunks.
 
-    ``factor``: :func:`decode_memory_bytes`'s bytes factor.
+    ``factor``: :func:`decode_memory_bytes`'s bytes factor for tiles; ``untiled_factor`` for the
+    untiled decode (default ``factor``).
 
     Returns:
       (tile size in latent px, 0 = untiled; chunk plan).
     """
     t, h, w = (int(v) for v in latent_shape)
+    untiled_factor = factor if untiled_factor is None else untiled_factor
     plans = [chunk_plan(t, *cfg.decode_chunks)]
     if plans[0] != chunk_plan(t, 1, 1):
         plans.append(chunk_plan(t, 1, 1))
     for plan in plans:
-        if decode_memory_bytes(cfg, (h, w), plan, shards, factor) <= budget_bytes:
+        if decode_memory_bytes(cfg, (h, w), plan, shards, untiled_factor) <= budget_bytes:
             return 0, plan
-        for tile in range(max(h, w), 7, -2):
-            if tile >= h and tile >= w:
-                continue  # that is the untiled decode
-            if decode_memory_bytes(cfg, (min(tile, h), min(tile, w)), plan, shards, factor) <= budget_bytes:
-                return tile, plan
+        fits = [tile for tile in range(max(h, w), 7, -2) if not (tile >= h and tile >= w)
+                and decode_memory_bytes(cfg, (min(tile, h), min(tile, w)), plan, shards, factor) <= budget_bytes]
+        if fits:
+            return min(fits, key=lambda tile: (tiled_work(h, w, tile, cfg.tile_overlap), -tile)), plan
     return 8, plans[-1]
 
 
 def resolve_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], shards: int = 1,
-                          device: Any = None) -> tuple[int, tuple[int, ...], str]:
+                          device: Any = None, resident_bytes: float = 0.0) -> tuple[int, tuple[int, ...], str]:
     """(tile, plan, why) for ``cfg``: ``tile_size >= 0`` as configured with the release plan;
-    ``-1`` from :func:`pick_decode_tiling` under :func:`device_decode_budget` with the device's
-    :func:`decode_bytes_factor`; ``why`` says which
-    (for logs)."""
+    ``-1`` from :func:`pick_decode_tiling` under :func:`device_decode_budget` (``resident_bytes``:
+    see there) with the device's :func:`decode_bytes_factor`; ``why`` says which (for logs)."""
     t, h, w = (int(v) for v in latent_shape)
     release = chunk_plan(t, *cfg.decode_chunks)
     if cfg.tile_size >= 0:
         return cfg.tile_size, release, f"vae.tile_size={cfg.tile_size}"
-    budget, src = device_decode_budget(cfg, device)
+    budget, src = device_decode_budget(cfg, device, resident_bytes)
     factor = decode_bytes_factor(device)
-    tile, plan = pick_decode_tiling(cfg, latent_shape, budget, shards, factor)
-    est = decode_memory_bytes(cfg, (min(tile or h, h), min(tile or w, w)), plan, shards, factor)
+    untiled = decode_bytes_factor(device, tiled=False)
+    tile, plan = pick_decode_tiling(cfg, latent_shape, budget, shards, factor, untiled)
+    est = decode_memory_bytes(cfg, (min(tile or h, h), min(tile or w, w)), plan, shards, untiled if not tile else factor)
     return tile, plan, (f"auto: {'untiled' if not tile else f'tile {tile}'}, chunks {plan}, estimated "
                         f"{est / 2**30:.1f} GiB of a {budget / 2**30:.1f} GiB budget ({src}, {shards} shard(s))")
