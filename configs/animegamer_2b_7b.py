@@ -172,6 +172,10 @@ def get_config() -> ml_collections.ConfigDict:
     # applied only when a reference image is given; scaling alpha / r
     c.dit.reference_lora_rank = 64
     c.dit.reference_lora_alpha = 64.0
+    # True: a DiT call with a reference sees s_a's text tokens and E_a's unconditional image tokens (the
+    # clip's / MLLM's image tokens are replaced), in phase r and at play, so the look comes from the
+    # reference alone (docs/dit.md#reference-conditioning); False: s_a as it is
+    c.dit.reference_drops_image = False
     c.dit.dtype = "bfloat16"  # activations (release fp16); norms/softmax in fp32
     c.dit.param_dtype = "float32"  # master weights
     c.dit.remat = "full"  # remat policy of the block scan: none | full | save_dots | offload_dots (models/remat.py)
@@ -307,6 +311,9 @@ def get_config() -> ml_collections.ConfigDict:
     # training phase "preview", models/cogvideox/preview.py; played with game.decoder) ---
     c.preview = ml_collections.ConfigDict()
     c.preview.channels = (256, 128, 64, 32)  # widths at latent size, then after each 2x upsampling
+    # phase r's dropout of the clip's image features f_v (its share of samples conditioned on E_a's
+    # unconditional image tokens); -1: diffusion.image_dropout, as phases a1 / a2
+    c.train.reference_image_dropout = -1.0
     c.train.preview_real_weight = 0.0  # phase preview: weight of the MSE against the real frames too
 
     c.game = ml_collections.ConfigDict()

@@ -110,6 +110,108 @@ def test_sampler_threads_the_reference_and_is_unchanged_without_it():
         dit_sampler(g_dit, config)(p, rep, ml, keys, reference=ref)
 
 
+def test_sampler_reference_drops_image_tokens_only_with_a_reference():
+    """dit.reference_drops_image: a game with a reference is sampled from s_a's text tokens and the
+    unconditional image tokens (exactly the keep-mode sampler given that rep); without one, unchanged."""
+    from animegamer_jax.inference.clip_sampler import dit_sampler
+    from animegamer_jax.models.registry import build_component
+    from configs import tiny
+
+    config = tiny.get_config()
+    config.diffusion.num_sampling_steps = 2
+    config.dit.num_layers = 1
+    dit = build_component("dit", config, nnx.Rngs(0))
+    adapter = build_component("reference", config, nnx.Rngs(1))
+    nnx.update(adapter.lora, jax.tree.map(lambda a: a + 0.05, nnx.state(adapter.lora)))
+    (g_dit, s_dit), (g_ref, s_ref) = nnx.split(dit), nnx.split(adapter)
+    q, d, nt = dit.cfg.text_length, dit.cfg.hidden_size, config.rep.num_text_tokens
+    assert 0 < nt < q
+    rs = np.random.RandomState(0)
+    rep = jnp.asarray(rs.randn(2, q, d), jnp.float32)
+    uncond = jnp.asarray(rs.randn(q, d), jnp.float32)
+    ml, keys = jnp.array([1, 4]), jax.random.split(jax.random.key(3), 2)
+    ref = jnp.asarray(rs.randn(2, 1, config.dit.in_channels, config.dit.sample_height, config.dit.sample_width),
+                      jnp.float32)
+    p = {"dit": s_dit, "uncond": uncond, "reference": s_ref}
+    keep = jax.jit(dit_sampler(g_dit, config, g_ref))
+    assert config.dit.reference_drops_image is False  # the default: s_a as it is
+    config.dit.reference_drops_image = True
+    drop = jax.jit(dit_sampler(g_dit, config, g_ref))
+    # without a reference: byte-identical to the default sampler
+    assert np.array_equal(np.asarray(keep(p, rep, ml, keys)), np.asarray(drop(p, rep, ml, keys)))
+    # with one: the keep-mode sampler given s_a's text tokens + uncond's image tokens
+    swapped = jnp.concatenate([rep[:, :nt], jnp.broadcast_to(uncond[nt:], (2, q - nt, d))], axis=1)
+    got = np.asarray(drop(p, rep, ml, keys, reference=ref))
+    np.testing.assert_allclose(got, np.asarray(keep(p, swapped, ml, keys, reference=ref)), rtol=1e-5, atol=1e-5)
+    assert np.abs(got - np.asarray(keep(p, rep, ml, keys, reference=ref))).mean() > 1e-4
+    # the image tokens no longer matter, the text tokens still do
+    other_image = rep.at[:, nt:].set(-rep[:, nt:])
+    np.testing.assert_allclose(np.asarray(drop(p, other_image, ml, keys, reference=ref)), got, rtol=1e-5, atol=1e-5)
+    other_text = rep.at[:, :nt].set(-rep[:, :nt])
+    assert np.abs(np.asarray(drop(p, other_text, ml, keys, reference=ref)) - got).mean() > 1e-4
+
+
+def test_phase_r_image_dropout_rate_and_condition(monkeypatch):
+    """Phase r's f_v dropout: diffusion.image_dropout by default (and for configs without the keys),
+    train.reference_image_dropout when >= 0, 1 with dit.reference_drops_image; at rate 1 every sample's
+    image tokens are E_a's unconditional ones, at rate 0 none are."""
+    import ml_collections
+
+    from animegamer_jax.models.registry import build_component
+    from animegamer_jax.train import losses
+    from configs import tiny
+
+    config = tiny.get_config()
+    assert losses.reference_image_dropout(config) == config.diffusion.image_dropout == 0.05
+    old = ml_collections.ConfigDict({"dit": {}, "train": {}, "diffusion": {"image_dropout": 0.2}})
+    assert losses.reference_image_dropout(old) == 0.2
+    config.train.reference_image_dropout = 0.5
+    assert losses.reference_image_dropout(config) == 0.5
+    config.train.reference_image_dropout = 0.0
+    assert losses.reference_image_dropout(config) == 0.0
+    config.dit.reference_drops_image = True
+    assert losses.reference_image_dropout(config) == 1.0
+    config.dit.reference_drops_image = False
+    config.train.reference_image_dropout = 1.5
+    with pytest.raises(ValueError, match="train.reference_image_dropout=1.5"):
+        losses.reference_image_dropout(config)
+
+    config.diffusion.text_dropout = config.diffusion.text_ucg_rate = 0.0
+    enc = build_component("shot_encoder", config, nnx.Rngs(0))
+    se = enc.cfg
+    rs = np.random.RandomState(0)
+    f_md = jnp.asarray(rs.randn(4, se.num_text_tokens, se.text_dim), jnp.float32)
+    f_v = jnp.asarray(rs.randn(4, se.num_image_tokens, se.image_dim), jnp.float32)
+    monkeypatch.setattr(losses, "encode_features", lambda model, batch: (f_md, f_v))
+    model = type("M", (), {"shot_encoder": enc})()
+    ks = jax.random.split(jax.random.key(0), 3)
+    full = np.asarray(enc(f_md, f_v))
+    unc = np.asarray(enc.uncond(4))
+    s_a, _, drop_i = losses._ea_condition(model, {}, config, *ks, image_dropout=1.0)
+    assert np.asarray(drop_i).all()
+    nt = se.num_text_tokens
+    np.testing.assert_allclose(np.asarray(s_a)[:, nt:], unc[:, nt:], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(s_a)[:, :nt], full[:, :nt], rtol=1e-6, atol=1e-6)
+    assert np.abs(full[:, nt:] - unc[:, nt:]).mean() > 1e-2
+    s_a, _, drop_i = losses._ea_condition(model, {}, config, *ks, image_dropout=0.0)
+    assert not np.asarray(drop_i).any()
+    np.testing.assert_allclose(np.asarray(s_a), full, rtol=1e-6, atol=1e-6)
+
+
+def test_fingerprint_leaves_out_the_image_dropout_keys_only_at_their_defaults():
+    from animegamer_jax.config import load_config
+    from animegamer_jax.game.writers import game_fingerprint
+
+    cfg = load_config("configs/tiny.py")
+    old = load_config("configs/tiny.py")  # a config from before the keys: games keep their fingerprints
+    del old.dit["reference_drops_image"], old.train["reference_image_dropout"]
+    fp = lambda c: game_fingerprint(c, ["a"], 1, "sys")["sha256"]  # noqa: E731
+    assert fp(cfg) == fp(old)
+    cfg.dit.reference_drops_image = True
+    assert fp(cfg) != fp(old)
+    assert game_fingerprint(cfg, ["a"], 1, "sys")["parts"]["config"]["dit"]["reference_drops_image"] is True
+
+
 def _r_config():
     from tests.train_helpers import phase_config
     cfg = phase_config("r")

@@ -451,7 +451,8 @@ _NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode
 #: config fields added after games were fingerprinted, left out while they have no effect on a game, so
 #: those games' fingerprints (and game.json) stay as they were: (key, value without effect) and, for
 #: ``preview``, the whole section unless ``game.decoder`` uses it
-_ADDED_AT_DEFAULT = (("game.decoder", "full"), ("train.preview_real_weight", 0.0))
+_ADDED_AT_DEFAULT = (("game.decoder", "full"), ("train.preview_real_weight", 0.0),
+                     ("dit.reference_drops_image", False), ("train.reference_image_dropout", -1.0))
 
 
 def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str,

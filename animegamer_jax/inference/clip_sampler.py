@@ -14,8 +14,10 @@ calls, no CFG batch, the guidance scale ``diffusion.cfg_scale`` as its input
 (samplers.sample_student). With a reference latent (``sample(..., reference=[B, 1, C, h, w])``, one
 VAE latent frame per game, models/cogvideox/reference.py ``encode_reference``) and the system's
 ``reference`` adapter (``p["reference"]``), each game's DiT calls see its reference, in the CFG
-batch's conditional and unconditional halves alike (docs/dit.md#reference-conditioning); without one
-the sampler is the one it always was.
+batch's conditional and unconditional halves alike (docs/dit.md#reference-conditioning); with
+``dit.reference_drops_image`` a game with a reference is conditioned on s_a's text tokens and E_a's
+unconditional image tokens (``p["uncond"]``'s), as phase r trained it; without a reference the sampler
+is the one it always was.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def dit_sampler(g_dit, config, g_reference=None):
         plan = samplers.plan_from_config(d)
     table = tuple(config.dit.flow_table)
     reference_mode = config.game.mode == "reference"
+    # with a reference: s_a's image tokens (after the text tokens) -> E_a's unconditional ones
+    drop_image_at = int(config.rep.num_text_tokens) if bool(config.dit.get("reference_drops_image", False)) else None
     latent_shape = (config.dit.num_latent_frames, config.dit.in_channels, config.dit.sample_height,
                     config.dit.sample_width)
 
@@ -81,6 +85,8 @@ def dit_sampler(g_dit, config, g_reference=None):
                 x, steps = jax.random.normal(k_init, (1, *latent_shape), jnp.float32), None
             else:
                 x, steps = noise_b["initial"][None], noise_b["steps"][:, None]
+            if ref_b is not None and drop_image_at is not None:  # the look from the reference alone
+                rep_b = jnp.concatenate([rep_b[:drop_image_at], p["uncond"][drop_image_at:].astype(rep_b.dtype)])
             cond = {"cond": rep_b[None], "flow": flow_b[None]}
             if ref_b is not None:
                 cond["reference"] = ref_b[None]

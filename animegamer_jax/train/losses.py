@@ -94,9 +94,12 @@ def decoder_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Arr
 
 
 def _ea_condition(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
-                  k_t: jax.Array, k_i: jax.Array, k_u: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+                  k_t: jax.Array, k_i: jax.Array, k_u: jax.Array,
+                  image_dropout: float | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """E_a's s_a [B, Q, D] of a clips batch with the per-sample CFG dropouts of phases a1 / a2 (module
-    docstring), and the text / image dropped masks [B]."""
+    docstring), and the text / image dropped masks [B]. ``image_dropout`` replaces
+    ``diffusion.image_dropout`` as the rate at which f_v is zeroed (phase r's
+    :func:`reference_image_dropout`)."""
     f_md, f_v = encode_features(model, batch)
     f_md, drop_t = guidance.cfg_dropout(k_t, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_dropout)
     # The release also zeroes T5 features per sample at the conditioner's ucg_rate, independently
@@ -104,8 +107,27 @@ def _ea_condition(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_
     # train the text-free branch.
     f_md, drop_u = guidance.cfg_dropout(k_u, f_md, jnp.zeros_like(f_md[:1]), config.diffusion.text_ucg_rate)
     drop_t = drop_t | drop_u
-    f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), config.diffusion.image_dropout)
+    rate = config.diffusion.image_dropout if image_dropout is None else image_dropout
+    f_v, drop_i = guidance.cfg_dropout(k_i, f_v, jnp.zeros_like(f_v[:1]), rate)
     return model.shot_encoder(f_md, f_v), drop_t, drop_i
+
+
+def reference_image_dropout(config: ml_collections.ConfigDict) -> float:
+    """Phase r's rate of zeroing the clip's image features f_v (E_a's image tokens then the
+    unconditional ones): 1.0 with ``dit.reference_drops_image`` (play conditions a referenced turn so,
+    inference/clip_sampler.py), else ``train.reference_image_dropout`` when >= 0, else
+    ``diffusion.image_dropout`` (phases a1 / a2's rate; configs without these keys too).
+
+    Raises:
+      ValueError: ``train.reference_image_dropout`` above 1.
+    """
+    if bool(config.dit.get("reference_drops_image", False)):
+        return 1.0
+    rate = float(config.train.get("reference_image_dropout", -1.0))
+    if rate > 1.0:
+        raise ValueError(f"config value train.reference_image_dropout={rate} is not a rate. Fix: a value in "
+                         f"[0, 1], or -1 for diffusion.image_dropout")
+    return float(config.diffusion.image_dropout) if rate < 0 else rate
 
 
 def reference_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Array,
@@ -115,9 +137,12 @@ def reference_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.A
     tokens (``model.reference``, the one trained component). The reference is ``reference_latent``
     [B, 1, C, h, w] when the batch carries it, else ``reference_frame`` uint8 [B, H, W, 3]
     VAE-encoded in the step (``encode_reference``: the posterior mean, as play encodes it). A
-    CFG-dropped sample keeps its reference, as play's unconditional half does."""
+    CFG-dropped sample keeps its reference, as play's unconditional half does. The clip's image
+    features are dropped at :func:`reference_image_dropout` (default: as in phase a2), so the
+    adapter learns to take the look from the reference where s_a does not carry it."""
     k_t, k_i, k_n, k_z, k_u = jax.random.split(rng, 5)
-    cond, drop_t, drop_i = _ea_condition(model, batch, config, k_t, k_i, k_u)
+    cond, drop_t, drop_i = _ea_condition(model, batch, config, k_t, k_i, k_u,
+                                         image_dropout=reference_image_dropout(config))
     cond = jax.lax.stop_gradient(cond)
     x0 = _latents(model, batch, config, k_z)
     if "reference_latent" in batch:
