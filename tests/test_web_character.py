@@ -40,7 +40,7 @@ def png(size=(64, 48), colour=(200, 60, 30)) -> bytes:
     return buf.getvalue()
 
 
-def play_turn(c, body):
+def api_turn(c, body):
     events = c.events(c.open_turn(body))
     assert events[-1]["event"] == "done", events[-1]
     return events[-1]["state"]
@@ -58,7 +58,7 @@ def test_upload_starts_a_game_with_the_character_equal_to_plays(served, tmp_path
     lines = ["Character: Bunny; Motion: hop; Background: meadow.", "Character: Rabbit; Motion: hop; Background: meadow.",
              "Character: bunny; Motion: sit; Background: forest."]
     for line in lines:
-        st = play_turn(c, {"line": line})
+        st = api_turn(c, {"line": line})
     folder = os.path.join(server.out_dir, st["game_id"])
     rec = json.load(open(os.path.join(folder, "game.json")))
     char = characters.character_from_bytes("Bunny", image, "test")
