@@ -59,7 +59,8 @@ browser:
 test: $(STAMP) $(TPU_COMPILER) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not paper"
 
-# Paper-width layers on the CPU (jump-forward ids, int8 error) and second variants of slow tests: minutes.
+# Paper-width layers on the CPU (jump-forward ids, int8 error), second variants of slow tests and the
+# end-to-end eval.identity command: minutes.
 test-paper: $(STAMP)
 	$(PY) -m pytest -q -m paper
 

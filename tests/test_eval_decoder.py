@@ -170,6 +170,7 @@ def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys
 
 
 @pytest.mark.slow
+@pytest.mark.paper  # a second variant of the decoder's command (about 30 s): `make test-paper`
 def test_reference_decodes_with_another_clip_of_the_same_character(sample_clips, tmp_path, capsys):
     """--reference: each clip is sampled with the first frame of the clip phase r pairs it with
     (data/references.py) through the reference adapter; the samples change, the VAE reconstruction does not."""

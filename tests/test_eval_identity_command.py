@@ -19,6 +19,7 @@ WORLD = dict(num_characters=3, num_heldout=1, num_backgrounds=2, films_per_chara
 
 
 @pytest.mark.slow
+@pytest.mark.paper  # about 60 s on 2 cores: `make test-paper` (CI's 15 minutes leave no room)
 def test_identity_command_end_to_end(tmp_path, capsys):
     data = toy_driver.make_data(str(tmp_path / "data"), tiny.get_config().data, **WORLD)
     out = str(tmp_path / "out")
