@@ -53,6 +53,7 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
 
 
 @pytest.mark.slow
+@pytest.mark.paper  # the student variant of the decoder's command (about 30 s): `make test-paper`
 def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
     """The shipped few-step student (training phase d) at 4 steps, no CFG batch, scores within 1 dB of
     the teacher's guided sampler on the same 3 clips (issue 32's bar, here at the config's 8 teacher
