@@ -189,14 +189,19 @@ def _per_device_bytes(state) -> float:
     return total
 
 
+def _sampling_dit(cfg, b: Builder):
+    """(graphdef, state) of the DiT play samples with, prepared as play prepares it (LoRA merged, cast
+    to the activation dtype): the student for ``diffusion.sampler="student"``, else the teacher."""
+    if sampling_component(apply_mode(cfg)) == "student":
+        return _cached(b, "student_inference", lambda: prepare_for_inference(registry.build_student(cfg, nnx.Rngs(0))))
+    return _cached(b, "dit_inference", lambda: prepare_for_inference(build_dit(cfg, inference=False)))
+
+
 def _turn_weight_bytes(cfg, b: Builder) -> float:
     """Per-device bytes of the weights play holds through a turn (abstract): the MLLM as play loads it
     (LoRA merged, ``mllm.quantize``), the sampling DiT (teacher or student) and the VAE."""
     _, m = _cached(b, "mistral_inference", lambda: build_mistral(cfg, inference=True))
-    if sampling_component(apply_mode(cfg)) == "student":
-        _, d = _cached(b, "student_inference", lambda: prepare_for_inference(registry.build_student(cfg, nnx.Rngs(0))))
-    else:
-        _, d = _cached(b, "dit_inference", lambda: prepare_for_inference(build_dit(cfg, inference=False)))
+    _, d = _sampling_dit(cfg, b)
     _, v = _cached(b, "vae", lambda: build_vae(cfg))
     return sum(_per_device_bytes(s) for s in (m, d, v))
 
@@ -256,14 +261,10 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         # samples a turn that names a --character (game/engine.py _sample_refs)
         play_cfg = apply_mode(cfg)
         with_reference = name == "dit_reference"
-        student = sampling_component(play_cfg) == "student"
-        if student:
-            d_graph, d_state = _cached(b, "student_inference",
-                                       lambda: prepare_for_inference(registry.build_student(cfg, nnx.Rngs(0))))
+        d_graph, d_state = _sampling_dit(cfg, b)
+        if sampling_component(play_cfg) == "student":
             what = f"{int(play_cfg.diffusion.num_sampling_steps)} steps, no CFG batch (student)"
         else:
-            d_graph, d_state = _cached(b, "dit_inference",
-                                       lambda: prepare_for_inference(build_dit(cfg, inference=False)))
             what = f"{samplers.plan_from_config(play_cfg.diffusion).num_steps} steps x CFG batch 2"
         g_ref = None
         if with_reference:  # the adapter as play holds it (real_system.py: the component, uncast)

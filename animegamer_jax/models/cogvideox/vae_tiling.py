@@ -215,22 +215,12 @@ def tiled_apply(
 #: (XLA:CPU, nothing run; ``python -m benchmarks.vae_bench --full_memory``, untiled and tiled) divided
 #: by that product, rounded up
 DECODE_BYTES_FACTOR = 120.0
-#: the same factor for TPU devices (the compiler's buffer reuse keeps far fewer temporaries alive): the
-#: v6e-1 ``vae_decode`` program (``python -m animegamer_jax.aot --topology=v6e-1 --program=vae_decode``,
-#: tile 38, chunks (3, 2), bf16) compiled to 4.59 GiB of temporaries where the CPU factor estimated
-#: 23.8 GiB, i.e. a factor of 23.1; rounded up to 30 for margin. With it one v6e chip decodes the
-#: paper's 60x90 latents untiled (estimated 22.2 GiB of its 25.6 GiB budget), not in 6 overlapping tiles.
+#: the same factor for TPU tiles, GPU decodes and the untiled TPU decode: each the compiled
+#: temporaries of the paper-size ``vae_decode`` program (``python -m animegamer_jax.aot
+#: --topology=v6e-1|h200-1 --program=vae_decode``) over the product above, rounded up; the
+#: measurements are in docs/results.md "VAE decode bytes" (calibration table)
 TPU_DECODE_BYTES_FACTOR = 30.0
-#: the same factor for GPU devices: the h200-1 ``vae_decode`` program (``python -m animegamer_jax.aot
-#: --topology=h200-1 --program=vae_decode``, XLA:GPU deviceless, untiled, chunks (3, 2), bf16) compiled
-#: to 18.12 GiB of temporaries where the CPU factor estimated 89.0 GiB, i.e. a factor of 24.4; rounded
-#: up to 30 for margin. With it one H100 (63.3 GiB budget) decodes the 60x90 latents untiled
-#: (estimated 22.2 GiB), not in 2x2 tiles of 64 (1.4x the latent pixels).
 GPU_DECODE_BYTES_FACTOR = 30.0
-#: the TPU factor of an UNTILED decode (no tile blending buffers): the v6e-1 ``vae_decode`` program
-#: untiled (60x90 latents, chunks (3, 2), bf16) compiled to 13.81 GiB of temporaries where the CPU
-#: factor estimated 88.8 GiB, i.e. a factor of 18.7; rounded up to 20. Tiles keep
-#: :data:`TPU_DECODE_BYTES_FACTOR` (their blend buffers measured 23.1).
 TPU_UNTILED_DECODE_BYTES_FACTOR = 20.0
 #: per-device factor of a decode whose frames are sharded over devices (halo exchange, replicated
 #: small tensors), from the compiled latency layout on 8 devices against the unsharded decode / 8
