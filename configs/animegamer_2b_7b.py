@@ -142,8 +142,11 @@ def get_config() -> ml_collections.ConfigDict:
     # Mistral prefill/decode_step: "scan", "unstacked" (per-layer weights, XLA:CPU), "auto" (unstacked on CPU)
     c.mllm.decode_layers = "auto"
     # weight-only quantization of the Mistral linear weights at load: "none" (bf16) | "int8" (per-channel
-    # scales; models/mistral/mllm.py quantize_weights); game.mode=reference forces "none"
-    c.mllm.quantize = "none"
+    # scales; models/mistral/mllm.py quantize_weights). int8 by default at paper size: the MLLM's turn is
+    # bound by reading its weights, and on one v6e chip (32 GiB) the bf16 weights leave no room for the
+    # untiled VAE decode (docs/mllm.md "Weight-only int8"). game.mode=reference (the release, check-release)
+    # forces "none"; --config.mllm.quantize=none plays bf16 weights.
+    c.mllm.quantize = "int8"
 
     # ---- decoder D_a: CogVideoX-2B DiT (docs/dit.md) ----
     c.dit = ml_collections.ConfigDict()

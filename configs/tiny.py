@@ -27,8 +27,10 @@ def toy_sizes(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                   text_width=32, text_layers=2, text_heads=2, text_vocab_size=1000, text_context_length=16,
                   dtype="float32")
     c.t5.update(d_model=32, d_kv=16, num_layers=2)
+    # float32 weights, no int8: the paper config's int8 is for reading its 13.6 GiB of MLLM weights
+    # from HBM; the toy configs keep the release's numerics (the demo and the release check)
     c.mllm.update(intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2, dtype="float32",
-                  param_dtype="float32")
+                  param_dtype="float32", quantize="none")
     c.dit.update(hidden_size=64, num_layers=2, num_heads=2, head_dim=32, dtype="float32", remat="none",
                  sample_height=8, sample_width=12)  # 64 x 96 px / 8
     c.vae.update(layers_per_block=1, dtype="float32")

@@ -48,9 +48,15 @@ def _first_input(spec, text):
 
 
 def test_quantize_config_key():
-    """``mllm.quantize`` is a key of every config ("none" by default), set by an override, other values refused."""
-    for path in ("configs/tiny.py", "configs/release_tiny.py", "configs/animegamer_2b_7b.py"):
-        assert load_config(path).mllm.quantize == "none"
+    """``mllm.quantize`` is a key of every config ("int8" at paper size, "none" in the tiny ones), set by an
+    override, other values refused; reference mode plays bf16 whatever the config says."""
+    for path, want in (("configs/tiny.py", "none"), ("configs/release_tiny.py", "none"),
+                       ("configs/animegamer_2b_7b.py", "int8")):
+        assert load_config(path).mllm.quantize == want
+    paper = load_config("configs/animegamer_2b_7b.py")
+    paper.game.mode = "reference"
+    assert apply_mode(paper).mllm.quantize == "none"
+    assert load_config("configs/animegamer_2b_7b.py", ["mllm.quantize=none"]).mllm.quantize == "none"
     cfg = load_config("configs/tiny.py", ["mllm.quantize=int8"])
     validate(cfg)
     assert cfg.mllm.quantize == "int8"
