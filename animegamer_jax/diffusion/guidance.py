@@ -43,8 +43,8 @@ def dynamic_cfg_scales(num_steps: int, timesteps: np.ndarray, scale: float = 6.0
     """Per-step guidance scales (float64 [num_steps]), computed in float64 like the Python reference.
 
     Args:
-      num_steps: sampling steps n.
-      timesteps: [n] DDPM indices tau_i of the steps, highest noise first (used by "release").
+      num_steps: sampling steps.
+      timesteps: [num_steps] DDPM indices tau_i of the steps, highest noise first (used by "release").
       scale / exp: DynamicCFG `scale` (6) and `exp` (5).
       schedule: "intended" (loop index), "release" (num_steps - tau), or "constant" (s = scale every step).
 

@@ -21,7 +21,7 @@ def _bcast(a: jax.Array, x: jax.Array) -> jax.Array:
 
 
 def sample_timesteps(key: jax.Array, batch: int, num_train_timesteps: int = 1000) -> jax.Array:
-    """Uniform DDPM indices in [0, num_train) (SAT `DiscreteSampling(uniform_sampling=True)`), int32 [batch]."""
+    """Uniform DDPM indices in [0, num_train) (SAT `DiscreteSampling(uniform_sampling=True)`), int32 [B]."""
     return jax.random.randint(key, (batch,), 0, num_train_timesteps, dtype=jnp.int32)
 
 

@@ -3,9 +3,9 @@
 Model-agnostic: the network enters as
 
     denoise_fn(x, timesteps, cond_batch) -> v
-      x:          float [N, ...]   noisy latents (N = 2B with guidance: unconditional half first)
-      timesteps:  int32 [N]        DDPM index tau (0..999) of this step, the same for all samples
-      cond_batch: pytree, leaves [N, ...]  conditioning (e.g. {"cond": s_a, "flow": flow})
+      x:          float [B', ...]  noisy latents (B' = 2B with guidance: unconditional half first)
+      timesteps:  int32 [B']       DDPM index tau (0..999) of this step, the same for all samples
+      cond_batch: pytree, leaves [B', ...]  conditioning (e.g. {"cond": s_a, "flow": flow})
       returns v-prediction with x's shape (any float dtype; the sampler works in float32)
 
 `sample` is traceable: call it inside `jax.jit` / `nnx.jit` with the model as a jit argument so the
@@ -218,9 +218,9 @@ def sample(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, uncond: Any | N
 
 def student_timesteps(num_steps: int, teacher_steps: int = 50,
                       schedule: DiffusionSchedule = DiffusionSchedule()) -> np.ndarray:
-    """The student's N timesteps (int64 [N], highest noise first): every (teacher_steps / N)-th point of
-    the teacher's grid ``schedule.sampling_timesteps(teacher_steps)``, starting at its first (999):
-    N = 4 of 50 gives [999, 759, 499, 259].
+    """The student's timesteps (int64 [num_steps], highest noise first): every (teacher_steps /
+    num_steps)-th point of the teacher's grid ``schedule.sampling_timesteps(teacher_steps)``, starting at
+    its first (999): num_steps = 4 of 50 gives [999, 759, 499, 259].
 
     Raises:
       ValueError: ``num_steps`` not in 1..teacher_steps.
@@ -241,12 +241,12 @@ def sample_student(denoise_fn: DenoiseFn, latents: jax.Array, cond: Any, key: ja
       latents: [B, ...] initial noise (standard normal: at tau = 999 a = 0, x is all noise).
       cond: conditioning pytree, leaves [B, ...] (no unconditional batch).
       key: PRNG key of the re-noising draws (step j uses ``fold_in(key, j)``); unused with ``step_noise``.
-      timesteps: int [N] DDPM indices, highest noise first (:func:`student_timesteps`).
+      timesteps: int [num_steps] DDPM indices, highest noise first (:func:`student_timesteps`).
       schedule: the training table the a_j come from.
-      step_noise: given noise float [N, B, ...] (step j re-noises with ``step_noise[j]``; the last is unused).
+      step_noise: given noise float [num_steps, B, ...] (step j re-noises with ``step_noise[j]``; the last is unused).
 
     Raises:
-      ValueError: ``step_noise`` of another shape than [N, *latents.shape], or neither ``key`` nor it.
+      ValueError: ``step_noise`` of another shape than [num_steps, *latents.shape], or neither ``key`` nor it.
 
     Returns:
       float32 [B, ...]: the last step's x0 prediction.

@@ -58,9 +58,10 @@ class DiffusionSchedule:
         return np.sqrt(self.alphas_cumprod())
 
     def sampling_timesteps(self, num_steps: int) -> np.ndarray:
-        """int64 [num_steps], highest noise first: `linspace(T-1, 0, n, endpoint=False).astype(int)`.
+        """int64 [num_steps], highest noise first: `linspace(num_train - 1, 0, num_steps,
+        endpoint=False).astype(int)`.
 
-        For T=1000, n=50: [999, 979, ..., 19] (equals diffusers' "trailing" spacing).
+        For num_train = 1000, num_steps = 50: [999, 979, ..., 19] (equals diffusers' "trailing" spacing).
         """
         if not 0 < num_steps <= self.num_train_timesteps:
             raise ValueError(f"num_steps must be in 1..{self.num_train_timesteps}, got {num_steps}")

@@ -34,7 +34,7 @@ def encode_features(model: Any, batch: Mapping[str, jax.Array], prefix: str = ""
 def ea_representation(model: Any, batch: Mapping[str, jax.Array], prefix: str = "") -> jax.Array:
     """E_a's action-aware representation s_a [..., Q, rep_dim] (paper Sec. 3.2; the shot encoder's
     dtype, float32 at tiny size) of a batch's ``{prefix}t5_ids`` [..., Lt] + ``{prefix}first_frame``
-    [..., H, W, 3] in [-1, 1] (or precomputed ``{prefix}f_md`` / ``{prefix}f_v``; leading dims, e.g.
+    [..., h, w, 3] in [-1, 1] (or precomputed ``{prefix}f_md`` / ``{prefix}f_v``; leading dims, e.g.
     [B] or [B, M] turns, are kept): the frozen T5 / CLIP features through ``model.shot_encoder``.
     ``model`` is any module with ``shot_encoder`` (and ``t5`` / ``clip`` for raw batches)."""
     f_md, f_v = encode_features(model, batch, prefix)

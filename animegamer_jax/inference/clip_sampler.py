@@ -6,8 +6,8 @@ s_a, uncond = E_a's unconditional embedding (shot_encoder.uncond,
 docs/encoders.md#unconditional-embedding) with the same flow, one CFG batch per step. The sampler
 is vmapped over games so each game's noise comes from its own key (``split(key)``: initial
 latents, SDE noise), which makes a game's output independent of the batch it is played in. Given
-noise replaces both draws: ``sample(..., noise={"initial": [B, T, C, h, w], "steps": [B, n, T, C,
-h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a is rounded to bfloat16 before
+noise replaces both draws: ``sample(..., noise={"initial": [B, t, C, h, w], "steps": [B, num_steps,
+t, C, h, w]})`` (engine ``step(..., noise=...)``). In ``reference`` mode s_a is rounded to bfloat16 before
 the DiT, as the release does. With ``diffusion.sampler = "student"`` the DiT is the distilled
 student (checkpoint component ``student``, :func:`sampling_component`): ``num_sampling_steps``
 calls, no CFG batch, the guidance scale ``diffusion.cfg_scale`` as its input
@@ -38,13 +38,13 @@ def sampling_component(config) -> str:
 
 
 def dit_sampler(g_dit, config, g_reference=None):
-    """The turn's DiT sampling as ``sample(p, rep [B, Q, D], ml int [B], keys [B, 2], noise=None,
-    reference=None) -> latents [B, T, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, D]}``
+    """The turn's DiT sampling as ``sample(p, rep [B, Q, rep_dim], ml int [B], keys [B, 2], noise=None,
+    reference=None) -> latents [B, t, C, h, w]`` with ``p = {"dit": DiT state, "uncond": [Q, rep_dim]}``
     (plus ``"reference"``: the ``reference`` adapter's state, graph ``g_reference``, when a
     ``reference`` latent [B, 1, C, h, w] is given; the unconditional CFG half keeps it): per game,
     initial noise from its key (or the given ``noise`` = {"initial", "steps"} per game, see
     samplers.sample's ``step_noise``), then the configured sampler with CFG, or the student's
-    (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its N
+    (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its num_steps
     re-noising draws, no CFG batch). In reference mode s_a
     is rounded to bfloat16 first, as the release does. The one clip sampler: play
     (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation

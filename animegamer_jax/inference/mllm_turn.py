@@ -41,7 +41,7 @@ def jump_schedule(grammar) -> np.ndarray:
 
     A grammar of free positions (several allowed ids), each followed by the same number k-1 of fixed
     positions (one allowed id), ending with a free one, e.g. the states' ``free f f free f f free f f
-    free``, gives int32 [S, k-1] (S = the free positions after the first): step s of
+    free``, gives int32 [num_steps, k-1] (num_steps = the free positions after the first): step s of
     :func:`_decode` feeds the chosen id and row s in one forward.
 
     Raises: ValueError for a grammar not of that shape.
@@ -66,18 +66,18 @@ def _decode(forward, carry, tok0: jax.Array, pick, fixed: np.ndarray, keep_logit
     """Greedy decoding after ``tok0`` with jump-forward over fixed ids, in one ``lax.scan``.
 
     Step s feeds ``[chosen_s, *fixed[s]]`` (k = 1 + fixed.shape[1] tokens) in ONE forward (the KV cache
-    is written for all k) and chooses id ``chosen_{s+1}`` from the last position's logits, so S steps
-    yield 1 + S*k ids with S weight reads instead of S*k. The fixed ids are the only ids the step-by-step
+    is written for all k) and chooses id ``chosen_{s+1}`` from the last position's logits, so num_steps
+    steps yield 1 + num_steps*k ids with num_steps weight reads instead of num_steps*k. The fixed ids are the only ids the step-by-step
     constrained argmax could pick there, so the ids are the same as decoding one id per step.
 
     Args:
       forward: ``(tokens int32 [B, k], s int32 [], carry) -> (logits float32 [B, k, V], carry)``.
       tok0: int32 [B], the first (chosen) id, output position 0.
       pick: ``(t, logits [B, V] fp32, prev [B]) -> ids [B]`` for output position t (prev: the id at t-1).
-      fixed: int [S, k-1] (``jump_schedule``; shape [S, 0] = one id per step).
-      keep_logits: also return the logits of positions 1..S*k.
+      fixed: int [num_steps, k-1] (``jump_schedule``; shape [num_steps, 0] = one id per step).
+      keep_logits: also return the logits of positions 1..num_steps*k.
 
-    Returns: (ids int32 [B, 1 + S*k], logits float32 [B, S*k, V] or None, carry).
+    Returns: (ids int32 [B, 1 + num_steps*k], logits float32 [B, num_steps*k, V] or None, carry).
     """
     b = tok0.shape[0]
     n_steps, k = fixed.shape[0], fixed.shape[1] + 1
@@ -104,7 +104,8 @@ def _greedy_pass_a(llm, x: jax.Array, ids: jax.Array, last: jax.Array, pick, fix
     One prefill of the right-padded prompt into a KV cache, then each step's k ids at RoPE positions
     ``last + 1 + s*k ..`` (cache slots n + s*k ..) with the padding keys masked, so each row decodes as
     if unpadded. ``pick(t, logits [B, V] fp32, prev [B]) -> next ids [B]`` chooses each free id;
-    ``fixed`` int [S, k-1] (``jump_schedule``; [S, 0] = one id per step). Returns int32 [B, 1 + S*k].
+    ``fixed`` int [num_steps, k-1] (``jump_schedule``; [num_steps, 0] = one id per step). Returns int32
+    [B, 1 + num_steps*k].
     """
     b, n = ids.shape
     n_steps, k = fixed.shape[0], fixed.shape[1] + 1
@@ -132,7 +133,7 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
     Args:
       mllm: a ``GameStateMLLM``.
       batch: ``inference.turn_inputs.stack_inputs`` arrays (ids, attention_mask, cmp_mask, gen_mask,
-        hist_reps [B, W-1, Q, D], read_idx [B, Q], last_idx [B]).
+        hist_reps [B, W-1, Q, rep_dim], read_idx [B, Q], last_idx [B]).
       window: W (static); 1 means no history slots.
       decoding: ``"constrained"`` (state grammar, 10 ids, states read at positions 0, 3, 6, 9) or
         ``"free"`` (the release: ``max_new_tokens`` greedy ids after the release's logits processor,
@@ -140,7 +141,7 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
         ``release_decoding.states_from_generated``).
 
     Returns:
-      ``constrained``: (states int32 [B, 4] = ML, SC, ET, ST; rep float32 [B, Q, D]);
+      ``constrained``: (states int32 [B, 4] = ML, SC, ET, ST; rep float32 [B, Q, rep_dim]);
       ``free``: (generated ids int32 [B, max_new_tokens]; rep).
     """
     ids = batch["ids"]
@@ -178,13 +179,13 @@ def mllm_turn(mllm, batch: dict[str, jax.Array], window: int, decoding: str = "c
 
 def _cached_forward(llm, cache: TurnKVCache, x, pos, turn, slots, new_valid, window: int, *,
                     block: tuple[jax.Array, jax.Array] | None = None, hide: jax.Array | None = None):
-    """Writes N new tokens at ``slots`` and runs them against the whole cache.
+    """Writes L new tokens at ``slots`` and runs them against the whole cache.
 
-    x [B, N, D] embeddings; pos, turn, slots int32 [B, N]; new_valid bool [B, N]; block
+    x [B, L, D] embeddings; pos, turn, slots int32 [B, L]; new_valid bool [B, L]; block
     (first, last) positions of the bidirectional query block [B] or None (purely causal); hide
     bool [S] slots hidden from this call (the other pass's scratch). Mask: causal + Mistral's
     sliding window + the turn window W (``AttentionMask.seg_window``, ``<s>`` a sink).
-    Returns (hidden [B, N, D] post-norm, cache).
+    Returns (hidden [B, L, D] post-norm, cache).
     """
     rows = jnp.arange(x.shape[0])[:, None]
     cache = cache.replace(k_pos=cache.k_pos.at[rows, slots].set(pos), k_turn=cache.k_turn.at[rows, slots].set(turn),
@@ -208,7 +209,7 @@ def mllm_prefill_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], p
 
     Writes the previous turn's history suffix (its s_a through ``input_resampler`` and its
     world ids), the current turn's prefix and its query block under the hybrid mask (pass B, in
-    scratch B) in one forward over the cache; returns (s_a float32 [B, Q, D], cache). ``batch``:
+    scratch B) in one forward over the cache; returns (s_a float32 [B, Q, rep_dim], cache). ``batch``:
     inference/turn_inputs.py ``stack_cached_inputs``. Scratch A (last turn's pass A) is emptied first.
     """
     q = plan.num_queries
@@ -239,7 +240,8 @@ def mllm_turn_cached(mllm, cache: TurnKVCache, batch: dict[str, jax.Array], plan
         slots); batch: inference/turn_inputs.py ``stack_cached_inputs``; readout: "query" | "last".
 
     Returns:
-      (states int32 [B, 4], rep float32 [B, Q, D], cache, pass-A logits float32 [B, T, V]).
+      (states int32 [B, 4], rep float32 [B, Q, rep_dim], cache, pass-A logits float32
+      [B, plan.decode_tokens, V]).
     """
     rep, cache = mllm_prefill_cached(mllm, cache, batch, plan, readout)
     llm = mllm.llm

@@ -105,7 +105,7 @@ def parse_release_states(text: str) -> tuple[int, int, int, int]:
 
 def states_from_generated(tokens: np.ndarray,
                           tok: mllm_tokenizer.AnimeGamerTokenizer | None = None) -> np.ndarray:
-    """int [B, T] free-decoded ids -> int32 [B, 4] states through the release's decode + parser."""
+    """int [B, max_new_tokens] free-decoded ids -> int32 [B, 4] states through the release's decode + parser."""
     return np.asarray([parse_release_states(release_text(trim_at_eos(row), tok)) for row in np.asarray(tokens)],
                       np.int32)
 

@@ -52,7 +52,7 @@ class TurnRecord:
     Attributes:
       text_ids: instruction token ids (no BOS, no ``<TURN>``).
       states: the turn's own predicted ``(ML, SC, ET, ST)``.
-      rep: its predicted representation s_a, float32 ``[Q, D]`` (Q = 226 at paper size).
+      rep: its predicted representation s_a, float32 ``[Q, rep_dim]`` (Q = 226 at paper size).
     """
 
     text_ids: tuple[int, ...]
@@ -125,7 +125,7 @@ class TurnInput:
       attention_mask: int32 ``[L]``: 1 valid, -1 current queries (bidirectional block), 0 padding.
       cmp_mask: bool ``[L]`` history query slots.
       gen_mask: bool ``[L]`` current query slots.
-      hist_reps: float32 ``[W-1, Q, D]`` history representations, oldest first, zero-padded.
+      hist_reps: float32 ``[W-1, Q, rep_dim]`` history representations, oldest first, zero-padded.
       hist_pos: int32 ``[W-1, Q]`` positions of each history slot's queries (0 where unused).
       hist_valid: bool ``[W-1]``.
       read_idx: int32 ``[Q]`` positions whose final hidden states become s_a (per ``readout``).
@@ -254,8 +254,8 @@ class CachePlan:
       region only turn t+2 overwrites;
     * scratch B (Q + 3 slots): the current turn's query block + ``</frame></img><ML>`` under the
       hybrid mask (pass B);
-    * scratch A (Q + 3 + T slots): the same block under the causal mask, then the T decoded
-      state ids (pass A).
+    * scratch A (Q + 3 + ``decode_tokens`` slots): the same block under the causal mask, then the
+      ``decode_tokens`` decoded state ids (pass A).
 
     Positions are those of the whole game as one sequence (``<s>`` at 0, history turns of
     ``n_text + Q + 19`` tokens), so the cache equals a full recompute of the game with the same
@@ -318,15 +318,15 @@ def turn_start(history: Sequence[TurnRecord], num_queries: int) -> int:
 
 @dataclasses.dataclass
 class CachedTurnInput:
-    """One row of a cached MLLM step (numpy). N = ``CachePlan.new_tokens``.
+    """One row of a cached MLLM step (numpy). L = ``CachePlan.new_tokens``.
 
     Attributes:
-      ids: int32 [N] new tokens: the previous turn's history suffix (or ``<s>`` at turn 0),
+      ids: int32 [L] new tokens: the previous turn's history suffix (or ``<s>`` at turn 0),
         the current turn's prefix, its query block + ``</frame></img><ML>``; padding = PAD_ID.
-      cmp_mask: bool [N] positions taking the previous turn's projected s_a.
-      hist_rep: float32 [Q, D] the previous turn's s_a (zeros at turn 0).
-      positions: int32 [N] game positions; turn_ids: int32 [N] game turn (-1 = ``<s>``).
-      slots: int32 [N] cache slots written; valid: bool [N] real (not padding) tokens.
+      cmp_mask: bool [L] positions taking the previous turn's projected s_a.
+      hist_rep: float32 [Q, rep_dim] the previous turn's s_a (zeros at turn 0).
+      positions: int32 [L] game positions; turn_ids: int32 [L] game turn (-1 = ``<s>``).
+      slots: int32 [L] cache slots written; valid: bool [L] real (not padding) tokens.
       block_first, block_last: positions of the current query block; ml_pos: position of ``<ML>``.
       turn: the current turn index k.
     """

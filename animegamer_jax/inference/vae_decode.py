@@ -26,7 +26,7 @@ FRAME_RANGE = (0.0, 1.0)
 
 
 def vae_spatial_shards(config, frame_hw: tuple[int, int], num_devices: int | None = None) -> int:
-    """Devices one decoded frame ``[H, W]`` is split over by the config's mesh and rules (the VAE's
+    """Devices one decoded frame ``[h, w]`` is split over by the config's mesh and rules (the VAE's
     ``act_height`` / ``act_width`` constraints; 8 in the latency layout on 8 devices, else 1)."""
     return _act_shards(config, frame_hw, num_devices, (2, 3))
 
@@ -38,7 +38,7 @@ def vae_batch_shards(config, num_devices: int | None = None) -> int:
 
 
 def _act_shards(config, frame_hw: tuple[int, int], num_devices: int | None, dims: tuple[int, ...]) -> int:
-    """Product of the mesh axes the VAE activation ``[B, F, H, W, C]``'s ``dims`` are sharded over."""
+    """Product of the mesh axes the VAE activation ``[B, T, h, w, C]``'s ``dims`` are sharded over."""
     n = jax.device_count() if num_devices is None else int(num_devices)
     try:
         shape = parallel.resolve_mesh_shape(tuple(config.mesh.shape), n, tuple(config.mesh.axes))
@@ -58,7 +58,7 @@ def _act_shards(config, frame_hw: tuple[int, int], num_devices: int | None, dims
 def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None, resident_bytes: float = 0.0):
     """Play's VAE stage: ``(decode, decode_chunk, decode_plan)``.
 
-    ``decode(p, latents [B, T, C, h, w] scaled) -> frames [B, F, H, W, 3]`` in [0, 1] with
+    ``decode(p, latents [B, t, C, h, w] scaled) -> frames [B, T, 8h, 8w, 3]`` in [0, 1] with
     ``p["vae"]`` the VAE state: ``VAE_dec(latents / scaling_factor)``, tiled and chunked as
     ``vae_tiling.resolve_decode_tiling`` decides (``vae.tile_size`` -1: from the device's memory
     and the frame's shards on the mesh, :func:`vae_spatial_shards`). Untiled, ``decode_chunk(p,
@@ -138,9 +138,9 @@ def _rows_at_a_time(fn, fit_rows: int, batch_shards: int):
 
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
-    """VAE output in [-1, 1] -> float32 [B, F, H, W, 3] in [0, 1] (docs/diffusion.md#latent-scale,
-    ``video_io.to_unit``), accepting [B, F, H, W, 3] or the channels-first [B, 3, F, H, W] /
-    [B, F, 3, H, W] layouts."""
+    """VAE output in [-1, 1] -> float32 [B, T, h, w, 3] in [0, 1] (docs/diffusion.md#latent-scale,
+    ``video_io.to_unit``), accepting [B, T, h, w, 3] or the channels-first [B, 3, T, h, w] /
+    [B, T, 3, h, w] layouts."""
     v = video.astype(jnp.float32)
     if v.ndim == 5 and v.shape[-1] != 3:
         v = jnp.moveaxis(v, 1 if v.shape[1] == 3 else 2, -1)

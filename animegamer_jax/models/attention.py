@@ -60,8 +60,10 @@ evaluates exactly this rule (the blockwise one per tile, :meth:`AttentionMask.ti
 see no key at all return zeros in the blockwise path (the dense paths return the mean of V);
 no model of this project produces such rows on positions it reads.
 
-Shapes: B batch, L queries, S keys, N query heads, K key/value heads (N a multiple of K, grouped
-query attention), H head dim.
+Shapes (docs/design.md#dimension-letters): B batch, L queries, S keys, N query heads, K key/value heads
+(N a multiple of K, grouped query attention), G = N / K query heads per key/value head, H head dim.
+The tiled kernels' einsums and einops patterns name a tile's axes locally: Q its ``bq`` query rows,
+S its ``bk`` key rows, T / U the ``nq`` query / ``nk`` key tiles.
 """
 
 from __future__ import annotations
@@ -358,12 +360,14 @@ def _pad_to(x: Array, axis: int, size: int, value: Any = 0) -> Array:
 
 
 def _q_tiles(x: Array, nq: int, bq: int, kh: int) -> Array:
-    """Queries (or dO, O) [B, L, N, H] -> query blocks [nq, B, bq, K, G, H] (L zero-padded to nq * bq)."""
+    """Queries (or dO, O) [B, L, N, H] -> query blocks [nq, B, bq, K, G, H] (L zero-padded to nq * bq;
+    in the pattern T = nq, Q = bq)."""
     return einops.rearrange(_pad_to(x, 1, nq * bq), "B (T Q) (K G) H -> T B Q K G H", Q=bq, K=kh)
 
 
 def _kv_tiles(x: Array, nk: int, bk: int) -> Array:
-    """Keys or values [B, S, K, H] -> key blocks [nk, B, bk, K, H] (S zero-padded to nk * bk)."""
+    """Keys or values [B, S, K, H] -> key blocks [nk, B, bk, K, H] (S zero-padded to nk * bk; in the
+    pattern U = nk, S = bk)."""
     return einops.rearrange(_pad_to(x, 1, nk * bk), "B (U S) K H -> U B S K H", S=bk)
 
 
@@ -403,7 +407,7 @@ def _tiles(q, k, v, mask: AttentionMask, bq: int, bk: int):
 
 
 def _tile_scores(qb, kb, bias_t, vis, scale):
-    """Scores [B, K, G, bq, bk] fp32 of one tile, masked with _NEG."""
+    """Scores [B, K, G, bq, bk] fp32 of one tile (einsum Q = bq, S = bk), masked with _NEG."""
     s = jnp.einsum("BQKGH,BSKH->BKGQS", qb, kb, preferred_element_type=jnp.float32) * scale
     if bias_t is not None:
         s = s + bias_t
@@ -486,7 +490,7 @@ def _bw_bwd(mask_static, scale, bq, bk, res, do):
     qt, kt, vt, qpos, kpos, kvalid, dense, qseg, kseg = _tiles(q, k, v, mask, bq, bk)
     nq, nk = qt.shape[0], kt.shape[0]
     dot, ot = _q_tiles(do, nq, bq, kh), _q_tiles(o, nq, bq, kh)
-    # D_i = rowsum(dO * O): [nq, B, K, G, bq]
+    # D_i = rowsum(dO * O): [nq, B, K, G, bq] (einsum T = nq, Q = bq)
     delta = jnp.einsum("TBQKGH,TBQKGH->TBKGQ", dot.astype(jnp.float32), ot.astype(jnp.float32))
 
     def kv_block(dq_acc, xs):
@@ -753,10 +757,10 @@ def context_parallel_attention(q: Array, k: Array, v: Array, *, scale: float | N
                                implementation: str | None = "auto", **kw: Any) -> Array:
     """Unmasked attention with the sequence sharded over the mesh axes of ``act_length``.
 
-    Context parallelism by all-gather of K/V inside ``shard_map``: each device keeps its L/C
-    queries, gathers the full K and V of its batch / head slice over the ``context`` axes and runs
+    Context parallelism by all-gather of K/V inside ``shard_map``: each device keeps its L / c
+    queries (c the size of the ``context`` axes), gathers the full K and V of its batch / head slice over the ``context`` axes and runs
     :func:`dot_product_attention` locally (blockwise or a flash kernel, so no device holds more than
-    its ``[L/C, S]`` tiles). Why all-gather rather than Ulysses all-to-all over heads: the DiT's
+    its ``[L / c, S]`` tiles). Why all-gather rather than Ulysses all-to-all over heads: the DiT's
     30 heads do not divide a context size of 4 or 8, and K/V of one layer (2 x 6976 x 1920 bf16)
     are small next to its attention FLOPs, so gathering them costs little; full (unmasked)
     attention also leaves no causal load imbalance for a ring schedule to fix.

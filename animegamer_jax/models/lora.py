@@ -1,14 +1,14 @@
 """Generic LoRA: a linear / einsum parameter set with optional low-rank adapters.
 
 A :class:`LoRAEinsum` maps ``x[..., *in_features] -> y[..., *out_features]`` with a kernel of shape
-``(*in_features, *out_features)`` (so multi-head projections keep their head axes, gemma style) and,
+``[*in_features, *out_features]`` (so multi-head projections keep their head axes, gemma style) and,
 when ``rank > 0``, adds the LoRA update of Hu et al. 2021 as implemented by ``peft`` (the reference
 of AnimeGamer's MLLM, docs/mllm.md#lora)::
 
     y = x . W  +  (alpha / rank) * (dropout(x) . A) . B
 
-with ``A: (*in_features, rank)`` (peft ``lora_A.weight`` transposed, kaiming-uniform init) and
-``B: (rank, *out_features)`` (peft ``lora_B.weight`` transposed, zero init), so a fresh adapter is
+with ``A: [*in_features, rank]`` (peft ``lora_A.weight`` transposed, kaiming-uniform init) and
+``B: [rank, *out_features]`` (peft ``lora_B.weight`` transposed, zero init), so a fresh adapter is
 an exact no-op. :func:`merge_lora` folds ``scaling * A . B`` into ``W`` for inference.
 
 Nothing here knows a model: Mistral's projections and the DiT's (attention q/k/v/out with LoRA,
@@ -41,8 +41,8 @@ def _uniform_fan_in(key: jax.Array, shape: Sequence[int], dtype: Any, fan_in: in
 
 def low_rank_update(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scaling: float, n_in: int,
                     dtype: Any) -> jax.Array:
-    """The LoRA branch ``scaling * (x . A) . B`` in ``dtype``: ``x [..., *in]``, ``A (*in, r)``,
-    ``B (r, *out)`` -> ``[..., *out]``; ``n_in`` = number of contracted input dims. The one LoRA
+    """The LoRA branch ``scaling * (x . A) . B`` in ``dtype``: ``x [..., *in]``, ``A [*in, r]``,
+    ``B [r, *out]`` -> ``[..., *out]``; ``n_in`` = number of contracted input dims. The one LoRA
     formula: :class:`LoRAEinsum` adds it to its base map, the DiT's reference adapter
     (models/cogvideox/reference.py) adds it to the DiT's attention projections."""
     low = jnp.tensordot(x.astype(dtype), lora_a.astype(dtype), axes=n_in)

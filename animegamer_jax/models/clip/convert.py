@@ -5,14 +5,14 @@ Two source layouts (auto-detected, or forced with ``layout=``):
 * **open_clip** (``ViT-B-16`` / ``laion2b_s34b_b88k``, what the release loads, docs/encoders.md#clip-image-tower):
   ``visual.conv1.weight``, ``visual.class_embedding``, ``visual.positional_embedding``,
   ``visual.ln_pre``, ``visual.transformer.resblocks.{i}.{ln_1, attn.in_proj_weight/bias,
-  attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}``, ``visual.ln_post``, ``visual.proj`` (D, E),
+  attn.out_proj, ln_2, mlp.c_fc, mlp.c_proj}``, ``visual.ln_post``, ``visual.proj`` [D, E],
   ``token_embedding``, ``positional_embedding``, ``transformer.resblocks.{i}...``, ``ln_final``,
-  ``text_projection`` (D, E), ``logit_scale``.
+  ``text_projection`` [D, E], ``logit_scale``.
 * **HF** ``CLIPModel`` / ``CLIPVisionModel``: ``vision_model.embeddings.{patch_embedding,
   class_embedding, position_embedding}``, ``vision_model.pre_layrnorm``,
   ``vision_model.encoder.layers.{i}.{self_attn.{q,k,v,out}_proj, layer_norm1, mlp.fc1, mlp.fc2,
-  layer_norm2}``, ``vision_model.post_layernorm``, ``visual_projection`` (E, D), ``text_model.*``,
-  ``text_projection`` (E, D), ``logit_scale``; the ``vision_model.`` prefix may be absent.
+  layer_norm2}``, ``vision_model.post_layernorm``, ``visual_projection`` [E, D], ``text_model.*``,
+  ``text_projection`` [E, D], ``logit_scale``; the ``vision_model.`` prefix may be absent.
 
 Conversion is strict: any target parameter left unfilled, any source key left unused, and any
 shape mismatch raises :class:`ConversionError` naming every offending key. With
@@ -95,7 +95,7 @@ def _prefixed(base: tuple, d: Mapping[tuple, Any]) -> dict[tuple, Any]:
 
 
 def _conv(w: np.ndarray | None) -> np.ndarray | None:
-    # torch conv (D, C, p, p) -> ours (p, p, C, D), matching the (row, col, channel) patch flattening.
+    # torch conv [D, C, p, p] -> ours [p, p, C, D], matching the (row, col, channel) patch flattening.
     return None if w is None else w.transpose(2, 3, 1, 0)
 
 

@@ -7,11 +7,12 @@ the config):
 * vision: patchify conv (no bias) -> prepend class embedding -> + positional embedding ->
   ``ln_pre`` -> residual blocks -> ``ln_post`` on CLS -> projection.
 * the shot encoder's reference feature f_v is the output of the *penultimate* block
-  (blocks 0..L-2), without ``ln_post`` and without the CLS token: (B, 196, 768) at full size.
+  (blocks 0 .. vision_layers - 2), without ``ln_post`` and without the CLS token: [B, P, D] =
+  [B, 196, 768] at full size (shapes: docs/design.md#dimension-letters).
 * text: token + positional embedding -> causal residual blocks -> ``ln_final`` -> the EOT token
   (the largest id, open_clip's ``argmax``) -> projection. Only evaluation (CLIP-T) uses it.
 
-Images are channels-last (B, H, W, 3); the release feeds B x 3 x H x W.
+Images are channels-last [B, h, w, 3]; the release feeds [B, 3, h, w].
 
 Preprocessing (:func:`preprocess`): the release resizes with kornia
 (``resize(x, (224, 224), interpolation="bicubic", align_corners=True, antialias=True)``): a
@@ -117,7 +118,7 @@ _ones = jax.nn.initializers.ones
 
 
 class LayerNorm(nnx.Module):
-    """LayerNorm over the last axis, computed in fp32. scale/bias: (D,) logical ``norm``."""
+    """LayerNorm over the last axis, computed in fp32. scale/bias: [D] logical ``norm``."""
 
     def __init__(self, dim: int, eps: float, *, rngs: nnx.Rngs):
         self.eps = eps
@@ -150,7 +151,7 @@ class Dense(nnx.Module):
 class Attention(nnx.Module):
     """Multi-head self-attention with biased q/k/v/o (open_clip ``nn.MultiheadAttention``).
 
-    q/k/v kernels (D, N, Hd) ``("embed", "heads", "head_dim")``; o kernel (N, Hd, D).
+    q/k/v kernels [D, N, H] ``("embed", "heads", "head_dim")``; o kernel [N, H, D].
     """
 
     def __init__(self, dim: int, heads: int, *, rngs: nnx.Rngs, attention_impl: str = "auto"):
@@ -166,7 +167,7 @@ class Attention(nnx.Module):
         self.o_bias = _param(rngs, _zeros, (dim,), ("embed",))
 
     def __call__(self, x: jax.Array, mask: attention.AttentionMask | None) -> jax.Array:
-        """x: (B, L, D); mask: :class:`~animegamer_jax.models.attention.AttentionMask` or None. Returns (B, L, D)."""
+        """x: [B, L, D]; mask: :class:`~animegamer_jax.models.attention.AttentionMask` or None. Returns [B, L, D]."""
         dt = x.dtype
         q = jnp.einsum("BLD,DNH->BLNH", x, self.q_kernel[...].astype(dt)) + self.q_bias[...].astype(dt)
         k = jnp.einsum("BLD,DNH->BLNH", x, self.k_kernel[...].astype(dt)) + self.k_bias[...].astype(dt)
@@ -266,7 +267,7 @@ def kornia_resize_matrix(n_in: int, n_out: int) -> np.ndarray:
 
 
 def resize(images: jax.Array, size: int, method: str = "kornia") -> jax.Array:
-    """Square antialiased bicubic resize of (B, H, W, C) float images to (B, size, size, C) fp32.
+    """Square antialiased bicubic resize of [B, h, w, C] float images to [B, size, size, C] fp32.
 
     ``method``: ``"kornia"`` (the release's resize, exact) or ``"jax"`` (``jax.image.resize``
     bicubic antialias); see the module docstring.
@@ -282,7 +283,7 @@ def resize(images: jax.Array, size: int, method: str = "kornia") -> jax.Array:
         mw = jnp.asarray(kornia_resize_matrix(w, size))
         hi = jax.lax.Precision.HIGHEST
         rows = jax.lax.optimization_barrier(jnp.moveaxis(x, 2, 3).reshape(b * h * c, w))
-        y = jnp.dot(rows, mw.T, precision=hi).reshape(b, h, c, size)  # [B, H, C, size(w)]
+        y = jnp.dot(rows, mw.T, precision=hi).reshape(b, h, c, size)  # [B, h, C, size(w)]
         cols = jax.lax.optimization_barrier(jnp.moveaxis(y, 1, 3).reshape(b * c * size, h))
         z = jnp.dot(cols, mh.T, precision=hi).reshape(b, c, size, size)  # [B, C, size(w), size(h)]
         return jnp.transpose(z, (0, 3, 2, 1))
@@ -295,12 +296,12 @@ def preprocess(images: jax.Array, image_size: int = 224, resize_method: str = "k
     """The release's CLIP preprocessing of the reference frame (docs/encoders.md#clip-image-tower).
 
     Args:
-      images: (B, H, W, 3) float in [-1, 1] (any H, W; the release feeds 480 x 720).
+      images: [B, h, w, 3] float in [-1, 1] (any h, w; the release feeds 480 x 720).
       image_size: output side (224 for ViT-B/16).
       resize_method: ``"kornia"`` (release, default) or ``"jax"``; see :func:`resize`.
 
     Returns:
-      (B, image_size, image_size, 3) float32: antialiased bicubic resize straight to a square
+      [B, image_size, image_size, 3] float32: antialiased bicubic resize straight to a square
       (no crop, no aspect preservation), then ``(x + 1) / 2`` and CLIP mean/std normalization.
     """
     x = resize(images, image_size, resize_method)
@@ -311,8 +312,8 @@ def preprocess(images: jax.Array, image_size: int = 224, resize_method: str = "k
 class CLIPVisionTransformer(nnx.Module):
     """open_clip ``VisionTransformer`` (``visual``), without the projection (kept in :class:`CLIP`).
 
-    Params: ``conv1`` (p, p, 3, D) no bias; ``class_embedding`` (D,); ``positional_embedding``
-    (1 + P, D); ``ln_pre``; ``blocks`` stacked (L, ...); ``ln_post``.
+    Params: ``conv1`` [p, p, 3, D] no bias; ``class_embedding`` [D]; ``positional_embedding``
+    [1 + P, D]; ``ln_pre``; ``blocks`` stacked [vision_layers, ...]; ``ln_post``.
     """
 
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
@@ -331,7 +332,8 @@ class CLIPVisionTransformer(nnx.Module):
         self.ln_post = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
 
     def embed(self, pixels: jax.Array) -> jax.Array:
-        """pixels: (B, S, S, 3) normalized (output of :func:`preprocess`). Returns (B, 1 + P, D) after ln_pre."""
+        """pixels: [B, image_size, image_size, 3] normalized (output of :func:`preprocess`). Returns
+        [B, 1 + P, D] after ln_pre."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
         b, h, w, c = pixels.shape
@@ -346,29 +348,29 @@ class CLIPVisionTransformer(nnx.Module):
         return self.ln_pre(x)
 
     def __call__(self, pixels: jax.Array, num_layers: int | None = None) -> jax.Array:
-        """Hidden states (B, 1 + P, D) after the first ``num_layers`` blocks (default all), no ln_post."""
+        """Hidden states [B, 1 + P, D] after the first ``num_layers`` blocks (default all), no ln_post."""
         n = self.cfg.vision_layers if num_layers is None else num_layers
         if not 0 <= n <= self.cfg.vision_layers:
             raise ValueError(f"num_layers {n} outside [0, {self.cfg.vision_layers}]")
         return _run_blocks(self.blocks, self.embed(pixels), n, None, self.cfg.remat)
 
     def patch_tokens(self, pixels: jax.Array) -> jax.Array:
-        """f_v: penultimate-block patch tokens without CLS and without ln_post, (B, P, D)
+        """f_v: penultimate-block patch tokens without CLS and without ln_post, [B, P, D]
         (docs/encoders.md#clip-image-tower)."""
         return self(pixels, self.cfg.vision_layers - 1)[:, 1:]
 
     def encode_reference(self, images: jax.Array, resize_method: str = "kornia") -> jax.Array:
-        """f_v from raw frames: (B, H, W, 3) in [-1, 1] -> (B, P, D) (preprocess + patch_tokens)."""
+        """f_v from raw frames: [B, h, w, 3] in [-1, 1] -> [B, P, D] (preprocess + patch_tokens)."""
         return self.patch_tokens(preprocess(images, self.cfg.image_size, resize_method))
 
     def pooled(self, pixels: jax.Array) -> jax.Array:
-        """ln_post of the final CLS token, (B, D) (HF ``pooler_output``)."""
+        """ln_post of the final CLS token, [B, D] (HF ``pooler_output``)."""
         return self.ln_post(self(pixels)[:, 0])
 
 
 class CLIPTextTransformer(nnx.Module):
-    """open_clip text tower: ``token_embedding`` (V, D), ``positional_embedding`` (Lc, D), causal
-    blocks, ``ln_final``."""
+    """open_clip text tower: ``token_embedding`` [V, D], ``positional_embedding``
+    [text_context_length, D], causal blocks, ``ln_final``."""
 
     def __init__(self, cfg: CLIPConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -384,7 +386,7 @@ class CLIPTextTransformer(nnx.Module):
         self.ln_final = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        """ids: (B, L) int32, L <= context length. Returns (B, L, D) after ln_final."""
+        """ids: int32 [B, L], L <= context length. Returns [B, L, D] after ln_final."""
         dt = jnp.dtype(self.cfg.dtype)
         length = ids.shape[1]
         if length > self.cfg.text_context_length:
@@ -394,7 +396,7 @@ class CLIPTextTransformer(nnx.Module):
         return self.ln_final(x)
 
     def pooled(self, ids: jax.Array) -> jax.Array:
-        """Hidden state at the EOT token, (B, D) (see :class:`CLIPConfig` ``eot_token_id``)."""
+        """Hidden state at the EOT token, [B, D] (see :class:`CLIPConfig` ``eot_token_id``)."""
         x = self(ids)
         if self.cfg.eot_token_id is None:
             pos = jnp.argmax(ids, axis=-1)
@@ -423,12 +425,12 @@ class CLIP(nnx.Module):
         return cls(CLIPConfig.from_config(cfg), rngs=rngs)
 
     def encode_image(self, pixels: jax.Array, normalize: bool = False) -> jax.Array:
-        """pixels: (B, S, S, 3) preprocessed. Returns image embeddings (B, E) in fp32."""
+        """pixels: [B, image_size, image_size, 3] preprocessed. Returns image embeddings [B, E] in fp32."""
         e = (self.visual.pooled(pixels) @ self.visual_projection[...].astype(pixels.dtype)).astype(jnp.float32)
         return e / jnp.linalg.norm(e, axis=-1, keepdims=True) if normalize else e
 
     def encode_text(self, ids: jax.Array, normalize: bool = False) -> jax.Array:
-        """ids: (B, L) int32 with an EOT token. Returns text embeddings (B, E) in fp32."""
+        """ids: int32 [B, L] with an EOT token. Returns text embeddings [B, E] in fp32."""
         h = self.text.pooled(ids)
         e = (h @ self.text_projection[...].astype(h.dtype)).astype(jnp.float32)
         return e / jnp.linalg.norm(e, axis=-1, keepdims=True) if normalize else e

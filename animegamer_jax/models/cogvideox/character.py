@@ -3,8 +3,8 @@
 Each stored character is one low-rank update of the DiT's attention projections (q, k, v and the
 output projection of every layer), shaped as the DiT's own LoRA (SAT lora2, models/lora.py) and as
 the reference adapter's per-layer set: a stacked :class:`~animegamer_jax.models.cogvideox.reference.ReferenceLoRA`
-(``q_a`` [L, D, r], ``q_b`` [L, r, N, H], ..., ``out_a`` [L, N, H, r], ``out_b`` [L, r, D]) with the
-scaling ``alpha / r``. A turn that names the character samples with the DiT whose attention kernels
+(``q_a`` [num_layers, D, r], ``q_b`` [num_layers, r, N, H], ..., ``out_a`` [num_layers, N, H, r],
+``out_b`` [num_layers, r, D]) with the scaling ``alpha / r``. A turn that names the character samples with the DiT whose attention kernels
 have that update folded in (:func:`merge_character`, the one LoRA formula ``models.lora.lora_delta``);
 every other turn samples with the DiT as it is.
 
@@ -96,7 +96,7 @@ def factors_from_dit(dit: nnx.Module, cfg: ReferenceConfig) -> ReferenceLoRA:
 
 def merge_character(dit: nnx.Module, lora: ReferenceLoRA) -> None:
     """Folds character ``lora`` into the LoRA-free DiT ``dit`` in place: each attention kernel
-    ``W [L, *in, *out]`` becomes ``W + (alpha/r) A . B`` (computed in fp32, stored in W's dtype).
+    ``W [num_layers, *in, *out]`` becomes ``W + (alpha/r) A . B`` (computed in fp32, stored in W's dtype).
     Traceable (play jits it once per stored character)."""
     attn = dit.blocks.attn1
     for proj, short in PROJECTIONS:

@@ -13,7 +13,8 @@ Architectural notes not obvious from the reference:
     (docs/dit.md#timestep-and-flow-embedding); its last Linear is zero-initialized, so an untrained
     flow branch is exactly a no-op.
   * Expert adaLN: one Linear(time_embed_dim -> 12*D) per block gives separate shift/scale/gate for the
-    conditioning tokens and for the video tokens (docs/dit.md#block); stored as [layers, E, 12, D] in SAT chunk order.
+    conditioning tokens and for the video tokens (docs/dit.md#block); stored as [num_layers, E, 12, D] in SAT
+    chunk order (shapes: docs/design.md#dimension-letters).
   * LayerNorm eps: block norms and `final_layernorm` use `norm_eps` (1e-5, SAT default), q/k norms use
     `qk_norm_eps` (1e-6); the final-layer norm uses `final_norm_eps` (SAT 1e-6, diffusers 1e-5).
   * LoRA with SAT `lora2` semantics (docs/dit.md#lora): separate A/B for q, k and v and for the output projection,
@@ -197,7 +198,7 @@ def sincos_pos_embed_3d(dim: int, frames: int, height: int, width: int, spatial_
 
     Args:
       dim: model width D (divisible by 16).
-      frames, height, width: token grid (latent frames, H/p, W/p).
+      frames, height, width: token grid (latent frames t, h/p, w/p).
       spatial_scale / temporal_scale: interpolation scales (1.875 / 1.0).
 
     Returns:
@@ -209,8 +210,8 @@ def sincos_pos_embed_3d(dim: int, frames: int, height: int, width: int, spatial_
         raise ValueError(f"3-D sin-cos needs a width divisible by 16, got {dim}")
     dt, ds = dim // 4, 3 * dim // 4
     gw, gh = np.meshgrid(np.arange(width) / spatial_scale, np.arange(height) / spatial_scale)
-    spatial = np.concatenate([_sincos_1d(ds // 2, gw), _sincos_1d(ds // 2, gh)], axis=1)  # [h*w, ds]
-    temporal = _sincos_1d(dt, np.arange(frames) / temporal_scale)  # [t, dt]
+    spatial = np.concatenate([_sincos_1d(ds // 2, gw), _sincos_1d(ds // 2, gh)], axis=1)  # [height*width, ds]
+    temporal = _sincos_1d(dt, np.arange(frames) / temporal_scale)  # [frames, dt]
     table = np.concatenate(
         [np.repeat(temporal[:, None], height * width, axis=1),
          np.repeat(spatial[None], frames, axis=0)], axis=-1)
@@ -376,22 +377,22 @@ class CogVideoXDiT(nnx.Module):
     """CogVideoX-2B DiT predicting v from noisy latents, s_a conditioning, timestep and motion scope.
 
     Call: `model(latents, cond, timesteps, flow=None) -> v`
-      latents: [B, T, C_in, H, W] noisy latents (DiT layout, scaled by 1.15258426; docs/diffusion.md#latent-scale).
+      latents: [B, t, C_in, h, w] noisy latents (DiT layout, scaled by 1.15258426; docs/diffusion.md#latent-scale).
       cond: [B, text_length, D] action-aware representation s_a (or any projected 226-token prefix).
       timesteps: [B] integer DDPM index 0..999 (float accepted; docs/dit.md#timestep-and-flow-embedding).
       flow: [B] float motion-scope value (docs/dit.md#motion-level-to-flow), or None for no flow
         embedding contribution.
       guidance: [B] float DynamicCFG scale w of a distilled student (``use_guidance``), or None.
-      reference: [B, 1, C_in, H, W] reference latent (one VAE latent frame of the reference image,
+      reference: [B, 1, C_in, h, w] reference latent (one VAE latent frame of the reference image,
         scaled like ``latents``; models/cogvideox/reference.py ``encode_reference``) or None; needs
-        ``adapter``. Its H/p x W/p tokens join the video tokens (docs/dit.md#reference-conditioning)
+        ``adapter``. Its h/p x w/p tokens join the video tokens (docs/dit.md#reference-conditioning)
         and are dropped before the output layer.
       adapter: the ``reference`` component (``ReferenceAdapter``); used only with ``reference``, so
         with ``reference=None`` the output is the DiT's own whatever ``adapter`` is.
     Returns:
-      v-prediction [B, T, C_out, H, W] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
+      v-prediction [B, t, C_out, h, w] in the activation dtype (docs/dit.md#output, docs/diffusion.md#v-prediction).
     Raises:
-      ValueError: wrong conditioning length or width, H/W not divisible by the patch size, or a
+      ValueError: wrong conditioning length or width, h or w not divisible by the patch size, or a
         reference of the wrong shape or without an adapter.
     """
 
@@ -457,6 +458,7 @@ class CogVideoXDiT(nnx.Module):
             guidance = jnp.broadcast_to(jnp.asarray(guidance, jnp.float32), (B,))
         emb = self.embed_time(timesteps, flow, dt, guidance)
 
+        # einops letters: T = latent frames (t), h, w = the patch grid (latent h / p, w / p)
         x = einops.rearrange(latents.astype(dt), "B T C (h p) (w q) -> B (T h w) (C p q)", p=p, q=p)
         img = x @ self.patch_kernel[...].astype(dt) + self.patch_bias[...].astype(dt)
         pos = sincos_pos_embed_3d(cfg.hidden_size, T, h, w, cfg.spatial_interpolation_scale,
@@ -497,6 +499,7 @@ class CogVideoXDiT(nnx.Module):
 
         # The conditioning tokens are dropped after the (per-token) final_layernorm.
         img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
+        # C here: the output adaLN's 2 chunks (shift, scale), not channels
         mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), self.out_adaln_kernel[...].astype(dt))
         mod = constrain(mod + self.out_adaln_bias[...].astype(dt)[None], ("act_batch", None, "act_embed"))
         img = _layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)

@@ -464,7 +464,7 @@ def is_legacy_blocks(blocks: Mapping[str, Any]) -> bool:
 
 
 def migrate_legacy_blocks(blocks: Mapping[str, Any]) -> dict[str, Any]:
-    """Old flat `blocks` dict (`DiTBlocks`: `qkv_kernel` [L, D, 3, N, H], ...) -> the `DiTBlock` nesting.
+    """Old flat `blocks` dict (`DiTBlocks`: `qkv_kernel` [num_layers, D, 3, N, H], ...) -> the `DiTBlock` nesting.
 
     Every array is kept bit for bit; the fused q/k/v arrays are split into `attn1.to_q/to_k/to_v`.
 

@@ -4,18 +4,19 @@
 TAEHV-like (a tiny autoencoder for video latents): per-frame 3x3 convs, one causal time tap per block,
 no attention, no normalisation. It maps the DiT's scaled latents to frames the shape the VAE decodes:
 
-  latents ``[B, T_lat, C, h, w]`` (scaled, as the DiT samples them)
-    -> frames ``[B, 1 + 4 (T_lat - 1), 8 h, 8 w, 3]`` float32, clipped to [-1, 1]
+  latents ``[B, t, C, h, w]`` (scaled, as the DiT samples them)
+    -> frames ``[B, 1 + 4 (t - 1), 8h, 8w, 3]`` float32, clipped to [-1, 1]
 
 (the temporal factor is ``vae.temporal_compression_ratio``, the spatial one the VAE's ``2 ** (levels
 - 1)``; the causal VAE's first latent frame gives one frame, every later one four).
 
-Layout, channels ``c_0 .. c_L`` (``preview.channels``, L = spatial levels = log2 of the spatial factor):
+Layout, channels ``c_0 .. c_n`` (``preview.channels``, n = spatial levels = log2 of the spatial factor sf;
+tf the temporal factor):
 
-  conv_in (C -> c_0, 3x3) -> ReLU -> block(c_0)          at latent size, T_lat frames
-  time_up (c_0 -> r c_0, 1x1): each latent frame -> r frames, the first r - 1 frames dropped
-  level i = 1..L: nearest 2x -> conv (c_{i-1} -> c_i, 3x3) -> ReLU -> block(c_i)
-  conv_out (c_L -> 3, 3x3)
+  conv_in (C -> c_0, 3x3) -> ReLU -> block(c_0)          at latent size, t frames
+  time_up (c_0 -> tf c_0, 1x1): each latent frame -> tf frames, the first tf - 1 frames dropped
+  level i = 1..n: nearest 2x -> conv (c_{i-1} -> c_i, 3x3) -> ReLU -> block(c_i)
+  conv_out (c_n -> 3, 3x3)
 
 ``block(c)``: ``x + conv2(relu(conv1(concat(x, x shifted one frame back))))`` (3x3 convs; the first
 frame sees itself as its past), so information flows forward in time only (causal). Parameters are
@@ -83,12 +84,12 @@ class PreviewConfig:
 
 
 def num_frames(num_latent_frames: int, temporal_factor: int = 4) -> int:
-    """Frames the preview (and the VAE's release plan) gives for ``num_latent_frames``: ``1 + r (T - 1)``."""
+    """Frames the preview (and the VAE's release plan) gives for ``num_latent_frames`` t: ``1 + temporal_factor (t - 1)``."""
     return 1 + temporal_factor * (int(num_latent_frames) - 1)
 
 
 class CausalBlock(nnx.Module):
-    """``x + conv2(relu(conv1([x, x_prev])))`` on ``[B, T, H, W, c]``; ``x_prev`` is ``x`` one frame
+    """``x + conv2(relu(conv1([x, x_prev])))`` on ``[B, T, h, w, c]``; ``x_prev`` is ``x`` one frame
     back (frame 0: itself)."""
 
     def __init__(self, c: int, *, dtype, rngs: nnx.Rngs):
@@ -101,7 +102,7 @@ class CausalBlock(nnx.Module):
 
 
 class PreviewDecoder(nnx.Module):
-    """Scaled latents ``[B, T_lat, C, h, w]`` -> frames ``[B, 1 + r (T_lat - 1), s h, s w, 3]`` float32
+    """Scaled latents ``[B, t, C, h, w]`` -> frames ``[B, 1 + tf (t - 1), sf h, sf w, 3]`` float32
     in [-1, 1] (module docstring). Jit it with ``nnx.jit`` or split / merge inside a ``jax.jit``."""
 
     def __init__(self, cfg: PreviewConfig, *, rngs: nnx.Rngs):
@@ -122,7 +123,7 @@ class PreviewDecoder(nnx.Module):
     def __call__(self, latents: Array) -> Array:
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
-        x = (jnp.moveaxis(latents, 2, -1) / cfg.scaling_factor).astype(dt)  # [B, T, h, w, C]
+        x = (jnp.moveaxis(latents, 2, -1) / cfg.scaling_factor).astype(dt)  # [B, t, h, w, C]
         x = self.block_in(jax.nn.relu(self.conv_in(x)))
         b, t, h, w, c = x.shape
         r = cfg.temporal_factor
@@ -141,7 +142,7 @@ def count_params(cfg: PreviewConfig) -> int:
 
 
 def conv_flops(cfg: PreviewConfig, latent_shape: tuple[int, int, int]) -> float:
-    """Multiply-add FLOPs (2 per MAC) of one clip of ``(T_lat, h, w)`` latents, counted layer by layer."""
+    """Multiply-add FLOPs (2 per MAC) of one clip of ``(t, h, w)`` latents, counted layer by layer."""
     t, h, w = (int(v) for v in latent_shape)
     ch, r = cfg.channels, cfg.temporal_factor
     f = num_frames(t, r)

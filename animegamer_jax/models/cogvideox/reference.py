@@ -10,10 +10,11 @@ and the output projection, the one LoRA formula ``models.lora.low_rank_update``)
 DiT's attention projections for every token. Without a reference the DiT never touches the adapter,
 so its output is exactly that of a DiT without one.
 
-Parameters (``L`` layers, ``D`` width, ``N`` heads, ``H`` head dim, ``r`` = ``reference_lora_rank``):
-``type_embed`` [D]; ``lora.{q,k,v}_a`` [L, D, r], ``lora.{q,k,v}_b`` [L, r, N, H], ``lora.out_a``
-[L, N, H, r], ``lora.out_b`` [L, r, D] (``LoRAParam``; the B factors start at zero, so a fresh adapter
-changes the attention weights by nothing and the reference acts through attention alone).
+Parameters (docs/design.md#dimension-letters: ``D`` width, ``N`` heads, ``H`` head dim, ``r`` =
+``reference_lora_rank``): ``type_embed`` [D]; ``lora.{q,k,v}_a`` [num_layers, D, r], ``lora.{q,k,v}_b``
+[num_layers, r, N, H], ``lora.out_a`` [num_layers, N, H, r], ``lora.out_b`` [num_layers, r, D]
+(``LoRAParam``; the B factors start at zero, so a fresh adapter changes the attention weights by
+nothing and the reference acts through attention alone).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ class ReferenceAdapter(nnx.Module):
 
 
 def encode_reference(vae: nnx.Module, images: Array, scaling_factor: float) -> Array:
-    """Reference images -> the DiT's reference latent: uint8 [B, H, W, 3] (the clip's resolution) ->
+    """Reference images -> the DiT's reference latent: uint8 [B, 8h, 8w, 3] (the clip's resolution) ->
     float32 [B, 1, C, h, w] = ``scaling_factor * mean(q(z | x))`` of the one-frame clip (x in [-1, 1]),
     the posterior mean (no sampling draw), so a reference gives the same latent in training and play.
     Traceable; ``vae`` is the system's frozen VAE (``CogVideoXVAE``)."""

@@ -6,10 +6,11 @@ docs/vae.md. Submodule and parameter names mirror the diffusers names so that th
 map (animegamer_jax/models/cogvideox/vae_convert.py) is a short, mechanical table.
 
 Layouts:
-  * Inside, every activation is channels-last ``[B, T, H, W, C]``.
-  * Public video: ``[B, T, H, W, 3]`` float in [-1, 1] (T = 1 + 4k for the causal VAE).
-  * Public latents: ``[B, T_lat, C, h, w]`` (the DiT's layout, docs/vae.md#configuration),
-    T_lat = 1 + (T - 1) / 4, h = H / 8, w = W / 8 at the paper config.
+  * Inside, every activation is channels-last ``[B, T, h, w, C]`` (shapes:
+    docs/design.md#dimension-letters).
+  * Public video: ``[B, T, 8h, 8w, 3]`` float in [-1, 1] (T = 1 + 4k for the causal VAE).
+  * Public latents: ``[B, t, C, h, w]`` (the DiT's layout, docs/vae.md#configuration),
+    t = 1 + (T - 1) / 4 and the spatial factor 8 at the paper config.
 
 Not obvious from the reference:
   * Causal caches are explicit. Every 3x3x3 causal conv takes ``cache`` (the last ``kt - 1 = 2``
@@ -150,7 +151,7 @@ class Conv3d(nnx.Module):
     """Plain 3-D convolution, stride 1, zero spatial padding ``pad``, no time padding.
 
     Params: ``kernel`` [kt, kh, kw, C_in, C_out] (logical ``conv_in``/``conv_out``), ``bias`` [C_out].
-    Input ``[B, T, H, W, C_in]`` -> ``[B, T - kt + 1, H + 2 pad - kh + 1, ..., C_out]``.
+    Input ``[B, T, h, w, C_in]`` -> ``[B, T - kt + 1, h + 2 pad - kh + 1, ..., C_out]``.
     """
 
     def __init__(self, cin: int, cout: int, kernel: tuple[int, int, int], pad: int, *, dtype, rngs: nnx.Rngs):
@@ -193,12 +194,12 @@ def conv3d_as_2d(x: Array, kernel: Array, pad: int) -> Array:
     (``python -m benchmarks.vae_bench --train_step`` times the tiny VAE's train step both ways).
 
     Args:
-      x: ``[B, T, H, W, C_in]``.
+      x: ``[B, T, h, w, C_in]``.
       kernel: ``[kt, kh, kw, C_in, C_out]`` (same dtype as x).
       pad: spatial zero padding on each side.
 
     Returns:
-      ``[B, T - kt + 1, H + 2 pad - kh + 1, W + 2 pad - kw + 1, C_out]``.
+      ``[B, T - kt + 1, h + 2 pad - kh + 1, w + 2 pad - kw + 1, C_out]``.
     """
     kt, kh, kw, cin, cout = kernel.shape
     b, t = x.shape[:2]
@@ -212,7 +213,7 @@ def conv3d_as_2d(x: Array, kernel: Array, pad: int) -> Array:
 
 
 class Conv2d(nnx.Module):
-    """Per-frame 2-D convolution (``[B, T, H, W, C]``), kernel [kh, kw, C_in, C_out]."""
+    """Per-frame 2-D convolution (``[B, T, h, w, C]``), kernel [kh, kw, C_in, C_out]."""
 
     def __init__(self, cin: int, cout: int, k: int, stride: int, pad: int, *, dtype, rngs: nnx.Rngs):
         init = _uniform_fan_in(cin * k * k)
@@ -251,7 +252,7 @@ class CausalConv3d(nnx.Module):
         self.conv = Conv3d(cin, cout, (k, k, k), (k - 1) // 2, dtype=dtype, rngs=rngs)
 
     def __call__(self, x: Array, cache: Array | None = None) -> tuple[Array, Array | None]:
-        """x: [B, T, H, W, C]; cache: [B, kt-1, H, W, C] or None -> ([B, T, H, W, C_out], new cache)."""
+        """x: [B, T, h, w, C]; cache: [B, kt-1, h, w, C] or None -> ([B, T, h, w, C_out], new cache)."""
         kt = self.time_kernel
         if kt == 1:
             return self.conv(x), None
@@ -268,7 +269,7 @@ class CausalConv3d(nnx.Module):
 
 
 class GroupNorm(nnx.Module):
-    """GroupNorm over (T, H, W, C/G) per group, statistics in float32; params ``scale``, ``bias``."""
+    """GroupNorm over (T, h, w, C / groups) per group, statistics in float32; params ``scale``, ``bias``."""
 
     def __init__(self, channels: int, groups: int, eps: float, *, dtype):
         if channels % groups:
@@ -297,7 +298,7 @@ def _nearest_index(n_in: int, n_out: int) -> np.ndarray:
 
 
 def nearest_resize(z: Array, size: tuple[int, int, int]) -> Array:
-    """Nearest resize of ``[B, T, H, W, C]`` to (T', H', W') (``F.interpolate(mode="nearest")``)."""
+    """Nearest resize of ``[B, T, h, w, C]`` to (T', h', w') (``F.interpolate(mode="nearest")``)."""
     for axis, n_out in zip((1, 2, 3), size):
         n_in = z.shape[axis]
         if n_in == n_out:
@@ -497,7 +498,7 @@ class Encoder3D(nnx.Module):
         _set_conv_impl(self, cfg.conv_impl)
 
     def __call__(self, x: Array, cache: Cache | None = None) -> tuple[Array, Cache]:
-        """x: [B, T, H, W, C_in] -> moments [B, T_lat, H/8, W/8, 2 C_lat] and the new cache."""
+        """x: [B, T, 8h, 8w, C_in] -> moments [B, t, h, w, 2 C_lat] and the new cache."""
         cache = cache or {}
         new = {}
         h, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
@@ -553,7 +554,7 @@ class Decoder3D(nnx.Module):
 class DiagonalGaussian:
     """Posterior q(z|x) (``DiagonalGaussianRegularizer``): mean and logvar clamped to [-30, 20].
 
-    Both are ``[B, T_lat, C, h, w]`` float32 (the DiT layout), unscaled.
+    Both are ``[B, t, C, h, w]`` float32 (the DiT layout), unscaled.
     """
 
     mean: Array
@@ -601,13 +602,13 @@ class CogVideoXVAE(nnx.Module):
         """Encodes video to the posterior.
 
         Args:
-          video: ``[B, T, H, W, 3]`` float in [-1, 1]; T = 1 + 4k (or any T the plan allows),
-            H and W multiples of 8 (spatial_factor).
+          video: ``[B, T, 8h, 8w, 3]`` float in [-1, 1]; T = 1 + 4k (or any T the plan allows),
+            height and width multiples of 8 (spatial_factor).
           plan: frame chunk sizes; default from ``cfg.encode_chunks`` ((0, 0) = whole clip, as
             the SAT training ``encode_first_stage``; use ``diffusers_plan(T, 8)`` for diffusers).
 
         Returns:
-          :class:`DiagonalGaussian` with mean/logvar ``[B, T_lat, C, H/8, W/8]`` float32, unscaled.
+          :class:`DiagonalGaussian` with mean/logvar ``[B, t, C, h, w]`` float32, unscaled.
         """
         if plan is None:
             plan = chunk_plan(video.shape[1], *self.cfg.encode_chunks)
@@ -623,13 +624,13 @@ class CogVideoXVAE(nnx.Module):
         """Decodes unscaled latents with causal caches carried across time chunks.
 
         Args:
-          latents: ``[B, T_lat, C, h, w]`` (unscaled, i.e. already divided by scaling_factor).
-          plan: latent chunk sizes; default ``chunk_plan(T_lat, *cfg.decode_chunks)`` = the
-            release plan (3, 2, 2, ...). ``diffusers_plan(T_lat, 2)`` is diffusers'.
+          latents: ``[B, t, C, h, w]`` (unscaled, i.e. already divided by scaling_factor).
+          plan: latent chunk sizes; default ``chunk_plan(t, *cfg.decode_chunks)`` = the
+            release plan (3, 2, 2, ...). ``diffusers_plan(t, 2)`` is diffusers'.
 
         Returns:
           ``[B, T, 8h, 8w, 3]`` float32, roughly in [-1, 1] (not clipped). With the default plan
-          T = 1 + 4 (T_lat - 1).
+          T = 1 + 4 (t - 1).
         """
         if plan is None:
             plan = chunk_plan(latents.shape[1], *self.cfg.decode_chunks)
@@ -655,11 +656,11 @@ class CogVideoXVAE(nnx.Module):
         (ragged edge tiles, crop-and-blend), every output pixel is a convex mix of tiles.
 
         Args:
-          latents: ``[B, T_lat, C, h, w]`` unscaled.
+          latents: ``[B, t, C, h, w]`` unscaled.
           tile_size: latent tile (th, tw) or one int; default ``cfg.tile_size``.
           overlap: overlap fraction in [0, 1); default ``cfg.tile_overlap``.
           plan: decode chunk plan (see :meth:`decode`).
-          decode_fn: ``[B, T_lat, C, th, tw] -> [B, T, sf th, sf tw, 3]``; default :meth:`decode`.
+          decode_fn: ``[B, t, C, th, tw] -> [B, T, sf th, sf tw, 3]``; default :meth:`decode`.
 
         Returns:
           ``[B, T, 8h, 8w, 3]`` float32.
@@ -689,12 +690,12 @@ def encode_video(
     """Video -> scaled latents ``z = scaling_factor * sample(q(z|x))`` (mean when ``key`` is None).
 
     Args:
-      video: ``[B, T, H, W, 3]`` float in [-1, 1].
+      video: ``[B, T, 8h, 8w, 3]`` float in [-1, 1].
       key: PRNG key for the posterior sample (the release samples); None = posterior mean.
       plan: encode chunk plan (see :meth:`CogVideoXVAE.encode`).
 
     Returns:
-      ``[B, T_lat, C, H/8, W/8]`` float32, scaled by ``cfg.scaling_factor`` (1.15258426).
+      ``[B, t, C, h, w]`` float32, scaled by ``cfg.scaling_factor`` (1.15258426).
     """
     post = vae.encode(video, plan)
     z = post.mean if key is None else post.sample(key)
@@ -707,7 +708,7 @@ def decode_latents(
     """Scaled latents -> video ``VAE_dec(z / scaling_factor)``, clipped to [-1, 1].
 
     Args:
-      latents: ``[B, T_lat, C, h, w]`` scaled (as the DiT produces them).
+      latents: ``[B, t, C, h, w]`` scaled (as the DiT produces them).
       plan: decode chunk plan; default the release plan.
       tiled: spatial tiling; default ``cfg.tile_size > 0`` (-1: ``vae_tiling.resolve_decode_tiling``).
 

@@ -4,14 +4,14 @@ Names (docs/vae.md#checkpoint-keys). Our parameter paths mirror diffusers' ``Aut
 ``encoder.down_blocks.0.resnets.1.conv1.conv.kernel`` <-> ``...conv1.conv.weight``; the only
 differences are the leaf names and layouts:
 
-  ======================  =====================  ===================================
+  ======================  =====================  ===================================================
   ours                    diffusers              layout change
-  ======================  =====================  ===================================
-  ``*.kernel`` (5-D)      ``*.weight`` Conv3d    (O, I, kt, kh, kw) -> (kt, kh, kw, I, O)
-  ``*.kernel`` (4-D)      ``*.weight`` Conv2d    (O, I, kh, kw) -> (kh, kw, I, O)
+  ======================  =====================  ===================================================
+  ``*.kernel`` (5-D)      ``*.weight`` Conv3d    [C_out, C_in, kt, kh, kw] -> [kt, kh, kw, C_in, C_out]
+  ``*.kernel`` (4-D)      ``*.weight`` Conv2d    [C_out, C_in, kh, kw] -> [kh, kw, C_in, C_out]
   ``*.scale``             ``*.weight`` GroupNorm none
   ``*.bias``              ``*.bias``             none
-  ======================  =====================  ===================================
+  ======================  =====================  ===================================================
 
 SAT -> diffusers renames (the diffusers conversion script ``convert_cogvideox_to_diffusers.py``):
 ``block.`` -> ``resnets.``, ``down.`` -> ``down_blocks.``, ``downsample`` -> ``downsamplers.0``,

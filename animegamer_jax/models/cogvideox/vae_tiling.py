@@ -85,7 +85,7 @@ def diffusers_plan(num_frames: int, batch: int) -> tuple[int, ...]:
 
 
 def release_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
-    """The SAT sampling script's decode plan: latents [0:3], then pairs (``loop_num = (T-1)//2``)."""
+    """The SAT sampling script's decode plan: latents [0:3], then pairs (``loop_num = (t-1)//2``, t latent frames)."""
     return chunk_plan(num_latent_frames, 3, 2)
 
 
@@ -106,7 +106,7 @@ def run_chunked(
     activations are live at a time.
 
     Args:
-      fn: ``(x_chunk [B, t, ...], cache) -> (y_chunk [B, t', ...], cache)``.
+      fn: ``(x_chunk [B, n, ...], cache) -> (y_chunk [B, n', ...], cache)`` (n a chunk's frames).
       x: ``[B, T, ...]``.
       plan: chunk sizes along axis 1, summing to T.
 
@@ -306,7 +306,7 @@ def tiled_work(h: int, w: int, tile: int, overlap: float) -> int:
 def pick_decode_tiling(cfg: DecodeConfig, latent_shape: Sequence[int], budget_bytes: float,
                        shards: int = 1, factor: float = DECODE_BYTES_FACTOR,
                        untiled_factor: float | None = None) -> tuple[int, tuple[int, ...]]:
-    """The cheapest decode of ``latent_shape`` (T_lat, h, w) whose :func:`decode_memory_bytes` fits.
+    """The cheapest decode of ``latent_shape`` (t, h, w) whose :func:`decode_memory_bytes` fits.
 
     Tried in order, first fit wins: with the release chunk plan (``cfg.decode_chunks``), untiled;
     then, of the square tiles from ``max(h, w)`` down to 8 latent px (clipped to the plane, 2 px

@@ -193,7 +193,7 @@ class GameStateMLLM(nnx.Module):
           input_ids: int [B, L].
           cmp_mask: bool [B, L]; its k-th True position (row-wise) takes token k of the flattened
             history reps, i.e. run j of Q positions <- slot j.
-          history_reps: float [B, S, Q, rep_dim] (S slots, S*Q >= number of True per row) or None.
+          history_reps: float [B, M, Q, rep_dim] (M slots, M*Q >= number of True per row) or None.
 
         Returns: float [B, L, D].
         """
@@ -247,7 +247,7 @@ class GameStateMLLM(nnx.Module):
 
         Args:
           input_ids int [B, L]; gen_mask bool [B, L] current-turn query positions; cmp_mask bool
-          [B, L] history query positions; history_reps [B, S, Q, rep_dim]; padding_mask bool [B, L];
+          [B, L] history query positions; history_reps [B, M, Q, rep_dim]; padding_mask bool [B, L];
           turn_ids int [B, L] (:class:`TurnSequence`; used, and then required, with
           ``history_attention="turn_window"``).
 

@@ -27,8 +27,8 @@ Prefill writes positions ``[length, length + L)``; a decode step writes one posi
 caller's :class:`~animegamer_jax.models.attention.AttentionMask` says which slots hold which
 positions (``k_pos``, ``kv_valid``): the MLLM's turn-granular rolling buffer (inference/mllm_turn.py).
 
-Shapes: B batch, L query length, S key length, D model width, N query heads, K kv heads,
-H head dim, F MLP width, V vocab.
+Shapes (docs/design.md#dimension-letters): B batch, L query length, S key length, D model width,
+N query heads, K kv heads, H head dim, F MLP width, V vocab.
 """
 
 from __future__ import annotations
@@ -277,11 +277,12 @@ class Mistral(nnx.Module):
     """Mistral causal LM (embed_tokens, stacked layers, norm, lm_head).
 
     Build with ``Mistral(MistralConfig(...), rngs=nnx.Rngs(0))`` or ``Mistral.from_config(cfg.mllm)``.
-    Parameter tree (leading L = num_layers on ``layers.*``): ``embed_tokens [V, D]``,
-    ``layers.{input,post_attention}_layernorm.weight [L, D]``, ``layers.{q,k,v}_proj.kernel
-    [L, D, N|K, H]``, ``layers.o_proj.kernel [L, N, H, D]``, ``layers.{gate,up}_proj.kernel [L, D, F]``,
-    ``layers.down_proj.kernel [L, F, D]``, ``norm.weight [D]``, ``lm_head [D, V]``; LoRA adds
-    ``lora_a [L, *in, r]`` / ``lora_b [L, r, *out]`` on the targeted projections.
+    Parameter tree (leading ``num_layers`` axis on ``layers.*``): ``embed_tokens [V, D]``,
+    ``layers.{input,post_attention}_layernorm.weight [num_layers, D]``, ``layers.{q,k,v}_proj.kernel
+    [num_layers, D, N|K, H]``, ``layers.o_proj.kernel [num_layers, N, H, D]``,
+    ``layers.{gate,up}_proj.kernel [num_layers, D, F]``, ``layers.down_proj.kernel [num_layers, F, D]``,
+    ``norm.weight [D]``, ``lm_head [D, V]``; LoRA adds ``lora_a [num_layers, *in, r]`` /
+    ``lora_b [num_layers, r, *out]`` on the targeted projections.
     """
 
     def __init__(self, cfg: MistralConfig, *, rngs: nnx.Rngs):
@@ -542,15 +543,16 @@ def greedy_generate(
     """Greedy decoding with the KV cache (HF ``generate(do_sample=False)``).
 
     Args:
-      max_new_tokens: tokens to generate T.
+      max_new_tokens: tokens to generate.
       input_ids [B, L] or inputs_embeds [B, L, D]: the prompt.
-      cache_len: cache size S_max (default L + T rounded up to a multiple of 64, so turns of
+      cache_len: cache size S_max (default L + max_new_tokens rounded up to a multiple of 64, so turns of
         similar length share one compiled decode step).
       allowed_fn: ``(step, previous_tokens [B]) -> bool [B, V]`` legal-token mask per step
         (constrained decoding); None = unconstrained.
 
     Returns:
-      (tokens int32 [B, T], logits fp32 [B, T, V]) where logits[:, t] produced tokens[:, t].
+      (tokens int32 [B, max_new_tokens], logits fp32 [B, max_new_tokens, V]) where logits[:, i]
+      produced tokens[:, i].
     """
     x = input_ids if input_ids is not None else inputs_embeds
     b, l = x.shape[:2]

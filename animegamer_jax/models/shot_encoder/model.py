@@ -3,9 +3,9 @@
 docs/encoders.md#shot-encoder-projection (release: ``ImagePatchEmbeddingMixin`` with ``ip_hidden_size=768``,
 ``use_attention_mix=False``)::
 
-    text  = LN_txt(Linear(1920->1920)(GELU(Linear(4096->1920)(f_md))))    # (B, 30, 1920)
-    image = LN_ip (Linear(1920->1920)(GELU(Linear( 768->1920)(f_v ))))    # (B, 196, 1920)
-    s_a   = concat([text, image], token axis)                            # (B, 226, 1920), text first
+    text  = LN_txt(Linear(1920->1920)(GELU(Linear(4096->1920)(f_md))))    # [B, Lt = 30, 1920]
+    image = LN_ip (Linear(1920->1920)(GELU(Linear( 768->1920)(f_v ))))    # [B, P = 196, 1920]
+    s_a   = concat([text, image], token axis)                            # [B, Q = 226, 1920], text first
 
 GELU is exact (erf); the LayerNorms are affine with eps 1e-5 (``nn.LayerNorm`` default).
 ``output_mix_layer_norm`` exists in the release checkpoint but is unused on this path, so it is
@@ -86,11 +86,11 @@ class ShotEncoder(nnx.Module):
         """Computes s_a (Eq. 1).
 
         Args:
-          text_features: f_md, (B, Lt, text_dim) T5 last hidden states (Lt = 30).
-          image_features: f_v, (B, Li, image_dim) CLIP penultimate patch tokens (Li = 196).
+          text_features: f_md, [B, Lt, text_dim] T5 last hidden states (Lt = 30).
+          image_features: f_v, [B, P, image_dim] CLIP penultimate patch tokens (P = 196).
 
         Returns:
-          (B, Lt + Li, dim) in ``cfg.dtype``, text tokens first.
+          [B, Lt + P, dim] in ``cfg.dtype``, text tokens first.
 
         Raises:
           ValueError: feature widths that do not match the config.
@@ -109,9 +109,9 @@ class ShotEncoder(nnx.Module):
 
     def uncond(self, batch_size: int = 1) -> jax.Array:
         """Unconditional s_a for CFG (docs/encoders.md#unconditional-embedding): E_a of
-        zeros(B, Lt, text_dim) and zeros(B, Li, image_dim).
+        zeros [B, Lt, text_dim] and zeros [B, P, image_dim].
 
-        Returns (B, Lt + Li, dim); row-constant within each branch and generally non-zero.
+        Returns [B, Lt + P, dim]; row-constant within each branch and generally non-zero.
         """
         cfg = self.cfg
         z_t = jnp.zeros((batch_size, cfg.num_text_tokens, cfg.text_dim), jnp.dtype(cfg.dtype))

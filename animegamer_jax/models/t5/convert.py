@@ -1,9 +1,9 @@
 """HF ``T5EncoderModel`` / ``T5ForConditionalGeneration`` state dicts -> our :class:`T5Encoder`.
 
 Source names (HF ``modeling_t5.py``), weights (out, in) for ``y = x W^T``:
-``shared.weight`` and/or ``encoder.embed_tokens.weight`` (V, D) (hub T5 v1.1 files carry either or
+``shared.weight`` and/or ``encoder.embed_tokens.weight`` [V, D] (hub T5 v1.1 files carry either or
 both; transformers 5 ties them), ``encoder.block.{i}.layer.0.SelfAttention.{q,k,v,o}.weight``,
-``encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight`` (buckets, N),
+``encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight`` [buckets, N],
 ``encoder.block.{i}.layer.0.layer_norm.weight``,
 ``encoder.block.{i}.layer.1.DenseReluDense.{wi_0,wi_1,wo}.weight``,
 ``encoder.block.{i}.layer.1.layer_norm.weight``, ``encoder.final_layer_norm.weight``.

@@ -2,13 +2,14 @@
 
 Follows docs/encoders.md#t5-action-text and HF ``transformers/models/t5/modeling_t5.py`` (encoder stack):
 
-* token embedding ``shared`` (V, D), no scaling, no absolute positions;
+* token embedding ``shared`` [V, D], no scaling, no absolute positions;
 * per block: T5 RMS norm (no mean, no bias; fp32 statistics) -> self-attention with *no*
   1/sqrt(d) scaling (folded into the init) and a learned relative position bias shared by all
   layers (bidirectional buckets, stored once, HF keeps it in block 0) -> residual;
   RMS norm -> gated-GELU FFN ``wo(gelu_tanh(wi_0 x) * wi_1 x)`` (T5 v1.1 ``gated-gelu`` maps to
   ``gelu_new``, the tanh approximation) -> residual; all Linears without bias;
-* final RMS norm. Output (B, L, D): (B, 30, 4096) at full size.
+* final RMS norm. Output [B, L, D]: [B, 30, 4096] at full size (shapes:
+  docs/design.md#dimension-letters).
 
 No attention mask by default (the release passes none, so pads are attended: CogVideoX
 convention). The default compute dtype is fp32: without a mask, bf16 overflows the residual
@@ -102,7 +103,7 @@ class RMSNorm(nnx.Module):
 
 
 class T5Attention(nnx.Module):
-    """Unscaled multi-head self-attention, no biases. q/k/v (D, N, Hd), o (N, Hd, D)."""
+    """Unscaled multi-head self-attention, no biases. q/k/v [D, N, H], o [N, H, D]."""
 
     def __init__(self, cfg: T5Config, *, rngs: nnx.Rngs):
         d, n, h = cfg.d_model, cfg.num_heads, cfg.d_kv
@@ -113,7 +114,7 @@ class T5Attention(nnx.Module):
         self.o = _param(rngs, (n, h, d), ("heads", "head_dim", "embed"), (n * h) ** -0.5)
 
     def __call__(self, x: jax.Array, bias: jax.Array, mask: attention.AttentionMask | None = None) -> jax.Array:
-        """x: (B, L, D); bias: (B|1, N, L, L) fp32 position bias; mask: key padding. Returns (B, L, D)."""
+        """x: [B, L, D]; bias: [B|1, N, L, L] fp32 position bias; mask: key padding. Returns [B, L, D]."""
         dt = x.dtype
         q = jnp.einsum("BLD,DNH->BLNH", x, self.q[...].astype(dt))
         k = jnp.einsum("BLD,DNH->BLNH", x, self.k[...].astype(dt))
@@ -125,7 +126,7 @@ class T5Attention(nnx.Module):
 
 
 class T5GatedFFN(nnx.Module):
-    """wo(gelu_tanh(x wi_0) * (x wi_1)); wi_0 / wi_1 (D, F), wo (F, D), no biases."""
+    """wo(gelu_tanh(x wi_0) * (x wi_1)); wi_0 / wi_1 [D, F], wo [F, D], no biases."""
 
     def __init__(self, cfg: T5Config, *, rngs: nnx.Rngs):
         d, f = cfg.d_model, cfg.d_ff
@@ -156,8 +157,8 @@ class T5Block(nnx.Module):
 
 
 class T5Encoder(nnx.Module):
-    """T5 v1.1 encoder stack. Params: ``shared`` (V, D), ``relative_attention_bias`` (buckets, N),
-    ``blocks`` (stacked, L layers), ``final_layer_norm``."""
+    """T5 v1.1 encoder stack. Params: ``shared`` [V, D], ``relative_attention_bias`` [buckets, N],
+    ``blocks`` (stacked, ``num_layers`` layers), ``final_layer_norm``."""
 
     def __init__(self, cfg: T5Config, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -188,11 +189,11 @@ class T5Encoder(nnx.Module):
         """Encodes token ids.
 
         Args:
-          ids: (B, L) int32 token ids (pad id 0).
-          attention_mask: optional (B, L) {0,1}; None (the release's setting) attends to pads.
+          ids: int32 [B, L] token ids (pad id 0).
+          attention_mask: optional [B, L] {0,1}; None (the release's setting) attends to pads.
 
         Returns:
-          (B, L, D) last hidden state in ``cfg.dtype`` (fp32 by default).
+          [B, L, D] last hidden state in ``cfg.dtype`` (fp32 by default).
         """
         dt = jnp.dtype(self.cfg.dtype)
         x = self.shared[...].astype(dt)[ids]
