@@ -7,8 +7,9 @@ configs/tiny.py. ``--config.a.b=value`` overrides a field of either; ``--mode`` 
 * :func:`run_game_command` is a game command's ``main(argv)`` (``cli.run_command`` with these flags);
 * :func:`parse_game_flags` parses a game command line for library use (tests, benchmarks);
 * :func:`game_flags` is the ``define(fv, argv)`` both hand to ``cli.parse_flags``;
-* :data:`CLI_ERRORS` are the errors a game command reports as one line (exit status 2);
-* :func:`setup_jax` sets the process-wide JAX options of the game commands.
+* :data:`CLI_ERRORS` are the errors a game command reports as one line (exit status 2).
+
+The process-wide JAX options the game commands set are inference/layout.py ``setup_jax``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import contextlib
 import re
 from collections.abc import Callable, Sequence
 
-import jax
 from absl import flags
 from ml_collections import config_flags
 
@@ -211,13 +211,3 @@ def _with_executables(f, body, *rest):
     """``body(f, config, *rest)`` with ``--executables`` in use (inference/executables.py)."""
     with executables.use(f.executables if "executables" in f else ""):
         return body(f, game_config(f), *rest)
-
-
-def setup_jax() -> None:
-    """Process-wide JAX settings of the game commands.
-
-    ``jax_threefry_partitionable`` off: with it on (this JAX's default) every program that draws
-    random numbers compiles threefry much more slowly on a CPU. Only the bit stream changes; a given
-    seed still gives identical outputs run after run.
-    """
-    jax.config.update("jax_threefry_partitionable", False)
