@@ -24,7 +24,7 @@ from ml_collections import config_flags
 
 from animegamer_jax import cli, fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
-from animegamer_jax.config import ConfigError, fill_added_keys
+from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys
 from animegamer_jax.game.characters import CharacterError
 from animegamer_jax.game.loading import CheckpointError
 from animegamer_jax.game.script import GameScriptError
@@ -94,14 +94,6 @@ def checkpoint_config(checkpoint: str, verify: str = "fast"):
         return fill_added_keys(load_config(checkpoint))
     except (SystemCheckpointError, OSError) as e:
         raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
-
-
-class SavedConfigError(Exception):
-    """The config saved in ``--checkpoint`` cannot be used (:func:`checkpoint_config`'s message).
-
-    Raised while the flags are defined, so deliberately not a ValueError: ``cli.parse_flags``
-    reports a ValueError raised there as a bad config override; this one is reported as it is.
-    """
 
 
 def _config_given(argv: Sequence[str]) -> bool:
