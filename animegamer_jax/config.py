@@ -21,6 +21,15 @@ class ConfigError(ValueError):
     """An unknown config file or key, or a value of the wrong type."""
 
 
+class SavedConfigError(Exception):
+    """The config saved in a ``--checkpoint`` cannot be used (the message names the folder and the fix).
+
+    Raised while a command's flags are defined (game/flags.py ``game_flags``, eval/decoder.py), so
+    deliberately not a ValueError: ``cli.parse_flags`` reports a ValueError raised there as a bad
+    config override; this one is reported as it is.
+    """
+
+
 def load_config(path: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """Loads ``get_config()`` from a config file and applies ``key=value`` overrides.
 

@@ -40,10 +40,11 @@ from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game.flags import character_flag, run_game_command, setup_jax
+from animegamer_jax.game.flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
+from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import validate_games
 from animegamer_jax.parallel import distributed

@@ -24,7 +24,7 @@ length, file:line) before the first turn. Interactive play writes the game after
 
 Devices: the one game runs on every device (``game.play_layout = "latency"``, the default: CFG halves
 on ``data``, the DiT's sequence on ``context``, weights sharded over all devices, no filler rows;
-game/engine.py ``apply_layout``). ``--config.game.play_layout=batch`` uses ``config.mesh`` as is.
+inference/layout.py ``apply_layout``). ``--config.game.play_layout=batch`` uses ``config.mesh`` as is.
 
 ``--character NAME=IMAGE`` (repeatable; game/characters.py): the turns whose Character field is NAME
 are decoded with IMAGE as the reference (a system with phase r's adapter); the game folder keeps
@@ -43,13 +43,14 @@ from animegamer_jax import parallel, paths
 from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
-from animegamer_jax.game.engine import GameEngine, apply_layout
+from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game.flags import character_flag, run_game_command, setup_jax
+from animegamer_jax.game.flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
                                         summary)
 from animegamer_jax.game.script import SEED_RANGE, Game, GameScriptError, load_script, parse_instruction
+from animegamer_jax.inference.layout import apply_layout, setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError, encode_instruction, validate_games

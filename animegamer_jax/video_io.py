@@ -185,3 +185,31 @@ def read_video(path: str, max_frames: int | None = None) -> tuple[np.ndarray, fl
     if not frames:
         raise ValueError(f"no video frames in {path}")
     return np.stack(frames), fps
+
+
+def save_image(path: str, img: Image.Image, **kw) -> None:
+    """PIL ``img.save(buf, **kw)`` (e.g. ``format="PNG"``) to ``path``, a local path or a URL: encoded in
+    memory, then written in one piece (``fileio.write_bytes_atomic``).
+
+    Raises:
+      OSError: the folder is missing or not writable; ValueError / KeyError: PIL cannot encode ``kw``'s format.
+    """
+    buf = io.BytesIO()
+    img.save(buf, **kw)
+    fileio.write_bytes_atomic(path, buf.getvalue())
+
+
+def contact_sheet(turn_frames, columns: int = 6, value_range: tuple[float, float] = VAE_RANGE) -> np.ndarray:
+    """Rows = clips (``[F, H, W, 3]`` each, values in ``value_range``), columns = ``columns`` evenly
+    spaced frames of each, 2-px white separators; uint8 ``[H', W', 3]``."""
+    rows = []
+    for frames in turn_frames:
+        frames = to_uint8(frames, value_range)
+        idx = np.linspace(0, len(frames) - 1, min(columns, len(frames))).round().astype(int)
+        sep = np.full((frames.shape[1], 2, 3), 255, np.uint8)
+        cells = []
+        for i in idx:
+            cells += [frames[i], sep]
+        rows.append(np.concatenate(cells[:-1], axis=1))
+        rows.append(np.full((2, rows[-1].shape[1], 3), 255, np.uint8))
+    return np.concatenate(rows[:-1], axis=0)

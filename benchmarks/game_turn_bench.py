@@ -30,7 +30,8 @@ from absl import flags  # noqa: E402
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.game.api import STAGES  # noqa: E402
 from animegamer_jax.game.engine import GameEngine  # noqa: E402
-from animegamer_jax.game.flags import CLI_ERRORS, parse_game_flags, setup_jax  # noqa: E402
+from animegamer_jax.game.flags import CLI_ERRORS, parse_game_flags  # noqa: E402
+from animegamer_jax.inference.layout import setup_jax  # noqa: E402
 from animegamer_jax.game.loading import resolve_system  # noqa: E402
 from animegamer_jax.game.saving import save_game  # noqa: E402
 from animegamer_jax.game.script import load_script  # noqa: E402

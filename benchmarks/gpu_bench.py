@@ -6,7 +6,7 @@
 Turn: exactly the program ``play`` runs: ``build_random_system`` (what ``play --demo`` plays when no
 checkpoint exists: the real networks, randomly initialised, weights prepared once by
 ``game.real_system.build_real_system``: LoRA merged, cast), the latency layout on one device
-(``game.engine.apply_layout``), ``GameEngine.play`` of ``--turns`` turns of data/games/bunny.txt
+(``inference.layout.apply_layout``), ``GameEngine.play`` of ``--turns`` turns of data/games/bunny.txt
 with play's ``setup_jax``. The engine times each stage (MLLM, DiT sampling, VAE) apart from JAX's
 compile events; s/turn is the median over the turns after the first (the first compiles). MFU =
 analytic FLOPs of one turn (benchmarks/cost_model.py, LoRA merged) / (s/turn x peak).
@@ -36,8 +36,8 @@ import numpy as np  # noqa: E402
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.aot import pieces  # noqa: E402
 from animegamer_jax.config import load_config  # noqa: E402
-from animegamer_jax.game.engine import GameEngine, apply_layout  # noqa: E402
-from animegamer_jax.game.flags import setup_jax  # noqa: E402
+from animegamer_jax.game.engine import GameEngine  # noqa: E402
+from animegamer_jax.inference.layout import apply_layout, setup_jax  # noqa: E402
 from animegamer_jax.game.loading import build_random_system  # noqa: E402
 from animegamer_jax.game.script import Game, load_script  # noqa: E402
 from animegamer_jax.inference.mode import apply_mode  # noqa: E402

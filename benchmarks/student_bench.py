@@ -21,7 +21,7 @@ import numpy as np
 
 from animegamer_jax import parallel
 from animegamer_jax.aot import pieces
-from animegamer_jax.game.engine import apply_layout
+from animegamer_jax.inference.layout import apply_layout
 
 
 def _compiled_sampling(cfg) -> tuple:

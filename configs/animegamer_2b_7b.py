@@ -325,13 +325,13 @@ def get_config() -> ml_collections.ConfigDict:
     # "preview_then_full" (preview frames shown first, then replaced by the VAE's; files as "full")
     c.game.decoder = "full"
     c.game.reference_max_new_tokens = 200  # reference mode: free greedy pass-A budget (release max_new_tokens)
-    c.game.seed = 0  # game seed when a script gives none (turn k samples with game/engine.py turn_key(seed, k))
+    c.game.seed = 0  # game seed when a script gives none (turn k samples with inference/clip_sampler.py turn_key(seed, k))
     c.game.fps = 8  # output video fps
     c.game.write_gif = True  # also write a GIF per turn
     c.game.meter_start = 50  # character meters start value (app.py)
     c.game.meter_step = 5  # meter change per unit of state change
     c.game.max_instruction_tokens = 48  # per-turn instruction budget; sequences are padded to it (one compile)
-    c.game.play_layout = "latency"  # play: one game on all devices (game/engine.py apply_layout); "batch" = config.mesh
+    c.game.play_layout = "latency"  # play: one game on all devices (inference/layout.py apply_layout); "batch" = config.mesh
     # latency layout's weights: "sharded" over every device (least memory) or "replicated" on each (no
     # per-layer all-gathers: the DiT's 50 x 30 layer passes read local weights; needs the whole system
     # in one chip's HBM, e.g. v6e / H100, not v5e). docs/results.md compares the two.

@@ -88,7 +88,7 @@ def test_turn_estimate_sums_every_stage_times_its_runs():
 
 def test_latency_layout_weights_sharded_or_replicated():
     from animegamer_jax.config import load_config
-    from animegamer_jax.game.engine import apply_layout
+    from animegamer_jax.inference.layout import apply_layout
 
     cfg = load_config("configs/animegamer_2b_7b.py", [])
     rules = dict(apply_layout(cfg, "latency", 8).sharding_rules)

@@ -498,7 +498,7 @@ def test_prepare_for_inference_merges_and_casts():
 
 @pytest.mark.slow
 def test_cfg_and_context_parallel_sampling_equals_one_device():
-    """One game on 8 fake devices in play's latency layout (game/engine.py apply_layout: CFG halves on
+    """One game on 8 fake devices in play's latency layout (inference/layout.py apply_layout: CFG halves on
     `data` (2), the joint text+video sequence on `context` (4), weights sharded over all 8), through
     play's own sampler (inference/clip_sampler.py dit_sampler, batch 1, no filler rows): the sampled latents equal
     the 1-device result within 1e-5, K/V are all-gathered (context parallel attention), the
@@ -512,7 +512,7 @@ def test_cfg_and_context_parallel_sampling_equals_one_device():
         from animegamer_jax import parallel
         from animegamer_jax.config import load_config
         from animegamer_jax.inference.mode import apply_mode
-        from animegamer_jax.game.engine import apply_layout
+        from animegamer_jax.inference.layout import apply_layout
         from animegamer_jax.inference.clip_sampler import dit_sampler
         from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 

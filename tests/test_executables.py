@@ -10,10 +10,11 @@ import pytest
 from ml_collections import config_flags
 
 from animegamer_jax import paths, play
-from animegamer_jax.game.engine import GameEngine, apply_layout
+from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import load_script
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference import executables
+from animegamer_jax.inference.layout import apply_layout
 
 _BACKEND = "/jax/core/compile/backend_compile_duration"
 

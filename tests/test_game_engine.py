@@ -14,10 +14,11 @@ from animegamer_jax import cli, generate, mllm_tokenizer, play
 from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers
-from animegamer_jax.game.engine import GameEngine, turn_key
+from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import parse_game_flags
 from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.play import define_flags
@@ -124,7 +125,7 @@ def test_batch_of_4_on_8_devices_equals_one_by_one():
         one = GameEngine(cfg, sysm, mesh=parallel.mesh_from_config(cfg, devices=jax.devices()[:1]))
         assert one.batch_size == 1
         # play's default latency layout: one game on all 8 devices, batch 1 (no filler rows)
-        from animegamer_jax.game.engine import apply_layout
+        from animegamer_jax.inference.layout import apply_layout
         lat_cfg = apply_layout(cfg, "latency", 8)
         lat = GameEngine(lat_cfg, sysm, latency=True)
         assert lat.batch_size == 1 and dict(lat.mesh.shape) == {"data": 2, "fsdp": 1, "tensor": 1, "context": 4}

@@ -1,7 +1,7 @@
 """The engine on the real networks (random tiny init, saved and loaded through save_system / load_system).
 
 Run in child processes with ``JAX_THREEFRY_PARTITIONABLE=0`` (what the game commands set, see
-game/flags.py ``setup_jax``): with it on, every program that draws random numbers (the jitted init,
+inference/layout.py ``setup_jax``): with it on, every program that draws random numbers (the jitted init,
 the sampler) compiles threefry much more slowly on a CPU.
 """
 

@@ -67,9 +67,10 @@ def test_convert_release_writes_one_system_checkpoint(converted):
 @pytest.mark.slow
 def test_check_release_both_cases(converted, capsys):
     from animegamer_jax.convert import check_release
+    from animegamer_jax.convert.__main__ import reference_engine
 
     assert len(CASES) >= 2
-    engine = check_release.reference_engine(converted)
+    engine = reference_engine(converted)
     for case in CASES:
         stages = check_release.check_release(engine, case)
         names = [s.name for s in stages]

@@ -53,8 +53,8 @@ from ml_collections import config_flags
 
 from animegamer_jax import fileio, parallel, paths
 from animegamer_jax.aot import programs, report
-from animegamer_jax.aot.engine_stages import save_engine_stages
 from animegamer_jax.cli import UsageError, compilation_cache, run_command
+from animegamer_jax.game.stage_executables import save_engine_stages
 from animegamer_jax.parallel import target
 
 GROUPS = {"train": programs.TRAIN_PROGRAMS, "turn": programs.TURN_PROGRAMS}

@@ -9,7 +9,7 @@ batches have the shapes ``data.batches.BatchBuilder`` makes (:func:`abstract_bat
 clip batches; phase ``r`` (the reference adapter) takes them plus ``reference_frame`` uint8 [B, H, W, 3].
 
 Turn programs (``prefill``, ``decode``, ``pass_b``, ``dit``, ``vae_decode``) are play's stages
-(animegamer_jax/aot/pieces.py) in play's layouts (``game.engine.apply_layout``): ``latency`` (one
+(animegamer_jax/aot/pieces.py) in play's layouts (``inference.layout.apply_layout``): ``latency`` (one
 game over all chips) or ``batch`` (one game per data-parallel slice, as ``generate`` runs). With
 ``diffusion.sampler = "student"`` the ``dit`` program is the student's N-step loop without a CFG
 batch (and the latency layout puts no data axis of 2 on the chips). Outside the turn group:
@@ -34,7 +34,7 @@ import ml_collections
 
 from animegamer_jax import parallel
 from animegamer_jax.aot import pieces
-from animegamer_jax.game.engine import apply_layout
+from animegamer_jax.inference.layout import apply_layout
 from animegamer_jax.train import loop, optim
 from animegamer_jax.train.model import phase_spec
 

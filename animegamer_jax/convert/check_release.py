@@ -1,4 +1,4 @@
-"""``convert check-release DST CASE.npz``: replay a recorded release turn on a converted system.
+"""Replaying a recorded release turn on a converted system (``convert check-release DST CASE.npz``).
 
 In the spirit of maxtext's forward-pass logit checker: the system checkpoint written by
 ``convert release`` plays the case's turn in ``reference`` mode (inference/release_decoding.py: W = 1, last-226
@@ -21,7 +21,8 @@ frames uint8   truncated uint8 frames                  |diff| <= 1 on <= 0.1 % o
 
 The floors are the fixture's ``noise_floor.json`` ``float32_vs_float64`` figures for the case (the
 recording replayed in float64); FACTOR = 10, the fixture README's suggestion. Exit status 0 only
-when every stage holds. Runs in float32 at the highest matmul precision.
+when every stage holds. Runs in float32 at the highest matmul precision. The command
+(convert/__main__.py) builds the engine and prints; :func:`check_release` takes the engine.
 """
 
 from __future__ import annotations
@@ -29,17 +30,15 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from animegamer_jax import checkpoint, cli, parallel, paths
-from animegamer_jax.game.engine import GameEngine, turn_key
-from animegamer_jax.game.loading import CheckpointError, load_game_system
+from animegamer_jax import paths
 from animegamer_jax.inference import release_decoding
+from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.turn_inputs import encode_instruction, stack_inputs
 from animegamer_jax.models.cogvideox.dit import flow_value
 
@@ -98,34 +97,24 @@ def tolerances(case_path: str) -> dict[str, tuple[float, str]]:
     return out
 
 
-def reference_engine(dst: str):
-    """A :class:`~animegamer_jax.game.engine.GameEngine` on one device playing the system at ``dst``
-    in ``reference`` mode (the config saved in the checkpoint, float32 matmuls at highest precision).
-
-    Raises:
-      animegamer_jax.game.loading.CheckpointError: ``dst`` is not a loadable system checkpoint.
-    """
-    jax.config.update("jax_default_matmul_precision", "highest")
-    try:
-        config = checkpoint.load_config(dst)
-    except checkpoint.SystemCheckpointError as e:
-        raise CheckpointError(f"{dst}: {e}. Fix: pass the DST written by `convert release`") from None
-    config.game.mode = "reference"
-    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    return GameEngine(config, load_game_system(dst, config, mesh=mesh), mesh=mesh)
-
-
-def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None] = print) -> list[Stage]:
+def check_release(engine: Any | Callable[[], Any], case_path: str, log: Callable[[str], None] | None = None) -> list[Stage]:
     """Plays the case's turn on a converted system and compares every stage (module docstring).
 
     Args:
-      dst_or_engine: the system checkpoint directory, or an engine from :func:`reference_engine`
-        (reused across cases: the stages compile once).
+      engine: a game engine (game/engine.py ``GameEngine``) on one device playing the converted system
+        in ``reference`` mode with float32 matmuls at highest precision (the command builds it:
+        convert/__main__.py ``reference_engine``); reused across cases, the stages compile once. Used:
+        its ``config``, ``params``, ``spec``, ``tok``, ``new_run()``, ``_shard`` and the stage functions
+        ``mllm_fn``, ``sample_fn``, ``decode_fn``. Or a function of no arguments that returns one,
+        called once the case file is read (a missing case is reported before a system loads).
       case_path: ``cases/<name>.npz`` (local or a URL); its ``.json`` sidecar gives the instruction.
+      log: called with each stage's line (:meth:`Stage.line`) after the comparison; None: nothing.
+
+    Returns:
+      the compared stages, in the order of the module docstring's table.
 
     Raises:
       FileNotFoundError: the case file is missing.
-      animegamer_jax.game.loading.CheckpointError: ``dst`` is not a loadable system checkpoint.
     """
     case_p = paths.as_path(case_path)  # local or a URL (gs://...): read through epath
     if not case_p.is_file():
@@ -133,7 +122,8 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
     with case_p.open("rb") as f:
         rec = dict(np.load(io.BytesIO(f.read())))
     meta = json.loads(case_p.with_suffix(".json").read_text())
-    engine = reference_engine(dst_or_engine) if isinstance(dst_or_engine, (str, os.PathLike)) else dst_or_engine
+    if callable(engine):  # the engine's factory (a GameEngine is not callable)
+        engine = engine()
     config = engine.config
     tols = tolerances(case_path)
     stages: list[Stage] = []
@@ -183,26 +173,8 @@ def check_release(dst_or_engine: Any, case_path: str, log: Callable[[str], None]
         stages.append(Stage("frames uint8", float(d.max()), 1.0, bool(d.max() <= 1 and frac <= UINT8_MAX_FRACTION),
                             f"({int((d > 0).sum())} of {d.size} values differ = {100 * frac:.3f} %, "
                             f"limit {100 * UINT8_MAX_FRACTION:.1f} %)"))
-    for s in stages:
-        log(s.line())
+    if log is not None:
+        for s in stages:
+            log(s.line())
     return stages
 
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m animegamer_jax.convert check-release DST CASE.npz``; exit 0 iff all stages hold
-    (1: a stage fails, 2: a bad command line or input)."""
-    return cli.run_command("python -m animegamer_jax.convert check-release", argv, lambda fv, argv: None, __doc__,
-                           ("DST", "CASE.npz"), _report, errors=(FileNotFoundError, CheckpointError))
-
-
-def _report(_, dst: str, case: str) -> int:
-    """Runs :func:`check_release` and prints its verdict line; the exit status of :func:`main`."""
-    stages = check_release(dst, case)
-    ok = all(s.ok for s in stages)
-    name = str(case).rstrip("/").rsplit("/", 1)[-1]
-    print(f"{name}: {'all stages hold' if ok else 'FAILED: ' + ', '.join(s.name for s in stages if not s.ok)}")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -54,14 +54,12 @@ from PIL import Image
 from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
-from animegamer_jax.config import ConfigError
+from animegamer_jax.config import ConfigError, SavedConfigError
 from animegamer_jax.data import datasets, loader, references
 from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
-from animegamer_jax.game import writers
-from animegamer_jax.game.flags import SavedConfigError
 from animegamer_jax.inference.action_representation import ea_representation
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
 from animegamer_jax.inference.mode import apply_mode
@@ -277,7 +275,8 @@ def _run(f, *rest: str) -> int:
           f"{float(d.cfg_scale):g}"
           f"{'; with a reference image (another clip of the same character)' if f.reference else ''}")
     if f.sheet:
-        writers.save_image(f.sheet, Image.fromarray(writers.contact_sheet(res.pop("frames"), columns=3)), format="PNG")
+        video_io.save_image(f.sheet, Image.fromarray(video_io.contact_sheet(res.pop("frames"), 3, FRAME_RANGE)),
+                            format="PNG")
         print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")
     if f.json:
         fileio.write_text_atomic(f.json, json.dumps(res, indent=1))

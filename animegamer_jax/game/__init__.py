@@ -10,6 +10,7 @@ Modules (bottom to top; each imports only modules above it in this list):
   loading.py           which system a command plays: checkpoint, stand-in, or random tiny fallback
   engine.py            GameEngine: batches of games advanced turn by turn through three jitted stages
   turn_by_turn.py      TurnByTurnGame: one game played a turn at a time, with undo (the web server's games)
+  stage_executables.py the engine's stage programs compiled while playing a short game, saved for --executables
   writers.py           per-turn MP4/GIF with the meters HUD, game video, game.json, index.html, contact sheet
   saving.py            save_game (engine result -> writers), resume checks, the console lines
   flags.py             the command line the game commands share (flags, --config, one-line errors)

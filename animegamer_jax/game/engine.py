@@ -18,21 +18,21 @@ compiles once; compilation time is measured from JAX's own compile events and re
 run time. Every stage is traced and run inside the engine's mesh and logical rules
 (``parallel.sharding_context``), so the models' sharding constraints are active.
 
-Two layouts (:func:`apply_layout`, ``config.game.play_layout``):
+Two layouts (``config.game.play_layout``, inference/layout.py ``apply_layout``):
 
 * ``batch`` (generate, and play with ``--config.game.play_layout=batch``): the config's mesh; one
   game per data-parallel slice (``rows`` of them with the web server's ``--max_batch``), B = rows x
   data-parallel size (a short batch is padded with filler rows).
 * ``latency`` (play's default): ONE game on every device, B = 1 and no filler rows. The mesh is
-  :func:`latency_mesh_shape` (CFG halves on ``data``, the DiT's joint sequence on ``context``:
+  ``latency_mesh_shape`` (CFG halves on ``data``, the DiT's joint sequence on ``context``:
   cfg 2 x context n/2); weights are sharded over every device (``embed`` on data, fsdp and
   context, ZeRO-3 style, all-gathered per layer) and the VAE's frames over height (``context``) and
   width (``data``); ``game.latency_weights = "replicated"`` keeps the weights whole on each device
   instead. Compiled per-chip memory and FLOPs: ``python -m animegamer_jax.aot --program=turn``.
 
 Games in a batch are independent rows: their noise comes from their own keys, so a game gives the
-same output alone or in a batch. Turn k of a game samples with the key :func:`turn_key`
-``(game_seed, k)``.
+same output alone or in a batch. Turn k of a game samples with the key ``turn_key(game_seed, k)``
+(inference/clip_sampler.py).
 
 A system is any :class:`~animegamer_jax.game.api.GameSystem` (game/api.py): the real networks
 (game/real_system.py) loaded from a system checkpoint (game/loading.py), or the random stand-in
@@ -42,7 +42,6 @@ of the tests (game/standin_system.py).
 from __future__ import annotations
 
 import contextlib
-import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,82 +53,15 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import mllm_tokenizer, parallel
-from animegamer_jax.diffusion import samplers
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
 from animegamer_jax.game.characters import fit_image, named, record_entries
 from animegamer_jax.game.run import GameRun, Meters
 from animegamer_jax.game.script import Game
 from animegamer_jax.inference import executables
+from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import (TurnKVCache, WindowSpec, build_cached_turn_input, encode_instruction,
                                                   stack_cached_inputs, stack_inputs)
-
-#: play's layouts (``config.game.play_layout``; module docstring)
-LAYOUTS = ("latency", "batch")
-
-#: logical rules the latency layout sets on top of the config's (module docstring)
-LATENCY_RULES = (
-    ("embed", ("data", "fsdp", "context")),
-    ("act_height", "context"),
-    ("act_width", "data"),
-)
-
-
-def latency_mesh_shape(num_devices: int, guided: bool = True) -> tuple[int, int, int, int]:
-    """(data, fsdp, tensor, context) of the latency layout: CFG halves on ``data`` (2) and the rest
-    of the devices on ``context``; ``(1, 1, 1, n)`` for an odd count (1 device: all ones) or without
-    a CFG batch (``guided=False``: the distilled student, ``diffusion.sampler="student"``)."""
-    n = int(num_devices)
-    return (2, 1, 1, n // 2) if guided and n % 2 == 0 else (1, 1, 1, n)
-
-
-def apply_layout(config, layout: str, num_devices: int):
-    """A copy of ``config`` with ``layout`` applied to ``mesh.shape`` and ``sharding_rules``.
-
-    ``batch``: unchanged. ``latency``: mesh :func:`latency_mesh_shape` ``(num_devices)`` over the
-    standard axes and :data:`LATENCY_RULES` replacing the config's entries of those names; with
-    ``game.latency_weights = "replicated"`` the weights are whole on every device (``embed``
-    unsharded) instead of sharded over all of them.
-
-    Raises:
-      ValueError: unknown layout or ``game.latency_weights``.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"game.play_layout must be one of {LAYOUTS}, got {layout!r}")
-    config = copy.deepcopy(config)
-    if layout == "latency":
-        axes = tuple(config.mesh.axes)
-        if axes != parallel.MESH_AXES:
-            raise ValueError(f"the latency layout needs mesh axes {parallel.MESH_AXES}, the config has {axes}")
-        config.mesh.shape = latency_mesh_shape(num_devices, guided=str(config.diffusion.sampler) != samplers.STUDENT)
-        over = dict(LATENCY_RULES)
-        weights = str(config.game.get("latency_weights", "sharded"))
-        if weights not in ("sharded", "replicated"):
-            raise ValueError(f"game.latency_weights must be 'sharded' or 'replicated', got {weights!r}")
-        if weights == "replicated":
-            over["embed"] = None
-        rules = [(k, over.pop(k, v)) for k, v in parallel.rules_from_config(config)]
-        config.sharding_rules = tuple(rules + list(over.items()))
-    return config
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
-def turn_key(game_seed: int, turn: int) -> np.ndarray:
-    """The raw uint32[2] PRNG key (threefry key data) of turn ``turn`` of a game.
-
-    ``splitmix64(splitmix64(seed) ^ turn)`` split into two 32-bit words: computed on the host in
-    pure Python because any eager ``jax.random`` call compiles threefry, which is slow on a CPU
-    with ``jax_threefry_partitionable`` (this JAX's default).
-    """
-    x = _splitmix64(_splitmix64(int(game_seed) & 0xFFFFFFFFFFFFFFFF) ^ int(turn))
-    return np.asarray([x >> 32, x & 0xFFFFFFFF], np.uint32)
-
 
 class _CompileTimer:
     """Sums JAX compile-event durations (trace + lower + backend compile) seen on this thread."""
@@ -169,7 +101,7 @@ class GameEngine:
 
     Args:
       config: the run config (``game.mode`` already applied or not: applied here; the layout's
-        mesh and rules already applied, :func:`apply_layout`).
+        mesh and rules already applied, inference/layout.py ``apply_layout``).
       system: the per-turn functions and params.
       mesh: the device mesh; the batch is split over its data axes (default: from config).
       latency: one game on the whole mesh (batch 1, no filler rows; inputs replicated, the work

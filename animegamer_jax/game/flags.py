@@ -7,8 +7,9 @@ configs/tiny.py. ``--config.a.b=value`` overrides a field of either; ``--mode`` 
 * :func:`run_game_command` is a game command's ``main(argv)`` (``cli.run_command`` with these flags);
 * :func:`parse_game_flags` parses a game command line for library use (tests, benchmarks);
 * :func:`game_flags` is the ``define(fv, argv)`` both hand to ``cli.parse_flags``;
-* :data:`CLI_ERRORS` are the errors a game command reports as one line (exit status 2);
-* :func:`setup_jax` sets the process-wide JAX options of the game commands.
+* :data:`CLI_ERRORS` are the errors a game command reports as one line (exit status 2).
+
+The process-wide JAX options the game commands set are inference/layout.py ``setup_jax``.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import contextlib
 import re
 from collections.abc import Callable, Sequence
 
-import jax
 from absl import flags
 from ml_collections import config_flags
 
 from animegamer_jax import cli, fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
-from animegamer_jax.config import ConfigError, fill_added_keys
+from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys
 from animegamer_jax.game.characters import CharacterError
 from animegamer_jax.game.loading import CheckpointError
 from animegamer_jax.game.script import GameScriptError
@@ -94,14 +94,6 @@ def checkpoint_config(checkpoint: str, verify: str = "fast"):
         return fill_added_keys(load_config(checkpoint))
     except (SystemCheckpointError, OSError) as e:
         raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
-
-
-class SavedConfigError(Exception):
-    """The config saved in ``--checkpoint`` cannot be used (:func:`checkpoint_config`'s message).
-
-    Raised while the flags are defined, so deliberately not a ValueError: ``cli.parse_flags``
-    reports a ValueError raised there as a bad config override; this one is reported as it is.
-    """
 
 
 def _config_given(argv: Sequence[str]) -> bool:
@@ -211,13 +203,3 @@ def _with_executables(f, body, *rest):
     """``body(f, config, *rest)`` with ``--executables`` in use (inference/executables.py)."""
     with executables.use(f.executables if "executables" in f else ""):
         return body(f, game_config(f), *rest)
-
-
-def setup_jax() -> None:
-    """Process-wide JAX settings of the game commands.
-
-    ``jax_threefry_partitionable`` off: with it on (this JAX's default) every program that draws
-    random numbers compiles threefry much more slowly on a CPU. Only the bit stream changes; a given
-    seed still gives identical outputs run after run.
-    """
-    jax.config.update("jax_threefry_partitionable", False)

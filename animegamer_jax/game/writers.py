@@ -235,33 +235,6 @@ def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
     video_io.write_gif(path, video_io.to_uint8(frames, FRAME_RANGE), fps)
 
 
-def save_image(path: str, img: Image.Image, **kw: Any) -> None:
-    """PIL ``img.save(buf, **kw)`` (e.g. ``format="PNG"``) to ``path``, a local path or a URL: encoded in
-    memory, then written in one piece (``fileio.write_bytes_atomic``).
-
-    Raises:
-      OSError: the folder is missing or not writable; ValueError / KeyError: PIL cannot encode ``kw``'s format.
-    """
-    buf = io.BytesIO()
-    img.save(buf, **kw)
-    fileio.write_bytes_atomic(path, buf.getvalue())
-
-
-def contact_sheet(turn_frames: Sequence[np.ndarray], columns: int = 6) -> np.ndarray:
-    """Rows = turns, columns = ``columns`` evenly spaced frames of each turn; uint8 ``[H', W', 3]``."""
-    rows = []
-    for frames in turn_frames:
-        frames = video_io.to_uint8(frames, FRAME_RANGE)
-        idx = np.linspace(0, len(frames) - 1, min(columns, len(frames))).round().astype(int)
-        sep = np.full((frames.shape[1], 2, 3), 255, np.uint8)
-        cells = []
-        for i in idx:
-            cells += [frames[i], sep]
-        rows.append(np.concatenate(cells[:-1], axis=1))
-        rows.append(np.full((2, rows[-1].shape[1], 3), 255, np.uint8))
-    return np.concatenate(rows[:-1], axis=0)
-
-
 #: the stylesheet of the gallery and the web app (animegamer_jax/web): one look for both
 GALLERY_CSS = open(os.path.join(os.path.dirname(__file__), "gallery.css"), encoding="utf-8").read()
 
@@ -611,7 +584,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
                 fileio.makedirs(paths.join(tmp, name.rsplit("/", 1)[0]))
             fileio.write_bytes_atomic(paths.join(tmp, name), data)
         write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(contact_sheet(turn_frames, sheet_columns)),
+        video_io.save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(video_io.contact_sheet(turn_frames, sheet_columns, FRAME_RANGE)),
                     format="PNG")
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
@@ -856,7 +829,7 @@ def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
         huds.append(hud)
         clips.append(clip_from_hud(hud, (h, w)))
     _write_atomic(write_mp4, paths.join(game_dir, "game.mp4"), np.concatenate(huds, axis=0), fps)
-    save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(contact_sheet(clips, sheet_columns)),
+    video_io.save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(video_io.contact_sheet(clips, sheet_columns, FRAME_RANGE)),
                format="PNG")
     _write_index(game_dir, _folder_name(game_dir), rec)
     rec["video"], rec["contact_sheet"] = "game.mp4", "contact_sheet.png"

@@ -3,6 +3,7 @@
 Modules (bottom to top; each imports only modules above it in this list, ``models``, ``diffusion``
 and the layers below them):
   mode.py              the ``game.mode`` rule (apply_mode): default, or the release's reference settings
+  layout.py            play's device layouts (apply_layout: latency / batch) and the turn programs' JAX options
   turn_inputs.py       the MLLM token layout of a turn and its window of past turns (docs/token_layout.md),
                        instruction encoding and checks, the turn-window KV cache (CachePlan, TurnKVCache)
   release_decoding.py  the release's decoding quirks (reference mode): logits processor, text parser,

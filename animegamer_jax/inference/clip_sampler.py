@@ -17,18 +17,37 @@ VAE latent frame per game, models/cogvideox/reference.py ``encode_reference``) a
 batch's conditional and unconditional halves alike (docs/dit.md#reference-conditioning); with
 ``dit.reference_drops_image`` a game with a reference is conditioned on s_a's text tokens and E_a's
 unconditional image tokens (``p["uncond"]``'s), as phase r trained it; without a reference the sampler
-is the one it always was.
+is the one it always was. Turn k of a game samples with the key :func:`turn_key` ``(game_seed, k)``.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from animegamer_jax import parallel
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.models.cogvideox.dit import flow_value
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def turn_key(game_seed: int, turn: int) -> np.ndarray:
+    """The raw uint32[2] PRNG key (threefry key data) of turn ``turn`` of a game.
+
+    ``splitmix64(splitmix64(seed) ^ turn)`` split into two 32-bit words: computed on the host in
+    pure Python because any eager ``jax.random`` call compiles threefry, which is slow on a CPU
+    with ``jax_threefry_partitionable`` (this JAX's default).
+    """
+    x = _splitmix64(_splitmix64(int(game_seed) & 0xFFFFFFFFFFFFFFFF) ^ int(turn))
+    return np.asarray([x >> 32, x & 0xFFFFFFFF], np.uint32)
 
 
 def sampling_component(config) -> str:

@@ -76,11 +76,11 @@ from animegamer_jax import cli, fileio, mllm_tokenizer, parallel, paths, video_i
 from animegamer_jax.game import characters as characters_lib
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.flags import setup_jax
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.run import METER_NAMES
 from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text, is_plain_name
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
+from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError
 from animegamer_jax.inference.vae_decode import FRAME_RANGE

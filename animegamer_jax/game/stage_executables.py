@@ -1,6 +1,6 @@
 """The game engine's own stage programs, compiled and saved for ``play`` / ``generate`` / ``web --executables``.
 
-The turn programs of :mod:`animegamer_jax.aot.programs` (prefill, decode, pass B, DiT, VAE) are the
+The turn programs of the compile tool (aot/programs.py) (prefill, decode, pass B, DiT, VAE) are the
 turn's pieces with their own argument trees; the engine runs them fused into its stages (the MLLM
 stage holds prefill + decode loop + pass B) with every component's weights as one argument. What
 a command can load is therefore the engine's stage programs themselves: :func:`save_engine_stages`
@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import Any
 
 from animegamer_jax import parallel
-from animegamer_jax.game.engine import GameEngine, apply_layout
-from animegamer_jax.game.flags import setup_jax
+from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.inference import executables
+from animegamer_jax.inference.layout import apply_layout, setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import encode_instruction
 
