@@ -28,9 +28,9 @@ from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import GameScriptError, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
-from animegamer_jax.web.app import HttpThread, create_app
+from animegamer_jax.web.app import create_app
 from animegamer_jax.web.server import build_server
-from tests.web_helpers import PLAYING, Client, play_turn, wait
+from tests.web_helpers import PLAYING, Client, HttpThread, play_turn, wait
 
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 

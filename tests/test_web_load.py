@@ -28,11 +28,11 @@ from animegamer_jax.game import writers
 from animegamer_jax.web import __main__ as web_main
 from starlette.requests import Request
 
-from animegamer_jax.web.app import (COOKIE, STATIC, Guard, HttpThread, cookie_name, create_app, host_names,
+from animegamer_jax.web.app import (COOKIE, STATIC, Guard, cookie_name, create_app, host_names,
                                     no_auth_warning)
 from animegamer_jax.web.server import SESSIONS_FILE, build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
-from tests.web_helpers import post, raw
+from tests.web_helpers import HttpThread, post, raw
 
 PLAYERS, TURNS = 16, 3
 
