@@ -28,14 +28,16 @@ from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import GameScriptError, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
-from animegamer_jax.web.app import HttpThread, create_app
-from animegamer_jax.web.server import build_server
-from tests.web_helpers import PLAYING, Client, play_turn, wait
+from animegamer_jax.web.app import create_app
+from animegamer_jax.web.server import GameServer, build_server
+from tests.web_helpers import PLAYING, Client, HttpThread, play_turn, wait
 
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT = os.path.join(ROOT, "checkpoints", "tiny_system")
+#: where test_browser_plays_two_turns_undo_restart copies its screenshot (docs/serve_screenshot.png), if set
+SCREENSHOT = os.path.abspath(os.environ["AGJ_SCREENSHOT"]) if os.environ.get("AGJ_SCREENSHOT") else None
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,9 @@ def served(tmp_path_factory):
     out = tmp_path_factory.mktemp("web_games")
     # one turn per step: test_two_games_at_once checks the queue positions of one player behind
     # another (batches of several players: tests/test_web_saves.py, tests/test_web_load.py)
-    server = build_server(checkpoint.load_config(CKPT), CKPT, out=str(out), max_batch=1)
+    # the checkpoint as a relative path (checkpoints/tiny_system from the repository root): the page
+    # names the system by it, as it names the one `--checkpoint checkpoints/tiny_system` serves
+    server = build_server(checkpoint.load_config(CKPT), os.path.relpath(CKPT), out=str(out), max_batch=1)
     server.start()
     http = HttpThread(create_app(server)).start()
     yield server, http
@@ -187,8 +191,25 @@ def _page_meters(driver):
         " o[n]=[Number(v), w, d]; } return o;")
 
 
-def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_property):
-    server, http = served
+@pytest.fixture
+def served_in_a_checkout(served, tmp_path, monkeypatch):
+    """A server and its HTTP thread over ``served``'s engine, run in an empty working folder and
+    writing to the config's relative ``game.out_dir`` (outputs/games): the page shows the paths that
+    `python -m animegamer_jax.web --checkpoint checkpoints/tiny_system` shows in a checkout (the
+    screenshot in docs/commands.md), not this machine's."""
+    engine = served[0].engine
+    monkeypatch.chdir(tmp_path)
+    server = GameServer(engine, engine.config.game.out_dir)
+    server.start()
+    http = HttpThread(create_app(server)).start()
+    yield server, http
+    http.stop()
+    server.stop()
+
+
+def test_browser_plays_two_turns_undo_restart(served_in_a_checkout, browser, tmp_path, record_property):
+    server, http = served_in_a_checkout
+    assert not os.path.isabs(server.out_dir)
     d = browser
     d.get(http.url + "/")
     wait(d, "return document.querySelector('#info').textContent.startsWith('game web-')", 30, "the page")
@@ -236,8 +257,8 @@ def test_browser_plays_two_turns_undo_restart(served, browser, tmp_path, record_
     shot = tmp_path / "serve.png"
     d.execute_script("window.scrollTo(0, 0)")
     assert d.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
-    if os.environ.get("AGJ_SCREENSHOT"):
-        shutil.copy(shot, os.environ["AGJ_SCREENSHOT"])
+    if SCREENSHOT:
+        shutil.copy(shot, SCREENSHOT)
 
     # Undo: back to turn 1's clip and meters, and the saved game has one turn
     d.find_element("id", "undo").click()

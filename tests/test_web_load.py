@@ -28,11 +28,11 @@ from animegamer_jax.game import writers
 from animegamer_jax.web import __main__ as web_main
 from starlette.requests import Request
 
-from animegamer_jax.web.app import (COOKIE, STATIC, Guard, HttpThread, cookie_name, create_app, host_names,
+from animegamer_jax.web.app import (COOKIE, STATIC, Guard, cookie_name, create_app, host_names,
                                     no_auth_warning)
 from animegamer_jax.web.server import SESSIONS_FILE, build_server
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
-from tests.web_helpers import post, raw
+from tests.web_helpers import HttpThread, post, raw
 
 PLAYERS, TURNS = 16, 3
 
@@ -73,6 +73,8 @@ def test_sixteen_players_three_turns_each(tmp_path):
     assert 0 < idle_kib <= peak_kib < idle_kib + 200 * 1024, (idle_kib, peak_kib)
     out_text = "".join(server.lines)
     assert f"serving on http://127.0.0.1:{server.port}/" in out_text and "no authentication" not in out_text
+    # the command prints every saved turn (the server's on_turn hook, saving.print_turn)
+    assert out_text.count("\n  states ML=") == PLAYERS * TURNS, out_text[-2000:]
     assert rc == 0, out_text[-2000:]
     # only the 16 games, finished, and the sessions' record under the games folder; nothing beside it
     assert os.listdir(tmp_path) == ["games"]

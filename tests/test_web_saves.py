@@ -149,8 +149,9 @@ def test_server_restart_loses_no_game(server, tmp_path):
     import urllib.request
     from http.cookiejar import CookieJar
 
-    from animegamer_jax.web.app import HttpThread, create_app
+    from animegamer_jax.web.app import create_app
     from animegamer_jax.web.server import SESSIONS_FILE, GameServer
+    from tests.web_helpers import HttpThread
 
     out, token = str(tmp_path / "games"), "t" * 20
     jar = CookieJar()

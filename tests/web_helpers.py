@@ -1,14 +1,60 @@
-"""The web tests' shared client side: an HTTP session with its own cookies, raw requests on a new
-connection, and waits / a played turn in the headless Chromium page (the ``browser`` fixture is in conftest.py)."""
+"""The web tests' shared server and client side: the app served by uvicorn on a background thread
+(:class:`HttpThread`), an HTTP session with its own cookies, raw requests on a new connection, and
+waits / a played turn in the headless Chromium page (the ``browser`` fixture is in conftest.py)."""
 
 import http.cookiejar
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 
 TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-core CPU
+
+
+class HttpThread:
+    """Serves an ASGI app (``web.app.create_app``'s) with uvicorn on a background thread.
+
+    ``start()`` returns once the socket listens; ``url`` is ``http://host:port``; ``stop()`` shuts
+    uvicorn down and joins the thread. ``port=0`` picks a free port (``port`` holds it after ``start()``).
+    ``settings``: ``web.app.uvicorn_settings``'s arguments (the command's defaults otherwise).
+    """
+
+    def __init__(self, asgi_app, host: str = "127.0.0.1", port: int = 0, **settings):
+        import uvicorn  # optional
+
+        from animegamer_jax.web.app import uvicorn_settings  # optional (starlette)
+
+        self._server = uvicorn.Server(uvicorn.Config(asgi_app, host=host, port=port, lifespan="off",
+                                                     **uvicorn_settings(**settings)))
+        self._server.install_signal_handlers = lambda: None  # not the main thread
+        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
+        self.host = host
+        self.port = port
+
+    def start(self, timeout: float = 30.0) -> "HttpThread":
+        """Starts the thread and waits (up to ``timeout`` seconds) until the socket listens.
+
+        Raises:
+          RuntimeError: the server did not start in time (or its thread died).
+        """
+        self._thread.start()
+        t0 = time.time()
+        while not self._server.started:
+            if not self._thread.is_alive() or time.time() - t0 > timeout:
+                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
+            time.sleep(0.02)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
 
 
 class Client:

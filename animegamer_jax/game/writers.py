@@ -10,8 +10,9 @@ Layout of one finished game folder ``<out>/<game_id>/``::
     game.json                         instructions, states, meters, seeds, config name, the
                                       fingerprint of what made the game and every file's size/sha256
     timings.json                      wall times per stage (differ run to run, so kept apart)
-    index.html                        gallery playing the turns in order (video controls, meter bars;
-                                      styled by gallery.css, shared with the web app)
+    index.html                        gallery playing the turns in order (video controls, meter bars):
+                                      the template gallery.html, styled by gallery.css (shared
+                                      with the web app)
     .animegamer-game                  marker: this folder is a finished game of this project
 
 A user's files are never replaced: a target folder is written only when it is missing, empty or
@@ -40,6 +41,7 @@ import html
 import io
 import json
 import os
+import string
 import textwrap
 import time
 import uuid
@@ -237,6 +239,12 @@ def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
 
 #: the stylesheet of the gallery and the web app (animegamer_jax/web): one look for both
 GALLERY_CSS = open(os.path.join(os.path.dirname(__file__), "gallery.css"), encoding="utf-8").read()
+#: the gallery page (index.html), gallery.html beside this module. The project's one template engine is
+#: the standard library's ``string.Template``: the page is written by the game core, which has no
+#: optional dependency (Jinja2 is not a dependency), and the web app's page is a static file. Fields:
+#: ``title`` ``css`` ``config`` ``seed`` ``n_turns`` ``about`` ``characters`` ``turns`` (HTML, escaped
+#: by the caller); a literal ``$`` in the file is written ``$$``.
+GALLERY_PAGE = string.Template(open(os.path.join(os.path.dirname(__file__), "gallery.html"), encoding="utf-8").read())
 
 
 def meters_html(meters: Mapping[str, int], deltas: Mapping[str, int] | None = None) -> str:
@@ -259,6 +267,8 @@ def meters_html(meters: Mapping[str, int], deltas: Mapping[str, int] | None = No
 
 
 def _index_html(game_id: str, record: Mapping[str, Any]) -> str:
+    """The gallery page (index.html) of a game: :data:`GALLERY_PAGE` filled from ``record`` (game.json's
+    dict): one ``<figure>`` per turn (clip, instruction, states, :func:`meters_html`), played in order."""
     items = []
     start = record.get("meter_start")
     prev = None if start is None else dict.fromkeys(METER_NAMES, int(start))
@@ -272,28 +282,10 @@ def _index_html(game_id: str, record: Mapping[str, Any]) -> str:
             f"<figcaption><b>Turn {t['turn'] + 1}</b>: {html.escape(t['instruction'])}"
             f'<div class="states">ML {st["ML"]} SC {st["SC"]:+d} ET {st["ET"]:+d} ST {st["ST"]:+d}</div>'
             f"{meters_html(m, deltas)}</figcaption></figure>")
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{html.escape(game_id)}</title>
-<style>
-{GALLERY_CSS}</style></head>
-<body><h1>{html.escape(game_id)}</h1>
-<p class="muted">config {html.escape(str(record["config"]))}, seed {record["seed"]}, {len(record["turns"])} turns.</p>
-{about_html(record)}{characters_html(record)}
-<p><button id="play" class="primary">play all turns in order</button> <a href="game.mp4">whole game (MP4)</a>
-&middot; <a href="contact_sheet.png">contact sheet</a> &middot; <a href="game.json">game.json</a></p>
-<div class="turns">
-{"".join(items)}
-</div>
-<script>
-const vids=[...document.querySelectorAll('video')];
-function playFrom(i){{vids.forEach(v=>v.parentElement.classList.remove('playing'));
- if(i>=vids.length)return; const v=vids[i]; v.parentElement.classList.add('playing'); v.currentTime=0;
- v.onended=()=>playFrom(i+1); v.play().catch(()=>{{}});}}
-document.getElementById('play').onclick=()=>playFrom(0);
-playFrom(0);
-</script></body></html>
-"""
+    return GALLERY_PAGE.substitute(
+        title=html.escape(game_id), css=GALLERY_CSS, config=html.escape(str(record["config"])), seed=record["seed"],
+        n_turns=len(record["turns"]), about=about_html(record), characters=characters_html(record),
+        turns="".join(items))
 
 
 def characters_html(record: Mapping[str, Any]) -> str:

@@ -34,6 +34,7 @@ from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
+from animegamer_jax.game.saving import print_turn
 from animegamer_jax.game.script import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
@@ -84,7 +85,7 @@ def _serve(f, config, *rest: str) -> int:
         print(warning, file=sys.stderr, flush=True)
     server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
                           random_fallback=f.demo, max_queue=f.max_queue, max_sessions=f.max_sessions,
-                          max_batch=f.max_batch)
+                          max_batch=f.max_batch, on_turn=print_turn)
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
           f"games in {server.out_dir}/, at most {server.max_queue} turns waiting, {server.engine.batch_size} "
           f"turns per batch", flush=True)

@@ -67,8 +67,8 @@ keep-alive timeout is reset by every byte, so it does not bound a slow sender); 
 Files are only ever read from the static folder and ``<out>/<game_id>/`` of the session's own games;
 the only writes are the game folders under ``out`` (:class:`GameServer`).
 
-:class:`HttpThread` serves the app on a background thread (tests, notebooks); the command
-(``python -m animegamer_jax.web``, web/__main__.py) serves it with uvicorn in the foreground.
+The command (``python -m animegamer_jax.web``, web/__main__.py) serves it with uvicorn in the
+foreground (the tests serve it on a thread, tests/web_helpers.py ``HttpThread``).
 """
 
 from __future__ import annotations
@@ -82,8 +82,6 @@ import os
 import re
 import secrets
 import socket
-import threading
-import time
 import zipfile
 
 from starlette.applications import Starlette
@@ -635,44 +633,3 @@ def uvicorn_settings(idle_timeout_s: float = IDLE_TIMEOUT_S, limit_concurrency: 
     return {"http": timed_h11_protocol(), "timeout_keep_alive": idle_timeout_s, "limit_concurrency": limit_concurrency,
             "log_level": "warning", "access_log": False}
 
-
-class HttpThread:
-    """Serves an ASGI app (:func:`create_app`'s) with uvicorn on a background thread (tests, notebooks).
-
-    ``start()`` returns once the socket listens; ``url`` is ``http://host:port``; ``stop()`` shuts
-    uvicorn down and joins the thread. ``port=0`` picks a free port (``port`` holds it after ``start()``).
-    ``settings``: :func:`uvicorn_settings`'s arguments (the command's defaults otherwise).
-    """
-
-    def __init__(self, asgi_app, host: str = "127.0.0.1", port: int = 0, **settings):
-        import uvicorn  # optional
-
-        self._server = uvicorn.Server(uvicorn.Config(asgi_app, host=host, port=port, lifespan="off",
-                                                     **uvicorn_settings(**settings)))
-        self._server.install_signal_handlers = lambda: None  # not the main thread
-        self._thread = threading.Thread(target=self._server.run, name="http", daemon=True)
-        self.host = host
-        self.port = port
-
-    def start(self, timeout: float = 30.0) -> "HttpThread":
-        """Starts the thread and waits (up to ``timeout`` seconds) until the socket listens.
-
-        Raises:
-          RuntimeError: the server did not start in time (or its thread died).
-        """
-        self._thread.start()
-        t0 = time.time()
-        while not self._server.started:
-            if not self._thread.is_alive() or time.time() - t0 > timeout:
-                raise RuntimeError(f"the HTTP server did not start on {self.host}:{self.port}")
-            time.sleep(0.02)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)

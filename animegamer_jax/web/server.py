@@ -75,6 +75,7 @@ from PIL import Image
 from animegamer_jax import cli, fileio, mllm_tokenizer, parallel, paths, video_io
 from animegamer_jax.game import characters as characters_lib
 from animegamer_jax.game import saving, writers
+from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.run import METER_NAMES
@@ -223,6 +224,9 @@ class GameServer:
       max_empty_sessions: sessions without turns kept; past that the least recently seen are dropped.
       idle_s: seconds a session may go unseen before it is dropped (not while a turn of it is
         queued or running); its games stay saved on disk.
+      on_turn: called after each turn is saved with ``(k, instruction text, TurnResult, timing
+        dict)`` on the writer thread (the command prints the turn's lines, ``saving.print_turn``);
+        None: nothing.
 
     Raises:
       ValueError: ``max_queue``, ``max_sessions``, ``max_empty_sessions`` or ``idle_s`` below 1.
@@ -233,7 +237,8 @@ class GameServer:
 
     def __init__(self, engine: GameEngine, out_dir: str, seed: int | None = None, max_sessions: int = MAX_SESSIONS,
                  max_queue: int = MAX_QUEUE, max_empty_sessions: int = MAX_EMPTY_SESSIONS,
-                 idle_s: float = SESSION_IDLE_S):
+                 idle_s: float = SESSION_IDLE_S,
+                 on_turn: Callable[[int, str, TurnResult, dict], None] | None = None):
         limits = {"max_queue": max_queue, "max_sessions": max_sessions, "max_empty_sessions": max_empty_sessions,
                   "idle_s": idle_s}
         if any(v < 1 for v in limits.values()):
@@ -249,6 +254,7 @@ class GameServer:
         self.engine = engine
         self.out_dir = out_dir
         self.seed = int(engine.config.game.seed) if seed is None else int(seed)
+        self.on_turn = on_turn
         self.sessions: dict[str, Session] = {}
         self._cv = threading.Condition()
         self._queue: list[Job] = []
@@ -876,7 +882,8 @@ class GameServer:
             self.turns_played += 1
             if k == 0:
                 self.persist(job.session)
-        saving.print_turn(k, job.turn.text, game.results[k], timing)
+        if self.on_turn is not None:
+            self.on_turn(k, job.turn.text, game.results[k], timing)
         with self._cv:
             job.session.job = None
         job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
@@ -885,7 +892,8 @@ class GameServer:
 def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
                  seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
                  max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS,
-                 max_batch: int = MAX_BATCH) -> GameServer:
+                 max_batch: int = MAX_BATCH,
+                 on_turn: Callable[[int, str, TurnResult, dict], None] | None = None) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
@@ -897,6 +905,7 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
       max_sessions: sessions holding turns before new players are refused (:class:`GameServer`).
       max_batch: turns of different players in one batched step per data-parallel slice: the
         engine's one batch shape (``GameEngine`` ``rows``).
+      on_turn: called after each saved turn (:class:`GameServer`).
 
     Raises:
       CheckpointError: a missing or bad checkpoint. OutputError: ``out`` not writable.
@@ -907,4 +916,5 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
     system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
                             random_fallback=random_fallback)
     engine = GameEngine(config, system, mesh=mesh, rows=max_batch)
-    return GameServer(engine, out or config.game.out_dir, seed, max_sessions=max_sessions, max_queue=max_queue)
+    return GameServer(engine, out or config.game.out_dir, seed, max_sessions=max_sessions, max_queue=max_queue,
+                      on_turn=on_turn)
