@@ -241,17 +241,18 @@ _console = {"on": False}
 
 class _StageLines(std_logging.Handler):
     """The one handler of :data:`STATUS_LOGGER` once this module is imported (the logger then stops
-    propagating and is set to INFO, so a line is seen below absl's level). A record goes where an absl
-    INFO line goes when the root logger takes INFO (``--verbosity >= 0``: absl's handler); while a command
-    runs at the default verbosity (:func:`run_command` with ``--verbosity``) its message is printed to
-    stderr on process 0 instead, so commands show their stages while the libraries' INFO chatter stays
+    propagating and is set to INFO, so every line reaches it): each line is an absl INFO line, and while
+    a command runs at the default verbosity (:func:`run_command` with ``--verbosity``) it is also printed
+    to stderr on process 0, so commands show their stages while the libraries' INFO chatter stays
     hidden."""
 
     def emit(self, record: std_logging.LogRecord) -> None:
-        if std_logging.root.isEnabledFor(record.levelno):
-            std_logging.root.handle(record)
-        elif _console["on"] and _on_process_zero():
-            print(record.getMessage(), file=sys.stderr, flush=True)
+        message = record.getMessage()
+        absl_logging.info("%s", message)
+        if not _console["on"] or absl_logging.get_verbosity() >= absl_logging.INFO:
+            return
+        if _on_process_zero():
+            print(message, file=sys.stderr, flush=True)
 
 
 _status_logger = std_logging.getLogger(STATUS_LOGGER)
