@@ -43,7 +43,7 @@ demo: $(STAMP)
 TOY_DATA ?= data/prepared
 TOY_WORKDIR ?= outputs/toy_world
 toy-world: $(STAMP)
-	$(PY) -m animegamer_jax.train.toy_world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
+	$(PY) -m animegamer_jax.train toy-world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
 
 # Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
 # (tests/test_web.py). Needs root (CI runs as root); where it cannot install, the browser test is

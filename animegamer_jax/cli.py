@@ -49,6 +49,7 @@ from absl import logging as absl_logging
 
 from animegamer_jax import config as config_lib
 from animegamer_jax import paths
+from animegamer_jax.fileio import signals_held  # noqa: F401 - the commands' (play, web) saves hold signals
 
 #: loggers (std logging names) that are set to WARNING unless --verbosity >= 0
 NOISY_LOGGERS = ("orbax", "absl", "jax", "jax._src", "grain", "etils", "gcsfs", "fsspec", "google",
@@ -120,44 +121,6 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
-    """Runs the body with ``signums`` held: the first one that arrives inside is delivered, to the
-    handler that was in place, when the body ends (a save that has begun finishes, then Ctrl-C
-    raises KeyboardInterrupt as usual); a second signal inside is delivered at once (a save that
-    hangs can still be stopped). Sections nest (an inner section hands a held signal to the outer
-    one). Python runs signal handlers in the main thread only, so off it (the web app's worker)
-    nothing needs holding and nothing is changed.
-    """
-    if not _on_main_thread():
-        yield
-        return
-    got: list[int] = []
-    previous = {}
-
-    def restore() -> None:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-    def hold(signum, frame):
-        if got:  # a second one (a save that hangs): stop holding, deliver it now
-            restore()
-            signal.raise_signal(signum)
-        got.append(signum)
-
-    try:
-        for s in signums:
-            handler = signal.getsignal(s)
-            if handler is not None:  # None: installed outside Python, left alone
-                previous[s] = handler
-                signal.signal(s, hold)
-        yield
-    finally:
-        restore()
-        if got:
-            signal.raise_signal(got[0])
 
 
 def resolve_config_args(argv: Sequence[str], flag_names: Sequence[str] = ("config",)) -> list[str]:
@@ -267,20 +230,42 @@ def _override_error(overrides: Sequence[str], e: BaseException) -> UsageError:
     return UsageError(f"unknown config key {str(e).strip(chr(34) + chr(39))!r} in {list(overrides)}")
 
 
-#: whether :func:`status` lines also go to stderr (on while a command that defines --verbosity runs)
+#: the std logger of stage lines (``"compiling the train step ..."``): library modules log them as its INFO
+#: records (``logging.getLogger("animegamer_jax.status").info(fmt, *args)``, without importing this module);
+#: :func:`status` is the same for command modules
+STATUS_LOGGER = "animegamer_jax.status"
+
+#: whether stage lines also go to stderr (on while a command that defines --verbosity runs)
 _console = {"on": False}
 
 
+class _StageLines(std_logging.Handler):
+    """The one handler of :data:`STATUS_LOGGER` once this module is imported (the logger then stops
+    propagating and is set to INFO, so every line reaches it): each line is an absl INFO line, and while
+    a command runs at the default verbosity (:func:`run_command` with ``--verbosity``) it is also printed
+    to stderr on process 0, so commands show their stages while the libraries' INFO chatter stays
+    hidden."""
+
+    def emit(self, record: std_logging.LogRecord) -> None:
+        message = record.getMessage()
+        absl_logging.info("%s", message)
+        if not _console["on"] or absl_logging.get_verbosity() >= absl_logging.INFO:
+            return
+        if _on_process_zero():
+            print(message, file=sys.stderr, flush=True)
+
+
+_status_logger = std_logging.getLogger(STATUS_LOGGER)
+if not any(isinstance(h, _StageLines) for h in _status_logger.handlers):
+    _status_logger.addHandler(_StageLines())
+_status_logger.setLevel(std_logging.INFO)
+_status_logger.propagate = False
+
+
 def status(fmt: str, *args: object) -> None:
-    """A stage line (``"compiling the train step ..."``): absl INFO, and while a command runs at the
-    default verbosity (:func:`run_command` with ``--verbosity``) also printed to
-    stderr on process 0, so commands show their stages while the libraries' INFO chatter stays
-    hidden. Library use (tests, notebooks) only logs."""
-    absl_logging.info(fmt, *args)
-    if not _console["on"] or absl_logging.get_verbosity() >= absl_logging.INFO:
-        return
-    if _on_process_zero():
-        print(fmt % args if args else fmt, file=sys.stderr, flush=True)
+    """A stage line of a command module: an INFO record of :data:`STATUS_LOGGER` (:class:`_StageLines`
+    says where it goes). Library modules log theirs to the same logger."""
+    _status_logger.info(fmt, *args)
 
 
 def _on_process_zero() -> bool:

@@ -4,7 +4,7 @@ What each does: :func:`exists` (a broken symlink exists), :func:`isdir`, :func:`
 :func:`walk_files`, :func:`size`, :func:`stamp`, :func:`read_bytes`, :func:`makedirs`,
 :func:`write_bytes_atomic` / :func:`write_text_atomic`, :func:`rename`, :func:`remove`, :func:`rmdir`,
 :func:`rmtree`, the sha256 helpers of the integrity checks, and :func:`owner_stamp` / :func:`owner_gone`
-(whose temp folder a killed run left). Paths are strings or ``os.PathLike``
+(whose temp folder a killed run left); :func:`signals_held` runs a save with Ctrl-C / SIGTERM held. Paths are strings or ``os.PathLike``
 (an ``etils.epath.Path`` included), built with :func:`animegamer_jax.paths.join`; naming (URL or not,
 absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.paths`' own, the one module
 this one imports.
@@ -19,12 +19,15 @@ verify it, as game/writers.py and the checkpoint package do). A missing path rai
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import socket
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import fsspec
@@ -33,8 +36,8 @@ from animegamer_jax import paths
 from animegamer_jax.paths import PathLike
 
 __all__ = ["CHUNK", "exists", "forget_listings", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp",
-           "read_bytes", "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "size", "stamp", "walk_files", "write_bytes_atomic",
-           "write_text_atomic"]
+           "read_bytes", "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "signals_held", "size", "stamp", "walk_files",
+           "write_bytes_atomic", "write_text_atomic"]
 
 #: read size of the hashing helpers (bytes)
 CHUNK = 1 << 20
@@ -271,3 +274,41 @@ def sha256_sampled(path: PathLike, file_size: int, block: int, blocks: int) -> s
             f.seek(off)
             h.update(f.read(block))
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Runs the body with ``signums`` held (a save that must land whole, e.g. a game's files): the first
+    one that arrives inside is delivered, to the handler that was in place, when the body ends (a save
+    that has begun finishes, then Ctrl-C raises KeyboardInterrupt as usual); a second signal inside is delivered at once (a save that
+    hangs can still be stopped). Sections nest (an inner section hands a held signal to the outer
+    one). Python runs signal handlers in the main thread only, so off it (the web app's worker)
+    nothing needs holding and nothing is changed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    previous = {}
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    def hold(signum, frame):
+        if got:  # a second one (a save that hangs): stop holding, deliver it now
+            restore()
+            signal.raise_signal(signum)
+        got.append(signum)
+
+    try:
+        for s in signums:
+            handler = signal.getsignal(s)
+            if handler is not None:  # None: installed outside Python, left alone
+                previous[s] = handler
+                signal.signal(s, hold)
+        yield
+    finally:
+        restore()
+        if got:
+            signal.raise_signal(got[0])

@@ -349,7 +349,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
     c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
 
-    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.data.caption`) ----
+    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.data caption`) ----
     c.label = ml_collections.ConfigDict()
     c.label.num_frames = 4  # uniformly sampled frames of each clip shown to the captioner (paper: 4)
     c.label.max_references = 2  # reference images per character (CHARS/<name>/*.png, sorted) in the prompt

@@ -1063,7 +1063,7 @@ class DatasetCase(Case):
 
 
 class PrepareCase(DatasetCase):
-    """``python -m animegamer_jax.data.prepare`` of the sample film and data/sample_labels.jsonl."""
+    """``python -m animegamer_jax.data prepare`` of the sample film and data/sample_labels.jsonl."""
 
     name = "prepare"
 
@@ -1071,12 +1071,12 @@ class PrepareCase(DatasetCase):
         self.inputs.film
 
     def command(self, out: Path, name: str = "ds") -> list[str]:
-        return [PY, "-m", "animegamer_jax.data.prepare", "--config=configs/tiny.py",
+        return [PY, "-m", "animegamer_jax.data", "prepare", "--config=configs/tiny.py",
                 f"--film=sample_film={self.inputs.film}", f"--labels={LABELS}", f"--out={out / name}"]
 
 
 class ExtractFeaturesCase(DatasetCase):
-    """``python -m animegamer_jax.data.extract_features --random_init`` of the shared dataset."""
+    """``python -m animegamer_jax.data extract-features --random_init`` of the shared dataset."""
 
     name = "extract_features"
 
@@ -1084,12 +1084,12 @@ class ExtractFeaturesCase(DatasetCase):
         self.inputs.dataset
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.data.extract_features", "--config=configs/tiny.py",
+        return [PY, "-m", "animegamer_jax.data", "extract-features", "--config=configs/tiny.py",
                 f"--dataset={self.inputs.dataset}", f"--out={out / 'ds'}", "--random_init"]
 
 
 class LabelCase(Case):
-    """``python -m animegamer_jax.data.caption --captioner=rule`` in batches of 2 clips: each batch is
+    """``python -m animegamer_jax.data caption --captioner=rule`` in batches of 2 clips: each batch is
     a part file as soon as it is captioned, the labels file is written once at the end; the same
     command resumes from the parts."""
 
@@ -1099,7 +1099,7 @@ class LabelCase(Case):
         self.inputs.film
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.data.caption", "--config=configs/tiny.py",
+        return [PY, "-m", "animegamer_jax.data", "caption", "--config=configs/tiny.py",
                 f"--film=sample_film={self.inputs.film}", f"--characters={ROOT / 'data' / 'characters'}",
                 "--captioner=rule", "--config.label.batch_size=2", "--noprogress", f"--out={out / 'labels.jsonl'}"]
 

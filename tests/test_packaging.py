@@ -72,7 +72,7 @@ def test_configs_and_repo_data_resolve_from_any_directory(tmp_path, monkeypatch)
 @pytest.mark.slow
 def test_absl_command_runs_outside_the_checkout(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-m", "animegamer_jax.data.prepare", "--helpfull"], cwd=tmp_path,
+    res = subprocess.run([sys.executable, "-m", "animegamer_jax.data", "prepare", "--helpfull"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode in (0, 1) and "Traceback" not in res.stderr, res.stderr[-2000:]  # absl: help exits 1
     assert f"{ROOT}/configs/tiny.py" in res.stdout and "--config" in res.stdout
@@ -83,10 +83,10 @@ def test_absl_commands_help_and_booleans_read_well(capsys):
 
     import pytest
 
-    from animegamer_jax.data import sample
+    from animegamer_jax.data.__main__ import sample_main
     from animegamer_jax.eval import __main__ as eval_cli
 
-    for main in (eval_cli.main, sample.main):
+    for main in (eval_cli.main, sample_main):
         with pytest.raises(SystemExit) as e:
             main(["--help"])
         assert e.value.code == 0
@@ -157,7 +157,7 @@ def test_config_overrides_work_on_every_default_config(tmp_path, capsys):
     assert not os.path.exists(workdir)  # nothing written for a bad command line
 
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
-    res = subprocess.run([sys.executable, "-m", "animegamer_jax.data.prepare", "--config.data.nope=1"], cwd=tmp_path,
+    res = subprocess.run([sys.executable, "-m", "animegamer_jax.data", "prepare", "--config.data.nope=1"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 2 and res.stderr == "error: unknown config key 'nope' in ['--config.data.nope=1']\n", \
         res.stderr[-2000:]

@@ -1,6 +1,6 @@
 r"""Label films' clips automatically with a captioner (paper Sec. 3.3): films -> clips -> labels JSONL, on Beam.
 
-  python -m animegamer_jax.data.caption --config=configs/tiny.py \
+  python -m animegamer_jax.data caption --config=configs/tiny.py \
       --film=my_film=/films/my_film.mp4 [--film_dir=/films] [--dataset=DIR] --characters=CHARS/ \
       --captioner=hf:/models/InternVL3-8B-hf --out=labels.jsonl [--config.label.batch_size=8] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing]
@@ -74,20 +74,17 @@ from collections.abc import Callable, Sequence
 
 import apache_beam as beam
 import numpy as np
-from absl import flags, logging
+from absl import logging
 from apache_beam.options.pipeline_options import PipelineOptions
 from etils import epath
-from ml_collections import config_flags
 from PIL import Image
 from tqdm import tqdm
 
-from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths
 from animegamer_jax.data import beam_util
 from animegamer_jax.data import captioners as captioners_lib
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import label_schema, motion, video
-from animegamer_jax.data.films import films_of_dataset, list_film_dir, parse_film_arg
 
 HEADER_PREFIX = "# animegamer-label "
 FORMAT_VERSION = 1
@@ -672,65 +669,3 @@ def label_films(films: Sequence[tuple[str, str]], captioner: str, out: str, conf
     return LabelReport(str(out_path), counts.get("clips_planned", 0), len(done), counts.get("clips_labelled", 0),
                        counts.get("clips_retried", 0), counts.get("clips_unlabelled", 0), reasons,
                        time.time() - t0, failed, counts)
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.data.caption`` on ``fv`` (absl + ml_collections config_flags)."""
-    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
-                                    "Config file: `data` plans the clips (as prepare does), `label` the captioning.",
-                                    flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.",
-                              flag_values=fv)
-    flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).", flag_values=fv)
-    flags.DEFINE_string("dataset", "", "A dataset written by data.prepare: label its films again.", flag_values=fv)
-    flags.DEFINE_string("characters", "", "Folder CHARS/ with CHARS/<name>/*.png reference images of each "
-                        "character.", flag_values=fv)
-    flags.DEFINE_string("captioner", None, "hf:/local/vlm/folder (transformers VLM, e.g. InternVL), rule "
-                        "(rule-based baseline), or py:package.module:factory.", flag_values=fv)
-    flags.DEFINE_string("out", "labels.jsonl", "Labels JSONL to write (resumed when it holds an earlier run).",
-                        flag_values=fv)
-    flags.DEFINE_bool("overwrite", False, "Restart an output file that an earlier run of this command wrote.",
-                      flag_values=fv)
-    flags.DEFINE_string("beam_pipeline_options", "", "Comma-separated Apache Beam options, e.g. "
-                        "--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing "
-                        "(empty: DirectRunner in this process).", flag_values=fv)
-    flags.DEFINE_bool("progress", True, "Show a progress bar (--noprogress to hide it).", flag_values=fv)
-    cli_lib.define_verbosity(fv)
-    flags.mark_flag_as_required("captioner", flag_values=fv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Labels the films' clips and prints the summary; returns the exit status (1 when a film failed,
-    2 with a one-line message on a bad command line or a bad input)."""
-    return cli_lib.run_command("python -m animegamer_jax.data.caption", argv, define_flags, __doc__, (), _run,
-                               (FileNotFoundError, FileExistsError, ValueError))
-
-
-def _run(f) -> int:
-    """The body of :func:`main` on parsed flags ``f``."""
-    films = [parse_film_arg(a) for a in f.film or []]
-    if f.film_dir:
-        films += list_film_dir(f.film_dir)
-    if f.dataset:
-        films += films_of_dataset(f.dataset)
-    if not films:
-        raise cli_lib.UsageError("give the films to label: --film=ID=PATH (repeatable), --film_dir=DIR or "
-                                 "--dataset=DIR")
-    report = label_films(films, f.captioner, f.out, f.config, characters_dir=f.characters, overwrite=f.overwrite,
-                         progress=f.progress, log=lambda s: print(s, file=sys.stderr, flush=True),
-                         pipeline_options=beam_util.beam_options(f.beam_pipeline_options))
-    print(report.summary(), flush=True)
-    return 1 if report.failed else 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-caption`` (pyproject.toml)."""
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    # The cli of the module imported by its name, not of this __main__ copy: Beam workers unpickle the
-    # DoFns and their elements by module name, and no worker's __main__ is this one.
-    from animegamer_jax.data import caption
-
-    caption.cli()

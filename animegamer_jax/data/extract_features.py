@@ -1,14 +1,14 @@
 r"""Precompute the shot encoder's frozen inputs per clip, f_v (CLIP) and f_md (T5), as a tfds dataset built
 by Apache Beam (data/clip_dataset/features.py), docs/encoders.md.
 
-  python -m animegamer_jax.data.extract_features --config=configs/animegamer_2b_7b.py \
+  python -m animegamer_jax.data extract-features --config=configs/animegamer_2b_7b.py \
       --dataset=data/prepared/animegamer_samples --out=data/prepared/animegamer_samples_features \
       --clip_weights=open_clip_vit_b16_laion2b.bin --t5_weights=t5-v1_1-xxl/ \
       --t5_spiece=t5-v1_1-xxl/spiece.model --batch_size=16 [--dtype=float16] [--overwrite] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=1]
 
   # smoke run on the tiny sample dataset with random weights (no downloads):
-  python -m animegamer_jax.data.extract_features --config=configs/tiny.py \
+  python -m animegamer_jax.data extract-features --config=configs/tiny.py \
       --dataset=data/prepared/tiny --out=data/prepared/tiny_features --random_init
 
 For every clip of every split of a clip dataset (``data.prepare``):
@@ -47,20 +47,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import flags
 from flax import nnx
-from ml_collections import config_flags
 
-from animegamer_jax import cli as cli_lib
-from animegamer_jax import parallel, paths, video_io
+from animegamer_jax import parallel, video_io
 from animegamer_jax.data import datasets
 from animegamer_jax.data.clip_dataset import features as features_lib
 from animegamer_jax.data.loader import ClipSource
@@ -236,63 +232,3 @@ def extract_features(dataset_dir: str, out_dir: str, load_encoder: features_lib.
     meta = datasets.metadata(built)
     return ExtractReport(built, {k: v["num_clips"] for k, v in meta["splits"].items()}, meta.get("counters", {}),
                          time.time() - t0)
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.data.extract_features`` on ``fv`` (absl + ml_collections)."""
-    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file (clip, t5, data, "
-                                    "sharding_rules sections).", flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_string("dataset", "", "Clip dataset (data_dir of data.prepare; default: config.data.dataset_dir).",
-                        flag_values=fv)
-    flags.DEFINE_string("out", "", "Output tfds data_dir (default: <dataset>_features).", flag_values=fv)
-    flags.DEFINE_string("clip_weights", "", "CLIP weights: orbax dir, or open_clip / HF CLIP file.", flag_values=fv)
-    flags.DEFINE_string("t5_weights", "", "T5 weights: orbax dir, or HF T5 safetensors file / folder.",
-                        flag_values=fv)
-    flags.DEFINE_string("t5_spiece", "", "T5 spiece.model (default: config.t5.spiece_model).", flag_values=fv)
-    flags.DEFINE_bool("random_init", False, "Random weights where none are given (smoke runs only).", flag_values=fv)
-    flags.DEFINE_integer("batch_size", 8, "Clips per encoder call (a multiple of each worker's local device count).",
-                         flag_values=fv)
-    flags.DEFINE_string("text_field", "action", "Record field with the action text.", flag_values=fv)
-    flags.DEFINE_enum("dtype", "float32", list(features_lib.DTYPES), "Storage dtype.", flag_values=fv)
-    flags.DEFINE_bool("overwrite", False, "Replace the feature dataset already in --out.", flag_values=fv)
-    flags.DEFINE_string("beam_pipeline_options", "", "Comma-separated Apache Beam options, e.g. "
-                        "--runner=DirectRunner,--direct_num_workers=1 (default: DirectRunner in this process).",
-                        flag_values=fv)
-    cli_lib.define_verbosity(fv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Builds the feature dataset and prints the report; returns the exit status (2 with a one-line message on
-    a bad command line or a bad input)."""
-    return cli_lib.run_command("python -m animegamer_jax.data.extract_features", argv, define_flags, __doc__, (),
-                               _run, (FileNotFoundError, FileExistsError, ValueError),
-                               interrupted="a killed build leaves only tfds' incomplete folder; rerun to start over")
-
-
-def _run(f) -> int:
-    """The body of :func:`main` on parsed flags ``f``."""
-    cfg = f.config
-    for name in ("clip", "t5"):
-        if not getattr(f, f"{name}_weights") and not f.random_init:
-            raise cli_lib.UsageError(f"--{name}_weights is required (or --random_init for a smoke run)")
-    weights = {name: (os.path.abspath(w) if w and not paths.is_url(w) else w)
-               for name, w in (("clip", f.clip_weights), ("t5", f.t5_weights))}
-    meta = {"clip": cfg.clip.to_dict(), "t5": {k: v for k, v in cfg.t5.to_dict().items() if k != "spiece_model"},
-            "clip_weights": weights["clip"] or "random", "t5_weights": weights["t5"] or "random"}
-    load = ModelLoader(cfg, weights["clip"], weights["t5"], f.t5_spiece, f.random_init, f.batch_size)
-    dataset = f.dataset or cfg.data.dataset_dir
-    report = extract_features(dataset, f.out or datasets.default_features_dir(dataset), load,
-                              features_config(cfg, f.dtype), batch_size=f.batch_size, text_field=f.text_field,
-                              run_meta=meta, overwrite=f.overwrite, beam_pipeline_options=f.beam_pipeline_options,
-                              log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(report.summary())
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-extract-features`` (pyproject.toml)."""
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    cli()

@@ -1,6 +1,6 @@
 r"""Films + labels -> the clip dataset, a tfds dataset built by Apache Beam (data/clip_dataset/builder.py).
 
-  python -m animegamer_jax.data.prepare --config=configs/tiny.py \
+  python -m animegamer_jax.data prepare --config=configs/tiny.py \
       --film=sample_film=data/prepared/sample_film.mp4 [--film_dir=DIR] --labels=data/sample_labels.jsonl \
       --out=data/prepared/tiny [--overwrite] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing]
@@ -30,18 +30,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Sequence
 
-from absl import flags
-from ml_collections import config_flags
-
-from animegamer_jax import cli as cli_lib
 from animegamer_jax import paths
 from animegamer_jax.data import datasets, label_schema, motion
 from animegamer_jax.data.clip_dataset import builder as builder_lib
-from animegamer_jax.data.films import list_film_dir, parse_film_arg
 
 #: files of a dataset of the old layout (dataset.json + shards, format animegamer_jax.clips/1) that --overwrite replaces
 _OLD_LAYOUT = re.compile(r"^(dataset\.json|clips\.array_record-\d{5}-of-\d{5})$")
@@ -128,52 +122,3 @@ def prepare_dataset(films: Sequence[tuple[str, str]], labels_path: str, out_dir:
                          [float(c["motion_scope"]) for c in clips], time.time() - t0,
                          [(r["film_id"], r["clip_index"], r["reason"]) for r in meta["unlabelled"]],
                          {k: v["num_clips"] for k, v in meta["splits"].items()}, meta.get("counters", {}))
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.data.prepare`` on ``fv`` (absl + ml_collections config_flags)."""
-    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), "Config file; its `data` section "
-                                    "is used.", flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_multi_string("film", None, "FILM_ID=PATH (or PATH, id = file stem); repeat per film.",
-                              flag_values=fv)
-    flags.DEFINE_string("film_dir", "", "Folder of films (every video file in it; id = file stem).", flag_values=fv)
-    flags.DEFINE_string("labels", paths.resource("data/sample_labels.jsonl"),
-                        "Labels JSONL (see animegamer_jax/data/label_schema.py).", flag_values=fv)
-    flags.DEFINE_string("out", "", "Output tfds data_dir (default: config.data.dataset_dir).", flag_values=fv)
-    flags.DEFINE_bool("skip_bad", True, "Accepted for older command lines: a failing film is always skipped and "
-                      "reported.", flag_values=fv)
-    flags.DEFINE_bool("overwrite", False, "Replace the dataset already in --out.", flag_values=fv)
-    flags.DEFINE_string("beam_pipeline_options", "", "Comma-separated Apache Beam options, e.g. "
-                        "--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing "
-                        "(default: DirectRunner in this process).", flag_values=fv)
-    cli_lib.define_verbosity(fv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Builds the dataset and prints the report; returns the exit status (2 with a one-line message on a
-    bad command line or a bad input)."""
-    return cli_lib.run_command("python -m animegamer_jax.data.prepare", argv, define_flags, __doc__, (), _run,
-                               (FileNotFoundError, FileExistsError, ValueError))
-
-
-def _run(f) -> int:
-    """The body of :func:`main` on parsed flags ``f``."""
-    cfg = f.config
-    films = [parse_film_arg(a) for a in f.film or []]
-    if f.film_dir:
-        films += list_film_dir(f.film_dir)
-    if not films:
-        raise cli_lib.UsageError("give the films: --film=ID=PATH (repeatable) and/or --film_dir=DIR")
-    report = prepare_dataset(films, f.labels, f.out or cfg.data.dataset_dir, cfg.data, overwrite=f.overwrite, beam_pipeline_options=f.beam_pipeline_options,
-                             log=lambda s: print(s, file=sys.stderr, flush=True))
-    print(report.summary())
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-prepare`` (pyproject.toml)."""
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    cli()

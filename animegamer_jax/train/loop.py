@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import inspect
 import json
+import logging as std_logging
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -37,10 +38,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from animegamer_jax import parallel, paths
-from animegamer_jax.cli import status
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import checkpoint as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
+
+#: a stage line (``status("compiling the train step ...")``): an INFO record of the logger
+#: ``animegamer_jax.status``, which the commands print on stderr at their default verbosity (cli.STATUS_LOGGER)
+status = std_logging.getLogger("animegamer_jax.status").info
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
 

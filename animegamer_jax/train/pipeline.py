@@ -28,11 +28,11 @@ import ml_collections
 from flax import nnx
 
 from animegamer_jax import checkpoint, fileio, parallel, paths
-from animegamer_jax.cli import status
 from animegamer_jax.data import datasets, loader
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim
+from animegamer_jax.train.loop import status
 from animegamer_jax.data.batches import BatchBuilder, mined_reference_frames
 from animegamer_jax.train.model import PHASE_OUTPUTS, PHASES, phase_spec, training_config
 from animegamer_jax.train.samples import sample_hook

@@ -1,6 +1,6 @@
 """Train the toy world in one command: generate it, prepare it, train the pipeline; rerunning resumes.
 
-  python -m animegamer_jax.train.toy_world [--data_dir=data/prepared] [--workdir=outputs/toy_world] \\
+  python -m animegamer_jax.train toy-world [--data_dir=data/prepared] [--workdir=outputs/toy_world] \\
       [--config=configs/toy_world.py] [--config.train.pipeline_steps=...]
   make toy-world [TOY_DATA=DIR] [TOY_WORKDIR=DIR]
 
@@ -22,21 +22,11 @@ a saved step (it prints the command that resumes); 2 with one line for a bad inp
 
 from __future__ import annotations
 
-import shlex
-import sys
-
-from absl import flags
-from ml_collections import config_flags
-
-from animegamer_jax import checkpoint, fileio, parallel, paths
-from animegamer_jax.cli import define_verbosity, run_command, status
+from animegamer_jax import fileio, paths
 from animegamer_jax.data import datasets, prepare, toy_world
 from animegamer_jax.data.films import list_film_dir
-from animegamer_jax.parallel import distributed
-from animegamer_jax.train import checkpoint as train_checkpoint
-from animegamer_jax.train import loop, pipeline
-
-PROG = "python -m animegamer_jax.train.toy_world"
+from animegamer_jax.train import pipeline
+from animegamer_jax.train.loop import status
 
 
 def make_data(data_dir: str, data_cfg, **world) -> dict[str, str]:
@@ -88,42 +78,3 @@ def run(config, data_dir: str, workdir: str, compiler_options: dict | None = Non
         config.train.vae_dataset_dir = folders["train"]
     fileio.makedirs(workdir)
     return pipeline.run_all(config, workdir, compiler_options=compiler_options)
-
-
-def define_flags(fv: flags.FlagValues, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.train.toy_world`` on ``fv``."""
-    config_flags.DEFINE_config_file("config", paths.resource("configs/toy_world.py"), "Config file.",
-                                    flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_string("data_dir", "data/prepared", "Folder of the toy world (toy/) and its prepared datasets "
-                        "(toy_train/, toy_heldout/).", flag_values=fv)
-    flags.DEFINE_string("workdir", "outputs/toy_world", "Run directory (one folder per phase, system/).",
-                        flag_values=fv)
-    define_verbosity(fv)
-
-
-def _run(f: flags.FlagValues, argv: list[str]) -> int:
-    config = f.config
-    parallel.initialize()
-    with distributed.preemption_guard():
-        try:
-            out = run(config, f.data_dir, f.workdir)
-        except loop.Preempted as e:
-            print(f"preempted: {e}; resume with the same command: {PROG} {shlex.join(argv)}",
-                  file=sys.stderr, flush=True)
-            return 0
-    print(out)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.train.toy_world [flags]``; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
-                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError, datasets.DatasetError,
-                               train_checkpoint.CheckpointResumeError, FileExistsError),
-                       interrupted="stopped at once, without saving the step in progress; rerun the same "
-                                   "command to resume from the newest checkpoint")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
