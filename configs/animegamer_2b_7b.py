@@ -209,7 +209,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.vae.dtype = "bfloat16"  # activations (release fp16)
     # 3x3x3 causal convs: "as_2d" (time taps unfolded into one 2-D conv; fast on XLA:CPU, the release
     # numerics as tested) or "3d" (native 3-D convs + SpatialNorm convs at latent resolution; same values up
-    # to summation order; 12 % MORE bytes on v6e, docs/results.md#vae-decode-bytes)
+    # to summation order; 12 % MORE bytes on v6e, docs/results.md#dit-and-vae-decode-bytes)
     c.vae.conv_impl = "as_2d"
 
     # ---- diffusion (docs/diffusion.md) ----

@@ -57,7 +57,7 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
 def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
     """The shipped few-step student (training phase d) at 4 steps, no CFG batch, scores within 1 dB of
     the teacher's guided sampler on the same 3 clips (issue 32's bar, here at the config's 8 teacher
-    steps; docs/results.md#few-step-student has 50), and the checkpoint's teacher is still the default."""
+    steps; docs/results.md#few-step-student-quality-and-cost has 50), and the checkpoint's teacher is still the default."""
     got = {}
     for name, extra in (("teacher", []), ("student", ["--config.diffusion.sampler=student", "--config.diffusion.num_sampling_steps=4"])):
         out = str(tmp_path / f"{name}.json")

@@ -11,7 +11,7 @@ V6E = {"name": "v6e", "hbm_bytes": 32 * 2**30, "bf16_flops": 918e12, "hbm_bytes_
 
 def _report(path, programs, chip=V6E):
     rows = [{"program": n, "kind": "turn", "note": "", "layout": "latency", "roofline_s": s, "runs": runs,
-             "arguments": args, "temporaries": temps, "outputs": 0.0, "aliased": 0.0,
+             "arguments": args, "temporaries": temps, "outputs": 0.0, "aliased": 0.0, "peak": args + temps,
              "first_chunk": chunk} for n, s, runs, args, temps, chunk in programs]
     path.write_text(json.dumps({"chip": chip, "programs": rows}))
     return str(path)
@@ -62,3 +62,41 @@ def test_bad_rows_are_one_line(reports, tmp_path, capsys):
             turn_table.main(["--row", row])
         err = capsys.readouterr().err
         assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, (row, err)
+
+
+def test_by_target_puts_targets_in_columns_and_programs_in_rows(reports, tmp_path, capsys):
+    bf16, int8 = reports
+    h100 = _report(tmp_path / "h100.json", [("dit", 0.120, 1, 3 * 2**30, 0.5 * 2**30, [1, 1])],
+                   chip=dict(V6E, name="h100", hbm_bytes=80 * 2**30))
+    rows = turn_table.main(["--by_target", "--row", f"ONE v6e|student-4|int8|full={int8}+{bf16}",
+                            "--row", f"ONE v6e|student-4|bf16|none={bf16}"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| **turn s**, first frame s at 100 / 40 %; resident GiB | ONE v6e |"
+    q = rows[0]
+    assert out[2] == (f"| student-4, int8, full | **{q['turn_s']:.3f} / {q['turn_s'] / 0.4:.3f}**; "
+                      f"{q['ttff_s']:.3f} / {q['ttff_s'] / 0.4:.3f}; 14.5 (45 %) |")
+    assert out[3] == "| student-4, bf16, none | **0.330 / 0.825** |"  # MLLM + DiT only
+    turn_table.main(["--by_target", "--reports", str(tmp_path), "--program", "ONE v6e|dit=bf16.json:dit",
+                     "--program", "ONE H100|dit=h100.json:dit"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "| peak GiB (% HBM); ms | ONE v6e | ONE H100 |"
+    assert out[2] == "| dit | 4.00 (12 %); 250.0 | 3.50 (4 %); 120.0 |"
+
+
+def test_results_md_tables_are_the_reports_rendered(capsys, monkeypatch):
+    """Every `python -m benchmarks.turn_table` command in docs/results.md, run on the checked-in
+    reports, prints exactly the table that follows it there."""
+    import pathlib
+    import re
+    import shlex
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "results.md").read_text()
+    monkeypatch.chdir(root)
+    commands = [m.group(1).replace("\\\n", " ") for m in
+                re.finditer(r"^python -m benchmarks\.turn_table ((?:.*\\\n)*.*)$", doc, flags=re.M)]
+    assert len(commands) >= 3
+    for command in commands:
+        turn_table.main(shlex.split(command))
+        table = capsys.readouterr().out.strip()
+        assert table.count("\n") >= 2 and f"```\n\n{table}\n" in doc, command

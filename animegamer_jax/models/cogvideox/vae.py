@@ -89,7 +89,7 @@ class VAEConfig:
         the channels of one 2-D conv, :func:`conv3d_as_2d`; fast on XLA:CPU, which has no fast 3-D
         conv, but the unfolded input is ``kt`` times the activation's bytes) or "3d" (one native
         ``conv_general_dilated`` over NDHWC, :func:`conv3d_native`; no unfolded copy, but on v6e
-        the compiler adds relayout copies and it moves more bytes: docs/results.md#vae-decode-bytes), and the decoder's SpatialNorm convs at the latent resolution
+        the compiler adds relayout copies and it moves more bytes: docs/results.md#dit-and-vae-decode-bytes), and the decoder's SpatialNorm convs at the latent resolution
         (:class:`SpatialNorm3D`). Same result up to float summation order (docs/vae.md#building-blocks).
     """
 
