@@ -398,7 +398,7 @@ def test_mllm_targets_encode_the_action_text(dataset):
     ld = loader.make_loader(dataset, mode="turns", batch_size=2, seed=0, num_epochs=1, shard_index=0,
                             shard_count=1, include_frames=True)
     ex = next(iter(ld))
-    builder = batches.BatchBuilder(cfg, "b")
+    builder = batches.BatchBuilder(cfg, "turns")
     batch = builder(ex)
     m = ex["states"].shape[1]
     for b in range(2):
@@ -434,7 +434,7 @@ def test_stored_features_reach_every_phase(dataset, tmp_path):
     np.testing.assert_array_equal(src[0]["f_v"], random_features(frames0, load_random_features()[1](
         [src[0]["action"]]))[0][0])
     clips_ex = next(iter(loader.make_loader(out, mode="clips", batch_size=2, **loader_kw)))
-    dec = batches.BatchBuilder(cfg, "a2")(clips_ex)
+    dec = batches.BatchBuilder(cfg, "decoder")(clips_ex)
     assert "t5_ids" not in dec and "first_frame" not in dec
     for b in range(2):
         rec = src[int(clips_ex["index"][b])]
@@ -442,8 +442,8 @@ def test_stored_features_reach_every_phase(dataset, tmp_path):
         np.testing.assert_array_equal(dec["f_v"][b], rec["f_v"])
     turns_ex = next(iter(loader.make_loader(out, mode="turns", batch_size=2, include_frames=True, **loader_kw)))
     m = turns_ex["states"].shape[1]
-    for phase in ("b", "c"):
-        batch = batches.BatchBuilder(cfg, phase)(turns_ex)
+    for kind in ("turns", "turns_clip"):  # phases b, c
+        batch = batches.BatchBuilder(cfg, kind)(turns_ex)
         assert "turn_t5_ids" not in batch and "turn_first_frame" not in batch
         assert batch["turn_f_md"].shape == (2, m, lt, dt) and batch["turn_f_v"].shape == (2, m, p, dv)
         for b in range(2):
@@ -452,7 +452,7 @@ def test_stored_features_reach_every_phase(dataset, tmp_path):
                 np.testing.assert_array_equal(batch["turn_f_md"][b, k], rec["f_md"])
                 np.testing.assert_array_equal(batch["turn_f_v"][b, k], rec["f_v"])
     with pytest.raises(KeyError, match="stored feature 'f_md' but not 'f_v'"):
-        batches.BatchBuilder(cfg, "b")({k: v for k, v in turns_ex.items() if k != "f_v"})
+        batches.BatchBuilder(cfg, "turns")({k: v for k, v in turns_ex.items() if k != "f_v"})
 
 
 _SHARD_SCRIPT = """

@@ -54,7 +54,7 @@ def test_phase_preview_steps_train_only_the_preview(tmp_path):
     spec = model.phase_spec(cfg)
     assert spec.components == ("vae", "preview") and spec.outputs == ("preview",)
     frames = np.random.default_rng(0).integers(0, 256, (2, 1, 16, 24, 3), dtype=np.uint8)
-    batch = batches.BatchBuilder(cfg, "preview")({"frames": frames})
+    batch = batches.BatchBuilder(cfg, "frames")({"frames": frames})
     assert set(batch) == {"frames"} and batch["frames"].dtype == np.float32
     tx, sched = optim.make_optimizer(cfg.train)
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])

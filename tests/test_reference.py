@@ -252,7 +252,7 @@ def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
     cfg = _r_config()
     spec = model.phase_spec(cfg)
     assert spec.components == ("shot_encoder", "dit", "vae", "reference") and spec.outputs == ("reference",)
-    batch = batches.BatchBuilder(cfg, "r")(_r_example(cfg))
+    batch = batches.BatchBuilder(cfg, "reference")(_r_example(cfg))
     assert batch["reference_frame"].dtype == np.uint8 and batch["reference_frame"].shape == (2, 64, 96, 3)
     np.testing.assert_array_equal(batch["reference_frame"], _r_example(cfg)["first_frame"][[1, 0]])
     if given == "latent":

@@ -176,7 +176,7 @@ def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     ex = {k: np.stack([source[int(i)][k] for i in idx]) for k in ("frames", "motion_level")}
     ex.update(index=idx, action=np.array(["walk left"] * 3), first_frame=ex["frames"][:, 0])
     cfg = phase_config("r")
-    batch = batches.BatchBuilder(cfg, "r", reference_frames=fn)(ex)
+    batch = batches.BatchBuilder(cfg, "reference", reference_frames=fn)(ex)
     for row, i in zip(batch["reference_frame"], idx):
         assert int(refs[i]) not in (-1, int(i))
         assert np.array_equal(row, source[int(refs[i])]["frames"][0])

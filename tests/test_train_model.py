@@ -78,6 +78,27 @@ def test_trainable_sets_and_errors():
                                   np.asarray(flow_value(levels, tuple(cfg.dit.flow_table))))
 
 
+def test_phase_table_is_the_one_list():
+    """train.phases' table: the names config.validate accepts, the compile tool's train programs, one
+    module per phase, batch kinds data.batches builds, and a one-line error naming the phases."""
+    import importlib
+
+    from animegamer_jax import config as config_lib
+    from animegamer_jax.aot import programs
+    from animegamer_jax.train import phases
+
+    assert tuple(phases.PHASES) == config_lib.TRAIN_PHASES == programs.TRAIN_PROGRAMS
+    for name, rec in phases.PHASES.items():
+        assert rec.name == name and importlib.import_module(f"animegamer_jax.train.phases.{name}").PHASE is rec
+        assert rec.batch in batches.BATCH_KINDS and rec.loader == ("turns" if rec.batch.startswith("turns") else "clips")
+        assert set(rec.outputs) <= set(rec.components) and rec.trainable("paper", "full").keys() == set(rec.outputs)
+    assert [p for p, r in phases.PHASES.items() if r.encode_latents] == ["a1", "a2", "c", "d"]
+    assert phases.phase("c").schedule == (5e-5, 10_000) and phases.phase("vae").dataset_key == "vae_dataset_dir"
+    with pytest.raises(ValueError, match=r"^unknown training phase 'x'; use one of vae, a1, a2, b, c, d, r, preview$"):
+        phases.phase("x")
+    with pytest.raises(ValueError, match="unknown batch kind 'a1'"):
+        batches.BatchBuilder(phase_config("a1"), "a1")
+
 def test_a2_dit_trainable_all_vs_paper():
     """configs/tiny.py trains the whole DiT in a2 (no pretrained CogVideoX at toy size); "paper" keeps
     the release's LoRA + flow + block adaLN subset; a1 and c do not change."""
@@ -103,7 +124,7 @@ def test_a2_dit_trainable_all_vs_paper():
 
 def test_mllm_batch_builder_layout():
     cfg = phase_config("c")
-    b = batches.BatchBuilder(cfg, "c")(loader_example(cfg, "c"))
+    b = batches.BatchBuilder(cfg, "turns_clip")(loader_example(cfg, "c"))
     q = num_queries(cfg)
     assert b["input_ids"].shape == (2, 160)
     np.testing.assert_array_equal(b["target_turn"], [2, 1])

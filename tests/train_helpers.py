@@ -6,6 +6,7 @@ import jax
 
 from animegamer_jax import parallel
 from animegamer_jax.data import batches
+from animegamer_jax.train import phases
 from configs import tiny
 
 # Shared by this process and the subprocesses (8 fake devices, two jax.distributed processes).
@@ -96,4 +97,4 @@ exec(SETUP)  # noqa: S102  (defines phase_config, loader_example)
 
 def phase_batch(cfg, phase):
     """The model batch ``data.batches.BatchBuilder`` makes of :func:`loader_example` for ``phase``."""
-    return batches.BatchBuilder(cfg, phase)(loader_example(cfg, phase))
+    return batches.BatchBuilder(cfg, phases.phase(phase).batch)(loader_example(cfg, phase))

@@ -1,10 +1,11 @@
 """The programs ``animegamer-aot`` compiles: each train phase's step and each stage of a game turn,
 with abstract (sharded ``jax.ShapeDtypeStruct``) parameters, optimizer state and inputs.
 
-Train programs (``vae``, ``a1``, ``a2``, ``b``, ``c``, ``d``) are the train command's own step
-(``train.loop.Trainer`` on ``train.model.phase_spec``) with the config's settings: precomputed
-features or not, latents or frames, remat, ``train.global_batch_size`` / ``grad_accum_steps``. Their
-batches have the shapes ``data.batches.BatchBuilder`` makes (:func:`abstract_batch`). Phase ``d``
+Train programs (the phases of ``train.phases``: ``vae``, ``a1``, ``a2``, ``b``, ``c``, ``d``, ``r``,
+``preview``) are the train command's own step (``train.loop.Trainer`` on ``train.model.phase_spec``)
+with the config's settings: precomputed features or not, latents or frames, remat,
+``train.global_batch_size`` / ``grad_accum_steps``. Their batches have the shapes
+``data.batches.BatchBuilder`` makes of the phase's batch kind (:func:`abstract_batch`). Phase ``d``
 (the few-step student's distillation against the frozen teacher, docs/training.md) takes a1 / a2's
 clip batches; phase ``r`` (the reference adapter) takes them plus ``reference_frame`` uint8 [B, H, W, 3].
 
@@ -35,10 +36,10 @@ import ml_collections
 from animegamer_jax import parallel
 from animegamer_jax.aot import pieces
 from animegamer_jax.inference.layout import apply_layout
-from animegamer_jax.train import loop, optim
+from animegamer_jax.train import loop, optim, phases
 from animegamer_jax.train.model import phase_spec
 
-TRAIN_PROGRAMS = ("vae", "a1", "a2", "b", "c", "d", "r", "preview")
+TRAIN_PROGRAMS = tuple(phases.PHASES)
 TURN_PROGRAMS = ("prefill", "decode", "pass_b", "dit", "vae_decode")
 #: turn programs outside the "turn" group (and the turn's roofline): the preview decoder (game.decoder),
 #: the DiT sampling of a turn that names a --character (dit with the reference latent and adapter) and
@@ -66,11 +67,15 @@ class Program:
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
-    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``data.batches.BatchBuilder`` builds it, split
-    over the data axes. Decoder phases (a1, a2, d) carry ``f_md`` / ``f_v`` with
+    """ShapeDtypeStructs of one micro-batch of ``phase`` as ``data.batches.BatchBuilder`` builds its batch
+    kind (``train.phases``), split over the data axes. Decoder phases (a1, a2, d) carry ``f_md`` / ``f_v`` with
     ``train.precomputed_features`` (else ``t5_ids`` / ``first_frame``) and ``latents`` without
     ``train.encode_latents`` (else ``frames``);
-    "vae" carries the curriculum's last (largest) stage, ``vae_windows_per_clip`` windows per clip."""
+    "vae" carries the curriculum's last (largest) stage, ``vae_windows_per_clip`` windows per clip.
+
+    Raises:
+      ValueError: an unknown phase."""
+    kind = phases.phase(phase).batch
     f32, i32, b_ = jnp.float32, jnp.int32, jnp.bool_
     t_lat, c_lat = int(config.dit.num_latent_frames), int(config.dit.in_channels)
     h_lat, w_lat = int(config.dit.sample_height), int(config.dit.sample_width)
@@ -83,13 +88,13 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
     p, dv = int(config.rep.num_image_tokens), int(config.clip.vision_width)
     pre, enc = bool(config.train.precomputed_features), bool(config.train.encode_latents)
     shapes: dict[str, tuple[tuple[int, ...], Any]] = {}
-    if phase == "vae":
+    if kind == "vae":
         _, t, h, w = tuple(config.train.vae_curriculum)[-1]
         n = max(1, min(int(config.train.vae_windows_per_clip), frames[0] // int(t)))
         shapes["frames"] = ((batch * n, int(t), int(h), int(w), 3), f32)
-    elif phase == "preview":  # the clips' frames (BatchBuilder: frames only)
+    elif kind == "frames":  # the clips' frames
         shapes["frames"] = ((batch,) + frames, f32)
-    elif phase in ("a1", "a2", "d", "r"):  # d, r: the same clips (BatchBuilder.decoder_batch)
+    elif kind in ("decoder", "reference"):
         shapes["flow"] = ((batch,), f32)
         if pre:
             shapes.update(f_md=((batch, lt, dt), f32), f_v=((batch, p, dv), f32))
@@ -97,9 +102,9 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
             shapes.update(t5_ids=((batch, lt), i32), first_frame=((batch,) + frames[1:], f32))
         shapes["frames" if enc else "latents"] = (((batch,) + frames, f32) if enc
                                                   else ((batch, t_lat, c_lat, h_lat, w_lat), f32))
-        if phase == "r":  # each clip's reference image, VAE-encoded in the step
+        if kind == "reference":  # each clip's reference image, VAE-encoded in the step
             shapes["reference_frame"] = ((batch,) + frames[1:], jnp.uint8)
-    elif phase in ("b", "c"):
+    else:  # "turns", "turns_clip"
         length, m, w = int(config.train.max_seq_len), int(config.data.max_turns), int(config.mllm.history_window)
         shapes.update(input_ids=((batch, length), i32), cmp_mask=((batch, length), b_), gen_mask=((batch, length), b_),
                       labels=((batch, length), i32), padding_mask=((batch, length), b_),
@@ -109,12 +114,10 @@ def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, me
             shapes.update(turn_f_md=((batch, m, lt, dt), f32), turn_f_v=((batch, m, p, dv), f32))
         else:
             shapes.update(turn_t5_ids=((batch, m, lt), i32), turn_first_frame=((batch, m) + frames[1:], f32))
-        if phase == "c":
+        if kind == "turns_clip":
             shapes["flow"] = ((batch,), f32)
             shapes["frames" if enc else "latents"] = (((batch,) + frames, f32) if enc
                                                       else ((batch, t_lat, c_lat, h_lat, w_lat), f32))
-    else:
-        raise ValueError(f"unknown train program {phase!r}; use one of {TRAIN_PROGRAMS}")
     return {k: jax.ShapeDtypeStruct(s, d, sharding=parallel.batch_sharding(mesh, len(s), rules, shape=s))
             for k, (s, d) in shapes.items()}
 
@@ -137,9 +140,10 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
                            grad_accum_steps=accum, seed=int(config.seed))
     trained, total = trainer.num_trainable()
     batch = abstract_batch(config, phase, micro, mesh, rules)
-    inputs = ("frames" if phase in ("vae", "preview") else
+    kind = phases.phase(phase).batch
+    inputs = ("frames" if kind in ("vae", "frames") else
               ("T5/CLIP features precomputed" if t.precomputed_features else "T5/CLIP in the step") +
-              ("" if phase == "b" else ", VAE-encoded frames" if t.encode_latents else ", latents"))
+              ("" if kind == "turns" else ", VAE-encoded frames" if t.encode_latents else ", latents"))
     note = (f"global batch {t.global_batch_size} ({accum} micro-step(s) of {micro}), {', '.join(spec.components)}; "
             f"{trained / 1e6:.1f} M of {total / 1e6:.1f} M params trained; remat {t.remat}; {inputs}")
     return Program(phase, "train", lambda: trainer.lower(trainer.abstract_state(), batch), note, runs=accum, mesh=mesh)

@@ -1,25 +1,27 @@
 """Host-side batches of the training phases: loader examples -> model-ready numpy batches.
 
-:class:`BatchBuilder` turns the batches of ``data.loader.make_loader`` ("clips" mode for "vae" /
-"a1" / "a2", "turns" mode for "b" / "c") into what the losses (train/losses.py) read (eval.decoder
-and eval.representation build phase a's E_a inputs with it too):
+:class:`BatchBuilder` turns the batches of ``data.loader.make_loader`` ("clips" mode for the kinds
+"vae", "frames", "decoder", "reference"; "turns" mode for "turns", "turns_clip") into what the losses
+(train/losses.py) read; each training phase names its kind (``train.phases``; eval.decoder and
+eval.representation build phase a's E_a inputs with the "decoder" kind too). The kinds
+(:data:`BATCH_KINDS`), with the phases that use them:
 
-  vae:               frames f32 [B * n, T, H, W, 3] in [-1, 1]: random windows of the clips
+  vae (vae):         frames f32 [B * n, T, H, W, 3] in [-1, 1]: random windows of the clips
                      (:func:`vae_windows`) at the curriculum stage of the step (:func:`vae_stage`).
-  decoder (a1, a2):  t5_ids int32 [B, Lt], first_frame f32 [B, H, W, 3] in [-1, 1], flow f32 [B],
+  decoder (a1, a2, d): t5_ids int32 [B, Lt], first_frame f32 [B, H, W, 3] in [-1, 1], flow f32 [B],
                      and frames f32 [B, T, H, W, 3] in [-1, 1] (VAE-encoded in the step) or latents
                      f32 [B, T_lat, C, h, w] (already scaled; ``train.encode_latents=False``);
                      with ``train.precomputed_features`` f_md [B, Lt, Dt] / f_v [B, P, Dv] replace
                      t5_ids / first_frame (the frozen encoders then stay out of the step).
-  mllm (b, c):       input_ids, cmp_mask, gen_mask, labels, padding_mask, turn_ids [B, L] (``mllm.collate``;
+  turns (b):         input_ids, cmp_mask, gen_mask, labels, padding_mask, turn_ids [B, L] (``mllm.collate``;
                      turn_ids feed the ``mllm.history_attention="turn_window"`` mask),
                      turn_t5_ids int32 [B, M, Lt], turn_first_frame f32 [B, M, H, W, 3],
                      target_turn int32 [B], history_turns int32 [B, W-1] (slot -> turn index)
                      (or precomputed turn_f_md [B, M, Lt, Dt] / turn_f_v [B, M, P, Dv], from the turns
                      loader's per-turn f_md / f_v: a dataset's feature fields named f_md / f_v serve
                      a1/a2 and b/c alike; fields named turn_f_md / turn_f_v serve b/c only);
-                     phase c adds flow [B] and frames / latents of the target turn.
-  preview:           frames f32 [B, T, H, W, 3] in [-1, 1] (the whole clips; the frozen VAE encodes them
+  turns_clip (c):    the turns batch plus flow [B] and frames / latents of the target turn.
+  frames (preview):  frames f32 [B, T, H, W, 3] in [-1, 1] (the whole clips; the frozen VAE encodes them
                      and its decoder makes the target).
   reference (r):     the decoder batch plus reference_frame uint8 [B, H, W, 3], each clip's reference
                      image (:func:`pick_reference_frames`; VAE-encoded in the step).
@@ -37,6 +39,9 @@ from animegamer_jax import fileio, mllm_tokenizer, paths, t5_tokenizer, video_io
 from animegamer_jax.data import datasets, references, video
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.models.mistral import mllm
+
+#: the batch kinds :class:`BatchBuilder` builds (module docstring)
+BATCH_KINDS: tuple[str, ...] = ("vae", "frames", "decoder", "reference", "turns", "turns_clip")
 
 
 def flow_values(motion_level: np.ndarray, flow_table: Sequence[float]) -> np.ndarray:
@@ -175,25 +180,29 @@ class BatchBuilder:
 
     Args:
       config: full config (tokenizer paths, lengths, flow table, ``train.vae_curriculum``).
-      phase: "vae" / "a1" / "a2" / "d" / "r" / "preview" (clips) or "b" / "c" (turns).
-      reference_frames: phase r's ``records -> uint8 [B, H, W, 3]`` (default :func:`pick_reference_frames`).
+      kind: one of :data:`BATCH_KINDS` (a training phase's ``batch``, ``train.phases``).
+      reference_frames: the "reference" kind's ``records -> uint8 [B, H, W, 3]`` (default
+        :func:`pick_reference_frames`).
 
     ``__call__(ex, step)``: the step picks the "vae" curriculum stage and seeds its random windows
     (``default_rng([seed, step])``), so a resumed run builds the same batches as an uninterrupted one.
 
     Raises:
-      FileNotFoundError: ``config.t5.spiece_model`` missing (phases other than "vae" and "preview").
-      ValueError: a malformed ``train.vae_curriculum`` (phase "vae").
+      ValueError: an unknown ``kind``, or a malformed ``train.vae_curriculum`` (kind "vae").
+      FileNotFoundError: ``config.t5.spiece_model`` missing (kinds other than "vae" and "frames").
     """
 
-    def __init__(self, config: ml_collections.ConfigDict, phase: str, reference_frames: Any = None):
-        self.config, self.phase = config, phase
+    def __init__(self, config: ml_collections.ConfigDict, kind: str, reference_frames: Any = None):
+        if kind not in BATCH_KINDS:
+            raise ValueError(f"unknown batch kind {kind!r}; use one of {', '.join(BATCH_KINDS)} "
+                             f"(a training phase's batch: train.phases)")
+        self.config, self.kind = config, kind
         self.reference_frames = reference_frames or pick_reference_frames
-        if phase == "vae":
+        if kind == "vae":
             vae_stage(config.train.vae_curriculum, 0)  # fail early on a malformed curriculum
             self.t5_tok = self.tok = None
             return
-        if phase == "preview":  # frames only (no text): the VAE encodes them, its decoder is the target
+        if kind == "frames":  # frames only (no text): the VAE encodes them, its decoder is the target
             self.t5_tok = self.tok = None
             return
         spiece = paths.resource(config.t5.spiece_model)
@@ -201,16 +210,16 @@ class BatchBuilder:
             raise FileNotFoundError(f"config.t5.spiece_model {spiece!r} not found (the T5 spiece.model shipped "
                                     f"with the T5 weights)")
         self.t5_tok = t5_tokenizer.T5Tokenizer(spiece, max_length=int(config.t5.max_length))
-        self.tok = mllm_tokenizer.get_tokenizer() if phase in ("b", "c") else None
+        self.tok = mllm_tokenizer.get_tokenizer() if kind in ("turns", "turns_clip") else None
 
     def __call__(self, ex: Mapping[str, Any], step: int = 0) -> dict[str, np.ndarray]:
-        if self.phase == "vae":
+        if self.kind == "vae":
             return self.vae_batch(ex, step)
-        if self.phase == "preview":
+        if self.kind == "frames":
             return {"frames": video_io.from_uint8(ex["frames"])}
-        if self.phase in ("a1", "a2", "d"):
+        if self.kind == "decoder":
             return self.decoder_batch(ex)
-        if self.phase == "r":
+        if self.kind == "reference":
             return {**self.decoder_batch(ex), "reference_frame": self.reference_frames(ex)}
         return self.mllm_batch(ex)
 
@@ -272,7 +281,7 @@ class BatchBuilder:
             out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
             out["turn_first_frame"] = video_io.from_uint8(ex["first_frame"])
         out["target_turn"], out["history_turns"] = target, hist
-        if self.phase == "c":
+        if self.kind == "turns_clip":
             levels = np.asarray(ex["motion_level"]) if "motion_level" in ex else np.asarray(ex["states"])[..., 0]
             levels = levels.reshape(b, m)
             out["flow"] = flow_values(levels[np.arange(b), target], cfg.dit.flow_table)

@@ -70,7 +70,7 @@ def clip_representations(components: dict, config, dataset_dir: str) -> tuple[np
     """
     check_dataset(dataset_dir, config)
     source = loader.ClipSource(dataset_dir)
-    builder = BatchBuilder(config, "a1")  # phase a's inputs: T5 ids of the action, the first frame
+    builder = BatchBuilder(config, "decoder")  # phase a's inputs: T5 ids of the action, the first frame
     run = nnx.jit(lambda m, b: ea_representation(m, {k: b[k] for k in ("t5_ids", "first_frame")}))
     model = _Encoder(components)
     reps, rows = [], []

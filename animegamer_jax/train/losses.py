@@ -346,8 +346,3 @@ def latent_scaling_factor(vae: nnx.Module, batches: list[Mapping[str, np.ndarray
         raise ValueError(f"latent std is {std}; the VAE is broken (retrain it)")
     return 1.0 / std
 
-
-#: the loss of each phase
-LOSSES: dict[str, LossFn] = {"a1": decoder_loss, "a2": decoder_loss, "b": mllm_loss, "c": adaptation_loss,
-                             "d": distill_loss, "vae": vae_loss, "r": reference_loss,
-                             "preview": preview_loss}

@@ -5,8 +5,9 @@ are fp32; ``mu_dtype`` pins the first moment to fp32 even for bf16 params), line
 cosine decay, global-norm gradient clipping, and gradient accumulation with ``optax.MultiSteps``
 (one optimizer update every ``grad_accum_steps`` micro-batches; the schedule counts updates).
 
-Per-phase peak LR and length follow the paper table (docs/training.md#phases): a1 2e-4 x 10k, a2 2e-4 x 80k,
-b 5e-5 x 15k, c 5e-5 x 10k; ``config.train.learning_rate`` / ``num_steps`` override them when > 0.
+Per-phase peak LR and length are each phase's ``schedule`` (``train.phases``), the paper table's for
+a1 2e-4 x 10k, a2 2e-4 x 80k, b 5e-5 x 15k, c 5e-5 x 10k (docs/training.md#phases);
+``config.train.learning_rate`` / ``num_steps`` override them when > 0.
 """
 
 from __future__ import annotations
@@ -17,39 +18,19 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-#: phase -> (peak learning rate, optimizer steps) from the paper (docs/training.md#phases)
-PAPER_SCHEDULE: dict[str, tuple[float, int]] = {
-    "a1": (2e-4, 10_000),
-    "a2": (2e-4, 80_000),
-    "b": (5e-5, 15_000),
-    "c": (5e-5, 10_000),
-    # Not in the paper (it starts from the released CogVideoX VAE): the "vae" autoencoder phase for
-    # configs that have no converted VAE, e.g. configs/tiny.py.
-    "vae": (1e-4, 10_000),
-    # Not in the paper either: phase d, the few-step student (consistency distillation; LCM trains its
-    # full-UNet student at 8e-6 for ~10k steps)
-    "d": (1e-5, 10_000),
-    # Not in the paper: phase r, the reference adapter (a new LoRA + type embedding on the frozen DiT;
-    # Concat-ID-style adapters train at about 1e-4 for some 10k steps)
-    "r": (1e-4, 10_000),
-    # Not in the paper: the preview decoder (a small conv net distilled from the VAE decoder, trained
-    # from scratch; TAESD-like decoders train at about 1e-3)
-    "preview": (1e-3, 10_000),
-}
+from animegamer_jax.train import phases
 
 
 def phase_lr_and_steps(train_cfg: ml_collections.ConfigDict) -> tuple[float, int]:
     """Peak LR and number of optimizer steps for ``train_cfg.phase``.
 
-    ``train_cfg.learning_rate`` / ``train_cfg.num_steps`` win when positive, else the paper value.
+    ``train_cfg.learning_rate`` / ``train_cfg.num_steps`` win when positive, else the phase's
+    ``schedule`` (``train.phases``; the paper's values for a1, a2, b, c).
 
     Raises:
       ValueError: unknown phase.
     """
-    phase = str(train_cfg.phase)
-    if phase not in PAPER_SCHEDULE:
-        raise ValueError(f"unknown training phase {phase!r}; use one of {sorted(PAPER_SCHEDULE)}")
-    lr, steps = PAPER_SCHEDULE[phase]
+    lr, steps = phases.phase(str(train_cfg.phase)).schedule
     if float(train_cfg.learning_rate) > 0:
         lr = float(train_cfg.learning_rate)
     if int(train_cfg.num_steps) > 0:

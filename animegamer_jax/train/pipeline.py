@@ -29,17 +29,16 @@ from flax import nnx
 
 from animegamer_jax import checkpoint, fileio, parallel, paths
 from animegamer_jax.data import datasets, loader
-from animegamer_jax.diffusion import samplers
 from animegamer_jax.parallel import distributed
-from animegamer_jax.train import loop, losses, optim
+from animegamer_jax.train import loop, losses, optim, phases
 from animegamer_jax.train.loop import status
 from animegamer_jax.data.batches import BatchBuilder, mined_reference_frames
-from animegamer_jax.train.model import PHASE_OUTPUTS, PHASES, phase_spec, training_config
+from animegamer_jax.train.model import phase_spec, training_config
 from animegamer_jax.train.samples import sample_hook
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phase in ("vae", "a1", "a2", "d", "r", "preview"):
+    if phases.phase(phase).loader == "clips":
         return dict(mode="clips", batch_size=local_batch)
     return dict(mode="turns", batch_size=local_batch, include_frames=True)
 
@@ -55,10 +54,12 @@ def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
 
 
 def phase_dataset_dir(config: ml_collections.ConfigDict, phase: str) -> str:
-    """The prepared dataset ``phase`` reads: ``config.data.dataset_dir``, or for phase "vae"
-    ``config.train.vae_dataset_dir`` when set (as given: a path or a URL)."""
-    if phase == "vae" and str(config.train.get("vae_dataset_dir", "")):
-        return str(config.train.vae_dataset_dir)
+    """The prepared dataset ``phase`` reads: ``config.data.dataset_dir``, or the ``config.train`` field
+    its record's ``dataset_key`` names when set (phase "vae": ``train.vae_dataset_dir``; as given: a
+    path or a URL)."""
+    key = phases.phase(phase).dataset_key
+    if key and str(config.train.get(key, "")):
+        return str(config.train[key])
     return str(config.data.dataset_dir)
 
 
@@ -68,8 +69,9 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
 
     * ``phase``, ``config`` (its name), ``learning_rate``, ``warmup_steps``, ``end_lr_factor``, ``seed``;
     * ``batch_settings``: the phase's settings of the host batches that its data stream and crops
-      depend on (VAE: ``train.vae_curriculum``, ``vae_windows_per_clip``, ``vae_max_crop_scale``;
-      b / c: ``data.max_turns``, ``mllm.history_window``). Not the padding length
+      depend on (its record's ``batch_settings``: VAE: ``train.vae_curriculum``, ``vae_windows_per_clip``,
+      ``vae_max_crop_scale``; b / c: ``data.max_turns``, ``mllm.history_window``; d: the distilled
+      scales and grid). Not the padding length
       (``train.max_seq_len``: raising it to fit a longer sequence may resume), nor the model's own
       settings (a changed shape fails the restore itself);
     * ``dataset`` (``dataset=True``, when the phase reads its prepared dataset rather than data the
@@ -81,18 +83,7 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
       datasets.DatasetError: ``dataset`` and no prepared dataset at :func:`phase_dataset_dir`.
     """
     t = config.train
-    settings: dict[str, Any] = {}
-    if phase == "vae":
-        settings.update(vae_curriculum=[list(s) for s in t.vae_curriculum],
-                        vae_windows_per_clip=int(t.vae_windows_per_clip),
-                        vae_max_crop_scale=float(t.get("vae_max_crop_scale", 1.0)))
-    elif phase in ("b", "c"):
-        settings.update(max_turns=int(config.data.max_turns), history_window=int(config.mllm.history_window))
-    elif phase == "d":  # what the distilled runs are: the drawn scales and the teacher's grid
-        settings.update(distill_cfg_scales=[float(v) for v in t.distill_cfg_scales],
-                        student_grid_steps=samplers.student_grid_steps(config.diffusion),
-                        cfg_exp=float(config.diffusion.cfg_exp), cfg_schedule=str(config.diffusion.cfg_schedule),
-                        distill_trainable=str(t.get("distill_trainable", "full")))
+    settings = phases.phase(phase).batch_settings(config)
     meta = {"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
             "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
             "batch_settings": settings}
@@ -143,7 +134,7 @@ def write_system(trainer: loop.Trainer, state: nnx.State, config: ml_collections
     if init_checkpoint:
         held = checkpoint.read_manifest(init_checkpoint)["components"]
         rest = [n for n in held if n not in comps]
-        changed = PHASE_OUTPUTS.get(str(config.train.phase), ("dit",))
+        changed = phases.phase(str(config.train.phase)).outputs
         if "student" in rest and "dit" in comps and "dit" in changed:  # distilled from a teacher this phase changed
             rest.remove("student")
             status("the init checkpoint's few-step student is left out (its teacher DiT is this phase's); "
@@ -188,9 +179,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         dataset (``data`` not given).
     """
     phase = str(config.train.phase)
+    rec = phases.phase(phase)
     init_ckpt = str(config.train.init_checkpoint)
-    if init_ckpt and phase != "vae" and "vae" in checkpoint.read_manifest(init_ckpt)["components"]:
-        # the VAE's latent scale travels with its weights (the "vae" phase sets it)
+    if init_ckpt and "vae" not in rec.outputs and "vae" in checkpoint.read_manifest(init_ckpt)["components"]:
+        # the VAE's latent scale travels with its weights (the phase training the VAE sets it)
         config = copy.deepcopy(config)
         config.vae.scaling_factor = float(checkpoint.load_config(init_ckpt).vae.scaling_factor)
     t = config.train
@@ -220,14 +212,14 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
     ref_fn = None
-    if phase == "r" and data_given is False:
+    if rec.batch == "reference" and data_given is False:
         ref_fn, how = mined_reference_frames(phase_dataset_dir(config, phase), str(config.data.get("split", "train")),
                                              seed=int(config.seed))
         status("phase r references: %s", "another clip of the same character (mined over the dataset)"
                if how == "mined" else "within the batch (the dataset's clips carry no character labels)")
-    builder = BatchBuilder(config, phase, reference_frames=ref_fn)
+    builder = BatchBuilder(config, rec.batch, reference_frames=ref_fn)
     hooks = ()
-    if int(t.sample_every) > 0 and phase in ("a1", "a2", "c") and "vae" in spec.components:
+    if int(t.sample_every) > 0 and rec.samples and "vae" in spec.components:
         hooks = (sample_hook(trainer, config, workdir, int(t.sample_every)),)
     result = loop.fit(
         trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,
@@ -242,7 +234,7 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
         raise loop.Preempted(result.preempted, phase, result.end_step, result.checkpoint_dir)
     if stop_after is not None and result.end_step < steps * accum:
         return ""  # stopped early (a simulated kill): checkpoints written, no system yet
-    if phase == "vae" and bool(t.get("vae_fit_scaling_factor", True)):
+    if "vae" in rec.outputs and bool(t.get("vae_fit_scaling_factor", True)):
         config = copy.deepcopy(config)
         model, _ = trainer.split(result.state)
         batches = [builder(next(data), step=steps * accum) for _ in range(4)]
@@ -271,9 +263,9 @@ def run_all(config: ml_collections.ConfigDict, workdir: str, *, compiler_options
     prev = str(config.train.init_checkpoint)
     pipeline = tuple(config.train.get("pipeline", ("a1", "a2", "b", "c")))
     steps = tuple(config.train.get("pipeline_steps", ()))
-    unknown = [p for p in pipeline if p not in PHASES]
+    unknown = [p for p in pipeline if p not in phases.PHASES]
     if unknown or not pipeline:
-        raise ValueError(f"config.train.pipeline {pipeline} has unknown phases {unknown}; use {PHASES}")
+        raise ValueError(f"config.train.pipeline {pipeline} has unknown phases {unknown}; use {tuple(phases.PHASES)}")
     lrs = tuple(config.train.get("pipeline_learning_rates", ()))
     for name, given in (("pipeline_steps", steps), ("pipeline_learning_rates", lrs)):
         if given and len(given) != len(pipeline):

@@ -1,0 +1,24 @@
+"""Phase a1, warm-up (paper §3.2): E_a (all) and the DiT's ``flow_embed`` train against the frozen
+decoder, conditioned on E_a(T5(action), CLIP(first frame)); v-prediction MSE on clip batches.
+
+The paper trains E_a only; the release code also trains flow and LoRA (docs/training.md#trainable-sets).
+"""
+
+from flax import nnx
+
+from animegamer_jax.train import losses
+from animegamer_jax.train.phases.base import Phase, path_has
+
+PHASE = Phase(
+    name="a1",
+    components=("shot_encoder", "dit", "t5", "clip"),
+    outputs=("shot_encoder", "dit"),
+    trainable=lambda dit_trainable, distill_trainable: {
+        "shot_encoder": nnx.Param, "dit": nnx.All(nnx.Param, path_has(("flow_embed",)))},
+    loss=losses.decoder_loss,
+    batch="decoder",
+    loader="clips",
+    schedule=(2e-4, 10_000),
+    encode_latents=True,
+    samples=True,
+)

@@ -1,0 +1,29 @@
+"""Phase b, the MLLM (paper §3.2, docs/mllm.md#losses): its LoRA factors and the parameters named in
+``models.mistral.model.TRAINABLE_NAMES`` (RMSNorms, embeddings, lm_head, resamplers) train on turn
+batches with ``lm_loss_scale CE + rec_loss_scale MSE`` against the frozen E_a's s_a."""
+
+from flax import nnx
+
+from animegamer_jax.models.lora import LoRAParam
+from animegamer_jax.models.mistral import model as mistral_model
+from animegamer_jax.train import losses
+from animegamer_jax.train.phases.base import Phase, path_has
+
+
+def turn_settings(config):
+    """The turn batches' settings a resume must agree on (phases b and c)."""
+    return {"max_turns": int(config.data.max_turns), "history_window": int(config.mllm.history_window)}
+
+
+PHASE = Phase(
+    name="b",
+    components=("mllm", "shot_encoder", "t5", "clip"),
+    outputs=("mllm",),
+    trainable=lambda dit_trainable, distill_trainable: {
+        "mllm": nnx.Any(LoRAParam, nnx.All(nnx.Param, path_has(mistral_model.TRAINABLE_NAMES)))},
+    loss=losses.mllm_loss,
+    batch="turns",
+    loader="turns",
+    schedule=(5e-5, 15_000),
+    batch_settings=turn_settings,
+)
