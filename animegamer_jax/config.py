@@ -1,20 +1,28 @@
 """Config loading for entry points and scripts.
 
 Entry points use absl + ``ml_collections.config_flags`` (flax-examples style), which gives
-``--config=configs/tiny.py --config.train.phase=b``. :func:`load_config` is the same for code:
-a config file path plus ``"a.b=value"`` overrides, each checked against the existing fields.
+``--config=configs/tiny.py --config.train.phase=b``. :func:`load_config` is the same for code: it
+hands a config file path and ``"a.b=value"`` overrides to ``config_flags`` on a private
+``FlagValues``, so a library call and a command line parse each value by the same rules (the field's
+type: ``int``, ``float``, ``bool``, ``str``, tuple ...).
 """
 
 from __future__ import annotations
 
-import ast
-import importlib.util
 import os
+import re
+import sys
 from collections.abc import Sequence
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from animegamer_jax import paths
+
+
+#: the module name config_flags loads the file of a flag named ``config`` as
+_CONFIG_MODULE = "config_config"
 
 
 class ConfigError(ValueError):
@@ -33,61 +41,88 @@ class SavedConfigError(Exception):
 def load_config(path: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:
     """Loads ``get_config()`` from a config file and applies ``key=value`` overrides.
 
+    The file is read by ``config_flags.DEFINE_config_file`` (``file.py`` or ``file.py:arg``) and the
+    overrides are applied by :func:`apply_overrides`, both as ``--config=PATH --config.a.b=v`` would.
+
     Args:
       path: e.g. ``configs/tiny.py``.
-      overrides: strings like ``"train.phase=b"`` or ``"mesh.shape=(2,-1,1,1)"``; values are
-        Python literals, or plain strings.
+      overrides: strings like ``"train.phase=b"`` or ``"mesh.shape=(2,-1,1,1)"``, each parsed by
+        config_flags as the type of the field it replaces.
 
     Raises:
       ConfigError: missing file, a file without ``get_config``, an unknown key (the message names
         it and the closest section), or a value of the wrong type.
     """
     path = paths.resource(path)  # configs/tiny.py works from any directory
-    if not os.path.exists(path):
+    if not os.path.exists(path if os.path.exists(path) else path.split(":", 1)[0]):
         raise ConfigError(f"config file {path!r} not found; use e.g. configs/tiny.py")
-    spec = importlib.util.spec_from_file_location(f"_agj_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise ConfigError(f"config file {path!r} defines no get_config()")
-    return apply_overrides(module.get_config(), overrides, path)
+    fv = flags.FlagValues()
+    argv = ["load_config", f"--config={path}"]
+    config_flags.DEFINE_config_file("config", None, flag_values=fv, lock_config=False, sys_argv=argv)
+    # config_flags executes the file in sys.modules["config_config"], reusing a module left there:
+    # dropped before and after, so no name of an earlier config file leaks into this one
+    sys.modules.pop(_CONFIG_MODULE, None)
+    try:
+        fv(argv)
+        config = fv.config
+    except AttributeError as e:
+        if "get_config" not in str(e):
+            raise
+        raise ConfigError(f"config file {path!r} defines no get_config()") from None
+    finally:
+        sys.modules.pop(_CONFIG_MODULE, None)
+    return apply_overrides(config, overrides, path)
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str] = (),
                     source: str = "config") -> ml_collections.ConfigDict:
-    """Applies ``"a.b=value"`` overrides to ``config`` in place (see :func:`load_config`).
+    """Applies ``"a.b=value"`` overrides to ``config`` in place and returns it: each becomes
+    ``--config.a.b=value`` of a ``config_flags.DEFINE_config_dict`` flag (see :func:`load_config`).
 
     Raises:
       ConfigError: an unknown key (named, with ``source``) or a value of the wrong type.
     """
-    path = source
+    argv = ["apply_overrides"]
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, raw = item.split("=", 1)
-        key = key.strip().removeprefix("config.")
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            value = raw
-        parent = config
-        parts = key.split(".")
-        for p in parts[:-1]:
-            if p not in parent:
-                raise ConfigError(f"unknown config key {key!r} in {path} (no section {p!r})")
-            parent = parent[p]
-        if parts[-1] not in parent:
-            raise ConfigError(f"unknown config key {key!r} in {path}; fields here: {sorted(parent.keys())}")
-        old = parent[parts[-1]]
-        if isinstance(old, tuple) and isinstance(value, list):
-            value = tuple(value)
-        if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if old is not None and type(old) is not type(value):
-            raise ConfigError(f"config key {key!r} expects {type(old).__name__}, got {value!r}")
-        parent[parts[-1]] = value
+        argv.append(f"--config.{key.strip().removeprefix('config.')}={raw}")
+    if len(argv) == 1:
+        return config
+    fv = flags.FlagValues()
+    try:  # the overrides of sys_argv are parsed while the flag is defined
+        config_flags.DEFINE_config_dict("config", config, flag_values=fv, lock_config=False, sys_argv=argv)
+        fv(argv)
+    except (KeyError, AttributeError):
+        raise _unknown_key(config, argv[1:], source) from None
+    except (flags.Error, ValueError, TypeError) as e:
+        raise _bad_value(config, e) from None
     return config
+
+
+def _unknown_key(config, args: Sequence[str], source: str) -> ConfigError:
+    """The error for the first ``--config.KEY=v`` of ``args`` whose KEY ``config`` lacks."""
+    for arg in args:
+        key = arg.removeprefix("--config.").split("=", 1)[0]
+        node, parts = config, key.split(".")
+        for i, part in enumerate(parts):
+            if not hasattr(node, "keys") or part not in node:
+                if i < len(parts) - 1:
+                    return ConfigError(f"unknown config key {key!r} in {source} (no section {part!r})")
+                return ConfigError(f"unknown config key {key!r} in {source}; fields here: {sorted(node.keys())}")
+            node = node[part]
+    return ConfigError(f"unknown config key in {source}: {' '.join(args)}")
+
+
+def _bad_value(config, e: Exception) -> ConfigError:
+    """config_flags' ``flag --config.KEY=VALUE: why`` as "config key KEY expects TYPE, got VALUE"."""
+    m = re.match(r"flag --config\.([^=\s]+)=(.*?): ", str(e))
+    if m is None:
+        return ConfigError(f"bad config override: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    old = _get(config, m.group(1))
+    kind = type(old).__name__ if old is not _MISSING else "another value"
+    return ConfigError(f"config key {m.group(1)!r} expects {kind}, got {m.group(2)!r}")
 
 
 #: the training phases (``train.phase``, ``train.pipeline``; train/model.py builds each); "all" runs the pipeline

@@ -9,17 +9,23 @@ What each does: :func:`exists` (a broken symlink exists), :func:`isdir`, :func:`
 absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.paths`' own, the one module
 this one imports.
 
-A local path goes through ``os`` directly (``~`` expanded, a relative path read from the working
-directory); a URL (``gs://``, ``s3://`` ..., :func:`animegamer_jax.paths.is_url`) through
-``etils.epath`` / fsspec, where a single object upload is atomic by itself and a folder rename is a
-copy then a delete (callers that need a folder to appear whole write a marker or a manifest last and
-verify it, as game/writers.py and the checkpoint package do). A missing path raises
-``FileNotFoundError`` unless the function says otherwise.
+Every operation goes through ``etils.epath.Path`` (:func:`_path`: ``~`` expanded, a relative local
+path kept relative, so messages name the path as given), one code path for local folders and URLs
+(``gs://``, ``s3://`` ..., :func:`animegamer_jax.paths.is_url`); epath runs a local path through
+``os`` / ``shutil`` and a URL through fsspec. What epath does not do stays here, per kind of path:
+the atomic writes (locally a temp file and ``os.replace``; on object stores a single object upload,
+atomic by itself), :func:`rename` (locally ``os.replace``; on object stores a copy then a delete, so
+callers that need a folder to appear whole write a marker or a manifest last and verify it, as
+game/writers.py and the checkpoint package do), :func:`walk_files`' one listing request on object
+stores, :func:`stamp`'s version (local mtime in ns, an object's generation), the best-effort local
+:func:`rmtree`, and the owner stamps of temp folders. A missing path raises ``FileNotFoundError``
+unless the function says otherwise.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -31,6 +37,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import fsspec
+from etils import epath
 
 from animegamer_jax import paths
 from animegamer_jax.paths import PathLike
@@ -47,6 +54,20 @@ def _url(path: PathLike) -> bool:
     return paths.is_url(path)
 
 
+def _path(path: PathLike) -> epath.Path:
+    """``epath.Path`` of a user path: a URL as it is, a local path with ``~`` expanded (relative kept).
+
+    Raises:
+      FileNotFoundError: an empty path (which epath would read as ``.``, the working directory).
+    """
+    if isinstance(path, epath.Path) and _url(path):
+        return path
+    s = os.path.expanduser(os.fspath(path))
+    if not s:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), s)
+    return epath.Path(s)
+
+
 def _local(path: PathLike) -> str:
     return os.path.expanduser(os.fspath(path))
 
@@ -60,31 +81,33 @@ def _fs(path: PathLike) -> Any:
 def exists(path: PathLike) -> bool:
     """Whether anything is at ``path``: locally ``os.path.lexists`` (a broken symlink exists, so a writer
     never replaces it), on object stores an object or a folder prefix."""
-    return paths.as_path(path).exists() if _url(path) else os.path.lexists(_local(path))
+    if not os.fspath(path):
+        return False
+    p = _path(path)
+    return p.exists() or (not _url(p) and os.path.islink(p))
 
 
 def isdir(path: PathLike) -> bool:
     """Whether ``path`` is a folder (locally following symlinks; on object stores a prefix with objects)."""
-    return paths.as_path(path).is_dir() if _url(path) else os.path.isdir(_local(path))
+    return bool(os.fspath(path)) and _path(path).is_dir()
 
 
 def isfile(path: PathLike) -> bool:
     """Whether ``path`` is a file (locally following symlinks; on object stores an object)."""
-    return paths.as_path(path).is_file() if _url(path) else os.path.isfile(_local(path))
+    return bool(os.fspath(path)) and _path(path).is_file()
 
 
 def listdir(path: PathLike) -> list[str]:
-    """Names of the entries of folder ``path``, sorted."""
-    if _url(path):
-        return sorted(p.name for p in paths.as_path(path).iterdir())
-    return sorted(os.listdir(_local(path)))
+    """Names of the entries of folder ``path``, sorted (epath's listing: names ending in ``~``, editor
+    backups, are left out; ``NotADirectoryError`` for a local file)."""
+    return sorted(p.name for p in _path(path).iterdir())
 
 
 def walk_files(root: PathLike) -> Iterator[str]:
     """Paths of every file under ``root``, relative to it, '/'-separated, sorted (on object stores one
     listing request, not a walk). Nothing for a missing local ``root``."""
     if _url(root):
-        p = paths.as_path(root)
+        p = _path(root)
         fs = _fs(p)
         base = fs._strip_protocol(os.fspath(p)).rstrip("/") + "/"
         yield from sorted(f[len(base):] for f in fs.find(os.fspath(p)) if f.startswith(base))
@@ -100,7 +123,8 @@ def walk_files(root: PathLike) -> Iterator[str]:
 
 def size(path: PathLike) -> int:
     """Size of file ``path`` in bytes."""
-    return int(paths.as_path(path).stat().length) if _url(path) else os.path.getsize(_local(path))
+    with _path(path).open("rb") as f:  # an object store answers from the object's metadata
+        return f.seek(0, os.SEEK_END)
 
 
 def stamp(path: PathLike) -> tuple[int, int | str]:
@@ -110,7 +134,7 @@ def stamp(path: PathLike) -> tuple[int, int | str]:
         if not _url(path):
             st = os.stat(_local(path))
             return st.st_size, st.st_mtime_ns
-        info = _fs(path).info(os.fspath(paths.as_path(path)))
+        info = _fs(path).info(os.fspath(_path(path)))
         return int(info.get("size", -1)), str(info.get("generation") or info.get("updated") or info.get("mtime", ""))
     except (OSError, FileNotFoundError):
         return -1, -1
@@ -118,18 +142,12 @@ def stamp(path: PathLike) -> tuple[int, int | str]:
 
 def read_bytes(path: PathLike) -> bytes:
     """The whole content of file ``path``."""
-    if _url(path):
-        return paths.as_path(path).read_bytes()
-    with open(_local(path), "rb") as f:
-        return f.read()
+    return _path(path).read_bytes()
 
 
 def makedirs(path: PathLike) -> None:
     """Creates folder ``path`` and its parents (nothing when it exists)."""
-    if _url(path):
-        paths.as_path(path).mkdir(parents=True, exist_ok=True)
-    else:
-        os.makedirs(_local(path), exist_ok=True)
+    _path(path).mkdir(parents=True, exist_ok=True)
 
 
 def write_bytes_atomic(path: PathLike, data: bytes) -> None:
@@ -137,7 +155,7 @@ def write_bytes_atomic(path: PathLike, data: bytes) -> None:
     ``os.replace`` (the temp file is removed if writing fails); on object stores one object upload,
     which is atomic by itself (readers see the old or the new object)."""
     if _url(path):
-        paths.as_path(path).write_bytes(data)
+        _path(path).write_bytes(data)
         return
     path = _local(path)
     tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex[:8]}")
@@ -167,7 +185,7 @@ def rename(src: PathLike, dst: PathLike) -> None:
     if not _url(src):
         os.replace(_local(src), _local(dst))
         return
-    s, d = os.fspath(paths.as_path(src)), os.fspath(paths.as_path(dst))
+    s, d = os.fspath(_path(src)), os.fspath(_path(dst))
     fs = _fs(s)
     # copy + delete, not fs.mv: gcsfs's mv first tries the objects.moveTo API, which flat buckets
     # (and emulators) refuse with a logged traceback per object before it falls back to this
@@ -188,11 +206,14 @@ def forget_listings(path: PathLike) -> None:
 
 
 def remove(path: PathLike) -> None:
-    """Deletes file ``path``."""
-    if _url(path):
-        paths.as_path(path).unlink()
-    else:
-        os.remove(_local(path))
+    """Deletes file ``path``.
+
+    Raises:
+      IsADirectoryError: ``path`` is a local folder (a folder goes through :func:`rmdir` or ``rmtree``).
+    """
+    if not _url(path) and os.path.isdir(_local(path)):
+        raise IsADirectoryError(errno.EISDIR, "is a folder, not a file", str(path))
+    _path(path).unlink()
 
 
 def rmdir(path: PathLike) -> None:
@@ -235,15 +256,13 @@ def rmtree(path: PathLike) -> None:
     """Removes folder tree ``path``; nothing when it is absent. Locally best effort (what cannot be
     removed stays, for a later ``exists`` or ``rename`` to report); on object stores errors raise."""
     if _url(path):
-        p = paths.as_path(path)
-        if p.exists():
-            p.rmtree()
+        _path(path).rmtree(missing_ok=True)
     else:
         shutil.rmtree(_local(path), ignore_errors=True)
 
 
 def _open_read(path: PathLike):
-    return paths.as_path(path).open("rb") if _url(path) else open(_local(path), "rb")
+    return _path(path).open("rb")
 
 
 def sha256_file(path: PathLike) -> str:

@@ -36,7 +36,7 @@ def _compile(program, overrides, layout="latency", topology="h100-8"):
 
 def test_train_step_and_turn_take_cudnn_on_h100():
     # bf16 activations so that cuDNN flash attention applies (it takes bf16 / fp16)
-    bf16 = ["dit.dtype='bfloat16'", "mllm.dtype='bfloat16'"]
+    bf16 = ["dit.dtype=bfloat16", "mllm.dtype=bfloat16"]
     a2 = _compile("a2", ["mesh.shape=(1,-1,1,1)", "train.global_batch_size=8", "train.precomputed_features=True",
                          "train.encode_latents=False"] + bf16)
     dit = _compile("dit", bf16)
@@ -63,7 +63,7 @@ def test_hlo_cost_prices_cudnn_attention():
 def test_hlo_cost_prices_cudnn_convolutions_as_xla_cpu_convolutions():
     """XLA:GPU lowers the VAE's convolutions to cuDNN custom calls: priced as convolutions, the decode's
     FLOPs equal the same program's on XLA:CPU (plain convolution ops)."""
-    overrides = ["vae.dtype='bfloat16'"]
+    overrides = ["vae.dtype=bfloat16"]
     gpu = _compile("vae_decode", overrides, topology="h100-1")  # one chip, as the CPU side
     cfg = load_config("configs/tiny.py", overrides)
     cpu = programs.turn_programs(cfg, ["vae_decode"], jax.devices("cpu")[:1], "latency")[0]

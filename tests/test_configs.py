@@ -47,3 +47,20 @@ def test_overrides_and_errors():
         load_config("configs/tiny.py", ["dit.num_layers=two"])
     with pytest.raises(ConfigError, match="not found"):
         load_config("configs/nope.py")
+
+
+def test_overrides_go_through_config_flags(tmp_path):
+    """load_config parses overrides by config_flags' rules (as --config.a.b=v on a command line) and
+    loads each file fresh: a later file without get_config() is refused, not given the earlier one's."""
+    c = load_config("configs/tiny.py", ["mesh.shape=(1,1,1,-1)", "game.write_gif=false", "config.game.fps=12"])
+    assert c.mesh.shape == (1, 1, 1, -1) and c.game.write_gif is False and c.game.fps == 12
+    with pytest.raises(ConfigError, match=r"^config key 'train.learning_rate' expects float, got 'fast'$"):
+        load_config("configs/tiny.py", ["train.learning_rate=fast"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'nope.x' in .*tiny.py \(no section 'nope'\)"):
+        load_config("configs/tiny.py", ["nope.x=1"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        load_config("configs/tiny.py", ["train.phase"])
+    bare = tmp_path / "bare.py"
+    bare.write_text("x = 1\n")
+    with pytest.raises(ConfigError, match="defines no get_config"):
+        load_config(str(bare))

@@ -32,8 +32,9 @@ Keys dropped on purpose (see :data:`DROPPED`): the peft ``original_module`` norm
 ``output_mix_layer_norm``, the VAE ``loss.*`` entries, and DeepSpeed bookkeeping beside ``module``.
 
 SRC and DST may be URLs (``gs://bucket/release``; etils.epath / fsspec). A remote SRC's files are
-copied, as each is first needed, into a local cache folder (``--cache_dir``, default a temporary
-folder removed afterwards), with one line per file saying so: ``torch.load(mmap=True)`` and
+copied, as each is first needed, into a local cache folder by fsspec's whole-file cache
+(``filecache::``; ``--cache_dir``, default a temporary folder removed afterwards; a user-given folder is
+reused by a rerun while the remote files are unchanged), with one line per file saying so: ``torch.load(mmap=True)`` and
 ``safe_open`` memory-map local files only, and reading the engine file (many GB) through a stream would
 hold all of it in memory instead of paging in one layer at a time. A remote DST is written in place
 (``SystemWriter`` on the URL, integrity.json last as the completion marker, as orbax does on object
@@ -150,16 +151,19 @@ def _rel(path: str, root: str) -> str:
 
 
 class LocalCache:
-    """Local copies of a remote release's files, made as each file is first read.
+    """Local copies of a remote release's files, made by fsspec's ``filecache::`` as each file is first read.
 
-    ``local(path)`` is ``path`` itself for local files; for a URL it copies the object once into
-    ``directory`` (keeping its path below the release folder) and returns the copy, logging the
-    size. A copy of the right size from an earlier run in a user-given ``directory`` is reused.
-    ``close()`` removes the folder when this object created it.
+    ``local(path)`` is ``path`` itself for local files; for a URL it is the file's copy in
+    ``directory``, downloaded by fsspec's whole-file cache (``filecache::URL``; the file names are
+    hashes of the URLs, and the cache's metadata file records each finished download), with one log
+    line per file naming its size. A copy that an earlier run left in a user-given ``directory`` is
+    reused while the remote object is unchanged (fsspec compares its ``ukey``); a download that failed
+    part-way, or whose size is not the remote's, is dropped from the cache and raises ``OSError``.
+    ``close()`` removes the folder when this object created it (a temporary one).
     """
 
-    def __init__(self, src: str, directory: str | None = None, log: Callable[[str], None] = print):
-        self.src, self.log = _abs(src), log
+    def __init__(self, directory: str | None = None, log: Callable[[str], None] = print):
+        self.log = log
         self._own = directory is None
         self.directory = directory
         self.copies: dict[str, str] = {}
@@ -171,16 +175,19 @@ class LocalCache:
             return self.copies[path]
         if self.directory is None:
             self.directory = tempfile.mkdtemp(prefix="animegamer-release-cache-")
-        out = os.path.join(self.directory, _rel(path, self.src).lstrip("/") or os.path.basename(path))
-        fs, _ = fsspec.core.url_to_fs(path)
-        size = int(fs.info(path)["size"])
-        if not (os.path.isfile(out) and os.path.getsize(out) == size):
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            self.log(f"copying {path} ({size / 2**30:.2f} GiB) to the local cache {out}: torch / safetensors "
-                     f"memory-map local files only")
-            part = out + ".part"
-            fs.get(path, part)
-            os.replace(part, out)
+        cache, cached = fsspec.core.url_to_fs(f"filecache::{path}", filecache={
+            "cache_storage": self.directory, "check_files": True, "expiry_time": False})
+        size = int(cache.fs.size(path))
+        self.log(f"copying {path} ({size / 2**30:.2f} GiB) to the local cache {self.directory} (unless an "
+                 f"earlier run did): torch / safetensors memory-map local files only")
+        try:
+            with cache.open(cached, "rb") as f:
+                out = f.name
+            if os.path.getsize(out) != size:
+                raise OSError(f"{path}: the local copy {out} holds {os.path.getsize(out)} of {size} bytes")
+        except BaseException:
+            cache.pop_from_cache(cached)  # never reused by a later read or run
+            raise
         self.copies[path] = out
         return out
 
@@ -191,7 +198,7 @@ class LocalCache:
 
 
 #: the cache of the conversion in progress (``convert_release`` sets it); local files pass through
-_cache = LocalCache("")
+_cache = LocalCache()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -716,7 +723,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
         tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
         fileio.write_bytes_atomic(os.path.join(tmp, PARTIAL_OWNER), fileio.owner_stamp())
     problems: list[str] = []
-    _cache = LocalCache(files.src, cache_dir, log)
+    _cache = LocalCache(cache_dir, log)
     writer = None
     done = False
     try:
@@ -769,7 +776,7 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
         if remote_dst and writer is not None and not done:
             fileio.rmtree(dst)  # created by this run (DST did not exist): a failed conversion leaves nothing
         _cache.close()
-        _cache = LocalCache("")
+        _cache = LocalCache()
     return counts
 
 
