@@ -200,7 +200,7 @@ def save_image(path: str, img: Image.Image, **kw) -> None:
 
 
 def contact_sheet(turn_frames, columns: int = 6, value_range: tuple[float, float] = VAE_RANGE) -> np.ndarray:
-    """Rows = clips (``[F, H, W, 3]`` each, values in ``value_range``), columns = ``columns`` evenly
+    """Rows = clips (``[T, 8h, 8w, 3]`` each, values in ``value_range``), columns = ``columns`` evenly
     spaced frames of each, 2-px white separators; uint8 ``[H', W', 3]``."""
     rows = []
     for frames in turn_frames:

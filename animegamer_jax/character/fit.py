@@ -243,7 +243,7 @@ def fit_character(checkpoint: str, out: str, name: str, pictures: Sequence[np.nd
 
 
 def encode_latents(vae: nnx.Module, clips: np.ndarray, scale: float) -> jax.Array:
-    """Still clips float [B, T, H, W, 3] in [-1, 1] -> scaled posterior-mean latents [B, T_lat, C, h, w]."""
+    """Still clips float [B, T, 8h, 8w, 3] in [-1, 1] -> scaled posterior-mean latents [B, t, C, h, w]."""
     return _encode(vae, jnp.asarray(clips, jnp.float32), scale)
 
 

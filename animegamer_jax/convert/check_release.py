@@ -160,7 +160,7 @@ def check_release(engine: Any | Callable[[], Any], case_path: str, log: Callable
     tol, how = tols["latents"]
     stages.append(_close("latents", latents, rec["latents_sampled"], tol, how))
 
-    frames = np.asarray(engine.decode_fn(engine.params, jax.numpy.asarray(latents)), np.float32)  # [1, F, H, W, 3]
+    frames = np.asarray(engine.decode_fn(engine.params, jax.numpy.asarray(latents)), np.float32)  # [1, T, 8h, 8w, 3]
     tol, how = tols["frames float"]
     stages.append(_close("frames float", frames.transpose(0, 1, 4, 2, 3), rec["frames_float"], tol, how))
     ours8 = release_decoding.release_uint8(frames[0]).astype(np.int16)

@@ -10,7 +10,7 @@ eval.representation build phase a's E_a inputs with the "decoder" kind too). The
                      (:func:`vae_windows`) at the curriculum stage of the step (:func:`vae_stage`).
   decoder (a1, a2, d): t5_ids int32 [B, Lt], first_frame f32 [B, H, W, 3] in [-1, 1], flow f32 [B],
                      and frames f32 [B, T, H, W, 3] in [-1, 1] (VAE-encoded in the step) or latents
-                     f32 [B, T_lat, C, h, w] (already scaled; ``train.encode_latents=False``);
+                     f32 [B, t, C, h, w] (already scaled; ``train.encode_latents=False``);
                      with ``train.precomputed_features`` f_md [B, Lt, Dt] / f_v [B, P, Dv] replace
                      t5_ids / first_frame (the frozen encoders then stay out of the step).
   turns (b):         input_ids, cmp_mask, gen_mask, labels, padding_mask, turn_ids [B, L] (``mllm.collate``;

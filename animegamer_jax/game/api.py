@@ -32,13 +32,13 @@ class GameSystem:
     Attributes:
       params: pytree with the arrays each stage needs (``params["mllm"]``, ... or any layout
         the functions agree on); passed as a jit argument, never baked in as constants.
-      mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, D])``; ``batch`` is
+      mllm: ``(params, batch) -> (states int32 [B, 4], rep float32 [B, Q, rep_dim])``; ``batch`` is
         :func:`animegamer_jax.inference.turn_inputs.stack_inputs` output (ids, attention_mask, cmp_mask,
         gen_mask, hist_reps, hist_pos, hist_valid, read_idx, last_idx).
-      sample: ``(params, rep [B, Q, D], ml int32 [B], keys uint32 [B, 2], noise=None[, reference=]) -> latents
-        [B, T_lat, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
-        given, ``{"initial": [B, T_lat, C, h, w], "steps": [B, n, T_lat, C, h, w]}`` (given noise).
-      decode: ``(params, latents) -> frames float32 [B, F, H, W, 3]`` in inference/vae_decode.py's ``FRAME_RANGE``.
+      sample: ``(params, rep [B, Q, rep_dim], ml int32 [B], keys uint32 [B, 2], noise=None[, reference=]) -> latents
+        [B, t, C, h, w]``; row b must use only ``keys[b]`` for its noise, or, when ``noise`` is
+        given, ``{"initial": [B, t, C, h, w], "steps": [B, num_steps, t, C, h, w]}`` (given noise).
+      decode: ``(params, latents) -> frames float32 [B, T, 8h, 8w, 3]`` in inference/vae_decode.py's ``FRAME_RANGE``.
       label: what the system is (shown in outputs), e.g. ``"checkpoint /ckpt/system"``.
       description: what it was trained on and can show, from the checkpoint's manifest
         (``save_system(description=...)``); "" when it has none. Shown in game.json
@@ -49,11 +49,11 @@ class GameSystem:
       decode_chunk: optional ``(params, latents_chunk [B, t, C, h, w], cache | None) ->
         (frames [B, f, H, W, 3], cache)``: one causal chunk of ``decode`` (the same chunk plan, so
         the frames match ``decode``'s), for showing frames as they are decoded (web server).
-      decode_plan: the latent chunk sizes ``decode_chunk`` is run with (sum = T_lat).
+      decode_plan: the latent chunk sizes ``decode_chunk`` is run with (sum = t).
       identity: what the weights are, for output fingerprints (a checkpoint's content digest,
         ``checkpoint_identity``); empty = the label.
       mllm_cached: with ``mllm.history_attention = "turn_window"``: ``(params, cache, batch) ->
-        (states int32 [B, 4], rep float32 [B, Q, D], cache)`` on the games' persistent KV cache
+        (states int32 [B, 4], rep float32 [B, Q, rep_dim], cache)`` on the games' persistent KV cache
         (an inference/turn_inputs.py ``TurnKVCache``; batch = its ``stack_cached_inputs``).
       mllm_prefill: ``(params, cache, batch) -> cache``, the same turn's shared prefill only
         (rebuilding a cache by recompute); init_cache: ``batch -> empty cache``;
@@ -97,8 +97,8 @@ class TurnResult:
 
     Attributes:
       states: the predicted ``(ML, SC, ET, ST)``.
-      rep: s_a, float32 ``[Q, D]``.
-      frames: the clip, float32 ``[F, H, W, 3]`` in inference/vae_decode.py's ``FRAME_RANGE`` (or uint8 once converted).
+      rep: s_a, float32 ``[Q, rep_dim]``.
+      frames: the clip, float32 ``[T, 8h, 8w, 3]`` in inference/vae_decode.py's ``FRAME_RANGE`` (or uint8 once converted).
       meters: ``{"social", "entertainment", "stamina"}`` after the turn.
     """
 

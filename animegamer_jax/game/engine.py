@@ -4,11 +4,11 @@ One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
 
 1. **MLLM** (``system.mllm``): token layout of the last W turns (inference/turn_inputs.py) + history
    representations -> predicted states ``[ML, SC, ET, ST]`` (constrained greedy decoding) and the
-   representation s_a ``[Q, D]``.
+   representation s_a ``[Q, rep_dim]``.
 2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``,
    docs/dit.md#motion-level-to-flow) -> DPM++ 2M with dynamic CFG (uncond = E_a's unconditional
    embedding, docs/encoders.md#unconditional-embedding, docs/diffusion.md#guidance) -> latents.
-3. **VAE** (``system.decode``): latents -> frames float ``[F, H, W, 3]`` in [0, 1]
+3. **VAE** (``system.decode``): latents -> frames float ``[T, 8h, 8w, 3]`` in [0, 1]
    (docs/diffusion.md#latent-scale).
 4. **Writing** (game/writers.py): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
 
@@ -310,7 +310,7 @@ class GameEngine:
             ``game.decoder=preview_then_full`` the first call is the preview decoder's whole clip and
             the VAE's calls then start again at frame 0: a call replaces the frames from its
             ``first_frame`` on. With ``game.decoder=preview``: one call, the preview's clip.
-          noise: optional given noise ``{"initial": [B, T, C, h, w], "steps": [B, n, T, C, h, w]}``
+          noise: optional given noise ``{"initial": [B, t, C, h, w], "steps": [B, num_steps, t, C, h, w]}``
             replacing the keys' draws (e.g. a recorded release run, inference/release_decoding.py).
           references: optional, per row, the reference latent ``[1, C, h, w]`` of the character the
             row's turn names (:meth:`reference_latents`) or None (decoded as without references).
@@ -318,7 +318,7 @@ class GameEngine:
             (:meth:`character_index`) or None (decoded with the system's DiT as it is).
 
         Returns:
-          states int ``[B, 4]``, rep float32 ``[B, Q, D]``, frames float32 ``[B, F, H, W, 3]``,
+          states int ``[B, 4]``, rep float32 ``[B, Q, rep_dim]``, frames float32 ``[B, T, 8h, 8w, 3]``,
           and timings: stage run times ``{"mllm_s", "sampling_s", "vae_s"}`` (compile excluded; the
           preview decode counts in ``vae_s`` and, with a preview mode, also alone as ``preview_s``), and
           wall times from the turn's start, compiles included: ``ttff_s`` until the first decoded
@@ -400,7 +400,7 @@ class GameEngine:
 
     def _decode_streaming(self, latents, on_frames) -> tuple[np.ndarray, float]:
         """``decode`` run one chunk of ``system.decode_plan`` at a time, the causal cache carried
-        between calls; ``on_frames`` gets each chunk's frames. Returns (frames [B, F, H, W, 3], s)."""
+        between calls; ``on_frames`` gets each chunk's frames. Returns (frames [B, T, 8h, 8w, 3], s)."""
         plan = tuple(int(n) for n in self.system.decode_plan)
         if not plan or sum(plan) != latents.shape[1]:
             raise ValueError(f"decode_plan {plan} does not split {latents.shape[1]} latent frames")

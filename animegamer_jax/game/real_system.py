@@ -61,7 +61,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
         (the student for ``diffusion.sampler="student"``).
       config: the run config with ``game.mode`` applied (:func:`~animegamer_jax.game.api.apply_mode`).
       label: shown in outputs.
-      decode_fn: optional ``(latents [B, T, C, h, w]) -> frames [B, F, H, W, 3]`` in [0, 1]
+      decode_fn: optional ``(latents [B, T, C, h, w]) -> frames [B, T, 8h, 8w, 3]`` in [0, 1]
         replacing the VAE (tests of the other stages); the label should say so.
     """
     config = apply_mode(config)

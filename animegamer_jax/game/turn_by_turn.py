@@ -94,7 +94,7 @@ class TurnByTurnGame:
 
         Args:
           states: int ``[4]`` (ML, SC, ET, ST); rep: float32 ``[Q, D]``; frames: float32
-          ``[F, H, W, 3]`` in [0, 1] (None for a turn read back from a saved game, whose clip is on
+          ``[T, 8h, 8w, 3]`` in [0, 1] (None for a turn read back from a saved game, whose clip is on
           disk); timing: the step's stage timings.
         """
         st = tuple(int(v) for v in states)

@@ -55,7 +55,7 @@ LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array, ml_collection
 
 def _latents(model: nnx.Module, batch: Mapping[str, jax.Array], config: ml_collections.ConfigDict,
              key: jax.Array) -> jax.Array:
-    """Clean scaled latents x0 [B, T_lat, C, h, w]: given, or VAE-encoded from frames [B, T, H, W, 3]
+    """Clean scaled latents x0 [B, t, C, h, w]: given, or VAE-encoded from frames [B, T, 8h, 8w, 3]
     (frozen VAE; ``z = scaling_factor * sample(q(z|x))`` as SAT's ``encode_first_stage``,
     docs/diffusion.md#latent-scale).
 
@@ -265,11 +265,11 @@ def distill_loss(model: nnx.Module, batch: Mapping[str, jax.Array], rng: jax.Arr
 
 
 def vae_decode_plan(num_latent_frames: int) -> tuple[int, ...]:
-    """Decode chunk plan giving back ``1 + 4 (T_lat - 1)`` frames: the release plan (3, 2, 2, ...)
+    """Decode chunk plan giving back ``1 + 4 (t - 1)`` frames: the release plan (3, 2, 2, ...)
     (docs/vae.md#chunked-decoding), or one chunk for 1 or 3 latents.
 
     Raises:
-      ValueError: ``T_lat == 2`` (2 latents decode to 8 or 2 frames, never 5: train on 1, 9 or 17 frames).
+      ValueError: ``t == 2`` (2 latents decode to 8 or 2 frames, never 5: train on 1, 9 or 17 frames).
     """
     if num_latent_frames == 2:
         raise ValueError("2 latent frames (5 video frames) have no decode plan that returns 5 frames; "
