@@ -120,18 +120,18 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("unknown flag", ["--no_such_flag=1"]),
         ("positional", ["inputs/ok.txt"]),
     ],
-    "animegamer_jax.eval.vae:cli": [
+    "animegamer_jax.eval.__main__:vae_cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("binary dataset", ["--checkpoint=inputs/folder", "--dataset=inputs/binary.py"]),
         *[(n, ["--checkpoint=inputs/missing", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.eval.decoder:cli": [
+    "animegamer_jax.eval.__main__:decoder_cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("clips 0", ["--checkpoint=inputs/folder", "--clips=0"]),
         ("unknown sampler", ["--checkpoint=inputs/folder", "--config.diffusion.sampler=zz"]),
         ("unknown flag", ["--no_such_flag=1"]),
     ],
-    "animegamer_jax.eval.representation:cli": [
+    "animegamer_jax.eval.__main__:representation_cli": [
         ("missing game", ["--game=inputs/missing", "--checkpoint=inputs/folder"]),
         ("binary game", ["--game=inputs/binary.py", "--checkpoint=inputs/folder"]),
         ("unknown flag", ["--no_such_flag=1"]),
@@ -217,8 +217,9 @@ def _listing(root: Path) -> list[str]:
 
 def _entry(target: str):
     module, func = target.split(":")
-    assert func == "cli", f"{target}: the console script is a module's cli(); its main(argv) is what this test runs"
-    return importlib.import_module(module).main
+    assert func.endswith("cli"), (f"{target}: a console script is a command module's [KIND_]cli(); its "
+                                  "[KIND_]main(argv) is what this test runs")
+    return getattr(importlib.import_module(module), func.removesuffix("cli") + "main")
 
 
 def test_every_console_script_has_a_row():
