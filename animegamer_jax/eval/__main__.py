@@ -54,9 +54,10 @@ from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.flags import CLI_ERRORS
 from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
-from animegamer_jax.game.script import GameScriptError, load_jsonl, load_script
+from animegamer_jax.game.script import load_jsonl, load_script
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
+from animegamer_jax.inference.instructions import GameScriptError
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import validate_games
