@@ -2,7 +2,7 @@
 
 Command (a system trained on a toy world, data/toy_world.py, and that world)::
 
-  python -m animegamer_jax.eval.identity --system DIR --world DIR --out DIR \
+  python -m animegamer_jax.eval identity --system DIR --world DIR --out DIR \
       [--games_per_character 4] [--turns 3] [--seed 0] [--decoder_clips 12] [--dataset DIR]
 
 plays, for each of the world's K characters (held out or not), ``--games_per_character`` games of
@@ -17,7 +17,7 @@ the system config's ``data.dataset_dir``, its training clips: seen characters; e
 ``decoder_psnr``, ``reference``). Writes ``OUT/report.json`` and ``OUT/report.md``. Rerunning resumes:
 finished games are kept (generate's check, game/saving.py ``pending_games``).
 
-  python -m animegamer_jax.eval.identity --ground_truth --world DIR [--out DIR]
+  python -m animegamer_jax.eval identity --ground_truth --world DIR [--out DIR]
 
 scores the world's own films instead (no system: :func:`ground_truth_clips`), the features' ceiling.
 
