@@ -60,7 +60,7 @@ test: $(STAMP) $(TPU_COMPILER) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not paper" --durations=25  # the slowest, for the 15-minute budget
 
 # Paper-width layers on the CPU (jump-forward ids, int8 error), second variants of slow tests and the
-# end-to-end eval.identity command: minutes.
+# end-to-end `eval identity` command: minutes.
 test-paper: $(STAMP)
 	$(PY) -m pytest -q -m paper
 

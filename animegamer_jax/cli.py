@@ -445,13 +445,18 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
 
 
 def run_subcommand(argv: Sequence[str] | None, commands: Mapping[str, Callable[[list[str]], int | None]],
-                   doc: str) -> int:
+                   doc: str, default: str | None = None) -> int:
     """``<program> KIND [args]``: runs ``commands[KIND](args)`` and returns its exit status (None: 0).
 
     ``-h`` / ``--help`` prints ``doc`` with exit status 0; no kind, or an unknown one, is one
-    ``error: ...`` line naming the kinds (2).
+    ``error: ...`` line naming the kinds (2). With ``default`` (a key of ``commands``), no argument
+    or a first argument that is a flag (starts with ``-``, ``--help`` included) runs
+    ``commands[default]`` on all the arguments: ``<program> --flag ...`` is ``<program> DEFAULT --flag ...``
+    (so the default's help, whose ``doc`` should name the other kinds, is the program's).
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    if default is not None and (not args or args[0].startswith("-")):
+        args = [default, *args]
     if args and args[0] in HELP_ARGS:
         print(doc, file=sys.stderr)
         return 0

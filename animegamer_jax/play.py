@@ -49,7 +49,8 @@ from animegamer_jax.game.flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
                                         summary)
-from animegamer_jax.game.script import SEED_RANGE, Game, GameScriptError, load_script, parse_instruction
+from animegamer_jax.game.script import load_script
+from animegamer_jax.inference.instructions import SEED_RANGE, Game, GameScriptError, parse_instruction
 from animegamer_jax.inference.layout import apply_layout, setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
@@ -60,7 +61,7 @@ def _interactive(engine: GameEngine, game: TurnByTurnGame, save) -> KeyboardInte
     """Plays instructions typed on stdin, one a line, onto ``game``; ``save(game)`` saves its new
     last turn (:func:`_play_turns`).
 
-    A line that is not UTF-8 or that the text policy refuses (game/script.py ``check_text``; an
+    A line that is not UTF-8 or that the text policy refuses (inference/instructions.py ``check_text``; an
     undecodable byte is read as a lone surrogate, ``errors="surrogateescape"``) gets one ``error:``
     line on stderr, like any bad instruction, and play goes on with the next line.
 

@@ -39,7 +39,8 @@ from animegamer_jax.config import load_config  # noqa: E402
 from animegamer_jax.game.engine import GameEngine  # noqa: E402
 from animegamer_jax.inference.layout import apply_layout, setup_jax  # noqa: E402
 from animegamer_jax.game.loading import build_random_system  # noqa: E402
-from animegamer_jax.game.script import Game, load_script  # noqa: E402
+from animegamer_jax.game.script import load_script  # noqa: E402
+from animegamer_jax.inference.instructions import Game  # noqa: E402
 from animegamer_jax.inference.mode import apply_mode  # noqa: E402
 from animegamer_jax.parallel import target  # noqa: E402
 from benchmarks import cost_model  # noqa: E402

@@ -271,8 +271,8 @@ def get_config() -> ml_collections.ConfigDict:
     # > 1: multi-scale crops, s x the stage size (s uniform in [1, this]) resized to it (data/batches.py vae_windows)
     c.train.vae_max_crop_scale = 1.0
     c.train.vae_fit_scaling_factor = True  # after "vae": vae.scaling_factor = 1 / latent std (saved with it)
-    c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); eval.vae holds out its gaps
-    # eval.vae's default dataset ("" = vae_dataset_dir): the same clip segments at the model's size when
+    c.train.vae_dataset_dir = ""  # "vae" phase dataset ("" = data.dataset_dir); `eval vae` holds out its gaps
+    # `eval vae`'s default dataset ("" = vae_dataset_dir): the same clip segments at the model's size when
     # the VAE trains on a larger copy of them (multi-scale crops)
     c.train.vae_eval_dataset_dir = ""
     c.train.global_batch_size = 16  # examples per optimizer step across all devices

@@ -120,18 +120,18 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("unknown flag", ["--no_such_flag=1"]),
         ("positional", ["inputs/ok.txt"]),
     ],
-    "animegamer_jax.eval.vae:cli": [
+    "animegamer_jax.eval.__main__:vae_cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("binary dataset", ["--checkpoint=inputs/folder", "--dataset=inputs/binary.py"]),
         *[(n, ["--checkpoint=inputs/missing", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.eval.decoder:cli": [
+    "animegamer_jax.eval.__main__:decoder_cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("clips 0", ["--checkpoint=inputs/folder", "--clips=0"]),
         ("unknown sampler", ["--checkpoint=inputs/folder", "--config.diffusion.sampler=zz"]),
         ("unknown flag", ["--no_such_flag=1"]),
     ],
-    "animegamer_jax.eval.representation:cli": [
+    "animegamer_jax.eval.__main__:representation_cli": [
         ("missing game", ["--game=inputs/missing", "--checkpoint=inputs/folder"]),
         ("binary game", ["--game=inputs/binary.py", "--checkpoint=inputs/folder"]),
         ("unknown flag", ["--no_such_flag=1"]),
@@ -219,7 +219,9 @@ def _entry(target: str):
     """The ``main(argv)`` a console script runs: a module's ``cli()`` runs the module's ``main``; any other
     target is a command's ``main(argv=None) -> int`` itself (the console wrapper exits with its value)."""
     module, func = target.split(":")
-    return getattr(importlib.import_module(module), "main" if func == "cli" else func)
+    # a console script is a command module's [KIND_]cli() (its [KIND_]main(argv) is what this test runs) or
+    # the [KIND_]main itself
+    return getattr(importlib.import_module(module), func.removesuffix("cli") + "main" if func.endswith("cli") else func)
 
 
 def test_every_console_script_has_a_row():

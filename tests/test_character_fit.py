@@ -56,7 +56,8 @@ def test_fit_stores_the_character_and_only_its_turns_change(tmp_path, capsys):
     from animegamer_jax.checkpoint.store import load_config
     from animegamer_jax.game.engine import GameEngine
     from animegamer_jax.game.loading import load_game_system
-    from animegamer_jax.game.script import Game, parse_lines
+    from animegamer_jax.game.script import parse_lines
+    from animegamer_jax.inference.instructions import Game
 
     pics = tmp_path / "pics"
     pics.mkdir()

@@ -31,7 +31,7 @@ def test_mixed_batch_each_game_equals_itself_alone():
         from animegamer_jax.config import load_config
         from animegamer_jax.game.characters import load_character
         from animegamer_jax.game.engine import GameEngine
-        from animegamer_jax.game.script import Game, parse_instruction
+        from animegamer_jax.inference.instructions import Game, parse_instruction
         from animegamer_jax.game.standin_system import build_standin
         T = TEXTS_HERE
         cfg = load_config("configs/tiny.py")

@@ -1,4 +1,4 @@
-"""python -m animegamer_jax.eval.identity end to end: the shipped tiny system on a tiny toy world, games
+"""python -m animegamer_jax.eval identity end to end: the shipped tiny system on a tiny toy world, games
 named after each character without and with its reference, scored; the decoder PSNR without / with."""
 
 import json
@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+from animegamer_jax.eval.__main__ import identity_main, played_clips
 from animegamer_jax.eval import identity
 from animegamer_jax.game import writers
 from animegamer_jax.train import toy_world as toy_driver
@@ -25,7 +26,7 @@ def test_identity_command_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "out")
     argv = ["--system", CKPT, "--world", data["world"], "--out", out, "--games_per_character", "1", "--turns", "1",
             "--decoder_clips", "1", "--dataset", data["train"]]
-    assert identity.main(argv) == 0
+    assert identity_main(argv) == 0
     rep = json.load(open(os.path.join(out, "report.json")))
     names = list(rep["characters"])
     assert len(names) == 3 and sum(rep["characters"].values()) == 1 and rep["chance"] == pytest.approx(1 / 3)
@@ -37,7 +38,7 @@ def test_identity_command_end_to_end(tmp_path, capsys):
     for g in identity.toy_games(data["world"], 1, 1):
         plain, ref = (writers.read_json(os.path.join(out, v, g["game_id"], "game.json")) for v in ("without", "with"))
         assert plain["turns"][0]["instruction"] == ref["turns"][0]["instruction"] == g["turns"][0]
-        a, b = (identity.played_clips(os.path.join(out, v, g["game_id"]))[0] for v in ("without", "with"))
+        a, b = (played_clips(os.path.join(out, v, g["game_id"]))[0] for v in ("without", "with"))
         assert a.shape == b.shape == (17, 64, 96, 3) and not np.array_equal(a, b)  # the reference changed the turn
         assert os.path.isfile(os.path.join(out, "with", g["game_id"], "characters", f"{g['character']}.png"))
     d = rep["decoder"]
@@ -47,12 +48,12 @@ def test_identity_command_end_to_end(tmp_path, capsys):
     assert "| crop | with |" in open(os.path.join(out, "report.md")).read()
     capsys.readouterr()
     # rerun: every game is finished, nothing is played again, the same figures
-    assert identity.main(argv + ["--decoder_clips", "0"]) == 0
+    assert identity_main(argv + ["--decoder_clips", "0"]) == 0
     assert "0 games to play, 3 already finished" in capsys.readouterr().out
     again = json.load(open(os.path.join(out, "report.json")))
     assert again["identity"] == rep["identity"] and "decoder" not in again
     # other settings into the same folder are refused, nothing is overwritten
     before = open(os.path.join(out, "games.jsonl")).read()
-    assert identity.main(argv[:6] + ["--turns", "2"]) == 2
+    assert identity_main(argv[:6] + ["--turns", "2"]) == 2
     assert "games of other settings" in capsys.readouterr().err
     assert open(os.path.join(out, "games.jsonl")).read() == before

@@ -8,7 +8,8 @@ import pytest
 
 from animegamer_jax.config import load_config
 from animegamer_jax.eval import __main__ as cli
-from animegamer_jax.eval import metrics, table1
+from animegamer_jax.cli import run_subcommand
+from animegamer_jax.eval import metrics
 from animegamer_jax.eval.table1_games import BenchmarkError
 
 
@@ -52,8 +53,7 @@ def test_runner_writes_report_with_table1_columns(tmp_path):
     path, src = _small_benchmark(tmp_path)
     config = load_config("configs/tiny.py", ["game.write_gif=False"])
     out = str(tmp_path / "eval")
-    report = table1.run_benchmark(config, path, out, system=_cheap_system(config), write_games=True,
-                                     log=lambda *_: None)
+    report = cli.run_table1(config, path, out, system=_cheap_system(config), write_games=True, log=lambda *_: None)
     on_disk = json.load(open(os.path.join(out, "report.json")))
     assert on_disk["metrics"] == pytest.approx(report["metrics"])
     md = open(os.path.join(out, "report.md")).read()
@@ -83,6 +83,27 @@ def test_cli_reports_a_bad_benchmark_before_generating(tmp_path, capsys):
     assert "'characters' must map each character name" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "report.json")
     with pytest.raises(BenchmarkError):
-        table1.run_benchmark(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
+        cli.run_table1(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
     rc = cli.main(["--standin", "--config.eval.nope=1"])
     assert rc == 2 and "unknown config key" in capsys.readouterr().err
+    # the same through the named subcommand; an unknown one is one line
+    rc = cli.main(["table1", "--standin", "--config.eval.nope=1"])
+    assert rc == 2 and "unknown config key" in capsys.readouterr().err
+    assert cli.main(["zz"]) == 2 and "unknown kind 'zz'" in capsys.readouterr().err
+
+
+def test_run_subcommand_default_takes_flags_and_no_arguments(capsys):
+    """``<program> --flag`` and ``<program>`` run the default kind on all the arguments; a named kind runs
+    itself; help goes to the default (whose doc names the kinds)."""
+    calls = []
+    commands = {"a": lambda args: calls.append(("a", args)) or 3, "b": lambda args: calls.append(("b", args))}
+    assert run_subcommand(["--x=1", "y"], commands, "doc", default="a") == 3
+    assert run_subcommand([], commands, "doc", default="a") == 3
+    assert run_subcommand(["--help"], commands, "doc", default="a") == 3
+    assert run_subcommand(["b", "--x=2"], commands, "doc", default="a") == 0
+    assert calls == [("a", ["--x=1", "y"]), ("a", []), ("a", ["--help"]), ("b", ["--x=2"])]
+    # without a default: a flag first is an unknown kind, nothing at all asks for one, help prints the doc
+    assert run_subcommand(["--x=1"], commands, "doc") == 2 and "unknown kind '--x=1'" in capsys.readouterr().err
+    assert run_subcommand([], commands, "doc") == 2 and "expected a kind" in capsys.readouterr().err
+    assert run_subcommand(["--help"], commands, "the doc") == 0 and "the doc" in capsys.readouterr().err
+    assert len(calls) == 4

@@ -8,6 +8,7 @@ import pytest
 
 from animegamer_jax.eval import table1_games
 from animegamer_jax.game import script
+from animegamer_jax.inference import instructions
 
 SHIPPED = "data/benchmark/benchmark.json"
 
@@ -26,7 +27,7 @@ def test_shipped_benchmark_loads():
     assert first.turn.text == "Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."
     assert first.states == (2, 0, 1, -1)
     games = b.to_games()
-    assert isinstance(games[0], script.Game) and games[0].seed == 11 and len(games[0].turns) == 10
+    assert isinstance(games[0], instructions.Game) and games[0].seed == 11 and len(games[0].turns) == 10
 
 
 def test_write_jsonl_round_trips_through_game_script(tmp_path):

@@ -16,9 +16,9 @@ from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.flags import parse_game_flags
-from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import turn_key
+from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.play import define_flags
@@ -111,7 +111,7 @@ def test_batch_of_4_on_8_devices_equals_one_by_one():
         import numpy as np, jax
         from animegamer_jax.config import load_config
         from animegamer_jax.game.engine import GameEngine
-        from animegamer_jax.game.script import Game, parse_instruction
+        from animegamer_jax.inference.instructions import Game, parse_instruction
         from animegamer_jax.game.standin_system import build_standin
         from animegamer_jax import parallel
         T = TEXTS_HERE

@@ -17,9 +17,9 @@ PRELUDE = """
 import json, os, sys, tempfile
 import numpy as np, jax, jax.numpy as jnp
 from animegamer_jax.config import load_config
+from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.game import loading
 T = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
      "Character: Bunny; Motion: happily stretch in the sun; Background: day meadow.",

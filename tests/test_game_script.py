@@ -6,6 +6,7 @@ import pytest
 
 from animegamer_jax.data import label_schema
 from animegamer_jax.game import script
+from animegamer_jax.inference import instructions
 
 
 def _write(tmp_path, name, content, mode="w"):
@@ -44,9 +45,9 @@ def test_sample_tour_uses_the_labels_words():
 
 
 def test_paper_example_and_multi_character():
-    t = script.parse_instruction("Character: Qiqi; Motion: gently fly on broomstick; Background: night sky.")
+    t = instructions.parse_instruction("Character: Qiqi; Motion: gently fly on broomstick; Background: night sky.")
     assert (t.characters, t.motion, t.background) == (("Qiqi",), "gently fly on broomstick", "night sky")
-    t2 = script.parse_instruction("character: Qiqi and Jiji;  background: day town ; Motion:  run")
+    t2 = instructions.parse_instruction("character: Qiqi and Jiji;  background: day town ; Motion:  run")
     assert t2.characters == ("Qiqi", "Jiji") and t2.motion == "run" and t2.background == "day town"
 
 
@@ -59,7 +60,7 @@ def test_paper_example_and_multi_character():
 ])
 def test_bad_lines_name_file_line_and_fix(tmp_path, line, needle):
     path = _write(tmp_path, "g.txt", "# comment\n\nCharacter: A; Motion: walk; Background: day.\n" + line + "\n")
-    with pytest.raises(script.GameScriptError) as e:
+    with pytest.raises(instructions.GameScriptError) as e:
         script.load_script(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}:4: ")
@@ -69,13 +70,14 @@ def test_bad_lines_name_file_line_and_fix(tmp_path, line, needle):
 
 def test_empty_and_non_utf8_files(tmp_path):
     empty = _write(tmp_path, "empty.txt", "# only a comment\n\n")
-    with pytest.raises(script.GameScriptError, match="has no instructions"):
+    with pytest.raises(instructions.GameScriptError, match="has no instructions"):
         script.load_script(empty)
     text = "Character: A; Motion: walk; Background: day.\nCharacter: Ren\xe9e"
     bad = _write(tmp_path, "latin1.txt", text.encode("latin-1"), "wb")
-    with pytest.raises(script.GameScriptError, match=r"latin1\.txt:2: not valid UTF-8 .*Fix: save the file as UTF-8"):
+    with pytest.raises(instructions.GameScriptError,
+                       match=r"latin1\.txt:2: not valid UTF-8 .*Fix: save the file as UTF-8"):
         script.load_script(bad)
-    with pytest.raises(script.GameScriptError, match="file not found"):
+    with pytest.raises(instructions.GameScriptError, match="file not found"):
         script.load_script(str(tmp_path / "missing.txt"))
 
 
@@ -95,14 +97,14 @@ def test_jsonl_good_and_bad(tmp_path):
     ]
     for obj, needle in cases:
         path = _write(tmp_path, "b.jsonl", json.dumps(good | {"game_id": "g0"}) + "\n" + json.dumps(obj) + "\n")
-        with pytest.raises(script.GameScriptError) as e:
+        with pytest.raises(instructions.GameScriptError) as e:
             script.load_jsonl(path)
         assert f"b.jsonl:2" in str(e.value) and needle in str(e.value), (needle, str(e.value))
     dup = _write(tmp_path, "d.jsonl", json.dumps(good) + "\n" + json.dumps(good) + "\n")
-    with pytest.raises(script.GameScriptError, match="already used on line 1"):
+    with pytest.raises(instructions.GameScriptError, match="already used on line 1"):
         script.load_jsonl(dup)
     broken = _write(tmp_path, "x.jsonl", '{"game_id": "g1", "turns": [\n')
-    with pytest.raises(script.GameScriptError, match=r"x\.jsonl:1: invalid JSON"):
+    with pytest.raises(instructions.GameScriptError, match=r"x\.jsonl:1: invalid JSON"):
         script.load_jsonl(broken)
 
 
@@ -116,12 +118,12 @@ def test_utf8_bom_accepted_in_text_and_jsonl(tmp_path):
                 + b"\n", mode="wb")
     (g,) = script.load_jsonl(jl)
     assert g.turns[0].text == line and g.turns[0].where == f"{jl}:1 turn 0"
-    assert script.parse_instruction("\ufeff" + line).text == line
+    assert instructions.parse_instruction("\ufeff" + line).text == line
 
 
 @pytest.mark.parametrize("gid", ["..", ".", "a/b", "a\\b", "/abs", " x", ""])
 def test_jsonl_game_ids_are_plain_folder_names(tmp_path, gid):
     path = _write(tmp_path, "ids.jsonl", json.dumps({"game_id": gid, "turns": ["Character: A; Motion: m; "
                                                                                 "Background: b."]}) + "\n")
-    with pytest.raises(script.GameScriptError, match=r"ids\.jsonl:1: game_id must be a plain folder name"):
+    with pytest.raises(instructions.GameScriptError, match=r"ids\.jsonl:1: game_id must be a plain folder name"):
         script.load_jsonl(path)

@@ -143,7 +143,7 @@ def test_engine_cache_rebuilt_by_recompute_plays_on_equal(setup):
     """Uninterrupted game vs the same game undone at turn 4 and vs a session restored from its
     stored turns (no cache: rebuilt by recompute): equal states, s_a within 1e-5."""
     from animegamer_jax.game.engine import GameEngine
-    from animegamer_jax.game.script import Game, parse_instruction
+    from animegamer_jax.inference.instructions import Game, parse_instruction
     from animegamer_jax.game.turn_by_turn import TurnByTurnGame
     from animegamer_jax.game.standin_system import build_standin
 

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
+from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import batches
 from animegamer_jax.game.run import GameRun, Meters
 from animegamer_jax.game.saving import pending_games
-from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError, WindowSpec, encode_instruction
 from animegamer_jax.models.mistral.mllm import build_sequence

@@ -26,8 +26,8 @@ from animegamer_jax import checkpoint
 from animegamer_jax.config import load_config
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.script import GameScriptError, parse_instruction
 from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.instructions import GameScriptError, parse_instruction
 from animegamer_jax.web.app import create_app
 from animegamer_jax.web.server import GameServer, build_server
 from tests.web_helpers import PLAYING, Client, HttpThread, play_turn, wait
@@ -297,7 +297,7 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
     game under Saved games and continues it with a third turn. Its turn files equal the same three
     turns played in one go; the branch's turn 1 equals the first game's; the branch left the first
     game's turn files as they were."""
-    from animegamer_jax.game.script import Game
+    from animegamer_jax.inference.instructions import Game
     from animegamer_jax.game.turn_by_turn import instruction_from_fields
     from animegamer_jax.web.server import SESSIONS_FILE, GameServer
 

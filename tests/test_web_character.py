@@ -15,7 +15,7 @@ from PIL import Image
 
 from animegamer_jax.config import load_config
 from animegamer_jax.game import characters, saving
-from animegamer_jax.game.script import Game, parse_instruction
+from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.web.app import CHARACTER_MAX_BODY, create_app
 from animegamer_jax.web.server import MAX_CHARACTER_BYTES, build_server
 from tests.web_helpers import Client, HttpThread, play_turn, post, raw, wait

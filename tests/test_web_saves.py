@@ -15,8 +15,8 @@ import pytest
 
 from animegamer_jax.config import load_config
 from animegamer_jax.game import saving, writers
-from animegamer_jax.game.script import Game
 from animegamer_jax.game.turn_by_turn import instruction_from_fields
+from animegamer_jax.inference.instructions import Game
 from animegamer_jax.web.server import build_server
 
 TURN_FILES = (".mp4", ".gif", ".state.npz")

@@ -6,8 +6,10 @@ docs/evaluation.md). Speed benchmarks are elsewhere (``benchmarks/``).
 - ``table1_games``: the benchmark JSON format (games of rounds, ground-truth states, reference images).
 - ``clip_backend`` / ``embedders``: CLIP from a local Hugging Face folder through ``models.clip.convert``, or a
   labelled stand-in.
-- ``table1``: ``run_benchmark`` plays every game (the ``generate`` batch path) and writes
-  ``report.md`` + ``report.json``; CLI ``python -m animegamer_jax.eval``.
-- ``vae``, ``decoder``, ``representation``: reconstruction PSNR of the VAE, decoder PSNR of D_a's samples,
-  where play's predicted s_a land among the training clips' (one command each).
+- ``table1``: ``run_benchmark`` plays every game on a given engine (the ``generate`` batch path) and writes
+  ``report.md`` + ``report.json``.
+- ``vae``, ``decoder``, ``representation``, ``identity``: reconstruction PSNR of the VAE, decoder PSNR of
+  D_a's samples, where play's predicted s_a land among the training clips', identity accuracy on the toy world.
+- ``__main__``: the commands, ``python -m animegamer_jax.eval [table1|identity|representation|decoder|vae]``
+  (flags, printing, building systems and engines, saving games: the only module here that imports game/).
 """

@@ -1,32 +1,134 @@
-"""``python -m animegamer_jax.eval``: generate every benchmark game and write the Table 1 report.
+"""``python -m animegamer_jax.eval``: the evaluation commands (the library is the rest of eval/).
 
 Usage::
 
-    python -m animegamer_jax.eval --config=configs/tiny.py --checkpoint=DIR
+    python -m animegamer_jax.eval --config=configs/tiny.py --checkpoint=DIR     # Table 1 (also: eval table1 ...)
     python -m animegamer_jax.eval --standin --games=bunny-day          # random stand-in system, one game
     python -m animegamer_jax.eval --checkpoint=DIR --clip=/models/clip-vit-large-patch14 --out=outputs/eval
+    python -m animegamer_jax.eval identity --system DIR --world DIR --out DIR     # eval/identity.py
+    python -m animegamer_jax.eval representation --game data/games/sample_tour.txt  # eval/representation.py
+    python -m animegamer_jax.eval decoder --checkpoint DIR                       # eval/decoder.py
+    python -m animegamer_jax.eval vae --checkpoint DIR                           # eval/vae.py
 
-Any ``--config.a.b=value`` overrides a config field (unknown keys are errors). Writes
-``<out>/report.md``, ``<out>/report.json`` and (unless ``--nowrite_games``) ``<out>/games/<game_id>/``.
+``table1`` is the default subcommand (no subcommand, or a first argument that is a flag): it generates
+every benchmark game and writes the Table 1 report (eval/table1.py). Any ``--config.a.b=value``
+overrides a config field (unknown keys are errors). Writes ``<out>/report.md``, ``<out>/report.json``
+and (unless ``--nowrite_games``) ``<out>/games/<game_id>/``. ``eval KIND --help`` lists a subcommand's
+flags.
+
+This module is the command side: it parses flags, prints, builds the game systems and engines
+(game/), plays and saves games; the scoring modules it calls import no game module.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import sys
+import time
+from collections.abc import Sequence
 
+import jax
+import ml_collections
+import numpy as np
 from absl import flags
 from ml_collections import config_flags
+from PIL import Image
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import paths
-from animegamer_jax.config import ConfigError
-from animegamer_jax.eval.embedders import embedder_from_flag
+from animegamer_jax import fileio, parallel, paths, video_io
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.config import ConfigError, SavedConfigError
+from animegamer_jax.data import datasets
+from animegamer_jax.diffusion import samplers
+from animegamer_jax.eval import decoder as eval_decoder
+from animegamer_jax.eval import embedders, identity, representation
+from animegamer_jax.eval import vae as eval_vae
+from animegamer_jax.eval.embedders import Embedder, embedder_from_flag
 from animegamer_jax.eval.table1 import render_markdown, run_benchmark
-from animegamer_jax.eval.table1_games import BenchmarkError
+from animegamer_jax.eval.table1_games import BenchmarkError, load_benchmark
+from animegamer_jax.game import writers
+from animegamer_jax.game.characters import load_characters
+from animegamer_jax.game.engine import GameEngine, batches
+from animegamer_jax.game.flags import CLI_ERRORS
+from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
+from animegamer_jax.game.saving import fingerprint, pending_games, save_game
+from animegamer_jax.game.script import load_jsonl, load_script
+from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.clip_sampler import sampling_component
+from animegamer_jax.inference.instructions import GameScriptError
+from animegamer_jax.inference.layout import setup_jax
+from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_inputs import validate_games
+from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``animegamer-eval`` on ``fv`` (absl + ml_collections config_flags)."""
+def main(argv: list[str] | None = None) -> int:
+    """``eval [KIND] ...``: runs the subcommand (``table1`` when the first argument is a flag or there is
+    none); returns its exit status (2 with one line on bad input)."""
+    return cli_lib.run_subcommand(argv, SUBCOMMANDS, __doc__, default="table1")
+
+
+def cli() -> None:
+    """Console script ``animegamer-eval`` (pyproject.toml)."""
+    sys.exit(main())
+
+
+def build_system(config, checkpoint: str = "", standin: bool = False):
+    """The game system to evaluate: a system checkpoint, or the labelled random stand-in.
+
+    Raises:
+      ValueError: neither given.
+    """
+    if standin:
+        return build_standin(config, seed=int(config.seed))
+    return resolve_system(config, checkpoint, False)
+
+
+def run_table1(config, benchmark_path: str, out_dir: str, *, system=None, checkpoint: str = "",
+               standin: bool = False, embedder: Embedder | None = None, dreamsim: Embedder | None = None,
+               games: Sequence[str] | None = None, write_games: bool = True, scope_fn=None,
+               log=print) -> dict:
+    """Builds the engine, plays every benchmark game (saving each under ``out_dir/games`` when
+    ``write_games``) and writes the Table 1 report (eval/table1.py ``run_benchmark``); returns the report.
+
+    Args:
+      config: full config (sections game, data, eval and the model sections).
+      benchmark_path: benchmark JSON (eval/table1_games.py format).
+      out_dir: report folder.
+      system: a ready ``GameSystem`` (tests); else from ``checkpoint`` / ``standin``.
+      embedder, dreamsim, games, scope_fn, log: as for ``table1.run_benchmark``.
+
+    Raises:
+      BenchmarkError: a malformed benchmark (before anything is generated).
+      OutputError / OSError: ``out_dir`` not writable.
+    """
+    t_start = time.perf_counter()
+    bench = load_benchmark(benchmark_path)
+    writers.check_writable(out_dir)
+    if system is None:
+        system = build_system(config, checkpoint, standin)
+    engine = GameEngine(config, system)
+    save = None
+    if write_games:
+        games_dir = str(paths.as_path(paths.join(out_dir, "games")))  # absolute, as logged
+
+        def save(result: dict) -> None:
+            save_game(engine, result, games_dir, overwrite=True)  # a rerun replaces its own games
+
+    return run_benchmark(engine, bench, out_dir, batches, save=save, embedder=embedder, dreamsim=dreamsim,
+                         games=games, scope_fn=scope_fn, log=log, t_start=t_start)
+
+
+def table1_main(argv: list[str] | None = None) -> int:
+    """``eval [table1]``: runs the benchmark; returns the exit status (2 with a message on bad input)."""
+    return cli_lib.run_command("animegamer-eval", argv, _table1_flags, __doc__, (), _table1_run,
+                               (ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError))
+
+
+def _table1_flags(fv, argv: list[str]) -> None:
+    """The flags of ``animegamer-eval [table1]`` on ``fv`` (absl + ml_collections config_flags)."""
     config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
                                     "Config file; --config.a.b=value overrides a field.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
@@ -44,14 +146,8 @@ def define_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour.", flag_values=fv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs the benchmark; returns the exit status (2 with a message on bad input)."""
-    return cli_lib.run_command("animegamer-eval", argv, define_flags, __doc__, (), _run,
-                               (ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError))
-
-
-def _run(f) -> int:
-    """The body of :func:`main` on parsed flags ``f``."""
+def _table1_run(f) -> int:
+    """The body of :func:`table1_main` on parsed flags ``f``."""
     config = f.config
     if f.mode:
         config.game.mode = f.mode
@@ -60,7 +156,7 @@ def _run(f) -> int:
     if dreamsim_path:
         raise ConfigError("DreamSim scoring needs its ensemble (DINO + CLIP + OpenCLIP ViTs + LoRA), which is "
                           "not ported; leave --dreamsim empty (the column reads n/a)")
-    report = run_benchmark(
+    report = run_table1(
         config, f.benchmark or config.eval.benchmark, f.out or config.eval.out_dir,
         checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
         write_games=bool(config.eval.write_games) and f.write_games)
@@ -68,10 +164,400 @@ def _run(f) -> int:
     return 0
 
 
-def cli() -> None:
-    """Console script (pyproject.toml)."""
-    sys.exit(main())
+def played_clips(game_dir: str) -> list[np.ndarray]:
+    """Every turn's clip of a saved game, uint8 [T, h, w, 3] (turn videos cut from under the HUD)."""
+    rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
+    return [writers.clip_from_hud(writers.read_video(paths.join(game_dir, t["video"])), rec["save"]["frame_size"])
+            for t in rec["turns"]]
 
+
+def _identity_flags(fv, argv: list[str]) -> None:
+    """The flags of ``eval identity`` on ``fv`` (absl)."""
+    del argv
+    flags.DEFINE_string("system", None, "System checkpoint trained on the toy world (with phase r's reference "
+                        "component).", flag_values=fv)
+    flags.DEFINE_string("world", None, "The toy world folder (characters/<Name>/reference.png, manifest.json).",
+                        flag_values=fv)
+    flags.DEFINE_string("out", None, "Output folder: games.jsonl, without/, with/, report.json, report.md.",
+                        flag_values=fv)
+    flags.DEFINE_bool("ground_truth", False, "Score the world's own films instead of a system's games (no "
+                      "--system; the features' ceiling).", flag_values=fv)
+    flags.DEFINE_integer("games_per_character", 4, "Games per character.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("turns", 3, "Turns per game.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Draws the games' motions, backgrounds and seeds.", flag_values=fv)
+    flags.DEFINE_integer("frames_per_clip", 4, "Frames of each clip compared with the references (0 = all).",
+                         lower_bound=0, flag_values=fv)
+    flags.DEFINE_integer("max_batch", 1, "Games per batched model call (generate's --max_batch).", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("decoder_clips", 12, "Clips of --dataset scored for the decoder PSNR without / with a "
+                         "reference (0 = skip).", lower_bound=0, flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset for the decoder PSNR (default: the system config's "
+                        "data.dataset_dir, its training clips).", flag_values=fv)
+
+
+def _identity_games_file(out: str, games: list[dict]) -> str:
+    """Writes OUT/games.jsonl (atomically), or keeps the same one; another one there is refused."""
+    path = paths.join(out, "games.jsonl")
+    text = "".join(json.dumps({k: g[k] for k in ("game_id", "seed", "turns")}) + "\n" for g in games)
+    if fileio.exists(path):
+        if fileio.read_bytes(path).decode("utf-8") != text:
+            raise ValueError(f"{path}: games of other settings (--games_per_character, --turns, --seed or world); "
+                             f"pass another --out or the settings it was made with")
+        return path
+    fileio.makedirs(out)
+    fileio.write_text_atomic(path, text)
+    return path
+
+
+def _identity_play(engine: GameEngine, games, out_dir: str) -> int:
+    """Plays every pending game of ``games`` into ``out_dir`` (generate's loop); returns how many."""
+    writers.check_writable(out_dir, keep=False)
+    validate_games(games, engine.spec, engine.tok)
+    seeds = {g.game_id: engine.game_seed(g) for g in games}
+    todo, done, replay = pending_games(games, out_dir, 0, 1, lambda g: fingerprint(engine, g, seeds[g.game_id]),
+                                       False)
+    print(f"{out_dir}: {len(todo)} games to play, {done} already finished", flush=True)
+    for group in batches(todo, engine.batch_size):
+        for result in engine.play(group):
+            save_game(engine, result, out_dir, overwrite=result["game"].game_id in replay)
+    return len(todo)
+
+
+def _identity_run(f, *rest: str) -> int:
+    """The body of :func:`identity_main` on parsed flags ``f``."""
+    if rest:
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
+    if f.ground_truth:
+        return _identity_ground_truth(f)
+    for name in ("system", "world", "out"):
+        if not getattr(f, name):
+            raise cli_lib.UsageError(f"--{name} is required")
+    ckpt, world, out = paths.resource(f.system), f.world, f.out
+    names, refs, heldout = identity.toy_references(world)  # a missing world fails before the load
+    config = load_config(ckpt)
+    games = identity.toy_games(world, f.games_per_character, f.turns, f.seed)
+    games_path = _identity_games_file(out, games)
+    character_of = {g["game_id"]: names.index(g["character"]) for g in games}
+    refs_flags = [f"{n}={paths.join(world, 'characters', n, 'reference.png')}" for n in names]
+    variants = {"without": load_jsonl(games_path)}
+    chars = load_characters(refs_flags)
+    variants["with"] = tuple(dataclasses.replace(g, characters=chars) for g in variants["without"])
+    mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
+    system = resolve_system(apply_mode(config), ckpt, mesh=mesh, need_references=True)
+    engine = GameEngine(config, system, mesh=mesh, rows=f.max_batch)
+    for v in identity.VARIANTS:
+        _identity_play(engine, variants[v], paths.join(out, v))
+    features = {"crop": identity.crop_feature, "standin": embedders.standin_embedder().image}
+    by_feature = {feat: {} for feat in features}
+    for v in identity.VARIANTS:
+        clips, named = [], []
+        for g in variants[v]:
+            for clip in played_clips(paths.join(out, v, g.game_id)):
+                clips.append(clip)
+                named.append(character_of[g.game_id])
+        for feat, embed in features.items():
+            by_feature[feat][v] = identity.score_games(clips, named, refs, heldout, names, embed,
+                                                       f.frames_per_clip)
+    chance = 1.0 / len(names)
+    crop = by_feature["crop"]
+    report = {"system": ckpt, "world": world, "num_characters": len(names), "chance": chance,
+              "games_per_character": f.games_per_character, "turns": f.turns, "seed": f.seed,
+              "characters": {n: h for n, h in zip(names, heldout)}, "identity": by_feature}
+    acc = {"heldout_with": crop["with"]["heldout"], "heldout_without": crop["without"]["heldout"]}
+    acc["heldout_3x_chance"] = acc["heldout_with"] is not None and acc["heldout_with"] >= 3 * chance
+    acc["heldout_2x_without"] = acc["heldout_with"] is not None and acc["heldout_with"] >= 2 * acc["heldout_without"]
+    if f.decoder_clips:
+        dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
+        dconfig = apply_mode(config)
+        eval_decoder.check_dataset(dataset, dconfig)
+        dit = sampling_component(dconfig)
+        comps = load_system(ckpt, dconfig, names=["shot_encoder", dit, "vae", "t5", "clip", "reference"])
+        comps["dit"] = comps.pop(dit)
+        res = {v: eval_decoder.decoder_psnr(comps, dconfig, dataset, f.decoder_clips, f.seed, reference=v == "with")
+               for v in identity.VARIANTS}
+        report["decoder"] = {"dataset": dataset, "clips": len(res["with"]["clips"]),
+                             "without": res["without"]["sample"],
+                             "with": res["with"]["sample"], "reconstruction": res["with"]["reconstruction"],
+                             "per_clip": {v: res[v]["clips"] for v in identity.VARIANTS}}
+        acc["decoder_drop_db"] = res["with"]["sample"] - res["without"]["sample"]
+        acc["decoder_ok"] = acc["decoder_drop_db"] >= -0.5
+    report["acceptance"] = acc
+    md = identity.render_markdown(report)
+    fileio.write_text_atomic(paths.join(out, "report.json"), json.dumps(report, indent=1) + "\n")
+    fileio.write_text_atomic(paths.join(out, "report.md"), md)
+    print(md + f"wrote {paths.join(out, 'report.json')} and report.md")
+    return 0
+
+
+def _identity_ground_truth(f) -> int:
+    """``--ground_truth``: both features on the world's own films; prints a table, writes OUT/ground_truth.json."""
+    if not f.world:
+        raise cli_lib.UsageError("--world is required")
+    names, refs, heldout = identity.toy_references(f.world)
+    clips, named = identity.ground_truth_clips(f.world)
+    features = {"crop": identity.crop_feature, "standin": embedders.standin_embedder().image}
+    res = {feat: identity.score_games(clips, named, refs, heldout, names, embed, f.frames_per_clip)
+           for feat, embed in features.items()}
+    lines = [f"Ground truth of {f.world}: {len(clips)} clips, {len(names)} characters (chance "
+             f"{identity.pct(1.0 / len(names))})", "", "| feature | seen | held-out | all |", "|---|---|---|---|"]
+    pct = identity.pct
+    lines += [f"| {feat} | {pct(r['seen'])} | {pct(r['heldout'])} | {pct(r['all'])} |" for feat, r in res.items()]
+    print("\n".join(lines))
+    if f.out:
+        fileio.makedirs(f.out)
+        fileio.write_text_atomic(paths.join(f.out, "ground_truth.json"), json.dumps(
+            {"world": f.world, "chance": 1.0 / len(names), "identity": res}, indent=1) + "\n")
+    return 0
+
+
+def identity_main(argv: list[str] | None = None) -> int:
+    """``eval identity``: identity accuracy (eval/identity.py); returns the exit status (2 with one line on
+    bad input)."""
+    setup_jax()
+    return cli_lib.run_command("python -m animegamer_jax.eval identity", argv, _identity_flags, identity.__doc__,
+                               None, _identity_run,
+                               (*CLI_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError,
+                                datasets.DatasetError, ValueError, OSError),
+                               interrupted="finished games are kept; rerun the same command to resume")
+
+
+def _representation_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.eval representation`` on ``fv`` (absl)."""
+    flags.DEFINE_string("game", None, "Game script to play (one instruction a line, game/script.py).", flag_values=fv)
+    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint.", flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset whose clips to compare with (default: the checkpoint "
+                        "config's data.dataset_dir, its training clips).", flag_values=fv)
+    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
+
+
+def representation_main(argv: list[str] | None = None) -> int:
+    """``eval representation``: prints, per turn, where the predicted s_a lies among the clips' E_a s_a;
+    returns the exit status
+    (2 with a one-line message on bad input)."""
+    return cli_lib.run_command("animegamer-eval-representation", argv, _representation_flags,
+                               representation.__doc__, None,
+                               _representation_run,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
+                                GameScriptError, CheckpointError, ValueError, OSError))
+
+
+def _fmt(c: dict | None, action: bool = False) -> str:
+    if c is None:
+        return "none"
+    return f"{c['film_id']}#{c['clip_index']}" + (f" ({c['action']!r})" if action else "") + f" {c['mse']:.3f}"
+
+
+def _representation_run(f, *rest: str) -> int:
+    """The body of :func:`representation_main` on parsed flags ``f`` (a bad input raises;
+    ``cli.run_command`` reports it)."""
+    if rest:
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
+    if not f.game:
+        raise cli_lib.UsageError("--game is required: a game script, e.g. data/games/sample_tour.txt")
+    game = load_script(paths.resource(f.game))
+    ckpt = paths.resource(f.checkpoint)
+    config = load_config(ckpt)
+    dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
+    eval_decoder.check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
+    if f.json:
+        fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
+    # E_a first: a checkpoint without T5 / CLIP fails before the game is played
+    components = load_system(ckpt, config, names=["shot_encoder", "t5", "clip"])
+    clip_reps, rows = representation.clip_representations(components, config, dataset)
+    engine = GameEngine(config, load_game_system(ckpt, config))
+    played = engine.play([game])[0]
+    res = representation.turn_distances([t.rep for t in played["turns"]], [t.motion for t in game.turns], clip_reps,
+                                        rows)
+    for k, (turn, r) in enumerate(zip(game.turns, res)):
+        mean = "none" if r["mse_to_mean"] is None else f"{r['mse_to_mean']:.3f}"
+        print(f"turn {k + 1} {turn.motion!r}: {r['clips']} clip(s) with this action; MSE to their mean {mean}, "
+              f"nearest {_fmt(r['nearest'])}, farthest {_fmt(r['farthest'])}; nearest of another action "
+              f"{_fmt(r['nearest_other_action'], action=True)}; mean square of the prediction "
+              f"{r['rep_mean_square']:.3f}")
+    ms = np.mean(clip_reps ** 2, axis=(1, 2))
+    print(f"{ckpt}: {len(res)} turns of {f.game} against E_a of the {len(rows)} clips of {dataset} (MSE over "
+          f"Q x D; the clips' own mean squares {ms.min():.2f}-{ms.max():.2f})")
+    if f.json:
+        fileio.write_text_atomic(f.json, json.dumps({"game": f.game, "checkpoint": ckpt, "dataset": dataset,
+                                                     "turns": res}, indent=1))
+    return 0
+
+
+def _decoder_own_flags(fv) -> None:
+    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint (E_a, DiT, VAE, T5, CLIP).",
+                        flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset of clips to score (default: the checkpoint config's "
+                        "data.dataset_dir, its training clips).", flag_values=fv)
+    flags.DEFINE_integer("clips", 12, "Clips to score, evenly spaced over the dataset.", flag_values=fv)
+    flags.DEFINE_integer("seed", 0, "Noise seed of the first scored clip (the k-th uses seed + k).", flag_values=fv)
+    flags.DEFINE_bool("reference", False, "Sample each clip with a reference image: the first frame of another "
+                      "clip of the same character (phase r's pairs; needs a system trained with phase r).",
+                      flag_values=fv)
+    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
+    flags.DEFINE_string("sheet", "", "Also write a PNG here: a row a scored clip, its middle frame, the VAE's "
+                        "reconstruction of it and the sample.", flag_values=fv)
+
+
+def _decoder_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.eval decoder`` on ``fv`` (absl) and ``--config``: the config
+    saved in ``--checkpoint`` (``config_flags.DEFINE_config_dict``), whose fields ``--config.a.b=value``
+    overrides (e.g. ``--config.diffusion.sampler=student``; unknown keys are errors).
+
+    Raises:
+      SavedConfigError: no readable config in ``--checkpoint`` (not for ``--help``).
+    """
+    _decoder_own_flags(fv)
+    saved = ml_collections.ConfigDict()
+    if not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
+        probe = flags.FlagValues()  # only to read --checkpoint before --config exists
+        _decoder_own_flags(probe)
+        try:
+            probe(argv, known_only=True)
+        except flags.Error:
+            pass  # reported by the full parse
+        else:
+            try:
+                saved = load_config(paths.resource(probe.checkpoint))
+            except (SystemCheckpointError, ConfigError, OSError) as e:
+                raise SavedConfigError(str(e)) from None
+    config_flags.DEFINE_config_dict("config", saved, "The config saved in --checkpoint; --config.a.b=value "
+                                    "overrides a field, e.g. --config.diffusion.sampler=student.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+
+
+def decoder_main(argv: list[str] | None = None) -> int:
+    """``eval decoder``: prints the decoder PSNR per clip and on average; returns the exit status (2 with a
+    message on bad input)."""
+    return cli_lib.run_command("animegamer-eval-decoder", argv, _decoder_flags, eval_decoder.__doc__, None,
+                               _decoder_run,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
+                                SavedConfigError, ValueError, OSError))
+
+
+def _decoder_run(f, *rest: str) -> int:
+    """The body of :func:`decoder_main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
+    if rest:
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
+    if f.clips < 1:
+        raise cli_lib.UsageError(f"--clips={f.clips}: score at least one clip")
+    ckpt = paths.resource(f.checkpoint)
+    config = f.config
+    known = (*samplers.SAMPLERS, samplers.STUDENT)
+    if config.diffusion.sampler not in known:
+        raise cli_lib.UsageError(f"--config.diffusion.sampler={config.diffusion.sampler!r} is not a sampler. Fix: "
+                                 f"one of {', '.join(known)}")
+    config = apply_mode(config)  # as play samples; the summary line shows the sampler used
+    dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
+    eval_decoder.check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
+    if f.json:
+        fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
+    if f.sheet and not paths.is_url(f.sheet) and not fileio.isdir(paths.as_path(f.sheet).parent):
+        raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
+    sampler_dit = sampling_component(config)
+    components = load_system(ckpt, config, names=["shot_encoder", sampler_dit, "vae", "t5", "clip"]
+                             + (["reference"] if f.reference else []))
+    components["dit"] = components.pop(sampler_dit)
+    res = eval_decoder.decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet),
+                                    reference=f.reference)
+    d = config.diffusion
+    for c in res["clips"]:
+        print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
+              f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
+    print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
+          f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
+          f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
+          f"{float(d.cfg_scale):g}"
+          f"{'; with a reference image (another clip of the same character)' if f.reference else ''}")
+    if f.sheet:
+        video_io.save_image(f.sheet, Image.fromarray(video_io.contact_sheet(res.pop("frames"), 3, FRAME_RANGE)),
+                            format="PNG")
+        print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")
+    if f.json:
+        fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
+    return 0
+
+
+def _vae_flags(fv, argv: list[str]) -> None:
+    """The flags of ``python -m animegamer_jax.eval vae`` on ``fv`` (absl + ml_collections config_flags)."""
+    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
+                                    "With --train_workdir: the run's config file; --config.a.b=value overrides.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint holding a VAE.", flag_values=fv)
+    flags.DEFINE_string("train_workdir", "", "Instead: the newest checkpoint of a 'vae' train --workdir.",
+                        flag_values=fv)
+    flags.DEFINE_string("dataset", "", "Prepared dataset whose clips the VAE trained on (default "
+                        "train.vae_eval_dataset_dir, else train.vae_dataset_dir of the checkpoint's / run's config, "
+                        "else data.dataset_dir).", flag_values=fv)
+    flags.DEFINE_integer("frames", 17, "Frames per clip window (1 + 4k).", flag_values=fv)
+    flags.DEFINE_integer("max_per_film", 0, "Score at most this many held-out frames per film (0: all).",
+                         flag_values=fv)
+    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
+
+
+def vae_main(argv: list[str] | None = None) -> int:
+    """``eval vae``: prints the held-out reconstruction PSNR; returns the exit status (2 with a message on
+    bad input)."""
+    return cli_lib.run_command("animegamer-eval-vae", argv, _vae_flags, eval_vae.__doc__, (), _vae_run,
+                               (ConfigError, FileNotFoundError, SystemCheckpointError, KeyError, ValueError, OSError))
+
+
+def _vae_run(f) -> int:
+    """The body of :func:`vae_main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
+    if f.train_workdir:
+        config = f.config
+        vae, step = eval_vae.vae_from_train_workdir(f.train_workdir, config)
+        source = f"{os.path.abspath(f.train_workdir)} step {step}"
+    else:
+        config = load_config(f.checkpoint)
+        vae = load_system(f.checkpoint, config, names=["vae"])["vae"]
+        source = os.path.abspath(f.checkpoint)
+    dataset = f.dataset or str(config.train.get("vae_eval_dataset_dir", "") or config.train.get("vae_dataset_dir", "")
+                               or config.data.dataset_dir)
+    # the set the "vae" phase read (pipeline.make_data): its clips must be the scored set's
+    trained_on = str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
+    if not f.dataset and os.path.abspath(trained_on) != os.path.abspath(dataset):
+        if os.path.isdir(trained_on):
+            eval_vae.check_same_segments(trained_on, dataset)
+        else:
+            print(f"note: {trained_on} (the VAE's training set) is not here, so the held-out frames of "
+                  f"{dataset} are not checked against its clips", file=sys.stderr)
+    held = eval_vae.held_out_frames(dataset, f.max_per_film)
+    if not held:
+        raise ValueError(f"{dataset}: every film frame lies in a clip; no held-out frames to score")
+    res = eval_vae.reconstruction_psnr(vae, held, f.frames)
+    res.update(checkpoint=source, dataset=os.path.abspath(dataset),
+               height=int(held[0].frames.shape[1]), width=int(held[0].frames.shape[2]))
+    for film, r in res["per_film"].items():
+        clip = "n/a" if r["clip"] is None else f"{r['clip']:.2f} dB"
+        print(f"{film}: frame PSNR {r['frame']:.2f} dB over {r['num_frames_scored']} held-out frames; "
+              f"{f.frames}-frame clip PSNR {clip} over {r['num_clips']} clips")
+    clip = "n/a" if res["clip"] is None else f"{res['clip']:.2f} dB"
+    print(f"{source}: VAE reconstruction PSNR at {res['height']}x{res['width']} on held-out frames: frame "
+          f"{res['frame']:.2f} dB ({res['num_frames_scored']} frames), clip {clip} ({res['num_clips']} clips of "
+          f"{f.frames})")
+    if f.json:
+        with open(f.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 0
+
+
+def vae_cli() -> None:
+    """Console script ``animegamer-eval-vae`` (pyproject.toml)."""
+    sys.exit(vae_main())
+
+
+def decoder_cli() -> None:
+    """Console script ``animegamer-eval-decoder`` (pyproject.toml)."""
+    sys.exit(decoder_main())
+
+
+def representation_cli() -> None:
+    """Console script ``animegamer-eval-representation`` (pyproject.toml)."""
+    sys.exit(representation_main())
+
+
+SUBCOMMANDS = {"table1": table1_main, "identity": identity_main, "representation": representation_main,
+               "decoder": decoder_main, "vae": vae_main}
 
 if __name__ == "__main__":
     cli()

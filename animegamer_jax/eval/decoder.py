@@ -1,12 +1,12 @@
 """Decoder PSNR of a system checkpoint: D_a's samples for a prepared dataset's clips against the clips' frames.
 
-  python -m animegamer_jax.eval.decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
-  python -m animegamer_jax.eval.decoder --checkpoint DIR --config.diffusion.cfg_scale=6 \
+  python -m animegamer_jax.eval decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
+  python -m animegamer_jax.eval decoder --checkpoint DIR --config.diffusion.cfg_scale=6 \
       --config.diffusion.num_sampling_steps=50   # other sampler settings
-  python -m animegamer_jax.eval.decoder --config.diffusion.sampler=student \
+  python -m animegamer_jax.eval decoder --config.diffusion.sampler=student \
       --config.diffusion.num_sampling_steps=4   # the few-step student (phase d)
-  python -m animegamer_jax.eval.decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
-  python -m animegamer_jax.eval.decoder --checkpoint DIR --reference   # each clip decoded with a reference image
+  python -m animegamer_jax.eval decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
+  python -m animegamer_jax.eval decoder --checkpoint DIR --reference   # each clip decoded with a reference image
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 play's DiT sampler (``inference.clip_sampler.dit_sampler`` on the weights play prepares,
@@ -40,28 +40,18 @@ clips and generalises to no other footage), not how well it generalises.
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import ml_collections
-from absl import flags
 from flax import nnx
-from ml_collections import config_flags
-from PIL import Image
 
-from animegamer_jax import cli as cli_lib
-from animegamer_jax import fileio, paths, video_io
-from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
-from animegamer_jax.config import ConfigError, SavedConfigError
+from animegamer_jax import video_io
 from animegamer_jax.data import datasets, loader, references
 from animegamer_jax.data.batches import BatchBuilder
-from animegamer_jax.diffusion import samplers
 from animegamer_jax.eval.metrics import sample_frame_indices
 from animegamer_jax.eval.vae import model_frames_to_unit, psnr
 from animegamer_jax.inference.action_representation import ea_representation
-from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
+from animegamer_jax.inference.clip_sampler import dit_sampler
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 from animegamer_jax.models.cogvideox.dit import prepare_for_inference
@@ -190,103 +180,3 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     if keep_frames:
         res["frames"] = [video_io.to_uint8(f, FRAME_RANGE) for f in frames]
     return res
-
-
-def _own_flags(fv) -> None:
-    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint (E_a, DiT, VAE, T5, CLIP).",
-                        flag_values=fv)
-    flags.DEFINE_string("dataset", "", "Prepared dataset of clips to score (default: the checkpoint config's "
-                        "data.dataset_dir, its training clips).", flag_values=fv)
-    flags.DEFINE_integer("clips", 12, "Clips to score, evenly spaced over the dataset.", flag_values=fv)
-    flags.DEFINE_integer("seed", 0, "Noise seed of the first scored clip (the k-th uses seed + k).", flag_values=fv)
-    flags.DEFINE_bool("reference", False, "Sample each clip with a reference image: the first frame of another "
-                      "clip of the same character (phase r's pairs; needs a system trained with phase r).",
-                      flag_values=fv)
-    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
-    flags.DEFINE_string("sheet", "", "Also write a PNG here: a row a scored clip, its middle frame, the VAE's "
-                        "reconstruction of it and the sample.", flag_values=fv)
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval.decoder`` on ``fv`` (absl) and ``--config``: the config
-    saved in ``--checkpoint`` (``config_flags.DEFINE_config_dict``), whose fields ``--config.a.b=value``
-    overrides (e.g. ``--config.diffusion.sampler=student``; unknown keys are errors).
-
-    Raises:
-      SavedConfigError: no readable config in ``--checkpoint`` (not for ``--help``).
-    """
-    _own_flags(fv)
-    saved = ml_collections.ConfigDict()
-    if not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
-        probe = flags.FlagValues()  # only to read --checkpoint before --config exists
-        _own_flags(probe)
-        try:
-            probe(argv, known_only=True)
-        except flags.Error:
-            pass  # reported by the full parse
-        else:
-            try:
-                saved = load_config(paths.resource(probe.checkpoint))
-            except (SystemCheckpointError, ConfigError, OSError) as e:
-                raise SavedConfigError(str(e)) from None
-    config_flags.DEFINE_config_dict("config", saved, "The config saved in --checkpoint; --config.a.b=value "
-                                    "overrides a field, e.g. --config.diffusion.sampler=student.",
-                                    flag_values=fv, lock_config=False, sys_argv=argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Prints the decoder PSNR per clip and on average; returns the exit status (2 with a message on bad input)."""
-    return cli_lib.run_command("animegamer-eval-decoder", argv, define_flags, __doc__, None, _run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
-                                SavedConfigError, ValueError, OSError))
-
-
-def _run(f, *rest: str) -> int:
-    """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
-    if rest:
-        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
-    if f.clips < 1:
-        raise cli_lib.UsageError(f"--clips={f.clips}: score at least one clip")
-    ckpt = paths.resource(f.checkpoint)
-    config = f.config
-    known = (*samplers.SAMPLERS, samplers.STUDENT)
-    if config.diffusion.sampler not in known:
-        raise cli_lib.UsageError(f"--config.diffusion.sampler={config.diffusion.sampler!r} is not a sampler. Fix: "
-                                 f"one of {', '.join(known)}")
-    config = apply_mode(config)  # as play samples; the summary line shows the sampler used
-    dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
-    check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
-    if f.json:
-        fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
-    if f.sheet and not paths.is_url(f.sheet) and not fileio.isdir(paths.as_path(f.sheet).parent):
-        raise FileNotFoundError(f"--sheet={f.sheet}: its folder does not exist")  # before the run, not after
-    sampler_dit = sampling_component(config)
-    components = load_system(ckpt, config, names=["shot_encoder", sampler_dit, "vae", "t5", "clip"]
-                             + (["reference"] if f.reference else []))
-    components["dit"] = components.pop(sampler_dit)
-    res = decoder_psnr(components, config, dataset, f.clips, f.seed, keep_frames=bool(f.sheet), reference=f.reference)
-    d = config.diffusion
-    for c in res["clips"]:
-        print(f"clip {c['index']} ({c['film_id']}, ML {c['motion_level']}, {c['action']!r}): sample "
-              f"{c['sample']:.2f} dB, VAE reconstruction {c['reconstruction']:.2f} dB")
-    print(f"{ckpt}: decoder sample PSNR {res['sample']:.2f} dB (VAE reconstruction {res['reconstruction']:.2f} "
-          f"dB) over {len(res['clips'])} of the {res['dataset_clips']} clips ({len(res['dataset_films'])} films) "
-          f"of {dataset}; {d.sampler} {d.num_sampling_steps} steps, DynamicCFG {d.cfg_schedule} scale "
-          f"{float(d.cfg_scale):g}"
-          f"{'; with a reference image (another clip of the same character)' if f.reference else ''}")
-    if f.sheet:
-        video_io.save_image(f.sheet, Image.fromarray(video_io.contact_sheet(res.pop("frames"), 3, FRAME_RANGE)),
-                            format="PNG")
-        print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")
-    if f.json:
-        fileio.write_text_atomic(f.json, json.dumps(res, indent=1))
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-eval-decoder`` (pyproject.toml)."""
-    raise SystemExit(main())
-
-
-if __name__ == "__main__":
-    cli()

@@ -1,6 +1,6 @@
 r"""Where play's predicted representations land among the training clips' own.
 
-  python -m animegamer_jax.eval.representation --game data/games/sample_tour.txt \
+  python -m animegamer_jax.eval representation --game data/games/sample_tour.txt \
       [--checkpoint checkpoints/tiny_system] [--dataset data/prepared/tiny] [--json out.json]
 
 Plays ``--game`` (a game script, game/script.py) on the system checkpoint as ``play`` does, and for each
@@ -23,24 +23,14 @@ system data/prepared/tiny, README "Train the tiny system"). A turn whose action 
 
 from __future__ import annotations
 
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import flags
 from flax import nnx
 
-from animegamer_jax import cli as cli_lib
-from animegamer_jax import fileio, paths
-from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
-from animegamer_jax.config import ConfigError
-from animegamer_jax.data import datasets, loader
+from animegamer_jax.data import loader
 from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.eval.decoder import check_dataset, clip_example
-from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.loading import CheckpointError, load_game_system
-from animegamer_jax.game.script import GameScriptError, load_script
 from animegamer_jax.inference.action_representation import ea_representation
 
 
@@ -124,69 +114,3 @@ def turn_distances(turn_reps: list[np.ndarray], actions: list[str], clip_reps: n
                     "mse_to_mean": mean, "nearest": pick(same, min), "farthest": pick(same, max),
                     "nearest_other_action": pick(other, min)})
     return out
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval.representation`` on ``fv`` (absl)."""
-    flags.DEFINE_string("game", None, "Game script to play (one instruction a line, game/script.py).", flag_values=fv)
-    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint.", flag_values=fv)
-    flags.DEFINE_string("dataset", "", "Prepared dataset whose clips to compare with (default: the checkpoint "
-                        "config's data.dataset_dir, its training clips).", flag_values=fv)
-    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Prints, per turn, where the predicted s_a lies among the clips' E_a s_a; returns the exit status
-    (2 with a one-line message on bad input)."""
-    return cli_lib.run_command("animegamer-eval-representation", argv, define_flags, __doc__, None, _run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
-                                GameScriptError, CheckpointError, ValueError, OSError))
-
-
-def _fmt(c: dict | None, action: bool = False) -> str:
-    if c is None:
-        return "none"
-    return f"{c['film_id']}#{c['clip_index']}" + (f" ({c['action']!r})" if action else "") + f" {c['mse']:.3f}"
-
-
-def _run(f, *rest: str) -> int:
-    """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
-    if rest:
-        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
-    if not f.game:
-        raise cli_lib.UsageError("--game is required: a game script, e.g. data/games/sample_tour.txt")
-    game = load_script(paths.resource(f.game))
-    ckpt = paths.resource(f.checkpoint)
-    config = load_config(ckpt)
-    dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
-    check_dataset(dataset, config)  # before the load: a wrong or missing dataset fails fast
-    if f.json:
-        fileio.write_text_atomic(f.json, "{}")  # an unwritable --json fails before the run
-    # E_a first: a checkpoint without T5 / CLIP fails before the game is played
-    components = load_system(ckpt, config, names=["shot_encoder", "t5", "clip"])
-    clip_reps, rows = clip_representations(components, config, dataset)
-    engine = GameEngine(config, load_game_system(ckpt, config))
-    played = engine.play([game])[0]
-    res = turn_distances([t.rep for t in played["turns"]], [t.motion for t in game.turns], clip_reps, rows)
-    for k, (turn, r) in enumerate(zip(game.turns, res)):
-        mean = "none" if r["mse_to_mean"] is None else f"{r['mse_to_mean']:.3f}"
-        print(f"turn {k + 1} {turn.motion!r}: {r['clips']} clip(s) with this action; MSE to their mean {mean}, "
-              f"nearest {_fmt(r['nearest'])}, farthest {_fmt(r['farthest'])}; nearest of another action "
-              f"{_fmt(r['nearest_other_action'], action=True)}; mean square of the prediction "
-              f"{r['rep_mean_square']:.3f}")
-    ms = np.mean(clip_reps ** 2, axis=(1, 2))
-    print(f"{ckpt}: {len(res)} turns of {f.game} against E_a of the {len(rows)} clips of {dataset} (MSE over "
-          f"Q x D; the clips' own mean squares {ms.min():.2f}-{ms.max():.2f})")
-    if f.json:
-        fileio.write_text_atomic(f.json, json.dumps({"game": f.game, "checkpoint": ckpt, "dataset": dataset,
-                                                     "turns": res}, indent=1))
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-eval-representation`` (pyproject.toml)."""
-    raise SystemExit(main())
-
-
-if __name__ == "__main__":
-    cli()

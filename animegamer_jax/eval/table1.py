@@ -1,14 +1,13 @@
-r"""Table 1 evaluation: plays every benchmark game and writes the Table 1 report (paper §4.2, Table 1).
+r"""Table 1 evaluation: plays every benchmark game on an engine and writes the Table 1 report (paper §4.2,
+Table 1). The command, ``python -m animegamer_jax.eval [table1]`` (eval/__main__.py), builds the system
+and the engine and saves the games; this module plays and scores.
 
-    python -m animegamer_jax.eval --config configs/tiny.py --checkpoint DIR \
-        --benchmark data/benchmark/benchmark.json --out outputs/eval [--clip HF_CLIP_DIR]
-
-Steps: load the benchmark (eval/table1_games.py); build the game engine (game/engine.py) on the
-system; play the games in batches of the engine's data-parallel size (the batch-generation path,
-same seeds, same per-game outputs as ``generate``); optionally write each game's outputs
-(game/writers.py: MP4s, game.json, gallery) under ``<out>/games``; score every turn with
-eval/metrics.py against the benchmark's ground truth and references; write ``report.json`` and
-``report.md`` in ``<out>``.
+Steps of :func:`run_benchmark`: play the games (a loaded benchmark, eval/table1_games.py) on the engine
+(a ``game.engine.GameEngine``: ``batch_size``, ``play``, ``config``, ``compile_s``, ``system.label``) in
+batches of its data-parallel size (the caller's ``batches`` function: the batch-generation path, same
+seeds, same per-game outputs as ``generate``); hand each played game to the caller's ``save`` (the
+command writes MP4s, game.json, gallery under ``<out>/games``); score every turn with eval/metrics.py
+against the benchmark's ground truth and references; write ``report.json`` and ``report.md`` in ``<out>``.
 
 Metrics use the raw generated frames (float [0, 1] -> uint8, ``video_io.to_uint8``), not the H.264
 files, so video compression does not leak into the scores. ``s/turn`` is the wall time of one turn of a batched
@@ -21,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -30,29 +29,12 @@ import numpy as np
 from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
-from animegamer_jax.eval.table1_games import Benchmark, load_benchmark
-from animegamer_jax.game import writers
-from animegamer_jax.game.api import STAGES
-from animegamer_jax.game.engine import GameEngine, batches
-from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.saving import save_game
-from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.eval.table1_games import Benchmark
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 # The paper's AnimeGamer row of Table 1 (docs/evaluation.md#table-1), printed beside ours for reference.
 PAPER_ROW = {"CLIP-I": 0.8132, "DreamSim": 0.7403, "CLIP-T": 0.4161, "CLIP-T^E": 0.4012, "ACC-F": 0.6744,
              "MAE-F": 0.4238, "ACC-S": 0.6773, "MAE-S": 0.5872, "s/turn": 24.0}
-
-
-def build_system(config, checkpoint: str = "", standin: bool = False):
-    """The game system to evaluate: a system checkpoint, or the labelled random stand-in.
-
-    Raises:
-      ValueError: neither given.
-    """
-    if standin:
-        return build_standin(config, seed=int(config.seed))
-    return resolve_system(config, checkpoint, False)
 
 
 @dataclasses.dataclass
@@ -64,20 +46,22 @@ class PlayedGame:
     batch: int
 
 
-def play_benchmark(engine, bench: Benchmark, out_dir: str | None = None,
-                   games: Sequence[str] | None = None, log=print) -> list[PlayedGame]:
+def play_benchmark(engine, bench: Benchmark, batches: Callable[[list, int], list[list]],
+                   save: Callable[[dict], None] | None = None, games: Sequence[str] | None = None,
+                   log=print) -> list[PlayedGame]:
     """Plays the benchmark games in batches of ``engine.batch_size``.
 
     Args:
-      engine: a :class:`animegamer_jax.game.engine.GameEngine`.
+      engine: a ``game.engine.GameEngine`` (``batch_size``, ``play(games) -> [result]``).
       bench: the benchmark.
-      out_dir: if given, each game's outputs are written to ``out_dir/<game_id>`` (game/writers.py).
+      batches: ``batches(games, size) -> [[game, ...], ...]``, the groups one ``engine.play`` call takes
+        (``game.engine.batches``).
+      save: if given, called with each game's engine result as it is played (the command writes it).
       games: optional subset of game ids (in benchmark order).
 
     Raises:
       KeyError: an unknown game id in ``games``.
     """
-    # the batch-generation path of ``python -m animegamer_jax.generate``: same grouping, same writer
     todo = list(bench.games)
     if games:
         known = {g.game_id for g in todo}
@@ -92,8 +76,8 @@ def play_benchmark(engine, bench: Benchmark, out_dir: str | None = None,
         log(f"played {', '.join(g.game_id for g in chunk)} ({sum(len(g.turns) for g in chunk)} turns) "
             f"in {time.perf_counter() - t0:.1f} s")
         for g, r in zip(chunk, results):
-            if out_dir is not None:
-                save_game(engine, r, out_dir, overwrite=True)  # a rerun replaces its own games
+            if save is not None:
+                save(r)
             played.append(PlayedGame(g.game_id, r, len(chunk)))
     order = {g.game_id: i for i, g in enumerate(todo)}
     return sorted(played, key=lambda p: order[p.game_id])
@@ -175,47 +159,42 @@ def render_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_benchmark(config, benchmark_path: str, out_dir: str, *, system=None, checkpoint: str = "",
-                  standin: bool = False, embedder: Embedder | None = None, dreamsim: Embedder | None = None,
-                  games: Sequence[str] | None = None, write_games: bool = True, scope_fn=None,
-                  log=print) -> dict[str, Any]:
-    """Generates every benchmark game and writes ``report.json`` and ``report.md`` to ``out_dir``.
+def run_benchmark(engine, bench: Benchmark, out_dir: str, batches: Callable[[list, int], list[list]], *,
+                  save: Callable[[dict], None] | None = None, embedder: Embedder | None = None,
+                  dreamsim: Embedder | None = None, games: Sequence[str] | None = None, scope_fn=None,
+                  log=print, t_start: float | None = None) -> dict[str, Any]:
+    """Plays every benchmark game on ``engine`` and writes ``report.json`` and ``report.md`` to ``out_dir``.
 
     Args:
-      config: full config (sections game, data, eval and the model sections).
-      benchmark_path: benchmark JSON (eval/table1_games.py format).
-      out_dir: report folder (games go to ``out_dir/games`` when ``write_games``).
-      system: a ready :class:`GameSystem` (tests); else from ``checkpoint`` / ``standin``.
+      engine: the game engine on the system to evaluate (its ``config``: sections game, data, eval and the
+        model sections).
+      bench: the loaded benchmark (eval/table1_games.py ``load_benchmark``).
+      out_dir: report folder, local or a URL.
+      batches, save, games: as for :func:`play_benchmark`.
       embedder: CLIP embedder; default the labelled stand-in.
       dreamsim: optional DreamSim embedder (image side only is used).
-      games: optional subset of game ids.
       scope_fn: motion-scope estimator override (tests).
+      t_start: ``time.perf_counter()`` when the run began (the report's ``wall_s``); default now.
 
     Returns:
       the report dict (also written as JSON).
 
     Raises:
-      BenchmarkError: a malformed benchmark (before anything is generated).
-      OutputError / OSError: ``out_dir`` not writable.
+      KeyError: an unknown game id in ``games``. OSError: ``out_dir`` not writable.
     """
-    t_start = time.perf_counter()
-    bench = load_benchmark(benchmark_path)
-    writers.check_writable(out_dir)
+    t_start = time.perf_counter() if t_start is None else t_start
     embedder = embedder or standin_embedder()
-    if system is None:
-        system = build_system(config, checkpoint, standin)
-    engine = GameEngine(config, system)
-    log(f"benchmark {bench.name}: {len(bench.games)} games, {bench.num_rounds} rounds; system: {system.label}")
-    games_dir = str(paths.as_path(paths.join(out_dir, "games"))) if write_games else None  # absolute, as logged
-    played = play_benchmark(engine, bench, games_dir, games, log)
+    label = engine.system.label
+    log(f"benchmark {bench.name}: {len(bench.games)} games, {bench.num_rounds} rounds; system: {label}")
+    played = play_benchmark(engine, bench, batches, save, games, log)
     per_game = turn_results(bench, played)
     scores = score(engine.config, bench, per_game, embedder, dreamsim, scope_fn)
     timings = [tm for p in played for tm in p.result["timings"]]
-    stages = {s: float(np.mean([tm[f"{s}_s"] for tm in timings])) for s in STAGES}
+    stages = {s: float(np.mean([tm[f"{s}_s"] for tm in timings])) for s in engine.compile_s}  # the engine's stages
     report = {
         "benchmark": {"name": bench.name, "path": bench.path, "games": len(played),
                       "rounds": sum(len(v) for v in per_game.values())},
-        "system": system.label,
+        "system": label,
         "config": engine.config.name,
         "mode": engine.config.game.mode,
         "history_window": int(engine.config.mllm.history_window),

@@ -35,7 +35,7 @@ from PIL import Image
 
 from animegamer_jax import fileio
 from animegamer_jax.eval.metrics import STATE_FIELDS
-from animegamer_jax.game import script
+from animegamer_jax.inference import instructions
 
 _TOP_KEYS = {"name", "description", "characters", "games"}
 _GAME_KEYS = {"game_id", "seed", "rounds"}
@@ -51,7 +51,7 @@ class BenchmarkError(ValueError):
 class Round:
     """One round: the player's instruction and the ground-truth states (ML, SC, ET, ST)."""
 
-    turn: script.Turn
+    turn: instructions.Turn
     states: tuple[int, int, int, int]
 
 
@@ -63,9 +63,9 @@ class BenchmarkGame:
     rounds: tuple[Round, ...]
     seed: int | None = None
 
-    def to_game(self) -> script.Game:
-        """The game as a :class:`animegamer_jax.game.script.Game` for generation."""
-        return script.Game(self.game_id, tuple(r.turn for r in self.rounds), self.seed)
+    def to_game(self) -> instructions.Game:
+        """The game as a :class:`animegamer_jax.inference.instructions.Game` for generation."""
+        return instructions.Game(self.game_id, tuple(r.turn for r in self.rounds), self.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +88,7 @@ class Benchmark:
     def num_rounds(self) -> int:
         return sum(len(g.rounds) for g in self.games)
 
-    def to_games(self) -> tuple[script.Game, ...]:
+    def to_games(self) -> tuple[instructions.Game, ...]:
         """All games as generation inputs (instructions and seeds only, no ground truth)."""
         return tuple(g.to_game() for g in self.games)
 
@@ -163,15 +163,15 @@ def _parse_round(obj: object, where: str) -> Round:
                 raise BenchmarkError(f"{where}: give either 'instruction' or character/motion/background, not both")
             if not isinstance(obj["instruction"], str):
                 raise BenchmarkError(f"{where}: 'instruction' must be a string")
-            turn = script.parse_instruction(obj["instruction"], where)
+            turn = instructions.parse_instruction(obj["instruction"], where)
         else:
             for k in ("character", "motion", "background"):
                 if not isinstance(obj.get(k), str):
                     raise BenchmarkError(f"{where}: '{k}' must be a non-empty string "
                                          "(or give one 'instruction' string)")
-            turn = script.parse_instruction(
+            turn = instructions.parse_instruction(
                 f"Character: {obj['character']}; Motion: {obj['motion']}; Background: {obj['background']}", where)
-    except script.GameScriptError as e:
+    except instructions.GameScriptError as e:
         raise BenchmarkError(str(e)) from None
     return Round(turn, _parse_states(obj["states"], where))
 

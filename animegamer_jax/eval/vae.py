@@ -1,7 +1,7 @@
 r"""Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a prepared dataset's films.
 
-  python -m animegamer_jax.eval.vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
-  python -m animegamer_jax.eval.vae --train_workdir WORKDIR --config configs/tiny.py \
+  python -m animegamer_jax.eval vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
+  python -m animegamer_jax.eval vae --train_workdir WORKDIR --config configs/tiny.py \
       --config.vae.latent_channels=16   # the newest checkpoint of a (running) "vae" phase, the run's overrides
 
 Held-out frames: for every film of the dataset (its metadata.json, data/datasets.py), the source frames that lie in no
@@ -24,23 +24,16 @@ Posterior mean, no sampling.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import sys
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import flags
 from flax import nnx
-from ml_collections import config_flags
 
-from animegamer_jax import cli as cli_lib
-from animegamer_jax import paths, video_io
-from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax import video_io
 from animegamer_jax.checkpoint.train_state import load_train_component
-from animegamer_jax.config import ConfigError
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import datasets, video
 
@@ -158,75 +151,3 @@ def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
         config (VAE widths, blocks): the message says to pass the run's overrides.
     """
     return load_train_component(workdir, "vae", config)
-
-
-def define_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval.vae`` on ``fv`` (absl + ml_collections config_flags)."""
-    config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
-                                    "With --train_workdir: the run's config file; --config.a.b=value overrides.",
-                                    flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint holding a VAE.", flag_values=fv)
-    flags.DEFINE_string("train_workdir", "", "Instead: the newest checkpoint of a 'vae' train --workdir.",
-                        flag_values=fv)
-    flags.DEFINE_string("dataset", "", "Prepared dataset whose clips the VAE trained on (default "
-                        "train.vae_eval_dataset_dir, else train.vae_dataset_dir of the checkpoint's / run's config, "
-                        "else data.dataset_dir).", flag_values=fv)
-    flags.DEFINE_integer("frames", 17, "Frames per clip window (1 + 4k).", flag_values=fv)
-    flags.DEFINE_integer("max_per_film", 0, "Score at most this many held-out frames per film (0: all).",
-                         flag_values=fv)
-    flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Prints the held-out reconstruction PSNR; returns the exit status (2 with a message on bad input)."""
-    return cli_lib.run_command("animegamer-eval-vae", argv, define_flags, __doc__, (), _run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, KeyError, ValueError, OSError))
-
-
-def _run(f) -> int:
-    """The body of :func:`main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
-    if f.train_workdir:
-        config = f.config
-        vae, step = vae_from_train_workdir(f.train_workdir, config)
-        source = f"{os.path.abspath(f.train_workdir)} step {step}"
-    else:
-        config = load_config(f.checkpoint)
-        vae = load_system(f.checkpoint, config, names=["vae"])["vae"]
-        source = os.path.abspath(f.checkpoint)
-    dataset = f.dataset or str(config.train.get("vae_eval_dataset_dir", "") or config.train.get("vae_dataset_dir", "")
-                               or config.data.dataset_dir)
-    # the set the "vae" phase read (pipeline.make_data): its clips must be the scored set's
-    trained_on = str(config.train.get("vae_dataset_dir", "") or config.data.dataset_dir)
-    if not f.dataset and os.path.abspath(trained_on) != os.path.abspath(dataset):
-        if os.path.isdir(trained_on):
-            check_same_segments(trained_on, dataset)
-        else:
-            print(f"note: {trained_on} (the VAE's training set) is not here, so the held-out frames of "
-                  f"{dataset} are not checked against its clips", file=sys.stderr)
-    held = held_out_frames(dataset, f.max_per_film)
-    if not held:
-        raise ValueError(f"{dataset}: every film frame lies in a clip; no held-out frames to score")
-    res = reconstruction_psnr(vae, held, f.frames)
-    res.update(checkpoint=source, dataset=os.path.abspath(dataset),
-               height=int(held[0].frames.shape[1]), width=int(held[0].frames.shape[2]))
-    for film, r in res["per_film"].items():
-        clip = "n/a" if r["clip"] is None else f"{r['clip']:.2f} dB"
-        print(f"{film}: frame PSNR {r['frame']:.2f} dB over {r['num_frames_scored']} held-out frames; "
-              f"{f.frames}-frame clip PSNR {clip} over {r['num_clips']} clips")
-    clip = "n/a" if res["clip"] is None else f"{res['clip']:.2f} dB"
-    print(f"{source}: VAE reconstruction PSNR at {res['height']}x{res['width']} on held-out frames: frame "
-          f"{res['frame']:.2f} dB ({res['num_frames_scored']} frames), clip {clip} ({res['num_clips']} clips of "
-          f"{f.frames})")
-    if f.json:
-        with open(f.json, "w") as fh:
-            json.dump(res, fh, indent=1)
-    return 0
-
-
-def cli() -> None:
-    """Console script ``animegamer-eval-vae`` (pyproject.toml)."""
-    raise SystemExit(main())
-
-
-if __name__ == "__main__":
-    cli()

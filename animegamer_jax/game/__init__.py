@@ -2,7 +2,8 @@
 
 Modules (bottom to top; each imports only modules above it in this list):
   api.py               the interface: GameSystem (three per-turn functions), TurnResult, STAGES
-  script.py            game scripts (one instruction a line, or JSONL batches) -> Game / Turn
+  script.py            game script files (one instruction a line, or JSONL batches) -> Game
+                       (the instruction grammar, Game and Turn: inference/instructions.py)
   run.py               one game's run: meters and the finished turns its MLLM window is built from
   real_system.py       the real networks as a GameSystem: the inference layer's MLLM turn, clip sampler
                        and VAE decoder (animegamer_jax/inference/) on the loaded modules' states

@@ -2,7 +2,7 @@
 
 ``--character NAME=IMAGE`` (play, generate; the web app's upload) gives character ``NAME`` the look
 of ``IMAGE``: every turn whose instruction's Character field equals ``NAME`` (case-insensitive,
-game/script.py ``Turn.character``) is decoded with that image as the DiT's reference (training phase
+inference/instructions.py ``Turn.character``) is decoded with that image as the DiT's reference (training phase
 r, models/cogvideox/reference.py); other turns decode exactly as without it. The image is read and
 checked here (:func:`load_character`, :func:`character_from_bytes`: a file of at most
 :data:`MAX_BYTES`, an image PIL reads, each side :data:`MIN_SIDE`..:data:`MAX_SIDE` px), kept as
@@ -24,7 +24,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from animegamer_jax import fileio
-from animegamer_jax.game.script import is_plain_name
+from animegamer_jax.inference.instructions import is_plain_name
 
 #: reference image limits: file bytes, and the shorter / longer side in pixels
 MAX_BYTES = 50 * 1024 * 1024

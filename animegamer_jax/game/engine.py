@@ -56,9 +56,9 @@ from animegamer_jax import mllm_tokenizer, parallel
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
 from animegamer_jax.game.characters import fit_image, named, record_entries
 from animegamer_jax.game.run import GameRun, Meters
-from animegamer_jax.game.script import Game
 from animegamer_jax.inference import executables
 from animegamer_jax.inference.clip_sampler import turn_key
+from animegamer_jax.inference.instructions import Game
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import (TurnKVCache, WindowSpec, build_cached_turn_input, encode_instruction,
                                                   stack_cached_inputs, stack_inputs)

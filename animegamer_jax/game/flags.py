@@ -27,9 +27,9 @@ from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify
 from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys
 from animegamer_jax.game.characters import CharacterError
 from animegamer_jax.game.loading import CheckpointError
-from animegamer_jax.game.script import GameScriptError
 from animegamer_jax.game.writers import OutputError
 from animegamer_jax.inference import executables
+from animegamer_jax.inference.instructions import GameScriptError
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError
 
 #: the errors the game commands report as one line (exit status 2) instead of a traceback

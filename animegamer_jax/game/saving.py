@@ -25,9 +25,9 @@ from animegamer_jax.game import characters, writers
 from animegamer_jax.game.api import STAGES, TurnResult
 from animegamer_jax.game.engine import GameEngine, game_record
 from animegamer_jax.game.run import METER_NAMES
-from animegamer_jax.game.script import Game, GameScriptError, parse_instruction
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
 from animegamer_jax.inference.clip_sampler import turn_key
+from animegamer_jax.inference.instructions import Game, GameScriptError, parse_instruction
 from animegamer_jax.inference.turn_inputs import TurnRecord, encode_instruction
 
 #: what a turn's state record (``turn_NNN.state.npz``) holds, as game.json ``save.state`` says it

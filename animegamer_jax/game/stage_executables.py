@@ -19,8 +19,8 @@ from typing import Any
 from animegamer_jax import parallel
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.script import Game, parse_instruction
 from animegamer_jax.inference import executables
+from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.inference.layout import apply_layout, setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import encode_instruction

@@ -54,7 +54,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from animegamer_jax import fileio, paths, video_io
 from animegamer_jax.game.run import METER_NAMES
-from animegamer_jax.game.script import is_plain_name
+from animegamer_jax.inference.instructions import is_plain_name
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 GAME_JSON = "game.json"

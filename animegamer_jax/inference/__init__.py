@@ -2,6 +2,7 @@
 
 Modules (bottom to top; each imports only modules above it in this list, ``models``, ``diffusion``
 and the layers below them):
+  instructions.py      the instruction grammar and text policy: parse_instruction -> Turn; Game (a game's inputs)
   mode.py              the ``game.mode`` rule (apply_mode): default, or the release's reference settings
   layout.py            play's device layouts (apply_layout: latency / batch) and the turn programs' JAX options
   turn_inputs.py       the MLLM token layout of a turn and its window of past turns (docs/token_layout.md),
@@ -13,6 +14,6 @@ and the layers below them):
   action_representation.py  E_a's s_a of a batch (frozen T5 / CLIP features through the shot encoder)
   clip_sampler.py      the DiT sampler (teacher with CFG, or the distilled student): s_a + ML -> latents
   vae_decode.py        the VAE decoder step (tiled / chunked): latents -> frames in FRAME_RANGE
-The game (game/) wraps these as a GameSystem (game/real_system.py); nothing here knows games,
-scripts, checkpoints or files.
+The game (game/) wraps these as a GameSystem (game/real_system.py); nothing here reads
+script files, checkpoints or other files.
 """

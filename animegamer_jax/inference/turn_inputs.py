@@ -171,7 +171,7 @@ def validate_games(games: Sequence[Any], spec: WindowSpec,
                    tok: mllm_tokenizer.AnimeGamerTokenizer | None = None) -> None:
     """Encodes every instruction of every game up front, so a bad one stops the run before its first turn.
 
-    ``games``: :class:`animegamer_jax.game.script.Game` s; each turn's ``where`` (file:line) names it.
+    ``games``: :class:`animegamer_jax.inference.instructions.Game` s; each turn's ``where`` (file:line) names it.
 
     Raises:
       InstructionTooLongError: the first instruction over the budget (file:line, game id, turn).

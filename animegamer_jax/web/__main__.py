@@ -35,7 +35,7 @@ from absl import flags
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.game.flags import run_game_command
 from animegamer_jax.game.saving import print_turn
-from animegamer_jax.game.script import SEED_RANGE
+from animegamer_jax.inference.instructions import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
 

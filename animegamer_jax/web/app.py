@@ -46,7 +46,7 @@ Every refusal is a 4xx (or a 503) with a JSON body ``{"error": "<one line>"}``. 
 Then, in the routes:
 
 * 400: a body that is not JSON (invalid UTF-8, nested too deep), bad instruction text
-  (:func:`~animegamer_jax.game.script.check_text`), a session cookie this server did not issue
+  (:func:`~animegamer_jax.inference.instructions.check_text`), a session cookie this server did not issue
   (the reply clears it);
 * 403: an API or game request without a session cookie, or with a well-formed one the server does
   not know (it expired or the server restarted): load the page (``GET /``) to get a session;

@@ -33,7 +33,7 @@
   memory, unless a turn of it is queued or running; its games stay saved on disk and, when it
   played any, it is known again when its cookie comes back (**Restarts**). A finished turn's event log
   (its streamed frames) is dropped once its stream ends.
-* **Input**: instruction text is one line of printable text (game/script.py :func:`check_text`, the
+* **Input**: instruction text is one line of printable text (inference/instructions.py :func:`check_text`, the
   text policy of every front end): control characters (which would reach the server's log and
   terminal), lone surrogates (which cannot be written as UTF-8), bidirectional overrides and
   invisible format characters are refused.
@@ -79,8 +79,8 @@ from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.run import METER_NAMES
-from animegamer_jax.game.script import FIELDS, GameScriptError, Turn, check_text, is_plain_name
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
+from animegamer_jax.inference.instructions import FIELDS, GameScriptError, Turn, check_text, is_plain_name
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError
