@@ -72,7 +72,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import cli, fileio, mllm_tokenizer, parallel, paths, video_io
+from animegamer_jax import fileio, mllm_tokenizer, parallel, paths, video_io
 from animegamer_jax.game import characters as characters_lib
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.api import TurnResult
@@ -329,7 +329,7 @@ class GameServer:
         folder = self.game_dir(s, game_id)
         if folder is None:
             return None
-        with self.disk_lock(game_id), cli.signals_held():
+        with self.disk_lock(game_id), fileio.signals_held():
             if writers.is_finished(folder):
                 saving.finish_session(self.engine, folder)
         return folder
@@ -574,7 +574,7 @@ class GameServer:
                 raise IndexError("there is no turn to undo")
             game = s.game
             folder = os.path.join(self.out_dir, game.game_id)
-            with self.disk_lock(game.game_id), cli.signals_held():
+            with self.disk_lock(game.game_id), fileio.signals_held():
                 game.undo()
                 # under the lock: no turn of this session can start while the folder is rewritten
                 try:
@@ -697,7 +697,7 @@ class GameServer:
                 raise BadInput(f"branch takes {{\"turns\": <1..{n}>}} (the turns to keep) or nothing (all {n})")
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
             game_id = f"web-{stamp}-{secrets.token_hex(3)}"
-            with self.disk_lock(src.game_id), cli.signals_held():
+            with self.disk_lock(src.game_id), fileio.signals_held():
                 game, _ = saving.load_game(self.engine, folder, upto=k, game_id=game_id)
                 saving.branch_game(folder, game, self.engine, self.out_dir)
             s.games.add(game_id)
@@ -864,7 +864,7 @@ class GameServer:
         game = job.game
         k = len(game) - 1
         try:
-            with self.disk_lock(game.game_id), cli.signals_held():
+            with self.disk_lock(game.game_id), fileio.signals_held():
                 # the first turn makes the folder (ids are unique per server: web-<time>-<random>);
                 # later ones add their own files
                 saving.save_turn(self.engine, game, self.out_dir, new_folder=k == 0)
