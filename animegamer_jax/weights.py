@@ -5,8 +5,8 @@ into numpy, the key checks that name every missing, unexpected or mis-shaped key
 (:class:`ConversionError`), filling an NNX state from a key table, and the orbax writer / reader of
 one converted network's parameters (a pure dict of arrays).
 
-The key tables live beside each model (``animegamer_jax/models/<family>/*convert.py``); the
-``animegamer_jax.convert.<kind>`` modules are their command-line fronts.
+The key tables live beside each model (``animegamer_jax/models/<family>/*convert.py``);
+``python -m animegamer_jax.convert <kind>`` (convert/__main__.py) is their one command-line front.
 """
 
 from __future__ import annotations

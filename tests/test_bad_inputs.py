@@ -96,6 +96,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("no kind", []),
         ("unknown kind", ["zz"]),
         ("clip without paths", ["clip"]),
+        ("vae from a missing file", ["vae", "inputs/missing.pt", "out"]),
         ("release from a missing folder", ["release", "inputs/missing", "out", "--config=configs/tiny.py"]),
     ],
     "animegamer_jax.eval.__main__:cli": [

@@ -2,6 +2,8 @@
 
 import re
 
+import numpy as np
+
 import pytest
 
 from animegamer_jax.convert import __main__ as cli
@@ -39,6 +41,9 @@ def test_every_kind_is_absl_with_config_overrides_in_help(capsys):
 
 
 def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
+    from safetensors.numpy import save_file
+
+    save_file({"encoder.nope.weight": np.zeros((2, 2), np.float32)}, str(tmp_path / "bad.safetensors"))
     cases = [
         (["vae", "only_src"], "expected SRC DST, got ['only_src']"),
         (["release", "a", "b", "c"], "expected SRC DST, got ['a', 'b', 'c']"),
@@ -50,11 +55,15 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
         (["check-release", "dst"], "expected DST CASE.npz"),
         (["check-release", str(tmp_path / "dst"), str(tmp_path / "nope.npz")], "case file not found"),
         (["dit", "migrate", str(tmp_path / "nope"), str(tmp_path / "out")], "is not a system checkpoint"),
+        (["vae", str(tmp_path / "nope.pt"), str(tmp_path / "out")], "No such file or directory"),
+        (["t5", str(tmp_path / "bad.safetensors"), str(tmp_path / "out"), "--config=configs/tiny.py"],
+         "encoder.nope.weight"),
     ]
     for argv, want in cases:
         assert cli.main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("error: ") and want in err and err.count("\n") == 1, (argv, err)
+    assert not (tmp_path / "out").exists()  # a bad input writes nothing
 
 
 def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):

@@ -11,7 +11,6 @@ import torch
 from flax import nnx
 
 from animegamer_jax import mllm_tokenizer
-from animegamer_jax.convert import animegamer_mllm as convert_cli
 from animegamer_jax.models.mistral import mllm_convert
 from animegamer_jax.weights import ConversionError, restore_state
 from animegamer_jax.models.mistral import model as mistral
@@ -282,6 +281,7 @@ def test_mllm_cli_roundtrip(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     from configs import tiny
+    from animegamer_jax.convert.__main__ import main as convert_main
     from animegamer_jax.models.mistral import convert as mistral_convert
 
     c = tiny.get_config()
@@ -297,8 +297,8 @@ def test_mllm_cli_roundtrip(tmp_path):
         sd[f"{name}.proj.0.weight"], sd[f"{name}.proj.0.bias"] = torch.randn(b, a), torch.randn(b)
         sd[f"{name}.proj.2.weight"], sd[f"{name}.proj.2.bias"] = torch.randn(b, b), torch.randn(b)
     torch.save(sd, tmp_path / "pytorch_model.bin")
-    assert convert_cli.main([str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"), "--config", "configs/tiny.py",
-                             "--param_dtype", "float32", "--lora_alpha", "4"]) == 0
+    assert convert_main(["animegamer-mllm", str(tmp_path / "pytorch_model.bin"), str(tmp_path / "out"),
+                         "--config", "configs/tiny.py", "--param_dtype", "float32", "--lora_alpha", "4"]) == 0
     cfg, state = mllm_convert.convert_animegamer_mllm({k: v.numpy() for k, v in sd.items()},
                                              mllm.MLLMConfig.from_config(c, param_dtype="float32"), lora_alpha=4.0)
     assert (cfg.llm.lora_rank, cfg.llm.lora_targets, cfg.llm.lora_alpha) == (2, ("q_proj", "v_proj"), 4.0)

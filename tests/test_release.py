@@ -72,7 +72,7 @@ def test_check_release_both_cases(converted, capsys):
     assert len(CASES) >= 2
     engine = reference_engine(converted)
     for case in CASES:
-        stages = check_release.check_release(engine, case)
+        stages = check_release.check_release(engine, case, log=print)
         names = [s.name for s in stages]
         assert names == ["ids", "masks", "state tokens", "states", "s_a", "latents", "frames float", "frames uint8"]
         bad = [s.line() for s in stages if not s.ok]

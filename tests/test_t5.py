@@ -47,7 +47,10 @@ def test_t5_parity_from_saved_file(tmp_path):
     hf = _hf_t5()
     hf.save_pretrained(tmp_path / "hf")
     cfg = t5_convert.config_from_hf(hf.config.to_dict())
-    t5_convert.convert_file(tmp_path / "hf", cfg, tmp_path / "orbax")
+    from animegamer_jax.convert.__main__ import main as convert_main
+
+    assert convert_main(["t5", str(tmp_path / "hf"), str(tmp_path / "orbax"),
+                         f"--hf_config={tmp_path / 'hf' / 'config.json'}"]) == 0
     abstract = nnx.eval_shape(lambda: t5_model.T5Encoder(cfg, rngs=nnx.Rngs(0)))
     graphdef, _ = nnx.split(abstract)
     model = nnx.merge(graphdef, restore_state(abstract, tmp_path / "orbax"))

@@ -8,10 +8,11 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax.weights import ConversionError, load_state_dict, restore_state
+from animegamer_jax.weights import ConversionError, load_state_dict, restore_state, save_state
 from animegamer_jax.models.cogvideox.vae_convert import (
     build_vae,
-    convert,
+    convert_vae,
+    detect_format,
     diffusers_to_state,
     sat_to_diffusers_keys,
 )
@@ -68,7 +69,9 @@ def test_sat_file_to_orbax_matches_diffusers(ref_sd, tmp_path):
     assert "decoder.up.3.block.0.norm1.conv_y.conv.weight" in sat and "encoder.mid.block_2.conv2.conv.weight" in sat
     torch.save({"state_dict": sat}, tmp_path / "3d-vae.pt")
     cfg = VAEConfig(**TINY)
-    got = convert(str(tmp_path / "3d-vae.pt"), str(tmp_path / "orbax"), cfg)
+    assert detect_format(str(tmp_path / "3d-vae.pt")) == "sat" and detect_format(str(tmp_path)) == "diffusers"
+    got = convert_vae(load_state_dict(str(tmp_path / "3d-vae.pt")), cfg, "sat")
+    save_state(got, str(tmp_path / "orbax"))
     want = _flat(diffusers_to_state({k: v.half() for k, v in ref_sd.items()}, cfg))
     got_flat = _flat(got)
     assert got_flat.keys() == want.keys()

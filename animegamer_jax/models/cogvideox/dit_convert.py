@@ -29,8 +29,8 @@ import numpy as np
 from flax import nnx
 
 from animegamer_jax import fileio, paths
-from animegamer_jax.weights import (ConversionError, check_keys, load_state_dict, raise_key_problems,
-                                    restore_state, save_state, to_numpy)
+from animegamer_jax.weights import (ConversionError, check_keys, raise_key_problems, restore_state, save_state,
+                                    to_numpy)
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 
 SAT_PREFIX = "model.diffusion_model."
@@ -419,22 +419,23 @@ def load_orbax(directory: str) -> CogVideoXDiT:
     return model
 
 
-def convert(kind: str, src: str, dst: str, cfg: DiTConfig) -> dict[str, np.ndarray]:
-    """Converts a `kind` ("diffusers" or "sat") checkpoint at `src` to an orbax directory `dst`.
+def convert_dit(state_dict: Mapping[str, Any], cfg: DiTConfig, kind: str) -> tuple[CogVideoXDiT, dict[str, np.ndarray]]:
+    """A `kind` ("diffusers" or "sat") DiT state dict -> (the model, the extras).
 
-    Returns the extras (shot-encoder / text-projection weights), which the caller converts further.
+    The extras (shot-encoder / text-projection weights) are returned as arrays for the caller to
+    convert further. A diffusers checkpoint has no flow embedding or LoRA: those keep their init.
+
+    Raises:
+      ConversionError: keys missing, unexpected or of the wrong shape (every one named).
+      ValueError: an unknown `kind`.
     """
-    sd = load_state_dict(src, weights_only=False)  # SAT files also pickle their training arguments
     if kind == "diffusers":
-        params, extras = from_diffusers(sd, cfg)
-        model = build_model(cfg, params, keep_init=("flow_embed", "lora"))
-    elif kind == "sat":
-        params, extras = from_sat(sd, cfg)
-        model = build_model(cfg, params)
-    else:
-        raise ValueError(f"unknown checkpoint kind {kind!r}; use 'diffusers' or 'sat'")
-    save_orbax(model, dst)
-    return extras
+        params, extras = from_diffusers(state_dict, cfg)
+        return build_model(cfg, params, keep_init=("flow_embed", "lora")), extras
+    if kind == "sat":
+        params, extras = from_sat(state_dict, cfg)
+        return build_model(cfg, params), extras
+    raise ValueError(f"unknown checkpoint kind {kind!r}; use 'diffusers' or 'sat'")
 
 
 # ---------------------------------------------------------------------------------------------

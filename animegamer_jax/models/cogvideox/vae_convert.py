@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax.weights import load_state_dict, raise_key_problems, save_state, to_numpy
+from animegamer_jax.weights import raise_key_problems, to_numpy
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 
 _SAT_RENAMES = (
@@ -141,26 +141,28 @@ def build_vae(cfg: VAEConfig, state: nnx.State) -> CogVideoXVAE:
     return nnx.merge(graphdef, state)
 
 
-def convert(src: str, dst: str, cfg: VAEConfig, fmt: str = "auto") -> nnx.State:
-    """Converts a SAT ``.pt`` or diffusers safetensors VAE checkpoint to an orbax directory.
+def detect_format(src: str) -> str:
+    """The layout of the VAE checkpoint at ``src`` by its name: "sat" for a torch file (``.pt``,
+    ``.pth``, ``.ckpt``, ``.bin``), else "diffusers" (a folder or ``.safetensors``)."""
+    return "sat" if str(src).endswith((".pt", ".pth", ".ckpt", ".bin")) else "diffusers"
+
+
+def convert_vae(state_dict: Mapping[str, Any], cfg: VAEConfig, fmt: str) -> nnx.State:
+    """A SAT ``3d-vae.pt`` or diffusers VAE state dict -> our state.
 
     Args:
-      src: ``3d-vae.pt`` (fmt "sat") or a diffusers ``vae`` folder / ``.safetensors`` (fmt "diffusers").
-      dst: output orbax directory.
+      state_dict: as read by :func:`animegamer_jax.weights.load_state_dict` (a SAT / DeepSpeed
+        ``{"module": ...}`` is unwrapped).
       cfg: :class:`VAEConfig` (``VAEConfig.from_config(config.vae)``).
-      fmt: "sat", "diffusers" or "auto" (by file suffix).
+      fmt: "sat" or "diffusers" (:func:`detect_format` tells by the file name).
 
-    Returns:
-      The converted state (also written to ``dst``).
+    Raises:
+      ConversionError: keys missing, unexpected or of the wrong shape (every one named).
+      ValueError: an unknown ``fmt``.
     """
-    if fmt == "auto":
-        fmt = "sat" if src.endswith((".pt", ".pth", ".ckpt", ".bin")) else "diffusers"
     if fmt == "sat":
-        sd = load_state_dict(src)
-        state = sat_to_state(sd["module"] if isinstance(sd.get("module"), Mapping) else sd, cfg)
-    elif fmt == "diffusers":
-        state = diffusers_to_state(load_state_dict(src), cfg)
-    else:
-        raise ValueError(f"unknown VAE checkpoint format {fmt!r}")
-    save_state(state, dst)
-    return state
+        module = state_dict.get("module")
+        return sat_to_state(module if isinstance(module, Mapping) else state_dict, cfg)
+    if fmt == "diffusers":
+        return diffusers_to_state(state_dict, cfg)
+    raise ValueError(f"unknown VAE checkpoint format {fmt!r}")

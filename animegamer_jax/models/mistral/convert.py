@@ -33,9 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import fileio, paths
-from animegamer_jax.weights import (ConversionError, check_keys, load_state_dict, save_state,
-                                    state_from_pure_dict, to_numpy)
+from animegamer_jax.weights import ConversionError, check_keys, load_state_dict, state_from_pure_dict, to_numpy
 from animegamer_jax.models.mistral.model import Mistral, MistralConfig
 
 # Non-parameter buffers that old checkpoints carry; safe to drop.
@@ -196,21 +194,14 @@ def convert_mistral(sd: Mapping[str, Any], cfg: MistralConfig, prefix: str = "")
     return state_from_pure_dict(nnx.state(nnx.eval_shape(lambda: Mistral(cfg, rngs=nnx.Rngs(0)))), pure, "mistral")
 
 
-def convert_hf_checkpoint(src: str, dst: str | None = None, **overrides: Any) -> tuple[MistralConfig, nnx.State]:
-    """HF directory (config.json + weights) -> (config, state).
-
-    When ``dst`` is given the state is saved with orbax under ``dst/params`` and the config as
-    ``dst/mistral_config.json``.
+def convert_hf_checkpoint(src: str, **overrides: Any) -> tuple[MistralConfig, nnx.State]:
+    """HF directory (config.json + weights) -> (config, state), nothing written.
 
     ``overrides`` set MistralConfig fields (e.g. ``param_dtype="bfloat16"``, ``vocab_size=32284``
     for an already resized checkpoint).
+
+    Raises:
+      ConversionError: the weights do not fit config.json (every bad key named).
     """
     cfg = config_from_hf(load_hf_config(src), **overrides)
-    state = convert_mistral(load_state_dict(src), cfg)
-    if dst:
-        fileio.makedirs(dst)
-        save_state(state, paths.join(dst, "params"))
-        paths.as_path(paths.join(dst, "mistral_config.json")).write_text(json.dumps(
-            {k: (str(v) if not isinstance(v, (int, float, tuple, type(None))) else v)
-             for k, v in dataclasses.asdict(cfg).items()}, indent=1))
-    return cfg, state
+    return cfg, convert_mistral(load_state_dict(src), cfg)

@@ -16,7 +16,6 @@ unused, missing or mis-shaped raises :class:`ConversionError` with every offendi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,8 +26,7 @@ from flax import nnx
 
 from animegamer_jax.models.mistral.convert import Leaf, evaluate_leaf
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
-from animegamer_jax.weights import (ConversionError, StateDictReader, fill_state, load_state_dict, save_state,
-                                    to_numpy)
+from animegamer_jax.weights import ConversionError, StateDictReader, fill_state, to_numpy
 
 _Q_KEY = "encoder.block.0.layer.0.SelfAttention.q.weight"
 
@@ -145,7 +143,3 @@ def load_t5(state_dict: Mapping[str, Any], cfg: T5Config) -> T5Encoder:
     graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5Encoder(cfg, rngs=nnx.Rngs(0))))
     return nnx.merge(graphdef, jax.tree.map(jnp.asarray, convert_t5(state_dict, cfg)))
 
-
-def convert_file(src: str | os.PathLike, cfg: T5Config, out_dir: str | os.PathLike) -> None:
-    """safetensors / torch file (or a folder of safetensors shards) -> orbax checkpoint at ``out_dir``."""
-    save_state(convert_t5(load_state_dict(src), cfg), out_dir)
