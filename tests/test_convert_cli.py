@@ -69,10 +69,9 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
 def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):
     """`--config.x=y` without `--config` overrides the converter's default config (paper sizes)."""
     from animegamer_jax import cli as cli_lib
-    from animegamer_jax.convert import release
 
     f, rest = cli_lib.parse_flags(["release", "src", "dst", "--config.dit.num_layers=3", "--allow-pickle"],
-                                  release._define_flags, positional=("SRC", "DST"))
+                                  cli._release_flags, positional=("SRC", "DST"))
     assert rest == ["src", "dst"] and f.config.dit.num_layers == 3 and f.config.name == "animegamer_2b_7b"
     assert f.allow_pickle  # the old --allow-pickle spelling still works
     # a missing SRC is one line naming it, with the override in effect and nothing written

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(RELEASE),
 
 
 def _convert(src: str, dst: str, config: str = CONFIG) -> int:
-    from animegamer_jax.convert import release
+    from animegamer_jax.convert.__main__ import release_main
 
-    return release.main([src, dst, "--config", config])
+    return release_main([src, dst, "--config", config])
 
 
 @pytest.fixture(scope="module")

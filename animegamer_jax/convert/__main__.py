@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -296,6 +297,53 @@ def family_main(kind: str, argv: list[str] | None = None) -> int:
                                errors=(ConversionError, FileNotFoundError))
 
 
+def _release_flags(fv: flags.FlagValues, argv: list[str]) -> None:
+    """The flags of ``convert release``."""
+    config_flags.DEFINE_config_file("config", release.DEFAULT_CONFIG, "Config with the sizes of the weights (default: "
+                                    "paper size, configs/animegamer_2b_7b.py); --config.a.b=v overrides a field.",
+                                    flag_values=fv, lock_config=False, sys_argv=argv)
+    flags.DEFINE_string("character", None, "MLLM-<NAME> / VDM_Decoder-<NAME> when SRC holds several.", flag_values=fv)
+    flags.DEFINE_bool("allow_pickle", False, "Read torch files with full pickle (only for files you trust, e.g. "
+                      "DeepSpeed files whose bookkeeping entries pickle Python objects); default: the safe "
+                      "weights-only loader.", flag_values=fv)
+    flags.DEFINE_alias("allow-pickle", "allow_pickle", flag_values=fv)
+    flags.DEFINE_string("cache_dir", None, "Where a remote (gs://...) SRC's files are copied to be memory-mapped "
+                        "(default: a new temporary folder, removed afterwards).", flag_values=fv)
+
+
+def release_main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.convert release SRC DST [--config=F] [--character=NAME]`` (convert/release.py).
+
+    SRC is the release's ``checkpoints/`` folder, local or a URL; DST a new system checkpoint (local or
+    gs://) that ``play --checkpoint``, ``generate``, ``eval`` and ``train --config.train.init_checkpoint``
+    read. Exit status 1 with one line per problem, 2 on a bad command line.
+    """
+    return cli_lib.run_command(f"{PROG} release", argv, _release_flags, release.__doc__, ("SRC", "DST"),
+                               _release_report)
+
+
+def _release_report(f, src: str, dst: str) -> int:
+    """Runs :func:`~animegamer_jax.convert.release.convert_release` on parsed flags ``f``, printing its
+    progress and the written line (or each problem and "nothing written"); the exit status of
+    :func:`release_main`."""
+    if not fileio.isdir(src):  # a bad command line, one line before anything is read
+        raise cli_lib.UsageError(f"{src}: release folder not found. Fix: pass the folder that holds AnimeGamer/, "
+                                 f"vae/, google/, laion/ (the release's checkpoints/)")
+    config, config_path = f.config, config_flags.get_config_filename(f["config"])
+    t0 = time.perf_counter()
+    try:
+        counts = release.convert_release(src, dst, config, config_path=config_path, character=f.character,
+                                         cache_dir=f.cache_dir, allow_pickle=f.allow_pickle)
+    except release.ReleaseError as e:
+        for line in e.problems:
+            print(f"error: {line}", file=sys.stderr)
+        print(f"nothing written at {release.absolute(dst)}", file=sys.stderr)
+        return 1
+    print(f"wrote {release.absolute(dst)}: {', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))} parameters "
+          f"({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 def reference_engine(dst: str) -> GameEngine:
     """A :class:`~animegamer_jax.game.engine.GameEngine` on one device playing the system at ``dst``
     in ``reference`` mode (the config saved in the checkpoint, float32 matmuls at highest precision):
@@ -335,7 +383,7 @@ def _check_release_report(_, dst: str, case: str) -> int:
 #: kind -> the ``main(argv)`` that runs it
 KINDS: dict[str, Callable[[list[str]], int]] = {
     **{kind: functools.partial(family_main, kind) for kind in FAMILIES},
-    "release": release.main,
+    "release": release_main,
     "check-release": check_release_main,
 }
 

@@ -58,7 +58,6 @@ import dataclasses
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -67,12 +66,10 @@ from typing import Any
 import fsspec
 import jax
 import numpy as np
-from absl import flags
 from flax import nnx
-from ml_collections import config_flags
 from safetensors import safe_open
 
-from animegamer_jax import checkpoint, cli, fileio, paths
+from animegamer_jax import checkpoint, fileio, paths
 from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig
 from animegamer_jax.models.cogvideox import dit_convert, vae_convert
@@ -135,7 +132,7 @@ def one_line(msg: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\x1b\[[0-9;]*m", "", str(msg))).strip()
 
 
-def _abs(path: str) -> str:
+def absolute(path: str) -> str:
     """A user path as shown and used: URLs unchanged, local paths absolute (``paths.as_path``)."""
     return str(paths.as_path(path))
 
@@ -319,7 +316,7 @@ def locate(src: str, character: str | None = None) -> ReleaseFiles:
       ReleaseError: SRC missing, the MLLM / decoder files missing or ambiguous, a bad ``latest``.
     """
     problems: list[str] = []
-    src = _abs(src)
+    src = absolute(src)
     if not fileio.isdir(src):
         raise ReleaseError([f"{src}: release folder not found. Fix: pass the folder that holds "
                             f"AnimeGamer/, vae/, google/, laion/ (the release's checkpoints/)"])
@@ -681,7 +678,8 @@ PARTIAL_OWNER = ".animegamer-owner"
 
 
 def convert_release(src: str, dst: str, config, *, config_path: str = "", character: str | None = None,
-                    log: Callable[[str], None] = print, cache_dir: str | None = None) -> dict[str, int]:
+                    log: Callable[[str], None] = print, cache_dir: str | None = None,
+                    allow_pickle: bool = False) -> dict[str, int]:
     """Converts a release download at ``src`` into one system checkpoint at ``dst``.
 
     Args:
@@ -694,6 +692,8 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
       log: progress sink.
       cache_dir: local folder for the copies of a remote ``src``'s files (default: a temporary
         folder, removed afterwards); unused for a local ``src``.
+      allow_pickle: read torch files with full pickle (only for files the user trusts); default the
+        safe weights-only loader.
 
     Returns:
       ``{component: parameter count}`` as written to the manifest.
@@ -704,9 +704,10 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
     Raises:
       ReleaseError: every problem found, one line each; nothing is left at ``dst``.
     """
-    global _cache
+    global _cache, ALLOW_PICKLE
 
-    dst = _abs(dst)
+    ALLOW_PICKLE = bool(allow_pickle)
+    dst = absolute(dst)
     if fileio.exists(dst):
         raise ReleaseError([f"{dst}: already exists. Fix: pass a new DST (this command never overwrites)"])
     files = locate(src, character)
@@ -778,53 +779,3 @@ def convert_release(src: str, dst: str, config, *, config_path: str = "", charac
         _cache.close()
         _cache = LocalCache()
     return counts
-
-
-def _define_flags(fv, argv: list[str]) -> None:
-    config_flags.DEFINE_config_file("config", DEFAULT_CONFIG, "Config with the sizes of the weights (default: paper "
-                                    "size, configs/animegamer_2b_7b.py); --config.a.b=v overrides a field.",
-                                    flag_values=fv, lock_config=False, sys_argv=argv)
-    flags.DEFINE_string("character", None, "MLLM-<NAME> / VDM_Decoder-<NAME> when SRC holds several.", flag_values=fv)
-    flags.DEFINE_bool("allow_pickle", False, "Read torch files with full pickle (only for files you trust, e.g. "
-                      "DeepSpeed files whose bookkeeping entries pickle Python objects); default: the safe "
-                      "weights-only loader.", flag_values=fv)
-    flags.DEFINE_alias("allow-pickle", "allow_pickle", flag_values=fv)
-    flags.DEFINE_string("cache_dir", None, "Where a remote (gs://...) SRC's files are copied to be memory-mapped "
-                        "(default: a new temporary folder, removed afterwards).", flag_values=fv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m animegamer_jax.convert release SRC DST [--config=F] [--character=NAME]``.
-
-    SRC is the release's ``checkpoints/`` folder (layout in the module docstring), local or a URL;
-    DST a new system checkpoint (local or gs://) that ``play --checkpoint``, ``generate``, ``eval``
-    and ``train --config.train.init_checkpoint`` read. Exit status 1 with one line per problem, 2
-    on a bad command line.
-    """
-    return cli.run_command("python -m animegamer_jax.convert release", argv, _define_flags, __doc__,
-                           ("SRC", "DST"), _convert)
-
-
-def _convert(f, src: str, dst: str) -> int:
-    global ALLOW_PICKLE
-    if not fileio.isdir(src):  # a bad command line, one line before anything is read
-        raise cli.UsageError(f"{src}: release folder not found. Fix: pass the folder that holds AnimeGamer/, vae/, "
-                             f"google/, laion/ (the release's checkpoints/)")
-    ALLOW_PICKLE = bool(f.allow_pickle)
-    config, config_path = f.config, config_flags.get_config_filename(f["config"])
-    t0 = time.perf_counter()
-    try:
-        counts = convert_release(src, dst, config, config_path=config_path, character=f.character,
-                                 cache_dir=f.cache_dir)
-    except ReleaseError as e:
-        for line in e.problems:
-            print(f"error: {line}", file=sys.stderr)
-        print(f"nothing written at {_abs(dst)}", file=sys.stderr)
-        return 1
-    print(f"wrote {_abs(dst)}: {', '.join(f'{k} {v:,}' for k, v in sorted(counts.items()))} parameters "
-          f"({time.perf_counter() - t0:.1f} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
