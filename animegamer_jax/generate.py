@@ -20,7 +20,7 @@ intact (sizes and sha256 recorded there; game/saving.py ``pending_games``); any 
 replayed, and the run says which and why.
 A folder of the same name that this program did not write stops the run before anything is played.
 ``--overwrite`` replays every game. A tqdm bar shows games done and the ETA. Flags (absl) and
-``--config`` / ``--config.a.b=value`` are play's (game/flags.py): without ``--config`` the config
+``--config`` / ``--config.a.b=value`` are play's (game_flags.py): without ``--config`` the config
 saved in ``--checkpoint`` is used. ``--character NAME=IMAGE`` (repeatable, game/characters.py) applies
 to every game: each game's turns naming NAME are decoded with IMAGE's reference (each game's output
 is the one it has alone, with or without references beside it); the image goes into each game folder.
@@ -40,7 +40,7 @@ from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game.flags import character_flag, run_game_command
+from animegamer_jax.game_flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
@@ -51,7 +51,7 @@ from animegamer_jax.parallel import distributed
 
 
 def define_flags(fv) -> None:
-    """generate's own flags (next to game/flags.py's ``common_flags`` and ``--config``) on ``fv``."""
+    """generate's own flags (next to game_flags.py's ``common_flags`` and ``--config``) on ``fv``."""
     flags.DEFINE_integer("limit", 0, "Stop after this many games (0 = all).", lower_bound=0, flag_values=fv)
     flags.DEFINE_integer("max_batch", 1, "Games played in one batched model call, per device (data-parallel "
                          "slice), as web's --max_batch: every batch has this one shape (a short one is padded), so "
@@ -66,7 +66,7 @@ def _generate(f, config, *rest: str) -> int:
       0, or 130 on Ctrl-C (143 on SIGTERM).
 
     Raises:
-      UsageError: not exactly one positional argument; any of game/flags.py's ``CLI_ERRORS``.
+      UsageError: not exactly one positional argument; any of game_flags.py's ``CLI_ERRORS``.
     """
     if len(rest) != 1:
         raise UsageError(f"expected one JSONL file of games, got {list(rest) or 'none'}")

@@ -11,7 +11,7 @@ Usage::
 
 ``SCRIPT`` (the one positional argument) is a game script (.txt, local or gs://), or ``-`` (the
 default) for instructions typed on stdin. Flags are absl's (``--flag=value`` or ``--flag value``;
-booleans ``--overwrite`` / ``--nooverwrite``); the shared ones are game/flags.py's. Any
+booleans ``--overwrite`` / ``--nooverwrite``); the shared ones are game_flags.py's. Any
 ``--config.a.b=value`` overrides a field of the ``--config`` file or, without one, of the config
 saved in ``--checkpoint`` (unknown keys are errors). Outputs go to ``<out>/<game_id>/``
 (game/saving.py, game/writers.py); the command prints the folder, the states and meters of every
@@ -45,7 +45,7 @@ from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game.flags import character_flag, run_game_command
+from animegamer_jax.game_flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
                                         summary)
@@ -146,7 +146,7 @@ def _play_turns(engine: GameEngine, game: TurnByTurnGame, save, turns) -> Keyboa
 
 
 def define_flags(fv) -> None:
-    """play's own flags (next to game/flags.py's ``common_flags`` and ``--config``) on ``fv``."""
+    """play's own flags (next to game_flags.py's ``common_flags`` and ``--config``) on ``fv``."""
     flags.DEFINE_integer("seed", None, "Game seed (default config.game.seed).", lower_bound=SEED_RANGE[0],
                          upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("game_id", None, "Output folder name (default: the script's file name).", flag_values=fv)
@@ -171,7 +171,7 @@ def _play(f, config, *rest: str) -> int:
 
     Raises:
       UsageError: more than one positional argument, ``--from_turn`` without ``--continue``,
-        ``--game-id`` or a different ``--seed`` with a plain ``--continue``; any of game/flags.py's
+        ``--game-id`` or a different ``--seed`` with a plain ``--continue``; any of game_flags.py's
         ``CLI_ERRORS`` (a saved game that cannot be continued: ``writers.SavedGameError``).
     """
     if len(rest) > 1:

@@ -89,7 +89,7 @@ def test_a_folder_that_cannot_be_created_turns_the_cache_off(tmp_path, capsys):
 
 
 def test_every_command_has_the_flag():
-    from animegamer_jax.game.flags import parse_game_flags
+    from animegamer_jax.game_flags import parse_game_flags
 
     f, _ = cli.parse_flags(["prog"], lambda fv, argv: None)
     assert f.compilation_cache_dir is None

@@ -15,7 +15,7 @@ from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.flags import parse_game_flags
+from animegamer_jax.game_flags import parse_game_flags
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.instructions import Game, parse_instruction

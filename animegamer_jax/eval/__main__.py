@@ -51,7 +51,7 @@ from animegamer_jax.eval.table1_games import BenchmarkError, load_benchmark
 from animegamer_jax.game import writers
 from animegamer_jax.game.characters import load_characters
 from animegamer_jax.game.engine import GameEngine, batches
-from animegamer_jax.game.flags import CLI_ERRORS
+from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl, load_script
@@ -316,7 +316,7 @@ def identity_main(argv: list[str] | None = None) -> int:
     setup_jax()
     return cli_lib.run_command("python -m animegamer_jax.eval identity", argv, _identity_flags, identity.__doc__,
                                None, _identity_run,
-                               (*CLI_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError,
+                               (*GAME_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError,
                                 datasets.DatasetError, ValueError, OSError),
                                interrupted="finished games are kept; rerun the same command to resume")
 

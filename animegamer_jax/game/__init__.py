@@ -14,7 +14,7 @@ Modules (bottom to top; each imports only modules above it in this list):
   stage_executables.py the engine's stage programs compiled while playing a short game, saved for --executables
   writers.py           per-turn MP4/GIF with the meters HUD, game video, game.json, index.html, contact sheet
   saving.py            save_game (engine result -> writers), resume checks, the console lines
-  flags.py             the command line the game commands share (flags, --config, one-line errors)
+  errors.py            GAME_ERRORS: the errors a game reports as one line (commands: animegamer_jax/game_flags.py)
 One turn's computations (token layout, MLLM turn, sampler, VAE decoder, release decoding) are the
 inference layer's (animegamer_jax/inference/).
 Entry points: ``python -m animegamer_jax.play`` (one game), ``python -m animegamer_jax.generate``

@@ -33,7 +33,7 @@ import sys
 from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
-from animegamer_jax.game.flags import run_game_command
+from animegamer_jax.game_flags import run_game_command
 from animegamer_jax.game.saving import print_turn
 from animegamer_jax.inference.instructions import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
@@ -41,7 +41,7 @@ from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_
 
 
 def define_flags(fv) -> None:
-    """The web app's own flags on ``fv``, next to game/flags.py's ``common_flags`` (less ``--overwrite``)
+    """The web app's own flags on ``fv``, next to game_flags.py's ``common_flags`` (less ``--overwrite``)
     and ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
     ``--config.a.b=v`` overrides a field of either)."""
     flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", lower_bound=SEED_RANGE[0],
@@ -69,7 +69,7 @@ def _serve(f, config, *rest: str) -> int:
     """Serves the game of the parsed command line until Ctrl-C; returns 0.
 
     Raises:
-      UsageError: a positional argument; any of game/flags.py's ``CLI_ERRORS`` (a bad checkpoint, an
+      UsageError: a positional argument; any of game_flags.py's ``CLI_ERRORS`` (a bad checkpoint, an
         output folder that is not writable).
     """
     import uvicorn  # optional

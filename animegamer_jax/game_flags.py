@@ -25,16 +25,11 @@ from ml_collections import config_flags
 from animegamer_jax import cli, fileio, paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
 from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys
-from animegamer_jax.game.characters import CharacterError
-from animegamer_jax.game.loading import CheckpointError
-from animegamer_jax.game.writers import OutputError
+from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.inference import executables
-from animegamer_jax.inference.instructions import GameScriptError
-from animegamer_jax.inference.turn_inputs import InstructionTooLongError
 
 #: the errors the game commands report as one line (exit status 2) instead of a traceback
-CLI_ERRORS = (cli.UsageError, ConfigError, GameScriptError, InstructionTooLongError, CheckpointError, OutputError,
-              executables.ExecutablesError, CharacterError)
+CLI_ERRORS = (cli.UsageError, *GAME_ERRORS)
 
 CONFIG_HELP = ("Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
                "--config.a.b=value overrides a field, e.g. --config.game.mode=reference (unknown keys are errors).")
