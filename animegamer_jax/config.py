@@ -18,7 +18,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 
 
 #: the module name config_flags loads the file of a flag named ``config`` as

@@ -22,7 +22,11 @@ from collections.abc import Callable, Sequence
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import cli, fileio, paths
+from animegamer_jax import cli
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
 from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys
 from animegamer_jax.game.errors import GAME_ERRORS

@@ -39,7 +39,9 @@ import sys
 import jax
 from absl import flags
 
-from animegamer_jax import parallel, paths
+from animegamer_jax import parallel
+
+from animegamer_jax.io import paths
 from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit, signals_held
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers

@@ -24,7 +24,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from safetensors.numpy import load_file as load_safetensors
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 
 
 class ConversionError(ValueError):

@@ -23,7 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from animegamer_jax import fileio  # noqa: E402
+from animegamer_jax.io import fileio  # noqa: E402
 from animegamer_jax.checkpoint import integrity  # noqa: E402
 
 GB = 10**9

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 
 
 def git_commit() -> dict[str, Any]:

@@ -131,7 +131,7 @@ def _build_film(job: tuple) -> dict:
             yield np.ascontiguousarray(rgb[:, ::-1]) if mirrored else rgb
 
     t0 = time.perf_counter()
-    video.write_video(path, frames(), FPS)
+    video.write_film(path, frames(), FPS)
     t_encode = time.perf_counter() - t0
     t0 = time.perf_counter()
     labels = _rule_labels(film_id, i, path, layout, _AttrDict(plan))

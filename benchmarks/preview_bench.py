@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import video_io
+from animegamer_jax.io import media
 from animegamer_jax.checkpoint import load_config, load_system
 from animegamer_jax.data import loader
 from animegamer_jax.eval.decoder import check_dataset, clip_indices
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> dict:
     g_prev, s_prev = nnx.split(prev)
     params = {"vae": s_vae, "preview": s_prev}
     full = jax.jit(decode)
-    fast = jax.jit(lambda p, z: video_io.to_unit(nnx.merge(g_prev, p["preview"])(z), video_io.VAE_RANGE))
+    fast = jax.jit(lambda p, z: media.to_unit(nnx.merge(g_prev, p["preview"])(z), media.VAE_RANGE))
     rows, lat = [], None
     for i in picks:
         frames = np.asarray(source[i]["frames"])[None]
         real = frames.astype(np.float64) / 255.0
-        lat = encode(vae, jnp.asarray(video_io.from_uint8(frames)))
+        lat = encode(vae, jnp.asarray(media.from_uint8(frames)))
         y_full = np.asarray(full(params, lat), np.float64)
         y_prev = np.asarray(fast(params, lat), np.float64)
         rows.append({"index": int(i), "preview_vs_full": psnr(y_prev, y_full), "full_vs_real": psnr(y_full, real),

@@ -42,7 +42,7 @@ import json
 import os
 import sys
 
-from animegamer_jax import fileio
+from animegamer_jax.io import fileio
 from animegamer_jax.aot import report
 
 STAGES = ("prefill", "decode", "pass_b", "dit")

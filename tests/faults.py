@@ -55,7 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
-from animegamer_jax import checkpoint, fileio
+from animegamer_jax import checkpoint
+
+from animegamer_jax.io import fileio
 from animegamer_jax.data import datasets, sample
 from animegamer_jax.game import writers
 from animegamer_jax.train import metrics

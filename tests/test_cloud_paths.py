@@ -1,7 +1,7 @@
 """gs:// everywhere, against a real GCS API: gcp-storage-emulator (in memory) on a loopback port.
 
 The process is pointed at it only through the Google client-library convention
-``STORAGE_EMULATOR_HOST``; animegamer_jax.paths maps it for tensorstore (orbax's arrays), so a test
+``STORAGE_EMULATOR_HOST``; animegamer_jax.io.paths maps it for tensorstore (orbax's arrays), so a test
 that passes here cannot have touched real GCS nor the local disk.
 """
 
@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 from tests.subproc import ROOT
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."]
@@ -97,7 +97,7 @@ def test_emulator_env_reaches_tensorstore():
 
 def test_fileio_same_answers_local_and_gcs(gcs, tmp_path):
     """fileio's operations give the same answers on a local folder and on gs:// (one epath code path)."""
-    from animegamer_jax import fileio
+    from animegamer_jax.io import fileio
     answers = []
     for root in (str(tmp_path / "r"), "gs://bucket/fileio"):
         j = lambda *p: paths.join(root, *p)  # noqa: E731

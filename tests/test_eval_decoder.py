@@ -106,7 +106,7 @@ def test_sheet_shows_frame_reconstruction_and_sample(sample_clips, tmp_path, cap
     assert "its folder does not exist" in capsys.readouterr().err
     img = np.asarray(Image.open(out).convert("RGB")).astype(np.float32)
     h, w = 64, 96
-    assert img.shape == (2 * h + 2, 3 * w + 2 * 2, 3)  # video_io.contact_sheet: 2-px white separators
+    assert img.shape == (2 * h + 2, 3 * w + 2 * 2, 3)  # media.contact_sheet: 2-px white separators
     cell = lambda r, c: img[r * (h + 2):r * (h + 2) + h, c * (w + 2):c * (w + 2) + w]  # noqa: E731
     src = loader.ClipSource(sample_clips)
     for r, i in enumerate(decoder.clip_indices(len(src), 2)):

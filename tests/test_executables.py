@@ -9,7 +9,9 @@ import jax
 import pytest
 from ml_collections import config_flags
 
-from animegamer_jax import paths, play
+from animegamer_jax import play
+
+from animegamer_jax.io import paths
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import load_script
 from animegamer_jax.game.standin_system import build_standin

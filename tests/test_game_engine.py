@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from animegamer_jax import cli, generate, mllm_tokenizer, play
+from animegamer_jax import cli, generate, play
+
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers

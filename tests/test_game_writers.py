@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from animegamer_jax import video_io
+from animegamer_jax.io import media
 from animegamer_jax.game import writers
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
@@ -42,14 +42,14 @@ def test_write_game_files(tmp_path):
     v = writers.read_video(os.path.join(folder, "turn_001.mp4"))
     # 24 px wide frames are enlarged 10x for the HUD; the frame sits at the top-left
     assert v.shape[0] == 17 and v.shape[2] == 240 and v.shape[1] > 160
-    up = np.repeat(np.repeat(video_io.to_uint8(fr[1][5], FRAME_RANGE), 10, 0), 10, 1)
+    up = np.repeat(np.repeat(media.to_uint8(fr[1][5], FRAME_RANGE), 10, 0), 10, 1)
     assert np.abs(v[5, :160, :240].astype(int) - up.astype(int)).mean() < 12  # lossy H.264
     assert writers.read_video(os.path.join(folder, "game.mp4")).shape[0] == 34
     gif = Image.open(os.path.join(folder, "turn_000.gif"))
     assert gif.n_frames == 17 and gif.info["duration"] in (120, 130)  # GIF stores 10 ms units
     sheet = np.asarray(Image.open(os.path.join(folder, "contact_sheet.png")))
     assert sheet.shape == (2 * 16 + 2, 6 * 24 + 5 * 2, 3)
-    np.testing.assert_array_equal(sheet[:16, :24], video_io.to_uint8(fr[0][0], FRAME_RANGE))
+    np.testing.assert_array_equal(sheet[:16, :24], media.to_uint8(fr[0][0], FRAME_RANGE))
     page = open(os.path.join(folder, "index.html")).read()
     assert page.index("turn_000.mp4") < page.index("turn_001.mp4") and "playFrom" in page
     assert writers.is_finished(folder)
@@ -69,7 +69,7 @@ def test_gallery_says_what_the_system_is(tmp_path):
 
 
 def test_hud_changes_with_meters():
-    f = video_io.to_uint8(frames(1, t=1)[0], FRAME_RANGE)
+    f = media.to_uint8(frames(1, t=1)[0], FRAME_RANGE)
     a = writers.draw_hud(f, {"social": 10, "entertainment": 50, "stamina": 90}, "x", 0)
     b = writers.draw_hud(f, {"social": 90, "entertainment": 50, "stamina": 90}, "x", 0)
     assert a.shape == b.shape and a.shape[1] % 2 == 0 and a.shape[2] % 2 == 0

@@ -10,7 +10,7 @@ import pytest
 import torch
 from flax import nnx
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.models.mistral import mllm_convert
 from animegamer_jax.weights import ConversionError, restore_state
 from animegamer_jax.models.mistral import model as mistral

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import real_system
 from animegamer_jax.inference import mllm_turn, turn_inputs

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import mllm_tokenizer as tk
+from animegamer_jax.tokenizers import mllm_tokenizer as tk
 from animegamer_jax.inference import mllm_turn
 from animegamer_jax.models.mistral import model as mistral
 

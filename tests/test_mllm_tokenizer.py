@@ -3,7 +3,7 @@
 import pytest
 import sentencepiece as spm
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -50,9 +50,10 @@ def test_dependencies_extras_and_console_scripts():
 
 
 def test_configs_and_repo_data_resolve_from_any_directory(tmp_path, monkeypatch):
-    from animegamer_jax import cli, paths
+    from animegamer_jax import cli
+    from animegamer_jax.io import paths
     from animegamer_jax.config import load_config
-    from animegamer_jax.t5_tokenizer import T5Tokenizer
+    from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
     monkeypatch.chdir(tmp_path)
     argv = cli.resolve_config_args(["prog", "--config=configs/tiny.py", "--config.train.phase=b", "--config",

@@ -41,7 +41,7 @@ def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("release")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (root / ".system.partial-killed" / "system").mkdir(parents=True)
-    from animegamer_jax import fileio
+    from animegamer_jax.io import fileio
 
     (root / ".system.partial-killed" / ".animegamer-owner").write_text(
         f"{socket.gethostname()} {dead.stdout.strip()} {fileio._pid_namespace()}")

@@ -109,7 +109,7 @@ def test_tiny_end_to_end_from_frames_and_text():
     """tiny config: frame -> CLIP f_v, text -> T5 f_md, -> E_a (B, 8 + 16, 64)."""
     from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
     from animegamer_jax.models.t5.model import T5Config, T5Encoder
-    from animegamer_jax.t5_tokenizer import T5Tokenizer
+    from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
     from configs import tiny
 
     c = tiny.get_config()

@@ -13,13 +13,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import parallel, paths
+from animegamer_jax import parallel
+
+from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, extract_features, loader, prepare, sample
 from animegamer_jax.data.__main__ import extract_features_main
 from animegamer_jax.data.clip_dataset import features as features_lib
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
-from animegamer_jax.t5_tokenizer import T5Tokenizer
+from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 from configs import tiny
 from tests.subproc import run_python
 

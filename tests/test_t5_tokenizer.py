@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from animegamer_jax import t5_tokenizer
+from animegamer_jax.tokenizers import t5_tokenizer
 from animegamer_jax.data import tiny_t5_spiece
 
 TEXTS = ["softly talk", "run forward quickly", "the witch flies over the sea", "jump", "turn around and wave"] * 20

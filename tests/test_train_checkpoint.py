@@ -1,5 +1,5 @@
 """Training checkpoints carry an integrity record; a damaged newest step is named in one line, kept aside
-and the newest intact step resumed; ``resume_step`` picks a step (train/checkpoint.py, loop.fit).
+and the newest intact step resumed; ``resume_step`` picks a step (checkpoint/training.py, loop.fit).
 
 One toy run (steps 2 and 4, async saves) is made once and copied for each case."""
 
@@ -14,7 +14,7 @@ from flax import nnx
 
 from animegamer_jax import checkpoint
 from animegamer_jax.train import __main__ as train_main
-from animegamer_jax.train import checkpoint as ckpt_lib
+from animegamer_jax.checkpoint import training as ckpt_lib
 from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny
 from tests.train_helpers import Toy, one_device_mesh, toy_data, toy_loss, toy_trainable, train_cfg

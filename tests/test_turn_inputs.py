@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.inference.instructions import Game, parse_instruction
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import batches

@@ -51,7 +51,11 @@ from absl import flags
 from jax.experimental import serialize_executable
 from ml_collections import config_flags
 
-from animegamer_jax import fileio, parallel, paths
+from animegamer_jax import parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.aot import programs, report
 from animegamer_jax.cli import UsageError, compilation_cache, run_command
 from animegamer_jax.game.stage_executables import save_engine_stages

@@ -42,7 +42,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from animegamer_jax import parallel, video_io
+from animegamer_jax import parallel
+
+from animegamer_jax.io import media
 from animegamer_jax.diffusion import losses, samplers
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
 from animegamer_jax.inference import mllm_turn
@@ -53,7 +55,7 @@ from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig, prepare
 from animegamer_jax.models.cogvideox.reference import encode_reference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
-from animegamer_jax.mllm_tokenizer import AnimeGamerTokenizer
+from animegamer_jax.tokenizers.mllm_tokenizer import AnimeGamerTokenizer
 from animegamer_jax.models.lora import quantize_int8
 from animegamer_jax.models.mistral.mllm import num_queries
 from animegamer_jax.train.model import trainable_filter
@@ -331,7 +333,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         p_graph, p_state = _cached(b, "preview", lambda: registry.build_preview(cfg, nnx.Rngs(0)))
 
         def preview_decode(state, latents):
-            return video_io.to_unit(nnx.merge(p_graph, state)(latents), video_io.VAE_RANGE)
+            return media.to_unit(nnx.merge(p_graph, state)(latents), media.VAE_RANGE)
 
         return Piece(name, preview_decode, (p_state, b.array(lat_shape, jnp.float32)),
                      note=f"preview decoder, channels {tuple(cfg.preview.channels)}")

@@ -28,7 +28,13 @@ import numpy as np
 import optax
 from flax import nnx
 
-from animegamer_jax import fileio, paths, t5_tokenizer, video_io
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
+
+from animegamer_jax.tokenizers import t5_tokenizer
+
+from animegamer_jax.io import media
 from animegamer_jax.checkpoint import load_system, read_manifest, save_system, verify_checkpoint
 from animegamer_jax.checkpoint.add import add_components
 from animegamer_jax.checkpoint.store import load_config
@@ -69,7 +75,7 @@ def read_images(images: str | None, film: str | None, name: str) -> list[np.ndar
         if not fileio.isfile(film):
             raise FitError(f"--film {film}: no such file. Fix: pass a video file of the character")
         try:
-            frames, _ = video_io.read_video(film)
+            frames, _ = media.read_video(film)
         except Exception as e:  # noqa: BLE001 - any decoder failure is a bad input file
             raise FitError(f"--film {film}: cannot be read as a video ({type(e).__name__}). Fix: pass an "
                            f"MP4/GIF/AVI film of the character") from None
@@ -173,13 +179,13 @@ def fit_character(checkpoint: str, out: str, name: str, pictures: Sequence[np.nd
     num_frames, scale = int(config.data.num_frames), float(config.vae.scaling_factor)
     h, w = int(config.data.height), int(config.data.width)
     images = augment(pictures, max(variants, len(pictures)), h, w, seed)
-    clips = np.broadcast_to(video_io.from_uint8(images)[:, None], (len(images), num_frames, h, w, 3))
+    clips = np.broadcast_to(media.from_uint8(images)[:, None], (len(images), num_frames, h, w, 3))
     latents = np.concatenate([np.asarray(encode_latents(comps["vae"], clips[i:i + 4], scale))
                               for i in range(0, len(images), 4)])
     tok = t5_tokenizer.T5Tokenizer(paths.resource(config.t5.spiece_model), max_length=int(config.t5.max_length))
     ids = np.repeat(tok([instruction(name)]), batch_size, axis=0)
     flow = flow_values(np.ones(batch_size, np.int32), config.dit.flow_table)
-    first = video_io.from_uint8(images).astype(np.float32)
+    first = media.from_uint8(images).astype(np.float32)
     log(f"fit {name}: {len(pictures)} picture(s) -> {len(images)} still clips; training a rank-{rank} LoRA "
         f"for {steps} steps")
 

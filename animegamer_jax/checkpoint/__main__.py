@@ -23,7 +23,8 @@ import time
 from absl import flags
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.add import add_components
 from animegamer_jax.checkpoint.cast import cast_system
 from animegamer_jax.checkpoint.errors import SystemCheckpointError

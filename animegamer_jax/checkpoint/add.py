@@ -13,7 +13,9 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.checkpoint.integrity import INTEGRITY_FILE, verify_checkpoint, write_integrity
 from animegamer_jax.checkpoint.store import read_json, read_manifest

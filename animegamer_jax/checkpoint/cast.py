@@ -7,7 +7,9 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.checkpoint.store import (load_config, load_system, pure_dict, read_manifest, save_system,
                                              stored_dtypes)

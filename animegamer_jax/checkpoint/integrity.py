@@ -12,7 +12,7 @@ truncated file would show up as a raw TensorStore error and overwritten bytes wo
 - ``"full"``: the sha256 of every byte.
 
 Any missing, truncated or damaged file gives one :class:`CheckpointIntegrityError` line naming the
-file and the fix. Training checkpoints (train/checkpoint.py) carry the same record in every step
+file and the fix. Training checkpoints (checkpoint/training.py) carry the same record in every step
 folder, written inside orbax's commit, and are checked with :func:`verify_checkpoint` before a resume.
 """
 
@@ -21,7 +21,9 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.errors import CLI, CheckpointIntegrityError, fix_hint
 
 INTEGRITY_FILE = "integrity.json"

@@ -20,7 +20,11 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from animegamer_jax import fileio, parallel, paths
+from animegamer_jax import parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.config_json import config_from_json, config_to_json
 from animegamer_jax.checkpoint.errors import CheckpointIntegrityError, SystemCheckpointError, fix_hint
 from animegamer_jax.checkpoint.integrity import INTEGRITY_FILE, verify_checkpoint, write_integrity

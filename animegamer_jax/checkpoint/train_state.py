@@ -1,4 +1,4 @@
-"""Read-only access to a training run's checkpoints (``WORKDIR/checkpoints``, written by train/checkpoint.py).
+"""Read-only access to a training run's checkpoints (``WORKDIR/checkpoints``, written by checkpoint/training.py).
 
 A training checkpoint is an orbax composite of items ``state`` (the pure dict of the train state, the
 ``(model, optimizer)`` pair: key ``0`` the model's components by name, ``1`` the optimizer), ``meta``
@@ -17,7 +17,11 @@ import ml_collections
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from animegamer_jax import fileio, parallel, paths
+from animegamer_jax import parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.store import abstract_component, array_restore_args
 
 #: the orbax item of a training checkpoint holding the train state

@@ -17,7 +17,9 @@ import ml_collections
 import numpy as np
 import tensorstore
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.config_json import config_to_json
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.checkpoint.integrity import write_integrity

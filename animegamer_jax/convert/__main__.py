@@ -29,7 +29,11 @@ import numpy as np
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import checkpoint, fileio, parallel, paths
+from animegamer_jax import checkpoint, parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax import cli as cli_lib
 from animegamer_jax.convert import check_release, migrate, release
 from animegamer_jax.game.engine import GameEngine

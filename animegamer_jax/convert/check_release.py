@@ -36,7 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 from animegamer_jax.inference import release_decoding
 from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.turn_inputs import encode_instruction, stack_inputs

@@ -15,7 +15,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from animegamer_jax import checkpoint, fileio, parallel, paths
+from animegamer_jax import checkpoint, parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.models.cogvideox import dit_convert
 from animegamer_jax.weights import ConversionError
 

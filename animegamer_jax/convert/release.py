@@ -69,7 +69,11 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from animegamer_jax import checkpoint, fileio, paths
+from animegamer_jax import checkpoint
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig
 from animegamer_jax.models.cogvideox import dit_convert, vae_convert

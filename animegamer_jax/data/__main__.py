@@ -24,12 +24,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 from animegamer_jax.config import load_config
 from animegamer_jax.data import beam_util, caption, datasets, extract_features, label_schema, prepare, sample
 from animegamer_jax.data import tiny_t5_spiece, toy_world
 from animegamer_jax.data.films import films_of_dataset, list_film_dir, parse_film_arg
-from animegamer_jax.t5_tokenizer import T5Tokenizer
+from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
 PROG = "python -m animegamer_jax.data"
 

@@ -35,7 +35,15 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from animegamer_jax import fileio, mllm_tokenizer, paths, t5_tokenizer, video_io
+from animegamer_jax.io import fileio
+
+from animegamer_jax.tokenizers import mllm_tokenizer
+
+from animegamer_jax.io import paths
+
+from animegamer_jax.tokenizers import t5_tokenizer
+
+from animegamer_jax.io import media
 from animegamer_jax.data import datasets, references, video
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.models.mistral import mllm
@@ -216,7 +224,7 @@ class BatchBuilder:
         if self.kind == "vae":
             return self.vae_batch(ex, step)
         if self.kind == "frames":
-            return {"frames": video_io.from_uint8(ex["frames"])}
+            return {"frames": media.from_uint8(ex["frames"])}
         if self.kind == "decoder":
             return self.decoder_batch(ex)
         if self.kind == "reference":
@@ -228,7 +236,7 @@ class BatchBuilder:
         rng = np.random.default_rng([int(self.config.seed), int(step)])
         windows = vae_windows(np.asarray(ex["frames"]), t, h, w, rng, int(self.config.train.vae_windows_per_clip),
                               float(self.config.train.get("vae_max_crop_scale", 1.0)))
-        return {"frames": video_io.from_uint8(windows)}
+        return {"frames": media.from_uint8(windows)}
 
     def decoder_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
         out = {"flow": flow_values(ex["motion_level"], self.config.dit.flow_table)}
@@ -236,11 +244,11 @@ class BatchBuilder:
             out["f_md"], out["f_v"] = np.asarray(ex["f_md"], np.float32), np.asarray(ex["f_v"], np.float32)
         else:
             out["t5_ids"] = self.t5_tok(_strs(ex["action"]))
-            out["first_frame"] = video_io.from_uint8(ex["first_frame"])
+            out["first_frame"] = media.from_uint8(ex["first_frame"])
         if "latents" in ex:
             out["latents"] = np.asarray(ex["latents"], np.float32)
         else:
-            out["frames"] = video_io.from_uint8(ex["frames"])
+            out["frames"] = media.from_uint8(ex["frames"])
         return out
 
     def mllm_batch(self, ex: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -279,7 +287,7 @@ class BatchBuilder:
                                "build it with data.loader's turns mode (SampleTurns), which carries it")
             actions = np.asarray(ex["action"]).reshape(b, m)
             out["turn_t5_ids"] = self.t5_tok([s for row in actions for s in _strs(row)]).reshape(b, m, -1)
-            out["turn_first_frame"] = video_io.from_uint8(ex["first_frame"])
+            out["turn_first_frame"] = media.from_uint8(ex["first_frame"])
         out["target_turn"], out["history_turns"] = target, hist
         if self.kind == "turns_clip":
             levels = np.asarray(ex["motion_level"]) if "motion_level" in ex else np.asarray(ex["states"])[..., 0]
@@ -288,5 +296,5 @@ class BatchBuilder:
             if "latents" in ex:
                 out["latents"] = np.asarray(ex["latents"], np.float32)[np.arange(b), target]
             else:
-                out["frames"] = video_io.from_uint8(np.asarray(ex["frames"])[np.arange(b), target])
+                out["frames"] = media.from_uint8(np.asarray(ex["frames"])[np.arange(b), target])
         return out

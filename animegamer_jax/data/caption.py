@@ -80,7 +80,9 @@ from etils import epath
 from PIL import Image
 from tqdm import tqdm
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.data import beam_util
 from animegamer_jax.data import captioners as captioners_lib
 from animegamer_jax.data import clips as clips_lib

@@ -23,7 +23,9 @@ from collections.abc import Callable, Sequence
 import tensorflow_datasets as tfds
 from etils import epath
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.data.beam_util import beam_options
 
 #: metadata.json formats this module reads (the clip dataset's, builder.FORMAT)

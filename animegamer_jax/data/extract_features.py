@@ -56,7 +56,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import parallel, video_io
+from animegamer_jax import parallel
+
+from animegamer_jax.io import media
 from animegamer_jax.data import datasets
 from animegamer_jax.data.clip_dataset import features as features_lib
 from animegamer_jax.data.loader import ClipSource
@@ -64,7 +66,7 @@ from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5 import convert as t5_convert
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
-from animegamer_jax.t5_tokenizer import T5Tokenizer
+from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 from animegamer_jax.weights import load_state_dict, restore_state
 
 #: the mesh of a worker's local devices: everything on fsdp (batch split over data x fsdp, params FSDP)
@@ -101,7 +103,7 @@ class FeatureEncoder:
 
         @nnx.jit
         def run(clip, t5, frames, ids):
-            images = video_io.from_uint8(frames)  # uint8 -> [-1, 1], inside the jitted program
+            images = media.from_uint8(frames)  # uint8 -> [-1, 1], inside the jitted program
             return clip.encode_reference(images).astype(jnp.float32), t5(ids).astype(jnp.float32)
 
         self._run = run

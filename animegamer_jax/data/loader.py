@@ -42,7 +42,9 @@ from collections.abc import Sequence
 import grain
 import numpy as np
 
-from animegamer_jax import mllm_tokenizer, paths
+from animegamer_jax.tokenizers import mllm_tokenizer
+
+from animegamer_jax.io import paths
 from animegamer_jax.data import datasets
 
 #: metadata.json format of a feature dataset (clip_dataset/features.py FORMAT)

@@ -33,7 +33,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, label_schema, motion
 from animegamer_jax.data.clip_dataset import builder as builder_lib
 

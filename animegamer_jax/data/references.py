@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from animegamer_jax import fileio
+from animegamer_jax.io import fileio
 from animegamer_jax.data import datasets, label_schema
 
 

@@ -115,7 +115,7 @@ def make_sample_film(out_path: str, size: tuple[int, int] = SAMPLE_SIZE, fps: fl
                 yield np.ascontiguousarray(rgb[:, ::-1] if v.mirror else rgb)
 
     tmp = out_path + ".partial.mp4"
-    video.write_video(tmp, frames(), fps)
+    video.write_film(tmp, frames(), fps)
     os.replace(tmp, out_path)
     return splices
 

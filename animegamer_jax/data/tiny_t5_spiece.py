@@ -14,7 +14,7 @@ import itertools
 import os
 
 from animegamer_jax.data import sample
-from animegamer_jax.t5_tokenizer import train_spiece
+from animegamer_jax.tokenizers.t5_tokenizer import train_spiece
 
 _SUBJECTS = ("the girl", "the boy", "the witch", "the cat", "the old man", "the pilot", "the fox spirit", "the robot")
 _ACTIONS = (

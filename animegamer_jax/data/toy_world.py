@@ -12,7 +12,7 @@ Command (also ``python -m animegamer_jax.data sample --world=toy``):
   python -m animegamer_jax.data sample --world=toy --out_dir data/prepared/toy
 
 Writes into ``--out_dir``:
-  train/<film_id>.mp4, heldout/<film_id>.mp4   H.264 films (video.write_video), film_id "toy_<name>_<k>"
+  train/<film_id>.mp4, heldout/<film_id>.mp4   H.264 films (video.write_film), film_id "toy_<name>_<k>"
   characters/<Name>/reference.png             each character centred on plain grey at the film size (the
                                               layout data.caption --characters reads)
   labels.jsonl                                the generator's ground truth as clip labels (label_schema) of
@@ -35,7 +35,9 @@ import tempfile
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import label_schema, scenes, video
 
@@ -308,7 +310,7 @@ def make_toy_world(out_dir: str, data_cfg, num_characters: int = 8, num_heldout:
                         yield render_frame(c, bg, s["motion"], s["quick"], i / fps, n / fps)
 
             local = os.path.join(tmp, "film.mp4")
-            video.write_video(local, frames(), fps, x264_params=X264_PARAMS)
+            video.write_film(local, frames(), fps, x264_params=X264_PARAMS)
             rel = f"{film['split']}/{film['film_id']}.mp4"
             fileio.makedirs(paths.join(out_dir, film["split"]))
             fileio.write_bytes_atomic(paths.join(out_dir, rel), open(local, "rb").read())

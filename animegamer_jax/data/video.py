@@ -122,7 +122,7 @@ def iter_frames(path: str, size: tuple[int, int] | None = None) -> Iterator[tupl
         raise VideoError(f"{path}: contains no decodable video frames (corrupt or empty stream)")
 
 
-def write_video(path: str, frames: Iterable[np.ndarray], fps: float, crf: int = 18, x264_params: str = "") -> int:
+def write_film(path: str, frames: Iterable[np.ndarray], fps: float, crf: int = 18, x264_params: str = "") -> int:
     """Encodes RGB uint8 [H, W, 3] frames as H.264 (yuv420p, PyAV's bundled libx264).
 
     Width and height must be even (yuv420p). ``x264_params``: extra libx264 options ("key=value:..."),

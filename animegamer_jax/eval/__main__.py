@@ -37,7 +37,10 @@ from ml_collections import config_flags
 from PIL import Image
 
 from animegamer_jax import cli as cli_lib
-from animegamer_jax import fileio, parallel, paths, video_io
+from animegamer_jax import parallel
+from animegamer_jax.io import fileio
+from animegamer_jax.io import paths
+from animegamer_jax.io import media
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError, SavedConfigError
 from animegamer_jax.data import datasets
@@ -469,7 +472,7 @@ def _decoder_run(f, *rest: str) -> int:
           f"{float(d.cfg_scale):g}"
           f"{'; with a reference image (another clip of the same character)' if f.reference else ''}")
     if f.sheet:
-        video_io.save_image(f.sheet, Image.fromarray(video_io.contact_sheet(res.pop("frames"), 3, FRAME_RANGE)),
+        media.save_image(f.sheet, Image.fromarray(media.contact_sheet(res.pop("frames"), 3, FRAME_RANGE)),
                             format="PNG")
         print(f"wrote {f.sheet}: one row per clip, its frame | the VAE's reconstruction | the sample")
     if f.json:

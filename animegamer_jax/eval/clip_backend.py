@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from PIL import Image
 
-from animegamer_jax import video_io
+from animegamer_jax.io import media
 from animegamer_jax.models.clip import convert as convert_clip
 from animegamer_jax.models.clip.model import preprocess
 from animegamer_jax.weights import load_state_dict
@@ -74,7 +74,7 @@ def load(path: str, batch_size: int = 16) -> tuple[Callable[[np.ndarray], np.nda
     @jax.jit
     def _image(state, frames_u8):
         m = nnx.merge(graphdef, state)
-        x = video_io.from_uint8(frames_u8)  # uint8 -> [-1, 1], inside the jitted program
+        x = media.from_uint8(frames_u8)  # uint8 -> [-1, 1], inside the jitted program
         return m.encode_image(preprocess(x, size))
 
     @jax.jit

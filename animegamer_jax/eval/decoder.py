@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import video_io
+from animegamer_jax.io import media
 from animegamer_jax.data import datasets, loader, references
 from animegamer_jax.data.batches import BatchBuilder
 from animegamer_jax.eval.metrics import sample_frame_indices
@@ -178,5 +178,5 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
            "reconstruction": float(np.mean([c["reconstruction"] for c in scored])), "clips": scored,
            "dataset_clips": len(source), "dataset_films": sorted({f["film_id"] for f in source.index["films"]})}
     if keep_frames:
-        res["frames"] = [video_io.to_uint8(f, FRAME_RANGE) for f in frames]
+        res["frames"] = [media.to_uint8(f, FRAME_RANGE) for f in frames]
     return res

@@ -45,7 +45,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from animegamer_jax import paths, video_io
+from animegamer_jax.io import paths
+
+from animegamer_jax.io import media
 from animegamer_jax.data import toy_world
 from animegamer_jax.eval import metrics
 
@@ -233,7 +235,7 @@ def ground_truth_clips(world_dir: str, num_frames: int = 17, stride: int = 50) -
     names = [c["name"] for c in manifest["characters"]]
     clips, named = [], []
     for film in manifest["films"]:
-        frames = video_io.read_video(paths.join(world_dir, film["path"]))[0]
+        frames = media.read_video(paths.join(world_dir, film["path"]))[0]
         for start in range(0, max(1, len(frames) - num_frames + 1), stride):
             clips.append(frames[start:start + num_frames])
             named.append(names.index(film["character"]))

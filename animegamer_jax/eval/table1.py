@@ -9,7 +9,7 @@ seeds, same per-game outputs as ``generate``); hand each played game to the call
 command writes MP4s, game.json, gallery under ``<out>/games``); score every turn with eval/metrics.py
 against the benchmark's ground truth and references; write ``report.json`` and ``report.md`` in ``<out>``.
 
-Metrics use the raw generated frames (float [0, 1] -> uint8, ``video_io.to_uint8``), not the H.264
+Metrics use the raw generated frames (float [0, 1] -> uint8, ``media.to_uint8``), not the H.264
 files, so video compression does not leak into the scores. ``s/turn`` is the wall time of one turn of a batched
 engine call (MLLM + sampling + VAE, compilation excluded) divided by the number of games in the
 call, i.e. throughput per game; the latency of one batched call is reported beside it.
@@ -26,7 +26,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from animegamer_jax import fileio, paths, video_io
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
+
+from animegamer_jax.io import media
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.embedders import Embedder, standin_embedder
 from animegamer_jax.eval.table1_games import Benchmark
@@ -93,7 +97,7 @@ def turn_results(bench: Benchmark, played: Sequence[PlayedGame]) -> dict[str, li
         for rnd, tr, tm in zip(game.rounds, p.result["turns"], p.result["timings"]):
             secs = (tm["mllm_s"] + tm["sampling_s"] + tm["vae_s"]) / max(1, p.batch)
             rows.append(metrics.ScoredTurn(
-                frames=video_io.to_uint8(tr.frames, FRAME_RANGE), motion_text=rnd.turn.motion,
+                frames=media.to_uint8(tr.frames, FRAME_RANGE), motion_text=rnd.turn.motion,
                 background_text=rnd.turn.background,
                 characters=rnd.turn.characters, predicted_states=np.asarray(tr.states, np.int64),
                 target_states=np.asarray(rnd.states, np.int64), seconds=secs))

@@ -33,7 +33,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import fileio
+from animegamer_jax.io import fileio
 from animegamer_jax.eval.metrics import STATE_FIELDS
 from animegamer_jax.inference import instructions
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import video_io
+from animegamer_jax.io import media
 from animegamer_jax.checkpoint.train_state import load_train_component
 from animegamer_jax.data import clips as clips_lib
 from animegamer_jax.data import datasets, video
@@ -112,7 +112,7 @@ def psnr(x: np.ndarray, y: np.ndarray) -> float:
 
 def model_frames_to_unit(y) -> np.ndarray:
     """Model-space frames (any array in [-1, 1], e.g. a VAE decode) as float64 numpy in [0, 1], clipped."""
-    return video_io.to_unit(np.asarray(jax.device_get(y), np.float64))
+    return media.to_unit(np.asarray(jax.device_get(y), np.float64))
 
 
 def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> dict:
@@ -123,14 +123,14 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
     for h in held:
         f_scores = []
         for i in range(0, len(h.frames), 8):  # 8 single frames per call
-            x = video_io.from_uint8(h.frames[i:i + 8])[:, None]
+            x = media.from_uint8(h.frames[i:i + 8])[:, None]
             y = model_frames_to_unit(recon(vae, jnp.asarray(x)))
-            f_scores += [psnr(y[j], video_io.to_unit(x[j])) for j in range(len(x))]
+            f_scores += [psnr(y[j], media.to_unit(x[j])) for j in range(len(x))]
         c_scores = []
         for sl in runs(h.indices, num_frames):
-            x = video_io.from_uint8(h.frames[sl])[None]
+            x = media.from_uint8(h.frames[sl])[None]
             y = model_frames_to_unit(recon(vae, jnp.asarray(x)))
-            c_scores.append(psnr(y, video_io.to_unit(x)))
+            c_scores.append(psnr(y, media.to_unit(x)))
         frame_scores += f_scores
         clip_scores += c_scores
         per_film[h.film_id] = {"frame": float(np.mean(f_scores)), "num_frames_scored": len(f_scores),

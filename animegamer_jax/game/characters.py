@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from animegamer_jax import fileio
+from animegamer_jax.io import fileio
 from animegamer_jax.inference.instructions import is_plain_name
 
 #: reference image limits: file bytes, and the shorter / longer side in pixels

@@ -52,7 +52,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from animegamer_jax import mllm_tokenizer, parallel
+from animegamer_jax import parallel
+
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
 from animegamer_jax.game.characters import fit_image, named, record_entries
 from animegamer_jax.game.run import GameRun, Meters

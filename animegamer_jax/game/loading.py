@@ -11,7 +11,9 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint import (CheckpointIntegrityError, SystemCheckpointError, checkpoint_identity,
                                        load_system, read_manifest, verify_checkpoint)
 from animegamer_jax.game.api import GameSystem

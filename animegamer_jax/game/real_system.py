@@ -17,7 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import nnx
 
-from animegamer_jax import video_io
+from animegamer_jax.io import media
 from animegamer_jax.game.api import GameSystem
 from animegamer_jax.inference import release_decoding
 from animegamer_jax.inference.clip_sampler import dit_sampler
@@ -114,7 +114,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
         g_prev, params["preview"] = nnx.split(components["preview"])
 
         def preview(p, latents):
-            return video_io.to_unit(nnx.merge(g_prev, p["preview"])(latents), video_io.VAE_RANGE)
+            return media.to_unit(nnx.merge(g_prev, p["preview"])(latents), media.VAE_RANGE)
 
     sample = dit_sampler(g_dit, config, g_ref)
     parse = release_decoding.states_from_generated if decoding == "free" else None

@@ -19,8 +19,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from animegamer_jax import fileio, paths
-from animegamer_jax.mllm_tokenizer import STATE_FIELDS as STATE_FIELD_NAMES
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
+from animegamer_jax.tokenizers.mllm_tokenizer import STATE_FIELDS as STATE_FIELD_NAMES
 from animegamer_jax.game import characters, writers
 from animegamer_jax.game.api import STAGES, TurnResult
 from animegamer_jax.game.engine import GameEngine, game_record

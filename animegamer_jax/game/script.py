@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 from animegamer_jax.inference.instructions import (INSTRUCTION_FIX, KEY_ALIASES, SEED_RANGE, Game, GameScriptError,
                                                    Turn, check_text, is_plain_name, parse_instruction, refused_char)
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.game.api import GameSystem
 from animegamer_jax.models.cogvideox.dit import flow_value
 

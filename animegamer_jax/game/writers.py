@@ -23,7 +23,7 @@ restored if the rename fails. Temp folders a killed run left are removed by the 
 game (:func:`clean_stale_temp`). A game played on turn by turn grows in place (:func:`append_turn`:
 the new turn's files, then ``game.json``, the commit point, then ``index.html``); its ``game.mp4`` and
 contact sheet are remade from the turn videos when a play session ends (:func:`write_derived`). ``out`` may be a URL (``gs://bucket/games``; every file goes
-through animegamer_jax/fileio.py): object stores have no rename, so the final move is a copy then a
+through animegamer_jax/io/fileio.py): object stores have no rename, so the final move is a copy then a
 delete, and a game counts as finished only when :func:`verify_game` finds every recorded file with
 its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
 crf 18) through PyAV's bundled libx264 with one encoder thread and fixed settings (:func:`write_mp4`);
@@ -31,7 +31,7 @@ the frame size is padded to even numbers because yuv420p needs it.
 HUD: the three meters (social, entertainment, stamina, app.py semantics,
 docs/token_layout.md#state-fields) as bars with values, and the instruction text, drawn with PIL
 under the frame. Frames come in the engine's range (``api.FRAME_RANGE``, [0, 1]) or as uint8 and
-are converted by the one pixel helper, ``video_io.to_uint8``.
+are converted by the one pixel helper, ``media.to_uint8``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from animegamer_jax import fileio, paths, video_io
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
+
+from animegamer_jax.io import media
 from animegamer_jax.game.run import METER_NAMES
 from animegamer_jax.inference.instructions import is_plain_name
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
@@ -226,15 +230,15 @@ def _even(frames: np.ndarray) -> np.ndarray:
 
 def write_mp4(path: str, frames: np.ndarray, fps: float) -> None:
     """H.264 MP4 (yuv420p, crf 18, preset veryfast) of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at
-    ``fps``, padded to even sizes, written by the one video writer (``video_io.write_mp4``) in its
+    ``fps``, padded to even sizes, written by the one video writer (``media.write_mp4``) in its
     deterministic mode, so identical frames give byte-identical files."""
-    video_io.write_mp4(path, _even(video_io.to_uint8(frames, FRAME_RANGE)), fps, crf=18, preset="veryfast",
+    media.write_mp4(path, _even(media.to_uint8(frames, FRAME_RANGE)), fps, crf=18, preset="veryfast",
                        container_format="mp4", deterministic=True)
 
 
 def write_gif(path: str, frames: np.ndarray, fps: float) -> None:
-    """Looping GIF of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at ``fps`` (``video_io.write_gif``)."""
-    video_io.write_gif(path, video_io.to_uint8(frames, FRAME_RANGE), fps)
+    """Looping GIF of ``[T, H, W, 3]`` frames (uint8 or [0, 1]) at ``fps`` (``media.write_gif``)."""
+    media.write_gif(path, media.to_uint8(frames, FRAME_RANGE), fps)
 
 
 #: the stylesheet of the gallery and the web app (animegamer_jax/web): one look for both
@@ -561,7 +565,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
         timings = _split_timings(rec)
         hud_all = []
         for k, (t, frames) in enumerate(zip(rec["turns"], turn_frames)):
-            hud = draw_hud(video_io.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
+            hud = draw_hud(media.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
             hud_all.append(hud)
             t["video"] = f"turn_{k:03d}.mp4"
             write_mp4(paths.join(tmp, t["video"]), hud, fps)
@@ -576,7 +580,7 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
                 fileio.makedirs(paths.join(tmp, name.rsplit("/", 1)[0]))
             fileio.write_bytes_atomic(paths.join(tmp, name), data)
         write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        video_io.save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(video_io.contact_sheet(turn_frames, sheet_columns, FRAME_RANGE)),
+        media.save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(media.contact_sheet(turn_frames, sheet_columns, FRAME_RANGE)),
                     format="PNG")
         rec["video"] = "game.mp4"
         rec["contact_sheet"] = "contact_sheet.png"
@@ -671,7 +675,7 @@ def append_turn(game_dir: str, record: Mapping[str, Any], frames: np.ndarray, st
             if key in old["turns"][j]:
                 t[key] = old["turns"][j][key]
     t = rec["turns"][k]
-    hud = draw_hud(video_io.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
+    hud = draw_hud(media.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
     t["video"] = f"turn_{k:03d}.mp4"
     _write_atomic(write_mp4, paths.join(game_dir, t["video"]), hud, fps)
     new_files = [t["video"]]
@@ -821,7 +825,7 @@ def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
         huds.append(hud)
         clips.append(clip_from_hud(hud, (h, w)))
     _write_atomic(write_mp4, paths.join(game_dir, "game.mp4"), np.concatenate(huds, axis=0), fps)
-    video_io.save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(video_io.contact_sheet(clips, sheet_columns, FRAME_RANGE)),
+    media.save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(media.contact_sheet(clips, sheet_columns, FRAME_RANGE)),
                format="PNG")
     _write_index(game_dir, _folder_name(game_dir), rec)
     rec["video"], rec["contact_sheet"] = "game.mp4", "contact_sheet.png"
@@ -846,5 +850,5 @@ def read_json(path: str) -> dict:
 
 def read_video(path: str) -> np.ndarray:
     """Decodes a video file to uint8 ``[T, H, W, 3]`` (local path or URL; for tests and tools;
-    ``video_io.read_video``)."""
-    return video_io.read_video(path)[0]
+    ``media.read_video``)."""
+    return media.read_video(path)[0]

@@ -33,7 +33,9 @@ import jax
 import jaxlib
 from jax.experimental import serialize_executable
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 
 FORMAT = "animegamer-executables-1"
 MANIFEST = "manifest.json"

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.inference import release_decoding
 from animegamer_jax.inference.turn_inputs import CachePlan, TurnKVCache
 from animegamer_jax.models import attention

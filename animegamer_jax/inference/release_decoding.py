@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 
 #: ``AutoVideoTokenGenerationProcessor`` default
 NUM_VID_GEN_TOKENS = 100
@@ -138,5 +138,5 @@ def release_step_noise(draws: np.ndarray, num_steps: int) -> np.ndarray:
 
 def release_uint8(frames: np.ndarray) -> np.ndarray:
     """float frames in [0, 1] -> uint8 by truncation, ``(255 * x).astype(uint8)`` as the release's
-    ``save_video_as_grid_and_mp4`` (``video_io.to_uint8``, used for game outputs, rounds instead)."""
+    ``save_video_as_grid_and_mp4`` (``media.to_uint8``, used for game outputs, rounds instead)."""
     return (255.0 * np.clip(np.asarray(frames, np.float32), 0.0, 1.0)).astype(np.uint8)

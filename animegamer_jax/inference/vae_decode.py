@@ -2,7 +2,7 @@
 
 (docs/diffusion.md#latent-scale.) ``decode(latents / scaling_factor)`` (spatially tiled when
 ``vae.tile_size`` > 0, or as the device's memory allows when -1) -> frames, mapped from [-1, 1] to
-[0, 1] and clipped (``video_io.to_unit``; :data:`FRAME_RANGE`). Untiled, there is also
+[0, 1] and clipped (``media.to_unit``; :data:`FRAME_RANGE`). Untiled, there is also
 ``decode_chunk``: one chunk of the same causal chunk plan (``vae.decode_chunks``) per call, the
 cache carried by the caller, so a server can show the first frames while the rest decode.
 """
@@ -17,7 +17,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from animegamer_jax import parallel, video_io
+from animegamer_jax import parallel
+
+from animegamer_jax.io import media
 from animegamer_jax.models.cogvideox import vae_tiling
 from animegamer_jax.models.cogvideox.vae_tiling import resolve_decode_tiling
 
@@ -139,9 +141,9 @@ def _rows_at_a_time(fn, fit_rows: int, batch_shards: int):
 
 def _to_unit_frames(video: jax.Array, latent_shape: tuple[int, ...]) -> jax.Array:
     """VAE output in [-1, 1] -> float32 [B, T, h, w, 3] in [0, 1] (docs/diffusion.md#latent-scale,
-    ``video_io.to_unit``), accepting [B, T, h, w, 3] or the channels-first [B, 3, T, h, w] /
+    ``media.to_unit``), accepting [B, T, h, w, 3] or the channels-first [B, 3, T, h, w] /
     [B, T, 3, h, w] layouts."""
     v = video.astype(jnp.float32)
     if v.ndim == 5 and v.shape[-1] != 3:
         v = jnp.moveaxis(v, 1 if v.shape[1] == 3 else 2, -1)
-    return video_io.to_unit(v, video_io.VAE_RANGE)
+    return media.to_unit(v, media.VAE_RANGE)

@@ -37,9 +37,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from animegamer_jax import parallel, paths
+from animegamer_jax import parallel
+
+from animegamer_jax.io import paths
 from animegamer_jax.parallel import distributed
-from animegamer_jax.train import checkpoint as ckpt_lib
+from animegamer_jax.checkpoint import training as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
 
 #: a stage line (``status("compiling the train step ...")``): an INFO record of the logger

@@ -29,7 +29,9 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto import summary_pb2
 from tensorboardX.proto import event_pb2
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.parallel import target
 
 def peak_flops_per_device(configured_tflops: float = 0.0, device: jax.Device | None = None) -> float | None:

@@ -27,7 +27,11 @@ import jax
 import ml_collections
 from flax import nnx
 
-from animegamer_jax import checkpoint, fileio, parallel, paths
+from animegamer_jax import checkpoint, parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, loader
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim, phases

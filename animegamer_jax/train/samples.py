@@ -16,7 +16,11 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import parallel, paths, video_io
+from animegamer_jax import parallel
+
+from animegamer_jax.io import paths
+
+from animegamer_jax.io import media
 from animegamer_jax.inference.action_representation import ea_representation
 from animegamer_jax.inference.clip_sampler import dit_sampler
 from animegamer_jax.train import losses
@@ -68,7 +72,7 @@ def sample_hook(trainer: Any, config: ml_collections.ConfigDict, workdir: str,
         with parallel.sharding_context(trainer.mesh, trainer.rules):
             clip = jitted["fn"](state, batch, jax.random.key(step))
         if jax.process_index() == 0:
-            video_io.write_mp4(paths.join(workdir, "samples", f"step_{step:07d}.mp4"),
+            media.write_mp4(paths.join(workdir, "samples", f"step_{step:07d}.mp4"),
                                np.asarray(jax.device_get(clip))[0], fps=float(config.game.fps))
 
     return hook

@@ -22,7 +22,9 @@ a saved step (it prints the command that resumes); 2 with one line for a bad inp
 
 from __future__ import annotations
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, prepare, toy_world
 from animegamer_jax.data.films import list_film_dir
 from animegamer_jax.train import pipeline

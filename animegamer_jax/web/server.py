@@ -72,7 +72,15 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import fileio, mllm_tokenizer, parallel, paths, video_io
+from animegamer_jax import parallel
+
+from animegamer_jax.io import fileio
+
+from animegamer_jax.tokenizers import mllm_tokenizer
+
+from animegamer_jax.io import paths
+
+from animegamer_jax.io import media
 from animegamer_jax.game import characters as characters_lib
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.api import TurnResult
@@ -151,7 +159,7 @@ def _fields_named(message: str) -> tuple[str, ...]:
 def frame_data_urls(frames: np.ndarray, quality: int = 85) -> list[str]:
     """float ``[f, H, W, 3]`` in [0, 1] (or uint8) -> one ``data:image/jpeg;base64`` URL a frame."""
     out = []
-    for f in video_io.to_uint8(frames, FRAME_RANGE):
+    for f in media.to_uint8(frames, FRAME_RANGE):
         buf = io.BytesIO()
         Image.fromarray(f).save(buf, format="JPEG", quality=quality)
         out.append("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii"))
@@ -853,7 +861,7 @@ class GameServer:
         timing["batch"] = len(batch)
         for b, job in enumerate(batch):
             with self._cv:
-                job.game.commit(job.turn, job.ids, states[b], rep[b], video_io.to_uint8(frames[b], FRAME_RANGE),
+                job.game.commit(job.turn, job.ids, states[b], rep[b], media.to_uint8(frames[b], FRAME_RANGE),
                                 timing)
             job.saving = True
             self._write_later(lambda job=job: self._save_turn(job, timing, t0))

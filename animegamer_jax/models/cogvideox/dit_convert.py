@@ -28,7 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.weights import (ConversionError, check_keys, raise_key_problems, restore_state, save_state,
                                     to_numpy)
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig

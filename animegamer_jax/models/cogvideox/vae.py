@@ -713,7 +713,7 @@ def decode_latents(
       tiled: spatial tiling; default ``cfg.tile_size > 0`` (-1: ``vae_tiling.resolve_decode_tiling``).
 
     Returns:
-      ``[B, T, 8h, 8w, 3]`` float32 in [-1, 1]; ``video_io.to_uint8`` maps it to uint8 frames.
+      ``[B, T, 8h, 8w, 3]`` float32 in [-1, 1]; ``media.to_uint8`` maps it to uint8 frames.
     """
     z = latents / vae.cfg.scaling_factor
     tile = vae.cfg.tile_size

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from animegamer_jax import mllm_tokenizer
+from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import MLLM_QUANTIZE
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mistral import model as mistral_model

@@ -16,9 +16,11 @@ from fractions import Fraction
 import numpy as np
 from PIL import Image
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
 
 #: the VAE's pixel range (its encoder's input, its decoder's output)
+
+from animegamer_jax.io import paths
 VAE_RANGE = (-1.0, 1.0)
 
 

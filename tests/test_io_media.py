@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from animegamer_jax.video_io import from_uint8, read_video, to_uint8, to_unit, write_gif, write_mp4, write_video
+from animegamer_jax.io.media import from_uint8, read_video, to_uint8, to_unit, write_gif, write_mp4, write_video
 
 
 def _clip(t=9, h=32, w=48):

@@ -7,7 +7,7 @@ epath reads take (``gs://bucket/runs/a2`` stays a URL, not ``./gs:/bucket/...``;
 absolute, as orbax wants), :func:`resource` finds a repository file named by a config, and
 :func:`av_output` / :func:`finish_av_output` give PyAV a target it can write for a URL. File operations
 (exists, folders, atomic writes, renames, listing, hashing) live one layer up, in
-:mod:`animegamer_jax.fileio`; this module imports nothing of the package.
+:mod:`animegamer_jax.io.fileio`; this module imports nothing of the package.
 
 GCS emulators: the Google client-library convention is ``STORAGE_EMULATOR_HOST=host:port`` (gcsfs
 and google-cloud-storage honour it). TensorStore, which writes orbax's arrays, reads its own
@@ -29,7 +29,7 @@ from etils import epath
 PathLike = str | os.PathLike
 
 #: the checkout (or editable install) holding ``configs/``, ``data/`` and ``checkpoints/``
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def checkout_commit() -> tuple[str, bool | None]:

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from animegamer_jax import paths
+from animegamer_jax.io import paths
 
 #: T5 special ids (pad 0, eos 1, unk 2; T5 has no BOS).
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2

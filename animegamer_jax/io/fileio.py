@@ -5,13 +5,13 @@ What each does: :func:`exists` (a broken symlink exists), :func:`isdir`, :func:`
 :func:`write_bytes_atomic` / :func:`write_text_atomic`, :func:`rename`, :func:`remove`, :func:`rmdir`,
 :func:`rmtree`, the sha256 helpers of the integrity checks, and :func:`owner_stamp` / :func:`owner_gone`
 (whose temp folder a killed run left); :func:`signals_held` runs a save with Ctrl-C / SIGTERM held. Paths are strings or ``os.PathLike``
-(an ``etils.epath.Path`` included), built with :func:`animegamer_jax.paths.join`; naming (URL or not,
-absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.paths`' own, the one module
+(an ``etils.epath.Path`` included), built with :func:`animegamer_jax.io.paths.join`; naming (URL or not,
+absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.io.paths`' own, the one module
 this one imports.
 
 Every operation goes through ``etils.epath.Path`` (:func:`_path`: ``~`` expanded, a relative local
 path kept relative, so messages name the path as given), one code path for local folders and URLs
-(``gs://``, ``s3://`` ..., :func:`animegamer_jax.paths.is_url`); epath runs a local path through
+(``gs://``, ``s3://`` ..., :func:`animegamer_jax.io.paths.is_url`); epath runs a local path through
 ``os`` / ``shutil`` and a URL through fsspec. What epath does not do stays here, per kind of path:
 the atomic writes (locally a temp file and ``os.replace``; on object stores a single object upload,
 atomic by itself), :func:`rename` (locally ``os.replace``; on object stores a copy then a delete, so
@@ -39,8 +39,8 @@ from typing import Any
 import fsspec
 from etils import epath
 
-from animegamer_jax import paths
-from animegamer_jax.paths import PathLike
+from animegamer_jax.io import paths
+from animegamer_jax.io.paths import PathLike
 
 __all__ = ["CHUNK", "exists", "forget_listings", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp",
            "read_bytes", "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "signals_held", "size", "stamp", "walk_files",

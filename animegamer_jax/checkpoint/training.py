@@ -48,7 +48,9 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from animegamer_jax import fileio, paths
+from animegamer_jax.io import fileio
+
+from animegamer_jax.io import paths
 from animegamer_jax.checkpoint import (INTEGRITY_FILE, CheckpointIntegrityError, array_restore_args, verify_checkpoint,
                                        write_integrity)
 
