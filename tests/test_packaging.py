@@ -132,7 +132,7 @@ def test_cited_code_paths_exist():
 def test_config_overrides_work_on_every_default_config(tmp_path, capsys):
     """`--config.a.b=v` without `--config` overrides the command's default config (serve: the config saved
     in --checkpoint, else configs/tiny.py); a command without a default (train) says to add --config."""
-    from animegamer_jax.game import flags as game_flags
+    from animegamer_jax import game_flags
     from animegamer_jax.web import __main__ as web_cli
 
     ckpt = os.path.join(ROOT, "checkpoints", "tiny_system")
