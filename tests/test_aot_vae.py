@@ -10,6 +10,7 @@ from tests.tpu import FSDP, compile_tiny
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 
+@pytest.mark.paper  # the second VAE program for the TPU compiler (80 s); play's decode stage below stays in make test
 def test_vae_phase_step_compiles_on_tpu():
     row = compile_tiny("vae", FSDP + ["train.vae_curriculum=((0,1,32,48),)"])
     assert row.status == "ok", row.status

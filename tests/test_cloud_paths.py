@@ -288,7 +288,8 @@ def test_dataset_urls_name_the_gcsfuse_fix():
 RELEASE_FIXTURE = os.path.join(ROOT, "..", "shared", "fixtures", "release_tiny")
 
 
-@pytest.mark.slow  # ~2 min idle: every zarr leaf is a few requests to the single-threaded emulator
+@pytest.mark.paper  # ~1 min: every zarr leaf is a few requests to the single-threaded emulator; the local
+# conversion is tests/test_release.py's, gs:// training, checkpoints and play test_train_kill_resume_then_play_all_on_gcs's
 @pytest.mark.skipif(not os.path.isdir(os.path.join(RELEASE_FIXTURE, "release")),
                     reason="release fixture absent (CI clones shared/ beside the repo)")
 def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):

@@ -96,6 +96,7 @@ def _shapes(state) -> dict[str, tuple]:
             for p, v in nnx.to_flat_state(state)}
 
 
+@pytest.mark.paper  # the paper-size key tables (25 s); the tiny release's keys are tests/test_release.py's
 def test_full_size_keys_map_both_ways(manifest, monkeypatch, capsys):
     import jax
     from flax import nnx

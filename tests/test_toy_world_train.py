@@ -45,7 +45,8 @@ def test_make_data_prepares_both_splits_and_skips_what_is_there(data, capsys):
             os.walk(folders[p]) for f in fs} == stamp  # nothing rewritten
 
 
-@pytest.mark.slow  # two phases compile their steps (each phase's own step: tests/test_train_model.py)
+@pytest.mark.paper  # the driver end to end (90 s): each phase's own step and resume are tests/test_train_model.py's,
+# the driver's data step test_make_data_prepares_both_splits_and_skips_what_is_there
 def test_every_phase_runs_a_step_and_a_rerun_resumes(data, tmp_path):
     root, _ = data
     c = toy_config.get_config()
