@@ -49,7 +49,6 @@ from absl import logging as absl_logging
 
 from animegamer_jax import config as config_lib
 from animegamer_jax.io import paths
-from animegamer_jax.io.fileio import signals_held  # noqa: F401 - the commands' (play, web) saves hold signals
 
 #: loggers (std logging names) that are set to WARNING unless --verbosity >= 0
 NOISY_LOGGERS = ("orbax", "absl", "jax", "jax._src", "grain", "etils", "gcsfs", "fsspec", "google",

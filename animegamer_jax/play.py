@@ -42,7 +42,8 @@ from absl import flags
 from animegamer_jax import parallel
 
 from animegamer_jax.io import paths
-from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit, signals_held
+from animegamer_jax.io.fileio import signals_held
+from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
@@ -120,7 +121,7 @@ def _play_turns(engine: GameEngine, game: TurnByTurnGame, save, turns) -> Keyboa
     new last turn.
 
     Each turn is saved before it is printed, and the save with its bookkeeping is a
-    ``cli.signals_held`` section: every turn printed is on disk, and a Ctrl-C (or SIGTERM) during a
+    ``fileio.signals_held`` section: every turn printed is on disk, and a Ctrl-C (or SIGTERM) during a
     save takes effect once that turn is saved. A turn interrupted before its save began is dropped;
     a save that fails drops its turn and raises.
 

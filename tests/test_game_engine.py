@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax import cli, generate, play
+from animegamer_jax.io import fileio
 
 from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
@@ -338,14 +339,14 @@ def test_play_ctrl_c_during_a_save_waits_for_it(tmp_path, monkeypatch, capsys):
 def test_signals_held_and_sigterm_as_interrupt():
     order = []
     with pytest.raises(KeyboardInterrupt):
-        with cli.signals_held():
-            with cli.signals_held():  # nested: the inner section hands the signal to the outer one
+        with fileio.signals_held():
+            with fileio.signals_held():  # nested: the inner section hands the signal to the outer one
                 signal.raise_signal(signal.SIGINT)
                 order.append("inner done")
             order.append("outer done")
     assert order == ["inner done", "outer done"]
     with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C is not held (a save that hangs)
-        with cli.signals_held():
+        with fileio.signals_held():
             signal.raise_signal(signal.SIGINT)
             signal.raise_signal(signal.SIGINT)
             order.append("not reached")
@@ -354,7 +355,7 @@ def test_signals_held_and_sigterm_as_interrupt():
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(cli.Terminated) as e:
         with cli.sigterm_as_interrupt():
-            with cli.signals_held():
+            with fileio.signals_held():
                 signal.raise_signal(signal.SIGTERM)
                 order.append("saved")
     assert order[-1] == "saved" and cli.interrupt_exit(e.value) == 143 and cli.interrupt_exit(KeyboardInterrupt()) == 130
