@@ -30,7 +30,17 @@ the preview modes). Prints a markdown table; ``--json`` writes the rows.
 Exits 2 with one line for a missing file, a malformed row, a report without a needed
 program, or reports of different chips in one row.
 
-docs/results.md's compile tables are this tool's output from the reports in benchmarks/reports/
+``--reports FILE.json`` (a file, no ``--row`` / ``--program``) prints a table report instead: a JSON
+file holding one question's figures ("question", "source", "commands", "notes" (list of str), "tables":
+a list of {"name", "columns": header cells, "rows": lists of cells, the first the row's label}; and
+optionally "turn_table": this tool's argv, whose table comes first, assembled from aot reports). All its
+tables print, each under a "### name" line (the turn_table argv also prints its per-stage table), after
+the source, the commands and the notes;
+``--headline`` prints only the report's "headline": {"table": NAME, "columns": [header cells kept] or
+null for all, "rows": [[label shown, label in the table, index of the "; "-separated part or null], ...]
+or null for all}, or {"turn_table": true} for the argv's table.
+
+docs/results.md's tables are this tool's output from the reports in benchmarks/reports/
 (tests/test_turn_table.py re-renders them).
 """
 
@@ -209,23 +219,104 @@ def by_target(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def _table_md(columns: list[str], rows: list[list[str]]) -> str:
+    """A markdown table; a column whose cells (after the label) all end in a digit is right-aligned."""
+    def numeric(i: int) -> bool:
+        cells = [r[i] for r in rows if i < len(r) and r[i] not in ("", "-")]
+        return bool(cells) and all(c.rstrip("*")[-1:].isdigit() for c in cells)
+    align = ["---"] + ["---:" if numeric(i) else "---" for i in range(1, len(columns))]
+    out = ["| " + " | ".join(columns) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(list(r) + [""] * (len(columns) - len(r))) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _table(doc: dict, name: str, path: str) -> dict:
+    for t in doc.get("tables", []):
+        if t.get("name") == name:
+            return t
+    _fail(f"{path}: no table named {name!r}. Fix: name one of its \"tables\"")
+
+
+def headline(doc: dict, path: str) -> str:
+    """The report's headline table (module docstring): chosen columns and rows of one of its tables,
+    a row's cell optionally cut to one "; "-separated part."""
+    h = doc.get("headline")
+    if not isinstance(h, dict):
+        _fail(f"{path}: no \"headline\". Fix: add one, or drop --headline")
+    if h.get("turn_table"):
+        return _render(_argv(doc, path))[0]
+    t = _table(doc, h.get("table", ""), path)
+    cols = h.get("columns") or t["columns"]
+    missing = [c for c in cols if c not in t["columns"]]
+    if missing:
+        _fail(f"{path}: headline columns {missing} are not in table {t['name']!r}")
+    idx = [t["columns"].index(c) for c in cols]
+    by_label = {r[0]: r for r in t["rows"]}
+    rows = []
+    for label, source, part in (h.get("rows") or [[r[0], r[0], None] for r in t["rows"]]):
+        if source not in by_label:
+            _fail(f"{path}: headline row {source!r} is not in table {t['name']!r}")
+        cells = [by_label[source][i] if i < len(by_label[source]) else "" for i in idx[1:]]
+        if part is not None:
+            cells = [c.split("; ")[part] if len(c.split("; ")) > part else c for c in cells]
+        rows.append([label] + cells)
+    return _table_md(cols, rows)
+
+
+def table_report(path: str, only_headline: bool = False) -> str:
+    """A table report (module docstring): its headline table, or every table under "### name" lines."""
+    doc = _doc(path)
+    if only_headline:
+        return headline(doc, path)
+    out = [f"## {doc.get('question', path)}", "", f"source: {doc.get('source', '-')}", ""]
+    out += ["```"] + list(doc.get("commands", [])) + ["```", ""] if doc.get("commands") else []
+    out += [f"- {n}" for n in doc.get("notes", [])] + ([""] if doc.get("notes") else [])
+    if doc.get("turn_table"):
+        text, rows = _render(_argv(doc, path))
+        out += [f"### {doc.get('question', '')} (from the aot reports)", text, "",
+                "### per stage, ms at 100 %", markdown([r for r in rows if "label" not in r]) if any(
+                    "label" not in r for r in rows) else "", ""]
+    for t in doc.get("tables", []):
+        out += [f"### {t['name']}", _table_md(t["columns"], t["rows"]), ""]
+    return "\n".join(out).rstrip()
+
+
+def _argv(doc: dict, path: str) -> list[str]:
+    """A table report's turn_table argv, its ``--reports`` folder taken relative to the report's folder."""
+    argv = list(doc["turn_table"])
+    if "--reports" in argv:
+        i = argv.index("--reports") + 1
+        argv[i] = _path(argv[i], os.path.dirname(path))
+    return argv
+
+
+def _render(argv: list[str]) -> tuple[str, list[dict]]:
+    """The table of one command line (module docstring) and its rows."""
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.turn_table", description=__doc__.splitlines()[0])
     ap.add_argument("--row", action="append", default=[], help="TARGET|SAMPLER|MLLM|DECODER=FILE[+FILE...]")
     ap.add_argument("--program", action="append", default=[], help="TARGET|LABEL=FILE:PROGRAM")
-    ap.add_argument("--reports", default="", help="folder prefixed to relative report files")
+    ap.add_argument("--reports", default="", help="folder prefixed to relative report files, or a table report")
     ap.add_argument("--by_target", action="store_true", help="one column per target, the question's figures only")
+    ap.add_argument("--headline", action="store_true", help="with a table report: its headline table only")
     ap.add_argument("--json", default="", help="also write the rows here")
     a = ap.parse_args(argv)
     if not a.row and not a.program:
-        _fail("no --row and no --program. Fix: name at least one row")
+        if a.reports.endswith(".json"):
+            return table_report(a.reports, a.headline), []
+        _fail("no --row and no --program. Fix: name at least one row, or pass a table report as --reports")
     if a.program and not a.by_target:
         _fail("--program rows print only with --by_target. Fix: add --by_target")
     rows = [assemble(s, a.reports) for s in a.row] + [program_row(s, a.reports) for s in a.program]
-    print(by_target(rows) if a.by_target else markdown(rows))
     if a.json:
         fileio.write_text_atomic(a.json, json.dumps(rows, indent=1) + "\n")
-    return rows
+    return (by_target(rows) if a.by_target else markdown(rows)), rows
+
+
+def main(argv: list[str] | None = None) -> list[dict] | str:
+    """Prints the table; returns its rows (the table's text for a table report)."""
+    text, rows = _render(sys.argv[1:] if argv is None else argv)
+    print(text)
+    return rows or text
 
 
 if __name__ == "__main__":
