@@ -1,4 +1,4 @@
-"""One table of roofline turns from `animegamer-aot --json` reports: per stage, turn and time to first frame.
+"""docs/results.md's tables: roofline turns from `animegamer-aot --json` reports, and table reports.
 
 Run (no compile; reads the JSON reports that ``python -m animegamer_jax.aot ... --json=FILE`` wrote):
   python -m benchmarks.turn_table \\

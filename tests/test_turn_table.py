@@ -100,3 +100,44 @@ def test_results_md_tables_are_the_reports_rendered(capsys, monkeypatch):
         turn_table.main(shlex.split(command))
         table = capsys.readouterr().out.strip()
         assert table.count("\n") >= 2 and f"```\n\n{table}\n" in doc, command
+
+
+def test_table_report_prints_all_tables_or_its_headline(tmp_path, capsys):
+    doc = {"question": "q?", "source": "made by hand", "commands": ["animegamer-aot --program=x"], "notes": ["n 7.5"],
+           "tables": [{"name": "t", "columns": ["what", "A", "B"],
+                       "rows": [["r1", "1.0; **2.5 s**; 9 s", "3.0; 4.5 s"], ["r2", "x", "-"]]}],
+           "headline": {"table": "t", "columns": ["what", "B"], "rows": [["r1 step", "r1", 1]]}}
+    path = tmp_path / "q.json"
+    path.write_text(json.dumps(doc))
+    assert turn_table.main(["--reports", str(path), "--headline"]) == "| what | B |\n|---|---|\n| r1 step | 4.5 s |"
+    capsys.readouterr()
+    full = turn_table.main(["--reports", str(path)])
+    assert "source: made by hand" in full and "animegamer-aot --program=x" in full and "- n 7.5" in full
+    assert "### t\n| what | A | B |\n|---|---|---|\n| r1 | 1.0; **2.5 s**; 9 s | 3.0; 4.5 s |\n| r2 | x | - |" in full
+    for bad, says in [({"table": "t", "columns": None, "rows": [["r3", "r3", None]]}, "headline row 'r3' is not in"),
+                      ({"table": "u", "columns": None, "rows": None}, "no table named 'u'")]:
+        path.write_text(json.dumps(dict(doc, headline=bad)))
+        with pytest.raises(SystemExit) as e:
+            turn_table.main(["--reports", str(path), "--headline"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and says in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_results_md_points_at_reports_that_print(capsys, monkeypatch):
+    """Every "all figures" report docs/results.md names prints, records its source, and holds the
+    headline's figures in its full print."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(root)
+    doc = (root / "docs" / "results.md").read_text()
+    reports = re.findall(r"\(all figures[^`]*`python -m benchmarks\.turn_table --reports (\S+\.json)`", doc)
+    assert len(reports) >= 10
+    for path in reports:
+        full = turn_table.main(["--reports", path])
+        assert "source: " in full and "### " in full, path
+        for line in turn_table.main(["--reports", path, "--headline"]).splitlines()[2:]:
+            for cell in line.strip("|").split(" | ")[1:]:
+                assert cell.strip() in full, (path, cell)
+        capsys.readouterr()
