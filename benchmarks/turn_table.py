@@ -220,12 +220,8 @@ def by_target(rows: list[dict]) -> str:
 
 
 def _table_md(columns: list[str], rows: list[list[str]]) -> str:
-    """A markdown table; a column whose cells (after the label) all end in a digit is right-aligned."""
-    def numeric(i: int) -> bool:
-        cells = [r[i] for r in rows if i < len(r) and r[i] not in ("", "-")]
-        return bool(cells) and all(c.rstrip("*")[-1:].isdigit() for c in cells)
-    align = ["---"] + ["---:" if numeric(i) else "---" for i in range(1, len(columns))]
-    out = ["| " + " | ".join(columns) + " |", "|" + "|".join(align) + "|"]
+    """A markdown table; short rows are padded with empty cells."""
+    out = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     out += ["| " + " | ".join(list(r) + [""] * (len(columns) - len(r))) + " |" for r in rows]
     return "\n".join(out)
 
