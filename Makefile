@@ -14,7 +14,7 @@ $(STAMP): requirements.txt
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $(STAMP)
 
-# The TPU compiler for deviceless TPU compiles (python -m animegamer_jax.aot, tests/test_aot_*.py):
+# The TPU compiler for deviceless TPU compiles (python -m animegamer_jax.commands.aot, tests/test_aot_*.py):
 # libtpu as jax[tpu]==0.10.2 pins it, installed beside the venv rather than on its import path, so
 # ordinary CPU runs do not probe for a TPU (parallel/target.py finds it there).
 TPU_COMPILER := $(VENV)/tpu-compiler/libtpu/libtpu.so
@@ -35,15 +35,15 @@ aot-gpu:
 
 # The main job on the embedded default (see README).
 demo: $(STAMP)
-	$(PY) -m animegamer_jax.play data/games/bunny.txt --demo --overwrite  # a rerun replaces its own game
-	$(PY) -m animegamer_jax.play data/games/sample_tour.txt --demo --overwrite  # the three sample films
+	$(PY) -m animegamer_jax.commands.play data/games/bunny.txt --demo --overwrite  # a rerun replaces its own game
+	$(PY) -m animegamer_jax.commands.play data/games/sample_tour.txt --demo --overwrite  # the three sample films
 
 # The toy world, end to end: generate it, prepare train/ and heldout/, train configs/toy_world.py's
 # pipeline (hours on 2 CPU cores). Rerunning resumes where it stopped (docs/training.md#train-the-toy-world).
 TOY_DATA ?= data/prepared
 TOY_WORKDIR ?= outputs/toy_world
 toy-world: $(STAMP)
-	$(PY) -m animegamer_jax.train toy-world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
+	$(PY) -m animegamer_jax.commands.train toy-world --data_dir=$(TOY_DATA) --workdir=$(TOY_WORKDIR) $(TOY_FLAGS)
 
 # Headless Chromium + chromedriver from Debian's packages for the browser test of the web app
 # (tests/test_web.py). Needs root (CI runs as root); where it cannot install, the browser test is

@@ -397,7 +397,7 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
     ``body(flag_values, *positional_values)``.
 
     Args:
-      prog: the program as the usage line shows it (``"python -m animegamer_jax.convert clip"``).
+      prog: the program as the usage line shows it (``"python -m animegamer_jax.commands.convert clip"``).
       argv: the arguments after the program; None: ``sys.argv[1:]``.
       define, doc, positional: as for :func:`parse_flags` (``positional=None``: ``body`` gets every
         positional argument and checks them itself, raising :class:`UsageError`).

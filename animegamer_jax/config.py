@@ -32,7 +32,7 @@ class ConfigError(ValueError):
 class SavedConfigError(Exception):
     """The config saved in a ``--checkpoint`` cannot be used (the message names the folder and the fix).
 
-    Raised while a command's flags are defined (game_flags.py ``game_flags``, eval/decoder.py), so
+    Raised while a command's flags are defined (commands/game_flags.py ``game_flags``, eval/decoder.py), so
     deliberately not a ValueError: ``cli.parse_flags`` reports a ValueError raised there as a bad
     config override; this one is reported as it is.
     """

@@ -6,7 +6,7 @@ into numpy, the key checks that name every missing, unexpected or mis-shaped key
 one converted network's parameters (a pure dict of arrays).
 
 The key tables live beside each model (``animegamer_jax/models/<family>/*convert.py``);
-``python -m animegamer_jax.convert <kind>`` (convert/__main__.py) is their one command-line front.
+``python -m animegamer_jax.commands.convert <kind>`` (commands/convert.py) is their one command-line front.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ built once (untimed) when the prepare stage is not run.
 Each stage runs its command as a separate process, once per setting and repeat, interleaved
 (1 2 1 2 ...), into a fresh output folder:
 
-  prepare   python -m animegamer_jax.data prepare --config=C --film_dir=FILMS --labels=L --out=OUT
-  caption   python -m animegamer_jax.data caption --config=C --film_dir=FILMS --captioner=rule --out=OUT/labels.jsonl
-  features  python -m animegamer_jax.data extract-features --config=C --dataset=PREPARED --out=OUT --random_init
+  prepare   python -m animegamer_jax.commands.data prepare --config=C --film_dir=FILMS --labels=L --out=OUT
+  caption   python -m animegamer_jax.commands.data caption --config=C --film_dir=FILMS --captioner=rule --out=OUT/labels.jsonl
+  features  python -m animegamer_jax.commands.data extract-features --config=C --dataset=PREPARED --out=OUT --random_init
 
 each with ``--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=N,--direct_running_mode=
 multi_processing`` (``--inprocess`` adds a run with no Beam options: DirectRunner in the driver). A stage
@@ -64,7 +64,7 @@ from benchmarks.common import git_commit, median  # noqa: E402
 CORPUS_VERSION = 1
 FPS = 25.0
 STAGES = ("prepare", "caption", "features")
-#: stage -> its command (``python -m animegamer_jax.data <command>``)
+#: stage -> its command (``python -m animegamer_jax.commands.data <command>``)
 COMMANDS = {"prepare": "prepare", "caption": "caption", "features": "extract-features"}
 #: the data-config keys that decide the clip plan (and so the labels)
 PLAN_KEYS = ("scene_threshold", "num_frames", "fps", "clip_seconds", "clip_stride_seconds")
@@ -277,21 +277,21 @@ def beam_flag(workers: int | None) -> list[str]:
 def command_help(stage: str, env: dict) -> tuple[str, str]:
     """The stage command's ``--helpfull`` text, and why it cannot run here ("" when it can): no
     --beam_pipeline_options flag yet (other engineers are moving it onto Beam), or --helpfull failed."""
-    r = subprocess.run([sys.executable, "-m", "animegamer_jax.data", COMMANDS[stage], "--helpfull"], cwd=ROOT, env=env,
+    r = subprocess.run([sys.executable, "-m", "animegamer_jax.commands.data", COMMANDS[stage], "--helpfull"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     text = r.stdout + r.stderr
     if "beam_pipeline_options" in text:
         return text, ""
     if r.returncode != 0:
-        return text, f"`python -m animegamer_jax.data {COMMANDS[stage]} --helpfull` failed (exit {r.returncode}): " \
+        return text, f"`python -m animegamer_jax.commands.data {COMMANDS[stage]} --helpfull` failed (exit {r.returncode}): " \
                      f"{(r.stderr or r.stdout).strip().splitlines()[-1:]}"
-    return text, f"`python -m animegamer_jax.data {COMMANDS[stage]}` has no --beam_pipeline_options flag yet"
+    return text, f"`python -m animegamer_jax.commands.data {COMMANDS[stage]}` has no --beam_pipeline_options flag yet"
 
 
 def stage_command(stage: str, a, corpus: dict, out: str, prepared: str, help_text: str = "") -> list[str]:
     """The command line of one stage run writing into the fresh folder ``out`` (``--noprogress`` where the
     command's ``help_text`` has it)."""
-    base = [sys.executable, "-m", "animegamer_jax.data", COMMANDS[stage], f"--config={a.config}"]
+    base = [sys.executable, "-m", "animegamer_jax.commands.data", COMMANDS[stage], f"--config={a.config}"]
     if "--[no]progress" in help_text:
         base.append("--noprogress")
     if stage == "prepare":

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/game_turn_bench.py [--config=configs/tiny.py] [--checkpoint=DIR | --standin]
         [--script=data/games/bunny.txt] [--repeat=2] [--config.x.y=v ...]
 
-Flags and ``--config`` are play's (absl; animegamer_jax/game_flags.py ``parse_game_flags``).
+Flags and ``--config`` are play's (absl; animegamer_jax/commands/game_flags.py ``parse_game_flags``).
 
 Without ``--checkpoint`` / ``--standin`` it plays ``config.game.checkpoint`` when that exists, else
 the randomly initialised system of the config's sizes (as ``play --demo``). The game is played
@@ -30,7 +30,7 @@ from absl import flags  # noqa: E402
 from animegamer_jax import parallel  # noqa: E402
 from animegamer_jax.game.api import STAGES  # noqa: E402
 from animegamer_jax.game.engine import GameEngine  # noqa: E402
-from animegamer_jax.game_flags import CLI_ERRORS, parse_game_flags  # noqa: E402
+from animegamer_jax.commands.game_flags import CLI_ERRORS, parse_game_flags  # noqa: E402
 from animegamer_jax.inference.layout import setup_jax  # noqa: E402
 from animegamer_jax.game.loading import resolve_system  # noqa: E402
 from animegamer_jax.game.saving import save_game  # noqa: E402

@@ -129,7 +129,7 @@ def main() -> None:
         t0 = time.perf_counter()
         # The child reports its own VmHWM (peak RSS of its address space since exec): ru_maxrss of a
         # forked child also counts the parent's pages it held before exec.
-        code = ("import sys; from animegamer_jax.convert.__main__ import main; rc = main(sys.argv[1:]); "
+        code = ("import sys; from animegamer_jax.commands.convert import main; rc = main(sys.argv[1:]); "
                 "st = dict(l.split(':', 1) for l in open('/proc/self/status')); "
                 "print('VMHWM', st['VmHWM'].strip(), flush=True); sys.exit(rc)")
         r = subprocess.run([sys.executable, "-c", code, "release", src, dst, "--config", cfg_py],

@@ -1,6 +1,6 @@
 """Bytes and FLOPs of the paper-width VAE decode at a reduced latent size, compiled for a chip ahead of time.
 
-A proxy for ``python -m animegamer_jax.aot --topology=v6e-1 --program=vae_decode`` (20-35 min on a
+A proxy for ``python -m animegamer_jax.commands.aot --topology=v6e-1 --program=vae_decode`` (20-35 min on a
 2-core host): the paper config's VAE decoder (``configs/animegamer_2b_7b.py``, bf16 activations, the
 release chunk plan) on latents ``[1, T, 16, h, w]``, untiled, jitted for one device of ``--topology``
 (libtpu compile-only devices; nothing runs), then the trip-count-aware totals of

@@ -5,7 +5,7 @@ Usage::
     python benchmarks/web_load.py [--players 16] [--turns 3] [--max_queue 32]
         [--checkpoint checkpoints/tiny_system | --standin] [--json report.json]
 
-Starts ``python -m animegamer_jax.web`` as its own process (default host, a free port, the warm-up
+Starts ``python -m animegamer_jax.commands.web`` as its own process (default host, a free port, the warm-up
 turn first, games in a temporary folder that is removed afterwards), then ``--players`` threads,
 each one browser session with its own cookie, start together and play ``--turns`` turns each,
 every turn POSTed as soon as the previous one is done (so the queue stays about ``players`` deep).
@@ -77,7 +77,7 @@ def proc_status_kib(pid: int, field: str) -> int:
 
 
 class ServerProcess:
-    """``python -m animegamer_jax.web ARGS --port <free> --out OUT`` in its own process.
+    """``python -m animegamer_jax.commands.web ARGS --port <free> --out OUT`` in its own process.
 
     ``start()`` returns once the server accepts connections (``url`` then holds its address, as the
     server printed it); ``lines`` holds its output (stdout and stderr) as it comes; a thread samples
@@ -87,7 +87,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], out: str, sample_s: float = 0.1):
         self.port = free_port()
-        self.cmd = [sys.executable, "-m", "animegamer_jax.web", *args, "--port", str(self.port), "--out", out]
+        self.cmd = [sys.executable, "-m", "animegamer_jax.commands.web", *args, "--port", str(self.port), "--out", out]
         self.lines: list[str] = []
         self.url = ""
         self.max_rss_kib = 0

@@ -4,15 +4,15 @@ Numbers follow the paper (arXiv 2504.01014) and the released TencentARC/AnimeGam
 written up in docs/ (docs/README.md); comments name the doc and heading of each fact.
 
 Use:
-  python -m animegamer_jax.train --config=configs/animegamer_2b_7b.py --config.train.phase=b \
+  python -m animegamer_jax.commands.train --config=configs/animegamer_2b_7b.py --config.train.phase=b \
       --workdir=/ckpt/run1
-  python -m animegamer_jax.play --config=configs/animegamer_2b_7b.py --checkpoint=/ckpt/system \
+  python -m animegamer_jax.commands.play --config=configs/animegamer_2b_7b.py --checkpoint=/ckpt/system \
       data/games/bunny.txt
 Cost: one game turn is ~3 PFLOP of DiT work (50 steps x 2 CFG halves x 6976 tokens); the paper
 reports 24 s/turn (hardware not stated). Training phase (b) needs an FSDP mesh of >= 8 x 80 GB.
 Full-size shapes, shardings and compiled memory are checked on fake CPU devices by the tests and
-``python -m animegamer_jax.aot``; nothing here downloads weights (convert them with
-``python -m animegamer_jax.convert``).
+``python -m animegamer_jax.commands.aot``; nothing here downloads weights (convert them with
+``python -m animegamer_jax.commands.convert``).
 """
 
 import ml_collections
@@ -349,7 +349,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
     c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
 
-    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.data caption`) ----
+    # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.commands.data caption`) ----
     c.label = ml_collections.ConfigDict()
     c.label.num_frames = 4  # uniformly sampled frames of each clip shown to the captioner (paper: 4)
     c.label.max_references = 2  # reference images per character (CHARS/<name>/*.png, sorted) in the prompt

@@ -6,9 +6,9 @@ float32 everywhere (the fixture was recorded in float32 on CPU) and ``game.mode`
 so ``check-release`` and ``play`` reproduce the release's inference path.
 
 Use:
-  python -m animegamer_jax.convert release ../shared/fixtures/release_tiny/release /tmp/rt \
+  python -m animegamer_jax.commands.convert release ../shared/fixtures/release_tiny/release /tmp/rt \
       --config configs/release_tiny.py
-  python -m animegamer_jax.convert check-release /tmp/rt \
+  python -m animegamer_jax.commands.convert check-release /tmp/rt \
       ../shared/fixtures/release_tiny/cases/dev_01_qiqi_railing.npz
 Cost: the conversion takes a few seconds and one reference turn about ten seconds on 2 CPU cores.
 """

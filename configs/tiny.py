@@ -6,8 +6,8 @@ so token layouts match the paper model except for the number of query tokens (8 
 
 Use:
   make demo                      # plays data/games/bunny.txt on the shipped tiny checkpoint
-  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny
-  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny_all
+  python -m animegamer_jax.commands.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny
+  python -m animegamer_jax.commands.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny_all
       # vae -> a1 -> a2 -> b -> c (train.pipeline / pipeline_steps / pipeline_learning_rates below)
 Cost: seconds per step / per turn on this 2-core CPU.
 """
@@ -71,7 +71,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): a 2-layer, 64-wide DiT
     # plateaus in phase a2 and draws blocky latents even for its training clips; 4 layers of 4 x 32 heads
-    # reproduce the footage (python -m animegamer_jax.eval decoder; docs/results.md).
+    # reproduce the footage (python -m animegamer_jax.commands.eval decoder; docs/results.md).
     # s_a enters the DiT unprojected, so rep.dim = dit.hidden_size (1920 at full size).
     c.rep.dim = 128
     c.dit.update(hidden_size=128, num_layers=4, num_heads=4, head_dim=32)
@@ -86,7 +86,7 @@ def get_config() -> ml_collections.ConfigDict:
     # CogVideoX's 16 latent channels (8x spatial, 4x temporal compression: 64x96 -> 8x12x16 latents),
     # the shape of the shipped checkpoints/tiny_system, whose VAE the "vae" phase trained. The two
     # low-resolution levels are wider than the full-resolution one, which does most of the FLOPs
-    # (held-out reconstruction PSNR: python -m animegamer_jax.eval vae; docs/results.md).
+    # (held-out reconstruction PSNR: python -m animegamer_jax.commands.eval vae; docs/results.md).
     c.vae.latent_channels = 16
     c.preview.channels = (8, 8, 8, 8)  # ~10 k parameters (phase preview)
     c.vae.block_out_channels = (8, 16, 32, 64)
@@ -95,7 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.diffusion.num_sampling_steps = 8
     # DynamicCFG scale 1 (s = 1 + scale (1 - cos(pi (i/8)^5)) / 2 rises to 1.5 by the 8th step), not the
     # paper's 6 (s up to 4.1 here), which oversaturates the tiny system's samples
-    # (python -m animegamer_jax.eval decoder --config.diffusion.cfg_scale=S; docs/results.md).
+    # (python -m animegamer_jax.commands.eval decoder --config.diffusion.cfg_scale=S; docs/results.md).
     c.diffusion.cfg_scale = 1.0
     # phase d distils the teacher on the paper's 50-step grid (the teacher plays 8 steps here for speed);
     # the student learns the scales around the tiny system's 1.0
@@ -125,7 +125,7 @@ def get_config() -> ml_collections.ConfigDict:
     # 128x192 (tiny_vae_hr) and cut into multi-scale crops: 1x-2x the stage size, resized to it (the
     # 119 frames alone are few enough for the VAE to memorise). The film frames between those clips are
     # its held-out set, scored at 64x96 on the same clips at the model's size (tiny_vae;
-    # python -m animegamer_jax.eval vae).
+    # python -m animegamer_jax.commands.eval vae).
     c.train.vae_dataset_dir = "data/prepared/tiny_vae_hr"
     c.train.vae_eval_dataset_dir = "data/prepared/tiny_vae"
     c.train.vae_max_crop_scale = 2.0

@@ -7,7 +7,7 @@ reads). The pipeline starts from checkpoints/tiny_system (T5 and CLIP frozen), f
 the toy clips and trains a1 -> a2 -> b -> c -> r.
 
 Use (generates and prepares the data, then trains; rerunning resumes):
-  make toy-world   # = python -m animegamer_jax.train toy-world --workdir=outputs/toy_world
+  make toy-world   # = python -m animegamer_jax.commands.train toy-world --workdir=outputs/toy_world
 Cost: about 2 h of steps on 2 idle CPU cores (a2 is most of it), longer on a shared host.
 """
 

@@ -5,10 +5,10 @@
 #   run CMD...     runs CMD, or with --dry_run prints it shell-quoted (one line, exactly what would run);
 #   run_sh STRING  the same for a shell pipeline given as one string (printed verbatim);
 #   setenv N=V     exports N, printed as `export N=V` under --dry_run.
-# MODULE (default animegamer_jax.train) is the Python module every process runs; e.g.
-# MODULE=animegamer_jax.parallel.check runs the multi-host smoke test instead of training.
+# MODULE (default animegamer_jax.commands.train) is the Python module every process runs; e.g.
+# MODULE=animegamer_jax.commands.check runs the multi-host smoke test instead of training.
 DRY_RUN=0
-MODULE=${MODULE:-animegamer_jax.train}
+MODULE=${MODULE:-animegamer_jax.commands.train}
 ARGS=()
 parse_common() {
   local a

@@ -11,8 +11,8 @@
 # Sets the standard JAX variables read by animegamer_jax.parallel.initialize(). The code and the
 # environment must exist on every node (a shared filesystem checkout, or `pip install -e .[cuda12]`
 # on each; see launch/README.md). A single node (NUM_NODES=1) needs none of this:
-# `python -m animegamer_jax.train ...` uses all local GPUs.
-# Env: PYTHON (default python3), MODULE (default animegamer_jax.train).
+# `python -m animegamer_jax.commands.train ...` uses all local GPUs.
+# Env: PYTHON (default python3), MODULE (default animegamer_jax.commands.train).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
 parse_common "$@"

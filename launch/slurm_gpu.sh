@@ -9,7 +9,7 @@
 #
 # The checkout must be on a filesystem every node sees (the usual SLURM set-up), with its
 # environment installed once: `python3 -m venv .venv && .venv/bin/pip install -e .[cuda12]`
-# (then PYTHON=.venv/bin/python). Env: PYTHON (default python3), MODULE (default animegamer_jax.train).
+# (then PYTHON=.venv/bin/python). Env: PYTHON (default python3), MODULE (default animegamer_jax.commands.train).
 #
 #SBATCH --job-name=animegamer-train
 #SBATCH --ntasks-per-node=1

@@ -20,7 +20,7 @@
 # --dry_run prints every command, exactly, and runs none.
 # Env: PROJECT (gcloud project, optional), REPO_DIR (default ~/animegamer-jax), SETUP (1),
 #      STAGE_DIR (local folder for the tarball / wheel, default ${TMPDIR:-/tmp}),
-#      MODULE (default animegamer_jax.train); xpk: IMAGE (required), TPU_TYPE (default v5p-64),
+#      MODULE (default animegamer_jax.commands.train); xpk: IMAGE (required), TPU_TYPE (default v5p-64),
 #      NUM_SLICES (1), WORKLOAD (default animegamer-<date>).
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

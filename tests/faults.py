@@ -489,7 +489,7 @@ class PlayScriptCase(Case):
         self.script()
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.play", str(self.script()), "--game-id", "g", "--out", str(out / "games"),
+        return [PY, "-m", "animegamer_jax.commands.play", str(self.script()), "--game-id", "g", "--out", str(out / "games"),
                 *system_flags(self.system)]
 
     def rerun_command(self, out: Path) -> list[str]:
@@ -525,7 +525,7 @@ class PlayInteractiveCase(PlayScriptCase):
         return "\n".join(TURNS) + "\n"
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.play", "-", "--game-id", "g", "--out", str(out / "games"),
+        return [PY, "-m", "animegamer_jax.commands.play", "-", "--game-id", "g", "--out", str(out / "games"),
                 *system_flags(self.system)]
 
     def reported_done(self, out: Path, child: Child, ref: Path) -> object:
@@ -577,7 +577,7 @@ class PlayContinueCase(PlayScriptCase):
             script = self.inputs.root / "continue-base.txt"
             script.parent.mkdir(parents=True, exist_ok=True)
             fileio.write_text_atomic(str(script), "\n".join(TURNS[: self.BASE]) + "\n")
-            child = Child([PY, "-m", "animegamer_jax.play", str(script), "--game-id", "g", "--out",
+            child = Child([PY, "-m", "animegamer_jax.commands.play", str(script), "--game-id", "g", "--out",
                            str(folder.parent), *system_flags(self.system)], self.inputs.root / "logs" / "continue-base",
                           self.env)
             if child.wait(600) != 0:
@@ -600,14 +600,14 @@ class PlayContinueCase(PlayScriptCase):
         g = out / "games" / "g"
         if not g.exists():  # each run starts from its own copy of the saved game
             shutil.copytree(self.base_game(), g)
-        return [PY, "-m", "animegamer_jax.play", "--continue", str(g), str(self.more(self.BASE)),
+        return [PY, "-m", "animegamer_jax.commands.play", "--continue", str(g), str(self.more(self.BASE)),
                 *system_flags(self.system)]
 
     def rerun_command(self, out: Path) -> list[str]:
         g = out / "games" / "g"
         saved = game_turns(g)
         rest = [str(self.more(saved))] if saved < len(TURNS) else ["-"]
-        return [PY, "-m", "animegamer_jax.play", "--continue", str(g), *rest, *system_flags(self.system)]
+        return [PY, "-m", "animegamer_jax.commands.play", "--continue", str(g), *rest, *system_flags(self.system)]
 
     def reported_done(self, out: Path, child: Child, ref: Path) -> object:
         printed = max((int(k) for k in re.findall(r"^turn (\d+): ", child.stdout, re.MULTILINE)), default=0)
@@ -664,7 +664,7 @@ class GenerateCase(Case):
         self.jsonl()
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.generate", str(self.jsonl()), "--out", str(out / "games"),
+        return [PY, "-m", "animegamer_jax.commands.generate", str(self.jsonl()), "--out", str(out / "games"),
                 *system_flags(self.system)]
 
     def partial(self, out: Path) -> list[str]:
@@ -755,7 +755,7 @@ class WebPlayer:
 
 
 class ServeCase(Case):
-    """``python -m animegamer_jax.web``: a player plays the three turns over HTTP; the server is killed
+    """``python -m animegamer_jax.commands.web``: a player plays the three turns over HTTP; the server is killed
     at a moment spread over the turns (the reference's time from the first request to the last
     ``done``). Every turn whose ``done`` arrived must be saved and equal the uninterrupted game's.
     Then the server is started again on the same ``--out`` and the game played again from its start
@@ -770,7 +770,7 @@ class ServeCase(Case):
         self.system = system
 
     def command(self, out: Path, port: int = 0) -> list[str]:
-        return [PY, "-m", "animegamer_jax.web", "--port", str(port), "--out", str(out / "games"),
+        return [PY, "-m", "animegamer_jax.commands.web", "--port", str(port), "--out", str(out / "games"),
                 *system_flags(self.system)]
 
     def _start(self, out: Path, log: Path) -> tuple[Child, WebPlayer]:
@@ -859,7 +859,7 @@ class ServeCase(Case):
 
 
 class TrainCase(Case):
-    """``python -m animegamer_jax.train`` of one phase at tiny size on the shared 7-clip dataset,
+    """``python -m animegamer_jax.commands.train`` of one phase at tiny size on the shared 7-clip dataset,
     ``num_steps`` steps, a checkpoint every step, every loss logged. SIGTERM / SIGINT (preemption,
     Ctrl-C) must save at a step boundary and exit 0 saying how to resume; the rerun (same command)
     resumes from the newest committed checkpoint, and every loss in TensorBoard equals the
@@ -878,7 +878,7 @@ class TrainCase(Case):
 
     def command(self, out: Path) -> list[str]:
         ds = str(self.inputs.dataset)
-        return [PY, "-m", "animegamer_jax.train", "--config=configs/tiny.py", f"--config.data.dataset_dir={ds}",
+        return [PY, "-m", "animegamer_jax.commands.train", "--config=configs/tiny.py", f"--config.data.dataset_dir={ds}",
                 f"--config.train.vae_dataset_dir={ds}", "--config.train.vae_eval_dataset_dir=",
                 f"--config.train.phase={self.phase}", f"--config.train.num_steps={self.num_steps}",
                 "--config.train.checkpoint_every=1", "--config.train.log_every=1", f"--workdir={out / 'run'}",
@@ -1065,7 +1065,7 @@ class DatasetCase(Case):
 
 
 class PrepareCase(DatasetCase):
-    """``python -m animegamer_jax.data prepare`` of the sample film and data/sample_labels.jsonl."""
+    """``python -m animegamer_jax.commands.data prepare`` of the sample film and data/sample_labels.jsonl."""
 
     name = "prepare"
 
@@ -1073,12 +1073,12 @@ class PrepareCase(DatasetCase):
         self.inputs.film
 
     def command(self, out: Path, name: str = "ds") -> list[str]:
-        return [PY, "-m", "animegamer_jax.data", "prepare", "--config=configs/tiny.py",
+        return [PY, "-m", "animegamer_jax.commands.data", "prepare", "--config=configs/tiny.py",
                 f"--film=sample_film={self.inputs.film}", f"--labels={LABELS}", f"--out={out / name}"]
 
 
 class ExtractFeaturesCase(DatasetCase):
-    """``python -m animegamer_jax.data extract-features --random_init`` of the shared dataset."""
+    """``python -m animegamer_jax.commands.data extract-features --random_init`` of the shared dataset."""
 
     name = "extract_features"
 
@@ -1086,12 +1086,12 @@ class ExtractFeaturesCase(DatasetCase):
         self.inputs.dataset
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.data", "extract-features", "--config=configs/tiny.py",
+        return [PY, "-m", "animegamer_jax.commands.data", "extract-features", "--config=configs/tiny.py",
                 f"--dataset={self.inputs.dataset}", f"--out={out / 'ds'}", "--random_init"]
 
 
 class LabelCase(Case):
-    """``python -m animegamer_jax.data caption --captioner=rule`` in batches of 2 clips: each batch is
+    """``python -m animegamer_jax.commands.data caption --captioner=rule`` in batches of 2 clips: each batch is
     a part file as soon as it is captioned, the labels file is written once at the end; the same
     command resumes from the parts."""
 
@@ -1101,7 +1101,7 @@ class LabelCase(Case):
         self.inputs.film
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.data", "caption", "--config=configs/tiny.py",
+        return [PY, "-m", "animegamer_jax.commands.data", "caption", "--config=configs/tiny.py",
                 f"--film=sample_film={self.inputs.film}", f"--characters={ROOT / 'data' / 'characters'}",
                 "--captioner=rule", "--config.label.batch_size=2", "--noprogress", f"--out={out / 'labels.jsonl'}"]
 
@@ -1140,7 +1140,7 @@ class LabelCase(Case):
 
 
 class ConvertReleaseCase(Case):
-    """``python -m animegamer_jax.convert release`` of the tiny release fixture: DST appears complete
+    """``python -m animegamer_jax.commands.convert release`` of the tiny release fixture: DST appears complete
     or not at all; after a kill the same command (DST absent) converts again."""
 
     name = "convert release"
@@ -1152,7 +1152,7 @@ class ConvertReleaseCase(Case):
             raise HarnessError(f"{RELEASE}: the tiny release fixture is missing (../shared/fixtures/release_tiny)")
 
     def command(self, out: Path) -> list[str]:
-        return [PY, "-m", "animegamer_jax.convert", "release", str(RELEASE), str(out / "system"),
+        return [PY, "-m", "animegamer_jax.commands.convert", "release", str(RELEASE), str(out / "system"),
                 "--config=configs/release_tiny.py"]
 
     def finished(self, out: Path) -> bool:

@@ -9,7 +9,7 @@ import pytest
 
 from animegamer_jax.aot import pieces, programs, report
 from animegamer_jax.parallel import target
-from animegamer_jax.aot.__main__ import main
+from animegamer_jax.commands.aot import main
 from tests.tpu import compile_tiny
 
 

@@ -58,7 +58,7 @@ CHARACTER_CASES = [
 
 #: entry point ("module:function") -> (case name, argv) rows
 CASES: dict[str, list[tuple[str, list[str]]]] = {
-    "animegamer_jax.play:cli": [
+    "animegamer_jax.commands.play:cli": [
         ("missing script", ["inputs/missing.txt", *GAME]),
         ("empty script", ["inputs/empty.txt", *GAME]),
         ("binary script", ["inputs/binary.py", *GAME]),
@@ -74,7 +74,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         *[(n, ["inputs/ok.txt", *a]) for n, a in CHARACTER_CASES],
         *[(n, ["inputs/ok.txt", *a, *GAME]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.generate:cli": [
+    "animegamer_jax.commands.generate:cli": [
         ("no games file", GAME),
         ("missing games", ["inputs/missing.jsonl", *GAME]),
         ("empty games", ["inputs/empty.jsonl", *GAME]),
@@ -86,64 +86,64 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         *[(n, ["inputs/ok.jsonl", *a]) for n, a in CHARACTER_CASES],
         *[(n, ["inputs/ok.jsonl", *a, *GAME]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.train.__main__:cli": [
+    "animegamer_jax.commands.train:cli": [
         ("no prepared dataset", ["--config=configs/tiny.py", "--workdir=wd", "--config.data.dataset_dir=inputs/folder"]),
         ("no workdir", ["--config=configs/tiny.py"]),
         ("no config", ["--workdir=wd"]),
         *[(n, ["--workdir=wd", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.convert.__main__:cli": [
+    "animegamer_jax.commands.convert:cli": [
         ("no kind", []),
         ("unknown kind", ["zz"]),
         ("clip without paths", ["clip"]),
         ("vae from a missing file", ["vae", "inputs/missing.pt", "out"]),
         ("release from a missing folder", ["release", "inputs/missing", "out", "--config=configs/tiny.py"]),
     ],
-    "animegamer_jax.eval.__main__:cli": [
+    "animegamer_jax.commands.eval:cli": [
         ("missing benchmark", ["--standin", "--benchmark=inputs/missing.json", "--out=out"]),
         ("directory benchmark", ["--standin", "--benchmark=inputs/folder", "--out=out"]),
         ("binary benchmark", ["--standin", "--benchmark=inputs/binary.py", "--out=out"]),
         *[(n, ["--standin", "--out=out", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.data.__main__:prepare_main": [
+    "animegamer_jax.commands.data:prepare_main": [
         ("missing film", ["--film=inputs/missing.mp4", "--out=out"]),
         ("binary film", ["--film=inputs/binary.py", "--out=out"]),
         ("directory labels", ["--film_dir=inputs/folder", "--labels=inputs/folder", "--out=out"]),
         *[(n, ["--film_dir=inputs/folder", "--out=out", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.data.__main__:extract_features_main": [
+    "animegamer_jax.commands.data:extract_features_main": [
         ("missing dataset", ["--dataset=inputs/missing", "--out=out"]),
         ("batch size 0", ["--dataset=inputs/folder", "--batch_size=0", "--out=out"]),
         *[(n, ["--dataset=inputs/folder", "--out=out", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.data.__main__:sample_main": [
+    "animegamer_jax.commands.data:sample_main": [
         ("width 0", ["--width=0", "--out=out/x.mp4"]),
         ("unknown flag", ["--no_such_flag=1"]),
         ("positional", ["inputs/ok.txt"]),
     ],
-    "animegamer_jax.eval.__main__:vae_cli": [
+    "animegamer_jax.commands.eval:vae_cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("binary dataset", ["--checkpoint=inputs/folder", "--dataset=inputs/binary.py"]),
         *[(n, ["--checkpoint=inputs/missing", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.eval.__main__:decoder_cli": [
+    "animegamer_jax.commands.eval:decoder_cli": [
         ("missing checkpoint", ["--checkpoint=inputs/missing", "--dataset=inputs/folder"]),
         ("clips 0", ["--checkpoint=inputs/folder", "--clips=0"]),
         ("unknown sampler", ["--checkpoint=inputs/folder", "--config.diffusion.sampler=zz"]),
         ("unknown flag", ["--no_such_flag=1"]),
     ],
-    "animegamer_jax.eval.__main__:representation_cli": [
+    "animegamer_jax.commands.eval:representation_cli": [
         ("missing game", ["--game=inputs/missing", "--checkpoint=inputs/folder"]),
         ("binary game", ["--game=inputs/binary.py", "--checkpoint=inputs/folder"]),
         ("unknown flag", ["--no_such_flag=1"]),
     ],
-    "animegamer_jax.aot.__main__:cli": [
+    "animegamer_jax.commands.aot:cli": [
         ("unknown topology", ["--config=configs/tiny.py", "--topology=zz-99"]),
         ("unknown program", ["--config=configs/tiny.py", "--program=zz"]),
         ("slices 0", ["--config=configs/tiny.py", "--num_slices=0"]),
         *CONFIG_CASES,
     ],
-    "animegamer_jax.web.__main__:cli": [
+    "animegamer_jax.commands.web:cli": [
         ("port -1", ["--standin", "--port=-1"]),
         ("max queue 0", ["--standin", "--max_queue=0"]),
         ("seed beyond 64 bits", ["--standin", f"--seed={BIG}"]),
@@ -151,12 +151,12 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("missing checkpoint", ["--checkpoint=inputs/missing"]),
         *[(n, ["--standin", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.data.__main__:caption_main": [
+    "animegamer_jax.commands.data:caption_main": [
         ("no captioner", ["--film_dir=inputs/folder", "--out=out"]),
         ("missing film", ["--film=inputs/missing.mp4", "--captioner=standin", "--out=out"]),
         *[(n, ["--film_dir=inputs/folder", "--captioner=standin", "--out=out", *a]) for n, a in CONFIG_CASES],
     ],
-    "animegamer_jax.checkpoint.__main__:cli": [
+    "animegamer_jax.commands.checkpoint:cli": [
         ("no subcommand", []),
         ("unknown subcommand", ["zz"]),
         ("verify a missing folder", ["verify", "inputs/missing"]),
@@ -165,7 +165,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("manifest without a folder", ["manifest"]),
         ("cast without components", ["cast", "inputs/folder", "out"]),
     ],
-    "animegamer_jax.character.__main__:cli": [
+    "animegamer_jax.commands.character:cli": [
         ("no subcommand", []),
         ("unknown subcommand", ["zz"]),
         ("fit without pictures", ["fit", "--name=Zed", "--checkpoint=inputs/folder", "--out=out/sys"]),
@@ -178,7 +178,7 @@ CASES: dict[str, list[tuple[str, list[str]]]] = {
         ("fit a missing checkpoint", ["fit", "--film=inputs/missing.mp4", "--name=Zed",
                                       "--checkpoint=inputs/missing", "--out=out/sys"]),
     ],
-    "animegamer_jax.data.__main__:tiny_t5_spiece_main": [
+    "animegamer_jax.commands.data:tiny_t5_spiece_main": [
         ("vocab size 0", ["--vocab_size=0", "--out=out/x.model"]),
         ("out is a folder", ["--out=inputs/folder"]),
         ("positional", ["inputs/ok.txt"]),
@@ -246,7 +246,7 @@ def workdir(tmp_path, monkeypatch):
 def test_bad_inputs_get_one_line_and_write_nothing(workdir, capsys, monkeypatch):
     """Every row of :data:`CASES`: exit status 2, one ``error:`` line on stderr, the folder unchanged."""
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
-    import animegamer_jax.web.__main__ as web_main
+    from animegamer_jax.commands import web as web_main
 
     def no_server(*args, **kwargs):  # a row that passes every check must not start serving
         raise AssertionError("the bad input reached build_server")
@@ -301,7 +301,7 @@ def test_the_console_path_prints_one_line(workdir, argv):
 def test_interactive_play_refuses_a_bad_line_and_plays_the_next(workdir, capsys, monkeypatch):
     """``play -``: a line with a byte that is not UTF-8, or with ESC, gets one ``error:`` line naming the
     line; the lines after it are played."""
-    from animegamer_jax import play
+    from animegamer_jax.commands import play
 
     typed = (b"Character: Bunny; Motion: h\xffop; Background: meadow.\n"
              b"Character: Bunny; Motion: hop\x1b[2J; Background: meadow.\n" + OK_LINE.encode())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from animegamer_jax.character.__main__ import main
+from animegamer_jax.commands.character import main
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = str(REPO / "checkpoints" / "tiny_system")

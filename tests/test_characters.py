@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from animegamer_jax import play
+from animegamer_jax.commands import play
 from animegamer_jax.game import characters
 from tests.subproc import run_python
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from animegamer_jax import checkpoint, play
-from animegamer_jax.checkpoint import __main__ as checkpoint_cli
+from animegamer_jax import checkpoint
+from animegamer_jax.commands import play
+from animegamer_jax.commands import checkpoint as checkpoint_cli
 from animegamer_jax.checkpoint import integrity
 from configs import tiny
 from tests.checkpoint_helpers import system_without
@@ -115,7 +116,7 @@ def test_missing_or_damaged_integrity_file_and_remanifest(saved, tmp_path, capsy
     os.remove(os.path.join(d, checkpoint.INTEGRITY_FILE))
     with pytest.raises(checkpoint.CheckpointIntegrityError, match=r"no integrity.json, so its files cannot be checked .*"
                        r"Fix: re-save it with save_system; if you trust it, write one with "
-                       r"`python -m animegamer_jax.checkpoint manifest "):
+                       r"`python -m animegamer_jax.commands.checkpoint manifest "):
         checkpoint.load_system(d, builders=BUILDERS)
     assert checkpoint_cli.main(["manifest", d]) == 0
     assert checkpoint_cli.main(["verify", "--full", d]) == 0
@@ -172,7 +173,7 @@ def test_play_with_a_damaged_checkpoint_is_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
-    """``python -m animegamer_jax.checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
+    """``python -m animegamer_jax.commands.checkpoint cast``: the named components' float32 arrays stored as bf16 (how the shipped
     tiny system's MLLM is stored), loaded back at the module dtype within bf16 rounding, the rest
     bit-identical; never onto an existing folder."""
     import jax
@@ -210,7 +211,7 @@ def test_cast_stores_components_smaller_and_loads_back(tmp_path, capsys):
 
 
 def test_add_copies_every_file_and_rewrites_only_the_records(tmp_path, capsys):
-    """``python -m animegamer_jax.checkpoint add BASE DST --from=SYSTEM --components=reference`` (how the
+    """``python -m animegamer_jax.commands.checkpoint add BASE DST --from=SYSTEM --components=reference`` (how the
     shipped tiny system gained its reference adapter): every file of BASE and of the added component
     byte for byte, the manifest/config/handlers gain the component; refusals are one line."""
     ship = "checkpoints/tiny_system"

@@ -161,7 +161,7 @@ def data():
             time.sleep(3600)
         yield loader_example(cfg, "a2")
 
-# --fast_compile of `python -m animegamer_jax.train`
+# --fast_compile of `python -m animegamer_jax.commands.train`
 print("system:", pipeline.run_phase(cfg, sys.argv[1], data=data(),
                                     compiler_options={"xla_backend_optimization_level": 0}), flush=True)
 """
@@ -178,7 +178,7 @@ def _committed_steps(gcs, ckpts="bucket/run/checkpoints"):
 @pytest.mark.slow
 def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     """Tiny phase a2 in a child process with workdir gs://bucket/run, SIGKILLed once a checkpoint is
-    committed, resumed by a second child to the end, then `python -m animegamer_jax.play
+    committed, resumed by a second child to the end, then `python -m animegamer_jax.commands.play
     gs://bucket/scripts/duel.txt --checkpoint gs://bucket/run/system --out gs://bucket/games`: every
     expected object is in the emulator and nothing was written to the local disk (the children's
     HOME, working directory and TMPDIR stay empty; no new file in the checkout)."""
@@ -240,7 +240,7 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
 
     # 3. play the trained system from gs:// into gs:// (the script on gs:// too)
     gcs.pipe("bucket/scripts/duel.txt", (TEXTS[0] + "\n").encode())
-    proc, files = child(["-m", "animegamer_jax.play", "gs://bucket/scripts/duel.txt", "--checkpoint", out,
+    proc, files = child(["-m", "animegamer_jax.commands.play", "gs://bucket/scripts/duel.txt", "--checkpoint", out,
                          "--out", "gs://bucket/games"], "play")
     rc = proc.wait(600)
     [f.close() for f in files]
@@ -301,7 +301,7 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
 
     from animegamer_jax import checkpoint
     from animegamer_jax.convert import check_release
-    from animegamer_jax.convert.__main__ import release_main
+    from animegamer_jax.commands.convert import release_main
 
     config = os.path.join(ROOT, "configs", "release_tiny.py")
     gcs.put(os.path.join(RELEASE_FIXTURE, "release"), "bucket/release", recursive=True)

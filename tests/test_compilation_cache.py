@@ -17,7 +17,7 @@ import collections, json, sys
 import jax
 events = collections.Counter()
 jax.monitoring.register_event_listener(lambda name, **_: events.update([name]))
-from animegamer_jax import play
+from animegamer_jax.commands import play
 rc = play.main([sys.argv[1], "--standin", "--out", sys.argv[2], *sys.argv[3:]])
 print(json.dumps({"rc": rc, **{k.rsplit("/", 1)[1]: v for k, v in events.items()
                                if k.startswith("/jax/compilation_cache/")}}))
@@ -89,7 +89,7 @@ def test_a_folder_that_cannot_be_created_turns_the_cache_off(tmp_path, capsys):
 
 
 def test_every_command_has_the_flag():
-    from animegamer_jax.game_flags import parse_game_flags
+    from animegamer_jax.commands.game_flags import parse_game_flags
 
     f, _ = cli.parse_flags(["prog"], lambda fv, argv: None)
     assert f.compilation_cache_dir is None

@@ -1,4 +1,4 @@
-"""The ``python -m animegamer_jax.convert <kind>`` dispatcher reaches every converter's CLI."""
+"""The ``python -m animegamer_jax.commands.convert <kind>`` dispatcher reaches every converter's CLI."""
 
 import re
 
@@ -6,7 +6,7 @@ import numpy as np
 
 import pytest
 
-from animegamer_jax.convert import __main__ as cli
+from animegamer_jax.commands import convert as cli
 
 
 def test_every_kind_has_a_cli():
@@ -31,7 +31,7 @@ def test_every_kind_is_absl_with_config_overrides_in_help(capsys):
             cli.main([kind, "--help"])
         assert e.value.code == 0, kind
         out = capsys.readouterr().out
-        assert out.startswith(f"usage: python -m animegamer_jax.convert {kind} "), (kind, out[:200])
+        assert out.startswith(f"usage: python -m animegamer_jax.commands.convert {kind} "), (kind, out[:200])
         assert "flags:" in out and "argparse" not in out
         if kind not in ("mistral", "check-release"):
             assert "--config:" in out and re.search(r"--config\.[a-z0-9.]+=v overrides a field", " ".join(out.split())), kind
@@ -81,7 +81,7 @@ def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):
 
 
 def test_t5_tokenizer_cli(tmp_path, capsys):
-    from animegamer_jax.data.__main__ import tiny_t5_spiece_main
+    from animegamer_jax.commands.data import tiny_t5_spiece_main
     from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
     out = tmp_path / "spm.model"

@@ -199,7 +199,7 @@ def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "killed"
-    cmd = [sys.executable, "-m", "animegamer_jax.data", "prepare", "--config=configs/tiny.py",
+    cmd = [sys.executable, "-m", "animegamer_jax.commands.data", "prepare", "--config=configs/tiny.py",
            f"--film=sample_film={film}", f"--labels={LABELS}", f"--out={out}"]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
@@ -491,7 +491,7 @@ def test_prepare_cli(film, dataset, tmp_path):
     out = tmp_path / "cli_ds"
     garbage = tmp_path / "bad.mp4"
     garbage.write_bytes(b"junk" * 10)
-    cmd = [sys.executable, "-m", "animegamer_jax.data", "prepare", "--config=configs/tiny.py",
+    cmd = [sys.executable, "-m", "animegamer_jax.commands.data", "prepare", "--config=configs/tiny.py",
            f"--film=sample_film={film}", f"--film={garbage}", f"--labels={LABELS}", f"--out={out}",
            "--skip_bad",
            "--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing"]
@@ -509,7 +509,7 @@ def test_prepare_cli(film, dataset, tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     (old / "dataset.json").write_text("{}")
-    with pytest.raises(datasets.DatasetError, match=r"old layout .*python -m animegamer_jax.data prepare"):
+    with pytest.raises(datasets.DatasetError, match=r"old layout .*python -m animegamer_jax.commands.data prepare"):
         loader.ClipSource(str(old))
     with pytest.raises(FileExistsError, match="holds a dataset"):
         prepare.prepare_dataset([("sample_film", film)], LABELS, str(out), _data_cfg())

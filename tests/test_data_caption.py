@@ -207,7 +207,7 @@ def test_tiny_internvl_end_to_end(footage, tmp_path, monkeypatch, capsys):
 
 
 def _label_cmd(footage, out, extra=()):
-    return [sys.executable, "-m", "animegamer_jax.data", "caption", "--config=configs/tiny.py",
+    return [sys.executable, "-m", "animegamer_jax.commands.data", "caption", "--config=configs/tiny.py",
             f"--film=sample_film={footage['film']}", f"--characters={footage['chars']}", f"--out={out}",
             "--noprogress", *extra]
 

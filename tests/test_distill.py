@@ -146,7 +146,7 @@ def student_checkpoint(tmp_path_factory):
 
 @pytest.mark.slow
 def test_play_with_the_student_end_to_end(student_checkpoint, tmp_path, capsys):
-    from animegamer_jax import play
+    from animegamer_jax.commands import play
 
     ckpt, without = student_checkpoint
     script = tmp_path / "g.txt"

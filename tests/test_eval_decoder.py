@@ -6,7 +6,7 @@ import os
 import pytest
 
 from animegamer_jax.data import loader, prepare, sample
-from animegamer_jax.eval.__main__ import decoder_main, representation_main
+from animegamer_jax.commands.eval import decoder_main, representation_main
 from animegamer_jax.eval import decoder
 from configs import tiny
 from tests.subproc import ROOT

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.data import toy_world
-from animegamer_jax.eval.__main__ import identity_main
+from animegamer_jax.commands.eval import identity_main
 from animegamer_jax.eval import embedders, identity
 from animegamer_jax.game import writers
 

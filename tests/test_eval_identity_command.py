@@ -1,4 +1,4 @@
-"""python -m animegamer_jax.eval identity end to end: the shipped tiny system on a tiny toy world, games
+"""python -m animegamer_jax.commands.eval identity end to end: the shipped tiny system on a tiny toy world, games
 named after each character without and with its reference, scored; the decoder PSNR without / with."""
 
 import json
@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from animegamer_jax.eval.__main__ import identity_main, played_clips
+from animegamer_jax.commands.eval import identity_main, played_clips
 from animegamer_jax.eval import identity
 from animegamer_jax.game import writers
 from animegamer_jax.train import toy_world as toy_driver

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.config import load_config
-from animegamer_jax.eval import __main__ as cli
+from animegamer_jax.commands import eval as cli
 from animegamer_jax.cli import run_subcommand
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.table1_games import BenchmarkError

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from animegamer_jax import play
+from animegamer_jax.commands import play
 from animegamer_jax.game import writers
 
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host

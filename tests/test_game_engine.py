@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from animegamer_jax import cli, generate, play
+from animegamer_jax import cli
+from animegamer_jax.commands import generate, play
 from animegamer_jax.io import fileio
 
 from animegamer_jax.tokenizers import mllm_tokenizer
@@ -18,13 +19,13 @@ from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game_flags import parse_game_flags
+from animegamer_jax.commands.game_flags import parse_game_flags
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.models.cogvideox.dit import flow_value
-from animegamer_jax.play import define_flags
+from animegamer_jax.commands.play import define_flags
 from tests.subproc import run_python
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",

@@ -43,11 +43,11 @@ def test_tpu_pod_v5p_64_copies_code_sets_up_env_and_runs(tmp_path):
     run = shlex.split(lines[3])
     assert run[:-1] == gcloud + ["ssh", "my-v5p-64", *where]
     remote = shlex.split(run[-1].removeprefix("--command="))
-    assert remote == ["cd", "~/animegamer-jax", "&&", ".venv/bin/python", "-m", "animegamer_jax.train", *TRAIN]
+    assert remote == ["cd", "~/animegamer-jax", "&&", ".venv/bin/python", "-m", "animegamer_jax.commands.train", *TRAIN]
     # the tarball command really packs the checkout (run it)
     subprocess.run(["bash", "-c", lines[0]], check=True, timeout=120)
     names = subprocess.run(["tar", "-tzf", tar], capture_output=True, text=True, check=True).stdout.split()
-    assert {"pyproject.toml", "animegamer_jax/train/__main__.py", "configs/tiny.py", "launch/tpu_pod.sh"} <= set(names)
+    assert {"pyproject.toml", "animegamer_jax/commands/train.py", "configs/tiny.py", "launch/tpu_pod.sh"} <= set(names)
     assert not any(n.startswith((".venv", ".git/")) for n in names)
 
 
@@ -60,7 +60,7 @@ def test_tpu_pod_wheel_and_xpk_modes():
                          "my-v5p-64:~/animegamer_jax-0.1.0-py3-none-any.whl"]
     assert w[2][-1].endswith("agj-venv/bin/pip install -q './animegamer_jax-0.1.0-py3-none-any.whl[tpu]' && agj-venv/"
                              "bin/pip install -q --force-reinstall --no-deps './animegamer_jax-0.1.0-py3-none-any.whl'")
-    assert w[3][-1] == "--command=~/agj-venv/bin/python -m animegamer_jax.train --workdir=gs://b/r"
+    assert w[3][-1] == "--command=~/agj-venv/bin/python -m animegamer_jax.commands.train --workdir=gs://b/r"
     xpk = _dry("tpu_pod.sh", "--mode=xpk", "my-cluster", "us-east5-a", *TRAIN, IMAGE="gcr.io/p/agj:1", WORKLOAD="w1")
     print(xpk)
     x = [shlex.split(line) for line in xpk.strip().splitlines()]
@@ -68,7 +68,7 @@ def test_tpu_pod_wheel_and_xpk_modes():
     assert x[1] == ["docker", "push", "gcr.io/p/agj:1"]
     assert x[2] == ["xpk", "workload", "create", "--cluster=my-cluster", "--zone=us-east5-a", "--workload=w1",
                     "--docker-image=gcr.io/p/agj:1", "--tpu-type=v5p-64", "--num-slices=1",
-                    "--command=python -m animegamer_jax.train " + " ".join(TRAIN)]
+                    "--command=python -m animegamer_jax.commands.train " + " ".join(TRAIN)]
     res = subprocess.run(["bash", f"{LAUNCH}/tpu_pod.sh", "--dry_run", "--mode=xpk", "c", "z"], capture_output=True,
                          text=True, env={k: v for k, v in os.environ.items() if k != "IMAGE"})
     assert res.returncode != 0 and "set IMAGE" in res.stderr
@@ -79,12 +79,12 @@ def test_two_node_gpu_and_slurm_dry_run():
     print(out)
     assert out.strip().splitlines() == [
         "export JAX_COORDINATOR_ADDRESS=10.0.0.1:1234", "export JAX_NUM_PROCESSES=2", "export JAX_PROCESS_ID=1",
-        "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92", "python3 -m animegamer_jax.train " + " ".join(TRAIN)]
+        "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92", "python3 -m animegamer_jax.commands.train " + " ".join(TRAIN)]
     slurm = _dry("slurm_gpu.sh", *TRAIN)
     print(slurm)
     assert slurm.strip().splitlines() == [
         "export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92",
-        "srun --ntasks-per-node=1 python3 -m animegamer_jax.train " + " ".join(TRAIN)]
+        "srun --ntasks-per-node=1 python3 -m animegamer_jax.commands.train " + " ".join(TRAIN)]
     res = subprocess.run(["bash", f"{LAUNCH}/multinode_gpu.sh", "--dry_run"], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k not in ("NODE_RANK",)})
     assert res.returncode != 0 and "NODE_RANK" in res.stderr
@@ -96,7 +96,7 @@ def test_two_process_cpu_job_through_the_multinode_script():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, MODULE="animegamer_jax.parallel.check",
+    base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, MODULE="animegamer_jax.commands.check",
                 PYTHON=sys.executable,
                 NUM_NODES="2", COORDINATOR=f"127.0.0.1:{port}", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     procs = [subprocess.Popen(["bash", f"{LAUNCH}/multinode_gpu.sh"], env=dict(base, NODE_RANK=str(i)), cwd=ROOT,

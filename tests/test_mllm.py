@@ -281,7 +281,7 @@ def test_mllm_cli_roundtrip(tmp_path):
     from transformers import MistralConfig, MistralForCausalLM
 
     from configs import tiny
-    from animegamer_jax.convert.__main__ import main as convert_main
+    from animegamer_jax.commands.convert import main as convert_main
     from animegamer_jax.models.mistral import convert as mistral_convert
 
     c = tiny.get_config()

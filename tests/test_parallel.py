@@ -131,7 +131,7 @@ def test_initialize_is_skipped_for_one_process(monkeypatch):
 def test_stage_lines_before_distributed_initialize_leave_the_backend_alone():
     """`train` prints its first stage line before jax.distributed.initialize, which fails once the XLA
     backend is up: the line must not start it (it did, through jax.process_index; every multi-process
-    `python -m animegamer_jax.train` stopped with "must be called before any JAX calls")."""
+    `python -m animegamer_jax.commands.train` stopped with "must be called before any JAX calls")."""
     out = run_python("""
         import jax
         from jax._src import xla_bridge

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(RELEASE),
 
 
 def _convert(src: str, dst: str, config: str = CONFIG) -> int:
-    from animegamer_jax.convert.__main__ import release_main
+    from animegamer_jax.commands.convert import release_main
 
     return release_main([src, dst, "--config", config])
 
@@ -67,7 +67,7 @@ def test_convert_release_writes_one_system_checkpoint(converted):
 @pytest.mark.slow
 def test_check_release_both_cases(converted, capsys):
     from animegamer_jax.convert import check_release
-    from animegamer_jax.convert.__main__ import reference_engine
+    from animegamer_jax.commands.convert import reference_engine
 
     assert len(CASES) >= 2
     engine = reference_engine(converted)

@@ -17,7 +17,7 @@ from animegamer_jax import parallel
 
 from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, extract_features, loader, prepare, sample
-from animegamer_jax.data.__main__ import extract_features_main
+from animegamer_jax.commands.data import extract_features_main
 from animegamer_jax.data.clip_dataset import features as features_lib
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5.model import T5Config, T5Encoder

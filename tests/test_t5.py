@@ -47,7 +47,7 @@ def test_t5_parity_from_saved_file(tmp_path):
     hf = _hf_t5()
     hf.save_pretrained(tmp_path / "hf")
     cfg = t5_convert.config_from_hf(hf.config.to_dict())
-    from animegamer_jax.convert.__main__ import main as convert_main
+    from animegamer_jax.commands.convert import main as convert_main
 
     assert convert_main(["t5", str(tmp_path / "hf"), str(tmp_path / "orbax"),
                          f"--hf_config={tmp_path / 'hf' / 'config.json'}"]) == 0

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.data import clips, datasets, label_schema, prepare, references, toy_world
-from animegamer_jax.data.__main__ import sample_main
+from animegamer_jax.commands.data import sample_main
 from configs import tiny
 
 #: a small world: 4 characters (1 held out), 2 films each of 3 two-second scenes, 128x96 at 10 fps (films

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from animegamer_jax import checkpoint
-from animegamer_jax.train import __main__ as train_main
+from animegamer_jax.commands import train as train_main
 from animegamer_jax.checkpoint import training as ckpt_lib
 from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny

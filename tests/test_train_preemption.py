@@ -16,7 +16,7 @@ from flax import nnx
 
 from animegamer_jax import parallel
 from animegamer_jax.parallel import distributed
-from animegamer_jax.train import __main__ as train_main
+from animegamer_jax.commands import train as train_main
 from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny
 from tests.subproc import ROOT, run_processes
@@ -183,7 +183,7 @@ def test_train_command_prints_the_resume_line_and_exits_0(monkeypatch, capsys, t
     assert train_main.main(argv) == 0
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == (f"preempted: stopped by SIGTERM: phase a2 saved at step 7 in {tmp_path}/my run/checkpoints; "
-                       f"resume with the same command: python -m animegamer_jax.train --config=configs/tiny.py "
+                       f"resume with the same command: python -m animegamer_jax.commands.train --config=configs/tiny.py "
                        f"--config.train.phase=a2 '--workdir={tmp_path}/my run'")
 
 

@@ -1,4 +1,4 @@
-"""The web front end (``python -m animegamer_jax.web``) on the shipped tiny system.
+"""The web front end (``python -m animegamer_jax.commands.web``) on the shipped tiny system.
 
 One server for the module (one engine, one compile): HTTP-level tests (bad input, two games at
 once, failed turns, the CLI's error) and a real-browser test (headless Debian Chromium driven by
@@ -173,7 +173,7 @@ def test_failed_turn_leaves_the_game_as_it_was(served, monkeypatch):
 
 
 def test_cli_reports_a_missing_checkpoint():
-    proc = subprocess.run([sys.executable, "-m", "animegamer_jax.web", "--checkpoint", "/nonexistent/ckpt",
+    proc = subprocess.run([sys.executable, "-m", "animegamer_jax.commands.web", "--checkpoint", "/nonexistent/ckpt",
                            "--nowarmup"], capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "JAX_PLATFORMS": "cpu"})
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -195,7 +195,7 @@ def _page_meters(driver):
 def served_in_a_checkout(served, tmp_path, monkeypatch):
     """A server and its HTTP thread over ``served``'s engine, run in an empty working folder and
     writing to the config's relative ``game.out_dir`` (outputs/games): the page shows the paths that
-    `python -m animegamer_jax.web --checkpoint checkpoints/tiny_system` shows in a checkout (the
+    `python -m animegamer_jax.commands.web --checkpoint checkpoints/tiny_system` shows in a checkout (the
     screenshot in docs/commands.md), not this machine's."""
     engine = served[0].engine
     monkeypatch.chdir(tmp_path)

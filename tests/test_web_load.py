@@ -1,4 +1,4 @@
-"""The web server (``python -m animegamer_jax.web``) under load and under hostile input.
+"""The web server (``python -m animegamer_jax.commands.web``) under load and under hostile input.
 
 * Load: the real command in its own process (default host, the random stand-in system: the fastest
   turn, about 0.3 s on 2 cores; the tiny checkpoint's is about 0.8 s after a 10 s compile) and 16
@@ -25,7 +25,7 @@ import pytest
 
 from animegamer_jax.config import load_config
 from animegamer_jax.game import writers
-from animegamer_jax.web import __main__ as web_main
+from animegamer_jax.commands import web as web_main
 from starlette.requests import Request
 
 from animegamer_jax.web.app import (COOKIE, STATIC, Guard, cookie_name, create_app, host_names,

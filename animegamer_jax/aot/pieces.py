@@ -1,6 +1,6 @@
 """The compute of one AnimeGamer game turn and of the (a2) / (b) train steps, as pure jit-able functions.
 
-Compiled ahead of time by ``python -m animegamer_jax.aot`` (the ``prefill`` ... ``vae_decode``
+Compiled ahead of time by ``python -m animegamer_jax.commands.aot`` (the ``prefill`` ... ``vae_decode``
 programs) and run by the speed benchmarks (benchmarks/gpu_bench.py). Each piece is ``(fn, args)``
 where ``fn`` is a pure function of ``(params_state, *inputs)`` and ``args`` are either real arrays
 (``abstract=False``: random weights, random inputs) or ``jax.ShapeDtypeStruct`` with shardings

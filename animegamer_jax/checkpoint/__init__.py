@@ -27,8 +27,8 @@ abstract shape is evaluated, with ``nnx.eval_shape``); pass ``builders=`` to ove
 Modules: ``errors`` (the two error classes), ``integrity`` (integrity.json: write, verify, identity),
 ``config_json`` (the stored config), ``store`` (save_system, load_system, manifest, shapes),
 ``writer`` (SystemWriter), ``cast`` (cast_system), ``add`` (add_components), ``train_state`` (one
-component out of a training run's checkpoint, read-only), ``__main__`` (the command:
-``python -m animegamer_jax.checkpoint {verify [--full] | manifest} DIR``, ``cast SRC DST`` or ``add BASE DST``).
+component out of a training run's checkpoint, read-only). The command is commands/checkpoint.py:
+``python -m animegamer_jax.commands.checkpoint {verify [--full] | manifest} DIR``, ``cast SRC DST`` or ``add BASE DST``.
 """
 
 from animegamer_jax.checkpoint.cast import cast_system

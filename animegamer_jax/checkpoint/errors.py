@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 #: the command that checks a checkpoint's files (shown in every integrity message)
-CLI = "python -m animegamer_jax.checkpoint"
+CLI = "python -m animegamer_jax.commands.checkpoint"
 
 
 class SystemCheckpointError(ValueError):

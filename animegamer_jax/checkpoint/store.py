@@ -133,7 +133,7 @@ def read_manifest(directory: str) -> dict:
     man = read_json(directory, "manifest", "the component list")
     if man is None:
         raise SystemCheckpointError(f"{directory} is not a system checkpoint (no manifest/metadata); "
-                                    f"write one with save_system or `python -m animegamer_jax.train ...`")
+                                    f"write one with save_system or `python -m animegamer_jax.commands.train ...`")
     if not isinstance(man, dict) or not isinstance(man.get("components"), list):
         raise CheckpointIntegrityError(f"{directory}/manifest/metadata is damaged (no component list). "
                                        f"{fix_hint(directory)}")
@@ -230,7 +230,7 @@ def check_component(directory: str, name: str, target_pure: Any) -> None:
         hint = ""
         if name == "dit" and "blocks/qkv_kernel" in unexpected:
             hint = (". Fix: this DiT has the old flat block layout; rewrite the checkpoint with "
-                    "`python -m animegamer_jax.convert dit migrate SRC DST`")
+                    "`python -m animegamer_jax.commands.convert dit migrate SRC DST`")
         raise SystemCheckpointError(
             f"component {name!r} in {directory} does not match the module built from the config: "
             f"missing keys {missing[:10]}, unexpected keys {unexpected[:10]}, mis-shaped {misshaped[:10]}{hint}")

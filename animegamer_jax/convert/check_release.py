@@ -22,7 +22,7 @@ frames uint8   truncated uint8 frames                  |diff| <= 1 on <= 0.1 % o
 The floors are the fixture's ``noise_floor.json`` ``float32_vs_float64`` figures for the case (the
 recording replayed in float64); FACTOR = 10, the fixture README's suggestion. Exit status 0 only
 when every stage holds. Runs in float32 at the highest matmul precision. The command
-(convert/__main__.py) builds the engine and prints; :func:`check_release` takes the engine.
+(commands/convert.py) builds the engine and prints; :func:`check_release` takes the engine.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def check_release(engine: Any | Callable[[], Any], case_path: str, log: Callable
     Args:
       engine: a game engine (game/engine.py ``GameEngine``) on one device playing the converted system
         in ``reference`` mode with float32 matmuls at highest precision (the command builds it:
-        convert/__main__.py ``reference_engine``); reused across cases, the stages compile once. Used:
+        commands/convert.py ``reference_engine``); reused across cases, the stages compile once. Used:
         its ``config``, ``params``, ``spec``, ``tok``, ``new_run()``, ``_shard`` and the stage functions
         ``mllm_fn``, ``sample_fn``, ``decode_fn``. Or a function of no arguments that returns one,
         called once the case file is read (a missing case is reported before a system loads).

@@ -1,5 +1,5 @@
 """System checkpoints written before the DiT blocks became NNX modules -> the current layout
-(``python -m animegamer_jax.convert dit migrate OLD NEW`` runs :func:`migrate_system_checkpoint`).
+(``python -m animegamer_jax.commands.convert dit migrate OLD NEW`` runs :func:`migrate_system_checkpoint`).
 
 The block migration itself (same arrays, new nesting) is
 :func:`animegamer_jax.models.cogvideox.dit_convert.migrate_legacy_blocks`, beside the model.

@@ -248,7 +248,7 @@ def load_torch_lazy(path: str) -> dict[str, Any]:
 
     if not fileio.isfile(path):
         raise ReleaseError([f"{path}: file not found. Fix: put the release file there (see the layout "
-                            f"in `python -m animegamer_jax.convert release --help`)"])
+                            f"in `python -m animegamer_jax.commands.convert release --help`)"])
     try:
         obj = torch.load(_cache.local(path), map_location="cpu", mmap=True, weights_only=not ALLOW_PICKLE)
     except Exception as e:  # noqa: BLE001 - torch raises RuntimeError / pickle errors / EOFError

@@ -24,6 +24,6 @@ Modules (paper Sec. 3.3, Appendix B; docs/data.md):
   toy_world.py  procedural sprite characters in hard-cut films, ground-truth labels, held-out characters
   references.py  reference pairs: each clip's reference = another clip of its character, another scene
   tiny_t5_spiece.py  the tiny T5 sentencepiece of configs/tiny.py, trained on the sample data's texts
-  __main__.py the commands (`python -m animegamer_jax.data sample | caption | prepare | extract-features |
-              tiny-t5-spiece`): flags and printing over the modules above; data/README.md
+The commands (`python -m animegamer_jax.commands.data sample | caption | prepare | extract-features |
+tiny-t5-spiece`, animegamer_jax/commands/data.py): flags and printing over the modules above; data/README.md
 """

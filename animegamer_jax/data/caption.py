@@ -1,6 +1,6 @@
 r"""Label films' clips automatically with a captioner (paper Sec. 3.3): films -> clips -> labels JSONL, on Beam.
 
-  python -m animegamer_jax.data caption --config=configs/tiny.py \
+  python -m animegamer_jax.commands.data caption --config=configs/tiny.py \
       --film=my_film=/films/my_film.mp4 [--film_dir=/films] [--dataset=DIR] --characters=CHARS/ \
       --captioner=hf:/models/InternVL3-8B-hf --out=labels.jsonl [--config.label.batch_size=8] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing]

@@ -30,7 +30,7 @@ from animegamer_jax.data.beam_util import beam_options
 
 #: metadata.json formats this module reads (the clip dataset's, builder.FORMAT)
 CLIP_FORMAT = "animegamer_jax.clips/2"
-_REBUILD = "`python -m animegamer_jax.data prepare` (docs/data.md)"
+_REBUILD = "`python -m animegamer_jax.commands.data prepare` (docs/data.md)"
 
 
 class DatasetError(ValueError):
@@ -49,7 +49,7 @@ def find(dataset_dir: str) -> epath.Path:
         return root
     if (root / "meta.json").exists() and (root / "f_v.npy").exists():
         raise DatasetError(f"{dataset_dir}: features of the old layout (f_v.npy / meta.json, before tfds); rebuild "
-                           f"them with `python -m animegamer_jax.data extract-features` (docs/data.md)")
+                           f"them with `python -m animegamer_jax.commands.data extract-features` (docs/data.md)")
     if (root / "dataset.json").exists():
         raise DatasetError(f"{dataset_dir}: a dataset of the old layout (dataset.json, before tfds); rebuild it "
                            f"with {_REBUILD}")

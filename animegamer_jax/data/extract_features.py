@@ -1,14 +1,14 @@
 r"""Precompute the shot encoder's frozen inputs per clip, f_v (CLIP) and f_md (T5), as a tfds dataset built
 by Apache Beam (data/clip_dataset/features.py), docs/encoders.md.
 
-  python -m animegamer_jax.data extract-features --config=configs/animegamer_2b_7b.py \
+  python -m animegamer_jax.commands.data extract-features --config=configs/animegamer_2b_7b.py \
       --dataset=data/prepared/animegamer_samples --out=data/prepared/animegamer_samples_features \
       --clip_weights=open_clip_vit_b16_laion2b.bin --t5_weights=t5-v1_1-xxl/ \
       --t5_spiece=t5-v1_1-xxl/spiece.model --batch_size=16 [--dtype=float16] [--overwrite] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=1]
 
   # smoke run on the tiny sample dataset with random weights (no downloads):
-  python -m animegamer_jax.data extract-features --config=configs/tiny.py \
+  python -m animegamer_jax.commands.data extract-features --config=configs/tiny.py \
       --dataset=data/prepared/tiny --out=data/prepared/tiny_features --random_init
 
 For every clip of every split of a clip dataset (``data.prepare``):
@@ -38,7 +38,7 @@ are independent: no jax.distributed, no cross-host collectives, hence no ``--mes
 ``--direct_num_workers=1``, the default in-process runner; Dataflow: one SDK process per VM), since
 each worker takes all of its host's devices. Weights and the spiece model must be readable by the
 workers.
-Weights: an orbax directory written by ``animegamer_jax.convert`` or a raw checkpoint converted on
+Weights: an orbax directory written by ``python -m animegamer_jax.commands.convert`` or a raw checkpoint converted on
 the fly (open_clip / HF CLIP file; HF T5 safetensors file or folder).
 """
 

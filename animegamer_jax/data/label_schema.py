@@ -26,7 +26,7 @@ The MLLM instruction of a clip follows the release's format (docs/token_layout.m
   "Character: <names>; Motion: <action>; Background: <background>."
 
 Automatic labelling (the paper captions with InternVL from reference images of the protagonists and 4
-evenly sampled frames): `python -m animegamer_jax.data caption` (data/caption.py, captioners in
+evenly sampled frames): `python -m animegamer_jax.commands.data caption` (data/caption.py, captioners in
 data/captioners.py) writes this format; review it by hand before training.
 """
 

@@ -95,14 +95,14 @@ class ClipSource(grain.sources.RandomAccessDataSource):
         meta = datasets.metadata(self.features_dir)
         if meta.get("format") != FEATURES_FORMAT:
             raise datasets.DatasetError(f"{self.features_dir}: not a feature dataset (format {meta.get('format')!r}); "
-                                        f"build one with `python -m animegamer_jax.data extract-features`")
+                                        f"build one with `python -m animegamer_jax.commands.data extract-features`")
         want = datasets.dataset_fingerprint(self.index)
         have = meta.get("splits", {}).get(self.split, {}).get("fingerprint")
         if have != want:
             raise datasets.DatasetError(
                 f"{self.features_dir}: features of another clip dataset ({meta.get('dataset')}, split {self.split} "
                 f"{have}) than {self.dataset_dir} ({want}); extract them again with "
-                f"`python -m animegamer_jax.data extract-features --dataset={self.dataset_dir}`")
+                f"`python -m animegamer_jax.commands.data extract-features --dataset={self.dataset_dir}`")
 
     def _open(self) -> None:
         self._src = datasets.open_split(self.dataset_dir, self.split)

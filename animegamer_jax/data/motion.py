@@ -25,7 +25,7 @@ Substitutions and decisions (documented here; evaluation's ACC-F / MAE-F reuse t
   the decoder's flow embedding sees per level at inference, so training clips binned this way carry
   consistent conditioning. On the sample footage (prepared at 480x720) this spreads the 7 clips over
   levels 2..5; a still shot scores ~0 (level 1). For a real corpus, `derive_bins` returns the 20/40/60/80 %
-  quantiles of its scopes (equal-count levels); `python -m animegamer_jax.data prepare` prints them
+  quantiles of its scopes (equal-count levels); `python -m animegamer_jax.commands.data prepare` prints them
   after a build so a user can copy them into `config.data.motion_bins`.
 """
 

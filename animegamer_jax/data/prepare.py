@@ -1,6 +1,6 @@
 r"""Films + labels -> the clip dataset, a tfds dataset built by Apache Beam (data/clip_dataset/builder.py).
 
-  python -m animegamer_jax.data prepare --config=configs/tiny.py \
+  python -m animegamer_jax.commands.data prepare --config=configs/tiny.py \
       --film=sample_film=data/prepared/sample_film.mp4 [--film_dir=DIR] --labels=data/sample_labels.jsonl \
       --out=data/prepared/tiny [--overwrite] \
       [--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing]

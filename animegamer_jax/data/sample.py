@@ -10,17 +10,17 @@ pipeline center-crops later anyway), re-time them to 25 fps and encode them back
 The splice points are the scene cuts the pipeline must find (tests assert it).
 
 Command:
-  python -m animegamer_jax.data sample --out data/prepared/sample_film.mp4
+  python -m animegamer_jax.commands.data sample --out data/prepared/sample_film.mp4
 
 Variants (:data:`VARIANTS`, more and more varied training data from the same footage): the same
 splice mirrored, zoomed in (a centre crop: 1.4x, the held-out one, a 1.6x mirrored one and the
 2x / 1.8x mirrored close-ups), slowed down (0.5x: every source frame twice, so half the motion per sampled frame) and
 sped up (1.5x). Each is one more film for the data pipeline:
-  python -m animegamer_jax.data sample --variants --out_dir data/prepared/variants
+  python -m animegamer_jax.commands.data sample --variants --out_dir data/prepared/variants
 
 The toy world (data/toy_world.py: named procedural sprite characters in films of hard-cut scenes, labels
 from the generator, a held-out set of characters and their reference images):
-  python -m animegamer_jax.data sample --world=toy --out_dir data/prepared/toy
+  python -m animegamer_jax.commands.data sample --world=toy --out_dir data/prepared/toy
 """
 
 from __future__ import annotations
@@ -222,5 +222,5 @@ def heldout_benchmark(labels_path: str, film_id: str = HELDOUT_FILM, rounds_per_
     return {"name": f"sample-heldout-{film_id}",
             "description": f"The labelled clips of the held-out sample variant '{film_id}' (never in a training "
                            f"set: data/README.md), {rounds_per_game} consecutive clips a game; made by "
-                           f"python -m animegamer_jax.data sample --heldout_benchmark from {labels_path}.",
+                           f"python -m animegamer_jax.commands.data sample --heldout_benchmark from {labels_path}.",
             "characters": refs, "games": games}

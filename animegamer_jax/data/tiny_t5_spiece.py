@@ -1,6 +1,6 @@
 """The tiny T5 sentencepiece of ``configs/tiny.py`` (``data/tiny_t5_spiece.model``): its corpus and its command.
 
-  python -m animegamer_jax.data tiny-t5-spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]
+  python -m animegamer_jax.commands.data tiny-t5-spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]
 
 The corpus (:func:`tiny_corpus`) is short generic phrases plus every action text the sample data's
 labels can hold (:func:`sample_action_texts`, from ``data/sample.py``); ``t5_tokenizer.train_spiece``

@@ -8,8 +8,8 @@ separated by hard cuts; consecutive scenes always differ in background (so PySce
 cut at the generator's frame) and every character meets several backgrounds. ``num_heldout`` characters
 (default 2, drawn from the seed) are held out: their films go to ``heldout/``, the others to ``train/``.
 
-Command (also ``python -m animegamer_jax.data sample --world=toy``):
-  python -m animegamer_jax.data sample --world=toy --out_dir data/prepared/toy
+Command (also ``python -m animegamer_jax.commands.data sample --world=toy``):
+  python -m animegamer_jax.commands.data sample --world=toy --out_dir data/prepared/toy
 
 Writes into ``--out_dir``:
   train/<film_id>.mp4, heldout/<film_id>.mp4   H.264 films (video.write_film), film_id "toy_<name>_<k>"
@@ -344,7 +344,7 @@ def read_manifest(out_dir: str) -> dict:
     path = paths.join(out_dir, "manifest.json")
     if not fileio.exists(path):
         raise FileNotFoundError(f"{out_dir}: no toy world (manifest.json); make one with "
-                                f"python -m animegamer_jax.data sample --world=toy --out_dir {out_dir}")
+                                f"python -m animegamer_jax.commands.data sample --world=toy --out_dir {out_dir}")
     manifest = json.loads(fileio.read_bytes(path))
     if manifest.get("format") != FORMAT or not manifest.get("complete"):
         raise ValueError(f"{path}: not a finished toy world ({FORMAT}); run the --world=toy command again")

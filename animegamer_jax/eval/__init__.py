@@ -10,6 +10,7 @@ docs/evaluation.md). Speed benchmarks are elsewhere (``benchmarks/``).
   ``report.md`` + ``report.json``.
 - ``vae``, ``decoder``, ``representation``, ``identity``: reconstruction PSNR of the VAE, decoder PSNR of
   D_a's samples, where play's predicted s_a land among the training clips', identity accuracy on the toy world.
-- ``__main__``: the commands, ``python -m animegamer_jax.eval [table1|identity|representation|decoder|vae]``
-  (flags, printing, building systems and engines, saving games: the only module here that imports game/).
+The commands, ``python -m animegamer_jax.commands.eval [table1|identity|representation|decoder|vae]``, are
+animegamer_jax/commands/eval.py (flags, printing, building systems and engines, saving games: no module here imports
+game/).
 """

@@ -1,12 +1,12 @@
 """Decoder PSNR of a system checkpoint: D_a's samples for a prepared dataset's clips against the clips' frames.
 
-  python -m animegamer_jax.eval decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
-  python -m animegamer_jax.eval decoder --checkpoint DIR --config.diffusion.cfg_scale=6 \
+  python -m animegamer_jax.commands.eval decoder --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny]
+  python -m animegamer_jax.commands.eval decoder --checkpoint DIR --config.diffusion.cfg_scale=6 \
       --config.diffusion.num_sampling_steps=50   # other sampler settings
-  python -m animegamer_jax.eval decoder --config.diffusion.sampler=student \
+  python -m animegamer_jax.commands.eval decoder --config.diffusion.sampler=student \
       --config.diffusion.num_sampling_steps=4   # the few-step student (phase d)
-  python -m animegamer_jax.eval decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
-  python -m animegamer_jax.eval decoder --checkpoint DIR --reference   # each clip decoded with a reference image
+  python -m animegamer_jax.commands.eval decoder --sheet /tmp/decoder.png   # + real | VAE | sample frames, one row per clip
+  python -m animegamer_jax.commands.eval decoder --checkpoint DIR --reference   # each clip decoded with a reference image
 
 For each scored clip, s_a = E_a(CLIP of its first frame, T5 of its action) as in phase a (paper Sec. 3.2);
 play's DiT sampler (``inference.clip_sampler.dit_sampler`` on the weights play prepares,

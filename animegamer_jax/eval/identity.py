@@ -2,13 +2,13 @@
 
 Command (a system trained on a toy world, data/toy_world.py, and that world)::
 
-  python -m animegamer_jax.eval identity --system DIR --world DIR --out DIR \
+  python -m animegamer_jax.commands.eval identity --system DIR --world DIR --out DIR \
       [--games_per_character 4] [--turns 3] [--seed 0] [--decoder_clips 12] [--dataset DIR]
 
 plays, for each of the world's K characters (held out or not), ``--games_per_character`` games of
 ``--turns`` turns whose instructions name it (``Character: NAME; Motion: ...; Background: ...``, motions
 and backgrounds drawn from the world's labelled scenes by ``--seed``; ``OUT/games.jsonl``), twice with
-the same seeds: ``OUT/without/`` as ``python -m animegamer_jax.generate`` plays them, ``OUT/with/`` with
+the same seeds: ``OUT/without/`` as ``python -m animegamer_jax.commands.generate`` plays them, ``OUT/with/`` with
 ``--character NAME=WORLD/characters/NAME/reference.png`` for all K (the same engine, game/engine.py).
 Then it scores every turn's clip (read back from its turn video, cut from under the HUD) with
 :func:`identity_accuracy` in both features below, for seen and held-out characters and per character,
@@ -17,7 +17,7 @@ the system config's ``data.dataset_dir``, its training clips: seen characters; e
 ``decoder_psnr``, ``reference``). Writes ``OUT/report.json`` and ``OUT/report.md``. Rerunning resumes:
 finished games are kept (generate's check, game/saving.py ``pending_games``).
 
-  python -m animegamer_jax.eval identity --ground_truth --world DIR [--out DIR]
+  python -m animegamer_jax.commands.eval identity --ground_truth --world DIR [--out DIR]
 
 scores the world's own films instead (no system: :func:`ground_truth_clips`), the features' ceiling.
 

@@ -1,6 +1,6 @@
 r"""Where play's predicted representations land among the training clips' own.
 
-  python -m animegamer_jax.eval representation --game data/games/sample_tour.txt \
+  python -m animegamer_jax.commands.eval representation --game data/games/sample_tour.txt \
       [--checkpoint checkpoints/tiny_system] [--dataset data/prepared/tiny] [--json out.json]
 
 Plays ``--game`` (a game script, game/script.py) on the system checkpoint as ``play`` does, and for each

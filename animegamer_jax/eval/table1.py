@@ -1,5 +1,5 @@
 r"""Table 1 evaluation: plays every benchmark game on an engine and writes the Table 1 report (paper §4.2,
-Table 1). The command, ``python -m animegamer_jax.eval [table1]`` (eval/__main__.py), builds the system
+Table 1). The command, ``python -m animegamer_jax.commands.eval [table1]`` (commands/eval.py), builds the system
 and the engine and saves the games; this module plays and scores.
 
 Steps of :func:`run_benchmark`: play the games (a loaded benchmark, eval/table1_games.py) on the engine

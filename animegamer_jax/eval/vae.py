@@ -1,7 +1,7 @@
 r"""Reconstruction PSNR of a system checkpoint's VAE on held-out frames of a prepared dataset's films.
 
-  python -m animegamer_jax.eval vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
-  python -m animegamer_jax.eval vae --train_workdir WORKDIR --config configs/tiny.py \
+  python -m animegamer_jax.commands.eval vae --checkpoint checkpoints/tiny_system [--dataset data/prepared/tiny_vae]
+  python -m animegamer_jax.commands.eval vae --train_workdir WORKDIR --config configs/tiny.py \
       --config.vae.latent_channels=16   # the newest checkpoint of a (running) "vae" phase, the run's overrides
 
 Held-out frames: for every film of the dataset (its metadata.json, data/datasets.py), the source frames that lie in no

@@ -14,9 +14,9 @@ Modules (bottom to top; each imports only modules above it in this list):
   stage_executables.py the engine's stage programs compiled while playing a short game, saved for --executables
   writers.py           per-turn MP4/GIF with the meters HUD, game video, game.json, index.html, contact sheet
   saving.py            save_game (engine result -> writers), resume checks, the console lines
-  errors.py            GAME_ERRORS: the errors a game reports as one line (commands: animegamer_jax/game_flags.py)
+  errors.py            GAME_ERRORS: the errors a game reports as one line (commands/game_flags.py)
 One turn's computations (token layout, MLLM turn, sampler, VAE decoder, release decoding) are the
 inference layer's (animegamer_jax/inference/).
-Entry points: ``python -m animegamer_jax.play`` (one game), ``python -m animegamer_jax.generate``
-(many games, resumable) and ``python -m animegamer_jax.web`` (in the browser, animegamer_jax/web/).
+Entry points: ``python -m animegamer_jax.commands.play`` (one game), ``python -m animegamer_jax.commands.generate``
+(many games, resumable) and ``python -m animegamer_jax.commands.web`` (in the browser, animegamer_jax/web/).
 """

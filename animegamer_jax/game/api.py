@@ -62,7 +62,7 @@ class GameSystem:
         ``(params, images uint8 [B, H, W, 3]) -> reference latents float32 [B, 1, C, h, w]``, and
         ``sample`` then takes ``reference=`` those latents (game/characters.py); None: no support.
       character_names: the names of the character LoRAs the system stores (component ``characters``,
-        ``python -m animegamer_jax.character fit``), in their order; () for none.
+        ``python -m animegamer_jax.commands.character fit``), in their order; () for none.
       apply_character: ``(dit params, index) -> dit params`` with stored character ``index``'s LoRA
         folded into the DiT's attention (``index`` static); ``sample`` with ``params["dit"]`` replaced
         by it plays a turn that names the character. None when ``character_names`` is empty.

@@ -28,7 +28,7 @@ Two layouts (``config.game.play_layout``, inference/layout.py ``apply_layout``):
   cfg 2 x context n/2); weights are sharded over every device (``embed`` on data, fsdp and
   context, ZeRO-3 style, all-gathered per layer) and the VAE's frames over height (``context``) and
   width (``data``); ``game.latency_weights = "replicated"`` keeps the weights whole on each device
-  instead. Compiled per-chip memory and FLOPs: ``python -m animegamer_jax.aot --program=turn``.
+  instead. Compiled per-chip memory and FLOPs: ``python -m animegamer_jax.commands.aot --program=turn``.
 
 Games in a batch are independent rows: their noise comes from their own keys, so a game gives the
 same output alone or in a batch. Turn k of a game samples with the key ``turn_key(game_seed, k)``

@@ -1,5 +1,5 @@
 """The errors a game reports to its player as one line (a bad input, not a bug): the game commands
-(animegamer_jax/game_flags.py ``CLI_ERRORS``) and the game benchmark (``eval``) catch these."""
+(animegamer_jax/commands/game_flags.py ``CLI_ERRORS``) and the game benchmark (``eval``) catch these."""
 
 from __future__ import annotations
 

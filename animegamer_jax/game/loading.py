@@ -95,7 +95,7 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         if sampler_dit not in manifest["components"]:
             raise CheckpointError(f"checkpoint {checkpoint!r} has no few-step student (it holds "
                                   f"{manifest['components']}), which --config.diffusion.sampler=student plays. "
-                                  f"Fix: train it (python -m animegamer_jax.train --config.train.phase=d "
+                                  f"Fix: train it (python -m animegamer_jax.commands.train --config.train.phase=d "
                                   f"--config.train.init_checkpoint={checkpoint}) or drop the sampler override")
     if need_references and (standin_vae or not supports_references(manifest["components"])):
         raise no_reference_error(checkpoint)

@@ -100,7 +100,7 @@ def build_real_system(components: dict[str, Any], config, label: str, decode_fn=
             return encode_reference(nnx.merge(g_vae, p["vae"]), images, scale)
 
     names, apply_character = (), None
-    if "characters" in components:  # character LoRAs (python -m animegamer_jax.character fit)
+    if "characters" in components:  # character LoRAs (python -m animegamer_jax.commands.character fit)
         chars = components["characters"]
         names = tuple(chars.spec.names)
         g_chars, params["characters"] = nnx.split(chars)

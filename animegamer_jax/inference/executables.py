@@ -1,6 +1,6 @@
 """Saved compiled programs: a folder of serialized XLA executables that a command loads instead of compiling.
 
-``python -m animegamer_jax.aot --save=DIR`` records the game engine's stage programs there
+``python -m animegamer_jax.commands.aot --save=DIR`` records the game engine's stage programs there
 (:func:`recording`); ``play`` / ``generate`` / ``web`` with ``--executables=DIR`` load them
 (:func:`use`). Every jitted stage goes through one wrapper, :class:`StageJit`: with no folder in use
 it is ``jax.jit``; with one, a call whose program (stage name and input signature) the folder holds
@@ -163,18 +163,18 @@ def read_folder(folder: str) -> _Store:
       ExecutablesError: no such folder, or no readable manifest in it."""
     if not fileio.isdir(folder):
         raise ExecutablesError(f"--executables={folder} is not a folder; make one with "
-                               f"python -m animegamer_jax.aot --save={folder} --topology=... --program=turn")
+                               f"python -m animegamer_jax.commands.aot --save={folder} --topology=... --program=turn")
     path = paths.join(folder, MANIFEST)
     try:
         manifest = json.loads(fileio.read_bytes(path))
     except FileNotFoundError:
-        raise ExecutablesError(f"--executables={folder} has no {MANIFEST}; make one with "
-                               f"python -m animegamer_jax.aot --save={folder} --topology=... --program=turn") from None
+        raise ExecutablesError(f"--executables={folder} has no {MANIFEST}; make one with python -m "
+                               f"animegamer_jax.commands.aot --save={folder} --topology=... --program=turn") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise ExecutablesError(f"{path} is not a manifest ({e}); remake the folder with aot --save") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ExecutablesError(f"{path} is not a {FORMAT} manifest; remake the folder with "
-                               f"python -m animegamer_jax.aot --save={folder}")
+                               f"python -m animegamer_jax.commands.aot --save={folder}")
     store = _Store(folder, record=False)
     store.manifest = manifest
     return store

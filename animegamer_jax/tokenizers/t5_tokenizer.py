@@ -8,7 +8,7 @@ HF's 100 ``<extra_id_*>`` sentinels (ids 32000..32099) never occur in action tex
 handled.
 
 :func:`train_spiece` trains a T5-style model on a corpus the caller passes;
-``python -m animegamer_jax.data tiny-t5-spiece`` trains the tiny model of ``configs/tiny.py`` on the
+``python -m animegamer_jax.commands.data tiny-t5-spiece`` trains the tiny model of ``configs/tiny.py`` on the
 sample data's corpus (``animegamer_jax/data/tiny_t5_spiece.py``).
 """
 
@@ -110,6 +110,6 @@ def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
 
 if __name__ == "__main__":
     # The tiny sentencepiece's corpus is the data package's (a layer above), so its command lives there.
-    print("error: the tiny T5 sentencepiece command moved: run `python -m animegamer_jax.data tiny-t5-spiece` "
+    print("error: the tiny T5 sentencepiece command moved: run `python -m animegamer_jax.commands.data tiny-t5-spiece` "
           "(same flags; console script animegamer-tiny-t5-spiece)", file=sys.stderr)
     sys.exit(2)

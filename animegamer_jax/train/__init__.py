@@ -12,5 +12,5 @@ Modules:
   checkpoint.py         orbax CheckpointManager: model + optimizer + step + Grain iterator state
   metrics.py            clu averages, tensorboardX summaries, throughput, MFU
   pipeline.py           run_phase / run_all: data -> loop -> system checkpoint (animegamer_jax.checkpoint)
-  __main__.py           python -m animegamer_jax.train --config=configs/tiny.py --workdir=...
+The command: python -m animegamer_jax.commands.train --config=configs/tiny.py --workdir=... (commands/train.py).
 """

@@ -1,6 +1,6 @@
 """Train the toy world in one command: generate it, prepare it, train the pipeline; rerunning resumes.
 
-  python -m animegamer_jax.train toy-world [--data_dir=data/prepared] [--workdir=outputs/toy_world] \\
+  python -m animegamer_jax.commands.train toy-world [--data_dir=data/prepared] [--workdir=outputs/toy_world] \\
       [--config=configs/toy_world.py] [--config.train.pipeline_steps=...]
   make toy-world [TOY_DATA=DIR] [TOY_WORKDIR=DIR]
 
@@ -12,7 +12,7 @@ Steps, each skipped when its output is already there (so the same command resume
    ``train/`` and ``heldout/`` films with the generator's labels (data/prepare.py, the config's clip
    sizes and stride), unless a dataset is there.
 3. The config's ``train.pipeline`` (configs/toy_world.py: vae -> a1 -> a2 -> b -> c -> r) on
-   ``DATA_DIR/toy_train`` into ``WORKDIR`` (``python -m animegamer_jax.train --config.train.phase=all``:
+   ``DATA_DIR/toy_train`` into ``WORKDIR`` (``python -m animegamer_jax.commands.train --config.train.phase=all``:
    finished phases are skipped, a stopped one resumes from its newest intact checkpoint). The held-out
    characters' films are prepared for evaluation only; no phase reads them.
 

@@ -67,7 +67,7 @@ keep-alive timeout is reset by every byte, so it does not bound a slow sender); 
 Files are only ever read from the static folder and ``<out>/<game_id>/`` of the session's own games;
 the only writes are the game folders under ``out`` (:class:`GameServer`).
 
-The command (``python -m animegamer_jax.web``, web/__main__.py) serves it with uvicorn in the
+The command (``python -m animegamer_jax.commands.web``, commands/web.py) serves it with uvicorn in the
 foreground (the tests serve it on a thread, tests/web_helpers.py ``HttpThread``).
 """
 

@@ -1,4 +1,4 @@
-"""The game server behind ``python -m animegamer_jax.web``: sessions, a turn queue, one engine.
+"""The game server behind ``python -m animegamer_jax.commands.web``: sessions, a turn queue, one engine.
 
 * **One model instance**: one :class:`~animegamer_jax.game.engine.GameEngine`, driven by one
   worker thread (:func:`build_server` builds both). Each turn is ``engine.step`` (the same three

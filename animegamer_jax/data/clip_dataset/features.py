@@ -1,6 +1,6 @@
 """The feature dataset: the shot encoder's frozen inputs per clip of a clip dataset, as a tfds Beam builder.
 
-Built by ``python -m animegamer_jax.data extract-features``, which supplies the models; read by
+Built by ``python -m animegamer_jax.commands.data extract-features``, which supplies the models; read by
 ``data/loader.py`` (``ClipSource(dataset, features_dir=...)``) through ``tfds.builder_from_directory``.
 One record per clip of the clip dataset, in the same splits and the same order, so record ``i`` of a
 split holds clip ``i``'s features:
@@ -51,7 +51,7 @@ DTYPES = ("float32", "float16")
 DESCRIPTION = ("Per clip of an AnimeGamer clip dataset (animegamer_clips), the shot encoder's frozen inputs: "
                "f_v, the CLIP ViT penultimate patch tokens of the clip's first frame, and f_md, the T5 encoder "
                "output of its action text. Record i of a split belongs to record i of the same split of the clip "
-               "dataset named in metadata.json. Built by `python -m animegamer_jax.data extract-features`.")
+               "dataset named in metadata.json. Built by `python -m animegamer_jax.commands.data extract-features`.")
 
 
 class ClipEncoder(Protocol):

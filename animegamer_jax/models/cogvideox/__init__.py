@@ -6,5 +6,5 @@
 - ``vae_tiling.py``: time-chunk plans, spatial tiling and the decode's device-memory budget.
 - ``vae_convert.py``: SAT ``3d-vae.pt`` / diffusers VAE key table.
 
-Command line: ``python -m animegamer_jax.convert {dit,vae}`` (``animegamer_jax/convert/``).
+Command line: ``python -m animegamer_jax.commands.convert {dit,vae}`` (``animegamer_jax/convert/``).
 """

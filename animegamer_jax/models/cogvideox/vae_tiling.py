@@ -216,7 +216,7 @@ def tiled_apply(
 #: by that product, rounded up
 DECODE_BYTES_FACTOR = 120.0
 #: the same factor for TPU tiles, GPU decodes and the untiled TPU decode: each the compiled
-#: temporaries of the paper-size ``vae_decode`` program (``python -m animegamer_jax.aot
+#: temporaries of the paper-size ``vae_decode`` program (``python -m animegamer_jax.commands.aot
 #: --topology=v6e-1|h200-1 --program=vae_decode``) over the product above, rounded up; the
 #: measurements are in docs/results.md "VAE decode bytes" (calibration table)
 TPU_DECODE_BYTES_FACTOR = 30.0
@@ -227,7 +227,7 @@ TPU_UNTILED_DECODE_BYTES_FACTOR = 20.0
 SHARDED_DECODE_OVERHEAD = 1.25
 #: auto tiling's budget, in units of 2**30 bytes, when the device reports no memory limit (XLA:CPU): the
 #: project's per-device target for the full-size decode, checked with
-#: ``python -m animegamer_jax.aot --topology=cpu-1 --program=vae_decode``
+#: ``python -m animegamer_jax.commands.aot --topology=cpu-1 --program=vae_decode``
 CPU_DECODE_BUDGET_GIB = 16.0
 #: fraction of a device's free memory (``bytes_limit - bytes_in_use``) auto tiling may plan for
 DEVICE_BUDGET_FRACTION = 0.8

@@ -8,5 +8,5 @@
 
 One folder for both: the MLLM is Mistral plus two small MLPs, and its converter is the Mistral key
 table after a peft rename, so the two key tables stay side by side. Command line:
-``python -m animegamer_jax.convert {mistral,animegamer-mllm}`` (``animegamer_jax/convert/``).
+``python -m animegamer_jax.commands.convert {mistral,animegamer-mllm}`` (``animegamer_jax/convert/``).
 """

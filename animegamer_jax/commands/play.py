@@ -2,12 +2,12 @@
 
 Usage::
 
-    python -m animegamer_jax.play data/games/bunny.txt --checkpoint=DIR   # the config saved in DIR
-    python -m animegamer_jax.play data/games/bunny.txt --config=configs/tiny.py --checkpoint=DIR
-    python -m animegamer_jax.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
-    python -m animegamer_jax.play data/games/bunny.txt --standin --seed=3 --config.game.mode=reference
-    python -m animegamer_jax.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
-    python -m animegamer_jax.play data/games/bunny.txt --demo --character Bunny=me.png  # Bunny's turns look like me.png
+    python -m animegamer_jax.commands.play data/games/bunny.txt --checkpoint=DIR   # the config saved in DIR
+    python -m animegamer_jax.commands.play data/games/bunny.txt --config=configs/tiny.py --checkpoint=DIR
+    python -m animegamer_jax.commands.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
+    python -m animegamer_jax.commands.play data/games/bunny.txt --standin --seed=3 --config.game.mode=reference
+    python -m animegamer_jax.commands.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
+    python -m animegamer_jax.commands.play data/games/bunny.txt --demo --character Bunny=me.png  # Bunny's turns look like me.png
 
 ``SCRIPT`` (the one positional argument) is a game script (.txt, local or gs://), or ``-`` (the
 default) for instructions typed on stdin. Flags are absl's (``--flag=value`` or ``--flag value``;
@@ -48,7 +48,7 @@ from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game_flags import character_flag, run_game_command
+from animegamer_jax.commands.game_flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
                                         summary)

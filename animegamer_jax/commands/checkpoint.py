@@ -1,10 +1,10 @@
 """Check a system checkpoint's files, write their integrity.json, or store components smaller.
 
-Usage: python -m animegamer_jax.checkpoint verify [--full] DIR
-       python -m animegamer_jax.checkpoint manifest DIR
-       python -m animegamer_jax.checkpoint cast SRC DST --components=mllm [--dtype=bfloat16]
+Usage: python -m animegamer_jax.commands.checkpoint verify [--full] DIR
+       python -m animegamer_jax.commands.checkpoint manifest DIR
+       python -m animegamer_jax.commands.checkpoint cast SRC DST --components=mllm [--dtype=bfloat16]
            [--description="what the system is"]
-       python -m animegamer_jax.checkpoint add BASE DST --from=SYSTEM --components=reference
+       python -m animegamer_jax.commands.checkpoint add BASE DST --from=SYSTEM --components=reference
            [--description="what the system is"]
 
 verify: check every file against integrity.json; manifest: write integrity.json for the files
@@ -30,7 +30,7 @@ from animegamer_jax.checkpoint.cast import cast_system
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.checkpoint.integrity import verify_checkpoint, write_integrity
 
-PROG = "python -m animegamer_jax.checkpoint"
+PROG = "python -m animegamer_jax.commands.checkpoint"
 #: exceptions reported as one ``error: ...`` line, exit status 2
 ERRORS = (SystemCheckpointError, ValueError, TypeError)
 
@@ -127,7 +127,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.checkpoint {verify [--full] | manifest} DIR`` or
+    """``python -m animegamer_jax.commands.checkpoint {verify [--full] | manifest} DIR`` or
     ``... cast SRC DST --components=...`` or ``... add BASE DST --from=SYSTEM --components=...``
     (module docstring).
 

@@ -1,10 +1,10 @@
 """Training entry point (flax-examples style).
 
-  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny_a2
-  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny
+  python -m animegamer_jax.commands.train --config=configs/tiny.py --config.train.phase=a2 --workdir=/tmp/tiny_a2
+  python -m animegamer_jax.commands.train --config=configs/tiny.py --config.train.phase=all --workdir=/tmp/tiny
       # config.train.pipeline (tiny: vae -> a1 -> a2 -> b -> c), final system checkpoint in WORKDIR/system
-  python -m animegamer_jax.train --config=configs/tiny.py --config.train.phase=vae --workdir=/tmp/tiny_vae
-  python -m animegamer_jax.train toy-world [--data_dir=data/prepared] [--workdir=outputs/toy_world]
+  python -m animegamer_jax.commands.train --config=configs/tiny.py --config.train.phase=vae --workdir=/tmp/tiny_vae
+  python -m animegamer_jax.commands.train toy-world [--data_dir=data/prepared] [--workdir=outputs/toy_world]
       # the toy world end to end: generate, prepare, train (train/toy_world.py; --help for its flags)
 
 Every process of a multi-host job runs the same command (launch/); ``jax.distributed`` starts
@@ -36,12 +36,12 @@ from animegamer_jax.parallel import distributed
 from animegamer_jax.checkpoint import training as train_checkpoint
 from animegamer_jax.train import loop, pipeline, toy_world
 
-PROG = "python -m animegamer_jax.train"
+PROG = "python -m animegamer_jax.commands.train"
 TOY_WORLD_PROG = f"{PROG} toy-world"
 
 
 def define_flags(fv: flags.FlagValues, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.train`` on ``fv`` (absl)."""
+    """The flags of ``python -m animegamer_jax.commands.train`` on ``fv`` (absl)."""
     config_flags.DEFINE_config_file("config", None, "Config file (configs/tiny.py, configs/animegamer_2b_7b.py).",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
     flags.DEFINE_string("workdir", None, "Run directory: checkpoints/, tensorboard/, system/.", flag_values=fv)
@@ -76,7 +76,7 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
+    """``python -m animegamer_jax.commands.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
     SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared dataset, a bad
     ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or a
     missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C. ``toy-world`` as the first
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _toy_world_flags(fv: flags.FlagValues, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.train toy-world`` on ``fv``."""
+    """The flags of ``python -m animegamer_jax.commands.train toy-world`` on ``fv``."""
     config_flags.DEFINE_config_file("config", paths.resource("configs/toy_world.py"), "Config file.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)
     flags.DEFINE_string("data_dir", "data/prepared", "Folder of the toy world (toy/) and its prepared datasets "
@@ -118,7 +118,7 @@ def _toy_world(f: flags.FlagValues, argv: list[str]) -> int:
 
 
 def toy_world_main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.train toy-world [flags]`` (train/toy_world.py's docstring); returns the exit
+    """``python -m animegamer_jax.commands.train toy-world [flags]`` (train/toy_world.py's docstring); returns the exit
     status (0 also when SIGTERM / SIGINT stopped it at a saved step, 2 with one line for a bad input, 130 after
     a second Ctrl-C)."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python -m animegamer_jax.generate data/games/demo.jsonl --checkpoint=DIR --out=outputs/games
-    python -m animegamer_jax.generate data/games/demo.jsonl --config=configs/tiny.py --checkpoint=DIR --limit=2
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m animegamer_jax.generate games.jsonl --standin
+    python -m animegamer_jax.commands.generate data/games/demo.jsonl --checkpoint=DIR --out=outputs/games
+    python -m animegamer_jax.commands.generate data/games/demo.jsonl --config=configs/tiny.py --checkpoint=DIR --limit=2
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m animegamer_jax.commands.generate games.jsonl --standin
 
 Games are played ``B`` at a time, B = ``--max_batch`` x the data-parallel size of the mesh
 (``--max_batch`` games per data shard, default 1, the web server's flag of the same name), games with
@@ -40,7 +40,7 @@ from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game_flags import character_flag, run_game_command
+from animegamer_jax.commands.game_flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl

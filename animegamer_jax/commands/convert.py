@@ -1,4 +1,4 @@
-"""``python -m animegamer_jax.convert <kind> SRC DST [flags]``: outside checkpoints -> our orbax layout.
+"""``python -m animegamer_jax.commands.convert <kind> SRC DST [flags]``: outside checkpoints -> our orbax layout.
 
 Every kind takes absl flags after (or between) its positional paths, and a config file where the
 sizes come from one: ``--config=configs/release_tiny.py --config.dit.num_layers=2`` (without
@@ -50,7 +50,7 @@ from animegamer_jax.models.t5 import convert as t5_convert
 from animegamer_jax.models.t5.model import T5Config
 from animegamer_jax.weights import ConversionError, load_state_dict, save_state
 
-PROG = "python -m animegamer_jax.convert"
+PROG = "python -m animegamer_jax.commands.convert"
 #: the config file whose sections give the sizes when no --config is given
 DEFAULT_CONFIG = "configs/animegamer_2b_7b.py"
 
@@ -235,8 +235,8 @@ local or gs://. Sizes from ``--hf_config`` (an HF config.json) if given, else th
     "dit": Family(
         doc="""SAT mp_rank_00_model_states.pt folder or diffusers CogVideoXTransformer3DModel -> orbax.
 
-Usage: python -m animegamer_jax.convert dit SRC DST --kind={sat,diffusers} [--config=F]
-       python -m animegamer_jax.convert dit migrate OLD_SYSTEM NEW_SYSTEM
+Usage: python -m animegamer_jax.commands.convert dit SRC DST --kind={sat,diffusers} [--config=F]
+       python -m animegamer_jax.commands.convert dit migrate OLD_SYSTEM NEW_SYSTEM
 
 SRC: a SAT checkpoint dir / .pt, or a diffusers dir / .safetensors; DST: output directory (orbax
 item `dit` + dit_config.json). The DiT sizes come from the config's `dit` section (default
@@ -287,7 +287,7 @@ def convert_family(kind: str, f: flags.FlagValues, src: str, dst: str) -> int:
 
 
 def family_main(kind: str, argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.convert KIND SRC DST [flags]`` for a kind of :data:`FAMILIES`
+    """``python -m animegamer_jax.commands.convert KIND SRC DST [flags]`` for a kind of :data:`FAMILIES`
     (``dit migrate OLD NEW`` too). Returns the exit status (2 with one ``error:`` line for a bad
     command line, a missing SRC or weights that do not fit the config)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -316,7 +316,7 @@ def _release_flags(fv: flags.FlagValues, argv: list[str]) -> None:
 
 
 def release_main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.convert release SRC DST [--config=F] [--character=NAME]`` (convert/release.py).
+    """``python -m animegamer_jax.commands.convert release SRC DST [--config=F] [--character=NAME]`` (convert/release.py).
 
     SRC is the release's ``checkpoints/`` folder, local or a URL; DST a new system checkpoint (local or
     gs://) that ``play --checkpoint``, ``generate``, ``eval`` and ``train --config.train.init_checkpoint``
@@ -367,7 +367,7 @@ def reference_engine(dst: str) -> GameEngine:
 
 
 def check_release_main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.convert check-release DST CASE.npz`` (convert/check_release.py);
+    """``python -m animegamer_jax.commands.convert check-release DST CASE.npz`` (convert/check_release.py);
     exit 0 iff all stages hold (1: a stage fails, 2: a bad command line or input)."""
     return cli_lib.run_command(f"{PROG} check-release", argv, lambda fv, argv: None,
                                check_release.__doc__, ("DST", "CASE.npz"), _check_release_report,

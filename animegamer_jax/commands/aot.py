@@ -1,17 +1,17 @@
 """Will it fit? Compile the paper config's programs for the chips you plan to rent, on this host.
 
-  python -m animegamer_jax.aot --topology=v5p-64 --program=train --config.train.global_batch_size=64
+  python -m animegamer_jax.commands.aot --topology=v5p-64 --program=train --config.train.global_batch_size=64
                                                   # phases vae a1 a2 b c d r on 32 chips (FSDP needs >= 32)
-  python -m animegamer_jax.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
-  python -m animegamer_jax.aot --topology=v6e-1 --program=turn --config.diffusion.sampler=student \
+  python -m animegamer_jax.commands.aot --topology=v6e-8 --program=turn              # play's stages, latency layout
+  python -m animegamer_jax.commands.aot --topology=v6e-1 --program=turn --config.diffusion.sampler=student \
       --config.diffusion.num_sampling_steps=4                               # the few-step student's turn
-  python -m animegamer_jax.aot --topology=v6e-1 --program=turn --games_per_chip=4 \
+  python -m animegamer_jax.commands.aot --topology=v6e-1 --program=turn --games_per_chip=4 \
       --config.diffusion.sampler=student --config.diffusion.num_sampling_steps=4  # 4 players batched on one chip
-  python -m animegamer_jax.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
-  python -m animegamer_jax.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
-  python -m animegamer_jax.aot --topology=v6e-1 --program=dit,dit_reference,reference_encode  # what a
+  python -m animegamer_jax.commands.aot --topology=v5p-8 --program=generate          # the turn in generate's batch layout
+  python -m animegamer_jax.commands.aot --topology=4xh100-8 --program=a2 --config.train.global_batch_size=64
+  python -m animegamer_jax.commands.aot --topology=v6e-1 --program=dit,dit_reference,reference_encode  # what a
                                                   # --character adds: reference tokens per turn, encode per game
-  python -m animegamer_jax.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
+  python -m animegamer_jax.commands.aot --topology=v5e-4 --config=configs/tiny.py --program=all --json=out.json
 
 Topologies: Cloud TPU names (v4-8, v5e-16, v5p-64, v6e-8, v6e-1; v4 / v5p names count two TensorCores
 per chip, so v5p-64 is 32 chips; v5e / v6e names count chips; --num_slices for multislice), GPU nodes
@@ -287,11 +287,11 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.aot [flags]``; returns the exit status."""
+    """``python -m animegamer_jax.commands.aot [flags]``; returns the exit status."""
     # the host compiles; TPU / GPU devices are compile-only (set before any backend starts)
     jax.config.update("jax_platforms", "cpu")
     argv = list(sys.argv[1:] if argv is None else argv)
-    return run_command("python -m animegamer_jax.aot", argv, _define, __doc__, (), _run,
+    return run_command("python -m animegamer_jax.commands.aot", argv, _define, __doc__, (), _run,
                            errors=(RuntimeError, FileNotFoundError))
 
 

@@ -1,6 +1,6 @@
 """Fit a character LoRA and store it in a system checkpoint under the character's name.
 
-Usage: python -m animegamer_jax.character fit --images=DIR --name=NAME --checkpoint=SYSTEM --out=NEW_SYSTEM
+Usage: python -m animegamer_jax.commands.character fit --images=DIR --name=NAME --checkpoint=SYSTEM --out=NEW_SYSTEM
            [--film=FILE instead of --images] [--steps=300] [--rank=4] [--learning_rate=2e-3] [--overwrite]
 
 fit: trains a rank --rank LoRA of the DiT's attention on still clips made from the pictures (every
@@ -23,7 +23,7 @@ from animegamer_jax.character.fit import FitError, fit_character, read_images
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.game.characters import CharacterError, check_name
 
-PROG = "python -m animegamer_jax.character"
+PROG = "python -m animegamer_jax.commands.character"
 #: exceptions reported as one ``error: ...`` line, exit status 2
 ERRORS = (FitError, CharacterError, SystemCheckpointError)
 
@@ -72,7 +72,7 @@ def _subcommand(name: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.character fit ...`` (module docstring); returns the exit status (2 with
+    """``python -m animegamer_jax.commands.character fit ...`` (module docstring); returns the exit status (2 with
     one ``error: ...`` line on a bad input)."""
     commands = {name: functools.partial(_subcommand, name) for name in SUBCOMMANDS}
     return cli_lib.run_subcommand(argv, commands, __doc__.strip())

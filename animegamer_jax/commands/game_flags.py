@@ -67,9 +67,9 @@ def common_flags(fv) -> None:
                       "fast = every file's size, full hash of files up to 8 MiB and sampled blocks of larger ones; "
                       "full = sha256 of every byte.", flag_values=fv)
     flags.DEFINE_alias("verify-checkpoint", "verify_checkpoint", flag_values=fv)
-    flags.DEFINE_string("executables", "", "Folder of compiled stage programs saved by python -m animegamer_jax.aot "
-                        "--save (same jax, commit, devices and config: loaded instead of compiled; else one line "
-                        "says why and they compile).", flag_values=fv)
+    flags.DEFINE_string("executables", "", "Folder of compiled stage programs saved by python -m "
+                        "animegamer_jax.commands.aot --save (same jax, commit, devices and config: loaded instead of "
+                        "compiled; else one line says why and they compile).", flag_values=fv)
 
 
 def checkpoint_config(checkpoint: str, verify: str = "fast"):

@@ -2,14 +2,14 @@
 
 Usage::
 
-    python -m animegamer_jax.web --checkpoint checkpoints/tiny_system            # http://127.0.0.1:7860/
-    python -m animegamer_jax.web --checkpoint DIR --port 8080 --host 0.0.0.0 --out /data/games
-    python -m animegamer_jax.web --standin                                       # random stand-in system
-    python -m animegamer_jax.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
-    python -m animegamer_jax.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
-    python -m animegamer_jax.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
-    python -m animegamer_jax.web --checkpoint DIR --max_batch 8          # 8 players' turns per model call
-    python -m animegamer_jax.web --checkpoint DIR --host 0.0.0.0 --token "$(openssl rand -hex 16)"  # prints the URL
+    python -m animegamer_jax.commands.web --checkpoint checkpoints/tiny_system            # http://127.0.0.1:7860/
+    python -m animegamer_jax.commands.web --checkpoint DIR --port 8080 --host 0.0.0.0 --out /data/games
+    python -m animegamer_jax.commands.web --standin                                       # random stand-in system
+    python -m animegamer_jax.commands.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
+    python -m animegamer_jax.commands.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
+    python -m animegamer_jax.commands.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
+    python -m animegamer_jax.commands.web --checkpoint DIR --max_batch 8          # 8 players' turns per model call
+    python -m animegamer_jax.commands.web --checkpoint DIR --host 0.0.0.0 --token "$(openssl rand -hex 16)"  # prints the URL
 
 (The ``animegamer-web`` console script runs the same command.)
 
@@ -33,7 +33,7 @@ import sys
 from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
-from animegamer_jax.game_flags import run_game_command
+from animegamer_jax.commands.game_flags import run_game_command
 from animegamer_jax.game.saving import print_turn
 from animegamer_jax.inference.instructions import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings

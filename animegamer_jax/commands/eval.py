@@ -1,14 +1,14 @@
-"""``python -m animegamer_jax.eval``: the evaluation commands (the library is the rest of eval/).
+"""``python -m animegamer_jax.commands.eval``: the evaluation commands (the library is the rest of eval/).
 
 Usage::
 
-    python -m animegamer_jax.eval --config=configs/tiny.py --checkpoint=DIR     # Table 1 (also: eval table1 ...)
-    python -m animegamer_jax.eval --standin --games=bunny-day          # random stand-in system, one game
-    python -m animegamer_jax.eval --checkpoint=DIR --clip=/models/clip-vit-large-patch14 --out=outputs/eval
-    python -m animegamer_jax.eval identity --system DIR --world DIR --out DIR     # eval/identity.py
-    python -m animegamer_jax.eval representation --game data/games/sample_tour.txt  # eval/representation.py
-    python -m animegamer_jax.eval decoder --checkpoint DIR                       # eval/decoder.py
-    python -m animegamer_jax.eval vae --checkpoint DIR                           # eval/vae.py
+    python -m animegamer_jax.commands.eval --config=configs/tiny.py --checkpoint=DIR     # Table 1 (also: eval table1 ...)
+    python -m animegamer_jax.commands.eval --standin --games=bunny-day          # random stand-in system, one game
+    python -m animegamer_jax.commands.eval --checkpoint=DIR --clip=/models/clip-vit-large-patch14 --out=outputs/eval
+    python -m animegamer_jax.commands.eval identity --system DIR --world DIR --out DIR     # eval/identity.py
+    python -m animegamer_jax.commands.eval representation --game data/games/sample_tour.txt  # eval/representation.py
+    python -m animegamer_jax.commands.eval decoder --checkpoint DIR                       # eval/decoder.py
+    python -m animegamer_jax.commands.eval vae --checkpoint DIR                           # eval/vae.py
 
 ``table1`` is the default subcommand (no subcommand, or a first argument that is a flag): it generates
 every benchmark game and writes the Table 1 report (eval/table1.py). Any ``--config.a.b=value``
@@ -317,15 +317,15 @@ def identity_main(argv: list[str] | None = None) -> int:
     """``eval identity``: identity accuracy (eval/identity.py); returns the exit status (2 with one line on
     bad input)."""
     setup_jax()
-    return cli_lib.run_command("python -m animegamer_jax.eval identity", argv, _identity_flags, identity.__doc__,
-                               None, _identity_run,
+    return cli_lib.run_command("python -m animegamer_jax.commands.eval identity", argv, _identity_flags,
+                               identity.__doc__, None, _identity_run,
                                (*GAME_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError,
                                 datasets.DatasetError, ValueError, OSError),
                                interrupted="finished games are kept; rerun the same command to resume")
 
 
 def _representation_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval representation`` on ``fv`` (absl)."""
+    """The flags of ``python -m animegamer_jax.commands.eval representation`` on ``fv`` (absl)."""
     flags.DEFINE_string("game", None, "Game script to play (one instruction a line, game/script.py).", flag_values=fv)
     flags.DEFINE_string("checkpoint", "checkpoints/tiny_system", "System checkpoint.", flag_values=fv)
     flags.DEFINE_string("dataset", "", "Prepared dataset whose clips to compare with (default: the checkpoint "
@@ -402,7 +402,7 @@ def _decoder_own_flags(fv) -> None:
 
 
 def _decoder_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval decoder`` on ``fv`` (absl) and ``--config``: the config
+    """The flags of ``python -m animegamer_jax.commands.eval decoder`` on ``fv`` (absl) and ``--config``: the config
     saved in ``--checkpoint`` (``config_flags.DEFINE_config_dict``), whose fields ``--config.a.b=value``
     overrides (e.g. ``--config.diffusion.sampler=student``; unknown keys are errors).
 
@@ -481,7 +481,7 @@ def _decoder_run(f, *rest: str) -> int:
 
 
 def _vae_flags(fv, argv: list[str]) -> None:
-    """The flags of ``python -m animegamer_jax.eval vae`` on ``fv`` (absl + ml_collections config_flags)."""
+    """The flags of ``python -m animegamer_jax.commands.eval vae`` on ``fv`` (absl + ml_collections config_flags)."""
     config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"),
                                     "With --train_workdir: the run's config file; --config.a.b=value overrides.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)

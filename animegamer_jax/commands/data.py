@@ -1,4 +1,4 @@
-"""``python -m animegamer_jax.data <command> [flags]``: the data commands (flags and printing; the work is
+"""``python -m animegamer_jax.commands.data <command> [flags]``: the data commands (flags and printing; the work is
 done by the library modules named below, which return values and raise).
 
 Commands (each takes ``--help``, which prints its module's docstring and flags):
@@ -31,7 +31,7 @@ from animegamer_jax.data import tiny_t5_spiece, toy_world
 from animegamer_jax.data.films import films_of_dataset, list_film_dir, parse_film_arg
 from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
-PROG = "python -m animegamer_jax.data"
+PROG = "python -m animegamer_jax.commands.data"
 
 
 def _stderr(s: str) -> None:
