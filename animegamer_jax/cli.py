@@ -1,6 +1,6 @@
 """What every command-line entry point shares: flag parsing, the ``main(argv)`` pattern, quiet logs.
 
-The pattern of a command (``python -m animegamer_jax.<command>``, console script ``animegamer-...``)::
+The pattern of a command (``python -m animegamer_jax.commands.<command>``, console script ``animegamer-...``)::
 
     def define_flags(fv, argv):            # the command's flags, on a private absl FlagValues
         config_flags.DEFINE_config_file("config", ..., flag_values=fv, sys_argv=argv)

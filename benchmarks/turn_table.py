@@ -1,6 +1,6 @@
 """docs/results.md's tables: roofline turns from `animegamer-aot --json` reports, and table reports.
 
-Run (no compile; reads the JSON reports that ``python -m animegamer_jax.aot ... --json=FILE`` wrote):
+Run (no compile; reads the JSON reports that ``python -m animegamer_jax.commands.aot ... --json=FILE`` wrote):
   python -m benchmarks.turn_table \\
       --row "ONE v6e|student-4|bf16|full=v6e1_student.json+v6e1_vae.json" \\
       --row "ONE v6e|student-4|int8|preview=v6e1_int8.json+v6e1_student.json+v6e1_vae.json" [--json out.json]
@@ -70,7 +70,7 @@ def _doc(path: str) -> dict:
     try:
         doc = json.loads(fileio.read_bytes(path).decode())
     except FileNotFoundError:
-        _fail(f"{path}: no such report. Fix: write it with python -m animegamer_jax.aot "
+        _fail(f"{path}: no such report. Fix: write it with python -m animegamer_jax.commands.aot "
                          f"... --json={path}")
     except ValueError as e:
         _fail(f"{path}: not a JSON report ({e}). Fix: pass an animegamer-aot --json file")

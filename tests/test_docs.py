@@ -154,9 +154,10 @@ def test_links_between_docs_resolve(doc_anchors):
 
 def test_code_paths_named_in_docs_exist(doc_anchors):
     """A path in backticks (`models/mistral/mllm.py`, `animegamer_jax/diffusion/`) names a file or folder of
-    the repository, at the root or under animegamer_jax/: moved code must take its docs along."""
+    the repository, at the root or under animegamer_jax/: moved code must take its docs along. The changelog
+    is left out: it names old paths on purpose."""
     bad = []
-    for fn in sorted(doc_anchors):
+    for fn in sorted(set(doc_anchors) - {"changelog.md"}):
         with open(os.path.join(DOCS, fn), encoding="utf-8") as f:
             t = f.read()
         for m in CODE_PATH.finditer(t):

@@ -104,7 +104,7 @@ def test_absl_commands_help_and_booleans_read_well(capsys):
 
 def test_cited_code_paths_exist():
     """Every code path (``models/cogvideox/dit.py``, ``animegamer_jax/convert/release.py``) and
-    ``python -m animegamer_jax....`` module named in README.md, docs/ and the Python sources exists
+    ``python -m animegamer_jax.<module>`` named in README.md, docs/ and the Python sources exists
     (in animegamer_jax/ or at the repository root; a ``python -m`` package runs only with a ``__main__.py``):
     moved modules leave no stale pointer behind. docs/changelog.md is left out: it names old paths on
     purpose."""
@@ -115,7 +115,7 @@ def test_cited_code_paths_exist():
         files += glob.glob(f"{folder}/**/*.py", root_dir=ROOT, recursive=True)
     rx_path = re.compile(r"(?<![\w/.])((?:animegamer_jax/)?(?:models|convert|game|train|data|eval|parallel|diffusion|web|commands)"
                          r"/[\w/]*\w\.py)\b")
-    rx_mod = re.compile(r"python -m (animegamer_jax(?:\.[a-z_]\w*)*)")
+    rx_mod = re.compile(r"python -m (animegamer_jax(?:\.[a-z_]\w*)*)(?!\w|\.[\w<])")  # not `...commands.<name>`
     stale = []
     for f in files:
         with open(os.path.join(ROOT, f), encoding="utf-8") as fh:
