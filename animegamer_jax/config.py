@@ -185,6 +185,23 @@ def fill_added_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     return config
 
 
+#: keys the configs lost after checkpoints were saved with them: output folders, now the commands'
+#: ``--out`` (a run argument). :func:`drop_removed_keys` takes them out of a saved config.
+REMOVED_KEYS = ("game.out_dir", "eval.out_dir")
+
+
+def drop_removed_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Removes, in place, each :data:`REMOVED_KEYS` key that ``config`` (a checkpoint's saved config)
+    still holds, so it reads as a config of today (``--config.game.out_dir=...`` is an unknown key for
+    it too); returns ``config``."""
+    for key in REMOVED_KEYS:
+        *parents, last = key.split(".")
+        node = _get(config, ".".join(parents))
+        if node is not _MISSING and hasattr(node, "keys") and last in node:
+            del node[last]
+    return config
+
+
 def _get(config, key: str):
     node = config
     for part in key.split("."):

@@ -57,7 +57,7 @@ def main() -> None:
     t_load = time.perf_counter() - t0
     engine = GameEngine(config, system, mesh=mesh)
     game = load_script(args.script, seed=int(config.game.seed))
-    out_dir = args.out or tempfile.mkdtemp(prefix="game_bench_")
+    out_dir = args.out if args["out"].present else tempfile.mkdtemp(prefix="game_bench_")  # default: a temp folder
     print(f"system: {system.label}\nconfig {config.name} on {jax.device_count()} {jax.default_backend()} "
           f"device(s); {len(game.turns)} turns; load/init {t_load:.2f}s")
     rows = []

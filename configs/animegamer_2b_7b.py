@@ -337,17 +337,17 @@ def get_config() -> ml_collections.ConfigDict:
     # in one chip's HBM, e.g. v6e / H100, not v5e). docs/results.md compares the two.
     c.game.latency_weights = "sharded"
     c.game.checkpoint = ""  # system checkpoint directory (animegamer_jax/checkpoint layout) to play
-    c.game.out_dir = "outputs/games"  # where game folders are written
     c.game.contact_sheet_columns = 6  # frames per turn on the contact sheet
+    # (where game folders go is the commands' --out, default outputs/games: a run argument, not a config field)
 
     # ---- evaluation: Table 1 metrics and the benchmark runner (docs/evaluation.md; animegamer_jax/eval) ----
     c.eval = ml_collections.ConfigDict()
     c.eval.benchmark = "data/benchmark/benchmark.json"  # benchmark file (eval/table1_games.py format)
-    c.eval.out_dir = "outputs/eval"  # report.md / report.json (+ games/ with the generated games)
     c.eval.clip = ""  # local HF CLIPModel folder for CLIP-I/T/T^E; "" = labelled random stand-in
     c.eval.dreamsim = ""  # local DreamSim embedder folder; "" = DreamSim not computed
     c.eval.clip_frames = 8  # frames per turn scored by CLIP (evenly spaced; <= 0 = all 17)
     c.eval.write_games = True  # also write every generated game (MP4/GIF, game.json, gallery)
+    # (the report folder is eval's --out, default outputs/eval)
 
     # ---- automatic clip labelling (paper §3.3, docs/data.md#labels; `python -m animegamer_jax.commands.data caption`) ----
     c.label = ml_collections.ConfigDict()

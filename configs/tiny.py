@@ -139,9 +139,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.max_seq_len = 256  # 3 turns of 1 + text + 28 + 14 tokens at 24 queries
 
     c.game.checkpoint = "checkpoints/tiny_system"  # the shipped tiny system (save_system layout)
-    c.game.out_dir = "outputs/games"
 
-    c.eval.out_dir = "outputs/eval_tiny"  # keep tiny reports apart from full-size ones
     c.eval.clip_frames = 4  # fewer CLIP calls per turn on CPU
 
     c.label.dtype = "float32"  # CPU

@@ -25,7 +25,6 @@ def get_config() -> ml_collections.ConfigDict:
     c.data.clip_stride_seconds = 1.0
     c.eval.heldout_dataset_dir = "data/prepared/toy_heldout"  # the held-out characters' films (eval only)
     c.eval.toy_world_dir = "data/prepared/toy"  # the generator's folder: characters/<Name>/reference.png
-    c.eval.out_dir = "outputs/eval_toy_world"
 
     # T5 and CLIP come from the shipped tiny system and stay frozen. Its VAE reconstructs the toy clips
     # at 18.2 dB (17-frame clips; 22.6 on the sample film's), the checkered and striped backgrounds

@@ -66,7 +66,7 @@ def test_play_keeps_the_reference_and_continue_reloads_it(tmp_path, monkeypatch,
     s1.write_text(T[2] + "\n")
     s3.write_text("\n".join(T) + "\n")
     out = tmp_path / "o"
-    std = ["--standin", "--out", str(out), "--seed", "5"]
+    std = ["--standin", "--out", str(out), "--config.game.seed=5"]
     assert play.main([str(s3), *std, "--game-id", "plain"]) == 0
     assert play.main([str(s3), *std, "--game-id", "one", "--character", f"BUNNY={REF}"]) == 0
     assert play.main([str(s2), *std, "--game-id", "cont", "--character", f"BUNNY={REF}"]) == 0

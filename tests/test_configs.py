@@ -64,3 +64,21 @@ def test_overrides_go_through_config_flags(tmp_path):
     bare.write_text("x = 1\n")
     with pytest.raises(ConfigError, match="defines no get_config"):
         load_config(str(bare))
+
+
+def test_output_folders_are_flags_not_config_values():
+    """Where outputs go is a command's --out: no config has game.out_dir / eval.out_dir, and a
+    checkpoint saved with them (checkpoints/tiny_system) loads without them."""
+    import json
+
+    from animegamer_jax import checkpoint
+    from animegamer_jax.config import REMOVED_KEYS
+
+    for c in (animegamer_2b_7b.get_config(), tiny.get_config(), load_config("configs/toy_world.py")):
+        assert "out_dir" not in c.game and "out_dir" not in c.eval
+    saved = json.load(open("checkpoints/tiny_system/config/metadata"))
+    assert saved["game"]["out_dir"] == "outputs/games" and saved["eval"]["out_dir"] == "outputs/eval_tiny"
+    loaded = checkpoint.load_config("checkpoints/tiny_system")
+    assert REMOVED_KEYS == ("game.out_dir", "eval.out_dir")
+    assert "out_dir" not in loaded.game and "out_dir" not in loaded.eval
+    assert loaded.game.checkpoint == "checkpoints/tiny_system" and loaded.eval.clip_frames == 4  # the rest kept

@@ -47,7 +47,7 @@ def test_clip_embedder_matches_hf_clipmodel(tmp_path):
     from animegamer_jax.models.clip.model import CLIP_MEAN, CLIP_STD
 
     hf = _tiny_hf_clip(tmp_path)
-    emb = embedders.embedder_from_flag(str(tmp_path))
+    emb = embedders.embedder_from_config(str(tmp_path))
     assert "CLIP" in emb.label
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (3, 40, 60, 3), np.uint8)
@@ -71,12 +71,12 @@ def test_clip_embedder_matches_hf_clipmodel(tmp_path):
     assert metrics.clip_i(emb.image(np.stack([frames[0]] * 4)), emb.image(frames[:1])) == pytest.approx(1.0, abs=1e-6)
 
 
-def test_embedder_flag_errors_and_standin(tmp_path):
+def test_embedder_from_config_errors_and_standin(tmp_path):
     with pytest.raises(FileNotFoundError, match="CLIP folder"):
-        embedders.embedder_from_flag(str(tmp_path / "missing"))
+        embedders.embedder_from_config(str(tmp_path / "missing"))
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        embedders.embedder_from_flag(str(tmp_path))
-    s = embedders.embedder_from_flag("standin")
+        embedders.embedder_from_config(str(tmp_path))
+    s = embedders.embedder_from_config("standin")
     assert "stand-in" in s.label
     img = np.random.default_rng(1).integers(0, 256, (2, 20, 30, 3), np.uint8)
     np.testing.assert_allclose(s.image(img[:1]), s.image(img[:1]))

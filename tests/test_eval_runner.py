@@ -78,7 +78,7 @@ def test_runner_writes_report_with_table1_columns(tmp_path):
 def test_cli_reports_a_bad_benchmark_before_generating(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "x", "characters": {}, "games": []}')
-    rc = cli.main(["--standin", "--benchmark", str(bad), "--out", str(tmp_path / "o")])
+    rc = cli.main(["--standin", f"--config.eval.benchmark={bad}", "--out", str(tmp_path / "o")])
     assert rc == 2
     assert "'characters' must map each character name" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "report.json")

@@ -36,8 +36,8 @@ def games(tmp_path_factory):
     (d / "b.txt").write_text("\n".join(TEXTS[:2]) + "\n")
     (d / "c.txt").write_text(TEXTS[2] + "\n")
     out = d / "o"
-    assert play.main([str(d / "a.txt"), "--standin", "--out", str(out), "--seed", "7"]) == 0
-    assert play.main([str(d / "b.txt"), "--standin", "--out", str(out), "--seed", "7"]) == 0
+    assert play.main([str(d / "a.txt"), "--standin", "--out", str(out), "--config.game.seed=7"]) == 0
+    assert play.main([str(d / "b.txt"), "--standin", "--out", str(out), "--config.game.seed=7"]) == 0
     assert play.main(["--continue", str(out / "b"), str(d / "c.txt"), "--standin"]) == 0
     return d, out
 
@@ -111,6 +111,12 @@ def test_refusals_are_one_line(games, capsys, tmp_path):
     assert "played with other settings (config.game.meter_step 5 -> 10)" in refused(src, "--config.game.meter_step=10")
     assert play.main(["--from_turn", "1", "--standin"]) == 2
     assert "--from_turn needs the game to start from" in capsys.readouterr().err
+    # a continued game keeps its seed: only an explicit --config.game.seed other than it is refused
+    before = _bytes(src)
+    assert play.main(["--continue", str(src), str(d / "c.txt"), "--standin", "--config.game.seed=8"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--config.game.seed=8: " in err and "was played with seed 7" in err
+    assert _bytes(src) == before
 
 
 def test_continue_interactive(games, monkeypatch, capsys, tmp_path):

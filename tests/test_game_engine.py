@@ -222,14 +222,19 @@ def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
 def test_fingerprint_names_mode_and_override_changes():
     base = load_config("configs/tiny.py")
     ref = load_config("configs/tiny.py", ["game.mode=reference"])
-    ref2 = load_config("configs/tiny.py", ["game.mode=reference", "game.fps=12", "game.out_dir=/elsewhere"])
+    ref2 = load_config("configs/tiny.py", ["game.mode=reference", "game.fps=12", "game.checkpoint=/elsewhere"])
     a = writers.game_fingerprint(apply_mode(base), TEXTS[:2], 3, "sys")
     b = writers.game_fingerprint(apply_mode(ref), TEXTS[:2], 3, "sys")
     c = writers.game_fingerprint(apply_mode(ref2), TEXTS[:2], 3, "sys")
     changes = writers.fingerprint_changes(a["parts"], b["parts"])
     assert changes[0] == 'mode "default" -> "reference"' and "config.mllm.history_window 3 -> 1" in changes
     assert not any("game.mode" in c for c in changes)
-    assert writers.fingerprint_changes(b["parts"], c["parts"]) == ["config.game.fps 8 -> 12"]  # out_dir ignored
+    assert writers.fingerprint_changes(b["parts"], c["parts"]) == ["config.game.fps 8 -> 12"]  # checkpoint path ignored
+    # the configs lost eval.out_dir (eval's --out); a fingerprint holds the value each config had, so
+    # games fingerprinted before keep their fingerprints (and game.json its bytes)
+    assert a["parts"]["config"]["eval"]["out_dir"] == "outputs/eval_tiny" and "out_dir" not in a["parts"]["config"]["game"]
+    full = writers.game_fingerprint(load_config("configs/animegamer_2b_7b.py"), TEXTS[:2], 3, "sys")
+    assert full["parts"]["config"]["eval"]["out_dir"] == "outputs/eval"
     assert writers.fingerprint_changes(a["parts"], writers.game_fingerprint(
         apply_mode(base), TEXTS[1:3], 3, "sys")["parts"]) == ["instructions changed"]
 
@@ -271,17 +276,17 @@ def test_play_script_and_stdin(tmp_path, monkeypatch, capsys):
     script = tmp_path / "s.txt"
     script.write_text("# comment\n" + "\n".join(TEXTS[:2]) + "\n")
     out = tmp_path / "o"
-    assert play.main([str(script), "--standin", "--out", str(out), "--seed", "7"]) == 0
+    assert play.main([str(script), "--standin", "--out", str(out), "--config.game.seed=7"]) == 0
     text = capsys.readouterr().out
     assert "contact sheet:" in text and "NOT trained" in text and "compilation:" in text
     rec = json.load(open(out / "s" / "game.json"))
     assert rec["seed"] == 7 and rec["instructions"] == TEXTS[:2]
     first = _files(out / "s")
     # a second run keeps the first game unless --overwrite; with it, every file is byte-identical
-    assert play.main([str(script), "--standin", "--out", str(out), "--seed", "7"]) == 2
+    assert play.main([str(script), "--standin", "--out", str(out), "--config.game.seed=7"]) == 2
     assert "s holds a game from an earlier run; it is kept. Fix: pass --overwrite" in capsys.readouterr().err
     assert _files(out / "s") == first
-    assert play.main([str(script), "--standin", "--out", str(out), "--seed", "7", "--overwrite"]) == 0
+    assert play.main([str(script), "--standin", "--out", str(out), "--config.game.seed=7", "--overwrite"]) == 0
     again = _files(out / "s")
     assert sorted(again) == sorted(first) and [k for k in first if first[k] != again[k]] == []
     assert {"turn_000.mp4", "turn_000.gif", "contact_sheet.png", "game.json"} <= set(first)
@@ -294,7 +299,7 @@ def test_play_script_and_stdin(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr("sys.stdin", _Typed("\ufeff# typed\n" + TEXTS[0] + "\nnot an instruction\n" + TEXTS[1]
                                             + "\n", check))
-    assert play.main(["-", "--standin", "--out", str(out), "--game-id", "live", "--seed", "7"]) == 130
+    assert play.main(["-", "--standin", "--out", str(out), "--game-id", "live", "--config.game.seed=7"]) == 130
     cap = capsys.readouterr()
     assert "error: <stdin>:3: 'not an instruction' is not a 'Key: value' field" in cap.err
     assert f"interrupted: 2 turn(s) saved in {out}/live" in cap.err and "Traceback" not in cap.err
@@ -418,7 +423,8 @@ def test_play_bad_script_line(tmp_path, capsys):
 def test_config_comes_from_the_checkpoint_when_not_given(capsys):
     """docs/design.md#one-checkpoint-directory-for-a-whole-system: `play --checkpoint DIR` needs nothing
     else; --config and overrides still win."""
-    f, rest, cfg = parse_game_flags("play", ["s.txt", "--checkpoint", "checkpoints/tiny_system", "--mode", "reference",
+    f, rest, cfg = parse_game_flags("play", ["s.txt", "--checkpoint", "checkpoints/tiny_system",
+                                             "--config.game.mode=reference",
                                              "--config.game.seed=7", "--nooverwrite", "--game-id", "g"], define_flags)
     assert cfg.name == "tiny" and cfg.mllm.hidden_size == 64 and rest == ["s.txt"]
     assert cfg.game.seed == 7 and cfg.game.mode == "reference" and f.game_id == "g" and not f.overwrite
@@ -433,8 +439,9 @@ def test_config_comes_from_the_checkpoint_when_not_given(capsys):
     text = capsys.readouterr().out
     for flag in ("--config: Config file (default: the config saved in --checkpoint", "--config.a.b=value",
                  "--[no]overwrite", "--[no]standin", "--[no]demo", "--game-id: Alias for --game_id",
-                 "--verify-checkpoint: Alias for --verify_checkpoint", "--mode: <default|reference>"):
+                 "--verify-checkpoint: Alias for --verify_checkpoint", "--out: Parent folder of the game folders"):
         assert flag in text, flag
+    assert "--mode" not in text and "--seed" not in text  # config values are set as --config.game.mode / .seed
 
 
 def test_play_script_ctrl_c_is_one_line(tmp_path, capsys, monkeypatch):

@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 from animegamer_jax import checkpoint
+from animegamer_jax.commands.game_flags import OUT_DIR
 from animegamer_jax.config import load_config
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
@@ -194,12 +195,12 @@ def _page_meters(driver):
 @pytest.fixture
 def served_in_a_checkout(served, tmp_path, monkeypatch):
     """A server and its HTTP thread over ``served``'s engine, run in an empty working folder and
-    writing to the config's relative ``game.out_dir`` (outputs/games): the page shows the paths that
+    writing to the web command's default ``--out`` (outputs/games, relative): the page shows the paths that
     `python -m animegamer_jax.commands.web --checkpoint checkpoints/tiny_system` shows in a checkout (the
     screenshot in docs/commands.md), not this machine's."""
     engine = served[0].engine
     monkeypatch.chdir(tmp_path)
-    server = GameServer(engine, engine.config.game.out_dir)
+    server = GameServer(engine, OUT_DIR)
     server.start()
     http = HttpThread(create_app(server)).start()
     yield server, http

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
 
+from animegamer_jax.config import drop_removed_keys
 from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
@@ -141,7 +142,8 @@ def read_manifest(directory: str) -> dict:
 
 
 def load_config(directory: str) -> ml_collections.ConfigDict:
-    """The config saved in a system checkpoint.
+    """The config saved in a system checkpoint, less the keys the configs no longer have
+    (config.py ``REMOVED_KEYS``: an older checkpoint's output folders).
 
     Raises:
       SystemCheckpointError: no ``config/metadata``; CheckpointIntegrityError: it is damaged.
@@ -152,7 +154,7 @@ def load_config(directory: str) -> ml_collections.ConfigDict:
     if not isinstance(cfg, dict):
         raise CheckpointIntegrityError(f"{directory}/config/metadata is damaged (not a config). "
                                        f"{fix_hint(directory)}")
-    return config_from_json(cfg)
+    return drop_removed_keys(config_from_json(cfg))
 
 
 def abstract_component(

@@ -4,7 +4,7 @@ Usage::
 
     python -m animegamer_jax.commands.eval --config=configs/tiny.py --checkpoint=DIR     # Table 1 (also: eval table1 ...)
     python -m animegamer_jax.commands.eval --standin --games=bunny-day          # random stand-in system, one game
-    python -m animegamer_jax.commands.eval --checkpoint=DIR --clip=/models/clip-vit-large-patch14 --out=outputs/eval
+    python -m animegamer_jax.commands.eval --checkpoint=DIR --config.eval.clip=/models/clip-vit-large-patch14 --out=outputs/eval
     python -m animegamer_jax.commands.eval identity --system DIR --world DIR --out DIR     # eval/identity.py
     python -m animegamer_jax.commands.eval representation --game data/games/sample_tour.txt  # eval/representation.py
     python -m animegamer_jax.commands.eval decoder --checkpoint DIR                       # eval/decoder.py
@@ -12,7 +12,8 @@ Usage::
 
 ``table1`` is the default subcommand (no subcommand, or a first argument that is a flag): it generates
 every benchmark game and writes the Table 1 report (eval/table1.py). Any ``--config.a.b=value``
-overrides a config field (unknown keys are errors). Writes ``<out>/report.md``, ``<out>/report.json``
+overrides a config field (unknown keys are errors): the benchmark file ``--config.eval.benchmark``, the
+CLIP folder ``--config.eval.clip``, the mode ``--config.game.mode``. Writes ``<out>/report.md``, ``<out>/report.json``
 and (unless ``--nowrite_games``) ``<out>/games/<game_id>/``. ``eval KIND --help`` lists a subcommand's
 flags.
 
@@ -48,7 +49,7 @@ from animegamer_jax.diffusion import samplers
 from animegamer_jax.eval import decoder as eval_decoder
 from animegamer_jax.eval import embedders, identity, representation
 from animegamer_jax.eval import vae as eval_vae
-from animegamer_jax.eval.embedders import Embedder, embedder_from_flag
+from animegamer_jax.eval.embedders import Embedder, embedder_from_config
 from animegamer_jax.eval.table1 import render_markdown, run_benchmark
 from animegamer_jax.eval.table1_games import BenchmarkError, load_benchmark
 from animegamer_jax.game import writers
@@ -65,6 +66,10 @@ from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import validate_games
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
+
+
+#: the default ``--out`` of ``eval [table1]``: the report folder
+OUT_DIR = "outputs/eval"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,29 +143,22 @@ def _table1_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("checkpoint", "", "System checkpoint directory (default config.game.checkpoint).",
                         flag_values=fv)
     flags.DEFINE_bool("standin", False, "Evaluate the random stand-in system (pipeline check).", flag_values=fv)
-    flags.DEFINE_string("benchmark", None, "Benchmark JSON (default config.eval.benchmark).", flag_values=fv)
-    flags.DEFINE_string("out", None, "Report folder, local or gs:// (default config.eval.out_dir).", flag_values=fv)
-    flags.DEFINE_string("clip", None, "Local HF CLIPModel folder, or 'standin' (default config.eval.clip).",
-                        flag_values=fv)
-    flags.DEFINE_string("dreamsim", None, "Local DreamSim folder (default config.eval.dreamsim).", flag_values=fv)
+    flags.DEFINE_string("out", OUT_DIR, "Report folder, local or gs://.", flag_values=fv)
+    flags.register_validator("out", bool, f"--out is empty. Fix: --out=DIR (default {OUT_DIR})", flag_values=fv)
     flags.DEFINE_list("games", [], "Comma-separated subset of game ids (default: all).", flag_values=fv)
     flags.DEFINE_bool("write_games", True, "Write the generated games' videos (--nowrite_games: report only; "
                       "config.eval.write_games must also be on).", flag_values=fv)
-    flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour.", flag_values=fv)
 
 
 def _table1_run(f) -> int:
     """The body of :func:`table1_main` on parsed flags ``f``."""
     config = f.config
-    if f.mode:
-        config.game.mode = f.mode
-    embedder = embedder_from_flag(f.clip if f.clip is not None else config.eval.clip)
-    dreamsim_path = f.dreamsim if f.dreamsim is not None else config.eval.dreamsim
-    if dreamsim_path:
+    embedder = embedder_from_config(config.eval.clip)
+    if config.eval.dreamsim:
         raise ConfigError("DreamSim scoring needs its ensemble (DINO + CLIP + OpenCLIP ViTs + LoRA), which is "
-                          "not ported; leave --dreamsim empty (the column reads n/a)")
+                          "not ported. Fix: leave config.eval.dreamsim empty (the column reads n/a)")
     report = run_table1(
-        config, f.benchmark or config.eval.benchmark, f.out or config.eval.out_dir,
+        config, config.eval.benchmark, f.out,
         checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
         write_games=bool(config.eval.write_games) and f.write_games)
     print(render_markdown(report))

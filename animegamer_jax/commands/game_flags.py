@@ -2,7 +2,9 @@
 
 Each takes the flags of :func:`common_flags`, its own, and ``--config``: a config file, or without
 one the config saved in ``--checkpoint`` (checked first, :func:`checkpoint_config`), else
-configs/tiny.py. ``--config.a.b=value`` overrides a field of either; ``--mode`` sets ``game.mode``.
+configs/tiny.py. ``--config.a.b=value`` overrides a field of either (``--config.game.mode=reference``,
+``--config.game.seed=3``): what the config holds is set only that way, and the flags are the run's
+arguments (input and output paths, ``--demo``, ``--overwrite``, ...).
 
 * :func:`run_game_command` is a game command's ``main(argv)`` (``cli.run_command`` with these flags);
 * :func:`parse_game_flags` parses a game command line for library use (tests, benchmarks);
@@ -35,6 +37,9 @@ from animegamer_jax.inference import executables
 #: the errors the game commands report as one line (exit status 2) instead of a traceback
 CLI_ERRORS = (cli.UsageError, *GAME_ERRORS)
 
+#: the default ``--out``: where game folders are written
+OUT_DIR = "outputs/games"
+
 CONFIG_HELP = ("Config file (default: the config saved in --checkpoint, else configs/tiny.py); "
                "--config.a.b=value overrides a field, e.g. --config.game.mode=reference (unknown keys are errors).")
 
@@ -56,9 +61,8 @@ def common_flags(fv) -> None:
                         flag_values=fv)
     flags.DEFINE_bool("standin", False, "Play a randomly initialised stand-in system (untrained; labelled in "
                       "outputs).", flag_values=fv)
-    flags.DEFINE_string("out", None, "Output folder, local or gs:// (default config.game.out_dir).", flag_values=fv)
-    flags.DEFINE_enum("mode", None, ["default", "reference"], "reference = the release's behaviour (window 1, "
-                      "last-226 read-out, release CFG).", flag_values=fv)
+    flags.DEFINE_string("out", OUT_DIR, "Parent folder of the game folders, local or gs://.", flag_values=fv)
+    flags.register_validator("out", bool, "--out is empty. Fix: --out=DIR (default outputs/games)", flag_values=fv)
     flags.DEFINE_bool("demo", False, "Use config.game.checkpoint when it exists, else a clearly-labelled randomly "
                       "initialised system of the config's sizes.", flag_values=fv)
     flags.DEFINE_bool("overwrite", False, "Replace a finished game of the same id from an earlier run (folders "
@@ -145,12 +149,10 @@ def game_flags(define: Callable[[object], None] | None = None,
     return define_all
 
 
-def game_config(f):
-    """The parsed ``--config`` of flag values ``f`` with ``--mode`` applied to ``game.mode``."""
-    config = f.config
-    if f.mode:
-        config.game.mode = f.mode
-    return config
+def config_overrides(f) -> dict:
+    """The ``--config.a.b=value`` overrides of the command line parsed into flag values ``f``:
+    ``{"a.b": value}`` (config_flags ``get_override_values``; empty without any)."""
+    return dict(config_flags.get_override_values(f["config"]))
 
 
 def parse_game_flags(prog: str, argv: Sequence[str], define: Callable[[object], None] | None = None, doc: str = "",
@@ -163,7 +165,7 @@ def parse_game_flags(prog: str, argv: Sequence[str], define: Callable[[object], 
         take (the web app: ``overwrite``).
 
     Returns:
-      (flag values, positional arguments, config with ``--mode`` applied).
+      (flag values, positional arguments, the parsed config: ``f.config``).
 
     Raises:
       cli.UsageError: an unknown flag or config key, a bad value. ConfigError: a missing or damaged
@@ -173,7 +175,7 @@ def parse_game_flags(prog: str, argv: Sequence[str], define: Callable[[object], 
         f, rest = cli.parse_flags([prog, *argv], game_flags(define, exclude), doc)
     except SavedConfigError as e:
         raise ConfigError(str(e)) from None
-    return f, rest, game_config(f)
+    return f, rest, f.config
 
 
 def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[object], None] | None, doc: str,
@@ -183,7 +185,7 @@ def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[ob
     Args:
       prog, doc: as for ``cli.run_command``; argv: the arguments after the program (None:
         ``sys.argv[1:]``); define, exclude: as for :func:`game_flags`.
-      body: ``(flag values, config, *positional) -> exit status``; the config has ``--mode`` applied.
+      body: ``(flag values, config, *positional) -> exit status``; the config is ``f.config``.
       interrupted: with it, SIGTERM stops the command like Ctrl-C (``cli.sigterm_as_interrupt``), and
         an interruption that ``body`` does not handle itself (during flag parsing or loading) prints
         ``interrupted: <interrupted>`` with exit status 130 (143 for SIGTERM). None: neither.
@@ -201,4 +203,4 @@ def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[ob
 def _with_executables(f, body, *rest):
     """``body(f, config, *rest)`` with ``--executables`` in use (inference/executables.py)."""
     with executables.use(f.executables if "executables" in f else ""):
-        return body(f, game_config(f), *rest)
+        return body(f, f.config, *rest)

@@ -71,7 +71,7 @@ def _generate(f, config, *rest: str) -> int:
     if len(rest) != 1:
         raise UsageError(f"expected one JSONL file of games, got {list(rest) or 'none'}")
     try:
-        out_dir = f.out or config.game.out_dir
+        out_dir = f.out
         writers.check_writable(out_dir, keep=False)  # created when a game is written
         games = load_jsonl(rest[0])
         characters = load_characters(f.character)

@@ -5,7 +5,7 @@ Usage::
     python -m animegamer_jax.commands.play data/games/bunny.txt --checkpoint=DIR   # the config saved in DIR
     python -m animegamer_jax.commands.play data/games/bunny.txt --config=configs/tiny.py --checkpoint=DIR
     python -m animegamer_jax.commands.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
-    python -m animegamer_jax.commands.play data/games/bunny.txt --standin --seed=3 --config.game.mode=reference
+    python -m animegamer_jax.commands.play data/games/bunny.txt --standin --config.game.seed=3 --config.game.mode=reference
     python -m animegamer_jax.commands.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
     python -m animegamer_jax.commands.play data/games/bunny.txt --demo --character Bunny=me.png  # Bunny's turns look like me.png
 
@@ -13,7 +13,8 @@ Usage::
 default) for instructions typed on stdin. Flags are absl's (``--flag=value`` or ``--flag value``;
 booleans ``--overwrite`` / ``--nooverwrite``); the shared ones are game_flags.py's. Any
 ``--config.a.b=value`` overrides a field of the ``--config`` file or, without one, of the config
-saved in ``--checkpoint`` (unknown keys are errors). Outputs go to ``<out>/<game_id>/``
+saved in ``--checkpoint`` (unknown keys are errors; the game seed is ``--config.game.seed``, the
+mode ``--config.game.mode``). Outputs go to ``<out>/<game_id>/`` (``--out``, default outputs/games)
 (game/saving.py, game/writers.py); the command prints the folder, the states and meters of every
 turn and the per-stage wall times, compilation apart. ``--game-id`` must be a plain folder name;
 a folder of that name that this program did not write is never touched, and a finished game of an
@@ -48,12 +49,12 @@ from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.characters import load_characters
-from animegamer_jax.commands.game_flags import character_flag, run_game_command
+from animegamer_jax.commands.game_flags import character_flag, config_overrides, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
                                         summary)
 from animegamer_jax.game.script import load_script
-from animegamer_jax.inference.instructions import SEED_RANGE, Game, GameScriptError, parse_instruction
+from animegamer_jax.inference.instructions import Game, GameScriptError, parse_instruction
 from animegamer_jax.inference.layout import apply_layout, setup_jax
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
@@ -150,8 +151,6 @@ def _play_turns(engine: GameEngine, game: TurnByTurnGame, save, turns) -> Keyboa
 
 def define_flags(fv) -> None:
     """play's own flags (next to game_flags.py's ``common_flags`` and ``--config``) on ``fv``."""
-    flags.DEFINE_integer("seed", None, "Game seed (default config.game.seed).", lower_bound=SEED_RANGE[0],
-                         upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("game_id", None, "Output folder name (default: the script's file name).", flag_values=fv)
     flags.DEFINE_alias("game-id", "game_id", flag_values=fv)
     flags.DEFINE_string("continue", None, "A saved game folder to play on: SCRIPT's instructions (or those typed "
@@ -174,7 +173,8 @@ def _play(f, config, *rest: str) -> int:
 
     Raises:
       UsageError: more than one positional argument, ``--from_turn`` without ``--continue``,
-        ``--game-id`` or a different ``--seed`` with a plain ``--continue``; any of game_flags.py's
+        ``--game-id`` with a plain ``--continue``, a ``--config.game.seed`` override other than the
+        continued game's seed; any of game_flags.py's
         ``CLI_ERRORS`` (a saved game that cannot be continued: ``writers.SavedGameError``).
     """
     if len(rest) > 1:
@@ -190,7 +190,7 @@ def _play(f, config, *rest: str) -> int:
     try:
         if f.game_id is not None:
             writers.check_game_id(f.game_id)
-        out_dir = f.out or config.game.out_dir
+        out_dir = f.out
         if source is None or from_turn is not None:
             writers.check_writable(out_dir, keep=False)  # created when a game is written
         game = load_script(script, f.game_id) if script != "-" else None
@@ -223,7 +223,7 @@ def _play(f, config, *rest: str) -> int:
             validate_games([game], engine.spec, engine.tok)
         if source is not None:
             return _continue(engine, f, source, from_turn, game_id, out_dir, game)
-        seed = f.seed if f.seed is not None else int(config.game.seed)
+        seed = int(config.game.seed)
         print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
               f"{engine.spec.window}, seed {seed}", flush=True)
         if game is None:
@@ -258,9 +258,10 @@ def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id
     first N turns): plays ``script``'s turns, or stdin's, onto the saved game, each saved before it is
     printed. Returns the exit status (:func:`_session_end`)."""
     tbt, _ = load_game(engine, source, upto=from_turn, game_id=game_id)
-    if f.seed is not None and f.seed != tbt.seed:
-        raise UsageError(f"--seed {f.seed}: {source} was played with seed {tbt.seed}, and a continued game keeps "
-                         f"its seed. Fix: drop --seed")
+    seed = config_overrides(f).get("game.seed")
+    if seed is not None and int(seed) != tbt.seed:
+        raise UsageError(f"--config.game.seed={seed}: {source} was played with seed {tbt.seed}, and a continued "
+                         f"game keeps its seed. Fix: drop --config.game.seed")
     if from_turn is None:
         folder = source.rstrip("/")
         out_dir = folder.rsplit("/", 1)[0] if "/" in folder else "."

@@ -6,7 +6,7 @@ Usage::
     python -m animegamer_jax.commands.web --checkpoint DIR --port 8080 --host 0.0.0.0 --out /data/games
     python -m animegamer_jax.commands.web --standin                                       # random stand-in system
     python -m animegamer_jax.commands.web --config=configs/tiny.py --config.game.mode=reference --checkpoint DIR
-    python -m animegamer_jax.commands.web --checkpoint DIR --config.game.seed=3   # overrides the config saved in DIR
+    python -m animegamer_jax.commands.web --checkpoint DIR --config.game.seed=3   # new games' seed (a config field)
     python -m animegamer_jax.commands.web --checkpoint DIR --max_queue 8          # "busy, try again" past 8 waiting turns
     python -m animegamer_jax.commands.web --checkpoint DIR --max_batch 8          # 8 players' turns per model call
     python -m animegamer_jax.commands.web --checkpoint DIR --host 0.0.0.0 --token "$(openssl rand -hex 16)"  # prints the URL
@@ -35,7 +35,6 @@ from absl import flags
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.commands.game_flags import run_game_command
 from animegamer_jax.game.saving import print_turn
-from animegamer_jax.inference.instructions import SEED_RANGE
 from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
 
@@ -44,8 +43,6 @@ def define_flags(fv) -> None:
     """The web app's own flags on ``fv``, next to game_flags.py's ``common_flags`` (less ``--overwrite``)
     and ``--config`` (default: the config saved in ``--checkpoint``, else configs/tiny.py;
     ``--config.a.b=v`` overrides a field of either)."""
-    flags.DEFINE_integer("seed", None, "Game seed of new games (default config.game.seed).", lower_bound=SEED_RANGE[0],
-                         upper_bound=SEED_RANGE[1], flag_values=fv)
     flags.DEFINE_string("host", "127.0.0.1", "Address to bind (default loopback only); the server also answers to "
                         "this name in the Host header (0.0.0.0 or :: answer to any IP address and this machine's name).",
                         flag_values=fv)
@@ -83,7 +80,7 @@ def _serve(f, config, *rest: str) -> int:
     warning = no_auth_warning(f.host, token=f.token is not None)
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    server = build_server(config, f.checkpoint, f.standin, f.out, f.seed, f.verify_checkpoint,
+    server = build_server(config, f.checkpoint, f.standin, out=f.out, verify=f.verify_checkpoint,
                           random_fallback=f.demo, max_queue=f.max_queue, max_sessions=f.max_sessions,
                           max_batch=f.max_batch, on_turn=print_turn)
     print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "

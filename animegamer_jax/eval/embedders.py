@@ -75,8 +75,9 @@ def clip_embedder(path: str, batch_size: int = 16) -> Embedder:
                     image, text)
 
 
-def embedder_from_flag(value: str) -> Embedder:
-    """``""`` or ``"standin"`` -> :func:`standin_embedder`; a folder -> :func:`clip_embedder`.
+def embedder_from_config(value: str) -> Embedder:
+    """The embedder of ``config.eval.clip``: ``""`` or ``"standin"`` -> :func:`standin_embedder`; a
+    folder -> :func:`clip_embedder`.
 
     Raises:
       FileNotFoundError: a path that does not exist.
@@ -84,6 +85,6 @@ def embedder_from_flag(value: str) -> Embedder:
     if value in ("", "standin"):
         return standin_embedder()
     if not os.path.isdir(value):
-        raise FileNotFoundError(f"CLIP folder {value!r} not found. Fix: pass a local Hugging Face CLIPModel "
-                                "folder (config.json, weights, vocab.json, merges.txt) or 'standin'")
+        raise FileNotFoundError(f"CLIP folder {value!r} not found. Fix: --config.eval.clip= a local Hugging Face "
+                                "CLIPModel folder (config.json, weights, vocab.json, merges.txt) or standin")
     return clip_embedder(value)

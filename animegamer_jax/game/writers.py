@@ -423,14 +423,25 @@ _NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode
 _ADDED_AT_DEFAULT = (("game.decoder", "full"), ("train.preview_real_weight", 0.0),
                      ("dit.reference_drops_image", False), ("train.reference_image_dropout", -1.0))
 
+#: config fields removed from the configs (config.py ``REMOVED_KEYS``) after games were fingerprinted
+#: with them: (key, the value each named config had, the value of any other config). A config without
+#: the key gets it back in the fingerprint, so those games' fingerprints (and game.json) stay as they
+#: were; ``game.out_dir`` is not fingerprinted at all.
+_REMOVED_FINGERPRINTED = (("eval.out_dir", {"tiny": "outputs/eval_tiny", "toy_world": "outputs/eval_toy_world"},
+                           "outputs/eval"),)
+
 
 def game_fingerprint(config, instructions: Sequence[str], seed: int, system_identity: str,
                      characters: Mapping[str, str] | None = None) -> dict:
     """The :func:`fingerprint` of one game: its instructions, seed, mode, the effective config (every
-    override included; :data:`_NOT_FINGERPRINTED` left out), the system identity (a checkpoint's
+    override included; :data:`_NOT_FINGERPRINTED` left out, :data:`_REMOVED_FINGERPRINTED` put back), the system identity (a checkpoint's
     content digest, or the stand-in's label) and, for a game with reference images, ``characters``
     (name -> image sha256; absent otherwise, so such games' fingerprints are as before)."""
     cfg = json.loads(config.to_json_best_effort())
+    for key, by_name, other in _REMOVED_FINGERPRINTED:
+        sec, _, name = key.partition(".")
+        if isinstance(cfg.get(sec), dict) and name not in cfg[sec]:
+            cfg[sec][name] = by_name.get(str(cfg.get("name")), other)
     for key in _NOT_FINGERPRINTED:
         sec, _, name = key.partition(".")
         cfg.get(sec, {}).pop(name, None)

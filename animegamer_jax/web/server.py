@@ -222,8 +222,8 @@ class GameServer:
 
     Args:
       engine: the engine (built once; every session plays with it).
-      out_dir: parent folder of the game folders (``config.game.out_dir`` by default in the CLI).
-      seed: default game seed (``config.game.seed``).
+      out_dir: parent folder of the game folders (the web command's ``--out``).
+      seed: default game seed (None: ``config.game.seed``).
       max_sessions: sessions holding turns kept in memory (each holds its game's states and s_a, not its frames, which are on disk); past that
         a new session, or the first turn of a session without turns, is refused with
         :class:`ServerFull` (no player's game is dropped to make room).
@@ -897,18 +897,17 @@ class GameServer:
         job.emit("done", state=self.state(job.session), turn_s=time.perf_counter() - t0)
 
 
-def build_server(config, checkpoint: str = "", standin: bool = False, out: str | None = None,
-                 seed: int | None = None, verify: str = "fast", random_fallback: bool = False,
+def build_server(config, checkpoint: str = "", standin: bool = False, *, out: str, verify: str = "fast",
+                 random_fallback: bool = False,
                  max_queue: int = MAX_QUEUE, max_sessions: int = MAX_SESSIONS,
                  max_batch: int = MAX_BATCH,
                  on_turn: Callable[[int, str, TurnResult, dict], None] | None = None) -> GameServer:
     """The :class:`GameServer` of a config and a system (worker not started).
 
     Args:
-      config: the run config (``game.mode`` applied here).
+      config: the run config (``game.mode`` applied here; ``game.seed``: the default game seed).
       checkpoint, standin, random_fallback, verify: which system to play, as ``loading.resolve_system``.
-      out: parent folder of the game folders (default ``config.game.out_dir``).
-      seed: default game seed (default ``config.game.seed``).
+      out: parent folder of the game folders (the command's ``--out``).
       max_queue: turns that may wait before new ones are refused (:class:`GameServer`).
       max_sessions: sessions holding turns before new players are refused (:class:`GameServer`).
       max_batch: turns of different players in one batched step per data-parallel slice: the
@@ -924,5 +923,5 @@ def build_server(config, checkpoint: str = "", standin: bool = False, out: str |
     system = resolve_system(apply_mode(config), checkpoint, standin, mesh=mesh, verify=verify,
                             random_fallback=random_fallback)
     engine = GameEngine(config, system, mesh=mesh, rows=max_batch)
-    return GameServer(engine, out or config.game.out_dir, seed, max_sessions=max_sessions, max_queue=max_queue,
+    return GameServer(engine, out, max_sessions=max_sessions, max_queue=max_queue,
                       on_turn=on_turn)
