@@ -59,9 +59,9 @@ browser:
 test: $(STAMP) $(TPU_COMPILER) browser
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not paper" --durations=25  # the slowest, for the 15-minute budget
 
-# Paper-width layers on the CPU (jump-forward ids, int8 error), second variants of slow tests and the
-# end-to-end `eval identity` command: minutes.
-test-paper: $(STAMP)
+# Paper-width layers on the CPU (jump-forward ids, int8 error), second variants of slow tests (the VAE's
+# TPU compiles, phase b in two processes, ...) and the end-to-end `eval identity` command: minutes.
+test-paper: $(STAMP) $(TPU_COMPILER)
 	$(PY) -m pytest -q -m paper
 
 # The suite without the tests marked `slow` (each over ~10 s on a loaded 2-core host: compiles of the tiny

@@ -6,6 +6,9 @@ import sys
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: environment of a process that a test kills or runs beside another: no persistent compilation cache
+#: (conftest.py: JAX writes a cache entry in place, a half-written one reads back as a warning).
+NO_CACHE = {"JAX_COMPILATION_CACHE_DIR": ""}
 
 
 def run_python(code: str, devices: int = 8, timeout: int = 300, env: dict | None = None) -> str:
@@ -37,7 +40,7 @@ def run_processes(code: str, workdir: str, n: int = 2, devices: int = 1, timeout
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **NO_CACHE)
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port), str(workdir)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for i in range(n)]

@@ -10,7 +10,7 @@ from tests.tpu import FSDP, compile_tiny
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 
-@pytest.mark.paper  # the second VAE program for the TPU compiler (80 s); play's decode stage below stays in make test
+@pytest.mark.paper  # the VAE train step for the TPU compiler (80 s on 2 cores)
 def test_vae_phase_step_compiles_on_tpu():
     row = compile_tiny("vae", FSDP + ["train.vae_curriculum=((0,1,32,48),)"])
     assert row.status == "ok", row.status
@@ -19,6 +19,10 @@ def test_vae_phase_step_compiles_on_tpu():
     assert "frames" in row.note and "global batch 4" in row.note
 
 
+# make test-paper, for CI's time budget (80 s on 2 cores): the VAE is plain convolutions (no kernel, no
+# shard_map); make test compiles play's other stages for the TPU (test_aot_turn.py) and runs this
+# decode program on the CPU (test_vae.py, test_game_real_system.py).
+@pytest.mark.paper
 def test_vae_decode_stage_compiles_on_tpu():
     row = compile_tiny("vae_decode", [])
     assert row.status == "ok", row.status

@@ -172,6 +172,9 @@ jax.distributed.shutdown()
 '''
 
 
+# make test-paper, for CI's time budget (35 s on 2 cores): two processes training one step function are
+# checked in make test by test_train.py::test_two_process_training_agrees and test_train_preemption.py.
+@pytest.mark.paper
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_phase_b_two_processes_agree(tmp_path):

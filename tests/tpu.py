@@ -23,7 +23,7 @@ def tpu_devices(topology: str = "v5e-4"):
 # FSDP over the 4 chips (the paper config's layout) and a batch they divide. Phase a1 runs T5 and CLIP
 # in the step, as tiny.py does; the others take precomputed features (data/extract_features) so that
 # each compiles in seconds. Every decoder phase takes latents: the VAE (slow to compile for a TPU, about
-# 2 min at tiny size on 2 cores) is compiled once for training and once for play, in tests/test_aot_vae.py.
+# 2 min at tiny size on 2 cores) is compiled once for training and once for play, in tests/test_aot_vae.py (make test-paper).
 FSDP = ["mesh.shape=(1,-1,1,1)", "train.global_batch_size=4"]
 
 
