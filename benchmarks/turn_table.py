@@ -296,6 +296,11 @@ def _render(argv: list[str]) -> tuple[str, list[dict]]:
     ap.add_argument("--headline", action="store_true", help="with a table report: its headline table only")
     ap.add_argument("--json", default="", help="also write the rows here")
     a = ap.parse_args(argv)
+    if a.reports.endswith(".json") and (a.row or a.program or a.by_target or a.json):
+        _fail(f"--reports {a.reports} is a table report, printed alone (or with --headline); --row, --program, "
+              "--by_target and --json read the compile reports of a folder. Fix: --reports=FOLDER with those")
+    if a.headline and not a.reports.endswith(".json"):
+        _fail("--headline prints a table report's headline. Fix: --reports=benchmarks/reports/X.json --headline")
     if not a.row and not a.program:
         if a.reports.endswith(".json"):
             return table_report(a.reports, a.headline), []

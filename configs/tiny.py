@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
     c.t5.d_ff = 64
     c.t5.num_heads = 2
     c.t5.max_length = 8
-    # a 384-piece BPE of generic phrases and every sample action text (python -m animegamer_jax.tokenizers.t5_tokenizer):
+    # a 384-piece BPE of generic phrases and every sample action text (python -m animegamer_jax.commands.data tiny-t5-spiece):
     # each sample action is at most 6 whole-word pieces, so 8 tokens hold it and its EOS
     c.t5.spiece_model = "data/tiny_t5_spiece.model"
 

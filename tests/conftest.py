@@ -16,9 +16,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # inherit this environment) load a program another test already compiled instead of compiling it again
 # (about -12 % of wall time on the training tests). JAX keys an entry by the program and every compile
 # option, so no output depends on it. The controller creates the folder before the workers start and
-# removes it at the end (pytest_unconfigure). Processes that a test kills, or runs side by side, get
-# no cache (subproc.NO_CACHE): JAX writes an entry in place, and a half-written one reads back as a
-# warning and a recompile. Tests of the cache itself (test_compilation_cache.py, faults) name their own.
+# removes it at the end (pytest_unconfigure). A size limit (far above what a run writes) makes JAX take
+# a file lock around every read and write of an entry, so the two workers and their children never read
+# one half-written. Processes that a test kills get no cache (subproc.NO_CACHE; faults.run without
+# compile_cache): JAX writes an entry in place, and one cut short reads back as a warning and a
+# recompile. Tests of the cache itself (test_compilation_cache.py, faults' compile_cache) name their own.
 if "AGJ_TEST_JAX_CACHE" not in os.environ:
     os.environ["AGJ_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="agj-test-jax-cache-")
     _CACHE_OWNER = True
@@ -26,6 +28,7 @@ else:
     _CACHE_OWNER = False
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["AGJ_TEST_JAX_CACHE"]
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny programs compile in < 1 s each
+os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(64 << 30)  # bytes; > 0 turns on the file lock (jax lru_cache)
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

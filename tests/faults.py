@@ -1297,7 +1297,7 @@ def run(names: Sequence[str], n: int, seed: int, workdir: Path, *, system: str =
     if unknown:
         raise KeyError(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
     extra = {"JAX_COMPILATION_CACHE_DIR": str(workdir / "jax_cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"} if compile_cache else {}
+             "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"} if compile_cache else {"JAX_COMPILATION_CACHE_DIR": ""}
     env = child_env(extra)
     inputs = Inputs(workdir / "inputs", env)
     rows = []

@@ -6,8 +6,9 @@ import sys
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: environment of a process that a test kills or runs beside another: no persistent compilation cache
-#: (conftest.py: JAX writes a cache entry in place, a half-written one reads back as a warning).
+#: environment of a process that a test kills (or runs beside another, where a kill of one may follow):
+#: no persistent compilation cache (conftest.py: JAX writes an entry in place; one cut short by a kill
+#: reads back as a warning and a recompile for the rest of the run).
 NO_CACHE = {"JAX_COMPILATION_CACHE_DIR": ""}
 
 

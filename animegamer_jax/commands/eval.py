@@ -14,7 +14,7 @@ Usage::
 every benchmark game and writes the Table 1 report (eval/table1.py). Any ``--config.a.b=value``
 overrides a config field (unknown keys are errors): the benchmark file ``--config.eval.benchmark``, the
 CLIP folder ``--config.eval.clip``, the mode ``--config.game.mode``. Writes ``<out>/report.md``, ``<out>/report.json``
-and (unless ``--nowrite_games``) ``<out>/games/<game_id>/``. ``eval KIND --help`` lists a subcommand's
+and (unless ``--config.eval.write_games=false``) ``<out>/games/<game_id>/``. ``eval KIND --help`` lists a subcommand's
 flags.
 
 This module is the command side: it parses flags, prints, builds the game systems and engines
@@ -146,8 +146,6 @@ def _table1_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("out", OUT_DIR, "Report folder, local or gs://.", flag_values=fv)
     flags.register_validator("out", bool, f"--out is empty. Fix: --out=DIR (default {OUT_DIR})", flag_values=fv)
     flags.DEFINE_list("games", [], "Comma-separated subset of game ids (default: all).", flag_values=fv)
-    flags.DEFINE_bool("write_games", True, "Write the generated games' videos (--nowrite_games: report only; "
-                      "config.eval.write_games must also be on).", flag_values=fv)
 
 
 def _table1_run(f) -> int:
@@ -160,7 +158,7 @@ def _table1_run(f) -> int:
     report = run_table1(
         config, config.eval.benchmark, f.out,
         checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
-        write_games=bool(config.eval.write_games) and f.write_games)
+        write_games=bool(config.eval.write_games))
     print(render_markdown(report))
     return 0
 
