@@ -31,6 +31,7 @@ from typing import Any
 
 import jax
 import jaxlib
+from jax._src import compilation_cache as jax_cache  # reset_cache: no public equivalent
 from jax.experimental import serialize_executable
 
 from animegamer_jax.io import fileio
@@ -197,7 +198,11 @@ def use(folder: str):
 @contextlib.contextmanager
 def recording(folder: str):
     """Within: every stage program compiled is also serialized into ``folder`` (created; a manifest
-    already there from another jax / commit / target is replaced, its files are not)."""
+    already there from another jax / commit / target is replaced, its files are not).
+
+    JAX's persistent compilation cache is off within (restored on exit): XLA:CPU cannot serialize
+    again an executable it loaded from that cache (the saved copy then fails to run with
+    ``NOT_FOUND: Function wrapped_slice not found``), so every recorded program is compiled afresh."""
     fileio.makedirs(folder)
     store = _Store(folder, record=True)
     try:  # add to a folder of this jax, commit and target (another config's or layout's programs)
@@ -208,10 +213,15 @@ def recording(folder: str):
     except ExecutablesError:
         pass
     before, _active["store"] = _active["store"], store
+    cache_on = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax_cache.reset_cache()
     try:
         yield store
     finally:
         _active["store"] = before
+        jax.config.update("jax_enable_compilation_cache", cache_on)
+        jax_cache.reset_cache()
 
 
 def select(config: Any, devices: Sequence[Any]) -> None:
