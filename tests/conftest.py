@@ -1,4 +1,4 @@
-"""Shared test set-up: CPU only, fp32 matmuls, one persistent compilation cache per test run, absl flags parsed (grain workers read
+"""Shared test set-up: CPU only, fp32 matmuls, no persistent compilation cache, absl flags parsed (grain workers read
 them); the ``browser`` fixture (headless Chromium) of the web tests.
 
 Shared helpers live in modules beside the tests (train_helpers.py, web_helpers.py, checkpoint_helpers.py,
@@ -7,28 +7,13 @@ each other."""
 
 import os
 import shutil
-import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-# One persistent compilation cache for the whole test run, in a temporary folder (never the user's cache
-# folder, cli.compilation_cache's default): the pytest workers and every process a test starts (they
-# inherit this environment) load a program another test already compiled instead of compiling it again
-# (about -12 % of wall time on the training tests). JAX keys an entry by the program and every compile
-# option, so no output depends on it. The controller creates the folder before the workers start and
-# removes it at the end (pytest_unconfigure). A size limit (far above what a run writes) makes JAX take
-# a file lock around every read and write of an entry, so the two workers and their children never read
-# one half-written. Processes that a test kills get no cache (subproc.NO_CACHE; faults.run without
-# compile_cache): JAX writes an entry in place, and one cut short reads back as a warning and a
-# recompile. Tests of the cache itself (test_compilation_cache.py, faults' compile_cache) name their own.
-if "AGJ_TEST_JAX_CACHE" not in os.environ:
-    os.environ["AGJ_TEST_JAX_CACHE"] = tempfile.mkdtemp(prefix="agj-test-jax-cache-")
-    _CACHE_OWNER = True
-else:
-    _CACHE_OWNER = False
-os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["AGJ_TEST_JAX_CACHE"]
-os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny programs compile in < 1 s each
-os.environ["JAX_COMPILATION_CACHE_MAX_SIZE"] = str(64 << 30)  # bytes; > 0 turns on the file lock (jax lru_cache)
+# Commands cache compiled programs in the user's cache folder by default (cli.compilation_cache): tests
+# (and the commands they start, which inherit this environment) use no persistent cache at all, so
+# they write nothing into the home folder and do not depend on one another's compiles.
+os.environ["JAX_COMPILATION_CACHE_DIR"] = ""
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
@@ -40,13 +25,6 @@ jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_threefry_partitionable", False)
 if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
-
-
-def pytest_unconfigure(config):
-    """The process that made the run's compilation cache folder (the xdist controller, or the one pytest
-    process) removes it."""
-    if _CACHE_OWNER:
-        shutil.rmtree(os.environ["AGJ_TEST_JAX_CACHE"], ignore_errors=True)
 
 
 # The headless Chromium of the web tests (tests/test_web*.py), installed by `make browser`.

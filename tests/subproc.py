@@ -6,10 +6,6 @@ import sys
 import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: environment of a process that a test kills (or runs beside another, where a kill of one may follow):
-#: no persistent compilation cache (conftest.py: JAX writes an entry in place; one cut short by a kill
-#: reads back as a warning and a recompile for the rest of the run).
-NO_CACHE = {"JAX_COMPILATION_CACHE_DIR": ""}
 
 
 def run_python(code: str, devices: int = 8, timeout: int = 300, env: dict | None = None) -> str:
@@ -41,7 +37,7 @@ def run_processes(code: str, workdir: str, n: int = 2, devices: int = 1, timeout
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **NO_CACHE)
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port), str(workdir)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for i in range(n)]

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from animegamer_jax.io import paths
-from tests.subproc import NO_CACHE, ROOT
+from tests.subproc import ROOT
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."]
 
@@ -194,7 +194,7 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     for d in (home, cwd, tmp, logs):
         d.mkdir()
     repo_before = _local_snapshot(ROOT)
-    env = dict(os.environ, **NO_CACHE, HOME=str(home), TMPDIR=str(tmp), ROOT=ROOT, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
+    env = dict(os.environ, HOME=str(home), TMPDIR=str(tmp), ROOT=ROOT, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu",
                XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_THREEFRY_PARTITIONABLE="0")
     run = "gs://bucket/run"
     t0 = time.perf_counter()

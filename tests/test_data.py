@@ -11,7 +11,6 @@ import pytest
 from animegamer_jax.data import clips, datasets, label_schema, loader, motion, prepare, sample, scenes, video
 from configs import tiny
 from tests.dataset_helpers import load_random_features, random_features, tiny_features_config
-from tests.subproc import NO_CACHE
 
 LABELS = os.path.join(os.path.dirname(__file__), "..", "data", "sample_labels.jsonl")
 SPLICES = [132, 374]  # bigbuckbunny 132 frames | bikes frames 0..241 | carphone re-timed to 25 fps
@@ -203,7 +202,7 @@ def test_prepare_killed_mid_build_then_rerun(film, dataset, tmp_path):
     cmd = [sys.executable, "-m", "animegamer_jax.commands.data", "prepare", "--config=configs/tiny.py",
            f"--film=sample_film={film}", f"--labels={LABELS}", f"--out={out}"]
     proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=dict(os.environ, **NO_CACHE, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+                            env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
     config_dir = out / "animegamer_clips" / "64x96x17"
     deadline = time.time() + 120
     while not (config_dir.is_dir() and any(p.startswith("incomplete.") for p in os.listdir(config_dir))):
@@ -471,7 +470,7 @@ print(",".join(str(int(ex["index"])) for ex in ld))
 @pytest.mark.slow
 def test_two_processes_read_disjoint_shards(dataset):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, **NO_CACHE, PYTHONPATH=root, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu")
     # Process 1 also uses one spawned grain worker: transforms must pickle / import in a fresh process.
     procs = [subprocess.Popen([sys.executable, "-c", _SHARD_SCRIPT, dataset, str(i), str(i)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
@@ -497,7 +496,7 @@ def test_prepare_cli(film, dataset, tmp_path):
            "--skip_bad",
            "--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing"]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300,
-                         env=dict(os.environ, **NO_CACHE, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+                         env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"wrote 7 clips of 1 film(s) to {out}/animegamer_clips/64x96x17/2.0.0" in res.stdout
     assert f"skipped film 'bad' ({garbage}): {garbage}: cannot open as a video" in res.stdout

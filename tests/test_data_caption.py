@@ -17,7 +17,7 @@ from animegamer_jax.data import caption, captioners, clips, datasets, extract_fe
 from animegamer_jax.data.films import films_of_dataset, list_film_dir
 from configs import tiny
 from tests.dataset_helpers import load_random_features, tiny_features_config
-from tests.subproc import NO_CACHE, ROOT
+from tests.subproc import ROOT
 
 CAST = ("Bunny", "Cyclist", "Driver")
 # Hand-checked on the sample film: Big Buck Bunny clips 0-1, the cyclist of bikes.mp4 in clip 2,
@@ -264,7 +264,7 @@ def test_pipeline_writes_the_sequential_labellers_file(footage, reference_labels
 @pytest.mark.slow
 def test_two_worker_processes_write_the_same_file(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
-    env = dict(os.environ, **NO_CACHE, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     res = subprocess.run(_label_cmd(footage, out, [
         "--captioner=rule", "--config.label.batch_size=3",
         "--beam_pipeline_options=--runner=DirectRunner,--direct_num_workers=2,--direct_running_mode=multi_processing"]),
@@ -316,7 +316,7 @@ def test_resume_from_parts_and_a_torn_file(footage, reference_labels, tmp_path):
 def test_killed_and_resumed_labels_every_clip_once(footage, reference_labels, tmp_path):
     out = tmp_path / "labels.jsonl"
     parts = _parts(out)
-    env = dict(os.environ, **NO_CACHE, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu")
     flags = ["--captioner=py:tests.label_helpers:stalling_rule", "--config.label.batch_size=2"]
     proc = subprocess.Popen(_label_cmd(footage, out, flags), cwd=ROOT, env=dict(env, STALL_AFTER_BATCHES="2"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

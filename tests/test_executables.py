@@ -9,6 +9,7 @@ import jax
 import pytest
 from ml_collections import config_flags
 
+from animegamer_jax import cli
 from animegamer_jax.commands import play
 
 from animegamer_jax.io import paths
@@ -62,8 +63,14 @@ def _record(script, folder):
 @pytest.mark.slow
 def test_play_runs_saved_executables_compiles_no_stage_and_writes_the_same_game(tmp_path, capsys):
     script = _script(tmp_path)
-    _play(script, tmp_path / "plain")  # warms the eager helpers so the next count is the stages'
-    store = _record(script, tmp_path / "exe")
+    # warms the eager helpers so the next count is the stages', and fills a persistent compilation cache:
+    # the recording below runs with it on, as `animegamer-aot --save` does on the CPU with a user's cache
+    # (XLA:CPU cannot re-serialize an executable loaded from that cache; the recording compiles afresh)
+    cache = str(tmp_path / "jax_cache")
+    _play(script, tmp_path / "plain", f"--compilation_cache_dir={cache}")
+    assert os.listdir(cache)
+    with cli.compilation_cache(cache):
+        store = _record(script, tmp_path / "exe")
     assert store.saved == 3  # mllm, sampling, vae (the turns' shapes are equal)
     manifest = json.loads((tmp_path / "exe" / executables.MANIFEST).read_text())
     assert manifest["jax"] == jax.__version__ and {p["stage"] for p in manifest["programs"]} == {

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.subproc import NO_CACHE, ROOT
+from tests.subproc import ROOT
 
 LAUNCH = os.path.join(ROOT, "launch")
 TRAIN = ["--config=configs/animegamer_2b_7b.py", "--config.train.phase=b", "--workdir=gs://bucket/runs/b"]
@@ -96,7 +96,7 @@ def test_two_process_cpu_job_through_the_multinode_script():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = dict(os.environ, **NO_CACHE, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, MODULE="animegamer_jax.commands.check",
+    base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, MODULE="animegamer_jax.commands.check",
                 PYTHON=sys.executable,
                 NUM_NODES="2", COORDINATOR=f"127.0.0.1:{port}", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     procs = [subprocess.Popen(["bash", f"{LAUNCH}/multinode_gpu.sh"], env=dict(base, NODE_RANK=str(i)), cwd=ROOT,

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from animegamer_jax import parallel
-from tests.subproc import NO_CACHE, ROOT, run_python
+from tests.subproc import ROOT, run_python
 
 
 def test_resolve_mesh_shape_and_errors():
@@ -104,7 +104,7 @@ def test_two_process_distributed_global_sum():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, **NO_CACHE, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
                XLA_FLAGS="--xla_force_host_platform_device_count=2")
     procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for i in range(2)]

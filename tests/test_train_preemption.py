@@ -19,7 +19,7 @@ from animegamer_jax.parallel import distributed
 from animegamer_jax.commands import train as train_main
 from animegamer_jax.train import loop, optim, pipeline
 from configs import tiny
-from tests.subproc import NO_CACHE, ROOT, run_processes
+from tests.subproc import ROOT, run_processes
 from tests.train_helpers import TOY, Toy, toy_data, toy_loss, toy_trainable
 
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
@@ -65,7 +65,7 @@ def _preempted_run(workdir, signal_pids, env, timeout=120):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, **NO_CACHE, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, XLA_FLAGS="--xla_force_host_platform_device_count=1",
                **env)
     for i in range(2):
         if os.path.exists(workdir / f"ready.{i}"):
