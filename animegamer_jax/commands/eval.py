@@ -6,6 +6,7 @@ Usage::
     python -m animegamer_jax.commands.eval --standin --games=bunny-day          # random stand-in system, one game
     python -m animegamer_jax.commands.eval --checkpoint=DIR --config.eval.clip=/models/clip-vit-large-patch14 --out=outputs/eval
     python -m animegamer_jax.commands.eval identity --system DIR --world DIR --out DIR     # eval/identity.py
+    python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR         # the referee (eval_game.py)
     python -m animegamer_jax.commands.eval representation --game data/games/sample_tour.txt  # eval/representation.py
     python -m animegamer_jax.commands.eval decoder --checkpoint DIR                       # eval/decoder.py
     python -m animegamer_jax.commands.eval vae --checkpoint DIR                           # eval/vae.py
@@ -52,19 +53,20 @@ from animegamer_jax.eval import vae as eval_vae
 from animegamer_jax.eval.embedders import Embedder, embedder_from_config
 from animegamer_jax.eval.table1 import render_markdown, run_benchmark
 from animegamer_jax.eval.table1_games import BenchmarkError, load_benchmark
+from animegamer_jax.commands import eval_game
+from animegamer_jax.commands.eval_game import play_games, played_clips
 from animegamer_jax.game import writers
 from animegamer_jax.game.characters import load_characters
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
-from animegamer_jax.game.saving import fingerprint, pending_games, save_game
+from animegamer_jax.game.saving import save_game
 from animegamer_jax.game.script import load_jsonl, load_script
 from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
 from animegamer_jax.inference.instructions import GameScriptError
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
-from animegamer_jax.inference.turn_inputs import validate_games
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 
@@ -163,13 +165,6 @@ def _table1_run(f) -> int:
     return 0
 
 
-def played_clips(game_dir: str) -> list[np.ndarray]:
-    """Every turn's clip of a saved game, uint8 [T, h, w, 3] (turn videos cut from under the HUD)."""
-    rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
-    return [writers.clip_from_hud(writers.read_video(paths.join(game_dir, t["video"])), rec["save"]["frame_size"])
-            for t in rec["turns"]]
-
-
 def _identity_flags(fv, argv: list[str]) -> None:
     """The flags of ``eval identity`` on ``fv`` (absl)."""
     del argv
@@ -208,20 +203,6 @@ def _identity_games_file(out: str, games: list[dict]) -> str:
     return path
 
 
-def _identity_play(engine: GameEngine, games, out_dir: str) -> int:
-    """Plays every pending game of ``games`` into ``out_dir`` (generate's loop); returns how many."""
-    writers.check_writable(out_dir, keep=False)
-    validate_games(games, engine.spec, engine.tok)
-    seeds = {g.game_id: engine.game_seed(g) for g in games}
-    todo, done, replay = pending_games(games, out_dir, 0, 1, lambda g: fingerprint(engine, g, seeds[g.game_id]),
-                                       False)
-    print(f"{out_dir}: {len(todo)} games to play, {done} already finished", flush=True)
-    for group in batches(todo, engine.batch_size):
-        for result in engine.play(group):
-            save_game(engine, result, out_dir, overwrite=result["game"].game_id in replay)
-    return len(todo)
-
-
 def _identity_run(f, *rest: str) -> int:
     """The body of :func:`identity_main` on parsed flags ``f``."""
     if rest:
@@ -245,7 +226,7 @@ def _identity_run(f, *rest: str) -> int:
     system = resolve_system(apply_mode(config), ckpt, mesh=mesh, need_references=True)
     engine = GameEngine(config, system, mesh=mesh, rows=f.max_batch)
     for v in identity.VARIANTS:
-        _identity_play(engine, variants[v], paths.join(out, v))
+        play_games(engine, variants[v], paths.join(out, v))
     features = {"crop": identity.crop_feature, "standin": embedders.standin_embedder().image}
     by_feature = {feat: {} for feat in features}
     for v in identity.VARIANTS:
@@ -556,7 +537,7 @@ def representation_cli() -> None:
 
 
 SUBCOMMANDS = {"table1": table1_main, "identity": identity_main, "representation": representation_main,
-               "decoder": decoder_main, "vae": vae_main}
+               "decoder": decoder_main, "vae": vae_main, "game": eval_game.main}
 
 if __name__ == "__main__":
     cli()
