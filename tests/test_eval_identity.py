@@ -49,7 +49,7 @@ def test_toy_references(tmp_path):
     toy_world.make_toy_world(world, tiny.get_config().data, num_characters=3, num_heldout=1, films_per_character=1,
                              scenes_per_film=2, scene_seconds=2.0, size=(48, 32), fps=8.0, seed=5)
     names, refs, held = identity.toy_references(world)
-    assert names == [c.name for c in toy_world.make_characters(3)] and refs.shape == (3, 32, 48, 3)
+    assert names == [c.name for c in toy_world.make_characters(3, seed=5)] and refs.shape == (3, 32, 48, 3)
     assert sum(held) == 1 and np.array_equal(refs[1], toy_world.load_reference(world, names[1]))
 
 
@@ -109,7 +109,7 @@ def test_command_parts_games_scores_and_bad_inputs(tmp_path, capsys):
             assert char == g["character"] and motion in actions and bg in toy_world.BACKGROUNDS.values()
     # scoring: clips of characters 0 (seen) and the held-out one, each nearest its own reference but one
     h = held.index(True)
-    clips = [np.stack([toy_world.reference_image(toy_world.make_characters(3)[k], (96, 64))] * 2) for k in (0, h, h)]
+    clips = [np.stack([toy_world.reference_image(toy_world.make_characters(3, seed=5)[k], (96, 64))] * 2) for k in (0, h, h)]
     s = identity.score_games(clips, [0, h, 0], refs, held, names, identity.crop_feature)
     assert s["seen"] == 0.5 and s["heldout"] == 1.0 and s["all"] == pytest.approx(2 / 3)
     assert s["num_clips"] == {"all": 3, "seen": 2, "heldout": 1}

@@ -42,7 +42,8 @@ def test_same_seed_same_bytes(world, tmp_path):
     again = toy_world.make_toy_world(str(tmp_path / "again"), _data_cfg(), seed=3, **SMALL)
     first = _digests(out)
     assert again == manifest and _digests(str(tmp_path / "again")) == first
-    assert sorted(first) == sorted(manifest["files"] + ["manifest.json"]) and len(first) == 4 + 8 + 1 + 1
+    # 4 references, 8 films, labels, manifest, 4 game scripts and their truth
+    assert sorted(first) == sorted(manifest["files"] + ["manifest.json"]) and len(first) == 4 + 8 + 1 + 1 + 5
     other = toy_world.make_toy_world(str(tmp_path / "other"), _data_cfg(), seed=4, **SMALL)
     assert [f["scenes"] for f in other["films"]] != [f["scenes"] for f in manifest["films"]]
 
@@ -64,12 +65,13 @@ def test_pipeline_finds_the_cuts_and_labels_are_ground_truth(world):
             assert lab.background == toy_world.BACKGROUNDS[scene["background"]] and lab.action == scene["action"]
     # the first frame of a film shows its character's colours on its first background
     film = manifest["films"][0]
-    c = next(c for c in toy_world.make_characters(4) if c.name == film["character"])
+    c = toy_world.character_of(manifest, film["character"])
     frames = clips.resize_center_crop(next(iter(clips.extract_clips(
         os.path.join(out, film["path"]), clips.plan_film(os.path.join(out, film["path"]), "f", _data_cfg())[0][:1],
         64, 96))).first_frame, 64, 96)
-    want = toy_world.render_frame(c, toy_world.background(film["scenes"][0]["background"], 128, 96),
-                                  film["scenes"][0]["motion"], film["scenes"][0]["quick"], 0.0, 2.0)
+    s0 = film["scenes"][0]
+    want = toy_world.render_frame(c, toy_world.background(s0["background"], 128, 96), toy_world.START, s0["motion"],
+                                  s0["quick"], 0.0)
     assert np.abs(frames.astype(int) - clips.resize_center_crop(want, 64, 96).astype(int)).mean() < 6
 
 
@@ -146,7 +148,7 @@ def test_command(tmp_path, capsys):
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep")
-    assert sample_main(["--world=toy", f"--out_dir={foreign}", "--num_characters=3"]) == 2
+    assert sample_main(["--world=toy", f"--out_dir={foreign}", "--num_characters=3", "--num_heldout=1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out_dir=") and err.count("\n") == 1
     assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep"
@@ -187,3 +189,77 @@ def test_phase_r_batches_take_the_mined_references(world, tmp_path):
     os.remove(labels)  # no character labels: the within-batch default
     fn, how = batches.mined_reference_frames(ds, "train")
     assert how == "within-batch" and fn is batches.pick_reference_frames
+
+
+def test_characters_from_the_seed_differ_in_two_features():
+    chars = toy_world.make_characters(60, seed=0)
+    assert len({c.name for c in chars}) == 60 and all(c.colour != c.colour2 for c in chars)
+    assert all(sum(a != b for a, b in zip(x.features, y.features)) >= 2 for i, x in enumerate(chars) for y in chars[:i])
+    assert toy_world.make_characters(8, seed=0) == chars[:8]  # a larger draw extends a smaller one
+    assert toy_world.make_characters(8, seed=1) != chars[:8]
+    assert len(toy_world.make_characters(toy_world.MAX_CHARACTERS, seed=0)) == toy_world.MAX_CHARACTERS
+    with pytest.raises(ValueError, match="--num_characters"):
+        toy_world.make_characters(toy_world.MAX_CHARACTERS + 1)
+
+
+def test_states_carry_and_stay_in_range():
+    """advance / feasible: a walk stops at the wall, a scale at its bound; jumps and spins end where they began;
+    the last frame of a turn and the first of the next one show the sprite at the same place and size."""
+    s = toy_world.State(0.5, 1.0, 0.0)
+    assert toy_world.advance(s, "walk_right", True, 2.0).x == pytest.approx(0.8)
+    assert toy_world.advance(s, "walk_left", False, 2.0).x == pytest.approx(0.35)
+    assert toy_world.advance(toy_world.State(0.75, 1.0, 0.0), "walk_right", True, 2.0).x == toy_world.X_RANGE[1]
+    assert not toy_world.feasible(toy_world.State(0.75, 1.0, 0.0), "walk_right", True, 2.0)
+    assert toy_world.advance(s, "grow", True, 2.0).scale == pytest.approx(1.35)
+    assert toy_world.advance(toy_world.State(0.5, 1.3, 0.0), "grow", True, 2.0).scale == toy_world.SCALE_RANGE[1]
+    for m, q in toy_world.ACTIONS:
+        if m in ("jump", "spin", "stand"):
+            end = toy_world.advance(s, m, q, 2.0)
+            assert end.x == s.x and end.scale == s.scale and min(end.angle, 2 * np.pi - end.angle) < 1e-9
+        pose = toy_world.sprite_pose(s, m, q, 2.0, 192, 128)
+        nxt = toy_world.sprite_pose(toy_world.advance(s, m, q, 2.0), "stand", False, 0.0, 192, 128)
+        assert np.allclose(pose[:3], nxt[:3], atol=1e-6), (m, q)
+
+
+def test_grown_world_plan_splits_and_games():
+    """The default plan: 60 characters (12 held out), 6 backgrounds, films whose scenes continue and never show
+    a character's held-out compositions; game scripts whose turns continue, in their split."""
+    chars, heldout, held_pairs, films = toy_world.plan_world()
+    assert len(chars) == 60 and len(heldout) == 12 and len(films) == 120
+    assert set(held_pairs) == {c.name for c in chars} - set(heldout)
+    assert all(len(v) == round(0.2 * 7 * 6) for v in held_pairs.values())
+    for f in films:
+        banned = {tuple(p) for p in held_pairs.get(f["character"], ())}
+        state = toy_world.START
+        for a, b in zip(f["scenes"], f["scenes"][1:] + [None]):
+            assert toy_world.State.from_json(a["start"]) == toy_world.State.from_json(state.to_json())
+            assert (a["motion"], a["background"]) not in banned and toy_world.feasible(state, a["motion"], a["quick"], 2.0)
+            assert b is None or b["background"] != a["background"]
+            state = toy_world.advance(state, a["motion"], a["quick"], 2.0)
+    bgs = list(toy_world.BACKGROUNDS)[:6]
+    games = toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0)
+    assert [len(games[s]) for s in toy_world.SPLITS] == [32, 32, 32, 1] and len(games["long"][0]["turns"]) == 100
+    for split, gs in games.items():
+        for g in gs:
+            assert (g["character"] in heldout) == (split == "heldout_characters")
+            banned = {tuple(p) for p in held_pairs.get(g["character"], ())}
+            for t, u in zip(g["turns"], g["turns"][1:]):
+                assert u["start"] == t["end"]
+            for t in g["turns"]:
+                assert ((t["motion"], t["background"]) in banned) == (t["composition"] == "heldout")
+                assert t["instruction"] == toy_world.instruction(g["character"], t["motion"], t["quick"], t["background"])
+            if split == "heldout_compositions":
+                assert all(t["composition"] == "heldout" for t in g["turns"])
+    assert games == toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0)
+
+
+def test_game_scripts_are_generate_jsonl(world):
+    from animegamer_jax.game.script import load_jsonl
+
+    out, manifest = world
+    truth = toy_world.read_truth(out)
+    assert set(manifest["games"]) == set(toy_world.SPLITS) and truth["seconds"] == 2.0
+    for split, rel in manifest["games"].items():
+        games = load_jsonl(os.path.join(out, rel))
+        assert [g.game_id for g in games] == [g["game_id"] for g in truth["splits"][split]]
+        assert [t.text for t in games[0].turns] == [t["instruction"] for t in truth["splits"][split][0]["turns"]]

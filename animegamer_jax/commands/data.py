@@ -61,14 +61,23 @@ def _sample_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("labels", "data/sample_variant_labels.jsonl", "With --heldout_benchmark: the labels.",
                         flag_values=fv)
     # --world=toy
-    flags.DEFINE_integer("num_characters", 8, "--world=toy: characters (K).", flag_values=fv)
-    flags.DEFINE_integer("num_heldout", 2, "--world=toy: characters held out of the training films (M).",
+    flags.DEFINE_integer("num_characters", 60, "--world=toy: characters (K, drawn from --seed; at most "
+                         f"{toy_world.MAX_CHARACTERS}).", flag_values=fv)
+    flags.DEFINE_integer("num_heldout", 12, "--world=toy: characters held out of the training films (M).",
                          flag_values=fv)
-    flags.DEFINE_integer("num_backgrounds", 3, "--world=toy: backgrounds (2..4).", flag_values=fv)
+    flags.DEFINE_integer("num_backgrounds", 6, f"--world=toy: backgrounds (2..{len(toy_world.BACKGROUNDS)}).",
+                         flag_values=fv)
     flags.DEFINE_integer("films_per_character", 2, "--world=toy: films of each character.", flag_values=fv)
-    flags.DEFINE_integer("scenes_per_film", 4, "--world=toy: scenes (hard cuts between them) per film.",
+    flags.DEFINE_integer("scenes_per_film", 8, "--world=toy: scenes (hard cuts between them) per film.",
                          flag_values=fv)
-    flags.DEFINE_float("scene_seconds", 4.0, "--world=toy: length of every scene (s).", flag_values=fv)
+    flags.DEFINE_float("scene_seconds", 2.0, "--world=toy: length of every scene (s).", flag_values=fv)
+    flags.DEFINE_float("heldout_share", 0.2, "--world=toy: share of (motion, background) pairs held out of each "
+                       "seen character's films.", flag_values=fv)
+    flags.DEFINE_integer("num_games", 32, "--world=toy: games per split in games/*.jsonl.", lower_bound=1,
+                         flag_values=fv)
+    flags.DEFINE_integer("num_turns", 6, "--world=toy: turns per game.", lower_bound=1, flag_values=fv)
+    flags.DEFINE_integer("long_turns", 100, "--world=toy: turns of the long game (games/long.jsonl).",
+                         lower_bound=1, flag_values=fv)
     flags.DEFINE_float("fps", toy_world.TOY_FPS, "--world=toy: the films' frame rate.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "--world=toy: seed of the draw (held-out characters, backgrounds, motions).",
                          flag_values=fv)
@@ -80,13 +89,14 @@ def _toy_world(f, data_cfg) -> int:
     out_dir = f.out_dir if f["out_dir"].present else "data/prepared/toy"
     try:
         m = toy_world.make_toy_world(out_dir, data_cfg, f.num_characters, f.num_heldout, f.num_backgrounds,
-                                     f.films_per_character, f.scenes_per_film, f.scene_seconds, size, f.fps, f.seed)
+                                     f.films_per_character, f.scenes_per_film, f.scene_seconds, size, f.fps, f.seed,
+                                     f.heldout_share, f.num_games, f.num_turns, f.long_turns)
     except (ValueError, FileExistsError) as e:  # a bad flag or a folder of someone else's files: one line
         raise cli_lib.UsageError(str(e)) from None
     split = {s: sum(x["split"] == s for x in m["films"]) for s in ("train", "heldout")}
     print(f"wrote a toy world to {out_dir}: {len(m['characters'])} characters ({', '.join(m['heldout']) or 'none'} "
           f"held out), {split['train']} training films in train/, {split['heldout']} in heldout/, labels.jsonl, "
-          f"manifest.json")
+          f"manifest.json, games/ (the referee's scripts)")
     return 0
 
 

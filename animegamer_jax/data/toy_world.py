@@ -88,6 +88,7 @@ OUTLINE = (25, 25, 25)  # every sprite's outline colour
 _OUTLINE = np.array(OUTLINE, np.float32)
 _GREY = (128, 128, 128)
 RADIUS = 0.2  # a sprite's radius at scale 1, as a fraction of the frame height
+SPRITE_REACH = 1.35  # every shape's outline (distance <= 1.15) lies within this many radii of its centre
 FLOOR = 0.82  # the sprite stands with its bottom on this line (fraction of the height)
 X_RANGE = (0.18, 0.82)  # the sprite's centre stays within these fractions of the width
 SCALE_RANGE = (0.6, 1.4)  # and its scale within these
@@ -208,13 +209,19 @@ def draw_sprite(canvas: np.ndarray, c: Character, cx: float, cy: float, radius: 
     """Draws ``c`` into float32 [H, W, 3] ``canvas`` (in place), centred at (cx, cy) px, ``radius`` px, turned
     by ``angle`` radians."""
     h, w = canvas.shape[:2]
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    reach = SPRITE_REACH * radius + 2  # every shape's outline lies within this box: the rest is left as it is
+    y0, y1 = max(int(cy - reach), 0), min(int(cy + reach) + 1, h)
+    x0, x1 = max(int(cx - reach), 0), min(int(cx + reach) + 1, w)
+    if y0 >= y1 or x0 >= x1:
+        return
+    y, x = np.mgrid[y0:y1, x0:x1].astype(np.float32)
     ca, sa = np.cos(angle), np.sin(angle)
     u = ((x - cx) * ca + (y - cy) * sa) / radius
     v = (-(x - cx) * sa + (y - cy) * ca) / radius
     d = _shape_distance(c.shape, u, v)
     fill = np.where(_pattern(c.pattern, u, v)[..., None], np.float32(COLOURS[c.colour2]), np.float32(COLOURS[c.colour]))
-    canvas[:] = np.where((d <= 1.0)[..., None], fill, np.where((d <= 1.15)[..., None], _OUTLINE, canvas))
+    box = canvas[y0:y1, x0:x1]
+    box[:] = np.where((d <= 1.0)[..., None], fill, np.where((d <= 1.15)[..., None], _OUTLINE, box))
 
 
 def background(name: str, w: int, h: int) -> np.ndarray:
