@@ -4,6 +4,7 @@ Usage::
 
     python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR   # a trained system
     python -m animegamer_jax.commands.eval game --ground_truth --world DIR --out DIR # the engine's own clips: the ceiling
+    python -m animegamer_jax.commands.eval game --ground_truth --system DIR ...     # those clips through DIR's VAE
     python -m animegamer_jax.commands.eval game --standin --world DIR --out DIR      # the random stand-in: a floor
     python -m animegamer_jax.commands.eval game --retrieval --world DIR --out DIR    # the nearest training clip: a floor
 
@@ -32,11 +33,12 @@ from absl import flags
 
 from animegamer_jax import cli as cli_lib
 from animegamer_jax import parallel
-from animegamer_jax.checkpoint import SystemCheckpointError, load_config
+from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.config import load_config as load_config_file
 from animegamer_jax.data import toy_world
 from animegamer_jax.eval import referee
+from animegamer_jax.eval import vae as eval_vae
 from animegamer_jax.game import writers
 from animegamer_jax.game.characters import load_characters
 from animegamer_jax.game.engine import GameEngine, batches
@@ -89,8 +91,8 @@ def _flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("system", None, "System checkpoint trained on the toy world.", flag_values=fv)
     flags.DEFINE_string("world", None, "The toy world folder (manifest.json, games/, characters/).", flag_values=fv)
     flags.DEFINE_string("out", None, "Output folder: games/<split>/, report.json, report.md.", flag_values=fv)
-    flags.DEFINE_bool("ground_truth", False, "Score the engine's own render of every turn (no system).",
-                      flag_values=fv)
+    flags.DEFINE_bool("ground_truth", False, "Score the engine's own render of every turn (with --system: "
+                      "encoded and decoded by its VAE).", flag_values=fv)
     flags.DEFINE_bool("standin", False, "Play the random stand-in system (configs/toy_world.py, or --system's "
                       "config).", flag_values=fv)
     flags.DEFINE_bool("retrieval", False, "Score the training clip nearest each instruction (no system).",
@@ -127,8 +129,8 @@ def _kind(f) -> str:
         raise cli_lib.UsageError(f"pass one of --ground_truth, --standin, --retrieval (got {chosen})")
     if not chosen and not f.system:
         raise cli_lib.UsageError("pass --system DIR (or --ground_truth, --standin or --retrieval)")
-    if chosen and chosen[0] != "standin" and f.system:
-        raise cli_lib.UsageError(f"--{chosen[0]} plays no system; drop --system")
+    if chosen and chosen[0] == "retrieval" and f.system:
+        raise cli_lib.UsageError("--retrieval plays no system; drop --system")
     return chosen[0] if chosen else "system"
 
 
@@ -174,13 +176,16 @@ def _run(f, *rest: str) -> int:
             states[split] = [played_states(paths.join(out_dir, g["game_id"])) for g in chosen[split]]
     else:
         scenes = _retrieval_scenes(manifest)
+        # --ground_truth --system DIR: the clips through that system's VAE (its decoder's ceiling)
+        through = eval_vae.roundtrip(load_system(ckpt, config, names=["vae"])["vae"]) if ckpt else None
         for split in splits:
             clips[split], states[split] = [], []
             for g in chosen[split]:
                 cs, ss = [], []
                 for t in g["turns"]:
                     if kind == "ground_truth":
-                        cs.append(ref.film_clip(t, g["character"], times))
+                        clip = ref.film_clip(t, g["character"], times)
+                        cs.append(through(clip) if through else clip)
                         ss.append(tuple(t["states"]))
                     else:
                         c, s = retrieve(scenes, g["character"], t)
@@ -199,7 +204,8 @@ def _run(f, *rest: str) -> int:
                 rows.append({"split": split, "game_id": g["game_id"], "turn": k, "character": g["character"],
                              "instruction": t["instruction"], **s})
             scored[split].append(turns)
-    report = {"world": f.world, "system": ckpt or kind, "kind": kind, "games_per_split": f.games,
+    report = {"world": f.world, "system": (f"{ckpt} (its VAE)" if kind == "ground_truth" else ckpt) if ckpt else kind,
+              "kind": kind, "games_per_split": f.games,
               **referee.summarize(scored, manifest), "turns": rows}
     md = referee.render_markdown(report)
     fileio.makedirs(f.out)

@@ -23,7 +23,7 @@ kinematics, so each column is a nearest-truth decision, not a learned feature:
   (13 actions: standing has no speed);
 - **meters**: the turn's predicted (SC, ET, ST) against the action's rule (exact share, MAE);
 - **continuity**: the sprite's x and size at turn k+1's first frame against turn k's last frame
-  (|dx| <= 0.04 of the width, |d log size| <= 0.12);
+  (|dx| <= 0.04 of the width, |d log size| <= 0.12), both turns showing the named character;
 - **pixels**: PSNR and SSIM against the engine's own render of the turn's instruction from the turn's
   start state (data/toy_world.render_turn).
 
@@ -58,6 +58,7 @@ EXTENT = 1.2  # the canonical crop spans +- EXTENT * sqrt(area) px around the ce
 ANGLES = 48  # template angles (7.5 degrees apart)
 CHARACTER_FRAMES = 6  # frames of a clip compared with the templates for the character
 MIN_PIXELS = 6  # fewer sprite pixels: no sprite in that frame
+MAX_AREA = 0.4  # a region over this share of the frame is no sprite (the largest toy sprite covers about 0.2)
 CONTINUITY = (0.04, 0.12)  # |dx| (widths) and |d log size| within which two frames continue
 #: the trajectory fit's noise scales: x (widths), y (heights), log size
 SIGMA = (0.02, 0.02, 0.04)
@@ -90,10 +91,11 @@ def psnr(x: np.ndarray, y: np.ndarray) -> float:
     return 100.0 if mse == 0 else float(10.0 * np.log10(255.0 ** 2 / mse))
 
 
-def sprite_masks(frames: np.ndarray, plate: np.ndarray) -> np.ndarray:
+def sprite_masks(frames: np.ndarray, plate: np.ndarray, max_area: float = MAX_AREA) -> np.ndarray:
     """bool [T, h, w]: per frame the largest 8-connected region of pixels whose colour differs from
     ``plate`` (float32 [h, w, 3]) by more than MASK_LEVELS in a channel (closed by a 3 x 3 square), its holes filled (the dark outline
-    encloses sprite pixels of the plate's colour; a ring's hole too); empty below MIN_PIXELS."""
+    encloses sprite pixels of the plate's colour; a ring's hole too); empty below MIN_PIXELS or above ``max_area``
+    of the frame (noise, another scene: no sprite)."""
     diff = np.abs(frames.astype(np.float32) - plate[None]).max(axis=-1) > MASK_LEVELS
     out = np.zeros_like(diff)
     kernel = np.ones((3, 3), np.uint8)
@@ -102,7 +104,7 @@ def sprite_masks(frames: np.ndarray, plate: np.ndarray) -> np.ndarray:
         n, lab, stats, _ = cv2.connectedComponentsWithStats(closed, connectivity=8)
         if n > 1:
             k = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
-            if stats[k, cv2.CC_STAT_AREA] >= MIN_PIXELS:
+            if MIN_PIXELS <= stats[k, cv2.CC_STAT_AREA] <= max_area * d.size:
                 out[t] = ndimage.binary_fill_holes(lab == k)  # inside the outline: plate-coloured sprite pixels too
     return out
 
@@ -160,7 +162,7 @@ class Referee:
                 toy_world.draw_sprite(canvas, c, side / 2, side / 2, r, 2 * math.pi * a / ANGLES)
                 small = cv2.resize(np.clip(np.rint(canvas), 0, 255).astype(np.uint8), (out_side, out_side),
                                    interpolation=cv2.INTER_AREA)
-                mask = sprite_masks(small[None], plate)[0]
+                mask = sprite_masks(small[None], plate, max_area=1.0)[0]  # a tight canvas
                 bank[k, a] = canonical(small, mask)
                 if a == 0:
                     area[k] = mask.sum()
@@ -303,8 +305,9 @@ class Referee:
 
 
 def continuous(prev: dict, nxt: dict) -> bool:
-    """Whether turn ``nxt`` starts where ``prev`` ended (score_turn's "last" / "first"; CONTINUITY)."""
-    if prev.get("last") is None or nxt.get("first") is None:
+    """Whether turn ``nxt`` starts where ``prev`` ended: both show the named character, and its x and size
+    at ``nxt``'s first frame are within CONTINUITY of ``prev``'s last (score_turn's "first" / "last")."""
+    if prev.get("last") is None or nxt.get("first") is None or not (prev["character_ok"] and nxt["character_ok"]):
         return False
     (x0, s0), (x1, s1) = prev["last"], nxt["first"]
     return abs(x1 - x0) <= CONTINUITY[0] and abs(math.log(max(s1, 1e-6) / max(s0, 1e-6))) <= CONTINUITY[1]

@@ -140,6 +140,19 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
             "num_frames_scored": len(frame_scores), "num_clips": len(clip_scores), "per_film": per_film}
 
 
+def roundtrip(vae):
+    """A function uint8 clip [T, H, W, 3] -> uint8 [T, H, W, 3]: ``vae`` (a ``CogVideoXVAE``) encodes it (posterior
+    mean) and decodes it with its default decode plan, jitted once per shape (the referee's ceiling of a
+    system's decoder, commands/eval_game.py)."""
+    recon = nnx.jit(lambda m, x: m.decode(m.encode(x).mean))
+
+    def run(frames: np.ndarray) -> np.ndarray:
+        y = model_frames_to_unit(recon(vae, jnp.asarray(media.from_uint8(np.asarray(frames, np.uint8))[None])))[0]
+        return np.clip(np.rint(y * 255.0), 0, 255).astype(np.uint8)
+
+    return run
+
+
 def vae_from_train_workdir(workdir: str, config) -> tuple[object, int]:
     """The VAE of the newest training checkpoint in ``WORKDIR/checkpoints`` of a "vae" phase run, built
     from ``config`` (the run's config and overrides) and read alone out of the train state
