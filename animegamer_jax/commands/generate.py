@@ -17,7 +17,10 @@ instructions are checked (fields, token length, file:line) before the first turn
 verified: a game is skipped only when its folder is a finished game of this project made from the
 same instructions, seed, mode, config and system (the fingerprint in its game.json) with every file
 intact (sizes and sha256 recorded there; game/saving.py ``pending_games``); any other is
-replayed, and the run says which and why.
+replayed, and the run says which and why. One writer per game folder (game/writers.py
+``game_lock``): a batch's games are locked before it plays, so a game another process is writing
+stops the run with one line (its pid and host, exit 2) before that batch plays; the batches saved
+before it are kept, and a rerun resumes.
 A folder of the same name that this program did not write stops the run before anything is played.
 ``--overwrite`` replays every game. A tqdm bar shows games done and the ETA. Flags (absl) and
 ``--config`` / ``--config.a.b=value`` are play's (game_flags.py): without ``--config`` the config
@@ -28,6 +31,7 @@ is the one it has alone, with or without references beside it); the image goes i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 
@@ -36,6 +40,7 @@ from absl import flags
 from tqdm import tqdm
 
 from animegamer_jax import parallel
+from animegamer_jax.io import paths
 from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, batches
@@ -96,10 +101,13 @@ def _generate(f, config, *rest: str) -> int:
             print(f"  replaying {gid}: {why}", flush=True)
         with tqdm(total=len(todo), unit="game", desc="games", file=sys.stdout) as bar:
             for group in batches(todo, engine.batch_size):
-                for result in engine.play(group):
-                    gid = result["game"].game_id
-                    save_game(engine, result, out_dir, overwrite=gid in replay)
-                    bar.update(1)
+                with contextlib.ExitStack() as held:  # the batch's game folders: one writer each
+                    for g in group:
+                        held.enter_context(writers.game_lock(paths.join(out_dir, g.game_id)))
+                    for result in engine.play(group):
+                        gid = result["game"].game_id
+                        save_game(engine, result, out_dir, overwrite=gid in replay)
+                        bar.update(1)
     except KeyboardInterrupt as e:
         print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)
         return interrupt_exit(e)

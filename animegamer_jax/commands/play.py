@@ -6,7 +6,7 @@ Usage::
     python -m animegamer_jax.commands.play data/games/bunny.txt --config=configs/tiny.py --checkpoint=DIR
     python -m animegamer_jax.commands.play - --standin            # interactive: one instruction a line, Ctrl-D/Ctrl-C ends
     python -m animegamer_jax.commands.play data/games/bunny.txt --standin --config.game.seed=3 --config.game.mode=reference
-    python -m animegamer_jax.commands.play data/games/bunny.txt --demo   # shipped tiny checkpoint, else random tiny
+    python -m animegamer_jax.commands.play data/games/bunny.txt --demo   # shipped tiny checkpoint (its saved config), else random tiny
     python -m animegamer_jax.commands.play data/games/bunny.txt --demo --character Bunny=me.png  # Bunny's turns look like me.png
 
 ``SCRIPT`` (the one positional argument) is a game script (.txt, local or gs://), or ``-`` (the
@@ -30,6 +30,10 @@ inference/layout.py ``apply_layout``). ``--config.game.play_layout=batch`` uses 
 ``--character NAME=IMAGE`` (repeatable; game/characters.py): the turns whose Character field is NAME
 are decoded with IMAGE as the reference (a system with phase r's adapter); the game folder keeps
 the image (``characters/<NAME>.png``, game.json ``characters``) and ``--continue`` reuses it.
+
+One writer per game folder: play holds the game folder's lock (game/writers.py ``game_lock``) from
+before the system loads to the end of the session; while another process writes that folder, play
+is refused with one line naming its pid and host (exit 2) before anything is played.
 """
 
 from __future__ import annotations
@@ -205,51 +209,64 @@ def _play(f, config, *rest: str) -> int:
         else:
             game_id = f.game_id or f"{source.rstrip('/').rsplit('/', 1)[-1]}-from{from_turn}"
         writers.check_game_id(game_id, "--game-id (default: the script's file name)")
-        if source is None or from_turn is not None:
-            writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
-            writers.check_target(out_dir, game_id, f.overwrite and source is None)
-        # one game on every device (latency layout) unless --config.game.play_layout=batch
-        layout = str(config.game.get("play_layout", "latency"))
-        try:
-            config = apply_layout(config, layout, jax.device_count())
-        except ValueError as e:
-            raise ConfigError(f"{e}. Fix: --config.game.play_layout=latency or =batch") from None
-        mesh = parallel.mesh_from_config(config)
-        system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
-                                random_fallback=f.demo, verify=f.verify_checkpoint,
-                                need_references=bool(characters))
-        engine = GameEngine(config, system, mesh=mesh, latency=layout == "latency")
-        if game is not None:
-            validate_games([game], engine.spec, engine.tok)
-        if source is not None:
-            return _continue(engine, f, source, from_turn, game_id, out_dir, game)
-        seed = int(config.game.seed)
-        print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
-              f"{engine.spec.window}, seed {seed}", flush=True)
-        if game is None:
-            tbt = TurnByTurnGame(engine, game_id, seed, characters=characters)
-
-            def save(g):
-                # the first write honours --overwrite; later ones add a turn to this session's own folder
-                save_turn(engine, g, out_dir, new_folder=len(g) == 1, overwrite=f.overwrite)
-
-            return _session_end(engine, tbt, paths.join(out_dir, game_id), _interactive(engine, tbt, save),
-                                played=0)
-        game = Game(game.game_id, game.turns, seed, characters)
-
-        def on_turn(k, results):
-            r = results[0]
-            if k < len(r["turns"]):
-                print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
-
-        result = engine.play([game], on_turn=on_turn)[0]
-        folder, record = save_game(engine, result, out_dir, overwrite=f.overwrite)
+        # one writer per game folder: another process writing it refuses this one here, before anything plays
+        target = paths.join(out_dir, game_id) if source is None or from_turn is not None else source.rstrip("/")
+        with writers.game_lock(target):
+            folder, record = _play_locked(f, config, script, game, characters, source, from_turn, game_id, out_dir)
+            if record is None:
+                return folder
     except KeyboardInterrupt as e:
         print("interrupted: nothing written for this game" + (" (a script's game is written when it ends)"
                                                               if script != "-" else ""), file=sys.stderr)
         return interrupt_exit(e)
     print(summary(folder, record))
     return 0
+
+
+def _play_locked(f, config, script: str, game: Game | None, characters, source: str | None, from_turn: int | None,
+                 game_id: str, out_dir: str) -> tuple:
+    """The part of :func:`_play` run holding the game folder's lock (``writers.game_lock``): loads the
+    system and plays. Returns ``(folder, record)`` of a script's game saved whole, or ``(exit status,
+    None)`` of a game saved turn by turn (interactive, ``--continue``), which printed its own summary."""
+    if source is None or from_turn is not None:
+        writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
+        writers.check_target(out_dir, game_id, f.overwrite and source is None)
+    # one game on every device (latency layout) unless --config.game.play_layout=batch
+    layout = str(config.game.get("play_layout", "latency"))
+    try:
+        config = apply_layout(config, layout, jax.device_count())
+    except ValueError as e:
+        raise ConfigError(f"{e}. Fix: --config.game.play_layout=latency or =batch") from None
+    mesh = parallel.mesh_from_config(config)
+    system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
+                            random_fallback=f.demo, verify=f.verify_checkpoint,
+                            need_references=bool(characters))
+    engine = GameEngine(config, system, mesh=mesh, latency=layout == "latency")
+    if game is not None:
+        validate_games([game], engine.spec, engine.tok)
+    if source is not None:
+        return _continue(engine, f, source, from_turn, game_id, out_dir, game), None
+    seed = int(config.game.seed)
+    print(f"system: {system.label}\nconfig {config.name}, mode {engine.config.game.mode}, window "
+          f"{engine.spec.window}, seed {seed}", flush=True)
+    if game is None:
+        tbt = TurnByTurnGame(engine, game_id, seed, characters=characters)
+
+        def save(g):
+            # the first write honours --overwrite; later ones add a turn to this session's own folder
+            save_turn(engine, g, out_dir, new_folder=len(g) == 1, overwrite=f.overwrite)
+
+        return _session_end(engine, tbt, paths.join(out_dir, game_id), _interactive(engine, tbt, save),
+                            played=0), None
+    game = Game(game.game_id, game.turns, seed, characters)
+
+    def on_turn(k, results):
+        r = results[0]
+        if k < len(r["turns"]):
+            print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
+
+    result = engine.play([game], on_turn=on_turn)[0]
+    return save_game(engine, result, out_dir, overwrite=f.overwrite)
 
 
 def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id: str, out_dir: str,

@@ -22,7 +22,13 @@ the target and is renamed into place only when complete; a replaced game is move
 restored if the rename fails. Temp folders a killed run left are removed by the next write of that
 game (:func:`clean_stale_temp`). A game played on turn by turn grows in place (:func:`append_turn`:
 the new turn's files, then ``game.json``, the commit point, then ``index.html``); its ``game.mp4`` and
-contact sheet are remade from the turn videos when a play session ends (:func:`write_derived`). ``out`` may be a URL (``gs://bucket/games``; every file goes
+contact sheet are remade from the turn videos when a play session ends (:func:`write_derived`).
+One writer per game folder: every function here that writes one holds its :func:`game_lock` while
+it writes (an advisory ``flock`` of ``<out>/.lock-<game_id>``, beside the folder; re-entrant in a
+process), and the commands hold it for a whole session (play, ``--continue``: from before the
+system loads to the session's end; generate: each batch's games), so a second process is refused
+with :class:`GameLockedError` (one line naming the holder's pid and host) before it plays anything.
+Temp files of a write carry the writer's pid (:func:`part_path`). ``out`` may be a URL (``gs://bucket/games``; every file goes
 through animegamer_jax/io/fileio.py): object stores have no rename, so the final move is a copy then a
 delete, and a game counts as finished only when :func:`verify_game` finds every recorded file with
 its size and sha256. Identical inputs give byte-identical files: MP4 is H.264 (yuv420p,
@@ -36,6 +42,7 @@ are converted by the one pixel helper, ``media.to_uint8``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import html
 import io
@@ -46,7 +53,7 @@ import textwrap
 import time
 import uuid
 import zipfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -74,6 +81,11 @@ _METER_COLORS = {"social": (80, 160, 255), "entertainment": (255, 180, 60), "sta
 
 class OutputError(OSError):
     """The output folder cannot be created or written."""
+
+
+class GameLockedError(OutputError):
+    """Another process is writing the game folder (it holds its :func:`game_lock`); the message names
+    the folder, the holder's pid and host, and the fix."""
 
 
 class SavedGameError(OutputError):
@@ -121,6 +133,96 @@ def decode_turn_state(data: bytes) -> dict[str, np.ndarray]:
         raise ValueError(f"not a turn state record ({e})") from None
 
 
+def _missing_folders(folder: str) -> list[str]:
+    """``folder`` and those of its parents that do not exist, deepest first (what ``makedirs`` creates)."""
+    created = []
+    p = folder.rstrip("/") or folder
+    while p and not fileio.exists(p):
+        created.append(p)
+        parent = p.rsplit("/", 1)[0] if "/" in p else ""
+        if parent == p or parent.endswith(":/") or parent.endswith(":"):
+            break
+        p = parent
+    return created
+
+
+def _remove_empty(folders: Sequence[str]) -> None:
+    """Removes ``folders`` (deepest first) while they are empty; one something else wrote into stays."""
+    for p in folders:
+        try:
+            if fileio.isdir(p) and not fileio.listdir(p):
+                fileio.rmdir(p)
+        except OSError:
+            break
+
+
+#: prefix of the lock file beside each game folder (``<out>/.lock-<game_id>``; a game id never starts with ``.``)
+LOCK_PREFIX = ".lock-"
+
+
+def lock_path(game_dir: str) -> str:
+    """The lock file of game folder ``game_dir``: ``.lock-<game_id>`` beside it (not inside: the
+    folder is renamed into place whole, and may not exist yet)."""
+    folder = game_dir.rstrip("/") or game_dir
+    parent, _, name = folder.rpartition("/")
+    return paths.join(parent, LOCK_PREFIX + name) if parent else LOCK_PREFIX + name
+
+
+@contextlib.contextmanager
+def game_lock(game_dir: str) -> Iterator[None]:
+    """Holds the writer's lock of game folder ``game_dir`` inside the body: one process at a time
+    writes a game folder (``fileio.exclusive_lock`` on :func:`lock_path`).
+
+    Re-entrant in a process (a command holds it for a session, the writers here take it again per
+    write). Another process holding it is refused at once, nothing waits. A process that dies
+    holding it, killed too, lets go with its end (the kernel releases a ``flock``), so a stale lock
+    never blocks the next run. On entry with the lock newly taken, the ``*.part`` files that a killed
+    writer left in the folder are removed (no other writer can be running). The parent folder is
+    created when missing, and removed again at the end when nothing was written into it.
+    Limits: local paths only; a URL (``gs://``) game folder is written unguarded (object stores have
+    no ``flock``; a lease object is not implemented), so two writers of one game there must be kept
+    apart by their users; a network file system without working ``flock`` gives no protection.
+
+    Raises:
+      GameLockedError: another process holds the lock (the message names its pid and host).
+      OutputError: the lock file cannot be created (the folder is not writable).
+    """
+    lock = lock_path(game_dir)
+    parent = lock.rpartition("/")[0]
+    created = [] if paths.is_url(game_dir) or not parent else _missing_folders(parent)
+    with contextlib.ExitStack() as stack:
+        stack.callback(_remove_empty, created)  # last: after the lock is let go
+        try:
+            if created:
+                fileio.makedirs(parent)
+            depth = stack.enter_context(fileio.exclusive_lock(lock))
+        except fileio.LockHeldError as e:
+            raise GameLockedError(f"{game_dir} is being written by another process ({e.holder_words()}); a "
+                                  f"game folder has one writer at a time. Fix: wait for that process to end (or "
+                                  f"stop it), or write to another --out or --game-id") from None
+        except OSError as e:
+            raise OutputError(f"cannot create the lock file {lock} of game folder {game_dir} "
+                              f"({e.strerror or e}). Fix: pass --out with a folder you can write to") from None
+        if depth == 1:
+            _remove_parts(game_dir)
+        yield
+
+
+def _remove_parts(game_dir: str) -> None:
+    """Removes the ``.part`` files a killed writer left in ``game_dir`` (call it holding its lock)."""
+    if not fileio.isdir(game_dir):
+        return
+    for name in fileio.listdir(game_dir):
+        if name.endswith(".part") and fileio.isfile(paths.join(game_dir, name)):
+            fileio.remove(paths.join(game_dir, name))
+
+
+def part_path(path: str) -> str:
+    """The temp name a video is written under before it is renamed to ``path``: unique to this
+    process and write (``<path>.<pid>-<hex>.part``), so no two writers ever share one."""
+    return f"{path}.{os.getpid()}-{uuid.uuid4().hex[:8]}.part"
+
+
 def check_writable(out_dir: str, keep: bool = True) -> None:
     """Creates ``out_dir`` (a local path or a URL) if needed and checks a file can be written in it.
 
@@ -132,15 +234,7 @@ def check_writable(out_dir: str, keep: bool = True) -> None:
     Raises:
       OutputError: the folder cannot be created or is not writable (message names it and the fix).
     """
-    created = []
-    if not keep:
-        p = out_dir.rstrip("/") or out_dir
-        while p and not fileio.exists(p):
-            created.append(p)
-            parent = p.rsplit("/", 1)[0] if "/" in p else ""
-            if parent == p or parent.endswith(":/") or parent.endswith(":"):
-                break
-            p = parent
+    created = [] if keep else _missing_folders(out_dir)
     try:
         fileio.makedirs(out_dir)
         probe = paths.join(out_dir, f".write-probe-{uuid.uuid4().hex[:8]}")
@@ -150,12 +244,7 @@ def check_writable(out_dir: str, keep: bool = True) -> None:
         raise OutputError(f"output folder {out_dir!r} is not writable ({e.strerror or e}). "
                           f"Fix: pass --out with a folder you can write to") from None
     finally:
-        for p in created:  # deepest first; a folder something else wrote into meanwhile stays
-            try:
-                if fileio.isdir(p) and not fileio.listdir(p):
-                    fileio.rmdir(p)
-            except OSError:
-                break
+        _remove_empty(created)  # deepest first; a folder something else wrote into meanwhile stays
 
 
 def _font(size: int) -> ImageFont.ImageFont:
@@ -374,14 +463,16 @@ def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
     """
     if not fileio.isdir(out_dir):
         return []
-    return _clean_temp(out_dir, [name for name in fileio.listdir(out_dir) if name.startswith(f".tmp-{game_id}-")],
-                       lambda name: game_id)
+    with game_lock(paths.join(out_dir, game_id)):  # another process's write of this game is never touched
+        return _clean_temp(out_dir, [name for name in fileio.listdir(out_dir) if name.startswith(f".tmp-{game_id}-")],
+                           lambda name: game_id)
 
 
 def clean_orphaned_temp(out_dir: str, prefix: str) -> list[str]:
     """:func:`clean_stale_temp` for every game whose id starts with ``prefix`` (the web app's
     ``web-``), limited to temp folders whose writer is gone (``fileio.owner_gone``: this host, a
-    process that no longer runs), so that another live process's writes are left alone."""
+    process that no longer runs), so that another live process's writes are left alone; a game whose
+    :func:`game_lock` another process holds is left alone too."""
     if not fileio.isdir(out_dir):
         return []
     names = [n for n in fileio.listdir(out_dir) if n.startswith(f".tmp-{prefix}")
@@ -397,20 +488,32 @@ def _clean_temp(out_dir: str, names: Sequence[str], game_of: Callable[[str], str
         by_game.setdefault(game_of(n), []).append(n)
     removed = []
     for gid, temps in by_game.items():
-        final = paths.join(out_dir, gid)
-        if not fileio.exists(final):
-            finished = [n for n in temps if verify_game(paths.join(out_dir, n)) is None]
-            new = [n for n in finished if not fileio.isfile(paths.join(out_dir, n, ASIDE_MARKER))]
-            if finished:
-                best = (new or finished)[0]
-                fileio.rename(paths.join(out_dir, best), final)
-                fileio.remove(paths.join(final, TMP_MARKER))
-                if fileio.isfile(paths.join(final, ASIDE_MARKER)):
-                    fileio.remove(paths.join(final, ASIDE_MARKER))
-                temps.remove(best)
-        for n in temps:
-            fileio.rmtree(paths.join(out_dir, n))
-            removed.append(n)
+        try:
+            with game_lock(paths.join(out_dir, gid)):
+                removed += _clean_game_temp(out_dir, gid, temps)
+        except GameLockedError:
+            continue  # being written by another process: its temp folders are its own
+    return removed
+
+
+def _clean_game_temp(out_dir: str, gid: str, temps: list[str]) -> list[str]:
+    """:func:`_clean_temp` of one game (holding its lock): puts a finished temp game back when the game's
+    folder is missing, removes the rest; returns the names removed."""
+    removed = []
+    final = paths.join(out_dir, gid)
+    if not fileio.exists(final):
+        finished = [n for n in temps if verify_game(paths.join(out_dir, n)) is None]
+        new = [n for n in finished if not fileio.isfile(paths.join(out_dir, n, ASIDE_MARKER))]
+        if finished:
+            best = (new or finished)[0]
+            fileio.rename(paths.join(out_dir, best), final)
+            fileio.remove(paths.join(final, TMP_MARKER))
+            if fileio.isfile(paths.join(final, ASIDE_MARKER)):
+                fileio.remove(paths.join(final, ASIDE_MARKER))
+            temps.remove(best)
+    for n in temps:
+        fileio.rmtree(paths.join(out_dir, n))
+        removed.append(n)
     return removed
 
 
@@ -564,69 +667,70 @@ def write_game(out_dir: str, game_id: str, record: Mapping[str, Any], turn_frame
     t0 = time.perf_counter()
     check_game_id(game_id)
     check_writable(out_dir)
-    clean_stale_temp(out_dir, game_id)  # first: it may put a killed rewrite's earlier game back
-    check_target(out_dir, game_id, overwrite)
-    final = paths.join(out_dir, game_id)
-    tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-    fileio.makedirs(tmp)
-    old = None
-    try:
-        fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), fileio.owner_stamp())
-        rec = json.loads(json.dumps(record))
-        timings = _split_timings(rec)
-        hud_all = []
-        for k, (t, frames) in enumerate(zip(rec["turns"], turn_frames)):
-            hud = draw_hud(media.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
-            hud_all.append(hud)
-            t["video"] = f"turn_{k:03d}.mp4"
-            write_mp4(paths.join(tmp, t["video"]), hud, fps)
-            if write_gif_files:
-                t["gif"] = f"turn_{k:03d}.gif"
-                write_gif(paths.join(tmp, t["gif"]), hud, fps)
-            if turn_states is not None:
-                t["state"] = state_name(k)
-                fileio.write_bytes_atomic(paths.join(tmp, t["state"]), turn_states[k])
-        for name, data in (extra_files or {}).items():
-            if "/" in name:
-                fileio.makedirs(paths.join(tmp, name.rsplit("/", 1)[0]))
-            fileio.write_bytes_atomic(paths.join(tmp, name), data)
-        write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
-        media.save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(media.contact_sheet(turn_frames, sheet_columns, FRAME_RANGE)),
-                    format="PNG")
-        rec["video"] = "game.mp4"
-        rec["contact_sheet"] = "contact_sheet.png"
-        fileio.write_text_atomic(paths.join(tmp, "index.html"), _index_html(game_id, rec))
-        rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
-        rec["files"] = {name: {"size": fileio.size(paths.join(tmp, name)),
-                               "sha256": fileio.sha256_file(paths.join(tmp, name))}
-                        for name in [*fileio.listdir(tmp), *(extra_files or {})]
-                        if name not in (TMP_MARKER, TIMINGS_JSON) and fileio.isfile(paths.join(tmp, name))}
-        fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
-        if timings:
-            timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
-            fileio.write_text_atomic(paths.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
-        fileio.write_text_atomic(paths.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
-        if fileio.exists(final) and fileio.isdir(final) and fileio.listdir(final):
-            # an earlier finished game of ours (check_target allowed it): move it aside, then drop it
-            old = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-            fileio.write_bytes_atomic(paths.join(final, ASIDE_MARKER), b"")
-            fileio.write_bytes_atomic(paths.join(final, TMP_MARKER), fileio.owner_stamp())
-            fileio.rename(final, old)
-        elif fileio.exists(final):
-            fileio.rmdir(final)  # an empty folder
-        fileio.rename(tmp, final)
-        fileio.remove(paths.join(final, TMP_MARKER))
-    except BaseException:
-        fileio.rmtree(tmp)
-        if old is not None and not fileio.exists(final):
-            fileio.rename(old, final)  # put the earlier game back
+    with game_lock(paths.join(out_dir, game_id)):
+        clean_stale_temp(out_dir, game_id)  # first: it may put a killed rewrite's earlier game back
+        check_target(out_dir, game_id, overwrite)
+        final = paths.join(out_dir, game_id)
+        tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+        fileio.makedirs(tmp)
+        old = None
+        try:
+            fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), fileio.owner_stamp())
+            rec = json.loads(json.dumps(record))
+            timings = _split_timings(rec)
+            hud_all = []
+            for k, (t, frames) in enumerate(zip(rec["turns"], turn_frames)):
+                hud = draw_hud(media.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
+                hud_all.append(hud)
+                t["video"] = f"turn_{k:03d}.mp4"
+                write_mp4(paths.join(tmp, t["video"]), hud, fps)
+                if write_gif_files:
+                    t["gif"] = f"turn_{k:03d}.gif"
+                    write_gif(paths.join(tmp, t["gif"]), hud, fps)
+                if turn_states is not None:
+                    t["state"] = state_name(k)
+                    fileio.write_bytes_atomic(paths.join(tmp, t["state"]), turn_states[k])
+            for name, data in (extra_files or {}).items():
+                if "/" in name:
+                    fileio.makedirs(paths.join(tmp, name.rsplit("/", 1)[0]))
+                fileio.write_bytes_atomic(paths.join(tmp, name), data)
+            write_mp4(paths.join(tmp, "game.mp4"), np.concatenate(hud_all, axis=0), fps)
+            media.save_image(paths.join(tmp, "contact_sheet.png"), Image.fromarray(media.contact_sheet(turn_frames, sheet_columns, FRAME_RANGE)),
+                        format="PNG")
+            rec["video"] = "game.mp4"
+            rec["contact_sheet"] = "contact_sheet.png"
+            fileio.write_text_atomic(paths.join(tmp, "index.html"), _index_html(game_id, rec))
+            rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+            rec["files"] = {name: {"size": fileio.size(paths.join(tmp, name)),
+                                   "sha256": fileio.sha256_file(paths.join(tmp, name))}
+                            for name in [*fileio.listdir(tmp), *(extra_files or {})]
+                            if name not in (TMP_MARKER, TIMINGS_JSON) and fileio.isfile(paths.join(tmp, name))}
+            fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+            if timings:
+                timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
+                fileio.write_text_atomic(paths.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+            fileio.write_text_atomic(paths.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
+            if fileio.exists(final) and fileio.isdir(final) and fileio.listdir(final):
+                # an earlier finished game of ours (check_target allowed it): move it aside, then drop it
+                old = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+                fileio.write_bytes_atomic(paths.join(final, ASIDE_MARKER), b"")
+                fileio.write_bytes_atomic(paths.join(final, TMP_MARKER), fileio.owner_stamp())
+                fileio.rename(final, old)
+            elif fileio.exists(final):
+                fileio.rmdir(final)  # an empty folder
+            fileio.rename(tmp, final)
             fileio.remove(paths.join(final, TMP_MARKER))
-            fileio.remove(paths.join(final, ASIDE_MARKER))
-            old = None
-        raise
-    if old is not None:
-        fileio.rmtree(old)
-    return final
+        except BaseException:
+            fileio.rmtree(tmp)
+            if old is not None and not fileio.exists(final):
+                fileio.rename(old, final)  # put the earlier game back
+                fileio.remove(paths.join(final, TMP_MARKER))
+                fileio.remove(paths.join(final, ASIDE_MARKER))
+                old = None
+            raise
+        if old is not None:
+            fileio.rmtree(old)
+        return final
 
 
 def _folder_name(path: str) -> str:
@@ -634,9 +738,9 @@ def _folder_name(path: str) -> str:
 
 
 def _write_atomic(write: Callable[..., None], path: str, frames: np.ndarray, fps: float) -> None:
-    """``write(path, frames, fps)`` (:func:`write_mp4` / :func:`write_gif`) through a ``.part`` file renamed
-    into place, so a kill never leaves a half-written file at ``path``."""
-    part = path + ".part"
+    """``write(path, frames, fps)`` (:func:`write_mp4` / :func:`write_gif`) through a ``.part`` file of this
+    process (:func:`part_path`) renamed into place, so a kill never leaves a half-written file at ``path``."""
+    part = part_path(path)
     write(part, frames, fps)
     fileio.rename(part, path)
 
@@ -670,49 +774,50 @@ def append_turn(game_dir: str, record: Mapping[str, Any], frames: np.ndarray, st
     Raises:
       SavedGameError: ``game_dir`` does not hold the turns before this one.
     """
-    t0 = time.perf_counter()
-    old = read_json(paths.join(game_dir, GAME_JSON))
-    rec = json.loads(json.dumps(record))
-    timings = _split_timings(rec)
-    k = len(rec["turns"]) - 1
-    if len(old.get("turns", [])) != k:
-        raise SavedGameError(f"{game_dir} holds {len(old.get('turns', []))} turn(s), not the {k} before the "
-                             f"turn being saved. Fix: continue it with play --continue {game_dir}")
-    for key in ("video", "contact_sheet"):
-        if key in old:
-            rec[key] = old[key]
-    for j, t in enumerate(rec["turns"][:k]):  # earlier turns: their file names as saved
-        for key in ("video", "gif", "state"):
-            if key in old["turns"][j]:
-                t[key] = old["turns"][j][key]
-    t = rec["turns"][k]
-    hud = draw_hud(media.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
-    t["video"] = f"turn_{k:03d}.mp4"
-    _write_atomic(write_mp4, paths.join(game_dir, t["video"]), hud, fps)
-    new_files = [t["video"]]
-    if write_gif_files:
-        t["gif"] = f"turn_{k:03d}.gif"
-        _write_atomic(write_gif, paths.join(game_dir, t["gif"]), hud, fps)
-        new_files.append(t["gif"])
-    t["state"] = state_name(k)
-    fileio.write_bytes_atomic(paths.join(game_dir, t["state"]), state)
-    new_files.append(t["state"])
-    files = dict(old.get("files", {}))
-    derived = dict(old.get("save", {}).get("derived", {}))
-    for name in DERIVED_FILES:
-        if name in files:
-            derived.setdefault("files", {})[name] = files.pop(name)
-    derived.setdefault("turns", len(old.get("turns", [])))
-    for name in new_files:
-        files[name] = _file_entry(paths.join(game_dir, name))
-    rec["files"] = files
-    rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
-    rec.setdefault("save", {})["derived"] = derived
-    fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    _write_index(game_dir, _folder_name(game_dir), rec)
-    if timings:
-        timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
-        fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+    with game_lock(game_dir):
+        t0 = time.perf_counter()
+        old = read_json(paths.join(game_dir, GAME_JSON))
+        rec = json.loads(json.dumps(record))
+        timings = _split_timings(rec)
+        k = len(rec["turns"]) - 1
+        if len(old.get("turns", [])) != k:
+            raise SavedGameError(f"{game_dir} holds {len(old.get('turns', []))} turn(s), not the {k} before the "
+                                 f"turn being saved. Fix: continue it with play --continue {game_dir}")
+        for key in ("video", "contact_sheet"):
+            if key in old:
+                rec[key] = old[key]
+        for j, t in enumerate(rec["turns"][:k]):  # earlier turns: their file names as saved
+            for key in ("video", "gif", "state"):
+                if key in old["turns"][j]:
+                    t[key] = old["turns"][j][key]
+        t = rec["turns"][k]
+        hud = draw_hud(media.to_uint8(frames, FRAME_RANGE), t["meters"], t["instruction"], k)
+        t["video"] = f"turn_{k:03d}.mp4"
+        _write_atomic(write_mp4, paths.join(game_dir, t["video"]), hud, fps)
+        new_files = [t["video"]]
+        if write_gif_files:
+            t["gif"] = f"turn_{k:03d}.gif"
+            _write_atomic(write_gif, paths.join(game_dir, t["gif"]), hud, fps)
+            new_files.append(t["gif"])
+        t["state"] = state_name(k)
+        fileio.write_bytes_atomic(paths.join(game_dir, t["state"]), state)
+        new_files.append(t["state"])
+        files = dict(old.get("files", {}))
+        derived = dict(old.get("save", {}).get("derived", {}))
+        for name in DERIVED_FILES:
+            if name in files:
+                derived.setdefault("files", {})[name] = files.pop(name)
+        derived.setdefault("turns", len(old.get("turns", [])))
+        for name in new_files:
+            files[name] = _file_entry(paths.join(game_dir, name))
+        rec["files"] = files
+        rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+        rec.setdefault("save", {})["derived"] = derived
+        fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        _write_index(game_dir, _folder_name(game_dir), rec)
+        if timings:
+            timings.setdefault("run", {})["writing"] = time.perf_counter() - t0
+            fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
 
 
 def drop_last_turn(game_dir: str, record: Mapping[str, Any], *,
@@ -730,40 +835,41 @@ def drop_last_turn(game_dir: str, record: Mapping[str, Any], *,
       SavedGameError: ``game_dir`` does not hold ``len(record["turns"]) + 1`` turns, or the record has none
         (a one-turn game is removed whole by its owner).
     """
-    old = read_json(paths.join(game_dir, GAME_JSON))
-    rec = json.loads(json.dumps(record))
-    timings = _split_timings(rec)
-    n = len(rec["turns"])
-    if n < 1 or len(old.get("turns", [])) != n + 1:
-        raise SavedGameError(f"{game_dir} holds {len(old.get('turns', []))} turn(s), not the {n + 1} whose last "
-                             f"is being dropped. Fix: continue it with play --continue {game_dir}")
-    for key in ("video", "contact_sheet"):
-        if key in old:
-            rec[key] = old[key]
-    for j, t in enumerate(rec["turns"]):
-        for key in ("video", "gif", "state"):
-            if key in old["turns"][j]:
-                t[key] = old["turns"][j][key]
-    last = old["turns"][n]
-    gone = [last[key] for key in ("video", "gif", "state") if key in last]
-    files = dict(old.get("files", {}))
-    derived = dict(old.get("save", {}).get("derived", {}))
-    for name in DERIVED_FILES:
-        if name in files:
-            derived.setdefault("files", {})[name] = files.pop(name)
-    derived["turns"] = -1  # stale: cover no turn count the game can have
-    for name in gone:
-        files.pop(name, None)
-    rec["files"] = files
-    rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
-    rec["save"] = dict(old.get("save", {}), **rec.get("save", {}), derived=derived)
-    fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
-    for name in gone:
-        if fileio.exists(paths.join(game_dir, name)):
-            fileio.remove(paths.join(game_dir, name))
-    _write_index(game_dir, _folder_name(game_dir), rec)
-    if timings:
-        fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+    with game_lock(game_dir):
+        old = read_json(paths.join(game_dir, GAME_JSON))
+        rec = json.loads(json.dumps(record))
+        timings = _split_timings(rec)
+        n = len(rec["turns"])
+        if n < 1 or len(old.get("turns", [])) != n + 1:
+            raise SavedGameError(f"{game_dir} holds {len(old.get('turns', []))} turn(s), not the {n + 1} whose last "
+                                 f"is being dropped. Fix: continue it with play --continue {game_dir}")
+        for key in ("video", "contact_sheet"):
+            if key in old:
+                rec[key] = old[key]
+        for j, t in enumerate(rec["turns"]):
+            for key in ("video", "gif", "state"):
+                if key in old["turns"][j]:
+                    t[key] = old["turns"][j][key]
+        last = old["turns"][n]
+        gone = [last[key] for key in ("video", "gif", "state") if key in last]
+        files = dict(old.get("files", {}))
+        derived = dict(old.get("save", {}).get("derived", {}))
+        for name in DERIVED_FILES:
+            if name in files:
+                derived.setdefault("files", {})[name] = files.pop(name)
+        derived["turns"] = -1  # stale: cover no turn count the game can have
+        for name in gone:
+            files.pop(name, None)
+        rec["files"] = files
+        rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+        rec["save"] = dict(old.get("save", {}), **rec.get("save", {}), derived=derived)
+        fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+        for name in gone:
+            if fileio.exists(paths.join(game_dir, name)):
+                fileio.remove(paths.join(game_dir, name))
+        _write_index(game_dir, _folder_name(game_dir), rec)
+        if timings:
+            fileio.write_text_atomic(paths.join(game_dir, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
 
 
 def copy_turns(src_dir: str, out_dir: str, game_id: str, record: Mapping[str, Any],
@@ -778,44 +884,45 @@ def copy_turns(src_dir: str, out_dir: str, game_id: str, record: Mapping[str, An
     """
     check_game_id(game_id)
     check_writable(out_dir)
-    clean_stale_temp(out_dir, game_id)
-    if check_target(out_dir, game_id, overwrite=True):
-        raise OutputError(f"{paths.join(out_dir, game_id)} holds a game; a branch starts a new folder. "
-                          f"Fix: pass another --game-id or --out")
-    src = read_json(paths.join(src_dir, GAME_JSON))
-    rec = json.loads(json.dumps(record))
-    timings = _split_timings(rec)
-    final = paths.join(out_dir, game_id)
-    tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
-    fileio.makedirs(tmp)
-    try:
-        fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), fileio.owner_stamp())
-        files = {}
-        for t, s in zip(rec["turns"], src["turns"]):
-            for key in ("video", "gif", "state"):
-                if key in s:
-                    t[key] = s[key]
-                    fileio.write_bytes_atomic(paths.join(tmp, s[key]), fileio.read_bytes(paths.join(src_dir, s[key])))
-                    files[s[key]] = src["files"][s[key]]
-        for c in rec.get("characters", []):  # the game's reference images (game/characters.py)
-            fileio.makedirs(paths.join(tmp, c["image"].rsplit("/", 1)[0]))
-            fileio.write_bytes_atomic(paths.join(tmp, c["image"]), fileio.read_bytes(paths.join(src_dir, c["image"])))
-            files[c["image"]] = src["files"][c["image"]]
-        rec["files"] = files
-        rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
-        fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
-        _write_index(tmp, game_id, rec)
-        if timings:
-            fileio.write_text_atomic(paths.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
-        fileio.write_text_atomic(paths.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
-        if fileio.exists(final):
-            fileio.rmdir(final)  # an empty folder
-        fileio.rename(tmp, final)
-        fileio.remove(paths.join(final, TMP_MARKER))
-    except BaseException:
-        fileio.rmtree(tmp)
-        raise
-    return final
+    with game_lock(paths.join(out_dir, game_id)):
+        clean_stale_temp(out_dir, game_id)
+        if check_target(out_dir, game_id, overwrite=True):
+            raise OutputError(f"{paths.join(out_dir, game_id)} holds a game; a branch starts a new folder. "
+                              f"Fix: pass another --game-id or --out")
+        src = read_json(paths.join(src_dir, GAME_JSON))
+        rec = json.loads(json.dumps(record))
+        timings = _split_timings(rec)
+        final = paths.join(out_dir, game_id)
+        tmp = paths.join(out_dir, f".tmp-{game_id}-{uuid.uuid4().hex[:8]}")
+        fileio.makedirs(tmp)
+        try:
+            fileio.write_bytes_atomic(paths.join(tmp, TMP_MARKER), fileio.owner_stamp())
+            files = {}
+            for t, s in zip(rec["turns"], src["turns"]):
+                for key in ("video", "gif", "state"):
+                    if key in s:
+                        t[key] = s[key]
+                        fileio.write_bytes_atomic(paths.join(tmp, s[key]), fileio.read_bytes(paths.join(src_dir, s[key])))
+                        files[s[key]] = src["files"][s[key]]
+            for c in rec.get("characters", []):  # the game's reference images (game/characters.py)
+                fileio.makedirs(paths.join(tmp, c["image"].rsplit("/", 1)[0]))
+                fileio.write_bytes_atomic(paths.join(tmp, c["image"]), fileio.read_bytes(paths.join(src_dir, c["image"])))
+                files[c["image"]] = src["files"][c["image"]]
+            rec["files"] = files
+            rec["fingerprint"] = dict(fingerprint) if fingerprint is not None else None
+            fileio.write_text_atomic(paths.join(tmp, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+            _write_index(tmp, game_id, rec)
+            if timings:
+                fileio.write_text_atomic(paths.join(tmp, TIMINGS_JSON), json.dumps(timings, indent=2) + "\n")
+            fileio.write_text_atomic(paths.join(tmp, MARKER), json.dumps({"format": 1, "game_id": game_id}) + "\n")
+            if fileio.exists(final):
+                fileio.rmdir(final)  # an empty folder
+            fileio.rename(tmp, final)
+            fileio.remove(paths.join(final, TMP_MARKER))
+        except BaseException:
+            fileio.rmtree(tmp)
+            raise
+        return final
 
 
 def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
@@ -824,25 +931,26 @@ def write_derived(game_dir: str, fps: float, sheet_columns: int = 6) -> None:
     at ``save.frame_size``), then records them in ``game.json`` ``save.derived`` (each file and the
     turns it covers). Nothing to do when they already cover every turn. Cost grows with the game:
     run once when a play session ends."""
-    rec = read_json(paths.join(game_dir, GAME_JSON))
-    derived = rec.get("save", {}).get("derived")
-    n = len(rec["turns"])
-    if derived is None or (derived.get("turns") == n and fileio.isfile(paths.join(game_dir, "game.mp4"))):
-        return
-    h, w = rec["save"]["frame_size"]
-    huds, clips = [], []
-    for t in rec["turns"]:
-        hud = read_video(paths.join(game_dir, t["video"]))
-        huds.append(hud)
-        clips.append(clip_from_hud(hud, (h, w)))
-    _write_atomic(write_mp4, paths.join(game_dir, "game.mp4"), np.concatenate(huds, axis=0), fps)
-    media.save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(media.contact_sheet(clips, sheet_columns, FRAME_RANGE)),
-               format="PNG")
-    _write_index(game_dir, _folder_name(game_dir), rec)
-    rec["video"], rec["contact_sheet"] = "game.mp4", "contact_sheet.png"
-    rec["save"]["derived"] = {"turns": n, "files": {name: _file_entry(paths.join(game_dir, name))
-                                                     for name in DERIVED_FILES}}
-    fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    with game_lock(game_dir):
+        rec = read_json(paths.join(game_dir, GAME_JSON))
+        derived = rec.get("save", {}).get("derived")
+        n = len(rec["turns"])
+        if derived is None or (derived.get("turns") == n and fileio.isfile(paths.join(game_dir, "game.mp4"))):
+            return
+        h, w = rec["save"]["frame_size"]
+        huds, clips = [], []
+        for t in rec["turns"]:
+            hud = read_video(paths.join(game_dir, t["video"]))
+            huds.append(hud)
+            clips.append(clip_from_hud(hud, (h, w)))
+        _write_atomic(write_mp4, paths.join(game_dir, "game.mp4"), np.concatenate(huds, axis=0), fps)
+        media.save_image(paths.join(game_dir, "contact_sheet.png"), Image.fromarray(media.contact_sheet(clips, sheet_columns, FRAME_RANGE)),
+                   format="PNG")
+        _write_index(game_dir, _folder_name(game_dir), rec)
+        rec["video"], rec["contact_sheet"] = "game.mp4", "contact_sheet.png"
+        rec["save"]["derived"] = {"turns": n, "files": {name: _file_entry(paths.join(game_dir, name))
+                                                         for name in DERIVED_FILES}}
+        fileio.write_text_atomic(paths.join(game_dir, GAME_JSON), json.dumps(rec, indent=2, sort_keys=True) + "\n")
 
 
 def clip_from_hud(hud: np.ndarray, frame_size: Sequence[int]) -> np.ndarray:

@@ -4,7 +4,8 @@ What each does: :func:`exists` (a broken symlink exists), :func:`isdir`, :func:`
 :func:`walk_files`, :func:`size`, :func:`stamp`, :func:`read_bytes`, :func:`makedirs`,
 :func:`write_bytes_atomic` / :func:`write_text_atomic`, :func:`rename`, :func:`remove`, :func:`rmdir`,
 :func:`rmtree`, the sha256 helpers of the integrity checks, and :func:`owner_stamp` / :func:`owner_gone`
-(whose temp folder a killed run left); :func:`signals_held` runs a save with Ctrl-C / SIGTERM held. Paths are strings or ``os.PathLike``
+(whose temp folder a killed run left), :func:`exclusive_lock` (one writer of a folder at a time, an advisory
+``flock`` lock); :func:`signals_held` runs a save with Ctrl-C / SIGTERM held. Paths are strings or ``os.PathLike``
 (an ``etils.epath.Path`` included), built with :func:`animegamer_jax.io.paths.join`; naming (URL or not,
 absolute ``epath.Path``, repository resources) is :mod:`animegamer_jax.io.paths`' own, the one module
 this one imports.
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -42,7 +44,7 @@ from etils import epath
 from animegamer_jax.io import paths
 from animegamer_jax.io.paths import PathLike
 
-__all__ = ["CHUNK", "exists", "forget_listings", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp",
+__all__ = ["CHUNK", "LockHeldError", "exclusive_lock", "exists", "forget_listings", "isdir", "isfile", "listdir", "makedirs", "owner_gone", "owner_stamp",
            "read_bytes", "remove", "rename", "rmdir", "rmtree", "sha256_file", "sha256_sampled", "signals_held", "size", "stamp", "walk_files",
            "write_bytes_atomic", "write_text_atomic"]
 
@@ -250,6 +252,105 @@ def owner_gone(marker: PathLike) -> bool:
     except (OSError, ValueError):  # PermissionError: the process runs as another user
         return False
     return False
+
+
+class LockHeldError(OSError):
+    """:func:`exclusive_lock`'s lock is held by another process; ``holder`` is that process's
+    :func:`owner_stamp` as it wrote it into the lock file (``""`` when not yet written)."""
+
+    def __init__(self, path: str, holder: str):
+        super().__init__(errno.EWOULDBLOCK, "held by another process", path)
+        self.path, self.holder = path, holder
+
+    def holder_words(self) -> str:
+        """``"pid 1234 on host NAME"`` from the holder's stamp (``"pid unknown"`` when it has none yet)."""
+        parts = self.holder.split()
+        return f"pid {parts[1]} on host {parts[0]}" if len(parts) >= 2 else "pid unknown, its stamp not yet written"
+
+
+#: this process's held locks: absolute lock file path -> [file descriptor, depth]
+_locks: dict[str, list[int]] = {}
+_locks_guard = threading.Lock()
+
+
+def _take_lock(path: str) -> int:
+    """Opens (creating) lock file ``path`` and takes its ``flock`` without waiting; returns the fd.
+
+    A holder removes the file before it lets go (:func:`exclusive_lock`), so a process that opened
+    the old file, then got its lock, finds the path gone or another file there, and tries again on
+    the file now at the path: one file at the path at a time, one holder of it.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+            finally:
+                os.close(fd)
+            raise LockHeldError(path, holder) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        st = os.fstat(fd)
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, owner_stamp(), 0)
+            return fd
+        os.close(fd)  # the holder before us removed it as it let go: again, on the file at the path now
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: PathLike) -> Iterator[int]:
+    """Holds the advisory lock of lock file ``path`` (local) inside the body, so that one process at a
+    time does what it guards (game/writers.py ``game_lock``: writing one game folder).
+
+    ``fcntl.flock(LOCK_EX | LOCK_NB)``: another process's hold is refused at once with
+    :class:`LockHeldError` naming it (its :func:`owner_stamp`, written into the file), nothing waits.
+    The lock is re-entrant within this process (nested holds, any thread, share the first one's;
+    threads of one process are not kept apart). The kernel lets go of a ``flock`` when the process
+    that holds it ends, killed too, so the lock of a dead process never blocks: the next taker gets
+    it at once and writes its own stamp over the stale one. The file is removed when the hold ends
+    (a killed holder leaves it, stale and harmless). File systems without working ``flock`` (some
+    network mounts) give no protection. A URL (``gs://``, ...) holds no lock at all (the body runs
+    unguarded): object stores have no ``flock``, and a lease object with a precondition is not
+    implemented.
+
+    Yields:
+      this hold's depth: 1 for the hold that took the lock, 2, 3, ... for nested ones, 0 for a URL.
+
+    Raises:
+      LockHeldError: another process holds it. OSError: the lock file cannot be created.
+    """
+    if _url(path):
+        yield 0
+        return
+    key = os.path.abspath(_local(path))
+    with _locks_guard:
+        held = _locks.get(key)
+        if held is not None:
+            held[1] += 1
+        else:
+            held = _locks[key] = [_take_lock(key), 1]
+        depth = held[1]
+    try:
+        yield depth
+    finally:
+        with _locks_guard:
+            held = _locks[key]
+            held[1] -= 1
+            if held[1] == 0:
+                del _locks[key]
+                try:
+                    os.unlink(key)  # while still held: see _take_lock
+                except OSError:
+                    pass
+                os.close(held[0])
 
 
 def rmtree(path: PathLike) -> None:
