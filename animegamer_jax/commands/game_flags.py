@@ -1,8 +1,9 @@
 """The command line the game commands share: play, generate, the web app and the game benchmark.
 
 Each takes the flags of :func:`common_flags`, its own, and ``--config``: a config file, or without
-one the config saved in ``--checkpoint`` (checked first, :func:`checkpoint_config`), else
-configs/tiny.py. ``--config.a.b=value`` overrides a field of either (``--config.game.mode=reference``,
+one the config saved in ``--checkpoint`` (checked first, :func:`checkpoint_config`), else, with
+``--demo``, the config saved in the demo's checkpoint (configs/tiny.py's ``game.checkpoint``, the
+shipped checkpoints/tiny_system, when it exists: :func:`demo_checkpoint`), else configs/tiny.py. ``--config.a.b=value`` overrides a field of either (``--config.game.mode=reference``,
 ``--config.game.seed=3``): what the config holds is set only that way, and the flags are the run's
 arguments (input and output paths, ``--demo``, ``--overwrite``, ...).
 
@@ -30,7 +31,7 @@ from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, verify_checkpoint
-from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys
+from animegamer_jax.config import ConfigError, SavedConfigError, fill_added_keys, load_config as load_config_file
 from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.inference import executables
 
@@ -63,8 +64,9 @@ def common_flags(fv) -> None:
                       "outputs).", flag_values=fv)
     flags.DEFINE_string("out", OUT_DIR, "Parent folder of the game folders, local or gs://.", flag_values=fv)
     flags.register_validator("out", bool, "--out is empty. Fix: --out=DIR (default outputs/games)", flag_values=fv)
-    flags.DEFINE_bool("demo", False, "Use config.game.checkpoint when it exists, else a clearly-labelled randomly "
-                      "initialised system of the config's sizes.", flag_values=fv)
+    flags.DEFINE_bool("demo", False, "Use config.game.checkpoint when it exists (without --config: with the config "
+                      "saved in it, as --checkpoint would), else a clearly-labelled randomly initialised system of "
+                      "the config's sizes.", flag_values=fv)
     flags.DEFINE_bool("overwrite", False, "Replace a finished game of the same id from an earlier run (folders "
                       "this program did not write are never replaced).", flag_values=fv)
     flags.DEFINE_enum("verify_checkpoint", "fast", ["fast", "full"], "Checkpoint integrity check before loading: "
@@ -99,6 +101,31 @@ def checkpoint_config(checkpoint: str, verify: str = "fast"):
         raise ConfigError(f"{e}. Fix: pass --config for this checkpoint") from None
 
 
+#: the config file a game command reads without ``--config`` (and without a checkpoint's saved config)
+DEFAULT_CONFIG = "configs/tiny.py"
+
+
+def demo_checkpoint(argv: Sequence[str]) -> str:
+    """The checkpoint ``--demo`` plays without ``--config`` and ``--checkpoint``: a
+    ``--config.game.checkpoint=DIR`` override of ``argv``, else :data:`DEFAULT_CONFIG`'s
+    ``game.checkpoint`` (the shipped checkpoints/tiny_system), as ``paths.resource`` finds it; ``""``
+    when that is no folder (the demo then plays the randomly initialised system of configs/tiny.py).
+
+    The demo plays it with the config saved in it (as ``--checkpoint DIR``): the one it was trained
+    with (its VAE's fitted ``vae.scaling_factor`` included), not configs/tiny.py's defaults.
+    """
+    ckpt = None
+    for i, a in enumerate(argv[1:], 1):
+        if a.startswith("--config.game.checkpoint="):
+            ckpt = a.split("=", 1)[1]
+        elif a == "--config.game.checkpoint" and i + 1 < len(argv):
+            ckpt = argv[i + 1]
+    if ckpt is None:
+        ckpt = str(load_config_file(DEFAULT_CONFIG).game.checkpoint)
+    ckpt = paths.resource(ckpt) if ckpt else ""
+    return ckpt if ckpt and fileio.isdir(ckpt) else ""
+
+
 def _config_given(argv: Sequence[str]) -> bool:
     return any(re.match(r"^--?config(=|$)", a) for a in argv[1:])
 
@@ -110,7 +137,9 @@ def game_flags(define: Callable[[object], None] | None = None,
     Defines :func:`common_flags` (less the names in ``exclude``; the web app has no ``overwrite``),
     ``define(fv)``'s own flags and ``--config``: ``config_flags.DEFINE_config_file`` of ``--config=FILE``
     or configs/tiny.py; without ``--config`` but with ``--checkpoint DIR`` the config saved in the
-    checkpoint (``config_flags.DEFINE_config_dict``), read after :func:`checkpoint_config`'s check.
+    checkpoint (``config_flags.DEFINE_config_dict``), read after :func:`checkpoint_config`'s check;
+    without either but with ``--demo``, the config saved in :func:`demo_checkpoint` (its
+    ``game.checkpoint`` set to that folder, which the demo then loads).
 
     The returned function raises :class:`SavedConfigError` for a checkpoint whose config cannot be
     read.
@@ -134,16 +163,19 @@ def game_flags(define: Callable[[object], None] | None = None,
             except flags.Error:
                 pass  # reported by the full parse
             else:
-                if probe.checkpoint:
+                demo = demo_checkpoint(argv) if probe.demo and not probe.checkpoint else ""
+                if probe.checkpoint or demo:
                     try:
-                        saved = checkpoint_config(probe.checkpoint, probe.verify_checkpoint)
+                        saved = checkpoint_config(probe.checkpoint or demo, probe.verify_checkpoint)
                     except ConfigError as e:
                         raise SavedConfigError(str(e)) from None
+                    if demo:
+                        saved.game.checkpoint = demo  # what resolve_system loads (not fingerprinted)
         if saved is not None:
             config_flags.DEFINE_config_dict("config", saved, CONFIG_HELP, flag_values=fv, lock_config=False,
                                             sys_argv=argv)
         else:
-            config_flags.DEFINE_config_file("config", paths.resource("configs/tiny.py"), CONFIG_HELP,
+            config_flags.DEFINE_config_file("config", paths.resource(DEFAULT_CONFIG), CONFIG_HELP,
                                             flag_values=fv, lock_config=False, sys_argv=argv)
 
     return define_all
