@@ -44,7 +44,7 @@ from animegamer_jax.io import paths
 from animegamer_jax.cli import UsageError, interrupt_exit
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine, batches
-from animegamer_jax.game.characters import load_characters
+from animegamer_jax.game.characters import check_used, load_characters
 from animegamer_jax.commands.game_flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import fingerprint, pending_games, save_game
@@ -81,6 +81,7 @@ def _generate(f, config, *rest: str) -> int:
         games = load_jsonl(rest[0])
         characters = load_characters(f.character)
         if characters:  # every game gets them; each turn naming one is decoded with its reference
+            check_used(characters, [t for g in games for t in g.turns], rest[0])  # a name no game uses: refused
             games = tuple(dataclasses.replace(g, characters=characters) for g in games)
         mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
         system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,

@@ -29,7 +29,8 @@ inference/layout.py ``apply_layout``). ``--config.game.play_layout=batch`` uses 
 
 ``--character NAME=IMAGE`` (repeatable; game/characters.py): the turns whose Character field is NAME
 are decoded with IMAGE as the reference (a system with phase r's adapter); the game folder keeps
-the image (``characters/<NAME>.png``, game.json ``characters``) and ``--continue`` reuses it.
+the image (``characters/<NAME>.png``, game.json ``characters``) and ``--continue`` reuses it. A NAME
+that no turn of the script names is refused (one line); typed games (``-``) are not checked.
 
 One writer per game folder: play holds the game folder's lock (game/writers.py ``game_lock``) from
 before the system loads to the end of the session; while another process writes that folder, play
@@ -52,7 +53,7 @@ from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.characters import load_characters
+from animegamer_jax.game.characters import check_used, load_characters
 from animegamer_jax.commands.game_flags import character_flag, config_overrides, run_game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
@@ -202,6 +203,8 @@ def _play(f, config, *rest: str) -> int:
         if characters and source is not None:
             raise UsageError("--character does not apply to --continue: a continued game keeps the characters it "
                              "was played with (its folder's characters/). Fix: drop --character")
+        if characters and game is not None:  # typed games (-) cannot be checked before they are played
+            check_used(characters, game.turns, script)
         if source is None:
             game_id = game.game_id if game is not None else (f.game_id or "interactive")
         elif from_turn is None:

@@ -68,6 +68,35 @@ def check_name(name: str, where: str) -> str:
     return name
 
 
+def rgb8(im: Image.Image) -> Image.Image:
+    """8-bit RGB of an image of any PIL mode: 16- and 32-bit integer greyscale (``I;16``, ``I;16B``, ``I``,
+    ...; PIL's own conversion would clip every value over 255 to white) keep their top 8 of 16 bits
+    (value >> 8, ``I`` read as 16-bit, clipped to 0..65535); every other mode (``L``, ``LA``, ``P``,
+    ``RGBA``, ``CMYK``, ...) through PIL's ``convert("RGB")`` (alpha dropped, palettes looked up)."""
+    if im.mode.startswith("I;16") or im.mode == "I":
+        grey = np.clip(np.asarray(im, np.int64), 0, 65535) >> 8
+        return Image.fromarray(grey.astype(np.uint8), "L").convert("RGB")
+    rgb = im.convert("RGB")
+    rgb.load()
+    return rgb
+
+
+def check_used(characters: Sequence[Character], turns: Iterable, where: str) -> None:
+    """Refuses a ``--character`` NAME that no turn of ``turns`` (inference/instructions.py ``Turn``)
+    names in its Character field (case-insensitive, as :func:`named` matches): its image would never be
+    used, most likely a misspelt name.
+
+    Raises:
+      CharacterError: one line naming the unused name, the game (``where``) and the names it uses.
+    """
+    fields = {t.character.strip().casefold(): t.character.strip() for t in turns}
+    for c in characters:
+        if c.name.casefold() not in fields:
+            raise CharacterError(f"--character {c.name}: no turn of {where} names the character {c.name!r} (its "
+                                 f"Character fields: {', '.join(sorted(set(fields.values()))) or 'none'}). Fix: "
+                                 f"name the character as the script's 'Character:' field does, or drop it")
+
+
 def character_from_bytes(name: str, data: bytes, where: str) -> Character:
     """Checks and decodes one reference image (module docstring); ``where`` names it in errors.
 
@@ -85,8 +114,7 @@ def character_from_bytes(name: str, data: bytes, where: str) -> Character:
                 raise CharacterError(f"{where}: the image is {w}x{h} px; a reference needs {MIN_SIDE} to "
                                      f"{MAX_SIDE} px a side. Fix: pass a picture of the character of a "
                                      f"usable size")
-            rgb = im.convert("RGB")
-            rgb.load()
+            rgb = rgb8(im)
     except CharacterError:
         raise
     except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError, SyntaxError) as e:

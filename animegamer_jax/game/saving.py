@@ -150,6 +150,56 @@ def _refuse(game_dir: str, why: str, fix: str) -> writers.SavedGameError:
     return writers.SavedGameError(f"cannot continue {game_dir}: {why}. Fix: {fix}")
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _wrong_type(rec: dict) -> str | None:
+    """What of a game.json (valid JSON) :func:`load_game` reads has the wrong type, as ``"turns[1].states
+    is not an object"``, or None when every field it reads is of its type."""
+    def kinds(value, want, name):
+        return None if isinstance(value, want) else f"{name} is not {_KIND_WORDS[want]}"
+
+    checks = [kinds(rec.get("turns"), list, "turns"), kinds(rec.get("files"), dict, "files"),
+              None if _is_int(rec.get("seed")) else "seed is not an integer",
+              kinds(rec.get("instructions", []), list, "instructions"),
+              kinds(rec.get("characters", []), list, "characters"),
+              None if rec.get("fingerprint") is None or isinstance(rec["fingerprint"], dict)
+              else "fingerprint is not an object"]
+    save = rec.get("save")
+    if isinstance(save, dict) and "format" in save and not _is_int(save["format"]):
+        checks.append("save.format is not an integer")
+    if isinstance(rec.get("instructions"), list):
+        checks += [kinds(v, str, f"instructions[{i}]") for i, v in enumerate(rec["instructions"])]
+    if isinstance(rec.get("characters"), list):
+        for i, c in enumerate(rec["characters"]):
+            checks.append(kinds(c, dict, f"characters[{i}]") or next(
+                (f"characters[{i}].{k} is not a string" for k in ("name", "image", "sha256")
+                 if not isinstance(c.get(k), str)), None))
+    if isinstance(rec.get("files"), dict):
+        for name, e in rec["files"].items():
+            checks.append(kinds(e, dict, f"files[{name!r}]") or (
+                None if _is_int(e.get("size")) and isinstance(e.get("sha256"), str)
+                else f"files[{name!r}] has no integer size and string sha256"))
+    if isinstance(rec.get("turns"), list):
+        for k, t in enumerate(rec["turns"]):
+            where = f"turns[{k}]"
+            checks.append(kinds(t, dict, where))
+            if not isinstance(t, dict):
+                continue
+            checks.append(kinds(t.get("instruction"), str, f"{where}.instruction"))
+            checks += [kinds(t[key], str, f"{where}.{key}") for key in ("video", "gif", "state")
+                       if t.get(key) is not None]
+            for key, fields in (("states", STATE_FIELD_NAMES), ("meters", METER_NAMES)):
+                v = t.get(key)
+                checks.append(kinds(v, dict, f"{where}.{key}") or next(
+                    (f"{where}.{key}.{f} is not an integer" for f in fields if not _is_int(v.get(f))), None))
+    return next((c for c in checks if c), None)
+
+
+_KIND_WORDS = {list: "a list", dict: "an object", str: "a string"}
+
+
 def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
               game_id: str | None = None) -> tuple[TurnByTurnGame, dict]:
     """The saved game in ``game_dir`` as a :class:`TurnByTurnGame` holding its first ``upto`` turns
@@ -175,6 +225,9 @@ def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
     except (OSError, ValueError, KeyError, TypeError):
         raise _refuse(game_dir, f"its {writers.GAME_JSON} is missing or damaged",
                       "replay the game (play SCRIPT --overwrite)") from None
+    wrong = _wrong_type(rec)
+    if wrong:
+        raise _refuse(game_dir, f"its {writers.GAME_JSON} is damaged ({wrong})", "replay the game (play SCRIPT --overwrite)")
     save = rec.get("save")
     if not isinstance(save, dict):
         raise _refuse(game_dir, "it was saved before games could be continued (no state record)",
