@@ -237,7 +237,8 @@ def test_grown_world_plan_splits_and_games():
             assert b is None or b["background"] != a["background"]
             state = toy_world.advance(state, a["motion"], a["quick"], 2.0)
     bgs = list(toy_world.BACKGROUNDS)[:6]
-    games = toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0)
+    shown = toy_world.shown_compositions(films)
+    games = toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0, shown=shown)
     assert [len(games[s]) for s in toy_world.SPLITS] == [32, 32, 32, 1] and len(games["long"][0]["turns"]) == 100
     for split, gs in games.items():
         for g in gs:
@@ -247,10 +248,15 @@ def test_grown_world_plan_splits_and_games():
                 assert u["start"] == t["end"]
             for t in g["turns"]:
                 assert ((t["motion"], t["background"]) in banned) == (t["composition"] == "heldout")
+                pair = (t["motion"], t["background"])
+                assert (t["composition"] == "shown") == (split != "heldout_characters" and pair in shown[g["character"]])
                 assert t["instruction"] == toy_world.instruction(g["character"], t["motion"], t["quick"], t["background"])
             if split == "heldout_compositions":
                 assert all(t["composition"] == "heldout" for t in g["turns"])
-    assert games == toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0)
+    kinds = {s: [t["composition"] for g in games[s] for t in g["turns"]] for s in toy_world.SPLITS}
+    assert kinds["heldout_characters"] == ["new_character"] * 192
+    assert kinds["seen"].count("shown") >= 0.95 * 192 and kinds["long"].count("shown") >= 95  # rare fallbacks
+    assert games == toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0, shown=shown)
 
 
 def test_game_scripts_are_generate_jsonl(world):

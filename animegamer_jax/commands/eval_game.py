@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import jax
 import numpy as np
@@ -113,14 +114,14 @@ def _retrieval_scenes(manifest: dict) -> list[tuple[str, dict]]:
 
 
 def retrieve(scenes: list[tuple[str, dict]], character: str, turn: dict) -> tuple[str, dict]:
-    """The training scene nearest a turn: same character (4), motion (2), speed (1), background (1); the
-    first of the best in manifest order."""
-    def score(item):
+    """The training scene nearest a turn: the same character first, then motion, then speed, then background
+    (lexicographic); the first of the best in manifest order."""
+    def key(item):
         c, s = item
         same_m = s["motion"] == turn["motion"]
-        return (4 * (c == character) + 2 * same_m + (same_m and bool(s["quick"]) == bool(turn["quick"]))
-                + (s["background"] == turn["background"]))
-    return max(scenes, key=score)
+        return (c == character, same_m, same_m and bool(s["quick"]) == bool(turn["quick"]),
+                s["background"] == turn["background"])
+    return max(scenes, key=key)
 
 
 def _kind(f) -> str:
@@ -143,8 +144,13 @@ def _run(f, *rest: str) -> int:
             raise cli_lib.UsageError(f"--{name} is required")
     kind = _kind(f)
     bad = sorted(set(f.splits) - set(toy_world.SPLITS))
-    if bad:
-        raise cli_lib.UsageError(f"--splits: unknown {bad}; choose from {list(toy_world.SPLITS)}")
+    if bad or not f.splits:
+        raise cli_lib.UsageError(f"--splits: unknown {bad or 'none given'}; choose from {list(toy_world.SPLITS)}")
+    world, out = (str(paths.as_path(p)).rstrip("/") for p in (f.world, f.out))
+    if paths.is_url(world) == paths.is_url(out) and not paths.is_url(world):
+        world, out = os.path.realpath(world), os.path.realpath(out)
+    if out == world or out.startswith(world + "/"):
+        raise cli_lib.UsageError(f"--out {f.out} is inside the world {f.world}; pass a folder outside it")
     manifest, truth = toy_world.read_manifest(f.world), toy_world.read_truth(f.world)
     splits = [s for s in toy_world.SPLITS if s in f.splits and truth["splits"].get(s)]
     chosen = {s: truth["splits"][s][:f.games] for s in splits}
@@ -154,6 +160,11 @@ def _run(f, *rest: str) -> int:
     plan = truth["clip_plan"]
     times = toy_world.turn_times(float(truth["seconds"]), int(plan["num_frames"]), float(plan["fps"]),
                                  float(truth["fps"]))
+    if kind in ("system", "standin") and (int(config.data.num_frames), float(config.data.fps)) != (
+            int(plan["num_frames"]), float(plan["fps"])):
+        raise cli_lib.UsageError(f"{ckpt or WORLD_CONFIG} plays {config.data.num_frames} frames at {config.data.fps} "
+                                 f"fps but {f.world}'s turns are {plan['num_frames']} at {plan['fps']}: score a "
+                                 f"system trained on this world's clips")
     clips: dict[str, list[list[np.ndarray]]] = {}
     states: dict[str, list[list[tuple[int, int, int]]]] = {}
     if kind in ("system", "standin"):
@@ -205,7 +216,7 @@ def _run(f, *rest: str) -> int:
                              "instruction": t["instruction"], **s})
             scored[split].append(turns)
     report = {"world": f.world, "system": (f"{ckpt} (its VAE)" if kind == "ground_truth" else ckpt) if ckpt else kind,
-              "kind": kind, "games_per_split": f.games,
+              "kind": kind, "games_per_split": {s: len(chosen[s]) for s in splits},
               **referee.summarize(scored, manifest), "turns": rows}
     md = referee.render_markdown(report)
     fileio.makedirs(f.out)

@@ -19,8 +19,8 @@ Splits (all drawn from the seed and written in the manifest):
 - held-out characters: ``num_heldout`` characters whose films go to ``heldout/`` (no phase reads it);
 - held-out compositions: for every seen character a ``heldout_share`` of the (motion, background) pairs
   that none of its training films shows (``manifest["heldout_compositions"]``);
-- game scripts (generate's JSONL, ``num_turns`` turns): ``games/seen.jsonl`` (seen characters, seen
-  compositions), ``games/heldout_compositions.jsonl`` (seen characters, each turn one of its held-out
+- game scripts (generate's JSONL, ``num_turns`` turns): ``games/seen.jsonl`` (seen characters, compositions
+  their training films show), ``games/heldout_compositions.jsonl`` (seen characters, each turn one of its held-out
   compositions), ``games/heldout_characters.jsonl``, and ``games/long.jsonl`` (one game of ``long_turns``
   turns); ``games/truth.json`` holds each turn's truth (action, background, start and end state, states).
 
@@ -403,14 +403,27 @@ def plan_world(num_characters: int = 60, num_heldout: int = 12, num_backgrounds:
     return chars, heldout, held_pairs, films
 
 
+def shown_compositions(films: list[dict]) -> dict[str, set[tuple[str, str]]]:
+    """{character: {(motion, background)}} that the character's training films show (plan_world's films)."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for f in films:
+        if f["split"] == "train":
+            out.setdefault(f["character"], set()).update((s["motion"], s["background"]) for s in f["scenes"])
+    return out
+
+
 def plan_games(chars: list[Character], heldout: list[str], held_pairs: dict, bgs: list[str], seconds: float,
-               num_games: int = 32, num_turns: int = 6, long_turns: int = 100, seed: int = 0) -> dict[str, list[dict]]:
+               num_games: int = 32, num_turns: int = 6, long_turns: int = 100, seed: int = 0,
+               shown: dict | None = None) -> dict[str, list[dict]]:
     """The referee's games per split (SPLITS; module docstring): {split: [{game_id, seed, character, turns:
     [{instruction, motion, quick, background, action, states, composition, start, end}]}]}.
 
     Each game starts at START and each turn's state is the one the turn before it ended in; a turn is drawn
-    uniformly from the (background, action) pairs allowed in its split and feasible for ``seconds`` (a
-    held-out-compositions turn with none feasible takes a seen composition: ``composition`` says which).
+    uniformly from the (background, action) pairs of its split that are feasible for ``seconds``: seen and
+    long, the (motion, background) pairs the character's training films show (``shown``:
+    :func:`shown_compositions`; without it, every pair not held out); held-out compositions, the
+    character's held-out pairs; held-out characters, any. A turn with none feasible takes any pair not held
+    out. ``composition`` says which each turn is: "shown", "unshown", "heldout" or "new_character".
     """
     seen = [c for c in chars if c.name not in heldout]
     held = [c for c in chars if c.name in heldout]
@@ -427,19 +440,24 @@ def plan_games(chars: list[Character], heldout: list[str], held_pairs: dict, bgs
         for g in range(n_games):
             c = order[g % len(order)]
             banned = {tuple(p) for p in held_pairs.get(c.name, ())}
+            allowed = None if shown is None else shown.get(c.name, set())
             state, turns = START, []
             for _ in range(n_turns):
                 every = [(b, m, q) for b in bgs for m, q in ACTIONS if feasible(state, m, q, seconds)]
+                free = [o for o in every if (o[1], o[0]) not in banned]
                 if split == "heldout_compositions":
-                    options = [o for o in every if (o[1], o[0]) in banned] or [o for o in every if (o[1], o[0]) not in banned]
+                    options = [o for o in every if (o[1], o[0]) in banned] or free
+                elif split == "heldout_characters" or allowed is None:
+                    options = free
                 else:
-                    options = [o for o in every if (o[1], o[0]) not in banned]
+                    options = [o for o in free if (o[1], o[0]) in allowed] or free
                 b, m, q = _pick(rng, options)
                 end = advance(state, m, q, seconds)
+                kind = ("new_character" if c.name in heldout else "heldout" if (m, b) in banned
+                        else "shown" if allowed is not None and (m, b) in allowed else "unshown")
                 turns.append({"instruction": instruction(c.name, m, q, b), "motion": m, "quick": q, "background": b,
                               "action": action_text(m, q), "states": list(state_changes(m, q)),
-                              "composition": "heldout" if (m, b) in banned else "seen",
-                              "start": state.to_json(), "end": end.to_json()})
+                              "composition": kind, "start": state.to_json(), "end": end.to_json()})
                 state = end
             games.append({"game_id": f"{split.replace('_', '-')}-{g:02d}-{c.name.lower()}",
                           "seed": seed * 1_000_003 + si * 10_007 + g, "character": c.name, "turns": turns})
@@ -502,7 +520,8 @@ def make_toy_world(out_dir: str, data_cfg, num_characters: int = 60, num_heldout
                                                    scenes_per_film, n / fps, heldout_share, seed)
     bgs = list(BACKGROUNDS)[:num_backgrounds]
     seconds = float(data_cfg.clip_seconds)
-    games = plan_games(chars, heldout, held_pairs, bgs, seconds, num_games, num_turns, long_turns, seed)
+    games = plan_games(chars, heldout, held_pairs, bgs, seconds, num_games, num_turns, long_turns, seed,
+                       shown_compositions(films))
     stale = _check_out_dir(out_dir)
     refs = {c.name: f"characters/{c.name}/reference.png" for c in chars}
     game_files = [f"games/{s}.jsonl" for s in SPLITS if games[s]] + ["games/truth.json"]

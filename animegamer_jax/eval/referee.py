@@ -1,6 +1,6 @@
 """The referee: scores every turn of a game on the toy world against the world's own truth.
 
-Command (``eval game``, commands/eval.py plays the games; this module only scores)::
+Command (``eval game``: commands/eval_game.py plays the games; this module only scores)::
 
   python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR
   python -m animegamer_jax.commands.eval game --ground_truth|--standin|--retrieval --world DIR --out DIR
@@ -9,32 +9,38 @@ A turn's clip (uint8 [T, h, w, 3], read back from its turn video with the HUD cu
 the world draws it (data/toy_world.py): the world knows its background plates, its characters and their
 kinematics, so each column is a nearest-truth decision, not a learned feature:
 
-- **background**: the plate (resized to the clip like data.prepare resizes films) with the lowest median
-  per-pixel error;
-- **sprite**: per frame, the largest connected region of pixels that differ from that plate by more
-  than MASK_LEVELS in a channel: its area, centroid and a canonical crop (centred on the centroid, sized
-  by sqrt(area), GRID x GRID cells, off-sprite pixels grey);
+- **background**: the plate (resized to the clip like data.prepare resizes films; as drawn or blurred by
+  PLATE_BLURS) with the lowest median per-pixel error;
+- **sprite**: per frame, the largest connected region of pixels that differ from that plate (as drawn
+  and blurred, after the frame's median colour offset) by more than MASK_LEVELS in a channel, holes
+  filled, none over MAX_AREA of the frame: its area, centroid and a canonical crop (centred on the
+  centroid, sized by sqrt(area), GRID x GRID cells, off-sprite pixels grey). Only the largest region
+  counts: a second, smaller sprite is ignored, a larger one taken instead;
 - **character**: the nearest of the K characters' canonical crops (each rendered at ANGLES angles like a
-  clip is made), summed over CHARACTER_FRAMES frames;
-- **motion / action**: the trajectory (centroid x, centroid y, log sqrt(area)) fitted by each of the 11
-  moving hypotheses (walk left / right, jump, grow, shrink, each slowly or quickly) and "still" with free
-  offsets; a still sprite is then spun: the named character's crops at angle theta0 + omega t for omega
-  of a slow spin, a quick spin and none (stand); the lowest error wins. ``action`` = motion and speed
-  (13 actions: standing has no speed);
+  clip is made, sharp and blurred by TEMPLATE_BLURS), summed over CHARACTER_FRAMES frames;
+- **motion / action**: the trajectory (centroid x, centroid y, log sqrt(area)) fitted by each of the 10
+  moving actions (walk left / right, jump, grow, shrink, each slowly or quickly) and "still" with free
+  offsets ("none" when the best fit's error passes MAX_FIT: a sprite that jumps about); a still sprite is
+  then spun: the crops of the character read (not the one named) at angle theta0 + omega t for omega of
+  a slow spin, a quick spin and none (stand), "none" past MAX_SPIN_FIT; the lowest error wins.
+  ``action`` = motion and speed (13 actions: standing has no speed);
 - **meters**: the turn's predicted (SC, ET, ST) against the action's rule (exact share, MAE);
 - **continuity**: the sprite's x and size at turn k+1's first frame against turn k's last frame
-  (|dx| <= 0.04 of the width, |d log size| <= 0.12), both turns showing the named character;
-- **pixels**: PSNR and SSIM against the engine's own render of the turn's instruction from the turn's
-  start state (data/toy_world.render_turn).
+  (|dx| <= 0.04 of the width, |d log size| <= 0.12), both turns showing the named character: the
+  system's self-consistency (a sprite that never moves continues);
+- **position**: the named character's x and size at the clip's first and last frames against where the
+  engine has it from the turn's start state (the same tolerances): the state carried from the truth;
+- **pixels**: PSNR (from the split's mean squared error) and SSIM against the engine's own render of the
+  turn's instruction from the turn's start state (data/toy_world.render_turn).
 
   ref = Referee(manifest, height=64, width=96)
-  turn = ref.score_turn(clip, truth_turn, states=(0, 1, -1))   # {"motion": "jump", "action_ok": True, ...}
-  report = summarize(scored_turns, ref)                        # the report's fixed keys, below
+  turn = ref.score_turn(clip, truth_turn, "Kiki", times, states=(0, 1, -1))  # {"motion": "jump", ...}
+  report = summarize({"seen": [[turn, ...], ...]}, manifest)                  # the report's fixed keys
 
 Report keys (report.json, read by other tools): ``splits.<seen|heldout_compositions|heldout_characters|
-long>.<motion|action|background|character|meters_exact|meters_mae|continuity|psnr|ssim|num_turns>``,
-``chance.<column>`` and ``by_turn.<column>`` (the long game per 5-turn bucket, ``by_turn.turns`` their
-labels).
+long>.<motion|action|background|character|meters_exact|meters_mae|continuity|position|psnr|ssim|
+num_turns>``, ``chance.<column>`` and ``by_turn.<column>`` (the long game per 5-turn bucket,
+``by_turn.turns`` their labels; empty without the long split).
 """
 
 from __future__ import annotations
@@ -58,11 +64,16 @@ EXTENT = 1.2  # the canonical crop spans +- EXTENT * sqrt(area) px around the ce
 ANGLES = 48  # template angles (7.5 degrees apart)
 CHARACTER_FRAMES = 6  # frames of a clip compared with the templates for the character
 MIN_PIXELS = 6  # fewer sprite pixels: no sprite in that frame
+PLATE_BLURS = (1.0, 2.0)  # Gaussian sigmas (px) of the blurred plates a pixel must also differ from
+TEMPLATE_BLURS = (1.5,)  # Gaussian sigmas (px) of the blurred character templates beside the sharp ones
+MAX_FIT = 4.0  # a trajectory fit's error (sum over x, y, log size of mean squared residual / SIGMA^2) above this: "none"
+MAX_SPIN_FIT = 0.015  # the spin / stand fit's mean squared crop distance per value above this: "none"
 MAX_AREA = 0.4  # a region over this share of the frame is no sprite (the largest toy sprite covers about 0.2)
 CONTINUITY = (0.04, 0.12)  # |dx| (widths) and |d log size| within which two frames continue
 #: the trajectory fit's noise scales: x (widths), y (heights), log size
 SIGMA = (0.02, 0.02, 0.04)
-COLUMNS = ("motion", "action", "background", "character", "meters_exact", "meters_mae", "continuity", "psnr", "ssim")
+COLUMNS = ("motion", "action", "background", "character", "meters_exact", "meters_mae", "continuity", "position", "psnr",
+           "ssim")
 _GREY = 128.0
 
 
@@ -91,12 +102,17 @@ def psnr(x: np.ndarray, y: np.ndarray) -> float:
     return 100.0 if mse == 0 else float(10.0 * np.log10(255.0 ** 2 / mse))
 
 
-def sprite_masks(frames: np.ndarray, plate: np.ndarray, max_area: float = MAX_AREA) -> np.ndarray:
-    """bool [T, h, w]: per frame the largest 8-connected region of pixels whose colour differs from
-    ``plate`` (float32 [h, w, 3]) by more than MASK_LEVELS in a channel (closed by a 3 x 3 square), its holes filled (the dark outline
-    encloses sprite pixels of the plate's colour; a ring's hole too); empty below MIN_PIXELS or above ``max_area``
-    of the frame (noise, another scene: no sprite)."""
-    diff = np.abs(frames.astype(np.float32) - plate[None]).max(axis=-1) > MASK_LEVELS
+def sprite_masks(frames: np.ndarray, plates: np.ndarray, max_area: float = MAX_AREA) -> np.ndarray:
+    """bool [T, h, w]: per frame the largest 8-connected region of pixels that differ by more than MASK_LEVELS
+    in a channel from every one of ``plates`` (float32 [V, h, w, 3]: the background as drawn and blurred,
+    :func:`plate_variants`) once the frame's median colour offset from the first is taken off (a clip
+    decoded a little brighter or softer still shows its background as background); closed by a 3 x 3
+    square, its holes filled (the dark outline encloses sprite pixels of the plate's colour; a ring's hole
+    too); empty below MIN_PIXELS or above ``max_area`` of the frame (noise, another scene: no sprite)."""
+    f = frames.astype(np.float32)
+    offset = np.median((f - plates[0][None]).reshape(len(f), -1, 3), axis=1)  # [T, 3]
+    f = f - offset[:, None, None, :]
+    diff = np.min([np.abs(f - p[None]).max(axis=-1) for p in plates], axis=0) > MASK_LEVELS
     out = np.zeros_like(diff)
     kernel = np.ones((3, 3), np.uint8)
     for t, d in enumerate(diff):
@@ -107,6 +123,14 @@ def sprite_masks(frames: np.ndarray, plate: np.ndarray, max_area: float = MAX_AR
             if MIN_PIXELS <= stats[k, cv2.CC_STAT_AREA] <= max_area * d.size:
                 out[t] = ndimage.binary_fill_holes(lab == k)  # inside the outline: plate-coloured sprite pixels too
     return out
+
+
+def plate_variants(plate: np.ndarray) -> np.ndarray:
+    """float32 [1 + len(PLATE_BLURS), h, w, 3]: a plate as drawn and Gaussian-blurred by each PLATE_BLURS sigma
+    (px), so the edges of a background's own structure (stripes, trunks, waves) in a soft clip stay
+    background."""
+    plate = np.asarray(plate, np.float32)
+    return np.stack([plate] + [cv2.GaussianBlur(plate, (0, 0), s, borderType=cv2.BORDER_REFLECT) for s in PLATE_BLURS])
 
 
 def canonical(frame: np.ndarray, mask: np.ndarray) -> np.ndarray | None:
@@ -140,21 +164,22 @@ class Referee:
         self.names = [c["name"] for c in manifest["characters"]]
         self.chars = [toy_world.character_of(manifest, n) for n in self.names]
         self.backgrounds = list(manifest["backgrounds"])
-        self.plates = np.stack([_resize(np.clip(np.rint(toy_world.background(b, *self.size)), 0, 255).astype(np.uint8),
-                                        self.h, self.w) for b in self.backgrounds]).astype(np.float32)
+        self.plates = np.stack([plate_variants(_resize(np.clip(np.rint(toy_world.background(b, *self.size)), 0, 255)
+                                                       .astype(np.uint8), self.h, self.w)) for b in self.backgrounds])
         self.bank, self.unit_area = self._templates()
-        self.bank_sq = (self.bank ** 2).sum(-1)  # [K, A]
+        self.bank_sq = (self.bank ** 2).sum(-1)  # [K, V, A]
 
     def _templates(self) -> tuple[np.ndarray, np.ndarray]:
-        """(float32 [K, ANGLES, D] canonical crops, float [K] sprite area in px at scale 1): each character
-        drawn at scale 1 on grey at the world's size and resized like a clip."""
+        """(float32 [K, V, ANGLES, D] canonical crops, float [K] sprite area in px at scale 1): each character
+        drawn at scale 1 on grey at the world's size, resized like a clip, and as is or Gaussian-blurred by
+        each TEMPLATE_BLURS sigma (V = 1 + len(TEMPLATE_BLURS): a soft clip's sprite still finds itself)."""
         wt, ht = self.size
         f = max(self.h / ht, self.w / wt)
         r = toy_world.RADIUS * ht
         side = 2 * int(math.ceil(1.5 * r)) + 2
         out_side = max(8, int(round(side * f)))
-        plate = np.full((out_side, out_side, 3), _GREY, np.float32)
-        bank = np.zeros((len(self.chars), ANGLES, GRID * GRID * 3), np.float32)
+        plate = np.full((1, out_side, out_side, 3), _GREY, np.float32)
+        bank = np.zeros((len(self.chars), 1 + len(TEMPLATE_BLURS), ANGLES, GRID * GRID * 3), np.float32)
         area = np.zeros(len(self.chars))
         for k, c in enumerate(self.chars):
             for a in range(ANGLES):
@@ -162,18 +187,21 @@ class Referee:
                 toy_world.draw_sprite(canvas, c, side / 2, side / 2, r, 2 * math.pi * a / ANGLES)
                 small = cv2.resize(np.clip(np.rint(canvas), 0, 255).astype(np.uint8), (out_side, out_side),
                                    interpolation=cv2.INTER_AREA)
-                mask = sprite_masks(small[None], plate, max_area=1.0)[0]  # a tight canvas
-                bank[k, a] = canonical(small, mask)
-                if a == 0:
-                    area[k] = mask.sum()
+                for v, sigma in enumerate((0.0, *TEMPLATE_BLURS)):
+                    img = small if not sigma else cv2.GaussianBlur(small, (0, 0), sigma, borderType=cv2.BORDER_REPLICATE)
+                    mask = sprite_masks(img[None], plate, max_area=1.0)[0]  # a tight canvas
+                    bank[k, v, a] = canonical(img, mask)
+                    if a == 0 and v == 0:
+                        area[k] = mask.sum()
         return bank, area
 
     # ---- reading a clip ----------------------------------------------------------------------------
 
     def background_of(self, frames: np.ndarray) -> int:
-        """Index into ``self.backgrounds`` of the nearest plate (median abs error over 3 frames)."""
+        """Index into ``self.backgrounds`` of the nearest plate (median abs error over 3 frames, the smallest of
+        its drawn and blurred variants)."""
         pick = frames[np.unique(np.linspace(0, len(frames) - 1, 3).round().astype(int))].astype(np.float32)
-        err = [np.median(np.abs(pick - p[None]).sum(-1), axis=(1, 2)).mean() for p in self.plates]
+        err = [min(np.median(np.abs(pick - v[None]).sum(-1), axis=(1, 2)).mean() for v in p) for p in self.plates]
         return int(np.argmin(err))
 
     def read(self, frames: np.ndarray) -> dict:
@@ -198,10 +226,12 @@ class Referee:
         return out
 
     def _distances(self, crops: np.ndarray, k: int | None = None) -> np.ndarray:
-        """Squared distances of crops [N, D] to the templates: [N, K, A] (or [N, A] of character ``k``)."""
+        """Squared distances of crops [N, D] to the templates: [N, K, A] (or [N, A] of character ``k``), the
+        nearer of each template's sharp and blurred variants."""
         bank, sq = (self.bank, self.bank_sq) if k is None else (self.bank[k], self.bank_sq[k])
         dots = np.tensordot(crops, bank, axes=([1], [bank.ndim - 1]))
-        return (crops ** 2).sum(-1).reshape((-1,) + (1,) * (bank.ndim - 1)) - 2 * dots + sq[None]
+        d = (crops ** 2).sum(-1).reshape((-1,) + (1,) * (bank.ndim - 1)) - 2 * dots + sq[None]
+        return d.min(axis=-2)  # over the blur variants
 
     def character_of(self, seen: dict) -> int:
         """Index of the nearest character (sum over CHARACTER_FRAMES valid frames of the best angle); -1 when
@@ -226,6 +256,8 @@ class Referee:
                     for o, p, s in ((x, px, SIGMA[0]), (y, py, SIGMA[1]), (ls, pls, SIGMA[2])))
             if e < err:
                 best, err = (m, q), e
+        if err > MAX_FIT:  # no action moves like this (a sprite that jumps about, frames out of order)
+            return "none", False
         if best[0] != "stand" or k < 0:
             return best
         d = self._distances(seen["crops"][v], k)  # [N, A]
@@ -235,7 +267,10 @@ class Referee:
             off = np.rint(omega * t / bins).astype(int)  # [N]
             cols = (np.arange(ANGLES)[:, None] + off[None]) % ANGLES  # [A0, N]
             scores[(m, q)] = float(d[np.arange(len(t))[None], cols].mean(axis=1).min())
-        return min(scores, key=scores.get)
+        pick = min(scores, key=scores.get)
+        if scores[pick] / self.bank.shape[-1] > MAX_SPIN_FIT:  # no steady angle track (frames out of order)
+            return "none", False
+        return pick
 
     def _predicted(self, motion: str, quick: bool, t: np.ndarray, size_px: float,
                    k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -278,14 +313,24 @@ class Referee:
         """One turn: what the clip shows against ``turn``'s truth (a truth.json turn of ``character``).
 
         Returns {"motion", "quick", "background", "character": what was read; "motion_ok", "action_ok",
-        "background_ok", "character_ok": bool; "meters_exact": bool or None, "meters_mae": float or None
-        (``states``: predicted SC, ET, ST); "psnr", "ssim": vs :meth:`truth_clip` (``pixels``); "first",
-        "last": (x, size) of the first / last frame with a sprite, or None}.
+        "background_ok", "character_ok", "position_ok": bool; "meters_exact": bool or None, "meters_mae":
+        float or None (``states``: predicted SC, ET, ST); "psnr", "ssim", "mse": vs :meth:`truth_clip`
+        (``pixels``); "first", "last": (x, size) of the first / last frame with a sprite, or None}.
+        ``position_ok``: the named character's first and last frames within CONTINUITY of where the engine
+        has it at those times from the turn's start state (x and sqrt(area)): the state carried, not only
+        the motion.
+
+        Raises:
+          ValueError: a clip of another frame count than ``times`` or another size than the referee's.
         """
         clip = np.asarray(clip, np.uint8)
+        times = np.asarray(times, np.float64)
+        if len(clip) != len(times):
+            raise ValueError(f"a clip of {len(clip)} frames, but the world's turns have {len(times)} (its clip_plan): "
+                             f"score a system made for this world's clip length")
         seen = self.read(clip)
         k = self.character_of(seen)
-        motion, quick = self.motion_of(seen, np.asarray(times, np.float64)[:len(clip)], k)
+        motion, quick = self.motion_of(seen, times, k)
         want_m, want_q = turn["motion"], bool(turn["quick"])
         out = {"motion": motion, "quick": bool(quick), "background": self.backgrounds[seen["background"]],
                "character": self.names[k] if k >= 0 else None,
@@ -298,10 +343,26 @@ class Referee:
         v = np.nonzero(seen["valid"])[0]
         out["first"] = [float(seen["x"][v[0]]), float(seen["size"][v[0]])] if len(v) else None
         out["last"] = [float(seen["x"][v[-1]]), float(seen["size"][v[-1]])] if len(v) else None
+        out["position_ok"] = bool(out["character_ok"] and len(v)) and all(
+            _near(out[key], self._expected(turn, character, float(times[i])))
+            for key, i in (("first", v[0]), ("last", v[-1])))
         if pixels:
-            truth = self.truth_clip(turn, character, times)[:len(clip)]
+            truth = self.truth_clip(turn, character, times)
+            out["mse"] = float(np.mean((clip.astype(np.float64) - truth) ** 2))
             out["psnr"], out["ssim"] = psnr(clip, truth), ssim(clip, truth)
         return out
+
+    def _expected(self, turn: dict, character: str, t: float) -> tuple[float, float]:
+        """(x as a share of the width, sqrt(area) px) of ``character`` ``t`` s into ``turn`` as the engine has it."""
+        pose = toy_world.sprite_pose(toy_world.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]), t,
+                                     1, 1)
+        unit = math.sqrt(self.unit_area[self.names.index(character)])
+        return pose[0], unit * pose[2] / toy_world.RADIUS
+
+
+def _near(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether two (x share, size px) readings are within CONTINUITY of each other."""
+    return abs(a[0] - b[0]) <= CONTINUITY[0] and abs(math.log(max(a[1], 1e-6) / max(b[1], 1e-6))) <= CONTINUITY[1]
 
 
 def continuous(prev: dict, nxt: dict) -> bool:
@@ -309,20 +370,21 @@ def continuous(prev: dict, nxt: dict) -> bool:
     at ``nxt``'s first frame are within CONTINUITY of ``prev``'s last (score_turn's "first" / "last")."""
     if prev.get("last") is None or nxt.get("first") is None or not (prev["character_ok"] and nxt["character_ok"]):
         return False
-    (x0, s0), (x1, s1) = prev["last"], nxt["first"]
-    return abs(x1 - x0) <= CONTINUITY[0] and abs(math.log(max(s1, 1e-6) / max(s0, 1e-6))) <= CONTINUITY[1]
+    return _near(prev["last"], nxt["first"])
 
 
 def columns(turns: Sequence[dict], boundaries: Sequence[bool]) -> dict:
     """The report's columns over scored turns (score_turn's dicts) and their continuity checks (one bool per
-    turn after a game's first)."""
+    turn after a game's first); ``psnr`` from the turns' mean squared error (not a mean of dB)."""
     def mean(key):
         vals = [float(t[key]) for t in turns if t.get(key) is not None]
         return float(np.mean(vals)) if vals else None
 
+    mse = mean("mse")
     return {"motion": mean("motion_ok"), "action": mean("action_ok"), "background": mean("background_ok"),
             "character": mean("character_ok"), "meters_exact": mean("meters_exact"), "meters_mae": mean("meters_mae"),
-            "continuity": float(np.mean(boundaries)) if len(boundaries) else None, "psnr": mean("psnr"),
+            "continuity": float(np.mean(boundaries)) if len(boundaries) else None, "position": mean("position_ok"),
+            "psnr": None if mse is None else (100.0 if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))),
             "ssim": mean("ssim"), "num_turns": len(turns)}
 
 
@@ -332,7 +394,8 @@ def chance(manifest: dict) -> dict:
     rules = {tuple(v) for _, slow, quick in toy_world.MOTIONS.values() for v in (slow, quick)}
     return {"motion": 1 / len(toy_world.MOTIONS), "action": 1 / len(toy_world.ACTIONS),
             "background": 1 / len(manifest["backgrounds"]), "character": 1 / len(manifest["characters"]),
-            "meters_exact": 1 / len(rules), "meters_mae": None, "continuity": None, "psnr": None, "ssim": None}
+            "meters_exact": 1 / len(rules), "meters_mae": None, "continuity": None, "position": None, "psnr": None,
+            "ssim": None}
 
 
 def summarize(scored: dict[str, list[list[dict]]], manifest: dict, bucket: int = 5) -> dict:
