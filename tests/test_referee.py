@@ -67,6 +67,24 @@ def test_every_action_on_every_background(world):
     assert 30 < coded["psnr"] < 60 and 0.95 < coded["ssim"] < 1.0
 
 
+def test_soft_and_bright_clips_are_read(world):
+    """A clip decoded softer (Gaussian blur, sigma 1 px) or brighter (+30 levels) than the engine draws it:
+    every action on every background, at least 76 of 78 read right (action, character, background)."""
+    import cv2
+
+    ref, chars = world
+    for name, change in (("blur", lambda c: np.stack([cv2.GaussianBlur(f, (0, 0), 1.0) for f in c])),
+                         ("bright", lambda c: np.clip(c.astype(int) + 30, 0, 255).astype(np.uint8))):
+        ok = np.zeros(3, int)
+        for i, (m, q) in enumerate(toy_world.ACTIONS):
+            for j, bg in enumerate(BGS):
+                turn = _turn(m, q, bg, toy_world.State(0.5, 1.3 if m == "shrink" else 1.0, 0.0))
+                who = chars[(i + 2 * j) % 8].name
+                got = ref.score_turn(change(ref.truth_clip(turn, who, TIMES)), turn, who, TIMES, pixels=False)
+                ok += (got["action_ok"], got["character_ok"], got["background_ok"])
+        assert (ok >= 76).all(), (name, ok)
+
+
 def test_wrong_clips_are_wrong(world):
     """Another character, another background, another action, an empty plate, a turn that jumps away."""
     ref, chars = world
