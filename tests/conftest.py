@@ -1,5 +1,5 @@
 """Shared test set-up: CPU only, fp32 matmuls, no persistent compilation cache, absl flags parsed (grain workers read
-them); the ``browser`` fixture (headless Chromium) of the web tests.
+them), Python's Ctrl-C handler; the ``browser`` fixture (headless Chromium) of the web tests.
 
 Shared helpers live in modules beside the tests (train_helpers.py, web_helpers.py, checkpoint_helpers.py,
 dataset_helpers.py, label_helpers.py, random_weights.py, subproc.py, tpu.py): test modules do not import
@@ -7,6 +7,7 @@ each other."""
 
 import os
 import shutil
+import signal
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -25,6 +26,9 @@ jax.config.update("jax_default_matmul_precision", "highest")
 jax.config.update("jax_threefry_partitionable", False)
 if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+# Ctrl-C is KeyboardInterrupt in the tests even when the run was started in the background of a
+# non-interactive shell (which starts it with SIGINT ignored, and Python then installs no handler).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # The headless Chromium of the web tests (tests/test_web*.py), installed by `make browser`.

@@ -66,6 +66,7 @@ CHARACTER_FRAMES = 6  # frames of a clip compared with the templates for the cha
 MIN_PIXELS = 6  # fewer sprite pixels: no sprite in that frame
 PLATE_BLURS = (1.0, 2.0)  # Gaussian sigmas (px) of the blurred plates a pixel must also differ from
 TEMPLATE_BLURS = (1.5,)  # Gaussian sigmas (px) of the blurred character templates beside the sharp ones
+MAX_CHARACTER_FIT = 0.01  # the nearest character's mean squared crop distance per value above this: nobody
 MAX_FIT = 4.0  # a trajectory fit's error (sum over x, y, log size of mean squared residual / SIGMA^2) above this: "none"
 MAX_SPIN_FIT = 0.015  # the spin / stand fit's mean squared crop distance per value above this: "none"
 MAX_AREA = 0.4  # a region over this share of the frame is no sprite (the largest toy sprite covers about 0.2)
@@ -235,12 +236,15 @@ class Referee:
 
     def character_of(self, seen: dict) -> int:
         """Index of the nearest character (sum over CHARACTER_FRAMES valid frames of the best angle); -1 when
-        no frame shows a sprite."""
+        no frame shows a sprite or the nearest is no match (mean squared crop distance per value over
+        MAX_CHARACTER_FIT: a blob of noise is nobody)."""
         idx = np.nonzero(seen["valid"])[0]
         if not len(idx):
             return -1
         idx = idx[np.unique(np.linspace(0, len(idx) - 1, CHARACTER_FRAMES).round().astype(int))]
-        return int(np.argmin(self._distances(seen["crops"][idx]).min(axis=2).sum(axis=0)))
+        total = self._distances(seen["crops"][idx]).min(axis=2).sum(axis=0)  # [K]
+        k = int(np.argmin(total))
+        return k if total[k] / (len(idx) * self.bank.shape[-1]) <= MAX_CHARACTER_FIT else -1
 
     def motion_of(self, seen: dict, times: np.ndarray, k: int) -> tuple[str, bool]:
         """(motion, quick) of a clip read by :meth:`read` whose frames are at ``times`` (s), character ``k``
