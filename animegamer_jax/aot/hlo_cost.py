@@ -49,7 +49,7 @@ from collections import namedtuple
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-__all__ = ["Cost", "program_cost", "top_bytes"]
+__all__ = ["Collective", "Cost", "collectives", "program_cost", "top_bytes"]
 
 
 @dataclass(frozen=True)
@@ -399,6 +399,135 @@ def top_bytes(hlo_text: str, n: int = 10) -> list[tuple[float, str, str, str]]:
 
     visit(entry, 1.0)
     return sorted(out.values(), key=lambda r: -r[0])[:n]
+
+
+#: collective opcodes (async forms counted at their ``-start``) -> what their payload is: "out" (the gathered
+#: result) or "in" (the operands)
+_COLLECTIVES = {"all-gather": "out", "all-gather-start": "out", "reduce-scatter": "in", "all-reduce": "in",
+                "all-reduce-start": "in", "all-to-all": "in", "ragged-all-to-all": "in", "collective-permute": "in",
+                "collective-permute-start": "in", "collective-broadcast": "in"}
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective instruction of a compiled program.
+
+    op: its opcode without ``-start``; payload: bytes per device (all-gather: its gathered result; the
+    others: their operands; ``collective-permute``: the operand sent); groups: the device groups
+    (partition ids as the program's device assignment orders them; one group of all devices for ``{}``;
+    a permute's source-target pairs); runs: how often one run of the program executes it (enclosing trip
+    counts); loop: the innermost enclosing ``while`` ("" at the top level); loop_runs: that loop's runs
+    (its trip count x its own enclosing trip counts, 1 at the top level)."""
+
+    op: str
+    payload: float
+    groups: tuple
+    runs: float
+    loop: str = ""
+    loop_runs: float = 1.0
+
+    @property
+    def group_size(self) -> int:
+        return max((len(g) for g in self.groups), default=1)
+
+
+def _groups(ins: _Instr, num_devices: int) -> tuple:
+    """Device groups of a collective: ``replica_groups={{0,1},{2,3}}``, the iota form ``[2,4]<=[4,2]T(1,0)``,
+    the mesh form ``mesh['a'=4,'b'=2] {'a'}`` (ids row-major over the mesh; a group varies the named axes),
+    ``{}`` (all devices) or a permute's ``source_target_pairs``."""
+    m = re.search(r"source_target_pairs=\{((?:\{[\d,\s]*\},?\s*)*)\}", ins.attrs)
+    if m:
+        return tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in re.findall(r"\{([\d,\s]*)\}", m[1]))
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", ins.attrs)
+    if m:
+        shape = [int(x) for x in m[1].split(",")]
+        dims = [int(x) for x in m[2].split(",")]
+        ids = list(range(math.prod(dims)))
+        if m[3]:  # iota over dims, transposed by perm, then read in row-major order
+            perm = [int(x) for x in m[3].split(",")]
+            strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
+            tdims = [dims[p] for p in perm]
+            ids = []
+            for flat in range(math.prod(tdims)):
+                idx, rem = [], flat
+                for d in reversed(tdims):
+                    idx.append(rem % d)
+                    rem //= d
+                idx = idx[::-1]
+                ids.append(sum(idx[k] * strides[perm[k]] for k in range(len(perm))))
+        size = shape[-1] if len(shape) > 1 else len(ids)
+        return tuple(tuple(ids[i:i + size]) for i in range(0, len(ids), size))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", ins.attrs)
+    if m:  # mesh axes (device ids row-major over them) and the axes the collective spans
+        axes = [(a, int(n)) for a, n in re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", m[1])]
+        span = set(re.findall(r"'?([\w.\-]+)'?", m[2]))
+        sizes = [n for _, n in axes]
+        ids = list(range(math.prod(sizes)))
+        keyed: dict[tuple, list[int]] = {}
+        for i in ids:
+            rem, coords = i, []
+            for n in reversed(sizes):
+                coords.append(rem % n)
+                rem //= n
+            coords = coords[::-1]
+            keyed.setdefault(tuple(c for (a, _), c in zip(axes, coords) if a not in span), []).append(i)
+        return tuple(tuple(g) for g in keyed.values())
+    m = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", ins.attrs)
+    groups = tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in re.findall(r"\{([\d,\s]*)\}", m[1])) \
+        if m else ()
+    groups = tuple(g for g in groups if g)
+    return groups or (tuple(range(num_devices)),)
+
+
+def collectives(hlo_text: str) -> tuple[list[Collective], dict[str, tuple[float, float, float]]]:
+    """Every collective of the optimized HLO text (:class:`Collective`), fusions and async computations
+    included, and ``{while name: (runs of its body, FLOPs, bytes of one body run)}`` for pricing what a
+    loop body's compute can hide."""
+    comps, entry = _parse(hlo_text)
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    m = re.search(r"num_partitions=(\d+)", hlo_text)
+    num = int(m[1]) if m else 1
+    if num == 1:
+        m = re.search(r"replica_count=(\d+)", hlo_text)
+        num = int(m[1]) if m else 1
+    walker, out, loops = _Walker(comps), [], {}
+
+    def visit(name: str, mult: float, loop: str, loop_runs: float) -> None:
+        comp = comps[name]
+        for ins in comp.instrs.values():
+            if ins.op == "while":
+                t = _TRIP.search(ins.attrs)
+                k = int(t.group(1)) if t else (walker.infer_trips(comp, ins) or 1)
+                body = _attr(ins, "body")
+                f, b, _ = walker.cost(body, False)
+                loops[ins.name] = (mult * k, f, b)
+                visit(body, mult * k, ins.name, mult * k)
+                continue
+            if ins.op in _COLLECTIVES:
+                operands = sum(_nbytes(comp.instrs[o].shape) for o in ins.operands if o in comp.instrs)
+                if _COLLECTIVES[ins.op] == "out":
+                    payload = _nbytes(ins.shape) - (operands if ins.op.endswith("-start") else 0.0)
+                elif ins.op.startswith("collective-permute"):
+                    payload = _nbytes(comp.instrs[ins.operands[0]].shape) if ins.operands else 0.0
+                else:
+                    payload = operands
+                out.append(Collective(ins.op.removesuffix("-start"), payload, _groups(ins, num), mult, loop,
+                                      loop_runs))
+                continue
+            for key in ("calls", "to_apply") if ins.op in ("fusion", "call", "async-start") else ():
+                sub = _attr(ins, key)
+                if sub in comps:
+                    visit(sub, mult, loop, loop_runs)
+            if ins.op == "conditional":
+                branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
+                for b in (re.findall(r"%?([\w.\-]+)", branches[1]) if branches else
+                          [_attr(ins, "true_computation"), _attr(ins, "false_computation")]):
+                    if b in comps:
+                        visit(b, mult, loop, loop_runs)
+
+    visit(entry, 1.0, "", 1.0)
+    return out, loops
 
 
 def program_cost(hlo_text: str) -> Cost:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from animegamer_jax import parallel
-from animegamer_jax.aot import pieces
+from animegamer_jax.aot import model_flops, pieces
 from animegamer_jax.inference.layout import apply_layout
 from animegamer_jax.train import loop, optim, phases
 from animegamer_jax.train.model import phase_spec
@@ -64,6 +64,7 @@ class Program:
     mesh: Any = None
     layout: str = ""  # turn programs: "latency" or "batch"
     first_chunk: tuple[int, int] = (1, 1)  # vae_decode: (first chunk's, all) latent frames, set when lowered
+    model_flops: Callable[[], Any] | None = None  # train: model_flops.ModelFlops of one run, all chips
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
@@ -146,7 +147,8 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
               ("" if kind == "turns" else ", VAE-encoded frames" if t.encode_latents else ", latents"))
     note = (f"global batch {t.global_batch_size} ({accum} micro-step(s) of {micro}), {', '.join(spec.components)}; "
             f"{trained / 1e6:.1f} M of {total / 1e6:.1f} M params trained; remat {t.remat}; {inputs}")
-    return Program(phase, "train", lambda: trainer.lower(trainer.abstract_state(), batch), note, runs=accum, mesh=mesh)
+    return Program(phase, "train", lambda: trainer.lower(trainer.abstract_state(), batch), note, runs=accum, mesh=mesh,
+                   model_flops=lambda: model_flops.train_flops(spec.model_fn, spec.loss_fn, spec.trainable, batch))
 
 
 def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections.ConfigDict:

@@ -1,15 +1,18 @@
 """Compile one :class:`animegamer_jax.aot.programs.Program` and describe it: per-chip memory against the
-chip's HBM, trip-count-aware FLOPs and bytes (:mod:`animegamer_jax.aot.hlo_cost`), the attention
-kernels its calls resolved to, and a roofline time.
+chip's HBM, trip-count-aware FLOPs and bytes (:mod:`animegamer_jax.aot.hlo_cost`), its collectives priced on
+the target's links, model FLOPs and MFU (train programs, :mod:`animegamer_jax.aot.model_flops`), the
+attention kernels its calls resolved to, and a roofline time.
 
-Roofline (per chip, per run of the program): ``max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth)``
-with FLOPs and bytes of the compiled per-chip HLO, every while loop multiplied by its trip count.
-:data:`ASSUMPTIONS` lists what it leaves out.
+Roofline (per chip, per run of the program): ``compute_s + exposed_comm_s`` with ``compute_s = max(FLOPs /
+peak bf16 FLOP/s, bytes / HBM bandwidth)`` of the compiled per-chip HLO (every while loop multiplied by its
+trip count) and the collectives' time that compute does not hide (:func:`price_collectives`).
+MFU = model FLOPs per chip / (peak x roofline). :data:`ASSUMPTIONS` lists what it leaves out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from typing import Any
@@ -22,16 +25,26 @@ from animegamer_jax.parallel.target import Chip
 #: fraction of a chip's HBM a program may plan for ("fits")
 FIT_FRACTION = 0.8
 ASSUMPTIONS = (
-    "roofline per chip = max(FLOPs / peak dense bf16 FLOP/s, bytes accessed / HBM bandwidth) (chip table: "
-    "animegamer_jax/parallel/target.py CHIPS, with sources)",
+    "roofline per chip = max(FLOPs / peak dense bf16 FLOP/s, bytes accessed / HBM bandwidth) + exposed "
+    "communication (chip table: animegamer_jax/parallel/target.py CHIPS, with sources)",
     "FLOPs and bytes: the compiled per-chip HLO with every while loop (layer scans, sampling steps, decode "
     "chunks) multiplied by its trip count (animegamer_jax/aot/hlo_cost.py); XLA's own cost_analysis counts "
     "a loop body once",
     "matmuls and convolutions only (elementwise ops ignored); attention kernels (splash, cuDNN) priced as dense "
     "Q K^T / P V from their operand shapes (a causal kernel skips about half of that)",
-    "no communication time (ICI / NVLink / DCN collectives), no overlap losses, no host time: a lower bound "
-    "at 100 % of peak; the 'at 40 %' figures divide it by 0.4",
-    "compiled FLOPs, not model FLOPs: a TPU pads small convolutions and matmuls to its tiles",
+    "communication: every collective of the compiled HLO priced as a ring on the links its device group spans "
+    "(parallel/target.py LINKS, with sources): all-gather (n-1)/n x its result, reduce-scatter and all-to-all "
+    "(n-1)/n x the operand, all-reduce 2 (n-1)/n x the operand, a permute its operand; TPU: per torus axis the "
+    "group spans, the chip's ICI bandwidth / its ports (a bidirectional ring: 2 links each way); GPU: half the "
+    "NVLink figure (one direction); a group across slices / nodes: the per-chip DCN / InfiniBand figure",
+    "overlap: collectives inside a loop body (the layer scan: FSDP all-gathers, gradient reduce-scatters) hide "
+    "behind that body's compute (XLA's async collectives and latency-hiding scheduler), so a body exposes "
+    "max(0, communication - compute); collectives outside loops are exposed in full; no host time",
+    "model FLOPs (train programs): the loss's jaxpr, each matmul once (no remat recompute, no padding): forward "
+    "+ backward of what trains and what passes gradients; frozen forwards computable once per example (T5, "
+    "CLIP, the VAE encode) counted apart (aot/model_flops.py)",
+    "compiled FLOPs include remat recompute, frozen forwards and a TPU's padding of small convolutions and "
+    "matmuls to its tiles; model / compiled FLOPs says how much of them the model needs",
     "fits = peak <= 80 % of the chip's HBM (GPU: jax preallocates 75 % unless XLA_PYTHON_CLIENT_MEM_FRACTION "
     "says otherwise; the figure is the device's memory)",
     "a turn = prefill + {steps} x decode (jump-forward: {k} tokens per step, aot/pieces.py decode_schedule) + "
@@ -59,7 +72,14 @@ class Row:
     bytes_accessed: float = 0.0
     xla_flops: float | None = None
     unknown_trip_counts: int = 0
-    roofline_s: float | None = None
+    roofline_s: float | None = None  # compute_s + exposed_comm_s
+    compute_s: float | None = None  # max(FLOPs / peak, bytes / HBM bandwidth)
+    comm_s: float | None = None  # every collective's time (None: the chip has no link figures)
+    exposed_comm_s: float | None = None  # what compute does not hide (module docstring)
+    collectives: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # op: [count, bytes, s]
+    model_flops: float | None = None  # train programs: per chip per run (forward + backward)
+    frozen_flops: float | None = None  # per chip per run: frozen forwards computable once per example
+    mfu: float | None = None  # model_flops / (peak x roofline_s)
     runs: int = 1
     kernels: dict[str, int] = dataclasses.field(default_factory=dict)
     lower_s: float = 0.0
@@ -117,11 +137,77 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
         row.xla_flops = float(ca["flops"]) if ca and ca.get("flops") is not None else None
     except Exception:  # XLA:GPU deviceless gives none
         row.xla_flops = None
+    devices = list(prog.mesh.devices.flat) if getattr(prog, "mesh", None) is not None else []
     if chip is not None:
-        row.roofline_s = max(row.flops / chip.bf16_flops, row.bytes_accessed / chip.hbm_bytes_per_s)
+        row.compute_s = max(row.flops / chip.bf16_flops, row.bytes_accessed / chip.hbm_bytes_per_s)
+        cols, loops = hlo_cost.collectives(compiled.as_text())
+        row.collectives, row.comm_s, row.exposed_comm_s = price_collectives(cols, loops, chip, devices)
+        row.roofline_s = row.compute_s + (row.exposed_comm_s or 0.0)
+    if getattr(prog, "model_flops", None) is not None:
+        mf = prog.model_flops()
+        n = max(1, len(devices))
+        row.model_flops, row.frozen_flops = mf.model / n, mf.frozen / n
+        if chip is not None and row.roofline_s:
+            row.mfu = row.model_flops / (chip.bf16_flops * row.roofline_s)
     if save is not None:
         row.saved = save(row.label.replace(" [", "_").rstrip("]"), compiled)
     return row
+
+
+def link_bandwidth(group: tuple, chip: Chip, devices: list[Any]) -> float | None:
+    """Bytes/s one device sends in a ring over ``group`` (partition ids into ``devices``, the program's
+    device assignment): across slices / nodes the chip's network figure; within one, TPU: the ICI bandwidth
+    / ports per torus axis the group spans (coordinates that differ), GPU: half the NVLink figure; None
+    without figures."""
+    devs = [devices[i] for i in group if i < len(devices)]
+    domain = {getattr(d, "slice_index", 0) if getattr(d, "platform", "") == "tpu" else getattr(d, "process_index", 0)
+              for d in devs}
+    if len(domain) > 1:
+        return chip.network_bytes_per_s
+    if chip.fast_bytes_per_s is None:
+        return None
+    if chip.fast_ports:  # a torus: a bidirectional ring per axis the group spans
+        coords = [tuple(getattr(d, "coords", ()) or ()) for d in devs]
+        axes = sum(len({c[k] for c in coords}) > 1 for k in range(min(map(len, coords), default=0)))
+        return chip.fast_bytes_per_s / chip.fast_ports * max(1, axes)
+    return chip.fast_bytes_per_s / 2
+
+
+#: bytes a device sends per byte of payload in a ring over n devices
+_WIRE = {"all-gather": lambda n: (n - 1) / n, "reduce-scatter": lambda n: (n - 1) / n,
+         "all-to-all": lambda n: (n - 1) / n, "ragged-all-to-all": lambda n: (n - 1) / n,
+         "all-reduce": lambda n: 2 * (n - 1) / n, "collective-permute": lambda n: 1.0,
+         "collective-broadcast": lambda n: 1.0}
+
+
+def price_collectives(cols: list[hlo_cost.Collective], loops: dict, chip: Chip, devices: list[Any]
+                      ) -> tuple[dict[str, list[float]], float | None, float | None]:
+    """(``{op: [count, payload bytes, seconds]}`` per run of the program, total seconds, exposed seconds)
+    of ``cols`` (:func:`animegamer_jax.aot.hlo_cost.collectives`) on ``chip``'s links (ASSUMPTIONS); the
+    totals are None when a collective's links have no figure."""
+    summary: dict[str, list[float]] = {}
+    total, per_loop, exposed, priced = 0.0, {}, 0.0, True
+    for c in cols:
+        n = c.group_size
+        bw = link_bandwidth(c.groups[0], chip, devices) if n > 1 else math.inf
+        secs = 0.0 if n <= 1 else (c.payload * _WIRE.get(c.op, lambda n: 1.0)(n) / bw if bw else None)
+        entry = summary.setdefault(c.op, [0, 0.0, 0.0])
+        entry[0] += c.runs
+        entry[1] += c.payload * c.runs
+        if secs is None:
+            priced = False
+            continue
+        entry[2] += secs * c.runs
+        total += secs * c.runs
+        if c.loop:
+            per_loop[c.loop] = per_loop.get(c.loop, 0.0) + secs * c.runs / c.loop_runs
+        else:
+            exposed += secs * c.runs
+    for name, comm in per_loop.items():
+        runs, flops, nbytes = loops[name]
+        body = max(flops / chip.bf16_flops, nbytes / chip.hbm_bytes_per_s)
+        exposed += max(0.0, comm - body) * runs
+    return summary, (total if priced else None), (exposed if priced else None)
 
 
 def turn_estimate(rows: list[Row], layout: str = "latency") -> float | None:
@@ -217,4 +303,4 @@ def kernel_lines(rows: list[Row]) -> list[str]:
 
 
 __all__ = ["ASSUMPTIONS", "FIT_FRACTION", "Row", "compile_program", "kernel_lines", "kernel_summary",
-           "reference_added", "table", "turn_estimate", "turn_resident", "turn_ttff"]
+           "link_bandwidth", "price_collectives", "reference_added", "table", "turn_estimate", "turn_resident", "turn_ttff"]

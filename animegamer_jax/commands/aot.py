@@ -239,7 +239,19 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
     for r in rows:
         if r.kind == "train" and r.status == "ok" and r.roofline_s is not None:
             step = r.roofline_s * r.runs
-            print(f"roofline train step {r.program}: {step:.3f} s at 100 % of peak, {step / 0.4:.3f} s at 40 %")
+            comm = ("communication not priced (no link figures)" if r.exposed_comm_s is None else
+                    f"compute {r.compute_s * r.runs:.3f} s + exposed communication {r.exposed_comm_s * r.runs:.3f} s "
+                    f"of {r.comm_s * r.runs:.3f} s")
+            print(f"roofline train step {r.program}: {step:.3f} s at 100 % of peak, {step / 0.4:.3f} s at 40 % ({comm})")
+        if r.kind == "train" and r.status == "ok" and r.model_flops is not None:
+            mfu = f"; MFU at the roofline {100 * r.mfu:.1f} %" if r.mfu is not None else ""
+            print(f"model FLOPs {r.program}: {r.model_flops * r.runs / 1e12:.3f} TFLOP per chip per step (model / "
+                  f"compiled {r.model_flops / r.flops if r.flops else 0:.2f}); frozen forwards "
+                  f"{r.frozen_flops * r.runs / 1e12:.3f} TFLOP per chip{mfu}")
+    for r in rows:
+        if r.status == "ok" and r.collectives:
+            parts = [f"{op} x{n:g} {b / 1e9:.2f} GB {1e3 * t:.1f} ms" for op, (n, b, t) in sorted(r.collectives.items())]
+            print(f"collectives {r.label} (per run): " + ", ".join(parts))
     for lay in layouts:
         if turns[lay] is not None:
             print(f"roofline turn ({lay} layout): {turns[lay]:.3f} s at 100 % of peak, "

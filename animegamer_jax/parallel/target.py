@@ -43,6 +43,13 @@ class Chip:
     bf16_flops: float
     hbm_bytes_per_s: float
     source: str
+    #: links (:data:`LINKS`): the chip's fast interconnect (TPU ICI, GPU NVLink), bidirectional bytes/s per
+    #: chip, and its ports (TPU torus links; 0 = a switched fabric, GPU NVLink); the network between slices
+    #: / nodes (TPU DCN, GPU InfiniBand), bytes/s per chip in one direction; None = no figure
+    fast_bytes_per_s: float | None = None
+    fast_ports: int = 0
+    network_bytes_per_s: float | None = None
+    link_source: str = ""
 
 
 GIB, GB, TB = 2**30, 1e9, 1e12
@@ -69,6 +76,30 @@ CHIPS: tuple[Chip, ...] = (
     Chip("a10g", ("NVIDIA A10G",), 24 * GB, 125e12, 600 * GB,
          "NVIDIA A10 datasheet (BF16 250 TFLOPS with sparsity = 125 dense, 24 GB, 600 GB/s; A10G is AWS's A10)"),
 )
+
+
+#: chip -> (fast interconnect bidirectional bytes/s per chip, its ports, network bytes/s per chip one way,
+#: source). TPU ICI is a torus (v5p 3D: 6 links a chip; v6e 2D: 4); GPU NVLink a switched fabric; the
+#: network: TPU DCN between slices, the node's InfiniBand NICs between GPU nodes (one NIC per GPU).
+LINKS: dict[str, tuple[float, int, float | None, str]] = {
+    "v5p": (1200 * GB, 6, 50e9 / 8, "cloud.google.com/tpu/docs/v5p (bidirectional ICI 1200 GBps per chip, "
+                                    "3D torus; DCN 50 Gbps per chip)"),
+    "v5e": (400 * GB, 4, 2 * 100e9 / 8 / 8, "cloud.google.com/tpu/docs/v5e (bidirectional ICI 400 GBps per chip, "
+                                            "4 ICI ports, 2D torus; 2 x 100 Gbps NICs per 8-chip host)"),
+    "v6e": (800 * GB, 4, None, "cloud.google.com/tpu/docs/v6e (bidirectional ICI 800 GBps per chip, 4 ICI ports, "
+                               "2D torus; no DCN figure)"),
+    "a100": (600 * GB, 0, 200e9 / 8, "NVIDIA A100 datasheet (NVLink 600 GB/s); DGX A100 (8 x 200 Gb/s HDR "
+                                     "InfiniBand, one per GPU)"),
+    "h100": (900 * GB, 0, 400e9 / 8, "NVIDIA H100 datasheet (SXM5 NVLink 900 GB/s); DGX H100 (8 x 400 Gb/s "
+                                     "ConnectX-7, one per GPU)"),
+    "h200": (900 * GB, 0, 400e9 / 8, "NVIDIA H200 datasheet (NVLink 900 GB/s); DGX H200 (8 x 400 Gb/s "
+                                     "ConnectX-7, one per GPU)"),
+    "b200": (1800 * GB, 0, 400e9 / 8, "NVIDIA HGX B200 datasheet (NVLink 1.8 TB/s per GPU); DGX B200 (8 x "
+                                      "400 Gb/s ConnectX-7, one per GPU)"),
+}
+CHIPS = tuple(dataclasses.replace(c, fast_bytes_per_s=LINKS[c.name][0], fast_ports=LINKS[c.name][1],
+                                  network_bytes_per_s=LINKS[c.name][2], link_source=LINKS[c.name][3])
+              if c.name in LINKS else c for c in CHIPS)
 
 
 def chip_of(device_kind: str) -> Chip | None:
@@ -290,5 +321,5 @@ def compile_devices(topo: Topology) -> list[Any]:
     return list(desc.devices)
 
 
-__all__ = ["CHIPS", "Chip", "Target", "Topology", "chip_named", "chip_of", "compile_devices", "current",
+__all__ = ["CHIPS", "Chip", "LINKS", "Target", "Topology", "chip_named", "chip_of", "compile_devices", "current",
            "of_arrays", "of_device", "parse_topology", "tpu_compiler_available"]
