@@ -1,4 +1,4 @@
-"""Model FLOPs (aot/model_flops.py), collectives read from compiled HLO (aot/hlo_cost.py) and their price
+"""Model FLOPs (train/model_flops.py), collectives read from compiled HLO (aot/hlo_cost.py) and their price
 on a target's links (aot/report.py): hand-counted functions, the three replica-group forms, a sharded
 program compiled on 8 CPU devices and for a v5p slice with the real TPU compiler (deviceless)."""
 
@@ -12,9 +12,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from animegamer_jax.aot import hlo_cost, model_flops, programs, report
+from animegamer_jax.aot import hlo_cost, programs, report
 from animegamer_jax.config import load_config
 from animegamer_jax.parallel import target
+from animegamer_jax.train import model_flops
 from animegamer_jax.train.model import phase_spec
 from tests.subproc import run_python
 from tests.tpu import tpu_devices

@@ -34,9 +34,9 @@ import jax.numpy as jnp
 import ml_collections
 
 from animegamer_jax import parallel
-from animegamer_jax.aot import model_flops, pieces
+from animegamer_jax.aot import pieces
 from animegamer_jax.inference.layout import apply_layout
-from animegamer_jax.train import loop, optim, phases
+from animegamer_jax.train import loop, model_flops, optim, phases
 from animegamer_jax.train.model import phase_spec
 
 TRAIN_PROGRAMS = tuple(phases.PHASES)

@@ -1,6 +1,6 @@
 """Compile one :class:`animegamer_jax.aot.programs.Program` and describe it: per-chip memory against the
 chip's HBM, trip-count-aware FLOPs and bytes (:mod:`animegamer_jax.aot.hlo_cost`), its collectives priced on
-the target's links, model FLOPs and MFU (train programs, :mod:`animegamer_jax.aot.model_flops`), the
+the target's links, model FLOPs and MFU (train programs, :mod:`animegamer_jax.train.model_flops`), the
 attention kernels its calls resolved to, and a roofline time.
 
 Roofline (per chip, per run of the program): ``compute_s + exposed_comm_s`` with ``compute_s = max(FLOPs /
@@ -42,7 +42,7 @@ ASSUMPTIONS = (
     "max(0, communication - compute); collectives outside loops are exposed in full; no host time",
     "model FLOPs (train programs): the loss's jaxpr, each matmul once (no remat recompute, no padding): forward "
     "+ backward of what trains and what passes gradients; frozen forwards computable once per example (T5, "
-    "CLIP, the VAE encode) counted apart (aot/model_flops.py)",
+    "CLIP, the VAE encode) counted apart (train/model_flops.py)",
     "compiled FLOPs include remat recompute, frozen forwards and a TPU's padding of small convolutions and "
     "matmuls to its tiles; model / compiled FLOPs says how much of them the model needs",
     "fits = peak <= 80 % of the chip's HBM (GPU: jax preallocates 75 % unless XLA_PYTHON_CLIENT_MEM_FRACTION "

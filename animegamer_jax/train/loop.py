@@ -43,6 +43,7 @@ from animegamer_jax.io import paths
 from animegamer_jax.parallel import distributed
 from animegamer_jax.checkpoint import training as ckpt_lib
 from animegamer_jax.train import metrics as metrics_lib
+from animegamer_jax.train import model_flops
 
 #: a stage line (``status("compiling the train step ...")``): an INFO record of the logger
 #: ``animegamer_jax.status``, which the commands print on stderr at their default verbosity (cli.STATUS_LOGGER)
@@ -153,7 +154,7 @@ class Trainer:
         self.replicated = NamedSharding(mesh, PartitionSpec())
         self._compiled: dict[Any, Any] = {}
         self._init_jit: Any = None
-        self.flops_per_step: float | None = None
+        self.flops_per_step: float | None = None  # model FLOPs per device of one micro-step (train/model_flops.py)
 
     # ---- state ----
     def abstract_state(self) -> nnx.State:
@@ -246,7 +247,9 @@ class Trainer:
         if key not in self._compiled:
             compiled = self.lower(self._abstract_state, batch).compile(compiler_options=self.compiler_options)
             self._compiled[key] = compiled
-            self.flops_per_step = metrics_lib.compiled_flops(compiled)
+            abstract = {k: jax.ShapeDtypeStruct(x.shape, x.dtype) for k, x in batch.items()}
+            counted = model_flops.train_flops(self.model_fn, self.loss_fn, self.trainable, abstract)
+            self.flops_per_step = counted.model / self.mesh.size  # model FLOPs per device of one micro-step
         step_arr = jax.device_put(jnp.asarray(step, jnp.int32), self.replicated)
         with parallel.sharding_context(self.mesh, self.rules):
             return self._compiled[key](state, batch, step_arr)

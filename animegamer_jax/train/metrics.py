@@ -5,9 +5,10 @@ install, so summaries are written with ``tensorboardX`` (pure Python, same event
 ``tensorboard --logdir WORKDIR/tensorboard``). ``clu.metrics`` (no TF) averages the per-step scalars
 between summaries. Only process 0 writes.
 
-MFU = (compiled FLOPs of one train step per device) / (step seconds x peak FLOP/s per device). The
-FLOPs come from XLA's cost analysis of the compiled step (forward + backward + update, including
-rematerialization, so it slightly overstates "model" FLOPs); the peak comes from
+MFU = (model FLOPs of one train step per device) / (step seconds x peak FLOP/s per device). The FLOPs
+are counted on the loss's jaxpr (train/model_flops.py: each matmul once, forward + backward of what
+trains and passes gradients; no remat recompute, no frozen forwards; XLA's own cost analysis counts a
+scanned layer once); the peak comes from
 ``config.train.peak_tflops_per_device`` or the device kind (dense bf16 figures); unknown kinds
 (CPU) report no MFU.
 """
@@ -41,18 +42,6 @@ def peak_flops_per_device(configured_tflops: float = 0.0, device: jax.Device | N
         return configured_tflops * 1e12
     chip = target.of_device(device or jax.devices()[0]).chip
     return None if chip is None else chip.bf16_flops
-
-
-def compiled_flops(compiled: Any) -> float | None:
-    """FLOPs of one call of a compiled XLA executable per device (None when XLA gives none)."""
-    try:
-        cost = compiled.cost_analysis()
-    except Exception:  # some backends do not implement it
-        return None
-    if isinstance(cost, Sequence) and cost and not isinstance(cost, Mapping):
-        cost = cost[0]
-    flops = (cost or {}).get("flops")
-    return float(flops) if flops and flops > 0 else None
 
 
 def make_collection(names: Sequence[str]) -> type[clu_metrics.Collection]:
