@@ -78,6 +78,7 @@ def test_a_trained_weight_late_in_a_scan_taints_the_carry_by_fixed_point():
     assert got.frozen == F and got.forward == 2 * F and got.backward == 2 * F
 
 
+@pytest.mark.slow
 def test_tiny_phase_counts_follow_the_trained_set_and_the_features():
     cfg = load_config("configs/tiny.py", ["train.global_batch_size=2"])
     mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
@@ -127,6 +128,7 @@ def _fsdp_program(devices, layers=3):
     return jax.jit(jax.grad(loss)).lower(ws, x).compile().as_text(), mesh
 
 
+@pytest.mark.slow
 def test_collectives_of_a_scanned_fsdp_step_on_cpu():
     out = run_python("""
         import json, jax
@@ -179,6 +181,7 @@ def test_tpu_ring_bandwidth_grows_with_the_torus_axes_spanned():
     assert report.link_bandwidth((0, 1, 2, 3), chip, devs) == pytest.approx(2 * per_axis)
 
 
+@pytest.mark.slow
 def test_v5p_slice_prices_its_fsdp_gathers():
     devs = tpu_devices("v5p-16")  # 8 chips, 2x2x2
     text, mesh = _fsdp_program(devs, layers=4)
@@ -187,3 +190,31 @@ def test_v5p_slice_prices_its_fsdp_gathers():
     summary, total, exposed = report.price_collectives(cols, loops, target.chip_named("v5p"), list(mesh.devices.flat))
     assert total > 0 and 0.0 <= exposed <= total
     assert summary["all-gather"][0] >= 4  # at least one gather a layer
+
+
+def _auto_config():
+    from tests.tpu import FSDP
+
+    return load_config("configs/tiny.py", FSDP + ["train.precomputed_features=True", "train.encode_latents=False",
+                                                  "train.remat=auto"])
+
+
+@pytest.mark.slow
+def test_remat_auto_keeps_the_least_recompute_that_fits():
+    from animegamer_jax.train.model import AUTO_REMAT, training_config
+
+    cfg = _auto_config()
+    with pytest.raises(ValueError, match="animegamer-aot"):  # the train command is told where auto is chosen
+        training_config(cfg)
+    lines = []  # the tiny a2 step on a v5e-4 slice fits with remat off: auto stops at the first policy
+    row = report.compile_auto_remat(cfg, "a2", tpu_devices("v5e-4"), target.chip_named("v5e"), say=lines.append)
+    assert row.status == "ok" and row.fits and "remat auto -> none (none: 0 % of HBM)" in row.note
+    assert len(lines) == 1 and AUTO_REMAT[0] == "none"
+
+
+@pytest.mark.paper
+def test_remat_auto_tries_every_policy_on_a_chip_too_small():
+    lines = []  # a chip too small for every policy: all three tried, full remat kept
+    tiny_chip = target.Chip("x", ("x",), 1.0, 1e15, 1e12, "test")
+    row = report.compile_auto_remat(_auto_config(), "a2", tpu_devices("v5e-4"), tiny_chip, say=lines.append)
+    assert "remat auto -> full (none: " in row.note and "save_dots: " in row.note and len(lines) == 3

@@ -18,9 +18,11 @@ from collections import Counter
 from typing import Any
 
 from animegamer_jax.aot import hlo_cost, pieces
+from animegamer_jax.aot import programs
 from animegamer_jax.aot.programs import TURN_PROGRAMS, Program
 from animegamer_jax.models import attention
 from animegamer_jax.parallel.target import Chip
+from animegamer_jax.train.model import AUTO_REMAT, with_remat
 
 #: fraction of a chip's HBM a program may plan for ("fits")
 FIT_FRACTION = 0.8
@@ -151,6 +153,24 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
             row.mfu = row.model_flops / (chip.bf16_flops * row.roofline_s)
     if save is not None:
         row.saved = save(row.label.replace(" [", "_").rstrip("]"), compiled)
+    return row
+
+
+def compile_auto_remat(config: Any, phase: str, devices: list[Any], chip: Chip | None, save: Any = None,
+                       say: Any = print) -> Row:
+    """``train.remat="auto"``: compiles ``phase``'s step with each of ``train.model.AUTO_REMAT`` (least
+    recompute first) and returns the row of the first whose peak fits FIT_FRACTION of ``chip``'s HBM (the
+    last, full remat, when none fits or the chip has no HBM figure); its note names the choice and each
+    tried policy's share of HBM."""
+    tried, row = [], None
+    for policy in AUTO_REMAT:
+        row = compile_program(programs.train_program(with_remat(config, policy), phase, devices), chip, save)
+        share = f"{100 * row.hbm_fraction:.0f} %" if row.hbm_fraction is not None else row.status
+        tried.append(f"{policy}: {share}" if row.status == "ok" else f"{policy}: {row.status}")
+        say(f"  {phase} remat {policy}: {tried[-1].split(': ', 1)[1]}")
+        if row.status == "ok" and row.fits:
+            break
+    row.note = f"{row.note}; remat auto -> {row.note.split('remat ')[1].split(';')[0]} ({', '.join(tried)} of HBM)"
     return row
 
 
@@ -302,5 +322,5 @@ def kernel_lines(rows: list[Row]) -> list[str]:
     return lines
 
 
-__all__ = ["ASSUMPTIONS", "FIT_FRACTION", "Row", "compile_program", "kernel_lines", "kernel_summary",
+__all__ = ["ASSUMPTIONS", "FIT_FRACTION", "Row", "compile_auto_remat", "compile_program", "kernel_lines", "kernel_summary",
            "link_bandwidth", "price_collectives", "reference_added", "table", "turn_estimate", "turn_resident", "turn_ttff"]

@@ -19,7 +19,8 @@ per chip, so v5p-64 is 32 chips; v5e / v6e names count chips; --num_slices for m
 allocated and no accelerator is needed: the TPU compiler comes with `pip install 'jax[tpu]==0.10.2'`
 (`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c d r (the train
 command's step with the config's settings: batch, remat, precomputed features, latents; d = the
-few-step student's distillation) and prefill decode pass_b dit vae_decode (play's turn; --layout
+few-step student's distillation; --config.train.remat=auto compiles each policy, least recompute first,
+and keeps the first that fits) and prefill decode pass_b dit vae_decode (play's turn; --layout
 latency = one game on all chips, batch = one game per data-parallel slice; dit is the student's N
 steps without a CFG batch under --config.diffusion.sampler=student); groups train, turn, generate
 (turn in the batch layout), all. Outside the groups: preview_decode, dit_reference (play's DiT sampling
@@ -31,8 +32,8 @@ its resident bytes (weights once, B KV caches, the largest stage's activations) 
 
 Prints, per program and per chip: arguments / temporaries / outputs / aliased / peak bytes against the
 chip's HBM (a program fits at <= 80 %), FLOPs and bytes accessed (loop trip counts included), the
-attention kernel of every call, and a roofline time per run, per train step and per turn, with its
-assumptions. --json writes it all with the commit; --save writes each serialized executable. Exit
+collectives priced on the chip's links, model FLOPs and MFU of train steps, the attention kernel of every
+call, and a roofline time per run, per train step and per turn, with its assumptions. --json writes it all with the commit; --save writes each serialized executable. Exit
 status 1 when a program fails to compile, 2 for a bad command line.
 """
 
@@ -198,15 +199,19 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
     rows = []
     for name, lay in todo:
         _say(f"compiling {name}{f' ({lay} layout)' if name not in GROUPS['train'] else ''} ...")
+        auto = name in GROUPS["train"] and str(config.train.get("remat", "")).lower() == "auto"
         try:
-            prog = (programs.train_program(config, name, devices) if name in GROUPS["train"]
-                    else programs.turn_programs(config, [name], devices, lay, f.games_per_chip)[0])
+            if auto:  # each policy of train.model.AUTO_REMAT until one fits
+                row = report.compile_auto_remat(config, name, devices, chip, save, say=_say)
+            else:
+                prog = (programs.train_program(config, name, devices) if name in GROUPS["train"]
+                        else programs.turn_programs(config, [name], devices, lay, f.games_per_chip)[0])
+                row = report.compile_program(prog, chip, save)
         except (parallel.ShardingConfigError, ValueError) as e:
             turn = name not in GROUPS["train"]
             rows.append(report.Row(name, "turn" if turn else "train", "", status=f"FAILED {type(e).__name__}: {e}",
                                    layout=lay if turn else ""))
             continue
-        row = report.compile_program(prog, chip, save)
         rows.append(row)
         _say(f"  {name}: {row.status}" + (f", peak {row.peak / 2**30:.2f} GiB per chip, compile {row.compile_s:.0f} s"
                                          if row.status == "ok" else ""))

@@ -20,12 +20,34 @@ from animegamer_jax.models.registry import build_component
 from animegamer_jax.train import phases
 
 
+#: ``train.remat="auto"``: the policies the compile tool tries, least recompute first (animegamer-aot keeps
+#: the first whose step fits its chip, docs/sharding.md); "none" here turns every block scan's remat off
+AUTO_REMAT: tuple[str, ...] = ("none", "save_dots", "full")
+
+
+def with_remat(config: ml_collections.ConfigDict, policy: str) -> ml_collections.ConfigDict:
+    """A copy of ``config`` training with remat ``policy`` in every MLLM / DiT block scan (``"none"`` also
+    clears the sections' own ``remat``, which ``train.remat="none"`` keeps)."""
+    c = copy.deepcopy(config)
+    with c.unlocked():
+        c.train.remat = policy
+        if policy == "none":
+            for section in ("mllm", "dit"):
+                if "remat" in c[section]:
+                    c[section].remat = "none"
+    return c
+
+
 def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The config the train models are built from: fp32 master weights everywhere (activations keep
     the configured compute dtype), so the optimizer state is fp32 too; with ``train.remat`` every
     scanned block of the MLLM and DiT gets that remat policy (models/remat.py; "none" keeps the
     sections' own ``remat``; booleans of older configs: True = "full")."""
     c = copy.deepcopy(config)
+    if str(config.train.get("remat", "none")).lower() == "auto":
+        raise ValueError("train.remat='auto' is chosen by the compile tool: run animegamer-aot --topology=YOURS "
+                         "--program=PHASE --config.train.remat=auto and pass the policy it prints "
+                         f"(one of {AUTO_REMAT})")
     policy = remat.policy_name(config.train.get("remat", "none"))
     with c.unlocked(), c.ignore_type():
         for section in ("mllm", "dit"):  # the student is built from the dit section
