@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from animegamer_jax.aot import hlo_cost, programs, report
 from animegamer_jax.config import load_config
@@ -18,7 +17,7 @@ from animegamer_jax.parallel import target
 from animegamer_jax.train import model_flops
 from animegamer_jax.train.model import phase_spec
 from tests.subproc import run_python
-from tests.tpu import tpu_devices
+from tests.tpu import fsdp_step_hlo, tpu_devices
 
 B, D = 8, 16
 F = 2.0 * B * D * D  # one [B, D] x [D, D] matmul
@@ -116,25 +115,13 @@ def test_replica_group_forms(attrs, groups):
     assert hlo_cost._groups(ins, 4) == groups
 
 
-def _fsdp_program(devices, layers=3):
-    mesh = Mesh(np.array(devices).reshape(-1, 2), ("data", "model"))
-
-    def loss(ws, x):
-        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
-        return jnp.sum(h)
-
-    ws = jax.ShapeDtypeStruct((layers, 256, 256), jnp.float32, sharding=NamedSharding(mesh, P(None, "data", None)))
-    x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
-    return jax.jit(jax.grad(loss)).lower(ws, x).compile().as_text(), mesh
-
-
 @pytest.mark.slow
 def test_collectives_of_a_scanned_fsdp_step_on_cpu():
     out = run_python("""
         import json, jax
         from animegamer_jax.aot import hlo_cost
-        from tests.test_aot_mfu import _fsdp_program
-        text, mesh = _fsdp_program(jax.devices()[:8])
+        from tests.tpu import fsdp_step_hlo
+        text, mesh = fsdp_step_hlo(jax.devices()[:8])
         cols, loops = hlo_cost.collectives(text)
         print(json.dumps({"cols": [[c.op, c.payload, sorted(map(sorted, c.groups)), c.runs, c.loop] for c in cols],
                           "trips": {k: v[0] for k, v in loops.items()}}))
@@ -184,7 +171,7 @@ def test_tpu_ring_bandwidth_grows_with_the_torus_axes_spanned():
 @pytest.mark.slow
 def test_v5p_slice_prices_its_fsdp_gathers():
     devs = tpu_devices("v5p-16")  # 8 chips, 2x2x2
-    text, mesh = _fsdp_program(devs, layers=4)
+    text, mesh = fsdp_step_hlo(devs, layers=4)
     cols, loops = hlo_cost.collectives(text)
     assert any(c.op == "all-gather" and c.group_size == 4 and c.loop for c in cols), cols
     summary, total, exposed = report.price_collectives(cols, loops, target.chip_named("v5p"), list(mesh.devices.flat))

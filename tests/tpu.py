@@ -41,3 +41,24 @@ def compile_tiny(program: str, overrides: list[str], layout: str = "latency") ->
             else programs.turn_programs(cfg, [program], devs, layout)[0])
     with jax.default_matmul_precision("default"):  # conftest's "highest" is for fp32 parity tests
         return report.compile_program(prog, target.of_device(devs[0]).chip)
+
+
+def fsdp_step_hlo(devices, layers: int = 3):
+    """(optimized HLO text, mesh) of the gradient of a scanned stack of ``layers`` [256, 256] matmuls with
+    the weights split over the ``data`` axis of a (devices / 2, 2) mesh (FSDP): a layer's weight is
+    all-gathered inside the scan (tests/test_aot_mfu.py)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = Mesh(np.array(devices).reshape(-1, 2), ("data", "model"))
+
+    def loss(ws, x):
+        h, _ = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), x, ws)
+        return jnp.sum(h)
+
+    ws = jax.ShapeDtypeStruct((layers, 256, 256), jnp.float32, sharding=NamedSharding(mesh, P(None, "data", None)))
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+    return jax.jit(jax.grad(loss)).lower(ws, x).compile().as_text(), mesh
