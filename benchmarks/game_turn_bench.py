@@ -28,7 +28,7 @@ import jax  # noqa: E402
 from absl import flags  # noqa: E402
 
 from animegamer_jax import parallel  # noqa: E402
-from animegamer_jax.game.api import STAGES  # noqa: E402
+from animegamer_jax.inference.turn_model import STAGES  # noqa: E402
 from animegamer_jax.game.engine import GameEngine  # noqa: E402
 from animegamer_jax.commands.game_flags import CLI_ERRORS, parse_game_flags  # noqa: E402
 from animegamer_jax.inference.layout import setup_jax  # noqa: E402

@@ -5,7 +5,7 @@
 
 Turn: exactly the program ``play`` runs: ``build_random_system`` (what ``play --demo`` plays when no
 checkpoint exists: the real networks, randomly initialised, weights prepared once by
-``game.real_system.build_real_system``: LoRA merged, cast), the latency layout on one device
+``inference.turn_model.RealTurnModel``: LoRA merged, cast), the latency layout on one device
 (``inference.layout.apply_layout``), ``GameEngine.play`` of ``--turns`` turns of data/games/bunny.txt
 with play's ``setup_jax``. The engine times each stage (MLLM, DiT sampling, VAE) apart from JAX's
 compile events; s/turn is the median over the turns after the first (the first compiles). MFU =
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                                "stages_s": stages, "compile_s": result["compile_s"], "init_s": init_s,
                                "flops": sum(flops.values()), "mfu": turn_mfu,
                                "dit_mfu": cost_model.mfu(flops["dit"], stages["sampling"], peak),
-                               "system": engine.system.label, "paper_s_per_turn": 24.0}
+                               "system": engine.model.label, "paper_s_per_turn": 24.0}
             print(f"play's turn ({len(per_turn)} turns, weights init {init_s:.1f} s, compile "
                   + ", ".join(f"{k} {v:.1f} s" for k, v in result["compile_s"].items()) + "): "
                   + ", ".join(f"{k} {v:.3f} s" for k, v in stages.items())

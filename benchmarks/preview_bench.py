@@ -6,7 +6,7 @@ Run (CPU, about a minute on 2 cores):
 Latents: ``--count`` clips of the dataset evenly spaced (eval.decoder.clip_indices), VAE-encoded
 (posterior mean x ``vae.scaling_factor``, the latents phase preview trains on). Each is decoded by play's
 VAE stage (inference/vae_decode.py ``vae_decoder``: the same chunk plan / tiling) and by the preview
-decoder as play runs it (game/real_system.py: ``to_unit(preview(latents))``), both frames in [0, 1].
+decoder as play runs it (inference/turn_model.py RealTurnModel: ``to_unit(preview(latents))``), both frames in [0, 1].
 PSNR (dB, mean over clips) of the preview against the full decode, and of each against the clip's own
 frames. Timing: one clip (batch 1), both jitted and warmed up, called alternately (ABAB) in this
 process, ``--rounds`` each, median wall ms. Prints one JSON object.

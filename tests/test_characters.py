@@ -32,10 +32,10 @@ def test_mixed_batch_each_game_equals_itself_alone():
         from animegamer_jax.game.characters import load_character
         from animegamer_jax.game.engine import GameEngine
         from animegamer_jax.inference.instructions import Game, parse_instruction
-        from animegamer_jax.game.standin_system import build_standin
+        from animegamer_jax.inference.standin_model import StandinTurnModel
         T = TEXTS_HERE
         cfg = load_config("configs/tiny.py")
-        sysm = build_standin(cfg)
+        sysm = StandinTurnModel(cfg)
         bunny = load_character("Bunny=data/characters/Bunny/ref.png")
         turns = tuple(parse_instruction(t) for t in T)
         a, b, a0 = Game("a", turns, 3, (bunny,)), Game("b", turns[::-1], 4), Game("a0", turns, 3)

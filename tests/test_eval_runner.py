@@ -3,6 +3,8 @@
 import json
 import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from animegamer_jax.commands import eval as cli
 from animegamer_jax.cli import run_subcommand
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.table1_games import BenchmarkError
+from animegamer_jax.inference.turn_model import TurnModel
 
 
 def _small_benchmark(tmp_path):
@@ -22,31 +25,39 @@ def _small_benchmark(tmp_path):
     return str(p), src
 
 
-def _cheap_system(config):
-    """A minimal GameSystem (cheaper to compile than game/standin_system.py): states from the ids, noise frames."""
-    import jax
-    import jax.numpy as jnp
+class _CheapModel:
+    """A minimal TurnModel (cheaper to compile than inference/standin_model.py): states from the ids,
+    noise frames; none of the optional capabilities."""
 
-    from animegamer_jax.game.api import GameSystem
+    label, identity, description = "test system (noise)", "", ""
+    free_decoding = False
+    kv_cache = streaming = reference = characters = preview = None
 
-    q, d = config.rep.num_text_tokens + config.rep.num_image_tokens, config.rep.dim
-    t_lat, c = config.dit.num_latent_frames, config.vae.latent_channels
-    h, w = config.dit.sample_height, config.dit.sample_width
+    def __init__(self, config):
+        self.q, self.d = config.rep.num_text_tokens + config.rep.num_image_tokens, config.rep.dim
+        self.latent_shape = (config.dit.num_latent_frames, config.vae.latent_channels, config.dit.sample_height,
+                             config.dit.sample_width)
+        self.params = {"bias": np.float32(0.0)}
 
-    def mllm(p, batch):
+    def mllm(self, p, batch):
         s = jnp.sum(batch["ids"], axis=1)
         states = jnp.stack([1 + s % 5, s % 11 - 5, s % 7 - 3, s % 3 - 1], axis=1).astype(jnp.int32)
-        return states, jnp.zeros((s.shape[0], q, d), jnp.float32) + p["bias"]
+        return states, jnp.zeros((s.shape[0], self.q, self.d), jnp.float32) + p["bias"]
 
-    def sample(p, rep, ml, keys):
-        return jax.vmap(lambda k: jax.random.normal(k, (t_lat, c, h, w)))(keys)
+    def sample(self, p, rep, ml, keys, noise=None, reference=None):
+        return jax.vmap(lambda k: jax.random.normal(k, self.latent_shape))(keys)
 
-    def decode(p, lat):
+    def decode(self, p, lat):
         x = jnp.repeat(jnp.repeat(lat[:, :, :3], 8, axis=3), 8, axis=4)  # [B, T, 3, H, W]
         x = jnp.concatenate([x[:, :1]] + [x[:, 1:]] * 4, axis=1)  # 1 + 4 (T - 1) frames
         return jax.nn.sigmoid(jnp.moveaxis(x, 2, -1))
 
-    return GameSystem({"bias": np.float32(0.0)}, mllm, sample, decode, "test system (noise)")
+
+def _cheap_system(config):
+    """A :class:`_CheapModel` for ``config``."""
+    model = _CheapModel(config)
+    assert isinstance(model, TurnModel)
+    return model
 
 
 def test_runner_writes_report_with_table1_columns(tmp_path):

@@ -15,7 +15,7 @@ from animegamer_jax.commands import play
 from animegamer_jax.io import paths
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.script import load_script
-from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.standin_model import StandinTurnModel
 from animegamer_jax.inference import executables
 from animegamer_jax.inference.layout import apply_layout
 
@@ -55,7 +55,7 @@ def _record(script, folder):
     config = config_flags.config_flags._LoadConfigModule("tiny", paths.resource("configs/tiny.py")).get_config()
     config = apply_layout(config, "latency", jax.device_count())
     with executables.recording(str(folder)) as store:
-        engine = GameEngine(config, build_standin(config, seed=int(config.seed)), latency=True)
+        engine = GameEngine(config, StandinTurnModel(config, seed=int(config.seed)), latency=True)
         engine.play([load_script(str(script))])
     return store
 

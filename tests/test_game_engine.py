@@ -20,10 +20,11 @@ from animegamer_jax.game import engine as engine_mod
 from animegamer_jax.game import writers
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.commands.game_flags import parse_game_flags
-from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.standin_model import StandinTurnModel
 from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.turn_model import TurnModel
 from animegamer_jax.models.cogvideox.dit import flow_value
 from animegamer_jax.commands.play import define_flags
 from tests.subproc import run_python
@@ -41,12 +42,26 @@ def game(gid, seed, n=3):
 @pytest.fixture(scope="module")
 def engine():
     cfg = load_config("configs/tiny.py")
-    return GameEngine(cfg, build_standin(cfg))
+    return GameEngine(cfg, StandinTurnModel(cfg))
 
 
 def test_flow_table_release_semantics():
     got = flow_value(jnp.array([1, 2, 3, 4, 5, 0, -3]), (0.5, 2.5, 10.0, 15.0, 40.0))
     np.testing.assert_array_equal(np.asarray(got), [0.5, 2.5, 10, 15, 40, 40, 40])
+
+
+def test_standin_is_a_turn_model_whose_missing_capabilities_are_refused():
+    """The stand-in implements the TurnModel protocol with one capability (reference); a config that
+    asks for another (the preview decoder, the turn-window KV cache) is one ValueError naming the fix."""
+    cfg = load_config("configs/tiny.py")
+    model = StandinTurnModel(cfg)
+    assert isinstance(model, TurnModel)
+    assert model.reference is not None and not model.free_decoding
+    assert (model.kv_cache, model.streaming, model.characters, model.preview) == (None,) * 4
+    for override, says in (("game.decoder=preview", "--config.game.decoder=full"),
+                           ("mllm.history_attention=turn_window", "history_attention=window_recompute")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            GameEngine(load_config("configs/tiny.py", [override]), model)
 
 
 def test_turn_keys_distinct_and_stable():
@@ -116,11 +131,11 @@ def test_batch_of_4_on_8_devices_equals_one_by_one():
         from animegamer_jax.config import load_config
         from animegamer_jax.game.engine import GameEngine
         from animegamer_jax.inference.instructions import Game, parse_instruction
-        from animegamer_jax.game.standin_system import build_standin
+        from animegamer_jax.inference.standin_model import StandinTurnModel
         from animegamer_jax import parallel
         T = TEXTS_HERE
         cfg = load_config("configs/tiny.py")
-        sysm = build_standin(cfg)
+        sysm = StandinTurnModel(cfg)
         games = [Game(f"g{i}", tuple(parse_instruction(t) for t in T[i % 2:i % 2 + 2 + i % 2]), 10 + i)
                  for i in range(4)]
         big = GameEngine(cfg, sysm)

@@ -18,8 +18,8 @@ from flax import nnx
 
 from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
-from animegamer_jax.game import real_system
 from animegamer_jax.inference import mllm_turn, turn_inputs
+from animegamer_jax.inference.turn_model import CachedMLLM
 from animegamer_jax.inference.turn_inputs import (CachePlan, TurnRecord, WindowSpec, build_cached_turn_input,
                                                   encode_instruction, stack_cached_inputs)
 from animegamer_jax.models import attention as attn
@@ -145,13 +145,12 @@ def test_engine_cache_rebuilt_by_recompute_plays_on_equal(setup):
     from animegamer_jax.game.engine import GameEngine
     from animegamer_jax.inference.instructions import Game, parse_instruction
     from animegamer_jax.game.turn_by_turn import TurnByTurnGame
-    from animegamer_jax.game.standin_system import build_standin
+    from animegamer_jax.inference.standin_model import StandinTurnModel
 
     cfg, mllm, _ = setup
     g, s = nnx.split(mllm)
-    st = build_standin(cfg)
-    system = dataclasses.replace(st, params={**st.params, "mllm": s},
-                                 **real_system.cached_mllm_functions(g, mllm.cfg.llm, cfg))
+    system = StandinTurnModel(cfg)
+    system.params, system.kv_cache = {**system.params, "mllm": s}, CachedMLLM(g, mllm.cfg.llm, cfg)
     engine = GameEngine(cfg, system)
     turns = [parse_instruction(t) for t in TEXTS[:5]]
     full = engine.play([Game("g", tuple(turns), 7)])[0]["turns"]

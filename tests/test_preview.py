@@ -98,15 +98,14 @@ def test_loss_is_zero_for_the_teacher_itself():
 
 def _engines():
     """Stand-in engines with a preview decoder (half the stand-in's frames) in each game.decoder mode."""
-    import dataclasses
-
     from animegamer_jax.config import load_config
     from animegamer_jax.game.engine import GameEngine
-    from animegamer_jax.game.standin_system import build_standin
+    from animegamer_jax.inference.standin_model import StandinTurnModel
 
     cfg = load_config("configs/tiny.py")
-    base = build_standin(cfg)
-    sysm = dataclasses.replace(base, preview=lambda p, z: base.decode(p, z) * 0.5)
+    base = StandinTurnModel(cfg)
+    sysm = StandinTurnModel(cfg)
+    sysm.preview = lambda p, z: base.decode(p, z) * 0.5
     out = {}
     for mode in ("full", "preview", "preview_then_full"):
         c = load_config("configs/tiny.py")

@@ -8,7 +8,6 @@ test is skipped, saying so, only where it could not be installed.
 """
 
 import base64
-import dataclasses
 import io
 import json
 import os
@@ -27,7 +26,8 @@ from animegamer_jax.commands.game_flags import OUT_DIR
 from animegamer_jax.config import load_config
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.standin_system import build_standin
+from animegamer_jax.inference.standin_model import StandinTurnModel
+from animegamer_jax.inference.turn_model import ChunkedDecode
 from animegamer_jax.inference.instructions import GameScriptError, parse_instruction
 from animegamer_jax.web.app import create_app
 from animegamer_jax.web.server import GameServer, build_server
@@ -237,7 +237,7 @@ def test_browser_plays_two_turns_undo_restart(served_in_a_checkout, browser, tmp
     assert len(rec["turns"]) == 2
     # the page and the saved game say what the system is
     about = d.execute_script("return document.querySelector('#about').textContent")
-    assert about == rec["system_description"] == server.engine.system.description
+    assert about == rec["system_description"] == server.engine.model.description
     assert "81 two-second 64x96 clips" in about
     prev = start
     for meters_page, turn in ((m1, rec["turns"][0]), (m2, rec["turns"][1])):
@@ -379,7 +379,7 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
 
 
 def test_engine_streams_decode_chunks():
-    """GameEngine.step(on_frames=...) runs system.decode_chunk over decode_plan, the cache carried."""
+    """GameEngine.step(on_frames=...) runs the model's streaming decode over its plan, the cache carried."""
     cfg = load_config("configs/tiny.py")
 
     def decode(p, z):  # causal in time: frame t depends on latents 0..t
@@ -389,7 +389,8 @@ def test_engine_streams_decode_chunks():
         x = jnp.cumsum(z[:, :, :3], axis=1) + (0.0 if cache is None else cache)
         return jnp.moveaxis(x, 2, -1), x[:, -1:]
 
-    system = dataclasses.replace(build_standin(cfg), decode=decode, decode_chunk=decode_chunk, decode_plan=(3, 2))
+    system = StandinTurnModel(cfg)
+    system.decode, system.streaming = decode, ChunkedDecode((3, 2), decode_chunk)
     eng = GameEngine(cfg, system)
     run = eng.new_run()
     ids = eng.tok.encode_plain("Character: Bunny; Motion: hop; Background: day.")
@@ -399,6 +400,7 @@ def test_engine_streams_decode_chunks():
     assert [(s, f.shape[1]) for s, f in got] == [(0, 3), (3, 2)] and timing["vae_s"] > 0
     np.testing.assert_allclose(streamed, whole, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(np.concatenate([f for _, f in got], axis=1), whole, rtol=1e-6, atol=1e-6)
-    bad = GameEngine(cfg, dataclasses.replace(system, decode_plan=(3, 3)))
+    system.streaming = ChunkedDecode((3, 3), decode_chunk)
+    bad = GameEngine(cfg, system)
     with pytest.raises(ValueError, match=r"decode_plan \(3, 3\) does not split 5"):
         bad.step([run], [3], [ids], [0], on_frames=lambda s, f: None)

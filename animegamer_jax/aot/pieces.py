@@ -19,7 +19,7 @@ Turn pieces (docs/overview.md#one-turn):
                 build_student) num_sampling_steps calls, batch 1 per game (no CFG batch)
   vae_decode    latents [1, 5, 16, 60, 90] -> 17 frames 480x720 (play's chunks / tiles, inference.vae_decode.vae_decoder)
   preview_decode  the same latents -> 17 frames through the preview decoder (game.decoder preview modes,
-                models/cogvideox/preview.py), as game/real_system.py runs it
+                models/cogvideox/preview.py), as inference/turn_model.py runs it
   dit_reference   dit_sampling with a reference latent [B, 1, 16, 60, 90] and the reference adapter
                 (training phase r): play's sampler for a turn that names a ``--character``; the
                 reference's 1350 tokens join every DiT call (models/cogvideox/reference.py)
@@ -256,7 +256,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
     lat_shape = (batch, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
                  int(cfg.dit.sample_width))
     if name in ("dit_sampling", "dit_reference"):
-        # exactly play's program: game/real_system.py prepares the weights once (LoRA merged, cast to the
+        # exactly play's program: inference/turn_model.py RealTurnModel prepares the weights once (LoRA merged, cast to the
         # activation dtype) and samples with dit_sampler (noise from each game's key, CFG; the student:
         # its own weights, guidance scale as an input, no CFG batch); dit_reference: the same sampler
         # built with the reference adapter's graph, called with each game's reference latent, as play
@@ -269,7 +269,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         else:
             what = f"{samplers.plan_from_config(play_cfg.diffusion).num_steps} steps x CFG batch 2"
         g_ref = None
-        if with_reference:  # the adapter as play holds it (real_system.py: the component, uncast)
+        if with_reference:  # the adapter as play holds it (turn_model.py: the component, uncast)
             g_ref, s_ref = _cached(b, "reference", lambda: registry.build_reference(cfg, nnx.Rngs(0)))
         sample = dit_sampler(d_graph, play_cfg, g_ref)
 
@@ -298,7 +298,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
                               f"(+{reference_tokens(cfg)} tokens per DiT call)")
         return Piece(name, sampling, args, note=f"{what}, {batch} game(s), play's program")
     if name == "reference_encode":
-        # play's reference encode (game/real_system.py encode_ref via game/engine.py reference_latents):
+        # play's reference encode (inference/turn_model.py RealTurnModel.reference via game/engine.py reference_latents):
         # one --character image, fitted to the clip's size, VAE-encoded to one latent frame; once per
         # character per game, not per turn
         v_graph, v_state = _cached(b, "vae", lambda: build_vae(cfg))
@@ -329,7 +329,7 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
 
         return Piece(name, vae_decode, (v_state, b.array(lat_shape, jnp.float32)), note=f"play's decode; {decode.why}", first_chunk=first)
     if name == "preview_decode":
-        # play's preview stage (game/real_system.py): frames in [0, 1] from the preview decoder
+        # play's preview stage (inference/turn_model.py RealTurnModel.preview): frames in [0, 1] from the preview decoder
         p_graph, p_state = _cached(b, "preview", lambda: registry.build_preview(cfg, nnx.Rngs(0)))
 
         def preview_decode(state, latents):

@@ -62,11 +62,11 @@ from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
 from animegamer_jax.game.saving import save_game
 from animegamer_jax.game.script import load_jsonl, load_script
-from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
 from animegamer_jax.inference.instructions import GameScriptError
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.standin_model import StandinTurnModel
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
 
 
@@ -92,7 +92,7 @@ def build_system(config, checkpoint: str = "", standin: bool = False):
       ValueError: neither given.
     """
     if standin:
-        return build_standin(config, seed=int(config.seed))
+        return StandinTurnModel(config, seed=int(config.seed))
     return resolve_system(config, checkpoint, False)
 
 
@@ -107,7 +107,7 @@ def run_table1(config, benchmark_path: str, out_dir: str, *, system=None, checkp
       config: full config (sections game, data, eval and the model sections).
       benchmark_path: benchmark JSON (eval/table1_games.py format).
       out_dir: report folder.
-      system: a ready ``GameSystem`` (tests); else from ``checkpoint`` / ``standin``.
+      system: a ready ``TurnModel`` (inference/turn_model.py; tests); else from ``checkpoint`` / ``standin``.
       embedder, dreamsim, games, scope_fn, log: as for ``table1.run_benchmark``.
 
     Raises:

@@ -288,7 +288,7 @@ def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id
     else:
         folder = branch_game(source, tbt, engine, out_dir)
     played = len(tbt)
-    print(f"system: {engine.system.label}\nconfig {engine.config.name}, mode {engine.config.game.mode}, window "
+    print(f"system: {engine.model.label}\nconfig {engine.config.name}, mode {engine.config.game.mode}, window "
           f"{engine.spec.window}, seed {tbt.seed}\n"
           f"{'continuing' if from_turn is None else f'new game {folder} from'} {source} after turn {played}",
           flush=True)

@@ -83,7 +83,7 @@ def _serve(f, config, *rest: str) -> int:
     server = build_server(config, f.checkpoint, f.standin, out=f.out, verify=f.verify_checkpoint,
                           random_fallback=f.demo, max_queue=f.max_queue, max_sessions=f.max_sessions,
                           max_batch=f.max_batch, on_turn=print_turn)
-    print(f"system: {server.engine.system.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
+    print(f"system: {server.engine.model.label}\nconfig {config.name}, mode {server.engine.config.game.mode}, "
           f"games in {server.out_dir}/, at most {server.max_queue} turns waiting, {server.engine.batch_size} "
           f"turns per batch", flush=True)
     if f.warmup:

@@ -128,7 +128,7 @@ def decoder_psnr(components: dict, config, dataset_dir: str, count: int = 12, se
     check_dataset(dataset_dir, config)
     source = loader.ClipSource(dataset_dir)
     builder = BatchBuilder(config, "decoder")
-    # play's sampling stage (game.real_system.build_real_system): the same prepared DiT, uncond and sampler
+    # play's sampling stage (inference/turn_model.py RealTurnModel): the same prepared DiT, uncond and sampler
     dit_graph, dit_state = nnx.split(prepare_for_inference(components["dit"]))
     params = {"dit": dit_state, "uncond": components["shot_encoder"].uncond(1)[0].astype(jnp.float32)}
     g_ref, refs = None, None

@@ -188,7 +188,7 @@ def run_benchmark(engine, bench: Benchmark, out_dir: str, batches: Callable[[lis
     """
     t_start = time.perf_counter() if t_start is None else t_start
     embedder = embedder or standin_embedder()
-    label = engine.system.label
+    label = engine.model.label
     log(f"benchmark {bench.name}: {len(bench.games)} games, {bench.num_rounds} rounds; system: {label}")
     played = play_benchmark(engine, bench, batches, save, games, log)
     per_game = turn_results(bench, played)

@@ -2,13 +2,13 @@
 
 One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
 
-1. **MLLM** (``system.mllm``): token layout of the last W turns (inference/turn_inputs.py) + history
+1. **MLLM** (``model.mllm``): token layout of the last W turns (inference/turn_inputs.py) + history
    representations -> predicted states ``[ML, SC, ET, ST]`` (constrained greedy decoding) and the
    representation s_a ``[Q, rep_dim]``.
-2. **Sampling** (``system.sample``): ML -> flow value (``config.dit.flow_table``,
+2. **Sampling** (``model.sample``): ML -> flow value (``config.dit.flow_table``,
    docs/dit.md#motion-level-to-flow) -> DPM++ 2M with dynamic CFG (uncond = E_a's unconditional
    embedding, docs/encoders.md#unconditional-embedding, docs/diffusion.md#guidance) -> latents.
-3. **VAE** (``system.decode``): latents -> frames float ``[T, 8h, 8w, 3]`` in [0, 1]
+3. **VAE** (``model.decode``): latents -> frames float ``[T, 8h, 8w, 3]`` in [0, 1]
    (docs/diffusion.md#latent-scale).
 4. **Writing** (game/writers.py): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
 
@@ -34,14 +34,17 @@ Games in a batch are independent rows: their noise comes from their own keys, so
 same output alone or in a batch. Turn k of a game samples with the key ``turn_key(game_seed, k)``
 (inference/clip_sampler.py).
 
-A system is any :class:`~animegamer_jax.game.api.GameSystem` (game/api.py): the real networks
-(game/real_system.py) loaded from a system checkpoint (game/loading.py), or the random stand-in
-of the tests (game/standin_system.py).
+The engine plays any :class:`~animegamer_jax.inference.turn_model.TurnModel`: the real networks
+(inference/turn_model.py ``RealTurnModel``) loaded from a system checkpoint (game/loading.py), or the
+random stand-in of the tests (inference/standin_model.py). Its optional capabilities (the KV cache,
+the streaming decode, reference images, character LoRAs, the preview decoder) are asked about once,
+here in ``__init__``, and at the turn's few forks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,13 +58,14 @@ from jax.sharding import NamedSharding, PartitionSpec
 from animegamer_jax import parallel
 
 from animegamer_jax.tokenizers import mllm_tokenizer
-from animegamer_jax.game.api import STAGES, GameSystem, TurnResult
-from animegamer_jax.game.characters import fit_image, named, record_entries
-from animegamer_jax.game.run import GameRun, Meters
+from animegamer_jax.game.characters import fit_image
+from animegamer_jax.game.run import GameRun, Meters, TurnResult
 from animegamer_jax.inference import executables
 from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.instructions import Game
 from animegamer_jax.inference.mode import apply_mode
+from animegamer_jax.inference.release_decoding import states_from_generated
+from animegamer_jax.inference.turn_model import STAGES, TurnModel, check_capabilities
 from animegamer_jax.inference.turn_inputs import (TurnKVCache, WindowSpec, build_cached_turn_input, encode_instruction,
                                                   stack_cached_inputs, stack_inputs)
 
@@ -98,13 +102,17 @@ class _CompileTimer:
             _CompileTimer._active.remove(self)
 
 
+def _ignore(*_: Any) -> None:
+    """A callback that does nothing (:meth:`GameEngine.play`'s default ``on_turn``)."""
+
+
 class GameEngine:
-    """Plays batches of games with a :class:`GameSystem` on a mesh.
+    """Plays batches of games with a :class:`~animegamer_jax.inference.turn_model.TurnModel` on a mesh.
 
     Args:
       config: the run config (``game.mode`` already applied or not: applied here; the layout's
         mesh and rules already applied, inference/layout.py ``apply_layout``).
-      system: the per-turn functions and params.
+      model: the turn's stages and their params.
       mesh: the device mesh; the batch is split over its data axes (default: from config).
       latency: one game on the whole mesh (batch 1, no filler rows; inputs replicated, the work
         split by the models' sharding constraints); False: ``batch`` layout (module docstring).
@@ -112,14 +120,16 @@ class GameEngine:
         ``batch_size = rows x data-parallel size``; ignored by the latency layout.
 
     Raises:
-      ValueError: ``rows`` below 1.
+      ValueError: ``rows`` below 1, or a config asking the model for a capability it lacks
+        (inference/turn_model.py ``check_capabilities``).
     """
 
-    def __init__(self, config, system: GameSystem, mesh=None, latency: bool = False, rows: int = 1):
+    def __init__(self, config, model: TurnModel, mesh=None, latency: bool = False, rows: int = 1):
         if int(rows) < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
         self.config = apply_mode(config)
-        self.system = system
+        check_capabilities(model, self.config)
+        self.model = model
         self.mesh = mesh if mesh is not None else parallel.mesh_from_config(self.config)
         self.rules = parallel.rules_from_config(self.config)
         self.spec = WindowSpec.from_config(self.config)
@@ -141,61 +151,49 @@ class GameEngine:
                 return jax.device_put(v, parallel.param_shardings(v, self.mesh, self.rules))
             return jax.tree.map(place, v)
 
-        if isinstance(system.params, dict):
-            self.params = {k: place_component(v) for k, v in system.params.items()}
+        if isinstance(model.params, dict):
+            self.params = {k: place_component(v) for k, v in model.params.items()}
         else:
-            self.params = jax.tree.map(place, system.params)
+            self.params = jax.tree.map(place, model.params)
         # each stage's jit loads a saved executable when a folder is in use (--executables, inference/executables.py)
         executables.select(self.config, list(self.mesh.devices.flat))
-        self.mllm_fn = executables.StageJit("mllm", system.mllm)
-        self.sample_fn = executables.StageJit("sampling", system.sample)
-        self.decode_fn = executables.StageJit("vae", system.decode)
-        self.decode_chunk_fn = (executables.StageJit("vae_chunk", system.decode_chunk)
-                                if system.decode_chunk is not None else None)
+        self.mllm_fn = executables.StageJit("mllm", model.mllm)
+        self.sample_fn = executables.StageJit("sampling", model.sample)
+        self.decode_fn = executables.StageJit("vae", model.decode)
+        self.decode_chunk_fn = (executables.StageJit("vae_chunk", model.streaming.chunk)
+                                if model.streaming is not None else None)
         # game.decoder: "full" (the VAE), "preview" (the preview decoder's frames are the clip) or
         # "preview_then_full" (its frames reported first, then the VAE's, which are the clip)
         self.decoder = str(self.config.game.get("decoder", "full"))
-        if self.decoder != "full" and system.preview is None:
-            raise ValueError(f"game.decoder={self.decoder!r} needs a system with a preview decoder; "
-                             f"{system.label!r} has none. Fix: --config.game.decoder=full")
-        self.preview_fn = (executables.StageJit("preview", system.preview)
-                           if self.decoder != "full" else None)
-        self.encode_reference_fn = (jax.jit(system.encode_reference) if system.encode_reference is not None
-                                    else None)
+        self.preview_fn = executables.StageJit("preview", model.preview) if self.decoder != "full" else None
+        #: whether the model plays characters from a reference image (``--character``)
+        self.supports_references = model.reference is not None
+        self.encode_reference_fn = jax.jit(model.reference) if self.supports_references else None
+        #: the stored character LoRAs' names, in their order (() for a model without them)
+        self.character_names = () if model.characters is None else model.characters.names
         self._select_fn = jax.jit(lambda m, a, b: jax.numpy.where(m[:, None, None, None, None], a, b))
-        self._frame_hw: tuple[int, int] | None = None
-        self._character_params: dict[int, Any] = {}
+        self._character_params: dict[int | None, Any] = {None: self.params}  # made once per character
         self.compile_s = dict.fromkeys(STAGES, 0.0)
         self.compiles = dict.fromkeys(STAGES, 0)
         self.cache_rebuilds = 0  # games whose MLLM cache was rebuilt by recompute (turn_window)
         self.persistent_cache = self.spec.history_attention == "turn_window"
-        if self.persistent_cache:
-            if system.mllm_cached is None:
-                raise ValueError(f"mllm.history_attention='turn_window' needs a system with a cached MLLM turn; "
-                                 f"{system.label!r} has none. Fix: play a real system (checkpoint or random "
-                                 f"init), or use --config.mllm.history_attention=window_recompute")
-            self.mllm_cached_fn = executables.StageJit("mllm_cached", system.mllm_cached)
-            self.mllm_prefill_fn = executables.StageJit("mllm_prefill", system.mllm_prefill)
+        if self.persistent_cache:  # check_capabilities: the model has a kv_cache
+            self.mllm_cached_fn = executables.StageJit("mllm_cached", model.kv_cache.turn)
+            self.mllm_prefill_fn = executables.StageJit("mllm_prefill", model.kv_cache.prefill)
 
     def cache_sizes(self) -> dict[str, int]:
         """Compiled executables held by each stage's jit (1 each once warmed up on one game shape)."""
         return {"mllm": self.mllm_fn._cache_size(), "sampling": self.sample_fn._cache_size(),
                 "vae": self.decode_fn._cache_size()}
 
-    @property
-    def supports_references(self) -> bool:
-        """Whether the system plays characters from a reference image (``--character``)."""
-        return self.encode_reference_fn is not None
-
+    @functools.cached_property
     def frame_size(self) -> tuple[int, int]:
         """The clip's (height, width) in pixels, from the decoder's output shape (traced, not run)."""
-        if self._frame_hw is None:
-            c = self.config
-            z = jax.ShapeDtypeStruct((1, c.dit.num_latent_frames, c.vae.latent_channels, c.dit.sample_height,
-                                      c.dit.sample_width), np.float32)
-            out = jax.eval_shape(self.system.decode, self.params, z)
-            self._frame_hw = (int(out.shape[2]), int(out.shape[3]))
-        return self._frame_hw
+        c = self.config
+        z = jax.ShapeDtypeStruct((1, c.dit.num_latent_frames, c.vae.latent_channels, c.dit.sample_height,
+                                  c.dit.sample_width), np.float32)
+        out = jax.eval_shape(self.model.decode, self.params, z)
+        return int(out.shape[2]), int(out.shape[3])
 
     def reference_latents(self, characters) -> dict[str, np.ndarray]:
         """Each character's reference latent (game/characters.py): its image fitted to the clip size
@@ -208,8 +206,8 @@ class GameEngine:
         if not characters:
             return {}
         if not self.supports_references:
-            raise ValueError(f"system {self.system.label!r} has no reference adapter")
-        h, w = self.frame_size()
+            raise ValueError(f"system {self.model.label!r} has no reference adapter")
+        h, w = self.frame_size
         out = {}
         for c in characters:
             img = jax.device_put(fit_image(c.pixels(), h, w)[None], self._replicated)
@@ -219,56 +217,50 @@ class GameEngine:
     def character_index(self, character_field: str) -> int | None:
         """The stored character LoRA a turn's Character field names (case-insensitive), else None."""
         key = character_field.strip().casefold()
-        return next((i for i, n in enumerate(self.system.character_names) if n.casefold() == key), None)
+        return next((i for i, n in enumerate(self.character_names) if n.casefold() == key), None)
 
     def _params_for(self, character: int | None):
         """The sampling params of turns naming stored character ``character`` (its LoRA folded into the
-        DiT, made once per character and kept, laid out as the DiT's own), or the system's (None)."""
-        if character is None:
-            return self.params
+        DiT, made once per character and kept, laid out as the DiT's own), or the model's (None)."""
         if character not in self._character_params:
             dit = self.params["dit"]
-            fn = jax.jit(self.system.apply_character, static_argnums=1,
+            fn = jax.jit(self.model.characters.apply, static_argnums=1,
                          out_shardings=jax.tree.map(lambda x: x.sharding, dit))
             with parallel.sharding_context(self.mesh, self.rules):
                 self._character_params[character] = {**self.params, "dit": fn(self.params, character)}
         return self._character_params[character]
 
-    def _sample(self, rep, ml, keys, extra: tuple, references, characters=None) -> tuple[Any, float]:
+    def _sample(self, rep, ml, keys, references: Sequence, characters: Sequence) -> tuple[Any, float]:
         """The sampling stage: one call per stored character LoRA the rows name (``characters``: per
-        row an index into ``system.character_names`` or None), each with that character's params
+        row an index into :attr:`character_names` or None), each with that character's params
         (:meth:`_params_for`), every row taking its own call's latents; rows naming none run with the
-        system's params exactly as without character LoRAs."""
-        chars = list(characters) if characters is not None else [None] * len(rep)
-        groups = list(dict.fromkeys(chars))
-        out, total = None, 0.0
-        for c in groups:
-            latents, t = self._sample_refs(self._params_for(c), rep, ml, keys, extra, references)
+        model's params exactly as without character LoRAs."""
+        first, *others = dict.fromkeys(characters)
+        out, total = self._sample_refs(self._params_for(first), rep, ml, keys, references)
+        for c in others:
+            latents, t = self._sample_refs(self._params_for(c), rep, ml, keys, references)
             total += t
-            if out is None:
-                out = latents
-            else:
-                mask = self._shard(np.asarray([x == c for x in chars]))
-                with parallel.sharding_context(self.mesh, self.rules):
-                    out = self._select_fn(mask, latents, out)
+            mask = self._shard(np.asarray([x == c for x in characters]))
+            with parallel.sharding_context(self.mesh, self.rules):
+                out = self._select_fn(mask, latents, out)
         return out, total
 
-    def _sample_refs(self, params, rep, ml, keys, extra: tuple, references) -> tuple[Any, float]:
+    def _sample_refs(self, params, rep, ml, keys, references: Sequence) -> tuple[Any, float]:
         """The sampling stage: today's call when no row has a reference; else the call with each
         row's reference latent (rows without one get a copy of another row's, output dropped) and,
         when some rows have none, today's call too, each row taking its own call's latents. Every row
         runs the program it runs alone, so its output does not depend on the batch."""
-        if references is None or all(r is None for r in references):
-            latents, t, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, *extra)
+        has = [r is not None for r in references]
+        if not any(has):
+            latents, t, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys)
             return latents, t
-        fill = next(r for r in references if r is not None)
-        ref = self._shard(np.stack([fill if r is None else r for r in references]).astype(np.float32))
-        noise = extra[0] if extra else None
-        with_ref, t_ref, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, noise, reference=ref)
-        if all(r is not None for r in references):
+        fill = references[has.index(True)]
+        ref = self._shard(np.stack([r if h else fill for r, h in zip(references, has)]).astype(np.float32))
+        with_ref, t_ref, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, None, reference=ref)
+        if all(has):
             return with_ref, t_ref
-        plain, t_plain, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys, *extra)
-        mask = self._shard(np.asarray([r is not None for r in references]))
+        plain, t_plain, _ = self._timed("sampling", self.sample_fn, params, rep, ml, keys)
+        mask = self._shard(np.asarray(has))
         with parallel.sharding_context(self.mesh, self.rules):
             return self._select_fn(mask, with_ref, plain), t_ref + t_plain
 
@@ -297,8 +289,8 @@ class GameEngine:
 
     def step(self, runs: Sequence[GameRun], seeds: Sequence[int], current_ids: Sequence[Sequence[int]],
              turn_index: Sequence[int], on_frames: Callable[[int, np.ndarray], None] | None = None,
-             noise: dict | None = None, references: Sequence[np.ndarray | None] | None = None,
-             characters: Sequence[int | None] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+             references: Sequence[np.ndarray | None] = (),
+             characters: Sequence[int | None] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
         """Runs one turn for ``batch_size`` rows (does not record it in ``runs``).
 
         Args:
@@ -307,17 +299,17 @@ class GameEngine:
           current_ids: per row, the current instruction ids.
           turn_index: per row, the turn number k (selects the PRNG key).
           on_frames: optional ``(first_frame, frames float32 [B, f, H, W, 3])``, called as frames
-            are decoded: once per VAE chunk when the system has ``decode_chunk``, else once with
-            the whole clip. Its own time is not counted in the stage timings. With
+            are decoded: once per VAE chunk when the model has the ``streaming`` capability, else once
+            with the whole clip. Its own time is not counted in the stage timings. With
             ``game.decoder=preview_then_full`` the first call is the preview decoder's whole clip and
             the VAE's calls then start again at frame 0: a call replaces the frames from its
             ``first_frame`` on. With ``game.decoder=preview``: one call, the preview's clip.
-          noise: optional given noise ``{"initial": [B, t, C, h, w], "steps": [B, num_steps, t, C, h, w]}``
-            replacing the keys' draws (e.g. a recorded release run, inference/release_decoding.py).
           references: optional, per row, the reference latent ``[1, C, h, w]`` of the character the
-            row's turn names (:meth:`reference_latents`) or None (decoded as without references).
+            row's turn names (:meth:`reference_latents`) or None (decoded as without references);
+            empty: none for every row.
           characters: optional, per row, the stored character LoRA the row's turn names
-            (:meth:`character_index`) or None (decoded with the system's DiT as it is).
+            (:meth:`character_index`) or None (decoded with the model's DiT as it is); empty: none
+            for every row.
 
         Returns:
           states int ``[B, 4]``, rep float32 ``[B, Q, rep_dim]``, frames float32 ``[B, T, 8h, 8w, 3]``,
@@ -329,12 +321,13 @@ class GameEngine:
         """
         t_start = time.perf_counter()
         first: list[float] = []
+        streaming = on_frames is not None and self.decode_chunk_fn is not None
+        report = on_frames or _ignore
 
         def frames_ready(start: int, chunk: np.ndarray) -> None:
             if not first:
                 first.append(time.perf_counter() - t_start)
-            if on_frames is not None:
-                on_frames(start, chunk)
+            report(start, chunk)
 
         if self.persistent_cache:
             states, rep, t_mllm = self._mllm_cached(runs, current_ids)
@@ -342,18 +335,18 @@ class GameEngine:
             inputs = [run.next_input(ids) for run, ids in zip(runs, current_ids)]
             batch = self._shard(stack_inputs(inputs))
             (states, rep), t_mllm, _ = self._timed("mllm", self.mllm_fn, self.params, batch)
-        if self.system.parse_states is not None:  # generated ids -> states on the host
-            states = self._shard(self.system.parse_states(np.asarray(jax.device_get(states))))
+        if self.model.free_decoding:  # generated ids -> states on the host (the release's parser)
+            states = self._shard(states_from_generated(np.asarray(jax.device_get(states))))
         keys = self._shard(np.stack([turn_key(s, k) for s, k in zip(seeds, turn_index)]))
-        extra = () if noise is None else (self._shard(noise),)
-        latents, t_samp = self._sample(rep, states[:, 0], keys, extra, references, characters)
+        latents, t_samp = self._sample(rep, states[:, 0], keys, references or [None] * len(runs),
+                                       characters or [None] * len(runs))
         t_prev = 0.0
-        if self.preview_fn is not None:
+        if self.decoder != "full":
             frames, t_prev, _ = self._timed("vae", self.preview_fn, self.params, latents)
             frames_ready(0, np.asarray(jax.device_get(frames)))
         if self.decoder == "preview":
             t_vae = t_prev
-        elif on_frames is not None and self.decode_chunk_fn is not None:
+        elif streaming:
             frames, t_vae = self._decode_streaming(latents, frames_ready)
             t_vae += t_prev
         else:
@@ -363,7 +356,7 @@ class GameEngine:
         states_np, rep_np, frames_np = (np.asarray(jax.device_get(x)) for x in (states, rep, frames))
         timing = {"mllm_s": t_mllm, "sampling_s": t_samp, "vae_s": t_vae, "ttff_s": first[0],
                   "turn_s": time.perf_counter() - t_start}
-        if self.preview_fn is not None:  # only in the preview modes: "full" keeps its timing keys
+        if self.decoder != "full":  # only in the preview modes: "full" keeps its timing keys
             timing["preview_s"] = t_prev
         return states_np, rep_np, frames_np, timing
 
@@ -373,8 +366,8 @@ class GameEngine:
         from that turn's stored states and s_a. Returns the batch-1 cache."""
         if run.cache_matches():
             return run.kv_cache
-        plan = self.system.cache_plan
-        cache = jax.device_put(self.system.init_cache(1), self._replicated)  # the jit outputs' sharding
+        plan = self.model.kv_cache.plan
+        cache = jax.device_put(self.model.kv_cache.init(1), self._replicated)  # the jit outputs' sharding
         if run.history:
             self.cache_rebuilds += 1
         for t, rec in enumerate(run.history):
@@ -390,7 +383,7 @@ class GameEngine:
         t0 = time.perf_counter()
         compile0 = self.compile_s["mllm"]
         caches = [self._synced_cache(run) for run in runs]
-        plan = self.system.cache_plan
+        plan = self.model.kv_cache.plan
         rows = [run.next_cached_input(ids, plan) for run, ids in zip(runs, current_ids)]
         cache = TurnKVCache.concat(caches)
         batch = jax.device_put(stack_cached_inputs(rows), self._replicated)
@@ -401,9 +394,9 @@ class GameEngine:
         return states, rep, max(0.0, wall)
 
     def _decode_streaming(self, latents, on_frames) -> tuple[np.ndarray, float]:
-        """``decode`` run one chunk of ``system.decode_plan`` at a time, the causal cache carried
+        """``decode`` run one chunk of the model's ``streaming.plan`` at a time, the causal cache carried
         between calls; ``on_frames`` gets each chunk's frames. Returns (frames [B, T, 8h, 8w, 3], s)."""
-        plan = tuple(int(n) for n in self.system.decode_plan)
+        plan = tuple(int(n) for n in self.model.streaming.plan)
         if not plan or sum(plan) != latents.shape[1]:
             raise ValueError(f"decode_plan {plan} does not split {latents.shape[1]} latent frames")
         cache, chunks, start, total = None, [], 0, 0.0
@@ -417,7 +410,7 @@ class GameEngine:
             start += n
         return np.concatenate(chunks, axis=1), total
 
-    def play(self, games: Sequence[Game], on_turn: Callable[[int, list], None] | None = None) -> list[dict]:
+    def play(self, games: Sequence[Game], on_turn: Callable[[int, list], None] = _ignore) -> list[dict]:
         """Plays up to ``batch_size`` games together; returns one result dict per game.
 
         Each result: ``{"game": Game, "seed": int, "turns": [TurnResult...], "timings": {...}}``
@@ -457,8 +450,7 @@ class GameEngine:
                 meters = runs[b].finish_turn(text_ids[b][k], st, rep_np[b], int(self.config.game.meter_step))
                 results[b]["turns"].append(TurnResult(st, rep_np[b], frames_np[b], meters.as_dict()))
                 results[b]["timings"].append(dict(timing))
-            if on_turn is not None:
-                on_turn(k, results)
+            on_turn(k, results)
         compile_now = {s: self.compile_s[s] - compile_before[s] for s in STAGES}
         for r in results:
             r["compile_s"] = compile_now
@@ -478,51 +470,3 @@ def batches(games: Sequence[Game], size: int) -> list[list[Game]]:
             out.append([g])
     return out
 
-
-def game_record(config, result: dict, system_label: str, write_s: float | None = None,
-                system_description: str = "") -> dict:
-    """The game.json content of a played game (game/writers.py writes it); ``system_description``
-    is :attr:`GameSystem.description`."""
-    game: Game = result["game"]
-    turns = []
-    for k, (turn, tr, tm) in enumerate(zip(game.turns, result["turns"], result["timings"])):
-        turns.append({
-            "turn": k,
-            "instruction": turn.text,
-            "states": dict(zip(mllm_tokenizer.STATE_FIELDS, tr.states)),
-            "meters": tr.meters,
-            "turn_seed": {"game_seed": result["seed"], "turn": k,
-                          "key": [int(v) for v in turn_key(result["seed"], k)]},
-            "timings_s": tm,
-        })
-    cfg = apply_mode(config)
-    totals = {s: float(sum(t[f"{s}_s"] for t in result["timings"])) for s in STAGES}
-    if write_s is not None:
-        totals["writing"] = write_s
-    record = {
-        "game_id": game.game_id,
-        "config": cfg.name,
-        "mode": cfg.game.mode,
-        "history_window": cfg.mllm.history_window,
-        "readout": cfg.mllm.readout,
-        "cfg_schedule": cfg.diffusion.cfg_schedule,
-        "system": system_label,
-        "system_description": system_description,
-        "seed": result["seed"],
-        "fps": cfg.game.fps,
-        "meter_start": int(cfg.game.meter_start),
-        "instructions": [t.text for t in game.turns],
-        "states": [list(tr.states) for tr in result["turns"]],
-        "meters": [tr.meters for tr in result["turns"]],
-        "turns": turns,
-        "timings_s": {"run": totals, "compile": result.get("compile_s", {})},
-    }
-    if str(cfg.game.get("decoder", "full")) != "full":  # only the preview modes: "full" games as before
-        record["decoder"] = str(cfg.game.decoder)
-    if game.characters:  # only games with --character: the others' game.json is as before
-        record["characters"] = record_entries(game.characters)
-        for t, turn in zip(turns, game.turns):
-            c = named(game.characters, turn.character)
-            if c is not None:
-                t["reference"] = c.file
-    return record

@@ -1,9 +1,10 @@
-"""Loading the :class:`~animegamer_jax.game.api.GameSystem` a command plays with.
+"""Loading the :class:`~animegamer_jax.inference.turn_model.TurnModel` a command plays with.
 
 ``--checkpoint DIR``: every component from one system checkpoint directory
-(docs/design.md#one-checkpoint-directory-for-a-whole-system), wrapped by game/real_system.py.
-``--standin``: the clearly-labelled random stand-in (game/standin_system.py), for when no
-checkpoint exists. ``--demo`` without a checkpoint: the real networks, randomly initialised.
+(docs/design.md#one-checkpoint-directory-for-a-whole-system), as a ``RealTurnModel``
+(inference/turn_model.py). ``--standin``: the clearly-labelled random stand-in
+(inference/standin_model.py), for when no checkpoint exists. ``--demo`` without a checkpoint: the
+real networks, randomly initialised.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from animegamer_jax.io import fileio
 from animegamer_jax.io import paths
 from animegamer_jax.checkpoint import (CheckpointIntegrityError, SystemCheckpointError, checkpoint_identity,
                                        load_system, read_manifest, verify_checkpoint)
-from animegamer_jax.game.api import GameSystem
-from animegamer_jax.game.real_system import build_real_system
-from animegamer_jax.game.standin_system import build_standin
 from animegamer_jax.inference.clip_sampler import sampling_component
+from animegamer_jax.inference.standin_model import StandinTurnModel
+from animegamer_jax.inference.turn_model import RealTurnModel, TurnModel
 from animegamer_jax.models.cogvideox.character import COMPONENT as CHARACTERS
 from animegamer_jax.models.cogvideox.character import CharacterLoRAs, CharacterSpec
 from animegamer_jax.models.registry import COMPONENT_BUILDERS, supports_preview, supports_references
@@ -33,7 +33,7 @@ class CheckpointError(ValueError):
 
 
 def _standin_decode(config):
-    st = build_standin(config)
+    st = StandinTurnModel(config)
     return lambda latents: st.decode(st.params, latents)
 
 
@@ -56,8 +56,8 @@ def wants_preview(config) -> bool:
 
 
 def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = False,
-                     verify: str = "fast", need_references: bool = False) -> GameSystem:
-    """Loads every component from ``checkpoint`` and wraps them as per-turn functions.
+                     verify: str = "fast", need_references: bool = False) -> RealTurnModel:
+    """Loads every component from ``checkpoint`` as a :class:`RealTurnModel`.
 
     Args:
       checkpoint: a directory written by ``save_system``.
@@ -132,14 +132,11 @@ def load_game_system(checkpoint: str, config, mesh=None, standin_vae: bool = Fal
         label += f" (few-step student, {d.num_sampling_steps} step(s), guidance {d.cfg_scale:g})"
     if standin_vae:
         label += " (VAE: random stand-in decoder, NOT the CogVideoX VAE)"
-    system = build_real_system(components, config, label=label,
-                               decode_fn=_standin_decode(config) if standin_vae else None)
-    system.identity = identity
-    system.description = str(manifest.get("description") or "")
-    return system
+    return RealTurnModel(components, config, label=label, decode_fn=_standin_decode(config) if standin_vae else None,
+                         identity=identity, description=str(manifest.get("description") or ""))
 
 
-def build_random_system(config, seed: int = 0) -> GameSystem:
+def build_random_system(config, seed: int = 0) -> RealTurnModel:
     """The real networks at ``config`` sizes, randomly initialised (untrained), in one jitted init.
 
     The label says so.
@@ -159,13 +156,13 @@ def build_random_system(config, seed: int = 0) -> GameSystem:
     comps = {k: nnx.merge(g, s) for k, (g, s) in split.items()}
     label = (f"RANDOMLY INITIALISED {config.name} system (untrained MLLM, DiT, E_a and VAE; seed {seed}); "
              f"no trained checkpoint was found")
-    return build_real_system(comps, config, label=label)
+    return RealTurnModel(comps, config, label=label)
 
 
 def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=None,
                    random_fallback: bool = False, standin_vae: bool = False, verify: str = "fast",
-                   need_references: bool = False) -> GameSystem:
-    """Picks the system a command plays.
+                   need_references: bool = False) -> TurnModel:
+    """Picks the system a command plays, as its turn model.
 
     ``standin`` -> the random stand-in; else the checkpoint (argument or ``config.game.checkpoint``);
     with ``random_fallback`` (the demo) a missing checkpoint gives :func:`build_random_system`.
@@ -181,7 +178,7 @@ def resolve_system(config, checkpoint: str = "", standin: bool = False, mesh=Non
             raise CheckpointError(f"the random stand-in has no preview decoder, which --config.game.decoder="
                                   f"{config.game.decoder} plays. Fix: play a checkpoint with one (training phase "
                                   f"preview) or use --config.game.decoder=full")
-        return build_standin(config, seed=int(config.seed))
+        return StandinTurnModel(config, seed=int(config.seed))
     ckpt = paths.resource(checkpoint or config.game.checkpoint)
     if random_fallback and (not ckpt or not fileio.isdir(ckpt)):
         if need_references:

@@ -1,4 +1,4 @@
-"""One game's run: the running meters and the finished turns the MLLM's window is built from.
+"""One game's run: the running meters, the finished turns the MLLM's window is built from, a turn's result.
 
 Meters follow the release demo ``app.py`` (docs/token_layout.md#state-fields): social, entertainment
 and stamina start at 50, each turn adds ``5 x`` the predicted change (SC, ET, ST) and clamps to
@@ -92,3 +92,20 @@ class GameRun:
         self.meters = self.meters.update(st, meter_step)
         self.meter_log.append(self.meters.as_dict())
         return self.meters
+
+
+@dataclasses.dataclass
+class TurnResult:
+    """One game's output for one turn.
+
+    Attributes:
+      states: the predicted ``(ML, SC, ET, ST)``.
+      rep: s_a, float32 ``[Q, rep_dim]``.
+      frames: the clip, float32 ``[T, 8h, 8w, 3]`` in inference/vae_decode.py's ``FRAME_RANGE`` (or uint8 once converted).
+      meters: ``{"social", "entertainment", "stamina"}`` after the turn.
+    """
+
+    states: tuple[int, int, int, int]
+    rep: np.ndarray
+    frames: np.ndarray
+    meters: dict[str, int]

@@ -1,7 +1,7 @@
 """Saving played games and reporting them: what play, generate, the web app and the game benchmark share.
 
 * :func:`save_game` writes a :meth:`GameEngine.play` result in the game/writers.py layout (the
-  game.json record from ``engine.game_record``, the :func:`fingerprint` of what made it);
+  game.json record, :func:`game_record`; the :func:`fingerprint` of what made it);
 * :func:`save_turn` saves a game played a turn at a time (a new folder on its first turn, then
   ``writers.append_turn``: the cost of a save does not grow with the game), :func:`finish_session`
   remakes its game video and contact sheet when a play session ends;
@@ -24,13 +24,14 @@ from animegamer_jax.io import fileio
 from animegamer_jax.io import paths
 from animegamer_jax.tokenizers.mllm_tokenizer import STATE_FIELDS as STATE_FIELD_NAMES
 from animegamer_jax.game import characters, writers
-from animegamer_jax.game.api import STAGES, TurnResult
-from animegamer_jax.game.engine import GameEngine, game_record
-from animegamer_jax.game.run import METER_NAMES
+from animegamer_jax.game.engine import GameEngine
+from animegamer_jax.game.run import METER_NAMES, TurnResult
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
 from animegamer_jax.inference.clip_sampler import turn_key
 from animegamer_jax.inference.instructions import Game, GameScriptError, parse_instruction
+from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import TurnRecord, encode_instruction
+from animegamer_jax.inference.turn_model import STAGES
 
 #: what a turn's state record (``turn_NNN.state.npz``) holds, as game.json ``save.state`` says it
 STATE_FIELDS = ("turn: int64 k; seed: int64 game seed; text_ids: int32 instruction ids; states: int32 [4] "
@@ -38,11 +39,60 @@ STATE_FIELDS = ("turn: int64 k; seed: int64 game seed; text_ids: int32 instructi
                 "after the turn; key: uint32 [2] turn k's sampler key; next_key: turn k+1's")
 
 
+def game_record(config, result: dict, system_label: str, write_s: float | None = None,
+                system_description: str = "") -> dict:
+    """The game.json content of a played game (game/writers.py writes it); ``system_description``
+    is the turn model's ``description`` (inference/turn_model.py)."""
+    game: Game = result["game"]
+    turns = []
+    for k, (turn, tr, tm) in enumerate(zip(game.turns, result["turns"], result["timings"])):
+        turns.append({
+            "turn": k,
+            "instruction": turn.text,
+            "states": dict(zip(STATE_FIELD_NAMES, tr.states)),
+            "meters": tr.meters,
+            "turn_seed": {"game_seed": result["seed"], "turn": k,
+                          "key": [int(v) for v in turn_key(result["seed"], k)]},
+            "timings_s": tm,
+        })
+    cfg = apply_mode(config)
+    totals = {s: float(sum(t[f"{s}_s"] for t in result["timings"])) for s in STAGES}
+    if write_s is not None:
+        totals["writing"] = write_s
+    record = {
+        "game_id": game.game_id,
+        "config": cfg.name,
+        "mode": cfg.game.mode,
+        "history_window": cfg.mllm.history_window,
+        "readout": cfg.mllm.readout,
+        "cfg_schedule": cfg.diffusion.cfg_schedule,
+        "system": system_label,
+        "system_description": system_description,
+        "seed": result["seed"],
+        "fps": cfg.game.fps,
+        "meter_start": int(cfg.game.meter_start),
+        "instructions": [t.text for t in game.turns],
+        "states": [list(tr.states) for tr in result["turns"]],
+        "meters": [tr.meters for tr in result["turns"]],
+        "turns": turns,
+        "timings_s": {"run": totals, "compile": result.get("compile_s", {})},
+    }
+    if str(cfg.game.get("decoder", "full")) != "full":  # only the preview modes: "full" games as before
+        record["decoder"] = str(cfg.game.decoder)
+    if game.characters:  # only games with --character: the others' game.json is as before
+        record["characters"] = characters.record_entries(game.characters)
+        for t, turn in zip(turns, game.turns):
+            c = characters.named(game.characters, turn.character)
+            if c is not None:
+                t["reference"] = c.file
+    return record
+
+
 def fingerprint(engine: GameEngine, game: Game, seed: int) -> dict:
     """What makes ``game``'s outputs when ``engine`` plays it with ``seed``
     (``writers.game_fingerprint``): stored in game.json, compared when generate resumes."""
     return writers.game_fingerprint(engine.config, [t.text for t in game.turns], seed,
-                                    engine.system.identity or engine.system.label,
+                                    engine.model.identity or engine.model.label,
                                     characters.fingerprint_part(game.characters))
 
 
@@ -63,7 +113,7 @@ def _records(engine: GameEngine, result: dict) -> list[TurnRecord]:
 
 
 def _record(engine: GameEngine, result: dict, frame_size) -> dict:
-    record = game_record(engine.config, result, engine.system.label, system_description=engine.system.description)
+    record = game_record(engine.config, result, engine.model.label, system_description=engine.model.description)
     record["save"] = {"format": writers.SAVE_FORMAT, "state": STATE_FIELDS, "frame_size": [int(v) for v in frame_size]}
     return record
 
@@ -244,7 +294,7 @@ def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
         raise _refuse(game_dir, "its characters' turns need a system with a reference adapter",
                       "pass the --checkpoint it was played with")
     want = writers.game_fingerprint(engine.config, rec.get("instructions", []), seed,
-                                    engine.system.identity or engine.system.label,
+                                    engine.model.identity or engine.model.label,
                                     characters.fingerprint_part(chars))
     parts = fp.get("parts", {}) if isinstance(fp, dict) else {}
     if parts.get("system") != want["parts"]["system"]:
@@ -312,7 +362,7 @@ def branch_game(src_dir: str, game: TurnByTurnGame, engine: GameEngine, out_dir:
     """
     result = game.result()
     src = writers.read_json(paths.join(src_dir, writers.GAME_JSON))
-    record = game_record(engine.config, result, engine.system.label, system_description=engine.system.description)
+    record = game_record(engine.config, result, engine.model.label, system_description=engine.model.description)
     record["save"] = dict(src["save"], derived={"turns": 0})
     with fileio.signals_held():
         return writers.copy_turns(src_dir, out_dir, game.game_id, record,

@@ -17,9 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine
-from animegamer_jax.game.run import GameRun
+from animegamer_jax.game.run import GameRun, TurnResult
 from animegamer_jax.inference.instructions import Game, Turn, parse_instruction
 from animegamer_jax.inference.turn_inputs import encode_instruction
 

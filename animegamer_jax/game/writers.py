@@ -767,7 +767,7 @@ def append_turn(game_dir: str, record: Mapping[str, Any], frames: np.ndarray, st
 
     Args:
       game_dir: a game folder of this project (``game.json`` with ``len(record["turns"]) - 1`` turns).
-      record: the whole game's game.json content (engine.game_record; ``timings_s`` goes to timings.json).
+      record: the whole game's game.json content (saving.game_record; ``timings_s`` goes to timings.json).
       frames: the new turn's clip ``[T, H, W, 3]`` (float [0, 1] or uint8, no HUD).
       state: its :func:`encode_turn_state` bytes.
 
@@ -824,7 +824,7 @@ def drop_last_turn(game_dir: str, record: Mapping[str, Any], *,
                    fingerprint: Mapping[str, Any] | None = None) -> None:
     """Removes the last turn of a saved game grown turn by turn (the web server's undo).
 
-    ``record`` is the game.json content of the turns kept (one fewer than saved; engine.game_record,
+    ``record`` is the game.json content of the turns kept (one fewer than saved; saving.game_record,
     ``timings_s`` goes to timings.json). Writes ``game.json`` (the commit point: the dropped turn's
     files are then unlisted; kept turns' file entries carried over), then removes the dropped turn's
     video, GIF and state files and rewrites ``index.html`` and ``timings.json``; ``game.mp4`` and the

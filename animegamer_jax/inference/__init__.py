@@ -14,6 +14,9 @@ and the layers below them):
   action_representation.py  E_a's s_a of a batch (frozen T5 / CLIP features through the shot encoder)
   clip_sampler.py      the DiT sampler (teacher with CFG, or the distilled student): s_a + ML -> latents
   vae_decode.py        the VAE decoder step (tiled / chunked): latents -> frames in FRAME_RANGE
-The game (game/) wraps these as a GameSystem (game/real_system.py); nothing here reads
-script files, checkpoints or other files.
+  turn_model.py        TurnModel, what the game engine plays (a Protocol: the stages as methods, five
+                       optional capabilities), and RealTurnModel, the real networks on loaded modules
+  standin_model.py     StandinTurnModel, a random stand-in TurnModel (tests, --standin; labelled everywhere)
+The game engine (game/engine.py) plays a TurnModel; nothing here reads script files, checkpoints
+or other files.
 """

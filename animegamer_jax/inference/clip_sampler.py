@@ -66,7 +66,7 @@ def dit_sampler(g_dit, config, g_reference=None):
     (``diffusion.sampler="student"``: ``p["dit"]`` the student's state, ``noise["steps"]`` its num_steps
     re-noising draws, no CFG batch). In reference mode s_a
     is rounded to bfloat16 first, as the release does. The one clip sampler: play
-    (:func:`build_real_system`), training's sample videos (train/samples.py), the decoder evaluation
+    (turn_model.py ``RealTurnModel``), training's sample videos (train/samples.py), the decoder evaluation
     (eval/decoder.py) and the ahead-of-time programs (aot/pieces.py) all call it."""
     d = config.diffusion
     student = str(d.sampler) == samplers.STUDENT

@@ -68,7 +68,7 @@ def vae_decoder(g_vae, vcfg, config, num_devices: int | None = None, device=None
     tiled, both are None / (). ``decode.why`` says what was chosen. ``num_devices``: the mesh's
     device count (default ``jax.device_count()``); ``device``: one device of that mesh, whose memory
     (or chip HBM, for compile-only devices) sets the tile budget (default ``jax.devices()[0]``). Used
-    by :func:`build_real_system` and the ahead-of-time programs (animegamer_jax/aot), which pass
+    by turn_model.py ``RealTurnModel`` and the ahead-of-time programs (animegamer_jax/aot), which pass
     ``resident_bytes`` (the turn's other weights per device) for compile-only devices.
     """
     scale = float(config.vae.scaling_factor)

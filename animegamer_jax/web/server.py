@@ -83,10 +83,9 @@ from animegamer_jax.io import paths
 from animegamer_jax.io import media
 from animegamer_jax.game import characters as characters_lib
 from animegamer_jax.game import saving, writers
-from animegamer_jax.game.api import TurnResult
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.run import METER_NAMES
+from animegamer_jax.game.run import METER_NAMES, TurnResult
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame, instruction_from_fields
 from animegamer_jax.inference.instructions import FIELDS, GameScriptError, Turn, check_text, is_plain_name
 from animegamer_jax.inference.layout import setup_jax
@@ -631,7 +630,7 @@ class GameServer:
         if not isinstance(name, str) or not isinstance(image_b64, str):
             raise BadInput("character takes {\"name\": \"<character name>\", \"image_b64\": \"<the image, base64>\"}")
         if not self.engine.supports_references:
-            raise BadInput(f"this server's system ({self.engine.system.label}) has no reference adapter. Fix: serve "
+            raise BadInput(f"this server's system ({self.engine.model.label}) has no reference adapter. Fix: serve "
                            f"a checkpoint trained with phase r (docs/training.md#phase-r-reference)")
         if len(image_b64) > 4 * (MAX_CHARACTER_BYTES // 3 + 1):
             raise BadInput(f"the image is over {MAX_CHARACTER_BYTES >> 20} MB. Fix: upload a smaller picture")
@@ -757,8 +756,8 @@ class GameServer:
                 prev = tr.meters
             cfg = self.engine.config
             return {
-                "game_id": game.game_id, "seed": game.seed, "system": self.engine.system.label,
-                "system_description": self.engine.system.description,
+                "game_id": game.game_id, "seed": game.seed, "system": self.engine.model.label,
+                "system_description": self.engine.model.description,
                 "config": cfg.name, "mode": cfg.game.mode, "fps": float(cfg.game.fps),
                 "meters": prev, "start_meters": start, "turns": turns,
                 "busy": s.job is not None, "version": s.version, "saved_games": self.saved_games(s),
