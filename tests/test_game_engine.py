@@ -254,6 +254,28 @@ def test_fingerprint_names_mode_and_override_changes():
         apply_mode(base), TEXTS[1:3], 3, "sys")["parts"]) == ["instructions changed"]
 
 
+def test_fingerprint_leaves_out_the_device_layout_and_old_games_still_match():
+    """Where a game ran (mesh, sharding rules, play's layout) is no part of what it is: play's latency
+    layout and generate's / the web app's mesh give one fingerprint, and a game saved when the
+    fingerprint held them (every game before issue 53) matches by writers.same_making."""
+    from animegamer_jax.inference.layout import apply_layout
+
+    base = apply_mode(load_config("configs/tiny.py"))
+    fp = writers.game_fingerprint(base, TEXTS[:2], 3, "sys")
+    latency = writers.game_fingerprint(apply_layout(base, "latency", 4), TEXTS[:2], 3, "sys")
+    assert latency == fp and "mesh" not in fp["parts"]["config"] and "sharding_rules" not in fp["parts"]["config"]
+    assert not {"play_layout", "latency_weights"} & set(fp["parts"]["config"]["game"])
+    old = json.loads(json.dumps(fp["parts"]))
+    old["config"]["mesh"] = {"axes": ["data", "fsdp", "tensor", "context"], "shape": [-1, 1, 1, 1]}
+    old["config"]["sharding_rules"] = [["embed", "fsdp"]]
+    old["config"]["game"]["play_layout"] = "latency"
+    saved = writers.fingerprint(old)
+    assert saved["sha256"] != fp["sha256"] and writers.same_making(saved, fp) is None
+    old["config"]["game"]["fps"] = 12
+    assert writers.same_making(writers.fingerprint(old), fp) == ["config.game.fps 12 -> 8"]
+    assert writers.same_making(None, fp) == writers.same_making({"sha256": "x"}, fp) == ["fingerprint differs"]
+
+
 def test_generate_checks_every_game_before_playing(tmp_path, capsys, monkeypatch):
     jl, out = tmp_path / "games.jsonl", tmp_path / "out"
     long = "Character: Bunny; Motion: " + " ".join(["hop"] * 80) + "; Background: day."

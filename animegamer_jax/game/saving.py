@@ -300,8 +300,8 @@ def load_game(engine: GameEngine, game_dir: str, upto: int | None = None,
     if parts.get("system") != want["parts"]["system"]:
         raise _refuse(game_dir, f"it was played by system {parts.get('system')!r}, this command plays "
                       f"{want['parts']['system']!r}", "pass the --checkpoint (or --standin) it was played with")
-    if not isinstance(fp, dict) or fp.get("sha256") != want["sha256"]:
-        changes = writers.fingerprint_changes(parts, want["parts"])
+    changes = writers.same_making(fp, want)
+    if changes:
         raise _refuse(game_dir, "it was played with other settings (" + "; ".join(changes[:3])
                       + (f"; {len(changes) - 3} more" if len(changes) > 3 else "") + ")",
                       "pass the --config and --config.* overrides it was played with")

@@ -217,6 +217,19 @@ def _remove_parts(game_dir: str) -> None:
             fileio.remove(paths.join(game_dir, name))
 
 
+def folder_files(game_dir: str) -> list[str]:
+    """Every file of the game folder ``game_dir`` (a local path), as sorted ``/``-separated names
+    relative to it: the marker, game.json, the turns' files, ``characters/<NAME>.png``, ... (what a
+    copy of the game needs to open anywhere; the web app's zip). A killed writer's ``*.part`` files
+    are left out."""
+    out = []
+    for root, dirs, names in os.walk(game_dir):
+        dirs.sort()
+        rel = os.path.relpath(root, game_dir)
+        out += [n if rel == "." else f"{rel.replace(os.sep, '/')}/{n}" for n in names if not n.endswith(".part")]
+    return sorted(out)
+
+
 def part_path(path: str) -> str:
     """The temp name a video is written under before it is renamed to ``path``: unique to this
     process and write (``<path>.<pid>-<hex>.part``), so no two writers ever share one."""
@@ -526,6 +539,12 @@ _NOT_FINGERPRINTED = ("game.out_dir", "game.checkpoint", "game.seed", "game.mode
 _ADDED_AT_DEFAULT = (("game.decoder", "full"), ("train.preview_real_weight", 0.0),
                      ("dit.reference_drops_image", False), ("train.reference_image_dropout", -1.0))
 
+#: config fields that say where a game's turns are computed, not what they are: the device mesh, the
+#: sharding rules, play's layout (inference/layout.py ``apply_layout``: ``latency`` for play, the config's
+#: mesh for generate and the web app). Left out of a game's fingerprint, so a game folder is one save
+#: file wherever it was made (:func:`same_making`); games fingerprinted with them still match.
+PLACEMENT_FIELDS = ("mesh", "sharding_rules", "game.play_layout", "game.latency_weights")
+
 #: config fields removed from the configs (config.py ``REMOVED_KEYS``) after games were fingerprinted
 #: with them: (key, the value each named config had, the value of any other config). A config without
 #: the key gets it back in the fingerprint, so those games' fingerprints (and game.json) stay as they
@@ -545,9 +564,7 @@ def game_fingerprint(config, instructions: Sequence[str], seed: int, system_iden
         sec, _, name = key.partition(".")
         if isinstance(cfg.get(sec), dict) and name not in cfg[sec]:
             cfg[sec][name] = by_name.get(str(cfg.get("name")), other)
-    for key in _NOT_FINGERPRINTED:
-        sec, _, name = key.partition(".")
-        cfg.get(sec, {}).pop(name, None)
+    _drop_fields(cfg, _NOT_FINGERPRINTED + PLACEMENT_FIELDS)
     if str(config.game.get("decoder", "full")) == "full":
         cfg.pop("preview", None)
     for key, value in _ADDED_AT_DEFAULT:
@@ -559,6 +576,39 @@ def game_fingerprint(config, instructions: Sequence[str], seed: int, system_iden
     if characters:
         parts["characters"] = dict(characters)
     return fingerprint(parts)
+
+
+def _drop_fields(cfg: dict, keys: Sequence[str]) -> None:
+    """Removes ``keys`` (``"section"`` or ``"section.name"``) from the config dict ``cfg`` in place."""
+    for key in keys:
+        sec, _, name = key.partition(".")
+        if not name:
+            cfg.pop(sec, None)
+        elif isinstance(cfg.get(sec), dict):
+            cfg[sec].pop(name, None)
+
+
+def same_making(stored: Any, expected: Mapping[str, Any]) -> list[str] | None:
+    """The one rule that says whether a saved game was made as ``expected`` (a :func:`game_fingerprint`)
+    says: None when it was, else what differs (:func:`fingerprint_changes`; ``["fingerprint differs"]``
+    when nothing readable does). Used wherever a saved game is matched: ``play --continue``
+    (game/saving.py ``load_game``), generate's resume (:func:`verify_game`), the web app's saved games.
+
+    ``stored`` is game.json's ``fingerprint``; its :data:`PLACEMENT_FIELDS` are dropped first (games
+    saved before they were left out hold them), so a game made by play, generate or the web app, on
+    any device layout, matches the same game and settings in any of them.
+    """
+    if isinstance(stored, dict) and stored.get("sha256") == expected["sha256"]:
+        return None
+    parts = stored.get("parts") if isinstance(stored, dict) else None
+    if not isinstance(parts, dict):
+        return ["fingerprint differs"]
+    parts = json.loads(json.dumps(parts))
+    if isinstance(parts.get("config"), dict):
+        _drop_fields(parts["config"], PLACEMENT_FIELDS)
+    if fingerprint(parts)["sha256"] == expected["sha256"]:
+        return None
+    return fingerprint_changes(parts, expected["parts"]) or ["fingerprint differs"]
 
 
 def fingerprint(parts: Mapping[str, Any]) -> dict:
@@ -595,8 +645,8 @@ def fingerprint_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
 def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str | None:
     """Why the finished game in ``game_dir`` cannot be kept as is, or None when it can.
 
-    Checks the marker, that ``game.json`` parses, that its fingerprint equals ``expected``
-    (a :func:`fingerprint`; skipped when None) and that every listed file exists with its size and
+    Checks the marker, that ``game.json`` parses, that its fingerprint matches ``expected``
+    (a :func:`game_fingerprint`, by :func:`same_making`; skipped when None) and that every listed file exists with its size and
     sha256.
     """
     if not is_game_folder(game_dir):
@@ -607,10 +657,10 @@ def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str
         fp = rec["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError):
         return f"{GAME_JSON} is missing or damaged"
-    if expected is not None and (not isinstance(fp, dict) or fp.get("sha256") != expected["sha256"]):
-        changes = fingerprint_changes(fp.get("parts", {}) if isinstance(fp, dict) else {}, expected["parts"])
+    changes = None if expected is None else same_making(fp, expected)
+    if changes:
         more = f"; {len(changes) - 3} more" if len(changes) > 3 else ""
-        return "made differently (" + ("; ".join(changes[:3]) or "fingerprint differs") + more + ")"
+        return "made differently (" + "; ".join(changes[:3]) + more + ")"
     for name, want in sorted(files.items()):
         path = paths.join(game_dir, name)
         if not fileio.isfile(path):

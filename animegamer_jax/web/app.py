@@ -27,7 +27,9 @@ Routes (every asset is served from this package; the page needs no internet):
                                 current game's first k turns (default all); the source stays
 ``GET /games/<id>/<file>``      a file of one of the session's games (MP4s with range requests;
                                 ``game.mp4`` and ``contact_sheet.png`` made on demand)
-``GET /games/<id>.zip``         the game folder as a zip (game video and contact sheet made first)
+``GET /games/<id>.zip``         the game folder as a zip (game video and contact sheet made first):
+                                every file of it, the marker and ``characters/`` too, so the
+                                game unzipped anywhere continues with ``play --continue``
 ==============================  ===============================================================
 
 Every refusal is a 4xx (or a 503) with a JSON body ``{"error": "<one line>"}``. Before any route
@@ -516,9 +518,8 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
         def pack() -> bytes:
             buf = io.BytesIO()
             with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-                for name in sorted(os.listdir(folder)):
-                    if not name.startswith("."):
-                        z.write(os.path.join(folder, name), f"{game_id}/{name}")
+                for name in writers.folder_files(folder):  # the marker and characters/ too: it continues anywhere
+                    z.write(os.path.join(folder, *name.split("/")), f"{game_id}/{name}")
             return buf.getvalue()
 
         data = await asyncio.to_thread(pack)
