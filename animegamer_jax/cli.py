@@ -17,10 +17,10 @@ The pattern of a command (``python -m animegamer_jax.commands.<command>``, conso
 
 :func:`run_command` parses with :func:`parse_flags`, prints ``error: <message>`` and returns 2 for a
 bad command line or one of the command's input errors, returns 130 after Ctrl-C when the command
-says what an interruption leaves behind, and quiets library logs for commands that define
-``--verbosity`` (:func:`define_verbosity`). Every command also gets ``--compilation_cache_dir``
-(:func:`define_compilation_cache`): the body runs with JAX's persistent compilation cache in that
-folder (:func:`compilation_cache`). :func:`run_subcommand` dispatches ``<prog> KIND ...`` to
+says what an interruption leaves behind, and quiets library logs. Every command gets ``--verbosity``
+(:func:`define_verbosity`, added by :func:`parse_flags` where the command does not define it) and
+``--compilation_cache_dir`` (:func:`define_compilation_cache`): the body runs with JAX's persistent
+compilation cache in that folder (:func:`compilation_cache`). :func:`run_subcommand` dispatches ``<prog> KIND ...`` to
 one such ``main`` per kind.
 
 Config paths: ``--config=configs/tiny.py`` works from any directory: a config path that does not
@@ -37,7 +37,9 @@ import logging as std_logging
 import os
 import signal
 import sys
+import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import NoReturn
 
@@ -194,18 +196,27 @@ def compilation_cache(folder: str) -> Iterator[None]:
     (``jax_persistent_cache_min_compile_time_secs = 0``, ``jax_persistent_cache_min_entry_size_bytes = -1``):
     JAX's default skips programs that compile in under 1 s, which are all of the tiny config's on a
     CPU and together still take seconds per run. Only jax options are set, so the backend does not
-    start here (``jax.distributed.initialize`` may still come first). A local folder that cannot be
-    created turns the cache off with one stage line: a cache is never a reason to fail. The options
-    and JAX's cache object are restored on exit (a command run in-process leaves no cache behind).
+    start here (``jax.distributed.initialize`` may still come first). A cache is never a reason to
+    fail, and its problems are one stage line each (:func:`status`), once: a local folder that cannot
+    be created (a file's path, say) turns the cache off; one that cannot be written (read-only) is
+    only read, its programs loaded and new ones not saved, JAX's warning for each program it could
+    not save hidden. The options and JAX's cache object are restored on exit (a command run
+    in-process leaves no cache behind).
     """
+    read_only = False
     if folder and not paths.is_url(folder):
+        folder = os.path.expanduser(folder)
         try:
-            os.makedirs(os.path.expanduser(folder), exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
         except OSError as e:
-            status("compilation cache off: cannot create %s (%s)", folder, e.strerror or e)
+            status("compilation cache off: cannot create the folder %s (%s). Fix: pass --compilation_cache_dir "
+                   "with a folder (empty turns the cache off)", folder, e.strerror or e)
             folder = ""
         else:
-            folder = os.path.expanduser(folder)
+            read_only = not _writable(folder)
+            if read_only:
+                status("compilation cache %s is read-only: compiled programs are loaded from it, new ones are not "
+                       "saved. Fix: pass --compilation_cache_dir with a folder you can write to", folder)
     before = {name: getattr(jax.config, name) for name in _CACHE_OPTIONS}
     wanted = {"jax_compilation_cache_dir": folder or None, "jax_enable_compilation_cache": bool(folder),
               "jax_persistent_cache_min_compile_time_secs": 0.0, "jax_persistent_cache_min_entry_size_bytes": -1}
@@ -219,9 +230,26 @@ def compilation_cache(folder: str) -> Iterator[None]:
 
     apply(wanted)
     try:
-        yield
+        with warnings.catch_warnings() if read_only else contextlib.nullcontext():
+            if read_only:  # said once above; JAX warns once for every program it cannot save
+                warnings.filterwarnings("ignore", message="Error writing persistent compilation cache entry")
+            yield
     finally:
         apply(before)
+
+
+def _writable(folder: str) -> bool:
+    """Whether a file can be created (and removed) in the local folder ``folder``."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    try:
+        os.remove(probe)
+    except OSError:
+        pass
+    return True
 
 
 def _override_error(overrides: Sequence[str], e: BaseException) -> UsageError:
@@ -310,6 +338,8 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
         define(fv, argv)  # config_flags reads the file and applies --config.* overrides here
         if "compilation_cache_dir" not in fv:
             define_compilation_cache(fv)
+        if "verbosity" not in fv:
+            define_verbosity(fv)
     except (AttributeError, KeyError) as e:
         raise _override_error(overrides, e) from None
     except OSError as e:

@@ -88,7 +88,7 @@ def test_a_folder_that_cannot_be_created_turns_the_cache_off(tmp_path, capsys):
         assert jax.config.jax_compilation_cache_dir is None
 
 
-def test_every_command_has_the_flag():
+def test_every_command_has_the_flags():
     from animegamer_jax.commands.game_flags import parse_game_flags
 
     f, _ = cli.parse_flags(["prog"], lambda fv, argv: None)
@@ -97,3 +97,66 @@ def test_every_command_has_the_flag():
     assert f.compilation_cache_dir == ""
     f, _, _ = parse_game_flags("play", ["--compilation_cache_dir=gs://b/c"])
     assert f.compilation_cache_dir == "gs://b/c"
+    # and --verbosity (docs/commands.md: --verbosity=0 shows every INFO line), play's and generate's too
+    f, _ = cli.parse_flags(["prog", "--verbosity=0"], lambda fv, argv: None)
+    assert f.verbosity == 0
+    for prog in ("play", "generate"):
+        f, _, _ = parse_game_flags(prog, ["--verbosity=0"])
+        assert f.verbosity == 0
+
+
+def test_a_cache_path_that_is_a_file_is_one_line_once(tmp_path, capsys):
+    """A command whose --compilation_cache_dir is a file: one stage line, the cache off, the game played."""
+    from animegamer_jax.commands import play
+
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "one.txt").write_text("Character: Bunny; Motion: hop; Background: day meadow.\n")
+    assert play.main([str(tmp_path / "one.txt"), "--standin", "--out", str(tmp_path / "out"),
+                      f"--compilation_cache_dir={tmp_path / 'file'}"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"compilation cache off: cannot create the folder {tmp_path / 'file'} (File exists). "
+                                "Fix: pass --compilation_cache_dir with a folder (empty turns the cache off)"]
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_a_read_only_cache_is_read_with_one_line_and_no_warnings(tmp_path, capsys, monkeypatch):
+    """A folder that cannot be written: one line, JAX's warning for each program it cannot save hidden
+    (the write is made to fail as it does in a read-only folder: as root, a chmod does not stop it)."""
+    import warnings
+
+    from jax._src import compilation_cache as jax_cache_module
+
+    from animegamer_jax.commands import play
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+
+    tries = []
+
+    def refuse(*args, **kwargs):
+        tries.append(args[1])
+        raise PermissionError(13, "Permission denied", str(ro / "entry"))
+
+    monkeypatch.setattr(cli, "_writable", lambda folder: folder != str(ro))
+    monkeypatch.setattr(jax_cache_module, "put_executable_and_time", refuse)
+    (tmp_path / "one.txt").write_text("Character: Bunny; Motion: hop; Background: day meadow.\n")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert play.main([str(tmp_path / "one.txt"), "--standin", "--out", str(tmp_path / "out"),
+                          f"--compilation_cache_dir={ro}"]) == 0
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"compilation cache {ro} is read-only: compiled programs are loaded from it, new ones "
+                                "are not saved. Fix: pass --compilation_cache_dir with a folder you can write to"]
+    assert [str(w.message) for w in seen if "persistent compilation cache" in str(w.message)] == []
+    assert len(tries) >= 3 and os.listdir(ro) == []  # the stages' programs did try to save
+    # outside the command JAX warns again (the filter does not outlive it)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with cli.compilation_cache(str(tmp_path / "rw")):
+            jax.jit(lambda x: x * 3)(jax.numpy.ones(3)).block_until_ready()
+    assert any("Error writing persistent compilation cache entry" in str(w.message) for w in seen)
+
+
+def test_writable_probe(tmp_path):
+    assert cli._writable(str(tmp_path)) and os.listdir(tmp_path) == []
+    assert not cli._writable(str(tmp_path / "missing"))
