@@ -329,3 +329,28 @@ def test_interactive_play_refuses_a_bad_line_and_plays_the_next(workdir, capsys,
     assert errors[1].startswith("error: <stdin>:2: ") and "control character U+001B" in errors[1]
     record = json.loads((workdir / "out" / "typed" / "game.json").read_text())
     assert [t["instruction"] for t in record["turns"]] == [OK_LINE.strip()]
+
+
+def test_web_on_a_taken_port_is_refused_before_loading(workdir, capsys, monkeypatch):
+    """``web`` on a port another program listens on: one ``error:`` line, exit 2, before the system loads
+    and compiles (no "serving on"); with a compilation cache path that is a file, its one line comes once."""
+    import socket
+
+    from animegamer_jax.commands import web as web_main
+
+    monkeypatch.setattr(web_main, "build_server", lambda *a, **k: pytest.fail("loaded before the port check"))
+    (workdir / "cachefile").write_text("not a folder")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc = web_main.main(["--standin", "--out=out", f"--port={port}",
+                            f"--compilation_cache_dir={workdir / 'cachefile'}"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.splitlines() == [
+        f"compilation cache off: cannot create the folder {workdir / 'cachefile'} (File exists). Fix: pass "
+        "--compilation_cache_dir with a folder (empty turns the cache off)",
+        f"error: cannot serve on 127.0.0.1:{port}: address already in use. Fix: pass --port with a free port (or stop "
+        f"the program serving on {port})"]
+    assert sorted(os.listdir(workdir)) == ["cachefile", "inputs"]

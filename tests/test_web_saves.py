@@ -232,3 +232,42 @@ def test_branch_and_continue_saved_games(server):
     assert len(turn_files(src_folder)) == 12
     with pytest.raises(BadInput, match="no such saved game"):
         server.continue_game(s, alone.game.game_id)  # another player's game
+
+
+def test_a_damaged_or_removed_save_is_a_4xx_json_line(server):
+    """Branching from a game whose turn file was damaged on disk, and undo after the game's folder was
+    removed outside the server: each one JSON line with the fix (400), not a 500; the session goes on."""
+    import shutil
+
+    from animegamer_jax.web.app import create_app
+    from tests.web_helpers import Client, HttpThread
+
+    http = HttpThread(create_app(server)).start()
+    try:
+        c = Client(http.url)
+        for i in range(2):
+            events = c.events(c.open_turn(fields(i)))
+            assert events[-1]["event"] == "done", events[-1]
+        game_id = events[-1]["state"]["game_id"]
+        folder = os.path.join(server.out_dir, game_id)
+        with open(os.path.join(folder, "turn_001.state.npz"), "wb") as fh:
+            fh.write(b"damaged")
+        status, body = c.json("/api/branch", {"turns": 2})
+        assert status == 400 and list(body) == ["error"] and "\n" not in body["error"]
+        assert body["error"] == (f"cannot continue {folder}: turn 2's file turn_001.state.npz is missing or damaged. "
+                                 f"Fix: branch from the intact turns: play --continue {folder} --from_turn 1 "
+                                 f"--out ELSEWHERE")
+        status, body = c.json("/api/branch", {"turns": 1})  # the intact first turn still branches
+        assert status == 200 and len(body["turns"]) == 1
+        branch = os.path.join(server.out_dir, body["game_id"])
+        shutil.rmtree(branch)  # removed outside the server
+        status, body = c.json("/api/undo", {})
+        assert status == 400 and body == {"error": f"game {os.path.basename(branch)}'s folder is no longer in "
+                                                   f"{server.out_dir} (removed outside the server), so its turns "
+                                                   f"cannot be undone there. Fix: restart for a new game"}
+        status, body = c.json("/api/restart", {})
+        assert status == 200 and body["turns"] == []
+        events = c.events(c.open_turn(fields(5)))
+        assert events[-1]["event"] == "done"  # the session plays on
+    finally:
+        http.stop()

@@ -35,7 +35,7 @@ from absl import flags
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.commands.game_flags import run_game_command
 from animegamer_jax.game.saving import print_turn
-from animegamer_jax.web.app import check_token, create_app, no_auth_warning, uvicorn_settings
+from animegamer_jax.web.app import check_port, check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
 
 
@@ -75,6 +75,7 @@ def _serve(f, config, *rest: str) -> int:
         raise UsageError(f"unexpected arguments {list(rest)}; the web app takes flags only")
     try:
         check_token(f.token)
+        check_port(f.host, f.port)  # before the system loads and compiles
     except ValueError as e:
         raise UsageError(str(e)) from None
     warning = no_auth_warning(f.host, token=f.token is not None)

@@ -160,6 +160,30 @@ def no_auth_warning(host: str, token: bool = False) -> str | None:
             f"127.0.0.1 (the default) and tunnel to it (ssh -L), or use --host only on a network you trust")
 
 
+def check_port(host: str, port: int) -> None:
+    """Raises ValueError (one line with the fix) when ``host:port`` cannot be served on, a port
+    another program listens on say: the web command checks before it loads and compiles, so a taken
+    port is its first line, not a failure after the warm-up. Each address ``host`` resolves to is
+    bound as uvicorn's server binds it (``SO_REUSEADDR``; IPv6 only on an IPv6 socket), then let go."""
+    if not port:
+        return  # the system picks a free one
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        raise ValueError(f"cannot serve on {host}:{port}: {getattr(e, 'strerror', None) or e}. Fix: pass --host "
+                         f"with an address or name of this machine") from None
+    for family, kind, proto, _, addr in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(addr)
+            except OSError as e:
+                raise ValueError(f"cannot serve on {host}:{port}: {(e.strerror or str(e)).lower()}. Fix: pass "
+                                 f"--port with a free port (or stop the program serving on {port})") from None
+
+
 def check_token(token: str | None) -> None:
     """Raises ValueError (one line) unless ``token`` is None or matches :data:`TOKEN`."""
     if token is not None and not TOKEN.match(token):
@@ -459,7 +483,7 @@ def create_app(server: GameServer, max_body: int = MAX_BODY, host: str = "127.0.
     async def undo(request: Request) -> Response:
         s = session_of(request)
         await body_of(request)
-        return await answer(server.undo, s, bad=(IndexError,))
+        return await answer(server.undo, s, bad=(IndexError, BadInput))
 
     async def restart(request: Request) -> Response:
         s = session_of(request)

@@ -571,7 +571,8 @@ class GameServer:
         With no turn left the game folder (written by this server for this game) is removed.
 
         Raises:
-          Busy: a turn is queued or running. IndexError: nothing to undo.
+          Busy: a turn is queued or running. IndexError: nothing to undo. BadInput: the game's folder
+          is no longer on disk (removed outside the server): nothing is changed.
         """
         with self._cv:
             if s.job is not None:
@@ -581,6 +582,9 @@ class GameServer:
                 raise IndexError("there is no turn to undo")
             game = s.game
             folder = os.path.join(self.out_dir, game.game_id)
+            if not writers.is_finished(folder):
+                raise BadInput(f"game {game.game_id}'s folder is no longer in {self.out_dir} (removed outside "
+                               f"the server), so its turns cannot be undone there. Fix: restart for a new game")
             with self.disk_lock(game.game_id), fileio.signals_held():
                 game.undo()
                 # under the lock: no turn of this session can start while the folder is rewritten
@@ -688,7 +692,8 @@ class GameServer:
 
         Raises:
           Busy: a turn is queued or running. BadInput: ``turns`` not an integer in 1..(turns played),
-          or the current game has no saved turn.
+          the current game has no saved turn, or its save cannot be branched from (a damaged turn
+          file: the message says which and the fix).
         """
         with self._cv:
             if s.job is not None:
@@ -705,7 +710,10 @@ class GameServer:
             stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
             game_id = f"web-{stamp}-{secrets.token_hex(3)}"
             with self.disk_lock(src.game_id), fileio.signals_held():
-                game, _ = saving.load_game(self.engine, folder, upto=k, game_id=game_id)
+                try:
+                    game, _ = saving.load_game(self.engine, folder, upto=k, game_id=game_id)
+                except writers.SavedGameError as e:  # a turn file damaged on disk, say: one line, the fix
+                    raise BadInput(str(e)) from None
                 saving.branch_game(folder, game, self.engine, self.out_dir)
             s.games.add(game_id)
             s.game = game
