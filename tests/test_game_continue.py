@@ -73,10 +73,16 @@ def test_branch_from_turn_leaves_the_source_untouched(games, capsys):
     assert new["turn_001.mp4"] != before["turn_001.mp4"]
     rec = json.load(open(out / "a-from1" / "game.json"))
     assert rec["instructions"] == [TEXTS[0], OTHER] and writers.verify_game(str(out / "a-from1")) is None
-    # a branch never replaces a game
-    assert play.main(["--continue", str(out / "a"), "--from_turn", "1", str(d / "other.txt"), "--standin",
-                      "--out", str(out)]) == 2
-    assert "a-from1 holds a game from an earlier run" in capsys.readouterr().err
+    # a branch never replaces a game, and says so (it does not suggest --overwrite, which would not apply)
+    branch = out / "a-from1"
+    kept = _bytes(branch)
+    for extra in ([], ["--overwrite"]):
+        assert play.main(["--continue", str(out / "a"), "--from_turn", "1", str(d / "other.txt"), "--standin",
+                          "--out", str(out), *extra]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: {branch} holds a game; a branch starts a new game folder and never replaces one (--overwrite "
+            f"does not apply). Fix: pass another --game-id or --out"]
+    assert _bytes(branch) == kept
 
 
 def test_refusals_are_one_line(games, capsys, tmp_path):

@@ -162,7 +162,8 @@ def define_flags(fv) -> None:
                         "on stdin) become its next turns, saved into that folder (or, with --from_turn, into a "
                         "new game folder).", flag_values=fv)
     flags.DEFINE_integer("from_turn", None, "With --continue SOURCE: start a NEW game (--out/--game-id, default id "
-                         "<source id>-from<N>) from the first N turns of SOURCE, which is left untouched.",
+                         "<source id>-from<N>) from the first N turns of SOURCE, which is left untouched; a game "
+                         "already at the new id is never replaced (--overwrite neither).",
                          lower_bound=0, flag_values=fv)
     flags.DEFINE_alias("from-turn", "from_turn", flag_values=fv)
     character_flag(fv)
@@ -233,7 +234,10 @@ def _play_locked(f, config, script: str, game: Game | None, characters, source: 
     None)`` of a game saved turn by turn (interactive, ``--continue``), which printed its own summary."""
     if source is None or from_turn is not None:
         writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
-        writers.check_target(out_dir, game_id, f.overwrite and source is None)
+        if source is None:
+            writers.check_target(out_dir, game_id, f.overwrite)
+        else:
+            writers.check_branch_target(out_dir, game_id)  # never replaced, --overwrite or not
     # one game on every device (latency layout) unless --config.game.play_layout=batch
     layout = str(config.game.get("play_layout", "latency"))
     try:

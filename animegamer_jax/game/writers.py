@@ -465,6 +465,19 @@ def check_target(out_dir: str, game_id: str, overwrite: bool = False) -> bool:
     return True
 
 
+def check_branch_target(out_dir: str, game_id: str) -> None:
+    """Checks a branch (a new game from another's first turns, :func:`copy_turns`) may be written to
+    ``<out_dir>/<game_id>``: a missing or empty folder only. A branch never replaces a game, with
+    ``--overwrite`` neither (it would drop a game's turns to make another).
+
+    Raises:
+      OutputError: the target holds a game, or something this program did not write (:func:`check_target`).
+    """
+    if check_target(out_dir, game_id, overwrite=True):
+        raise OutputError(f"{paths.join(out_dir, game_id)} holds a game; a branch starts a new game folder and never "
+                          f"replaces one (--overwrite does not apply). Fix: pass another --game-id or --out")
+
+
 def clean_stale_temp(out_dir: str, game_id: str) -> list[str]:
     """Removes temp folders of ``game_id`` left in ``out_dir`` by a killed run; returns their names.
 
@@ -646,8 +659,8 @@ def verify_game(game_dir: str, expected: Mapping[str, Any] | None = None) -> str
     """Why the finished game in ``game_dir`` cannot be kept as is, or None when it can.
 
     Checks the marker, that ``game.json`` parses, that its fingerprint matches ``expected``
-    (a :func:`game_fingerprint`, by :func:`same_making`; skipped when None) and that every listed file exists with its size and
-    sha256.
+    (a :func:`game_fingerprint`, by :func:`same_making`; skipped when None) and that every listed
+    file exists with its size and sha256.
     """
     if not is_game_folder(game_dir):
         return "not a finished game"
@@ -936,9 +949,7 @@ def copy_turns(src_dir: str, out_dir: str, game_id: str, record: Mapping[str, An
     check_writable(out_dir)
     with game_lock(paths.join(out_dir, game_id)):
         clean_stale_temp(out_dir, game_id)
-        if check_target(out_dir, game_id, overwrite=True):
-            raise OutputError(f"{paths.join(out_dir, game_id)} holds a game; a branch starts a new folder. "
-                              f"Fix: pass another --game-id or --out")
+        check_branch_target(out_dir, game_id)
         src = read_json(paths.join(src_dir, GAME_JSON))
         rec = json.loads(json.dumps(record))
         timings = _split_timings(rec)
