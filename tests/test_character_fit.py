@@ -40,6 +40,10 @@ def test_fit_refuses_bad_inputs_in_one_line(tmp_path, capsys):
     out = str(tmp_path / "out")
     base = ["--name=Zed", f"--checkpoint={TINY}", f"--out={out}"]
     assert "empty" in _err(capsys, [f"--images={empty}", *base])
+    assert _err(capsys, [f"--images={bad}", *base]) == (
+        f"error: --images {bad}: no PNG or JPEG picture in the folder (1 other file(s): notes.txt). Fix: put PNG "
+        f"or JPEG pictures of Zed in it")
+    (bad / "broken.png").write_text("not a picture either")
     assert "not an image" in _err(capsys, [f"--images={bad}", *base])
     assert "no such folder" in _err(capsys, [f"--images={tmp_path / 'none'}", *base])
     assert "not a usable character name" in _err(capsys, [f"--images={ok}", "--name=a/b", f"--checkpoint={TINY}",
@@ -49,6 +53,22 @@ def test_fit_refuses_bad_inputs_in_one_line(tmp_path, capsys):
     assert "exists" in _err(capsys, [f"--images={ok}", "--name=Zed", f"--checkpoint={TINY}", f"--out={ok}"])
     assert "--out is required" in _err(capsys, [f"--images={ok}", "--name=Zed", f"--checkpoint={TINY}"])
     assert not (tmp_path / "out").exists()
+
+
+def test_fit_skips_the_files_beside_the_pictures_with_one_line(tmp_path):
+    """A README.txt (and a subfolder) beside the pictures: skipped, named in one line; the pictures read."""
+    from animegamer_jax.character.fit import read_images
+
+    pics = tmp_path / "pics"
+    (pics / "more").mkdir(parents=True)
+    _picture(pics / "a.png", 0)
+    _picture(pics / "B.JPG", 1)
+    (pics / "README.txt").write_text("pictures of Zed")
+    lines = []
+    pictures = read_images(str(pics), None, "Zed", log=lines.append)
+    assert [p.shape for p in pictures] == [(64, 96, 3), (64, 96, 3)]
+    assert lines == [f"--images {pics}: 2 picture(s); skipped 2 file(s) that are not PNG or JPEG pictures: "
+                     "README.txt, more/"]
 
 
 @pytest.mark.slow

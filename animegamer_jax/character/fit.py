@@ -61,13 +61,17 @@ def instruction(name: str) -> str:
     return f"Character: {name}; Motion: calmly stands still; Background: a plain background."
 
 
-def read_images(images: str | None, film: str | None, name: str) -> list[np.ndarray]:
+def read_images(images: str | None, film: str | None, name: str,
+                log: Callable[[str], None] = lambda s: None) -> list[np.ndarray]:
     """The pictures of the character, uint8 [H, W, 3] each: every PNG / JPEG file of the folder
-    ``images`` (sorted by name), or up to :data:`MAX_FILM_FRAMES` evenly spaced frames of ``film``.
+    ``images`` (sorted by name; a name ending in :data:`IMAGE_SUFFIXES`, any case), or up to
+    :data:`MAX_FILM_FRAMES` evenly spaced frames of ``film``. The folder's other files (a README.txt
+    beside the pictures) and subfolders are skipped, named in one ``log`` line once the pictures
+    are read.
 
     Raises:
-      FitError: neither or both given, a missing folder or film, no image in the folder.
-      CharacterError: a file that is not a usable image (game/characters.py's checks).
+      FitError: neither or both given, a missing folder or film, no PNG / JPEG in the folder.
+      CharacterError: a PNG / JPEG file that is not a usable image (game/characters.py's checks).
     """
     if bool(images) == bool(film):
         raise FitError("give the pictures with --images DIR or a film with --film FILE (one of them)")
@@ -88,15 +92,25 @@ def read_images(images: str | None, film: str | None, name: str) -> list[np.ndar
     files = sorted(f for f in fileio.listdir(images) if not f.startswith("."))
     if not files:
         raise FitError(f"--images {images}: the folder is empty. Fix: put PNG or JPEG pictures of {name} in it")
-    out = []
+    out, skipped = [], []
     for f in files:
         path = paths.join(images, f)
-        if fileio.isdir(path):
+        if fileio.isdir(path) or not f.lower().endswith(IMAGE_SUFFIXES):
+            skipped.append(f + ("/" if fileio.isdir(path) else ""))
             continue
         out.append(character_from_bytes(name, fileio.read_bytes(path), f"--images {path}").pixels())
     if not out:
-        raise FitError(f"--images {images}: no picture in the folder. Fix: put PNG or JPEG pictures of {name} in it")
+        raise FitError(f"--images {images}: no PNG or JPEG picture in the folder ({len(skipped)} other file(s): "
+                       f"{_names(skipped)}). Fix: put PNG or JPEG pictures of {name} in it")
+    if skipped:
+        log(f"--images {images}: {len(out)} picture(s); skipped {len(skipped)} file(s) that are not PNG or JPEG "
+            f"pictures: {_names(skipped)}")
     return out
+
+
+def _names(names: Sequence[str], most: int = 3) -> str:
+    """``a, b, c and 2 more``."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def augment(pictures: Sequence[np.ndarray], n: int, height: int, width: int, seed: int) -> np.ndarray:

@@ -4,7 +4,8 @@ Usage: python -m animegamer_jax.commands.character fit --images=DIR --name=NAME 
            [--film=FILE instead of --images] [--steps=300] [--rank=4] [--learning_rate=2e-3] [--overwrite]
 
 fit: trains a rank --rank LoRA of the DiT's attention on still clips made from the pictures (every
-PNG / JPEG of --images, or the frames of --film; flipped and cropped), with phase a2's diffusion loss
+PNG / JPEG of --images, whose other files are skipped with one line naming them, or the frames of
+--film; flipped and cropped), with phase a2's diffusion loss
 conditioned on E_a of "Character: NAME; Motion: calmly stands still; Background: a plain background.",
 then writes --out: a copy of --checkpoint whose component "characters" holds the LoRA under NAME
 (and the characters it stored already; --overwrite replaces one of the same name). play, generate and
@@ -53,7 +54,7 @@ def _fit(f) -> int:
         if not f[flag].value:
             raise cli_lib.UsageError(f"--{flag} is required (see --help)")
     check_name(f.name, f"--name {f.name}")
-    pictures = read_images(f.images, f.film, f.name)
+    pictures = read_images(f.images, f.film, f.name, log=lambda s: cli_lib.status("%s", s))
     res = fit_character(f.checkpoint, f.out, f.name, pictures, steps=f.steps, rank=f.rank,
                         learning_rate=f.learning_rate, batch_size=f.batch_size, variants=f.variants, seed=f.seed,
                         overwrite=f.overwrite, log=lambda s: cli_lib.status("%s", s))
