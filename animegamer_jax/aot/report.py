@@ -157,20 +157,32 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
 
 
 def compile_auto_remat(config: Any, phase: str, devices: list[Any], chip: Chip | None, save: Any = None,
-                       say: Any = print) -> Row:
-    """``train.remat="auto"``: compiles ``phase``'s step with each of ``train.model.AUTO_REMAT`` (least
-    recompute first) and returns the row of the first whose peak fits FIT_FRACTION of ``chip``'s HBM (the
-    last, full remat, when none fits or the chip has no HBM figure); its note names the choice and each
-    tried policy's share of HBM."""
-    tried, row = [], None
+                       say: Any = print, compile_fn: Any = None) -> Row:
+    """``train.remat="auto"``: compiles ``phase``'s step with each policy of ``train.model.AUTO_REMAT`` and
+    returns the row of the fastest (roofline step) whose peak fits FIT_FRACTION of ``chip``'s HBM; without
+    a chip figure, the first that compiles; full remat (the last) when none fits. Its note names the
+    choice and each policy's share of HBM and step. ``compile_fn(program, chip, save) -> Row`` defaults to
+    :func:`compile_program`."""
+    compile_fn = compile_fn or compile_program
+    rows, tried = {}, []
     for policy in AUTO_REMAT:
-        row = compile_program(programs.train_program(with_remat(config, policy), phase, devices), chip, save)
-        share = f"{100 * row.hbm_fraction:.0f} %" if row.hbm_fraction is not None else row.status
-        tried.append(f"{policy}: {share}" if row.status == "ok" else f"{policy}: {row.status}")
-        say(f"  {phase} remat {policy}: {tried[-1].split(': ', 1)[1]}")
-        if row.status == "ok" and row.fits:
+        row = compile_fn(programs.train_program(with_remat(config, policy), phase, devices), chip, save)
+        rows[policy] = row
+        if row.status != "ok":
+            tried.append(f"{policy}: {row.status}")
+        else:
+            share = f"{100 * row.hbm_fraction:.0f} % of HBM" if row.hbm_fraction is not None else "no HBM figure"
+            step = f", {row.roofline_s * row.runs:.3f} s" if row.roofline_s is not None else ""
+            tried.append(f"{policy}: {share}{step}")
+        say(f"  {phase} remat {tried[-1]}")
+        if row.status == "ok" and chip is None:
             break
-    row.note = f"{row.note}; remat auto -> {row.note.split('remat ')[1].split(';')[0]} ({', '.join(tried)} of HBM)"
+    fitting = [p for p, r in rows.items() if r.status == "ok" and r.fits is not False]
+    timed = [p for p in fitting if rows[p].roofline_s is not None]
+    best = (min(timed, key=lambda p: rows[p].roofline_s * rows[p].runs) if timed else
+            fitting[0] if fitting else AUTO_REMAT[-1])
+    row = rows[best]
+    row.note = f"{row.note}; remat auto -> {best} ({'; '.join(tried)})"
     return row
 
 

@@ -19,8 +19,8 @@ per chip, so v5p-64 is 32 chips; v5e / v6e names count chips; --num_slices for m
 allocated and no accelerator is needed: the TPU compiler comes with `pip install 'jax[tpu]==0.10.2'`
 (`make tpu-compiler`), XLA:GPU with jax[cuda12] (`make aot-gpu`). Programs: vae a1 a2 b c d r (the train
 command's step with the config's settings: batch, remat, precomputed features, latents; d = the
-few-step student's distillation; --config.train.remat=auto compiles each policy, least recompute first,
-and keeps the first that fits) and prefill decode pass_b dit vae_decode (play's turn; --layout
+few-step student's distillation; --config.train.remat=auto compiles each policy (none, save_dots, full)
+and keeps the fastest that fits) and prefill decode pass_b dit vae_decode (play's turn; --layout
 latency = one game on all chips, batch = one game per data-parallel slice; dit is the student's N
 steps without a CFG batch under --config.diffusion.sampler=student); groups train, turn, generate
 (turn in the batch layout), all. Outside the groups: preview_decode, dit_reference (play's DiT sampling
