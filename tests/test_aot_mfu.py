@@ -38,6 +38,15 @@ def test_frozen_trained_and_passing_gradients_counted_apart():
     assert (got.frozen, got.forward, got.backward, got.model) == (F, 2 * F, 2 * F, 4 * F)
 
 
+def test_no_backward_through_stop_gradient():
+    def f(trained, frozen, x, key):  # a distillation target: the trained model's forward, no gradient
+        target = jax.lax.stop_gradient(x @ trained["w"])
+        return jnp.sum((x @ trained["w"] - target) ** 2)
+
+    got = model_flops.count(f, {"w": _s(D, D)}, {}, _s(B, D), rng=jax.random.key(0))
+    assert (got.forward, got.backward, got.frozen) == (2 * F, F, 0.0)
+
+
 def test_noise_makes_a_frozen_matmul_step_work():
     def f(trained, frozen, x, key):  # the DiT's input projection: noised latents x a frozen weight
         return jnp.sum(((x + jax.random.normal(key, x.shape)) @ frozen["w"]) * trained["s"])
@@ -108,6 +117,9 @@ MESH_AXES = "replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2] {'axis_0'}, d
     ("replica_groups=[2,2]<=[2,2]T(1,0)", ((0, 2), (1, 3))),
     ("replica_groups={}", ((0, 1, 2, 3),)),
     (MESH_AXES, ((0, 2, 4, 6), (1, 3, 5, 7))),
+    # a minor mesh axis: the devices at each mesh position given as an iota, transposed
+    ("replica_groups=mesh['axis_0'=1,'axis_1'=4,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_1'}",
+     ((0, 1, 2, 3), (4, 5, 6, 7))),
     ("source_target_pairs={{0,1},{1,0}}", ((0, 1), (1, 0))),
 ])
 def test_replica_group_forms(attrs, groups):

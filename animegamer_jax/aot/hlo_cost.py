@@ -413,7 +413,7 @@ class Collective:
     """One collective instruction of a compiled program.
 
     op: its opcode without ``-start``; payload: bytes per device (all-gather: its gathered result; the
-    others: their operands; ``collective-permute``: the operand sent); groups: the device groups
+    others: their operands, a combined collective's summed); groups: the device groups
     (partition ids as the program's device assignment orders them; one group of all devices for ``{}``;
     a permute's source-target pairs); runs: how often one run of the program executes it (enclosing trip
     counts); loop: the innermost enclosing ``while`` ("" at the top level); loop_runs: that loop's runs
@@ -431,9 +431,30 @@ class Collective:
         return max((len(g) for g in self.groups), default=1)
 
 
+def _iota(dims: str, perm: str | None) -> list[int]:
+    """Device ids of XLA's iota list ``[dims]`` (comma-separated), transposed by ``perm`` when given, read
+    row-major (numpy: ``arange(prod).reshape(dims).transpose(perm).ravel()``)."""
+    d = [int(x) for x in dims.split(",")]
+    if not perm:
+        return list(range(math.prod(d)))
+    p = [int(x) for x in perm.split(",")]
+    strides = [math.prod(d[i + 1:]) for i in range(len(d))]
+    td = [d[k] for k in p]
+    ids = []
+    for flat in range(math.prod(td)):
+        idx, rem = [], flat
+        for n in reversed(td):
+            idx.append(rem % n)
+            rem //= n
+        idx = idx[::-1]
+        ids.append(sum(idx[k] * strides[p[k]] for k in range(len(p))))
+    return ids
+
+
 def _groups(ins: _Instr, num_devices: int) -> tuple:
     """Device groups of a collective: ``replica_groups={{0,1},{2,3}}``, the iota form ``[2,4]<=[4,2]T(1,0)``,
-    the mesh form ``mesh['a'=4,'b'=2] {'a'}`` (ids row-major over the mesh; a group varies the named axes),
+    the mesh form ``mesh['a'=4,'b'=2] {'a'}`` (ids row-major over the mesh, or ``device_ids=([4,2]T(1,0))``
+    / an explicit list at each mesh position; a group varies the named axes),
     ``{}`` (all devices) or a permute's ``source_target_pairs``."""
     m = re.search(r"source_target_pairs=\{((?:\{[\d,\s]*\},?\s*)*)\}", ins.attrs)
     if m:
@@ -441,36 +462,26 @@ def _groups(ins: _Instr, num_devices: int) -> tuple:
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", ins.attrs)
     if m:
         shape = [int(x) for x in m[1].split(",")]
-        dims = [int(x) for x in m[2].split(",")]
-        ids = list(range(math.prod(dims)))
-        if m[3]:  # iota over dims, transposed by perm, then read in row-major order
-            perm = [int(x) for x in m[3].split(",")]
-            strides = [math.prod(dims[i + 1:]) for i in range(len(dims))]
-            tdims = [dims[p] for p in perm]
-            ids = []
-            for flat in range(math.prod(tdims)):
-                idx, rem = [], flat
-                for d in reversed(tdims):
-                    idx.append(rem % d)
-                    rem //= d
-                idx = idx[::-1]
-                ids.append(sum(idx[k] * strides[perm[k]] for k in range(len(perm))))
+        ids = _iota(m[2], m[3])
         size = shape[-1] if len(shape) > 1 else len(ids)
         return tuple(tuple(ids[i:i + size]) for i in range(0, len(ids), size))
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", ins.attrs)
-    if m:  # mesh axes (device ids row-major over them) and the axes the collective spans
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\((.*?)\))?\s*\{([^}]*)\}", ins.attrs)
+    if m:  # mesh axes, the device at each mesh position (row-major; iota unless device_ids), the spanned axes
         axes = [(a, int(n)) for a, n in re.findall(r"'?([\w.\-]+)'?\s*=\s*(\d+)", m[1])]
-        span = set(re.findall(r"'?([\w.\-]+)'?", m[2]))
+        span = set(re.findall(r"'?([\w.\-]+)'?", m[3]))
         sizes = [n for _, n in axes]
         ids = list(range(math.prod(sizes)))
+        if m[2]:
+            it = re.fullmatch(r"\s*\[([\d,]+)\](?:T\(([\d,]+)\))?\s*", m[2])
+            ids = _iota(it[1], it[2]) if it else [int(x) for x in re.findall(r"\d+", m[2])]
         keyed: dict[tuple, list[int]] = {}
-        for i in ids:
-            rem, coords = i, []
+        for pos, dev in enumerate(ids):
+            rem, coords = pos, []
             for n in reversed(sizes):
                 coords.append(rem % n)
                 rem //= n
             coords = coords[::-1]
-            keyed.setdefault(tuple(c for (a, _), c in zip(axes, coords) if a not in span), []).append(i)
+            keyed.setdefault(tuple(c for (a, _), c in zip(axes, coords) if a not in span), []).append(dev)
         return tuple(tuple(g) for g in keyed.values())
     m = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", ins.attrs)
     groups = tuple(tuple(int(x) for x in g.split(",") if x.strip()) for g in re.findall(r"\{([\d,\s]*)\}", m[1])) \
@@ -508,8 +519,6 @@ def collectives(hlo_text: str) -> tuple[list[Collective], dict[str, tuple[float,
                 operands = sum(_nbytes(comp.instrs[o].shape) for o in ins.operands if o in comp.instrs)
                 if _COLLECTIVES[ins.op] == "out":
                     payload = _nbytes(ins.shape) - (operands if ins.op.endswith("-start") else 0.0)
-                elif ins.op.startswith("collective-permute"):
-                    payload = _nbytes(comp.instrs[ins.operands[0]].shape) if ins.operands else 0.0
                 else:
                     payload = operands
                 out.append(Collective(ins.op.removesuffix("-start"), payload, _groups(ins, num), mult, loop,
@@ -519,12 +528,19 @@ def collectives(hlo_text: str) -> tuple[list[Collective], dict[str, tuple[float,
                 sub = _attr(ins, key)
                 if sub in comps:
                     visit(sub, mult, loop, loop_runs)
-            if ins.op == "conditional":
+            if ins.op == "conditional":  # one branch runs: the one that moves the most
                 branches = re.search(r"branch_computations=\{([^}]*)\}", ins.attrs)
+                best: list = []
                 for b in (re.findall(r"%?([\w.\-]+)", branches[1]) if branches else
                           [_attr(ins, "true_computation"), _attr(ins, "false_computation")]):
                     if b in comps:
+                        before = len(out)
                         visit(b, mult, loop, loop_runs)
+                        got = out[before:]
+                        del out[before:]
+                        if sum(c.payload * c.runs for c in got) > sum(c.payload * c.runs for c in best):
+                            best = got
+                out.extend(best)
 
     visit(entry, 1.0, "", 1.0)
     return out, loops

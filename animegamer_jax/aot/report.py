@@ -37,7 +37,7 @@ ASSUMPTIONS = (
     "communication: every collective of the compiled HLO priced as a ring on the links its device group spans "
     "(parallel/target.py LINKS, with sources): all-gather (n-1)/n x its result, reduce-scatter and all-to-all "
     "(n-1)/n x the operand, all-reduce 2 (n-1)/n x the operand, a permute its operand; TPU: per torus axis the "
-    "group spans, the chip's ICI bandwidth / its ports (a bidirectional ring: 2 links each way); GPU: half the "
+    "group spans, the chip's ICI bandwidth / its ports (a ring on an axis uses its 2 links); GPU: half the "
     "NVLink figure (one direction); a group across slices / nodes: the per-chip DCN / InfiniBand figure",
     "overlap: collectives inside a loop body (the layer scan: FSDP all-gathers, gradient reduce-scatters) hide "
     "behind that body's compute (XLA's async collectives and latency-hiding scheduler), so a body exposes "
@@ -221,7 +221,9 @@ def price_collectives(cols: list[hlo_cost.Collective], loops: dict, chip: Chip, 
     total, per_loop, exposed, priced = 0.0, {}, 0.0, True
     for c in cols:
         n = c.group_size
-        bw = link_bandwidth(c.groups[0], chip, devices) if n > 1 else math.inf
+        # the slowest group sets the time (groups across slices / nodes beside groups within one)
+        bws = [link_bandwidth(g, chip, devices) for g in c.groups if len(g) > 1] if n > 1 else [math.inf]
+        bw = None if any(b is None for b in bws) else min(bws, default=math.inf)
         secs = 0.0 if n <= 1 else (c.payload * _WIRE.get(c.op, lambda n: 1.0)(n) / bw if bw else None)
         entry = summary.setdefault(c.op, [0, 0.0, 0.0])
         entry[0] += c.runs

@@ -11,13 +11,16 @@ contracted size; a convolution's contracted size is its kernel's input features 
 * neither operand T nor R: ``frozen`` (T5, CLIP, the VAE encode, a frozen MLLM's forward on the batch:
   the same every step, computable once in data preparation), forward only;
 * otherwise ``forward`` F, and ``backward`` F for each operand that depends on a trainable parameter
-  (its gradient is needed: an activation's to pass gradients back, a trained weight's to update it).
+  (its gradient is needed: an activation's to pass gradients back, a trained weight's to update it),
+  when a gradient flows back from its output to the loss (none through ``stop_gradient``: a distillation
+  target's forward has no backward).
 
 ``model = forward + backward`` is the numerator of MFU (docs/sharding.md). Loops: a ``scan`` counts its
 body ``length`` times, step by step while the carry's labels grow (layer 1 of a scan takes data, layer 2
 on activations that carry gradients), a ``while`` of unknown trip count once (``unknown_loops``), ``cond``
 its largest branch; ``checkpoint`` (remat) once, so recomputation is
-not model work. Attention counts as traced: dense Q K^T and P V (a causal kernel skips about half).
+not model work. Attention is traced for a CPU device (its XLA form: Q K^T and P V as matmuls, whatever
+the accelerator's kernel); a causal mask's skipped half is counted.
 Elementwise ops, reductions and the optimizer update are not counted (maxtext's convention).
 """
 
@@ -28,7 +31,11 @@ import math
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
+
+from animegamer_jax import parallel
 
 _T, _R = 1, 2  # labels: depends on a trainable parameter / on the step's random key
 
@@ -81,16 +88,25 @@ def _jaxprs(params: dict) -> list:
 
 class _Counter:
     def __init__(self):
-        self.unknown = 0
+        self.unknown: set[int] = set()
 
     def label(self, env: dict, v) -> int:
         return env.get(v, 0) if not hasattr(v, "val") else 0  # a Literal depends on nothing
 
-    def run(self, jaxpr, in_labels: list[int], mult: float, count: bool = True) -> tuple[list[int], ModelFlops]:
-        """(labels of ``jaxpr``'s outputs, FLOPs x ``mult``) for inputs labelled ``in_labels``."""
+    def run(self, jaxpr, in_labels: list[int], mult: float, count: bool = True,
+            live_out: list[bool] | None = None) -> tuple[list[int], ModelFlops]:
+        """(labels of ``jaxpr``'s outputs, FLOPs x ``mult``) for inputs labelled ``in_labels``; ``live_out``:
+        which outputs a gradient flows back from (default all)."""
         env = dict(zip(jaxpr.invars, in_labels))
         total = ModelFlops()
+        live = {v for v, keep in zip(jaxpr.outvars, live_out or [True] * len(jaxpr.outvars))
+                if keep and not hasattr(v, "val")}
+        for eqn in reversed(jaxpr.eqns):  # values a gradient reaches: not through stop_gradient
+            if eqn.primitive.name != "stop_gradient" and any(v in live for v in eqn.outvars):
+                live.update(v for v in eqn.invars if not hasattr(v, "val"))
         for eqn in jaxpr.eqns:
+            outs_live = [v in live for v in eqn.outvars]
+            some_live = any(outs_live)
             ins = [self.label(env, v) for v in eqn.invars]
             union = 0
             for lab in ins:
@@ -102,18 +118,19 @@ class _Counter:
                 if count:
                     if union == 0:
                         total += ModelFlops(frozen=f)
-                    else:
-                        total += ModelFlops(forward=f, backward=f * sum(bool(lab & _T) for lab in ins[:2]))
+                    else:  # a gradient per trained-dependent operand, if one flows back from the output
+                        grads = sum(bool(lab & _T) for lab in ins[:2]) if some_live else 0
+                        total += ModelFlops(forward=f, backward=f * grads)
             elif name == "scan":
-                outs, sub = self._scan(eqn, ins, mult, count)
+                outs, sub = self._scan(eqn, ins, mult, count, some_live)
                 total += sub
             elif name == "while":
-                outs, sub = self._while(eqn, ins, mult, count)
+                outs, sub = self._while(eqn, ins, mult, count, some_live)
                 total += sub
             elif name == "cond":
                 best, outs = None, [0] * len(eqn.outvars)
                 for br in eqn.params["branches"]:
-                    o, sub = self.run(br.jaxpr, ins[1:], mult, count)
+                    o, sub = self.run(br.jaxpr, ins[1:], mult, count, [some_live] * len(br.jaxpr.outvars))
                     outs = [a | b for a, b in zip(outs, o)]
                     best = sub if best is None or sub.model + sub.frozen > best.model + best.frozen else best
                 total += best or ModelFlops()
@@ -125,7 +142,9 @@ class _Counter:
                     k = mult * math.prod(getattr(mesh, "shape", {}).values() or [1])
                 for _, sub_jaxpr in subs[:1]:  # pjit / checkpoint / custom_jvp / custom_vjp: the primal body
                     sub_in = ins if len(sub_jaxpr.invars) == len(ins) else [union] * len(sub_jaxpr.invars)
-                    o, sub = self.run(sub_jaxpr, sub_in, k, count)
+                    sub_live = outs_live if len(sub_jaxpr.outvars) == len(outs_live) else \
+                        [some_live] * len(sub_jaxpr.outvars)
+                    o, sub = self.run(sub_jaxpr, sub_in, k, count, sub_live)
                     total += sub
                     if len(o) == len(eqn.outvars):
                         outs = o
@@ -133,13 +152,13 @@ class _Counter:
                 env[v] = lab
         return [self.label(env, v) for v in jaxpr.outvars], total
 
-    def _scan(self, eqn, ins, mult, count):
+    def _scan(self, eqn, ins, mult, count, live):
         p = eqn.params
         body, nc, ncarry = p["jaxpr"].jaxpr, p["num_consts"], p["num_carry"]
         consts, carry, xs = ins[:nc], list(ins[nc:nc + ncarry]), ins[nc + ncarry:]
         total, length, ys = ModelFlops(), int(p["length"]), [0] * (len(body.outvars) - ncarry)
         while length > 0:  # step by step while the carry's labels grow (at most len(carry) + 1 steps)
-            out, sub = self.run(body, consts + carry + xs, mult, count)
+            out, sub = self.run(body, consts + carry + xs, mult, count, [live] * len(body.outvars))
             new = [a | b for a, b in zip(carry, out[:ncarry])]
             ys = [a | b for a, b in zip(ys, out[ncarry:])]
             if new == carry:  # a fixed point: the remaining steps all see these labels
@@ -148,7 +167,7 @@ class _Counter:
             total, carry, length = total + sub, new, length - 1
         return carry + ys, total
 
-    def _while(self, eqn, ins, mult, count):
+    def _while(self, eqn, ins, mult, count, live):
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         bconsts, carry = ins[cn:cn + bn], list(ins[cn + bn:])
@@ -159,8 +178,9 @@ class _Counter:
             if new == carry:
                 break
             carry = new
-        _, sub = self.run(body, bconsts + carry, mult, count)
-        self.unknown += 1 if count else 0
+        _, sub = self.run(body, bconsts + carry, mult, count, [live] * len(body.outvars))
+        if count:  # once per while equation, however often a scan's steps or branches reach it
+            self.unknown.add(id(eqn))
         return carry, sub
 
 
@@ -174,7 +194,7 @@ def count(fn: Any, trainable: Any, frozen: Any, *args: Any, rng: Any = None) -> 
     labels = [_T] * n_t + [0] * n_rest + [_R] * n_rng
     c = _Counter()
     _, total = c.run(closed.jaxpr, labels, 1.0)
-    return dataclasses.replace(total, unknown_loops=c.unknown)
+    return dataclasses.replace(total, unknown_loops=len(c.unknown))
 
 
 def train_flops(model_fn: Any, loss_fn: Any, trainable_filter: Any, batch: dict) -> ModelFlops:
@@ -191,7 +211,11 @@ def train_flops(model_fn: Any, loss_fn: Any, trainable_filter: Any, batch: dict)
     def loss(t, r, b, key):
         return loss_fn(nnx.merge(graphdef, t, r), b, key)[0]
 
-    return count(loss, strip(trained), strip(rest), strip(batch), rng=jax.random.key(0))
+    # traced for one host CPU device: attention resolves to its XLA form (matmuls in the jaxpr), not a
+    # TPU / GPU kernel whose FLOPs a jaxpr does not show (train.loop calls this on the accelerator's host)
+    cpu = Mesh(np.array(jax.devices("cpu")[:1]).reshape((1,) * len(parallel.MESH_AXES)), parallel.MESH_AXES)
+    with parallel.sharding_context(cpu, parallel.DEFAULT_RULES):
+        return count(loss, strip(trained), strip(rest), strip(batch), rng=jax.random.key(0))
 
 
 __all__ = ["ModelFlops", "count", "train_flops"]
