@@ -2,6 +2,8 @@
 
     python benchmarks/referee_report.py --row "ground truth=GT/report.json" --row "stand-in=ST/report.json" \
         [--row LABEL=REPORT ...] --command "..." [--note "..."] --out benchmarks/reports/referee_toy.json
+    python benchmarks/referee_report.py --into benchmarks/reports/referee_toy.json --row "LABEL=REPORT" \
+        [--command ...] [--note ...] --out benchmarks/reports/referee_toy.json   # one more row, kept in order
 
 Writes a table report (benchmarks/turn_table.py's format: ``python -m benchmarks.turn_table --reports
 FILE [--headline]`` prints it): a summary table (a row per system; per split "motion / action /
@@ -69,12 +71,27 @@ def build(rows: list[tuple[str, dict]], commands: list[str], notes: list[str], s
             "headline": {"table": "summary", "columns": None, "rows": None}}
 
 
+def add_rows(doc: dict, new: dict) -> dict:
+    """``doc`` (a table report of :func:`build`) with the rows of ``new`` (another, of the new reports) added:
+    before the chance row in the summary, at the end of each split's table; its commands and notes (past
+    the common first note) appended."""
+    for table in doc["tables"]:
+        extra = next(t for t in new["tables"] if t["name"] == table["name"])["rows"]
+        extra = [r for r in extra if r[0] != "chance"]
+        at = next((i for i, r in enumerate(table["rows"]) if r[0] == "chance"), len(table["rows"]))
+        table["rows"][at:at] = extra
+    doc["commands"] = doc["commands"] + [c for c in new["commands"] if c not in doc["commands"]]
+    doc["notes"] = doc["notes"] + new["notes"][1:]
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--row", action="append", default=[], help="LABEL=PATH of an eval game report.json")
     ap.add_argument("--command", action="append", default=[])
     ap.add_argument("--note", action="append", default=[])
     ap.add_argument("--source", default="eval game reports, made by the commands below")
+    ap.add_argument("--into", default="", help="an existing table report to add the rows to")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     rows = []
@@ -94,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: pass at least one --row LABEL=PATH", file=sys.stderr)
         return 2
     doc = build(rows, a.command, a.note, a.source)
+    if a.into:
+        try:
+            doc = add_rows(json.load(open(a.into)), doc)
+        except (OSError, ValueError, KeyError, StopIteration) as e:
+            print(f"error: --into {a.into}: not a table report of this script ({e})", file=sys.stderr)
+            return 2
     with open(a.out, "w") as f:
         f.write(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {a.out}")
