@@ -1,8 +1,4 @@
-"""animegamer-jax: a JAX/Flax NNX reimplementation of AnimeGamer (arXiv 2504.01014).
-
-The package map and its layers (a module imports only from its own layer or below) are
-docs/design.md "Layers"; pyproject.toml ``[tool.importlinter]`` holds them, tests/test_layers.py checks them.
-"""
+"""animegamer-jax: AnimeGamer (arXiv 2504.01014) in JAX / Flax NNX; its layers and module map are docs/design.md."""
 
 __version__ = "0.1.0"
 

@@ -2,6 +2,7 @@
 and every link between the docs resolves to an existing file and heading, the code paths the docs name
 exist, and nothing points at the fact sheet outside the repository any more."""
 
+import ast
 import os
 import re
 
@@ -165,3 +166,73 @@ def test_code_paths_named_in_docs_exist(doc_anchors):
             if not any(os.path.exists(os.path.join(ROOT, base, p)) for base in ("", "animegamer_jax")):
                 bad.append(f"docs/{fn}:{_line(t, m.start())}: {p}")
     assert not bad, "paths named in docs/ that do not exist (update the doc with the code):\n" + "\n".join(bad)
+
+
+PACKAGE = os.path.join(ROOT, "animegamer_jax")
+#: a backticked folder (`animegamer_jax/data/`, `models/t5/`) and a backticked module (`loader.py`, `data/loader.py`)
+MAP_FOLDER = re.compile(r"`(?:animegamer_jax/)?((?:[A-Za-z0-9_]+/)*)`")
+MAP_MODULE = re.compile(r"`(?:animegamer_jax/)?((?:[A-Za-z0-9_]+/)*[A-Za-z0-9_]+\.py)`")
+
+
+def package_modules() -> set[str]:
+    """Every module of the package as its path under animegamer_jax/ (`data/loader.py`), `__init__.py` aside."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(PACKAGE):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
+        for fn in filenames:
+            if fn.endswith(".py") and fn != "__init__.py":
+                out.add(os.path.relpath(os.path.join(dirpath, fn), PACKAGE).replace(os.sep, "/"))
+    return out
+
+
+def map_modules(section: str) -> set[str]:
+    """The modules a design.md map names: a path (`models/t5/model.py`, with or without `animegamer_jax/`),
+    or a bare file name in a line (a table row) that names its folder (`inference/` ... `mllm_turn.py`);
+    a bare name in a line without a folder is a top-level module (`config.py`)."""
+    out = set()
+    for line in section.splitlines():
+        folders = [m.group(1) for m in MAP_FOLDER.finditer(line)] or [""]
+        for m in MAP_MODULE.finditer(line):
+            name = m.group(1)
+            if "/" in name:
+                out.add(name)
+            else:
+                out.update(folder + name for folder in folders)
+    return out
+
+
+def test_map_parser_reads_paths_and_rows():
+    row = "| `inference/` | `mllm_turn.py` | the MLLM turn; `models/t5/model.py` and `animegamer_jax/io/paths.py` |"
+    assert map_modules(row) == {"inference/mllm_turn.py", "models/t5/model.py", "io/paths.py"}
+    assert map_modules("| `animegamer_jax/` | `config.py` | |\n| x | `cli.py` |") == {"config.py", "cli.py"}
+
+
+def test_design_map_lists_every_module():
+    """docs/design.md "Where the code lives" names every module of animegamer_jax/ and none that is gone: a
+    module added, moved or removed takes its row along (the package docstrings list no modules)."""
+    with open(os.path.join(DOCS, "design.md"), encoding="utf-8") as f:
+        t = f.read()
+    start = t.index("\n## Where the code lives")
+    section = t[start:t.index("\n## ", start + 1)]
+    listed, present = map_modules(section), package_modules()
+    assert len(present) > 100, f"only {len(present)} modules found under {PACKAGE}"
+    missing = sorted(present - listed)
+    gone = sorted(m for m in listed - present if not os.path.exists(os.path.join(ROOT, m)))
+    assert not missing, ("modules missing from docs/design.md's map (add a row to 'Module by module'):\n"
+                         + "\n".join(missing))
+    assert not gone, "docs/design.md's map names modules that do not exist:\n" + "\n".join(gone)
+
+
+def test_package_docstrings_are_one_line():
+    """A package's `__init__.py` says what the package is in one line; its modules are listed in
+    docs/design.md's map (a list in a docstring goes stale when modules come and go)."""
+    bad = []
+    for dirpath, dirnames, filenames in os.walk(PACKAGE):
+        dirnames[:] = [d for d in dirnames if d not in SKIPPED_DIRS]
+        if "__init__.py" in filenames:
+            p = os.path.join(dirpath, "__init__.py")
+            with open(p, encoding="utf-8") as f:
+                doc = ast.get_docstring(ast.parse(f.read()))
+            if not doc or "\n" in doc.strip():
+                bad.append(os.path.relpath(p, ROOT))
+    assert not bad, "package docstrings that are missing or longer than one line:\n" + "\n".join(sorted(bad))

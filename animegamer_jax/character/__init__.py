@@ -1,2 +1,1 @@
-"""Bring your own character, the per-character route: ``python -m animegamer_jax.commands.character fit``
-trains a LoRA of the DiT for one character and stores it, by name, in a new system folder (fit.py)."""
+"""Bring your own character: fitting a LoRA of the DiT for one character (``character fit``)."""

@@ -1,1 +1,1 @@
-"""animegamer_jax.convert (see the package docstring)."""
+"""The converters of outside checkpoints: the release, ``check-release``, old DiT checkpoints migrated."""

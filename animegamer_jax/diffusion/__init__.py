@@ -1,7 +1,4 @@
-"""Model-agnostic diffusion: zero-SNR DDPM schedule, v-prediction losses, DPM++ 2M / DDIM samplers, CFG.
-
-Samplers take `denoise_fn(x, timesteps, cond_batch) -> v` (see samplers.py); nothing here imports a model.
-"""
+"""Model-agnostic diffusion: schedule, v-prediction losses, samplers, guidance (docs/diffusion.md)."""
 
 from animegamer_jax.diffusion.guidance import cfg_dropout, dynamic_cfg_scales
 from animegamer_jax.diffusion.losses import (

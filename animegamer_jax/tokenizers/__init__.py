@@ -1,2 +1,1 @@
-"""The two tokenizers: ``mllm_tokenizer`` (Mistral's sentencepiece + the AnimeGamer tokens, the state
-grammar) and ``t5_tokenizer`` (the T5 encoder's action text)."""
+"""The two tokenizers: the MLLM's (Mistral sentencepiece + the AnimeGamer tokens) and T5's."""
