@@ -73,6 +73,30 @@ def test_loss_decreases_frozen_untouched_and_no_frozen_optimizer_state(tmp_path)
     np.testing.assert_allclose(tb["lr"][0][1], np.mean([float(sched(s)) for s in range(10)]), rtol=1e-5)
 
 
+def test_log_shares_the_window_between_data_and_step(tmp_path):
+    # a clock that moves only when the loader hands a batch (2 s) and after each step (1 s, a hook):
+    # data is 2 / 3 of every window's wall time, a synchronous save's blocking lands in the next window
+    now = [0.0]
+
+    def loader():
+        for b in toy_data(4):
+            now[0] += 2.0
+            yield b
+
+    def compute(step, state, batch):
+        now[0] += 1.0
+
+    tx, sched = optim.make_optimizer(train_cfg())
+    tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, one_device_mesh(), schedule=sched)
+    loop.fit(tr, loader(), num_steps=12, workdir=str(tmp_path), global_batch_size=4, checkpoint_every=100,
+             log_every=4, progress=False, async_checkpoint=False, hooks=(compute,), clock=lambda: now[0])
+    tb = metrics.read_scalars(os.path.join(str(tmp_path), "tensorboard"))
+    assert [s for s, _ in tb["data_wait_share"]] == [4, 8, 12]
+    np.testing.assert_allclose([v for _, v in tb["data_wait_share"]], [2 / 3] * 3, rtol=1e-6)
+    np.testing.assert_allclose([v for _, v in tb["checkpoint_wait_share"]], [0.0] * 3)
+    np.testing.assert_allclose([v for _, v in tb["steps_per_second"]], [1 / 3] * 3, rtol=1e-6)
+
+
 @pytest.mark.slow
 def test_killed_and_resumed_equals_uninterrupted(tmp_path):
     tx, sched = optim.make_optimizer(train_cfg(grad_accum_steps=2))
@@ -294,6 +318,51 @@ def test_two_process_training_agrees(tmp_path):
     # process 0 writes the integrity record after every process's files are written: both are in it
     man = checkpoint.verify_checkpoint(str(tmp_path / "checkpoints" / "4"), "full")
     assert {"data/process_0-of-2.json", "data/process_1-of-2.json"} <= set(man["files"])
+
+
+_FSDP_RUN = r'''
+import json, os, sys
+import numpy as np
+jax.config.update("jax_threefry_partitionable", True)  # init values independent of the layout
+from animegamer_jax import parallel
+pid = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+if len(sys.argv) > 1:
+    assert parallel.initialize(coordinator_address=f"127.0.0.1:{sys.argv[2]}", num_processes=2, process_id=pid)
+from animegamer_jax.train import loop, optim
+from configs import tiny
+c = tiny.get_config().train
+c.learning_rate, c.warmup_steps, c.num_steps = 1e-2, 2, 40
+tx, sched = optim.make_optimizer(c)
+mesh = parallel.make_mesh((2, 2, 2, 1))  # data x fsdp x tensor over all 8 devices of the job
+tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, mesh, schedule=sched)
+if jax.process_count() == 2:  # each process reads every second row: 2 of the global batch of 4
+    data = toy_data(2, shard=pid, num_shards=2)
+else:  # the same global batches, process-major as the two processes' rows make them
+    data = ({k: np.concatenate([a[k], b[k]]) for k in a}
+            for a, b in zip(toy_data(2, shard=0, num_shards=2), toy_data(2, shard=1, num_shards=2)))
+r = loop.fit(tr, data, num_steps=6,
+             workdir=sys.argv[3] if len(sys.argv) > 1 else f"/tmp/_agj_fsdp_{os.getpid()}", global_batch_size=4,
+             checkpoint_every=100, progress=False)
+w1 = jax.experimental.multihost_utils.process_allgather(r.state[0]["w1"][...], tiled=True)
+print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "local": jax.local_device_count(),
+                  "losses": list(r.losses.values()), "w1": np.asarray(w1).tolist()}))
+'''
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_two_processes_of_4_devices_train_as_one_process_of_8(tmp_path):
+    """Issue 56: FSDP + data + tensor parallel over 2 local processes x 4 CPU devices gives the losses and
+    weights of 1 process x 8 devices on the same global batches (rows process-major; the toy loss's
+    per-row noise makes the row order count)."""
+    code = TOY + "import jax.experimental.multihost_utils\n" + _FSDP_RUN
+    two = run_processes(code, tmp_path, devices=4, timeout=600)
+    one = json.loads(run_python(code, devices=8, timeout=600).strip().splitlines()[-1])
+    assert [(r["devices"], r["local"]) for r in two] == [(8, 4), (8, 4)] and (one["devices"], one["local"]) == (8, 8)
+    assert two[0]["losses"] == two[1]["losses"] and len(one["losses"]) == 6
+    np.testing.assert_allclose(two[0]["losses"], one["losses"], rtol=1e-5)
+    np.testing.assert_allclose(two[0]["w1"], one["w1"], rtol=1e-4, atol=1e-6)
+    assert not np.allclose(one["losses"][0], one["losses"][-1])
 
 
 def test_write_system_never_replaces_a_users_folder(tmp_path):

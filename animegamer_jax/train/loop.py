@@ -291,6 +291,7 @@ def fit(
     hooks: tuple[Callable[[int, nnx.State, Any], None], ...] = (),
     allow_resume_mismatch: bool = False,
     resume_step: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> FitResult:
     """Trains ``num_steps`` micro-steps, resuming from ``WORKDIR/checkpoints`` when it holds one.
 
@@ -309,7 +310,11 @@ def fit(
       global_batch_size: examples per micro-step across all processes; checked against the mesh
         before anything is compiled.
       checkpoint_every: save every N steps (and at the end).
-      log_every: write averaged metrics every N steps.
+      log_every: write averaged metrics every N steps, with the window's ``steps_per_second``,
+        ``examples_per_second``, ``mfu`` and the shares of its wall time (first step, which compiles,
+        left out) spent outside the step: ``data_wait_share`` (the next batch: the loader's iterator,
+        ``batch_fn``, the host-to-device put) and ``checkpoint_wait_share`` (blocked in a save: with
+        ``async_checkpoint`` only the device-to-host copy).
       batch_fn: host-side transform of each batch (e.g. dropping string fields); one with a ``step``
         parameter is called as ``batch_fn(batch, step=step)`` (0-based step of the batch, e.g. a size
         curriculum or per-step random crops that a resumed run must repeat).
@@ -323,6 +328,7 @@ def fit(
       resume_step: the checkpoint step to resume from; None or negative: the newest intact one
         (``CheckpointManager.resume_step``: a damaged newer step is named in one line on stderr and
         kept aside as ``<step>.damaged-<n>``; a step without an integrity record is restored unverified).
+      clock: seconds, monotonic (``time.perf_counter``); the log's rates and shares read it.
 
     Returns:
       :class:`FitResult`.
@@ -377,12 +383,15 @@ def fit(
         peak = metrics_lib.peak_flops_per_device(peak_tflops_per_device, trainer.mesh.devices.flat[0])
         bar = None  # created after the first step, so the stage lines above it stay readable
         t_last, steps_since = None, 0
+        waited = {"data": 0.0, "checkpoint": 0.0}  # seconds of this log window spent outside the step
         takes_step = batch_fn is not None and "step" in inspect.signature(batch_fn).parameters
         for step in range(start, end):
+            t_data = clock()
             batch = next(data)
             if batch_fn is not None:
                 batch = batch_fn(batch, step=step) if takes_step else batch_fn(batch)
             batch = trainer.put_batch(batch)
+            waited["data"] += clock() - t_data
             first = step == start
             if first:
                 status("compiling the train step (XLA; minutes at full size) ...")
@@ -406,9 +415,10 @@ def fit(
                        "stopping (a second Ctrl-C stops without saving)", notice)
             stop = step + 1 < end and guard.stop_agreed()
             averager.update(m)
-            now = time.perf_counter()
+            now = clock()
             if t_last is None:  # the first step of a run includes compilation
                 t_last, steps_since = now, 0
+                waited = dict.fromkeys(waited, 0.0)
             else:
                 steps_since += 1
             if bar is not None:
@@ -422,14 +432,21 @@ def fit(
                     scalars["examples_per_second"] = global_batch_size / dt
                     if trainer.flops_per_step and peak:
                         scalars["mfu"] = trainer.flops_per_step / (dt * peak)
+                    window = now - t_last
+                    if window > 0:
+                        scalars["data_wait_share"] = waited["data"] / window
+                        scalars["checkpoint_wait_share"] = waited["checkpoint"] / window
                     t_last, steps_since = now, 0
+                    waited = dict.fromkeys(waited, 0.0)
                 writer.write_scalars(step + 1, scalars)
                 logging.info("step %d: %s", step + 1, ", ".join(f"{k}={v:.4g}" for k, v in sorted(scalars.items())))
             for hook in hooks:
                 hook(step + 1, state, batch)
             if (step + 1) % checkpoint_every == 0 or step + 1 == end or stop:
+                t_save = clock()
                 mngr.save(step + 1, state, data if checkpointable else None,
                           dict(run, loss=loss), force=True)
+                waited["checkpoint"] += clock() - t_save
             if stop:
                 preempted, end = guard.reason, step + 1
                 break
