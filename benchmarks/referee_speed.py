@@ -35,21 +35,21 @@ def main() -> int:
     import cv2
     import numpy as np
 
-    from animegamer_jax.data import toy_world
+    from animegamer_jax.data import toy_motion, toy_sprites, toy_world
     from benchmarks.common import git_commit, median
 
     cv2.setNumThreads(a.threads)
     from animegamer_jax.eval import referee
 
     chars, held, held_pairs, _ = toy_world.plan_world()
-    bgs = list(toy_world.BACKGROUNDS)[:6]
+    bgs = list(toy_sprites.BACKGROUNDS)[:6]
     games = toy_world.plan_games(chars, held, held_pairs, bgs, 2.0)
-    manifest = {"size": list(toy_world.TOY_SIZE), "fps": toy_world.TOY_FPS, "backgrounds": {b: b for b in bgs},
+    manifest = {"size": list(toy_sprites.TOY_SIZE), "fps": toy_motion.TOY_FPS, "backgrounds": {b: b for b in bgs},
                 "characters": [{**dataclasses.asdict(c), "heldout": c.name in held} for c in chars]}
     t0 = time.perf_counter()
     ref = referee.Referee(manifest, 64, 96)
     bank_s = time.perf_counter() - t0
-    times = toy_world.turn_times(2.0, 17, 8.0)
+    times = toy_motion.turn_times(2.0, 17, 8.0)
     turns = [(g["character"], t) for g in games["seen"] for t in g["turns"]][:a.turns]
     clips = [ref.truth_clip(t, c, times) for c, t in turns]
     for pixels in (True, False):  # warm-up

@@ -1,6 +1,6 @@
-"""Automatic labelling (data/caption.py, data/captioners.py) on the real sample footage: the answer parser,
-a tiny random InternVL end to end, the Beam pipeline (in-process and two worker processes: the sequential
-labeller's file byte for byte), a bad film among good ones, kill + resume from part files, and rule-based
+"""Automatic labelling (data/caption.py, data/caption_prompt.py, data/captioners.py) on the real sample footage:
+the answer parser, a tiny random InternVL end to end, the Beam pipeline (in-process and two worker processes: the
+sequential labeller's file byte for byte), a bad film among good ones, kill + resume from part files, and rule-based
 labels -> prepare -> training steps."""
 
 import json
@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from animegamer_jax.data import caption, captioners, clips, datasets, extract_features, label_schema, prepare, sample
+from animegamer_jax.data import (caption, caption_prompt, captioners, clips, datasets, extract_features, label_schema,
+                                 prepare, sample)
 from animegamer_jax.data.films import films_of_dataset, list_film_dir
 from configs import tiny
 from tests.dataset_helpers import load_random_features, tiny_features_config
@@ -63,7 +64,7 @@ REAL_ANSWER = ('{"characters": ["Bunny"], "adverb": "slowly", "verb": "crawl out
 
 
 def _parse(text, cast=CAST):
-    return caption.parse_answer(text, cast, "film", 3, 6.5)
+    return caption_prompt.parse_answer(text, cast, "film", 3, 6.5)
 
 
 def test_parser_well_formed_and_prose_around_json():
@@ -98,7 +99,7 @@ def test_parser_well_formed_and_prose_around_json():
     (REAL_ANSWER.replace('"meadow"', '""'), "bad text field", "'place'"),
 ])
 def test_parser_rejects_bad_answers(text, kind, match):
-    with pytest.raises(caption.AnswerError, match=match) as e:
+    with pytest.raises(caption_prompt.AnswerError, match=match) as e:
         _parse(text)
     assert e.value.kind == kind
 
@@ -253,8 +254,8 @@ def test_pipeline_writes_the_sequential_labellers_file(footage, reference_labels
     for clip in clips.extract_clips(footage["film"], specs, cfg.data.height, cfg.data.width):
         x = caption.clip_input(0, clip, cfg.label.num_frames, cfg.data)
         request = captioners.CaptionRequest(("sample_film", x.spec.clip_index), x.frames, refs, x.motion_level,
-                                            caption.build_prompt(refs, x.frames, x.motion_level))
-        label, reason = caption.parse_answer(rule.caption([request])[0], CAST, "sample_film", x.spec.clip_index,
+                                            caption_prompt.build_prompt(refs, x.frames, x.motion_level))
+        label, reason = caption_prompt.parse_answer(rule.caption([request])[0], CAST, "sample_film", x.spec.clip_index,
                                              x.spec.start_time)
         lines.append(json.dumps({**label.to_json(), "reason": reason}))
     assert len(lines) == 9

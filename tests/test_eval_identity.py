@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from animegamer_jax.data import toy_world
+from animegamer_jax.data import toy_sprites, toy_world
 from animegamer_jax.commands.eval import identity_main
 from animegamer_jax.eval import embedders, identity
 from animegamer_jax.game import writers
@@ -14,8 +14,8 @@ from animegamer_jax.game import writers
 
 def _refs():
     """3 toy characters on grey, 64x96."""
-    chars = toy_world.make_characters(3)
-    return np.stack([toy_world.reference_image(c, (96, 64)) for c in chars])
+    chars = toy_sprites.make_characters(3)
+    return np.stack([toy_sprites.reference_image(c, (96, 64)) for c in chars])
 
 
 def _clip(ref, rs, t=9):
@@ -49,7 +49,7 @@ def test_toy_references(tmp_path):
     toy_world.make_toy_world(world, tiny.get_config().data, num_characters=3, num_heldout=1, films_per_character=1,
                              scenes_per_film=2, scene_seconds=2.0, size=(48, 32), fps=8.0, seed=5)
     names, refs, held = identity.toy_references(world)
-    assert names == [c.name for c in toy_world.make_characters(3, seed=5)] and refs.shape == (3, 32, 48, 3)
+    assert names == [c.name for c in toy_sprites.make_characters(3, seed=5)] and refs.shape == (3, 32, 48, 3)
     assert sum(held) == 1 and np.array_equal(refs[1], toy_world.load_reference(world, names[1]))
 
 
@@ -58,15 +58,15 @@ def _scene(c, bg_name, cx, cy, radius, t=3, w=96, h=64):
     drifting one px a frame."""
     frames = []
     for k in range(t):
-        canvas = toy_world.background(bg_name, w, h).astype(np.float32)
-        toy_world.draw_sprite(canvas, c, cx + k, cy, radius)
+        canvas = toy_sprites.background(bg_name, w, h).astype(np.float32)
+        toy_sprites.draw_sprite(canvas, c, cx + k, cy, radius)
         frames.append(canvas.astype(np.uint8))
     return np.stack(frames)
 
 
 def test_crop_feature_finds_small_moving_sprites_the_standin_does_not():
-    chars = toy_world.make_characters(3)
-    refs = np.stack([toy_world.reference_image(c, (96, 64)) for c in chars])  # centred, radius 12.8 px, grey
+    chars = toy_sprites.make_characters(3)
+    refs = np.stack([toy_sprites.reference_image(c, (96, 64)) for c in chars])  # centred, radius 12.8 px, grey
     # small sprites away from the centre, at other sizes, on striped / checkered backgrounds
     places = [("stripes", 20, 20, 7), ("checkered", 70, 40, 9), ("stripes", 60, 32, 16), ("checkered", 25, 45, 6)]
     named = [0, 1, 2, 0, 1, 2, 0, 1, 2, 1, 2, 0]
@@ -82,7 +82,7 @@ def test_crop_feature_finds_small_moving_sprites_the_standin_does_not():
     # the whole-frame stand-in sees backgrounds and positions, not the sprite
     standin = identity.identity_accuracy(clips, named, refs, embedders.standin_embedder().image)
     assert standin["accuracy"] <= 0.5
-    blank = identity.crop_feature(np.stack([toy_world.background("sky", 96, 64)]))  # no foreground: zeros
+    blank = identity.crop_feature(np.stack([toy_sprites.background("sky", 96, 64)]))  # no foreground: zeros
     assert not blank.any()
     with pytest.raises(ValueError, match=r"\[N, H, W, 3\]"):
         identity.crop_feature(refs[0])
@@ -106,10 +106,11 @@ def test_command_parts_games_scores_and_bad_inputs(tmp_path, capsys):
         assert len(g["turns"]) == 3
         for t in g["turns"]:
             char, motion, bg = (p.split(": ", 1)[1] for p in t.rstrip(".").split("; "))
-            assert char == g["character"] and motion in actions and bg in toy_world.BACKGROUNDS.values()
+            assert char == g["character"] and motion in actions and bg in toy_sprites.BACKGROUNDS.values()
     # scoring: clips of characters 0 (seen) and the held-out one, each nearest its own reference but one
     h = held.index(True)
-    clips = [np.stack([toy_world.reference_image(toy_world.make_characters(3, seed=5)[k], (96, 64))] * 2) for k in (0, h, h)]
+    chars = toy_sprites.make_characters(3, seed=5)
+    clips = [np.stack([toy_sprites.reference_image(chars[k], (96, 64))] * 2) for k in (0, h, h)]
     s = identity.score_games(clips, [0, h, 0], refs, held, names, identity.crop_feature)
     assert s["seen"] == 0.5 and s["heldout"] == 1.0 and s["all"] == pytest.approx(2 / 3)
     assert s["num_clips"] == {"all": 3, "seen": 2, "heldout": 1}

@@ -8,38 +8,38 @@ import numpy as np
 import pytest
 
 from animegamer_jax.commands.eval import main as eval_main
-from animegamer_jax.data import toy_world
+from animegamer_jax.data import toy_motion, toy_sprites, toy_world
 from animegamer_jax.eval import referee
 from configs import tiny
 
-BGS = list(toy_world.BACKGROUNDS)[:6]
-TIMES = toy_world.turn_times(2.0, 17, 8.0)
+BGS = list(toy_sprites.BACKGROUNDS)[:6]
+TIMES = toy_motion.turn_times(2.0, 17, 8.0)
 
 
 @pytest.fixture(scope="module")
 def world():
     """(referee at 64x96, characters): 8 characters of seed 0 on the 6 default backgrounds (no files)."""
-    chars = toy_world.make_characters(8)
-    manifest = {"size": [192, 128], "fps": toy_world.TOY_FPS, "backgrounds": {b: toy_world.BACKGROUNDS[b] for b in BGS},
+    chars = toy_sprites.make_characters(8)
+    manifest = {"size": [192, 128], "fps": toy_motion.TOY_FPS, "backgrounds": {b: toy_sprites.BACKGROUNDS[b] for b in BGS},
                 "characters": [{**dataclasses.asdict(c), "heldout": False} for c in chars]}
     return referee.Referee(manifest, 64, 96), chars
 
 
-def _turn(motion, quick, bg, start=toy_world.START):
-    end = toy_world.advance(start, motion, quick, 2.0)
+def _turn(motion, quick, bg, start=toy_motion.START):
+    end = toy_motion.advance(start, motion, quick, 2.0)
     return {"motion": motion, "quick": quick, "background": bg, "start": start.to_json(), "end": end.to_json(),
-            "states": list(toy_world.state_changes(motion, quick))}
+            "states": list(toy_motion.state_changes(motion, quick))}
 
 
 def test_every_action_on_every_background(world):
     """Each of the 13 actions read back from the engine's render (exact, and through H.264 for a few), with the
     character and the background; the sprite at the border, after a shrink, on two backgrounds of one hue."""
     ref, chars = world
-    starts = [toy_world.START, toy_world.State(0.3, 0.75, 0.0), toy_world.State(0.65, 1.3, 0.0)]
+    starts = [toy_motion.START, toy_motion.State(0.3, 0.75, 0.0), toy_motion.State(0.65, 1.3, 0.0)]
     n = 0
-    for i, (m, q) in enumerate(toy_world.ACTIONS):
+    for i, (m, q) in enumerate(toy_motion.ACTIONS):
         for j, bg in enumerate(BGS):
-            start = next(s for s in starts[(i + j) % 3:] + starts if toy_world.feasible(s, m, q, 2.0))
+            start = next(s for s in starts[(i + j) % 3:] + starts if toy_motion.feasible(s, m, q, 2.0))
             turn, name = _turn(m, q, bg, start), chars[(i + j) % 8].name
             clip = ref.truth_clip(turn, name, TIMES)
             got = ref.score_turn(clip, turn, name, TIMES, states=turn["states"], pixels=False)
@@ -48,11 +48,11 @@ def test_every_action_on_every_background(world):
             assert got["action_ok"] and got["meters_exact"] and got["meters_mae"] == 0.0
             n += 1
     assert n == 13 * 6
-    edge_cases = [("walk_right", True, "sky", toy_world.State(toy_world.X_RANGE[0], 1.0, 0.0)),  # from the left wall
-                  ("jump", True, "ocean", toy_world.State(toy_world.X_RANGE[1], 1.4, 0.0)),  # at the right wall, largest
-                  ("spin", False, "sky", toy_world.State(0.5, toy_world.SCALE_RANGE[0], 0.0)),  # after shrinking
-                  ("shrink", True, "ocean", toy_world.State(0.2, 1.0, 0.0)),  # the sky's hue, its waves
-                  ("stand", False, "stripes", toy_world.State(0.8, 0.6, 1.0))]
+    edge_cases = [("walk_right", True, "sky", toy_motion.State(toy_motion.X_RANGE[0], 1.0, 0.0)),  # from the left wall
+                  ("jump", True, "ocean", toy_motion.State(toy_motion.X_RANGE[1], 1.4, 0.0)),  # at the right wall, largest
+                  ("spin", False, "sky", toy_motion.State(0.5, toy_motion.SCALE_RANGE[0], 0.0)),  # after shrinking
+                  ("shrink", True, "ocean", toy_motion.State(0.2, 1.0, 0.0)),  # the sky's hue, its waves
+                  ("stand", False, "stripes", toy_motion.State(0.8, 0.6, 1.0))]
     for m, q, bg, start in edge_cases:
         turn = _turn(m, q, bg, start)
         for clip in (ref.truth_clip(turn, chars[3].name, TIMES), ref.film_clip(turn, chars[3].name, TIMES)):
@@ -76,9 +76,9 @@ def test_soft_and_bright_clips_are_read(world):
     for name, change in (("blur", lambda c: np.stack([cv2.GaussianBlur(f, (0, 0), 1.0) for f in c])),
                          ("bright", lambda c: np.clip(c.astype(int) + 30, 0, 255).astype(np.uint8))):
         ok = np.zeros(3, int)
-        for i, (m, q) in enumerate(toy_world.ACTIONS):
+        for i, (m, q) in enumerate(toy_motion.ACTIONS):
             for j, bg in enumerate(BGS):
-                turn = _turn(m, q, bg, toy_world.State(0.5, 1.3 if m == "shrink" else 1.0, 0.0))
+                turn = _turn(m, q, bg, toy_motion.State(0.5, 1.3 if m == "shrink" else 1.0, 0.0))
                 who = chars[(i + 2 * j) % 8].name
                 got = ref.score_turn(change(ref.truth_clip(turn, who, TIMES)), turn, who, TIMES, pixels=False)
                 ok += (got["action_ok"], got["character_ok"], got["background_ok"])
@@ -103,8 +103,8 @@ def test_wrong_clips_are_wrong(world):
     assert empty["background_ok"]
     # continuity: consecutive turns continue; a turn that starts elsewhere does not
     t1 = _turn("walk_right", True, "sky")
-    t2 = _turn("jump", False, "desert", toy_world.State.from_json(t1["end"]))
-    far = _turn("jump", False, "desert", toy_world.State(0.2, 0.7, 0.0))
+    t2 = _turn("jump", False, "desert", toy_motion.State.from_json(t1["end"]))
+    far = _turn("jump", False, "desert", toy_motion.State(0.2, 0.7, 0.0))
     a, b, c = (ref.score_turn(ref.truth_clip(t, chars[1].name, TIMES), t, chars[1].name, TIMES, pixels=False)
                for t in (t1, t2, far))
     assert referee.continuous(a, b) and not referee.continuous(a, c) and not referee.continuous(a, empty)

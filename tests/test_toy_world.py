@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from animegamer_jax.data import clips, datasets, label_schema, prepare, references, toy_world
+from animegamer_jax.data import clips, datasets, label_schema, prepare, references, toy_motion, toy_sprites, toy_world
 from animegamer_jax.commands.data import sample_main
 from configs import tiny
 
@@ -60,9 +60,9 @@ def test_pipeline_finds_the_cuts_and_labels_are_ground_truth(world):
         assert all(a != b for a, b in zip(backgrounds, backgrounds[1:]))  # a cut always changes the background
         for spec, lab in zip(specs, label_schema.match_labels(film["film_id"], specs, labels)):
             scene = film["scenes"][spec.scene_id]
-            verb = toy_world.MOTIONS[scene["motion"]][0]
+            verb = toy_motion.MOTIONS[scene["motion"]][0]
             assert lab.characters == (film["character"],) and lab.action.endswith(" " + verb)
-            assert lab.background == toy_world.BACKGROUNDS[scene["background"]] and lab.action == scene["action"]
+            assert lab.background == toy_sprites.BACKGROUNDS[scene["background"]] and lab.action == scene["action"]
     # the first frame of a film shows its character's colours on its first background
     film = manifest["films"][0]
     c = toy_world.character_of(manifest, film["character"])
@@ -70,7 +70,7 @@ def test_pipeline_finds_the_cuts_and_labels_are_ground_truth(world):
         os.path.join(out, film["path"]), clips.plan_film(os.path.join(out, film["path"]), "f", _data_cfg())[0][:1],
         64, 96))).first_frame, 64, 96)
     s0 = film["scenes"][0]
-    want = toy_world.render_frame(c, toy_world.background(s0["background"], 128, 96), toy_world.START, s0["motion"],
+    want = toy_motion.render_frame(c, toy_sprites.background(s0["background"], 128, 96), toy_motion.START, s0["motion"],
                                   s0["quick"], 0.0)
     assert np.abs(frames.astype(int) - clips.resize_center_crop(want, 64, 96).astype(int)).mean() < 6
 
@@ -90,7 +90,7 @@ def test_heldout_characters_never_in_training_films(world):
             assert by_id[film_id]["split"] == split
     for c in manifest["characters"]:  # every reference PNG is its sprite on grey
         ref = toy_world.load_reference(out, c["name"])
-        want = toy_world.reference_image(toy_world.Character(c["name"], c["shape"], c["colour"], c["colour2"],
+        want = toy_sprites.reference_image(toy_sprites.Character(c["name"], c["shape"], c["colour"], c["colour2"],
                                                              c["pattern"]), (128, 96))
         assert ref.shape == (96, 128, 3) and np.array_equal(ref, want) and (ref != 128).any()
 
@@ -192,32 +192,32 @@ def test_phase_r_batches_take_the_mined_references(world, tmp_path):
 
 
 def test_characters_from_the_seed_differ_in_two_features():
-    chars = toy_world.make_characters(60, seed=0)
+    chars = toy_sprites.make_characters(60, seed=0)
     assert len({c.name for c in chars}) == 60 and all(c.colour != c.colour2 for c in chars)
     assert all(sum(a != b for a, b in zip(x.features, y.features)) >= 2 for i, x in enumerate(chars) for y in chars[:i])
-    assert toy_world.make_characters(8, seed=0) == chars[:8]  # a larger draw extends a smaller one
-    assert toy_world.make_characters(8, seed=1) != chars[:8]
-    assert len(toy_world.make_characters(toy_world.MAX_CHARACTERS, seed=0)) == toy_world.MAX_CHARACTERS
+    assert toy_sprites.make_characters(8, seed=0) == chars[:8]  # a larger draw extends a smaller one
+    assert toy_sprites.make_characters(8, seed=1) != chars[:8]
+    assert len(toy_sprites.make_characters(toy_sprites.MAX_CHARACTERS, seed=0)) == toy_sprites.MAX_CHARACTERS
     with pytest.raises(ValueError, match="--num_characters"):
-        toy_world.make_characters(toy_world.MAX_CHARACTERS + 1)
+        toy_sprites.make_characters(toy_sprites.MAX_CHARACTERS + 1)
 
 
 def test_states_carry_and_stay_in_range():
     """advance / feasible: a walk stops at the wall, a scale at its bound; jumps and spins end where they began;
     the last frame of a turn and the first of the next one show the sprite at the same place and size."""
-    s = toy_world.State(0.5, 1.0, 0.0)
-    assert toy_world.advance(s, "walk_right", True, 2.0).x == pytest.approx(0.8)
-    assert toy_world.advance(s, "walk_left", False, 2.0).x == pytest.approx(0.35)
-    assert toy_world.advance(toy_world.State(0.75, 1.0, 0.0), "walk_right", True, 2.0).x == toy_world.X_RANGE[1]
-    assert not toy_world.feasible(toy_world.State(0.75, 1.0, 0.0), "walk_right", True, 2.0)
-    assert toy_world.advance(s, "grow", True, 2.0).scale == pytest.approx(1.35)
-    assert toy_world.advance(toy_world.State(0.5, 1.3, 0.0), "grow", True, 2.0).scale == toy_world.SCALE_RANGE[1]
-    for m, q in toy_world.ACTIONS:
+    s = toy_motion.State(0.5, 1.0, 0.0)
+    assert toy_motion.advance(s, "walk_right", True, 2.0).x == pytest.approx(0.8)
+    assert toy_motion.advance(s, "walk_left", False, 2.0).x == pytest.approx(0.35)
+    assert toy_motion.advance(toy_motion.State(0.75, 1.0, 0.0), "walk_right", True, 2.0).x == toy_motion.X_RANGE[1]
+    assert not toy_motion.feasible(toy_motion.State(0.75, 1.0, 0.0), "walk_right", True, 2.0)
+    assert toy_motion.advance(s, "grow", True, 2.0).scale == pytest.approx(1.35)
+    assert toy_motion.advance(toy_motion.State(0.5, 1.3, 0.0), "grow", True, 2.0).scale == toy_motion.SCALE_RANGE[1]
+    for m, q in toy_motion.ACTIONS:
         if m in ("jump", "spin", "stand"):
-            end = toy_world.advance(s, m, q, 2.0)
+            end = toy_motion.advance(s, m, q, 2.0)
             assert end.x == s.x and end.scale == s.scale and min(end.angle, 2 * np.pi - end.angle) < 1e-9
-        pose = toy_world.sprite_pose(s, m, q, 2.0, 192, 128)
-        nxt = toy_world.sprite_pose(toy_world.advance(s, m, q, 2.0), "stand", False, 0.0, 192, 128)
+        pose = toy_motion.sprite_pose(s, m, q, 2.0, 192, 128)
+        nxt = toy_motion.sprite_pose(toy_motion.advance(s, m, q, 2.0), "stand", False, 0.0, 192, 128)
         assert np.allclose(pose[:3], nxt[:3], atol=1e-6), (m, q)
 
 
@@ -230,13 +230,13 @@ def test_grown_world_plan_splits_and_games():
     assert all(len(v) == round(0.2 * 7 * 6) for v in held_pairs.values())
     for f in films:
         banned = {tuple(p) for p in held_pairs.get(f["character"], ())}
-        state = toy_world.START
+        state = toy_motion.START
         for a, b in zip(f["scenes"], f["scenes"][1:] + [None]):
-            assert toy_world.State.from_json(a["start"]) == toy_world.State.from_json(state.to_json())
-            assert (a["motion"], a["background"]) not in banned and toy_world.feasible(state, a["motion"], a["quick"], 2.0)
+            assert toy_motion.State.from_json(a["start"]) == toy_motion.State.from_json(state.to_json())
+            assert (a["motion"], a["background"]) not in banned and toy_motion.feasible(state, a["motion"], a["quick"], 2.0)
             assert b is None or b["background"] != a["background"]
-            state = toy_world.advance(state, a["motion"], a["quick"], 2.0)
-    bgs = list(toy_world.BACKGROUNDS)[:6]
+            state = toy_motion.advance(state, a["motion"], a["quick"], 2.0)
+    bgs = list(toy_sprites.BACKGROUNDS)[:6]
     shown = toy_world.shown_compositions(films)
     games = toy_world.plan_games(chars, heldout, held_pairs, bgs, 2.0, shown=shown)
     assert [len(games[s]) for s in toy_world.SPLITS] == [32, 32, 32, 1] and len(games["long"][0]["turns"]) == 100
@@ -250,7 +250,7 @@ def test_grown_world_plan_splits_and_games():
                 assert ((t["motion"], t["background"]) in banned) == (t["composition"] == "heldout")
                 pair = (t["motion"], t["background"])
                 assert (t["composition"] == "shown") == (split != "heldout_characters" and pair in shown[g["character"]])
-                assert t["instruction"] == toy_world.instruction(g["character"], t["motion"], t["quick"], t["background"])
+                assert t["instruction"] == toy_motion.instruction(g["character"], t["motion"], t["quick"], t["background"])
             if split == "heldout_compositions":
                 assert all(t["composition"] == "heldout" for t in g["turns"])
     kinds = {s: [t["composition"] for g in games[s] for t in g["turns"]] for s in toy_world.SPLITS}

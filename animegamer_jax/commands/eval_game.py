@@ -37,7 +37,7 @@ from animegamer_jax import parallel
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError
 from animegamer_jax.config import load_config as load_config_file
-from animegamer_jax.data import toy_world
+from animegamer_jax.data import toy_motion, toy_world
 from animegamer_jax.eval import referee
 from animegamer_jax.eval import vae as eval_vae
 from animegamer_jax.game import writers
@@ -158,7 +158,7 @@ def _run(f, *rest: str) -> int:
     config = load_config(ckpt) if ckpt else load_config_file(paths.resource(WORLD_CONFIG))
     ref = referee.Referee(manifest, int(config.data.height), int(config.data.width))
     plan = truth["clip_plan"]
-    times = toy_world.turn_times(float(truth["seconds"]), int(plan["num_frames"]), float(plan["fps"]),
+    times = toy_motion.turn_times(float(truth["seconds"]), int(plan["num_frames"]), float(plan["fps"]),
                                  float(truth["fps"]))
     if kind in ("system", "standin") and (int(config.data.num_frames), float(config.data.fps)) != (
             int(plan["num_frames"]), float(plan["fps"])):
@@ -201,7 +201,7 @@ def _run(f, *rest: str) -> int:
                     else:
                         c, s = retrieve(scenes, g["character"], t)
                         cs.append(ref.truth_clip(s, c, times))
-                        ss.append(toy_world.state_changes(s["motion"], bool(s["quick"])))
+                        ss.append(toy_motion.state_changes(s["motion"], bool(s["quick"])))
                 clips[split].append(cs)
                 states[split].append(ss)
     scored, rows = {}, []

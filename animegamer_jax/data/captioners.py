@@ -2,9 +2,9 @@
 
 A captioner turns a batch of `CaptionRequest`s (a clip's uniformly sampled frames, the reference images
 of the film's characters, the clip's optical-flow motion level and the interleaved text + image prompt
-that data/caption.py built) into one raw text answer per request. Answers are JSON objects with the
-fields of `ANSWER_KEYS`; data/caption.py parses and validates them (and retries / marks a clip
-unlabelled), so a captioner never has to be trusted.
+that data/caption_prompt.py built) into one raw text answer per request. Answers are JSON objects with
+the fields of `ANSWER_KEYS`; data/caption_prompt.py parses and validates them (data/caption.py retries or
+marks a clip unlabelled), so a captioner never has to be trusted.
 
 Implementations:
 - `HFCaptioner`: any transformers image-text-to-text model in a local folder (InternVL through
@@ -33,7 +33,7 @@ import numpy as np
 from etils import epath
 from PIL import Image
 
-# Fields of one answer (a flat JSON object; see data/caption.py for the prompt and the parser):
+# Fields of one answer (a flat JSON object; see data/caption_prompt.py for the prompt and the parser):
 #   characters: names from the cast; adverb + verb: the motion ("slowly" + "crawl out of burrow");
 #   time + place: the background ("day" + "meadow"); social / entertainment / stamina: integer changes
 #   in -5..5; reason: one short sentence for the state changes.

@@ -48,7 +48,7 @@ import numpy as np
 from animegamer_jax.io import paths
 
 from animegamer_jax.io import media
-from animegamer_jax.data import toy_world
+from animegamer_jax.data import toy_sprites, toy_world
 from animegamer_jax.eval import metrics
 
 #: :func:`crop_feature`'s defaults: colour cell width (levels), border ring width (px), background
@@ -214,7 +214,7 @@ def toy_games(world_dir: str, per_character: int, turns: int, seed: int = 0) -> 
     "character": NAME}`` whose ``turns`` instructions name it, each with a (motion, background) of one
     of the world's scenes drawn by ``seed`` (numpy ``default_rng([seed, character, game])``)."""
     manifest = toy_world.read_manifest(world_dir)
-    scenes = sorted({(sc["action"], toy_world.BACKGROUNDS[sc["background"]])
+    scenes = sorted({(sc["action"], toy_sprites.BACKGROUNDS[sc["background"]])
                      for film in manifest["films"] for sc in film["scenes"]})
     out = []
     for k, c in enumerate(manifest["characters"]):

@@ -31,7 +31,7 @@ kinematics, so each column is a nearest-truth decision, not a learned feature:
 - **position**: the named character's x and size at the clip's first and last frames against where the
   engine has it from the turn's start state (the same tolerances): the state carried from the truth;
 - **pixels**: PSNR (from the split's mean squared error) and SSIM against the engine's own render of the
-  turn's instruction from the turn's start state (data/toy_world.render_turn).
+  turn's instruction from the turn's start state (data/toy_motion.render_turn).
 
   ref = Referee(manifest, height=64, width=96)
   turn = ref.score_turn(clip, truth_turn, "Kiki", times, states=(0, 1, -1))  # {"motion": "jump", ...}
@@ -55,7 +55,7 @@ import numpy as np
 from scipy import ndimage
 
 from animegamer_jax.data import clips as clips_lib
-from animegamer_jax.data import toy_world, video
+from animegamer_jax.data import toy_motion, toy_sprites, toy_world, video
 from animegamer_jax.io import media
 
 MASK_LEVELS = 40  # a sprite pixel differs from the plate by more than this in some channel (0..255)
@@ -174,7 +174,7 @@ class Referee:
         self.names = [c["name"] for c in manifest["characters"]]
         self.chars = [toy_world.character_of(manifest, n) for n in self.names]
         self.backgrounds = list(manifest["backgrounds"])
-        self.plates = np.stack([plate_variants(_resize(np.clip(np.rint(toy_world.background(b, *self.size)), 0, 255)
+        self.plates = np.stack([plate_variants(_resize(np.clip(np.rint(toy_sprites.background(b, *self.size)), 0, 255)
                                                        .astype(np.uint8), self.h, self.w)) for b in self.backgrounds])
         self.bank, self.unit_area = self._templates()
         self.bank_sq = (self.bank ** 2).sum(-1)  # [K, V, A]
@@ -185,7 +185,7 @@ class Referee:
         each TEMPLATE_BLURS sigma (V = 1 + len(TEMPLATE_BLURS): a soft clip's sprite still finds itself)."""
         wt, ht = self.size
         f = max(self.h / ht, self.w / wt)
-        r = toy_world.RADIUS * ht
+        r = toy_sprites.RADIUS * ht
         side = 2 * int(math.ceil(1.5 * r)) + 2
         out_side = max(8, int(round(side * f)))
         plate = np.full((1, out_side, out_side, 3), _GREY, np.float32)
@@ -194,7 +194,7 @@ class Referee:
         for k, c in enumerate(self.chars):
             for a in range(ANGLES):
                 canvas = np.full((side, side, 3), _GREY, np.float32)
-                toy_world.draw_sprite(canvas, c, side / 2, side / 2, r, 2 * math.pi * a / ANGLES)
+                toy_sprites.draw_sprite(canvas, c, side / 2, side / 2, r, 2 * math.pi * a / ANGLES)
                 small = cv2.resize(np.clip(np.rint(canvas), 0, 255).astype(np.uint8), (out_side, out_side),
                                    interpolation=cv2.INTER_AREA)
                 for v, sigma in enumerate((0.0, *TEMPLATE_BLURS)):
@@ -263,7 +263,7 @@ class Referee:
             return "none", False
         t, x, y, ls = times[v], seen["x"][v], seen["y"][v], np.log(seen["size"][v])
         best, err = ("stand", False), math.inf
-        for m, q in [*((m, q) for m, q in toy_world.ACTIONS if m not in ("stand", "spin")), ("stand", False)]:
+        for m, q in [*((m, q) for m, q in toy_motion.ACTIONS if m not in ("stand", "spin")), ("stand", False)]:
             px, py, pls = self._predicted(m, q, t, float(np.exp(ls[0])), k)
             e = sum(float(np.mean(((o - p) - (o - p).mean()) ** 2)) / s ** 2
                     for o, p, s in ((x, px, SIGMA[0]), (y, py, SIGMA[1]), (ls, pls, SIGMA[2])))
@@ -276,7 +276,8 @@ class Referee:
         d = self._distances(seen["crops"][v], k)  # [N, A]
         bins = 2 * math.pi / ANGLES
         scores = {}
-        for m, q, omega in (("stand", False, 0.0), ("spin", False, toy_world.SPIN[False]), ("spin", True, toy_world.SPIN[True])):
+        spin = toy_motion.SPIN
+        for m, q, omega in (("stand", False, 0.0), ("spin", False, spin[False]), ("spin", True, spin[True])):
             off = np.rint(omega * t / bins).astype(int)  # [N]
             cols = (np.arange(ANGLES)[:, None] + off[None]) % ANGLES  # [A0, N]
             scores[(m, q)] = float(d[np.arange(len(t))[None], cols].mean(axis=1).min())
@@ -291,9 +292,9 @@ class Referee:
         ``size_px`` (sqrt area; character ``k``'s area at scale 1 gives the scale), unclamped: the fit compares
         shapes, its offsets are fitted away."""
         unit = math.sqrt(self.unit_area[k]) if k >= 0 and self.unit_area[k] > 0 else size_px
-        state = toy_world.State(0.5, size_px / unit, 0.0)
-        poses = np.asarray([toy_world.sprite_pose(state, motion, quick, float(tt), 1, 1, clamp=False) for tt in t])
-        return poses[:, 0], poses[:, 1], np.log(poses[:, 2] / toy_world.RADIUS)
+        state = toy_motion.State(0.5, size_px / unit, 0.0)
+        poses = np.asarray([toy_motion.sprite_pose(state, motion, quick, float(tt), 1, 1, clamp=False) for tt in t])
+        return poses[:, 0], poses[:, 1], np.log(poses[:, 2] / toy_sprites.RADIUS)
 
     # ---- scoring -----------------------------------------------------------------------------------
 
@@ -301,7 +302,7 @@ class Referee:
         """uint8 [T, h, w, 3]: the engine's render of ``turn`` (a truth.json turn) from its start state, resized
         like data.prepare resizes the films."""
         c = self.chars[self.names.index(character)]
-        frames = toy_world.render_turn(c, toy_world.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]),
+        frames = toy_motion.render_turn(c, toy_motion.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]),
                                        turn["background"], times, self.size)
         return np.stack([_resize(f, self.h, self.w) for f in frames])
 
@@ -312,7 +313,7 @@ class Referee:
         c = self.chars[self.names.index(character)]
         fps = float(self.manifest["fps"])
         n = max(int(round(float(np.max(times)) * fps)) + 1, 2)
-        frames = toy_world.render_turn(c, toy_world.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]),
+        frames = toy_motion.render_turn(c, toy_motion.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]),
                                        turn["background"], np.arange(n) / fps, self.size)
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "turn.mp4")
@@ -367,10 +368,10 @@ class Referee:
 
     def _expected(self, turn: dict, character: str, t: float) -> tuple[float, float]:
         """(x as a share of the width, sqrt(area) px) of ``character`` ``t`` s into ``turn`` as the engine has it."""
-        pose = toy_world.sprite_pose(toy_world.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]), t,
+        pose = toy_motion.sprite_pose(toy_motion.State.from_json(turn["start"]), turn["motion"], bool(turn["quick"]), t,
                                      1, 1)
         unit = math.sqrt(self.unit_area[self.names.index(character)])
-        return pose[0], unit * pose[2] / toy_world.RADIUS
+        return pose[0], unit * pose[2] / toy_sprites.RADIUS
 
 
 def _near(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -404,8 +405,8 @@ def columns(turns: Sequence[dict], boundaries: Sequence[bool]) -> dict:
 def chance(manifest: dict) -> dict:
     """Each column's chance level: a uniform guess among the world's motions, actions, backgrounds,
     characters and distinct state rules (None where no guess applies)."""
-    rules = {tuple(v) for _, slow, quick in toy_world.MOTIONS.values() for v in (slow, quick)}
-    return {"motion": 1 / len(toy_world.MOTIONS), "action": 1 / len(toy_world.ACTIONS),
+    rules = {tuple(v) for _, slow, quick in toy_motion.MOTIONS.values() for v in (slow, quick)}
+    return {"motion": 1 / len(toy_motion.MOTIONS), "action": 1 / len(toy_motion.ACTIONS),
             "background": 1 / len(manifest["backgrounds"]), "character": 1 / len(manifest["characters"]),
             "meters_exact": 1 / len(rules), "meters_mae": None, "continuity": None, "position": None, "psnr": None,
             "ssim": None}
