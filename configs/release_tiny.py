@@ -23,23 +23,12 @@ def get_config() -> ml_collections.ConfigDict:
     c = tiny.toy_sizes(animegamer_2b_7b.get_config())  # rep.dim 64 = DiT hidden size
     c.name = "release_tiny"
 
-    c.rep.num_text_tokens = 30  # 226 tokens as released (hard-coded in the release DiT)
-    c.rep.num_image_tokens = 196
+    c.rep.update(num_text_tokens=30, num_image_tokens=196)  # 226 tokens as released (hard-coded in the release DiT)
     c.shot_encoder.image_dim = 768  # ip_hidden_size stays 768 (the release branches on != 768)
-
-    c.clip.image_size = 224
-    c.clip.patch_size = 16  # vision head width 16, mlp ratio 2
-    c.clip.text_mlp_dim = 128  # open_clip text mlp_ratio default 4
-    c.clip.embed_dim = 24
-
-    c.t5.vocab_size = 256
-    c.t5.d_ff = 80
-    c.t5.num_heads = 3
-
-    c.mllm.hidden_size = 48
-    c.mllm.head_dim = 12
-    c.mllm.history_window = 1
-    c.mllm.readout = "last"
+    # patch 16: vision head width 16, mlp ratio 2; text_mlp_dim 128: open_clip's text mlp_ratio default 4
+    c.clip.update(image_size=224, patch_size=16, text_mlp_dim=128, embed_dim=24)
+    c.t5.update(vocab_size=256, d_ff=80, num_heads=3)
+    c.mllm.update(hidden_size=48, head_dim=12, history_window=1, readout="last")
 
     c.dit.time_embed_dim = 48
 

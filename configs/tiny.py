@@ -44,30 +44,15 @@ def get_config() -> ml_collections.ConfigDict:
     c = toy_sizes(animegamer_2b_7b.get_config())
     c.name = "tiny"
 
-    c.rep.num_text_tokens = 8
-    c.rep.num_image_tokens = 16  # 32 px / patch 8 = 4x4
+    c.rep.update(num_text_tokens=8, num_image_tokens=16)  # 32 px / patch 8 = 4x4 image tokens
     c.shot_encoder.image_dim = 32  # = clip.vision_width
-
-    c.clip.image_size = 32
-    c.clip.patch_size = 8
-    c.clip.text_mlp_dim = 64
-    c.clip.embed_dim = 32
-
-    c.t5.vocab_size = 1000
-    c.t5.d_ff = 64
-    c.t5.num_heads = 2
-    c.t5.max_length = 8
-    # a 384-piece BPE of generic phrases and every sample action text (python -m animegamer_jax.commands.data tiny-t5-spiece):
-    # each sample action is at most 6 whole-word pieces, so 8 tokens hold it and its EOS
-    c.t5.spiece_model = "data/tiny_t5_spiece.model"
-
-    c.mllm.hidden_size = 64
-    c.mllm.head_dim = 16
-    c.mllm.sliding_window = 0
-    c.mllm.max_position_embeddings = 4096
-    c.mllm.lora_rank = 4
-    c.mllm.lora_alpha = 4.0
-    c.mllm.history_window = 3
+    c.clip.update(image_size=32, patch_size=8, text_mlp_dim=64, embed_dim=32)
+    # spiece_model: a 384-piece BPE of generic phrases and every sample action text (python -m
+    # animegamer_jax.commands.data tiny-t5-spiece): each sample action is at most 6 whole-word pieces, so
+    # max_length 8 holds it and its EOS
+    c.t5.update(vocab_size=1000, d_ff=64, num_heads=2, max_length=8, spiece_model="data/tiny_t5_spiece.model")
+    c.mllm.update(hidden_size=64, head_dim=16, sliding_window=0, max_position_embeddings=4096, lora_rank=4,
+                  lora_alpha=4.0, history_window=3)
 
     # The DiT is wider and deeper than toy_sizes' (release_tiny keeps those): a 2-layer, 64-wide DiT
     # plateaus in phase a2 and draws blocky latents even for its training clips; 4 layers of 4 x 32 heads
