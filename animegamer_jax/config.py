@@ -250,28 +250,25 @@ def validate(config) -> None:
         if isinstance(v, bool) or not isinstance(v, int) or not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
             raise ConfigError(f"config value {key}={v!r} is not a seed: seeds are integers from -2**63 to "
                               f"2**63 - 1. Fix: --config.{key}=0 (or another integer in that range)")
-    phase = _get(config, "train.phase")
-    if phase is not _MISSING and phase not in (*TRAIN_PHASES, "all"):
-        raise ConfigError(f"config value train.phase={phase!r} is not a training phase. Fix: "
-                          f"--config.train.phase= one of {', '.join(TRAIN_PHASES)} or all")
+    _check_choice(config, "train.phase", (*TRAIN_PHASES, "all"), "a training phase",
+                  f"= one of {', '.join(TRAIN_PHASES)} or all")
     pipeline = _get(config, "train.pipeline")
     if pipeline is not _MISSING:
         bad = [p for p in (pipeline or ()) if p not in TRAIN_PHASES]
         if bad or isinstance(pipeline, str):
             raise ConfigError(f"config value train.pipeline={pipeline!r} holds no training phase {bad or pipeline!r}. "
                               f"Fix: a tuple of {', '.join(TRAIN_PHASES)}, e.g. --config.train.pipeline=\"('a1','a2')\"")
-    quantize = _get(config, "mllm.quantize")
-    if quantize is not _MISSING and quantize not in MLLM_QUANTIZE:
-        raise ConfigError(f"config value mllm.quantize={quantize!r} is not a quantization. Fix: "
-                          f"--config.mllm.quantize=none or =int8")
-    mode = _get(config, "game.mode")
-    if mode is not _MISSING and mode not in GAME_MODES:
-        raise ConfigError(f"config value game.mode={mode!r} is not a game mode. Fix: --config.game.mode=default "
-                          f"or =reference")
-    decoder = _get(config, "game.decoder")
-    if decoder is not _MISSING and decoder not in GAME_DECODERS:
-        raise ConfigError(f"config value game.decoder={decoder!r} is not a clip decoder. Fix: "
-                          f"--config.game.decoder= one of {', '.join(GAME_DECODERS)}")
+    _check_choice(config, "mllm.quantize", MLLM_QUANTIZE, "a quantization", "=none or =int8")
+    _check_choice(config, "game.mode", GAME_MODES, "a game mode", "=default or =reference")
+    _check_choice(config, "game.decoder", GAME_DECODERS, "a clip decoder", f"= one of {', '.join(GAME_DECODERS)}")
+
+
+def _check_choice(config, key: str, choices, what: str, fix: str) -> None:
+    """Raises ConfigError "config value KEY=V is not WHAT. Fix: --config.KEY<fix>" when ``config`` has ``key``
+    (dotted) and its value is not one of ``choices``."""
+    value = _get(config, key)
+    if value is not _MISSING and value not in choices:
+        raise ConfigError(f"config value {key}={value!r} is not {what}. Fix: --config.{key}{fix}")
 
 
 def check_config_file(path: str) -> None:
