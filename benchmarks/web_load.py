@@ -50,7 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from animegamer_jax.io import fileio  # noqa: E402
-from animegamer_jax.web.app import COOKIE, cookie_name  # noqa: E402
+from animegamer_jax.web.routes import COOKIE, cookie_name  # noqa: E402
 from benchmarks.common import git_commit  # noqa: E402
 
 SERVING = re.compile(r"serving on (http://([^:/]+):(\d+))/")

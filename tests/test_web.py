@@ -300,7 +300,8 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
     game's turn files as they were."""
     from animegamer_jax.inference.instructions import Game
     from animegamer_jax.game.turn_by_turn import instruction_from_fields
-    from animegamer_jax.web.server import SESSIONS_FILE, GameServer
+    from animegamer_jax.web.server import GameServer
+    from animegamer_jax.web.sessions import SESSIONS_FILE
 
     engine, out, d = served[0].engine, str(tmp_path / "games"), browser
     turns = [("Bunny", "slowly walk out of the burrow", "day meadow"),  # turn 1

@@ -13,21 +13,19 @@ import urllib.request
 import pytest
 from PIL import Image
 
-from animegamer_jax.config import load_config
 from animegamer_jax.game import characters, saving
 from animegamer_jax.inference.instructions import Game, parse_instruction
-from animegamer_jax.web.app import CHARACTER_MAX_BODY, create_app
-from animegamer_jax.web.server import MAX_CHARACTER_BYTES, build_server
-from tests.web_helpers import Client, HttpThread, play_turn, post, raw, wait
+from animegamer_jax.web.app import create_app
+from animegamer_jax.web.routes import CHARACTER_MAX_BODY
+from animegamer_jax.web.sessions import MAX_CHARACTER_BYTES
+from tests.web_helpers import Client, HttpThread, play_turn, post, raw, standin_server, wait
 
 TURN_FILES = (".mp4", ".gif", ".state.npz")
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    server = build_server(load_config("configs/tiny.py"), standin=True, out=str(tmp_path_factory.mktemp("games")),
-                          max_batch=2)
-    server.start()
+    server = standin_server(str(tmp_path_factory.mktemp("games")), max_batch=2)
     http = HttpThread(create_app(server)).start()
     yield server, http
     http.stop()

@@ -28,11 +28,12 @@ from animegamer_jax.game import writers
 from animegamer_jax.commands import web as web_main
 from starlette.requests import Request
 
-from animegamer_jax.web.app import (COOKIE, STATIC, Guard, cookie_name, create_app, host_names,
-                                    no_auth_warning)
-from animegamer_jax.web.server import SESSIONS_FILE, build_server
+from animegamer_jax.web.app import Guard, create_app, host_names, no_auth_warning
+from animegamer_jax.web.routes import COOKIE, STATIC, cookie_name
+from animegamer_jax.web.server import build_server
+from animegamer_jax.web.sessions import SESSIONS_FILE
 from benchmarks.web_load import Player, ServerProcess, check_load, play_load, summarize
-from tests.web_helpers import HttpThread, post, raw
+from tests.web_helpers import HttpThread, call, post, raw, read_to_close
 
 PLAYERS, TURNS = 16, 3
 
@@ -300,9 +301,9 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     before = {"root": tree(root), "static": tree(STATIC)}
     cookie = lambda sid: f"Cookie: {cookie_name(COOKIE, http.port)}={sid}\r\n".encode()  # noqa: E731
     guessed = "A" * 24
-    assert server.find_session(guessed) is None
+    assert server.sessions.find(guessed) is None
     got, wrong = [], []
-    sessions = set(server.sessions)
+    sessions = set(server.sessions.live)
     for name, req, status, reason in hostile_cases(cookie(own.cookie), cookie(other.cookie), cookie(guessed)):
         code, body = raw(http, req.replace(b"{own_game}", game_id.encode()).replace(b"{port}", str(http.port).encode()))
         try:
@@ -318,7 +319,7 @@ def test_hostile_input_gets_a_4xx_with_one_line_each(hosted, capsys):
     assert len(got) >= 80
     # nothing played, nothing written, no session made: the games folder holds the one game, everything
     # else as it was
-    assert server.turns_played == played and server.alive and set(server.sessions) == sessions
+    assert server.turns_played == played and server.alive and set(server.sessions.live) == sessions
     after = {"root": tree(root), "static": tree(STATIC)}
     assert after == before
     assert sorted(os.listdir(root)) == ["games", "outside"]
@@ -354,7 +355,7 @@ def test_full_queue_answers_busy_try_again(hosted, monkeypatch):
 
     monkeypatch.setattr(server.engine, "step", held_step)
     monkeypatch.setattr(server, "submit", watched_submit)
-    monkeypatch.setattr(server, "max_queue", 2)
+    monkeypatch.setattr(server.queue, "max_queue", 2)
     players = [Player(http.url) for _ in range(4)]
     assert all(p.join() == 200 for p in players)
     streams = []
@@ -507,23 +508,14 @@ def test_servers_on_two_ports_of_one_host_keep_their_own_cookies(hosted, tmp_pat
     jar = CookieJar()
     browser_ = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
 
-    def call(url, body=None):
-        req = urllib.request.Request(url, None if body is None else json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        try:
-            with browser_.open(req) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
-
     try:
-        assert call(f"{a.url}/?token={token_a}")[0] == 200
-        status, stream = call(f"{a.url}/api/turn", BUNNY)
+        assert call(browser_, f"{a.url}/?token={token_a}")[0] == 200
+        status, stream = call(browser_, f"{a.url}/api/turn", BUNNY)
         assert status == 200 and json.loads(stream.splitlines()[-1])["event"] == "done"
-        assert call(f"{b.url}/?token={token_b}")[0] == 200  # the second server's page, in the same browser
-        status, state = call(f"{a.url}/api/state")  # no ?token=: the first server's cookies
+        assert call(browser_, f"{b.url}/?token={token_b}")[0] == 200  # the second server's page, in the same browser
+        status, state = call(browser_, f"{a.url}/api/state")  # no ?token=: the first server's cookies
         assert status == 200 and len(json.loads(state)["turns"]) == 1, state
-        status, state = call(f"{b.url}/api/state")
+        status, state = call(browser_, f"{b.url}/api/state")
         assert status == 200 and json.loads(state)["turns"] == [], state
         assert sorted(c.name for c in jar) == sorted(cookie_name(n, p) for n in (COOKIE, "agj_token")
                                                      for p in (a.port, b.port))
@@ -539,15 +531,15 @@ def test_cookieless_requests_evict_no_player(hosted, monkeypatch):
     server, http, _ = hosted
     player = Player(http.url)
     assert player.join() == 200 and player.turn(BUNNY)["events"][-1]["event"] == "done"
-    monkeypatch.setattr(server, "max_empty_sessions", 8)
-    playing = {s.id for s in server.sessions.values() if s.holds_turns}
+    monkeypatch.setattr(server.sessions, "max_empty_sessions", 8)
+    playing = {s.id for s in server.sessions.live.values() if s.holds_turns}
     # 70 requests of every kind without a cookie (a cross-site page's <img>s, or anyone on loopback)
     for k in range(70):
         assert raw(http, get("/api/state"))[0] == 403
         assert raw(http, post("/api/turn", turn_with()))[0] == 403
         assert raw(http, get("/"))[0] == 200  # a page load: a new session, with no turns
-    assert player.cookie in server.sessions and playing <= set(server.sessions)
-    assert len(server.sessions) == len(playing) + 8
+    assert player.cookie in server.sessions.live and playing <= set(server.sessions.live)
+    assert len(server.sessions.live) == len(playing) + 8
     r = player.turn(BUNNY)  # the player's next turn
     assert r["status"] == 200 and len(r["events"][-1]["state"]["turns"]) == 2
     # 2000 more over one kept-alive connection: the sessions kept stay bounded
@@ -558,7 +550,7 @@ def test_cookieless_requests_evict_no_player(hosted, monkeypatch):
         resp.read()
         assert resp.status == (200 if k % 2 else 403)
     conn.close()
-    assert len(server.sessions) == len(playing) + 8 and player.cookie in server.sessions
+    assert len(server.sessions.live) == len(playing) + 8 and player.cookie in server.sessions.live
     assert player.json("GET", "/api/state")[1]["turns"][1]["character"] == "Bunny"
 
 
@@ -567,9 +559,9 @@ def test_full_server_refuses_new_players_not_old_games(hosted, monkeypatch):
     waiting, player = Player(http.url), Player(http.url)
     assert waiting.join() == 200 and player.join() == 200
     assert player.turn(BUNNY)["status"] == 200
-    monkeypatch.setattr(server, "max_sessions", sum(s.holds_turns for s in server.sessions.values()))
+    monkeypatch.setattr(server.sessions, "max_sessions", sum(s.holds_turns for s in server.sessions.live.values()))
     status, j = Player(http.url).json("GET", "/")
-    assert status == 503 and j["error"].startswith(f"the server holds the games of {server.max_sessions} players")
+    assert status == 503 and j["error"].startswith(f"the server holds the games of {server.sessions.max_sessions} players")
     assert "Fix: try again later" in j["error"] and "\n" not in j["error"]
     late = waiting.turn(BUNNY)  # a page loaded before the server filled up: its first turn
     assert late["status"] == 503 and "holds the games of" in late["error"]
@@ -581,22 +573,22 @@ def test_idle_sessions_expire_but_not_mid_turn(hosted):
     server, http, _ = hosted
     gone, busy = Player(http.url), Player(http.url)
     assert gone.join() == 200 and busy.join() == 200 and gone.turn(BUNNY)["status"] == 200
-    with server._cv:
+    with server.cv:
         for p in (gone, busy):
-            server.sessions[p.cookie].last_seen -= server.idle_s + 1
-        server.sessions[busy.cookie].job = "a turn in progress"
-        server._expire()
-        assert gone.cookie not in server.sessions and busy.cookie in server.sessions
-        server.sessions[busy.cookie].job = None
+            server.sessions.live[p.cookie].last_seen -= server.sessions.idle_s + 1
+        server.sessions.live[busy.cookie].job = "a turn in progress"
+        server.sessions.expire()
+        assert gone.cookie not in server.sessions.live and busy.cookie in server.sessions.live
+        server.sessions.live[busy.cookie].job = None
     # a session whose game is saved is known again (its game read back from disk), one that played
     # nothing is gone
     status, j = gone.json("GET", "/api/state")
-    assert status == 200 and len(j["turns"]) == 1 and gone.cookie in server.sessions, j
+    assert status == 200 and len(j["turns"]) == 1 and gone.cookie in server.sessions.live, j
     empty = Player(http.url)
     assert empty.join() == 200
-    with server._cv:
-        server.sessions[empty.cookie].last_seen -= server.idle_s + 1
-        server._expire()
+    with server.cv:
+        server.sessions.live[empty.cookie].last_seen -= server.sessions.idle_s + 1
+        server.sessions.expire()
     status, j = empty.json("POST", "/api/undo", {})
     assert status == 403 and "unknown to the server" in j["error"]
     assert empty.join() == 200 and empty.json("GET", "/api/state")[1]["turns"] == []  # a new session
@@ -627,19 +619,10 @@ def closed_by_server(s: socket.socket, trickle: bytes = b"") -> bytes:
             stop.wait(0.05)
 
     threading.Thread(target=drip, daemon=True).start()
-    got = b""
     try:
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            got += chunk
+        return read_to_close(s)
     finally:
         stop.set()
-    return got
 
 
 @pytest.mark.slow

@@ -13,20 +13,17 @@ import time
 
 import pytest
 
-from animegamer_jax.config import load_config
 from animegamer_jax.game import saving, writers
 from animegamer_jax.game.turn_by_turn import instruction_from_fields
 from animegamer_jax.inference.instructions import Game
-from animegamer_jax.web.server import build_server
+from tests.web_helpers import standin_server
 
 TURN_FILES = (".mp4", ".gif", ".state.npz")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = build_server(load_config("configs/tiny.py"), standin=True, out=str(tmp_path_factory.mktemp("games")),
-                       max_batch=4)
-    srv.start()
+    srv = standin_server(str(tmp_path_factory.mktemp("games")), max_batch=4)
     yield srv
     srv.stop()
 
@@ -59,7 +56,7 @@ def turn_files(folder: str) -> dict:
 @pytest.mark.parametrize("n", [10, pytest.param(40, marks=pytest.mark.slow)])
 @pytest.mark.slow
 def test_save_work_per_turn_does_not_grow_and_equals_one_go(server, n):
-    s = server.new_session()
+    s = server.sessions.new()
     folder, touched, media_bytes = None, [], []
     for i in range(n):
         before = snapshot(folder) if folder else {}
@@ -78,7 +75,7 @@ def test_save_work_per_turn_does_not_grow_and_equals_one_go(server, n):
     # game.mp4 / contact sheet: made once on demand, covering every turn
     rec = writers.read_json(os.path.join(folder, writers.GAME_JSON))
     assert rec["save"]["derived"]["turns"] == 1
-    assert server.finish_game(s, s.game.game_id) == folder
+    assert server.sessions.finish_game(s, s.game.game_id) == folder
     rec = writers.read_json(os.path.join(folder, writers.GAME_JSON))
     assert rec["save"]["derived"]["turns"] == n
     assert len(writers.read_video(os.path.join(folder, "game.mp4"))) == sum(
@@ -97,7 +94,7 @@ def test_save_work_per_turn_does_not_grow_and_equals_one_go(server, n):
 
 def test_games_played_together_equal_each_alone(server):
     players = ["Bunny", "Fox", "Owl"]
-    together = [server.new_session() for _ in players]
+    together = [server.sessions.new() for _ in players]
     server.stop()  # queue every first turn before the worker runs: one batch of three
     jobs = [server.submit(s, *server.parse_turn(s, fields(0, who))) for s, who in zip(together, players)]
     server.start()
@@ -109,7 +106,7 @@ def test_games_played_together_equal_each_alone(server):
         for s, who in zip(together, players):
             play(server, s, fields(i, who))
     for s, who in zip(together, players):
-        alone = server.new_session()
+        alone = server.sessions.new()
         for i in range(3):
             done = play(server, alone, fields(i, who))
             assert done["state"]["turns"][i]["timings_s"]["batch"] == 1
@@ -122,21 +119,21 @@ def test_games_played_together_equal_each_alone(server):
 
 
 def test_undo_takes_the_last_turn_off_the_save(server):
-    s = server.new_session()
+    s = server.sessions.new()
     for i in range(3):
         play(server, s, fields(i))
     folder = os.path.join(server.out_dir, s.game.game_id)
-    state = server.undo(s)
+    state = server.sessions.undo(s)
     assert len(state["turns"]) == 2
     assert not any(n.startswith("turn_002") for n in os.listdir(folder))
     loaded, rec = saving.load_game(server.engine, folder)
     assert len(loaded) == 2 and len(rec["files"]) == 6
     play(server, s, fields(7))  # the replacement third turn
-    alone = server.new_session()
+    alone = server.sessions.new()
     for i in (0, 1, 7):
         play(server, alone, fields(i))
     assert turn_files(folder) == turn_files(os.path.join(server.out_dir, alone.game.game_id))
-    server.finish_game(s, s.game.game_id)
+    server.sessions.finish_game(s, s.game.game_id)
     assert writers.read_json(os.path.join(folder, writers.GAME_JSON))["save"]["derived"]["turns"] == 3
 
 
@@ -145,26 +142,17 @@ def test_server_restart_loses_no_game(server, tmp_path):
     has the game, the 3rd turn continues it, the turn files equal the game in one go; the token and
     the session cookie still decide who may play."""
     import json
-    import urllib.error
     import urllib.request
     from http.cookiejar import CookieJar
 
     from animegamer_jax.web.app import create_app
-    from animegamer_jax.web.server import SESSIONS_FILE, GameServer
-    from tests.web_helpers import HttpThread
+    from animegamer_jax.web.server import GameServer
+    from animegamer_jax.web.sessions import SESSIONS_FILE
+    from tests.web_helpers import HttpThread, call
 
     out, token = str(tmp_path / "games"), "t" * 20
     jar = CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-
-    def call(url, body=None, use=opener):
-        req = urllib.request.Request(url, None if body is None else json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        try:
-            with use.open(req) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
 
     def serve(port=0):
         srv = GameServer(server.engine, out)
@@ -174,11 +162,11 @@ def test_server_restart_loses_no_game(server, tmp_path):
     srv, http = serve()
     port = http.port
     try:
-        assert call(f"{http.url}/?token={token}")[0] == 200
+        assert call(opener, f"{http.url}/?token={token}")[0] == 200
         for i in range(2):
-            status, stream = call(f"{http.url}/api/turn", fields(i))
+            status, stream = call(opener, f"{http.url}/api/turn", fields(i))
             assert status == 200 and json.loads(stream.splitlines()[-1])["event"] == "done"
-        game_id = json.loads(call(f"{http.url}/api/state")[1])["game_id"]
+        game_id = json.loads(call(opener, f"{http.url}/api/state")[1])["game_id"]
     finally:
         http.stop()
         srv.stop()
@@ -188,11 +176,11 @@ def test_server_restart_loses_no_game(server, tmp_path):
 
     srv, http = serve(port)
     try:
-        assert call(f"{http.url}/api/state", use=urllib.request.build_opener())[0] == 403  # no token, no cookie
-        status, state = call(f"{http.url}/api/state")
+        assert call(urllib.request.build_opener(), f"{http.url}/api/state")[0] == 403  # no token, no cookie
+        status, state = call(opener, f"{http.url}/api/state")
         state = json.loads(state)
         assert status == 200 and state["game_id"] == game_id and len(state["turns"]) == 2, state
-        status, stream = call(f"{http.url}/api/turn", fields(2))
+        status, stream = call(opener, f"{http.url}/api/turn", fields(2))
         done = json.loads(stream.splitlines()[-1])
         assert done["event"] == "done" and len(done["state"]["turns"]) == 3 and done["state"]["game_id"] == game_id
     finally:
@@ -204,34 +192,34 @@ def test_server_restart_loses_no_game(server, tmp_path):
 
 
 def test_branch_and_continue_saved_games(server):
-    from animegamer_jax.web.server import BadInput
+    from animegamer_jax.web.sessions import BadInput
 
-    s = server.new_session()
+    s = server.sessions.new()
     for i in range(3):
         play(server, s, fields(i))
     src = s.game.game_id
     src_folder = os.path.join(server.out_dir, src)
     before = turn_files(src_folder)
     with pytest.raises(BadInput, match="1..3"):
-        server.branch(s, 4)
-    state = server.branch(s, 2)  # from turn 2
+        server.sessions.branch(s, 4)
+    state = server.sessions.branch(s, 2)  # from turn 2
     new = state["game_id"]
     assert new != src and len(state["turns"]) == 2
     assert [(g["game_id"], g["turns"], g["current"]) for g in state["saved_games"]] == sorted(
         [(src, 3, False), (new, 2, True)], reverse=True)
     play(server, s, fields(9))  # the branch's own third turn
     assert turn_files(src_folder) == before  # the source is only read
-    alone = server.new_session()
+    alone = server.sessions.new()
     for i in (0, 1, 9):
         play(server, alone, fields(i))
     assert turn_files(os.path.join(server.out_dir, new)) == turn_files(os.path.join(server.out_dir,
                                                                                     alone.game.game_id))
-    state = server.continue_game(s, src)  # back to the first game, read from its save
+    state = server.sessions.continue_game(s, src)  # back to the first game, read from its save
     assert state["game_id"] == src and len(state["turns"]) == 3
     play(server, s, fields(3))
     assert len(turn_files(src_folder)) == 12
     with pytest.raises(BadInput, match="no such saved game"):
-        server.continue_game(s, alone.game.game_id)  # another player's game
+        server.sessions.continue_game(s, alone.game.game_id)  # another player's game
 
 
 def test_a_damaged_or_removed_save_is_a_4xx_json_line(server):

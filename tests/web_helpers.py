@@ -13,6 +13,17 @@ import urllib.request
 TURN_TIMEOUT = 300  # s: the first turn compiles the three stages on a loaded 2-core CPU
 
 
+def standin_server(out: str, max_batch: int = 4):
+    """A started ``GameServer`` of configs/tiny.py on the stand-in system, its games in ``out``
+    (the caller stops it)."""
+    from animegamer_jax.config import load_config
+    from animegamer_jax.web.server import build_server
+
+    server = build_server(load_config("configs/tiny.py"), standin=True, out=out, max_batch=max_batch)
+    server.start()
+    return server
+
+
 class HttpThread:
     """Serves an ASGI app (``web.app.create_app``'s) with uvicorn on a background thread.
 
@@ -120,6 +131,32 @@ def play_turn(driver, k, character, motion, background, done=None):
                                  "shown: agj.framesShown}")
 
 
+def read_to_close(s: socket.socket) -> bytes:
+    """Everything ``s`` receives until the other side closes (or resets) the connection."""
+    buf = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        buf += chunk
+    return buf
+
+
+def call(opener, url: str, body=None) -> tuple[int, bytes]:
+    """``(status, body)`` of a GET (``body`` None) or a JSON POST of ``body`` through ``opener`` (a
+    ``urllib`` opener with its own cookie jar), 4xx and 5xx included."""
+    req = urllib.request.Request(url, None if body is None else json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with opener.open(req) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
 def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
     """Sends ``data`` as it is on a new connection; ``(status, body)`` of the reply."""
     with socket.create_connection((http.host, http.port), timeout=read_timeout) as s:
@@ -127,15 +164,7 @@ def raw(http, data: bytes, read_timeout=30.0) -> tuple[int, bytes]:
             s.sendall(data)
         except (BrokenPipeError, ConnectionResetError):  # the server answered and closed before all was sent
             pass
-        buf = b""
-        while True:
-            try:
-                chunk = s.recv(65536)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            buf += chunk
+        buf = read_to_close(s)
     head, _, body = buf.partition(b"\r\n\r\n")
     return int(head.split(b" ", 2)[1]), body
 

@@ -266,7 +266,7 @@ $("#branch").addEventListener("click", async () => {
   const j = await simple("/api/branch", { turns: shownTurn + 1 });
   if (j) setStatus(`Branched: a new game ${j.game_id} from turn ${j.turns.length}; the other one stays saved.`);
 });
-const MAX_CHARACTER_BYTES = 8 * 1024 * 1024; // the server's limit (web/server.py MAX_CHARACTER_BYTES)
+const MAX_CHARACTER_BYTES = 8 * 1024 * 1024; // the server's limit (web/sessions.py MAX_CHARACTER_BYTES)
 function fileBase64(file) {
   return new Promise((resolve, reject) => {
     const r = new FileReader();
