@@ -303,6 +303,9 @@ def get_config() -> ml_collections.ConfigDict:
     c.train.encode_latents = True  # decoder phases VAE-encode frames in the step (False: batches carry latents)
     # training: remat policy of every MLLM / DiT block scan (overrides mllm.remat / dit.remat unless "none")
     c.train.remat = "full"
+    # overlap the step's FSDP all-gathers / reduce-scatters with compute (XLA scheduler options of the
+    # mesh's platform, parallel/xla_flags.py; docs/sharding.md#overlap); the compile tool compiles the same
+    c.train.overlap_collectives = True
     c.train.precomputed_features = False  # batches carry T5/CLIP features (f_md, f_v); T5/CLIP stay out of the step
     c.train.max_seq_len = 1024  # MLLM training sequence length (W=3 turns of 1 + text + 230 + 14, + 12)
     c.train.progress = True  # tqdm progress bar with ETA on process 0

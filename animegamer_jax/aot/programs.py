@@ -36,6 +36,7 @@ import ml_collections
 from animegamer_jax import parallel
 from animegamer_jax.aot import pieces
 from animegamer_jax.inference.layout import apply_layout
+from animegamer_jax.parallel import xla_flags
 from animegamer_jax.train import loop, model_flops, optim, phases
 from animegamer_jax.train.model import phase_spec
 
@@ -65,6 +66,7 @@ class Program:
     layout: str = ""  # turn programs: "latency" or "batch"
     first_chunk: tuple[int, int] = (1, 1)  # vae_decode: (first chunk's, all) latent frames, set when lowered
     model_flops: Callable[[], Any] | None = None  # train: model_flops.ModelFlops of one run, all chips
+    compiler_options: dict | None = None  # train: the Trainer's (parallel/xla_flags.py), as the train command compiles
 
 
 def abstract_batch(config: ml_collections.ConfigDict, phase: str, batch: int, mesh: Any, rules: Any) -> dict:
@@ -138,7 +140,8 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
     spec = phase_spec(config, phase)
     tx, sched = optim.make_optimizer(t)
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
-                           grad_accum_steps=accum, seed=int(config.seed))
+                           grad_accum_steps=accum, seed=int(config.seed),
+                           compiler_options=xla_flags.train_compile_options(config, mesh))
     trained, total = trainer.num_trainable()
     batch = abstract_batch(config, phase, micro, mesh, rules)
     kind = phases.phase(phase).batch
@@ -148,7 +151,8 @@ def train_program(config: ml_collections.ConfigDict, phase: str, devices: list[A
     note = (f"global batch {t.global_batch_size} ({accum} micro-step(s) of {micro}), {', '.join(spec.components)}; "
             f"{trained / 1e6:.1f} M of {total / 1e6:.1f} M params trained; remat {t.remat}; {inputs}")
     return Program(phase, "train", lambda: trainer.lower(trainer.abstract_state(), batch), note, runs=accum, mesh=mesh,
-                   model_flops=lambda: model_flops.train_flops(spec.model_fn, spec.loss_fn, spec.trainable, batch))
+                   model_flops=lambda: model_flops.train_flops(spec.model_fn, spec.loss_fn, spec.trainable, batch),
+                   compiler_options=trainer.compiler_options)
 
 
 def _with_phase(config: ml_collections.ConfigDict, phase: str) -> ml_collections.ConfigDict:

@@ -118,7 +118,7 @@ def compile_program(prog: Program, chip: Chip | None, save: Any = None) -> Row:
         row.kernels = kernel_summary(calls)
         row.note = prog.note  # a turn program's lowering adds its piece's note
         t1 = time.perf_counter()
-        compiled = lowered.compile()
+        compiled = lowered.compile(compiler_options=prog.compiler_options)
         row.lower_s, row.compile_s = t1 - t0, time.perf_counter() - t1
         row.first_chunk = tuple(getattr(prog, "first_chunk", (1, 1)))
     except Exception as e:  # the row says why; the other programs still compile

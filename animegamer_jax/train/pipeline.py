@@ -33,7 +33,7 @@ from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, loader
-from animegamer_jax.parallel import distributed
+from animegamer_jax.parallel import distributed, xla_flags
 from animegamer_jax.train import loop, losses, optim, phases
 from animegamer_jax.train.loop import status
 from animegamer_jax.data.batches import BatchBuilder, mined_reference_frames
@@ -202,7 +202,8 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     spec = phase_spec(config, phase)
     tx, sched = optim.make_optimizer(t)
     trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
-                           grad_accum_steps=accum, seed=int(config.seed), compiler_options=compiler_options)
+                           grad_accum_steps=accum, seed=int(config.seed),
+                           compiler_options=xla_flags.train_compile_options(config, mesh, compiler_options))
     trained, total = trainer.num_trainable()
     status("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
                  dict(mesh.shape))
