@@ -514,7 +514,36 @@ class PlayScriptCase(Case):
         return diff_hashes(done, game_hashes(out / "games" / "g"), "the game reported written before the kill")
 
 
-class PlayInteractiveCase(PlayScriptCase):
+class _SavedEachTurnCase(PlayScriptCase):
+    """A ``play`` that saves the game after every turn: :meth:`reported_done` returns (fails, turns
+    saved); a SIGINT / SIGTERM must say how many turns are saved (or that no new turn was played, when
+    none was), end with exit status 128 + signal and never print an ``error:`` line."""
+
+    #: turns the game held before the run; ``program``: the command as the messages name it
+    BASE = 0
+    program = "play"
+
+    def after_signal(self, sig, rc, child, out, done) -> list[str]:
+        fails = []
+        saved = done[1]
+        said = re.search(r"interrupted: (\d+) turn\(s\) saved", child.stderr)
+        if said and int(said.group(1)) != saved:
+            fails.append(f"SIG{SIGNAL_NAMES[sig]} said {said.group(1)} turn(s) saved; the saved game holds {saved}")
+        if "interrupted: no turn was played" in child.stderr and saved > self.BASE:
+            fails.append(f"SIG{SIGNAL_NAMES[sig]} said no turn was played; the saved game holds {saved}")
+        # -sig: the signal came before play installed its handler (startup), when no new turn is saved yet
+        if rc not in (0, 128 + sig) and not (rc == -sig and saved == self.BASE):
+            fails.append(f"SIG{SIGNAL_NAMES[sig]} ended {self.program} with exit status {rc} (expected {128 + sig})")
+        for line in child.stderr.splitlines():
+            if line.startswith("error:"):
+                fails.append(f"Ctrl-C reported as an error: {line[:160]}")
+        return fails
+
+    def intact(self, done, ref: Path, out: Path, rerun: Child | None) -> list[str]:
+        return done[0]
+
+
+class PlayInteractiveCase(_SavedEachTurnCase):
     """``play -`` with the instructions piped on stdin: the game is saved after every turn; every
     turn printed (``turn k: ...``) must already be saved; a Ctrl-C says how many turns are saved and is
     never a usage error. Reruns replay the whole input with ``--overwrite``."""
@@ -539,27 +568,8 @@ class PlayInteractiveCase(PlayScriptCase):
             fails += game_prefix_matches(g, ref / "games" / "g", saved)
         return fails, saved
 
-    def after_signal(self, sig, rc, child, out, done) -> list[str]:
-        fails = []
-        saved = done[1]
-        said = re.search(r"interrupted: (\d+) turn\(s\) saved", child.stderr)
-        if said and int(said.group(1)) != saved:
-            fails.append(f"SIG{SIGNAL_NAMES[sig]} said {said.group(1)} turn(s) saved; the saved game holds {saved}")
-        if "interrupted: no turn was played" in child.stderr and saved:
-            fails.append(f"SIG{SIGNAL_NAMES[sig]} said no turn was played; the saved game holds {saved}")
-        # -sig: the signal came before play installed its handler (startup), when nothing is saved yet
-        if rc not in (0, 128 + sig) and not (rc == -sig and not saved):
-            fails.append(f"SIG{SIGNAL_NAMES[sig]} ended play with exit status {rc} (expected {128 + sig})")
-        for line in child.stderr.splitlines():
-            if line.startswith("error:"):
-                fails.append(f"Ctrl-C reported as an error: {line[:160]}")
-        return fails
 
-    def intact(self, done, ref: Path, out: Path, rerun: Child | None) -> list[str]:
-        return done[0]
-
-
-class PlayContinueCase(PlayScriptCase):
+class PlayContinueCase(_SavedEachTurnCase):
     """``play --continue GAME MORE.txt``: a saved one-turn game (made once by ``play``, copied into each
     run's folder) gets two more turns, each saved before it is printed. After a kill every turn printed
     (``turn k:``, k counted from the game's start) is saved, the saved turns equal the reference's and
@@ -568,6 +578,7 @@ class PlayContinueCase(PlayScriptCase):
     the derived game video and contact sheet) and must give the reference game byte for byte."""
 
     name = "play (continue)"
+    program = "play --continue"
     #: turns of the saved game the continue starts from; the rest of TURNS are continued
     BASE = 1
 
@@ -620,23 +631,6 @@ class PlayContinueCase(PlayScriptCase):
         if saved:
             fails += game_prefix_matches(g, ref / "games" / "g", saved)
         return fails, saved
-
-    def after_signal(self, sig, rc, child, out, done) -> list[str]:
-        fails = []
-        saved = done[1]
-        said = re.search(r"interrupted: (\d+) turn\(s\) saved", child.stderr)
-        if said and int(said.group(1)) != saved:
-            fails.append(f"SIG{SIGNAL_NAMES[sig]} said {said.group(1)} turn(s) saved; the saved game holds {saved}")
-        # -sig: the signal came before play installed its handler (startup), when no new turn is saved yet
-        if rc not in (0, 128 + sig) and not (rc == -sig and saved == self.BASE):
-            fails.append(f"SIG{SIGNAL_NAMES[sig]} ended play --continue with exit status {rc} (expected {128 + sig})")
-        for line in child.stderr.splitlines():
-            if line.startswith("error:"):
-                fails.append(f"Ctrl-C reported as an error: {line[:160]}")
-        return fails
-
-    def intact(self, done, ref: Path, out: Path, rerun: Child | None) -> list[str]:
-        return done[0]
 
 
 class GenerateCase(Case):

@@ -23,6 +23,53 @@ def run_python(code: str, devices: int = 8, timeout: int = 300, env: dict | None
     return proc.stdout
 
 
+#: the first lines of a run_processes worker: joins the two-process jax.distributed group (``pid``,
+#: ``port``, ``workdir`` from argv; ``json``, ``jax`` and ``parallel`` imported)
+WORKER_JOIN = r"""
+import json, sys
+import jax
+from animegamer_jax import parallel
+pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+"""
+#: the last lines of a worker that trained ``r`` (loop.fit's result): its JSON line, then leaves the group
+WORKER_REPORT = r"""
+print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "losses": list(r.losses.values())}))
+jax.distributed.shutdown()
+"""
+
+
+def agreed_losses(results: list[dict], devices: int, steps: int) -> list[float]:
+    """The losses of two WORKER_REPORT workers (run_processes' results), asserting that each saw
+    ``devices`` devices and that both logged the same ``steps`` losses."""
+    assert [r["devices"] for r in results] == [devices, devices]
+    assert len(results[0]["losses"]) == steps and results[0]["losses"] == results[1]["losses"]
+    return results[0]["losses"]
+
+
+def free_port() -> int:
+    """A free local TCP port (for a jax.distributed coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def json_results(procs: list[subprocess.Popen], timeout: int, key: str = "pid") -> list[dict]:
+    """Waits for ``procs`` (text stdout / stderr pipes); returns the JSON object each prints on its last
+    stdout line, sorted by its ``key`` field.
+
+    Raises AssertionError with a child's stderr when it exits non-zero.
+    """
+    import json
+
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (_, e) in zip(procs, outs):
+        assert p.returncode == 0, e[-4000:]
+    return sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r[key])
+
+
 def run_processes(code: str, workdir: str, n: int = 2, devices: int = 1, timeout: int = 300) -> list[dict]:
     """Runs ``code`` as ``n`` jax.distributed processes on a free local port, each called with
     ``argv = [process_id, port, workdir]`` and ``devices`` fake CPU devices; returns the JSON object
@@ -30,18 +77,10 @@ def run_processes(code: str, workdir: str, n: int = 2, devices: int = 1, timeout
 
     Raises AssertionError with a child's stderr when it exits non-zero.
     """
-    import json
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
                XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(i), str(port), str(workdir)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for i in range(n)]
-    outs = [p.communicate(timeout=timeout) for p in procs]
-    for p, (_, e) in zip(procs, outs):
-        assert p.returncode == 0, e[-4000:]
-    return sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+    return json_results(procs, timeout)

@@ -73,19 +73,31 @@ def _toy_v_jax(x, t, cond_batch):
     return jnp.tanh(0.7 * x + c) * jnp.cos(t.astype(jnp.float32) / 300.0)[:, None, None] + 0.05 * x
 
 
+def _toy_inputs(seed, b, uncond_scale):
+    """(x_init, cond, uncond) float32 [b, 3, 4] drawn from ``seed``: uncond is ``uncond_scale`` x N(0, 1), zeros
+    when 0 (then not drawn)."""
+    rng = np.random.default_rng(seed)
+    x_init = rng.standard_normal((b, 3, 4)).astype(np.float32)
+    cond = rng.standard_normal((b, 3, 4)).astype(np.float32)
+    if not uncond_scale:
+        return x_init, cond, np.zeros_like(cond)
+    return x_init, cond, (uncond_scale * rng.standard_normal((b, 3, 4))).astype(np.float32)
+
+
+def _toy_sample(plan, x_init, cond, uncond, key):
+    """(out, trajectory) of ``plan``'s jitted sampler on the toy velocity :func:`_toy_v_jax`."""
+    return jax.jit(lambda x, c, u, k: samplers.sample(_toy_v_jax, x, {"c": c}, {"c": u}, k, plan,
+                                                      return_trajectory=True))(x_init, cond, uncond, key)
+
+
 @pytest.mark.parity
 def test_ddim_matches_diffusers_step_by_step():
     import torch
 
     n, b = 10, 2
-    rng = np.random.default_rng(0)
-    x_init = rng.standard_normal((b, 3, 4)).astype(np.float32)
-    cond = rng.standard_normal((b, 3, 4)).astype(np.float32)
-    uncond = np.zeros_like(cond)
+    x_init, cond, uncond = _toy_inputs(0, b, uncond_scale=0.0)
     plan = samplers.make_plan(n, "ddim", cfg_scale=6.0, cfg_exp=5.0, cfg_schedule="release")
-    run = jax.jit(lambda x, c, u, k: samplers.sample(_toy_v_jax, x, {"c": c}, {"c": u}, k, plan,
-                                                      return_trajectory=True))
-    out, traj = run(x_init, cond, uncond, jax.random.key(0))
+    out, traj = _toy_sample(plan, x_init, cond, uncond, jax.random.key(0))
 
     sched = _diffusers_scheduler()
     sched.set_timesteps(n)
@@ -142,15 +154,11 @@ def _dpmpp_reference(x, cond, uncond, scales, noises):
 @pytest.mark.parity
 def test_dpmpp_2m_matches_float64_reference():
     n, b = 12, 2
-    rng = np.random.default_rng(1)
-    x_init = rng.standard_normal((b, 3, 4)).astype(np.float32)
-    cond = rng.standard_normal((b, 3, 4)).astype(np.float32)
-    uncond = (0.1 * rng.standard_normal((b, 3, 4))).astype(np.float32)
+    x_init, cond, uncond = _toy_inputs(1, b, uncond_scale=0.1)
     plan = samplers.make_plan(n, "dpmpp_2m", cfg_scale=6.0, cfg_exp=5.0, cfg_schedule="intended")
     assert all(np.all(np.isfinite(getattr(plan, f))) for f in ("m1", "m2", "noise_std", "w_cur", "w_prev"))
     key = jax.random.key(3)
-    out, traj = jax.jit(lambda x, c, u, k: samplers.sample(_toy_v_jax, x, {"c": c}, {"c": u}, k, plan,
-                                                            return_trajectory=True))(x_init, cond, uncond, key)
+    out, traj = _toy_sample(plan, x_init, cond, uncond, key)
     assert np.all(np.isfinite(np.asarray(traj)))
     noises = [np.asarray(jax.random.normal(jax.random.fold_in(key, i), (x_init.size,)), np.float64).reshape(x_init.shape)
               for i in range(n)]

@@ -1,16 +1,14 @@
 """launch/*.sh: the exact commands of --dry_run (TPU v5p-64 slice, 2-node GPU, SLURM), and a real
 2-process CPU job through the multi-node script (jax.distributed + a cross-process collective)."""
 
-import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from tests.subproc import ROOT
+from tests.subproc import ROOT, free_port, json_results
 
 LAUNCH = os.path.join(ROOT, "launch")
 TRAIN = ["--config=configs/animegamer_2b_7b.py", "--config.train.phase=b", "--workdir=gs://bucket/runs/b"]
@@ -93,18 +91,13 @@ def test_two_node_gpu_and_slurm_dry_run():
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_process_cpu_job_through_the_multinode_script():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     base = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, MODULE="animegamer_jax.commands.check",
                 PYTHON=sys.executable,
                 NUM_NODES="2", COORDINATOR=f"127.0.0.1:{port}", XLA_FLAGS="--xla_force_host_platform_device_count=1")
     procs = [subprocess.Popen(["bash", f"{LAUNCH}/multinode_gpu.sh"], env=dict(base, NODE_RANK=str(i)), cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    for p, (_, err) in zip(procs, outs):
-        assert p.returncode == 0, err[-3000:]
-    res = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["process"])
+    res = json_results(procs, 300, key="process")
     assert [r["process"] for r in res] == [0, 1]
     for r in res:
         assert r["processes"] == 2 and r["devices"] == 2 and r["gathered"] == [0, 1] and r["backend"] == "cpu"

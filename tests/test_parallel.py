@@ -1,15 +1,11 @@
 """Mesh, logical sharding and multi-host start: 8 fake CPU devices and two local processes."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
 from animegamer_jax import parallel
-from tests.subproc import ROOT, run_python
+from tests.subproc import WORKER_JOIN, run_processes, run_python
 
 
 def test_resolve_mesh_shape_and_errors():
@@ -80,12 +76,8 @@ def test_sharded_jit_on_8_cpu_devices():
     assert "global batch size 6 does not divide the 4 data-parallel shards" in r["err"]
 
 
-_WORKER = r"""
-import json, sys
-import jax, jax.numpy as jnp, numpy as np
-from animegamer_jax import parallel
-pid, port = int(sys.argv[1]), int(sys.argv[2])
-assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+_WORKER = WORKER_JOIN + r"""
+import jax.numpy as jnp, numpy as np
 mesh = parallel.make_mesh((-1, 1, 1, 1))
 # each process holds its half of the global batch [0..7]
 local = np.arange(4, dtype=np.float32) + 4 * pid
@@ -100,18 +92,8 @@ jax.distributed.shutdown()
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_two_process_distributed_global_sum():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT,
-               XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(i), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT) for i in range(2)]
-    outs = [p.communicate(timeout=240) for p in procs]
-    for p, (o, e) in zip(procs, outs):
-        assert p.returncode == 0, e[-4000:]
-    results = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda r: r["pid"])
+def test_two_process_distributed_global_sum(tmp_path):
+    results = run_processes(_WORKER, tmp_path, devices=2, timeout=240)
     assert [r["pid"] for r in results] == [0, 1]
     for r in results:
         assert r["count"] == 2 and r["devices"] == 4

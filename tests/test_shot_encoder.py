@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from animegamer_jax.models.shot_encoder import convert as shot_encoder_convert
 from animegamer_jax.weights import ConversionError
 from animegamer_jax.models.shot_encoder import model as shot_encoder_model
+from tests.random_weights import normal_model
 
 CFG = shot_encoder_model.ShotEncoderConfig(dim=24, text_dim=16, image_dim=12, num_text_tokens=5, num_image_tokens=9)
 
@@ -29,14 +30,6 @@ class TorchMix(torch.nn.Module):
 
     def forward(self, crossattn, ip):
         return torch.cat([self.txt_mix_layer_norm(self.text_proj(crossattn)), self.ip_mix_layer_norm(self.ip_proj(ip))], 1)
-
-
-def random_model(make, seed=0, scale=0.2):
-    """Module of ``make`` with N(0, scale) params from numpy: no per-op init compiles (CPU tests)."""
-    graphdef, abstract = nnx.split(nnx.eval_shape(make))
-    rng = np.random.default_rng(seed)
-    state = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, scale, s.shape), s.dtype), abstract)
-    return nnx.merge(graphdef, state)
 
 
 def _torch_ref():
@@ -113,9 +106,9 @@ def test_tiny_end_to_end_from_frames_and_text():
     from configs import tiny
 
     c = tiny.get_config()
-    clip = random_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(c.clip), rngs=nnx.Rngs(0)), 0)
-    t5 = random_model(lambda: T5Encoder(T5Config.from_config(c.t5), rngs=nnx.Rngs(0)), 1)
-    ea = random_model(lambda: shot_encoder_model.ShotEncoder.from_config(c, rngs=nnx.Rngs(0)), 2)
+    clip = normal_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(c.clip), rngs=nnx.Rngs(0)), 0)
+    t5 = normal_model(lambda: T5Encoder(T5Config.from_config(c.t5), rngs=nnx.Rngs(0)), 1)
+    ea = normal_model(lambda: shot_encoder_model.ShotEncoder.from_config(c, rngs=nnx.Rngs(0)), 2)
     ids = T5Tokenizer(c.t5.spiece_model, c.t5.max_length)(["the cat run forward", "sit down"])
     frames = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (2, 48, 72, 3)), jnp.float32)
 

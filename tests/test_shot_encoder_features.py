@@ -7,7 +7,6 @@ devices. The clip dataset is built by data.prepare from the sample film; weights
 import os
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
 from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 from configs import tiny
+from tests.random_weights import normal_model
 from tests.subproc import run_python
 
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
@@ -30,20 +30,12 @@ pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take ove
 _CACHE: dict = {}
 
 
-def random_model(make, seed=0, scale=0.2):
-    """Module of ``make`` with N(0, scale) params from numpy: no per-op init compiles (CPU tests)."""
-    graphdef, abstract = nnx.split(nnx.eval_shape(make))
-    rng = np.random.default_rng(seed)
-    state = jax.tree.map(lambda s: jnp.asarray(rng.normal(0, scale, s.shape), s.dtype), abstract)
-    return nnx.merge(graphdef, state)
-
-
 def tiny_models():
     """(clip, t5, tokenizer) of configs/tiny.py with random weights, built once per process."""
     if "models" not in _CACHE:
         cfg = tiny.get_config()
-        clip = random_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0)), 0)
-        t5 = random_model(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
+        clip = normal_model(lambda: CLIPVisionTransformer(CLIPConfig.from_config(cfg.clip), rngs=nnx.Rngs(0)), 0)
+        t5 = normal_model(lambda: T5Encoder(T5Config.from_config(cfg.t5), rngs=nnx.Rngs(0)), 1)
         _CACHE["models"] = clip, t5, T5Tokenizer(cfg.t5.spiece_model, cfg.t5.max_length)
     return _CACHE["models"]
 

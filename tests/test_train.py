@@ -13,7 +13,7 @@ from animegamer_jax import checkpoint
 from animegamer_jax.train import loop, metrics, optim
 from configs import tiny
 from tests.dataset_helpers import index_only_dataset
-from tests.subproc import run_processes, run_python
+from tests.subproc import WORKER_JOIN, WORKER_REPORT, agreed_losses, run_processes, run_python
 from tests.train_helpers import (TOY, TOY_X, TOY_Y, Toy, one_device_mesh, toy_data, toy_loss, toy_trainable,
                                  train_cfg)
 
@@ -287,11 +287,7 @@ def test_sharded_step_on_8_devices_matches_single_device():
     assert r["compiled"] == 1  # the bad batch was rejected before a second compilation
 
 
-_WORKER = TOY + r'''
-import json, os, sys
-from animegamer_jax import parallel
-pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+_WORKER = TOY + WORKER_JOIN + r'''
 from animegamer_jax.train import loop, optim
 from configs import tiny
 c = tiny.get_config().train
@@ -301,17 +297,13 @@ mesh = parallel.make_mesh((-1, 1, 1, 1))
 tr = loop.Trainer(lambda: Toy(nnx.Rngs(0)), toy_loss, tx, toy_trainable, mesh, schedule=sched)
 r = loop.fit(tr, toy_data(2, shard=pid, num_shards=2), num_steps=4, workdir=workdir, global_batch_size=4,
              checkpoint_every=2, progress=False)
-print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "losses": list(r.losses.values())}))
-jax.distributed.shutdown()
-'''
+''' + WORKER_REPORT
 
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_two_process_training_agrees(tmp_path):
-    res = run_processes(_WORKER, tmp_path, devices=2, timeout=300)
-    assert [r["devices"] for r in res] == [4, 4]
-    assert len(res[0]["losses"]) == 4 and res[0]["losses"] == res[1]["losses"]
+    agreed_losses(run_processes(_WORKER, tmp_path, devices=2, timeout=300), devices=4, steps=4)
     assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2, 4]
     data_files = sorted(f for f in os.listdir(tmp_path / "checkpoints" / "4" / "data") if f.endswith(".json"))
     assert data_files == ["process_0-of-2.json", "process_1-of-2.json"]

@@ -11,7 +11,7 @@ from animegamer_jax import parallel
 from animegamer_jax.data import batches
 from animegamer_jax.models.mistral.mllm import num_queries
 from animegamer_jax.train import loop, model, optim
-from tests.subproc import run_processes
+from tests.subproc import WORKER_JOIN, WORKER_REPORT, agreed_losses, run_processes
 from tests.train_helpers import SETUP, loader_example, phase_batch, phase_config
 
 FAST = {"xla_backend_optimization_level": 0}  # CPU compiles ~4x faster; these steps are tiny anyway
@@ -149,12 +149,7 @@ def test_sample_motion_levels():
         np.testing.assert_array_equal(np.asarray(flow_value(back, tuple(table))), flow)
 
 
-_WORKER = SETUP + r'''
-import json, sys
-import jax
-from animegamer_jax import parallel
-pid, port, workdir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-assert parallel.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+_WORKER = SETUP + WORKER_JOIN + r'''
 from tests.train_helpers import phase_batch
 from animegamer_jax.train import loop, model, optim
 cfg = phase_config("b")
@@ -167,9 +162,7 @@ full = phase_batch(cfg, "b")  # the global batch of 2; each process feeds its ow
 local = {k: v[pid:pid + 1] for k, v in full.items()}
 r = loop.fit(tr, iter(lambda: local, None), num_steps=3, workdir=workdir, global_batch_size=2,
              checkpoint_every=3, progress=False)
-print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "losses": list(r.losses.values())}))
-jax.distributed.shutdown()
-'''
+''' + WORKER_REPORT
 
 
 # make test-paper, for CI's time budget (35 s on 2 cores): two processes training one step function are
@@ -178,8 +171,6 @@ jax.distributed.shutdown()
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_phase_b_two_processes_agree(tmp_path):
-    res = run_processes(_WORKER, tmp_path, devices=1, timeout=600)
-    assert [r["devices"] for r in res] == [2, 2]
-    assert len(res[0]["losses"]) == 3 and res[0]["losses"] == res[1]["losses"]
-    assert res[0]["losses"][-1] < res[0]["losses"][0]
+    losses = agreed_losses(run_processes(_WORKER, tmp_path, devices=1, timeout=600), devices=2, steps=3)
+    assert losses[-1] < losses[0]
     assert os.path.isdir(tmp_path / "checkpoints" / "3" / "state")
