@@ -468,22 +468,31 @@ def system_flags(system: str) -> list[str]:
     return ["--standin"] if system == "standin" else ["--checkpoint", str(TINY_SYSTEM)]
 
 
-class PlayScriptCase(Case):
-    """``play SCRIPT``: the game is written once, when it ends; reruns add ``--overwrite``."""
+def written_once(path: Path, text: str) -> Path:
+    """``path``, written with ``text`` (atomically) when it does not exist yet: a shared input of the runs."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fileio.write_text_atomic(str(path), text)
+    return path
 
-    name = "play (script)"
+
+class GameCase(Case):
+    """A command that plays games with ``system`` (:func:`system_flags`), killed by any of the three signals."""
+
     signals = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, inputs, env, system="standin"):
         super().__init__(inputs, env)
         self.system = system
 
+
+class PlayScriptCase(GameCase):
+    """``play SCRIPT``: the game is written once, when it ends; reruns add ``--overwrite``."""
+
+    name = "play (script)"
+
     def script(self) -> Path:
-        path = self.inputs.root / "game.txt"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fileio.write_text_atomic(str(path), "\n".join(TURNS) + "\n")
-        return path
+        return written_once(self.inputs.root / "game.txt", "\n".join(TURNS) + "\n")
 
     def setup(self) -> None:
         self.script()
@@ -597,11 +606,7 @@ class PlayContinueCase(_SavedEachTurnCase):
 
     def more(self, first: int) -> Path:
         """A script of TURNS[first:] (the instructions a continue still has to play)."""
-        path = self.inputs.root / f"continue-from{first}.txt"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fileio.write_text_atomic(str(path), "\n".join(TURNS[first:]) + "\n")
-        return path
+        return written_once(self.inputs.root / f"continue-from{first}.txt", "\n".join(TURNS[first:]) + "\n")
 
     def setup(self) -> None:
         self.base_game()
@@ -633,26 +638,17 @@ class PlayContinueCase(_SavedEachTurnCase):
         return fails, saved
 
 
-class GenerateCase(Case):
+class GenerateCase(GameCase):
     """``generate GAMES.jsonl``: games are saved one by one as they finish; the same command resumes,
     skipping the finished games (which must stay untouched) and replaying the rest."""
 
     name = "generate"
-    signals = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)
     GAMES = 4
 
-    def __init__(self, inputs, env, system="standin"):
-        super().__init__(inputs, env)
-        self.system = system
-
     def jsonl(self) -> Path:
-        path = self.inputs.root / "games.jsonl"
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            games = [{"game_id": f"g{i}", "seed": i, "turns": [TURNS[i % 3], TURNS[(i + 1) % 3]]}
-                     for i in range(self.GAMES)]
-            fileio.write_text_atomic(str(path), "".join(json.dumps(g) + "\n" for g in games))
-        return path
+        games = [{"game_id": f"g{i}", "seed": i, "turns": [TURNS[i % 3], TURNS[(i + 1) % 3]]}
+                 for i in range(self.GAMES)]
+        return written_once(self.inputs.root / "games.jsonl", "".join(json.dumps(g) + "\n" for g in games))
 
     def setup(self) -> None:
         self.jsonl()
@@ -748,7 +744,7 @@ class WebPlayer:
             self.error = f"turn {self.done + 1}: {type(e).__name__}: {e}"
 
 
-class ServeCase(Case):
+class ServeCase(GameCase):
     """``python -m animegamer_jax.commands.web``: a player plays the three turns over HTTP; the server is killed
     at a moment spread over the turns (the reference's time from the first request to the last
     ``done``). Every turn whose ``done`` arrived must be saved and equal the uninterrupted game's.
@@ -757,11 +753,6 @@ class ServeCase(Case):
     byte for byte, game.json but for its game id) and no temp folder may be left."""
 
     name = "serve (mid-turn)"
-    signals = (signal.SIGKILL, signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, inputs, env, system="standin"):
-        super().__init__(inputs, env)
-        self.system = system
 
     def command(self, out: Path, port: int = 0) -> list[str]:
         return [PY, "-m", "animegamer_jax.commands.web", "--port", str(port), "--out", str(out / "games"),
