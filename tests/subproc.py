@@ -84,3 +84,34 @@ def run_processes(code: str, workdir: str, n: int = 2, devices: int = 1, timeout
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
              for i in range(n)]
     return json_results(procs, timeout)
+
+
+#: a child that takes the lock argv[1] (``fileio.exclusive_lock``: a local lock file or a gs:// lease),
+#: prints "held" and holds it until its stdin closes (or it is killed); refused, it prints
+#: "refused: pid N on host H" (whose the lock is) and exits 3
+LOCK_HOLDER = ("import sys\nfrom animegamer_jax.io import fileio\n"
+               "try:\n    with fileio.exclusive_lock(sys.argv[1]):\n        print('held', flush=True)\n"
+               "        sys.stdin.read()\n"
+               "except fileio.LockHeldError as e:\n    print('refused:', e.holder_words())\n    sys.exit(3)\n")
+
+
+def child_env() -> dict:
+    """This process's environment (a test's ``STORAGE_EMULATOR_HOST`` included) for a child on CPU
+    that imports the checkout."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def hold_lock(lock: str) -> subprocess.Popen:
+    """A :data:`LOCK_HOLDER` child holding ``lock`` (returns once it holds it; close its stdin to end it)."""
+    p = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, lock], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=child_env(), cwd=ROOT)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def probe_lock(lock: str) -> tuple[int, str]:
+    """``(exit status, stdout)`` of a :data:`LOCK_HOLDER` child that takes ``lock`` and lets go at once
+    (``(0, "held\\n")``), or is refused (``(3, "refused: pid N on host H\\n")``)."""
+    p = subprocess.run([sys.executable, "-c", LOCK_HOLDER, lock], input="", capture_output=True, text=True,
+                       env=child_env(), cwd=ROOT)
+    return p.returncode, p.stdout

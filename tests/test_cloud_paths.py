@@ -5,13 +5,16 @@ The process is pointed at it only through the Google client-library convention
 that passes here cannot have touched real GCS nor the local disk.
 """
 
+import json
 import os
 import socket
+import time
+from http import HTTPStatus
 
 import pytest
 
 from animegamer_jax.io import paths
-from tests.subproc import ROOT
+from tests.subproc import ROOT, hold_lock, probe_lock
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."]
 
@@ -22,31 +25,75 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _send_generation_headers():
-    """Real GCS answers media downloads with ``x-goog-generation`` / ``x-goog-metageneration``;
-    gcp-storage-emulator omits them, and tensorstore (orbax's OCDBT manifests) needs them."""
+def _patch_handler(name, make):
+    """Replaces gcp-storage-emulator's object handler ``name`` by ``make(original)`` (the module's
+    attribute, which its router calls by name, and its entries in the route table), once."""
     from gcp_storage_emulator import server as emulator_server
     from gcp_storage_emulator.handlers import objects
 
-    original = objects.download
-    if getattr(original, "sends_generation", False):
+    original = getattr(objects, name)
+    if getattr(original, "patched", False):
         return
-
-    def download(request, response, storage, *args, **kwargs):
-        original(request, response, storage, *args, **kwargs)
-        try:
-            obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
-        except Exception:  # NotFound: the 404 is already set
-            return
-        response["x-goog-generation"] = str(obj["generation"])
-        response["x-goog-metageneration"] = str(obj["metageneration"])
-
-    download.sends_generation = True
-    objects.download = download  # objects.get(alt=media) calls it by name
+    fn = make(original)
+    fn.patched = True
+    setattr(objects, name, fn)
     for _, handlers in emulator_server.HANDLERS:
-        for method, fn in list(handlers.items()):
-            if fn is original:
-                handlers[method] = download
+        for method, h in list(handlers.items()):
+            if h is original:
+                handlers[method] = fn
+
+
+def _send_generation_headers():
+    """Real GCS answers media downloads with ``x-goog-generation`` / ``x-goog-metageneration``;
+    gcp-storage-emulator omits them, and tensorstore (orbax's OCDBT manifests) needs them."""
+
+    def make(original):
+        def download(request, response, storage, *args, **kwargs):
+            original(request, response, storage, *args, **kwargs)
+            try:
+                obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            except Exception:  # NotFound: the 404 is already set
+                return
+            response["x-goog-generation"] = str(obj["generation"])
+            response["x-goog-metageneration"] = str(obj["metageneration"])
+        return download
+
+    _patch_handler("download", make)  # objects.get(alt=media) calls it by name
+
+
+def _honour_generation_preconditions():
+    """Real GCS refuses an upload or a delete with ``ifGenerationMatch=G`` (``0``: no object) when the
+    object's generation is not G (HTTP 412); gcp-storage-emulator ignores the parameter (it uploads
+    over and deletes anything). Check, then act, as GCS does: the emulator serves one request at a
+    time (one thread), so nothing comes between them."""
+    from gcp_storage_emulator.exceptions import NotFound
+
+    def current(storage, bucket, name):
+        try:
+            return str(storage.get_file_obj(bucket, name)["generation"])
+        except NotFound:
+            return "0"
+
+    def conditional(original, object_name):
+        def handler(request, response, storage, *args, **kwargs):
+            want = request.query.get("ifGenerationMatch")
+            name = object_name(request)
+            if want and name and current(storage, request.params["bucket_name"], name) != want[0]:
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                response.json({"error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold."}})
+                return None
+            return original(request, response, storage, *args, **kwargs)
+        return handler
+
+    def upload_name(request):
+        if "name" in request.query:
+            return request.query["name"][0]
+        if request.query.get("uploadType") == ["multipart"]:
+            return request.data["meta"].get("name")
+        return None  # a resumable upload's later parts: its first request was checked
+
+    _patch_handler("insert", lambda original: conditional(original, upload_name))
+    _patch_handler("delete", lambda original: conditional(original, lambda request: request.params["object_id"]))
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +102,7 @@ def gcs():
     from gcp_storage_emulator.server import create_server
 
     _send_generation_headers()
+    _honour_generation_preconditions()
     port = _free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bucket")
     server.start()
@@ -111,6 +159,10 @@ def test_fileio_same_answers_local_and_gcs(gcs, tmp_path):
                fileio.size(j("d", "y.bin")), fileio.stamp(j("d", "y.bin"))[0], fileio.stamp(j("nope")),
                fileio.read_bytes(j("d", "e", "x.txt")), fileio.sha256_file(j("d", "y.bin")),
                fileio.sha256_sampled(j("d", "y.bin"), 5, 2, 2)]
+        fileio.write_text_atomic(j("d", "w.part"), "a file renamed")
+        fileio.rename(j("d", "w.part"), j("d", "w.txt"))
+        fileio.forget_listings(root)
+        got.append([fileio.exists(j("d", "w.part")), fileio.read_bytes(j("d", "w.txt"))])
         with pytest.raises(FileNotFoundError):
             fileio.read_bytes(j("nope"))
         fileio.remove(j("d", "y.bin"))
@@ -124,6 +176,140 @@ def test_fileio_same_answers_local_and_gcs(gcs, tmp_path):
     assert answers[0] == answers[1]
     assert answers[0][:9] == [True, False, True, False, True, ["e", "y.bin"], ["e/x.txt", "y.bin"], 5, 5]
     assert answers[0][-2:] == [False, False]
+
+
+def _dead_lease(gcs, key, content=None):
+    """Writes (unconditionally) the lease of a holder that died a second ago at ``key``."""
+    gcs.pipe(key, content or json.dumps({"holder": "elsewhere 4242 -", "expires": time.time() - 1,
+                                         "token": "dead"}).encode())
+
+
+def _object(gcs, key):
+    """The lease fields at ``key`` as another process would read them now; None when there is none."""
+    gcs.invalidate_cache()
+    return json.loads(gcs.cat(key)) if gcs.exists(key) else None
+
+
+def test_gcs_lock_is_a_lease_object_a_second_holder_is_refused(gcs):
+    """`fileio.exclusive_lock` on gs://: a lease object naming this process with an expiry LEASE_S s on,
+    shared by nested holds; another process is refused with the holder's pid and host, and this one
+    is refused while another process holds it; the release deletes the object."""
+    from animegamer_jax.io import fileio
+
+    url, key, me = "gs://bucket/locks/.lock-a", "bucket/locks/.lock-a", f"pid {os.getpid()} on host {socket.gethostname()}"
+    before = time.time()
+    with fileio.exclusive_lock(url) as first:
+        with fileio.exclusive_lock(url) as second:
+            assert (first, second) == (1, 2)
+        lease = _object(gcs, key)
+        assert lease["holder"].split()[:2] == [socket.gethostname(), str(os.getpid())]
+        assert before + fileio.LEASE_S <= lease["expires"] <= time.time() + fileio.LEASE_S
+        assert probe_lock(url) == (3, f"refused: {me}\n")
+    assert _object(gcs, key) is None
+    holder = hold_lock(url)
+    try:
+        with pytest.raises(fileio.LockHeldError) as e:
+            with fileio.exclusive_lock(url):
+                pass
+        assert e.value.holder_words() == f"pid {holder.pid} on host {socket.gethostname()}"
+    finally:
+        holder.communicate("")
+    assert holder.returncode == 0 and _object(gcs, key) is None
+    with fileio.exclusive_lock("memory://locks/.lock-a") as depth:
+        assert depth == 0  # no conditional writes there: no lock (documented)
+
+
+def test_gcs_stale_lease_is_taken_over_by_exactly_one_taker(gcs):
+    """A lease whose expiry passed (its holder died) is taken over: by exclusive_lock, and, of two
+    takers that read the same stale lease, by the first to write (the second's precondition on the
+    generation they read fails, and it is then refused, the winner named). A damaged lease object
+    is taken over too."""
+    from animegamer_jax.io import fileio
+
+    url, key = "gs://bucket/locks/.lock-b", "bucket/locks/.lock-b"
+    _dead_lease(gcs, key)
+    with fileio.exclusive_lock(url) as depth:
+        assert depth == 1 and _object(gcs, key)["holder"].split()[1] == str(os.getpid())
+    assert _object(gcs, key) is None
+
+    _dead_lease(gcs, key)
+    a, b = fileio._Lease(url), fileio._Lease(url)
+    seen = a.read()
+    assert seen == b.read() and seen[0]["token"] == "dead"
+    assert a.claim(seen) is True
+    assert b.claim(seen) is False  # the same observed generation: only one write can match it
+    with pytest.raises(fileio.LockHeldError) as e:
+        b.take()
+    assert e.value.holder_words() == f"pid {os.getpid()} on host {socket.gethostname()}"
+    gcs.invalidate_cache()
+    assert _object(gcs, key)["token"] == a.token and a.generation == str(gcs.info(key)["generation"])
+    b.release()  # never held: nothing deleted
+    assert _object(gcs, key)["token"] == a.token
+    a.release()
+    assert _object(gcs, key) is None
+
+    _dead_lease(gcs, key, b"not a lease")
+    with fileio.exclusive_lock(url):
+        assert _object(gcs, key)["holder"].split()[1] == str(os.getpid())
+    assert _object(gcs, key) is None
+
+
+def test_gcs_lease_renewal_moves_the_expiry_and_a_lost_lease_is_left_to_its_taker(gcs):
+    """Driven by an injected clock, no waiting: renew() rewrites the expiry (a new generation); a lease
+    not renewed past its expiry is taken over, its old holder's renew() then says it is lost and its
+    release leaves the new holder's object."""
+    from animegamer_jax.io import fileio
+
+    url, key, now = "gs://bucket/locks/.lock-c", "bucket/locks/.lock-c", [1000.0]
+    a = fileio._Lease(url, clock=lambda: now[0])
+    a.take()
+    assert _object(gcs, key)["expires"] == 1000.0 + fileio.LEASE_S
+    first = a.generation
+    now[0] = 1030.0
+    assert a.renew() is True and a.generation != first
+    assert _object(gcs, key)["expires"] == 1030.0 + fileio.LEASE_S
+    b = fileio._Lease(url, clock=lambda: now[0])
+    now[0] = 1030.0 + fileio.LEASE_S - 1  # renewed: still a's
+    with pytest.raises(fileio.LockHeldError):
+        b.take()
+    now[0] = 1030.0 + fileio.LEASE_S + 1  # a stopped renewing: expired
+    b.take()
+    assert _object(gcs, key)["token"] == b.token
+    assert a.renew() is False and a.lost
+    a.release()
+    assert _object(gcs, key)["token"] == b.token
+    b.release()
+    assert _object(gcs, key) is None
+
+
+def test_play_continue_of_a_gcs_game_holds_its_lease(gcs, tmp_path, capsys):
+    """`play --continue gs://...`: refused with one line and exit 2 while another process holds the
+    game's lease; over a dead holder's expired lease it continues the game (2 turns, verified) and
+    deletes the lease it took."""
+    from animegamer_jax.commands import play
+    from animegamer_jax.game import writers
+
+    (tmp_path / "g.txt").write_text(TEXTS[0] + "\n")
+    (tmp_path / "more.txt").write_text(TEXTS[0].replace("slowly walk out of", "quickly run into") + "\n")
+    assert play.main([str(tmp_path / "g.txt"), "--standin", "--out", "gs://bucket/leased"]) == 0
+    game, key = "gs://bucket/leased/g", "bucket/leased/.lock-g"
+    assert writers.lock_path(game) == "gs://" + key and _object(gcs, key) is None
+    holder = hold_lock(writers.lock_path(game))
+    try:
+        capsys.readouterr()
+        assert play.main(["--continue", game, str(tmp_path / "more.txt"), "--standin"]) == 2
+        assert capsys.readouterr().err.splitlines() == [
+            f"error: {game} is being written by another process (pid {holder.pid} on host {socket.gethostname()}); "
+            "a game folder has one writer at a time. Fix: wait for that process to end (or stop it), or write to "
+            "another --out or --game-id"]
+    finally:
+        holder.communicate("")
+    _dead_lease(gcs, key)
+    assert play.main(["--continue", game, str(tmp_path / "more.txt"), "--standin"]) == 0
+    assert _object(gcs, key) is None  # taken over, then deleted by play as it let go
+    gcs.invalidate_cache()
+    assert len(json.loads(gcs.cat("bucket/leased/g/game.json"))["turns"]) == 2
+    assert writers.verify_game(game) is None
 
 
 _OUTPUT_NAMES = {"game.json", "game.mp4", "turn_000.mp4", "contact_sheet.png", "commit_success.txt",
@@ -185,7 +371,6 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
     import signal
     import subprocess
     import sys
-    import time
 
     from animegamer_jax import checkpoint
     from animegamer_jax.train import metrics

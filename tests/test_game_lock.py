@@ -18,29 +18,15 @@ import pytest
 from animegamer_jax.commands import generate, play
 from animegamer_jax.game import writers
 from animegamer_jax.io import fileio
-from tests.subproc import ROOT
+from tests.subproc import ROOT, child_env, hold_lock, probe_lock
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
          "Character: Bunny; Motion: happily stretch in the sun; Background: day meadow.",
          "Character: Bunny; Motion: quickly chase a butterfly; Background: day forest."]
 
-#: takes the lock file argv[1], prints "held", holds it until stdin closes; refused: prints whose it is, exit 3
-HOLDER = ("import sys\nfrom animegamer_jax.io import fileio\n"
-          "try:\n    with fileio.exclusive_lock(sys.argv[1]):\n        print('held', flush=True)\n"
-          "        sys.stdin.read()\n"
-          "except fileio.LockHeldError as e:\n    print('refused:', e.holder_words())\n    sys.exit(3)\n")
-
-
-def _env() -> dict:
-    return dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
 def _holder(game_dir: str) -> subprocess.Popen:
     """A process holding ``game_dir``'s lock (returns once it holds it)."""
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, writers.lock_path(game_dir)], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
-    assert p.stdout.readline().strip() == "held"
-    return p
+    return hold_lock(writers.lock_path(game_dir))
 
 
 def _snapshot(folder) -> dict:
@@ -114,22 +100,18 @@ def test_the_lock_is_reentrant_in_a_process_and_exclusive_between_processes(tmp_
         with fileio.exclusive_lock(lock) as second:
             assert (first, second) == (1, 2)
             assert open(lock).read().split()[:2] == [socket.gethostname(), str(os.getpid())]
-        probe = subprocess.run([sys.executable, "-c", HOLDER, lock], input="", capture_output=True, text=True,
-                               env=_env(), cwd=ROOT)
-        assert (probe.returncode, probe.stdout) == (3, f"refused: pid {os.getpid()} on host {socket.gethostname()}\n")
+        assert probe_lock(lock) == (3, f"refused: pid {os.getpid()} on host {socket.gethostname()}\n")
     assert not os.path.exists(lock)
-    probe = subprocess.run([sys.executable, "-c", HOLDER, lock], input="", capture_output=True, text=True,
-                           env=_env(), cwd=ROOT)
-    assert probe.returncode == 0 and probe.stdout == "held\n"
-    with fileio.exclusive_lock("gs://bucket/games/.lock-x") as depth:
-        assert depth == 0  # no lock on object stores (documented limit)
+    assert probe_lock(lock) == (0, "held\n")
+    with fileio.exclusive_lock("memory://games/.lock-x") as depth:
+        assert depth == 0  # no lock on stores without conditional writes (documented; gs:// leases: test_cloud_paths)
 
 
 def test_temp_names_differ_per_process(tmp_path):
     here = writers.part_path(str(tmp_path / "turn_000.mp4"))
     code = "import sys\nfrom animegamer_jax.game import writers\nprint(writers.part_path(sys.argv[1]))\n"
     there = subprocess.run([sys.executable, "-c", code, str(tmp_path / "turn_000.mp4")], capture_output=True,
-                           text=True, env=_env(), cwd=ROOT, check=True).stdout.strip()
+                           text=True, env=child_env(), cwd=ROOT, check=True).stdout.strip()
     child_pid = int(there.rsplit(".", 2)[1].split("-")[0])
     assert here.startswith(str(tmp_path / "turn_000.mp4.")) and here.endswith(".part")
     assert here.rsplit(".", 2)[1].split("-")[0] == str(os.getpid())
@@ -149,7 +131,7 @@ def test_three_concurrent_continues_leave_the_game_whole(game):
     for _ in range(2):
         procs = [subprocess.Popen([sys.executable, "-m", "animegamer_jax.commands.play", "--continue", str(g),
                                    str(d / f"c{i}.txt"), "--standin"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=_env(), cwd=str(d)) for i in range(3)]
+                                  stderr=subprocess.PIPE, text=True, env=child_env(), cwd=str(d)) for i in range(3)]
         outs = [p.communicate(timeout=120) for p in procs]
         results = [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
         for rc, out, err in results:
