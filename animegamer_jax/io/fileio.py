@@ -263,7 +263,7 @@ def owner_gone(marker: PathLike) -> bool:
 
 class LockHeldError(OSError):
     """:func:`exclusive_lock`'s lock is held by another process; ``holder`` is that process's
-    :func:`owner_stamp` as it wrote it into the lock file (``""`` when not yet written)."""
+    :func:`owner_stamp` as it wrote it into the lock file or lease object (``""`` when not yet written)."""
 
     def __init__(self, path: str, holder: str):
         super().__init__(errno.EWOULDBLOCK, "held by another process", path)
