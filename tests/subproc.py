@@ -48,7 +48,7 @@ def agreed_losses(results: list[dict], devices: int, steps: int) -> list[float]:
 
 
 def free_port() -> int:
-    """A free local TCP port (for a jax.distributed coordinator)."""
+    """A free local TCP port (for a jax.distributed coordinator, a storage emulator)."""
     import socket
 
     with socket.socket() as s:

@@ -14,15 +14,9 @@ from http import HTTPStatus
 import pytest
 
 from animegamer_jax.io import paths
-from tests.subproc import ROOT, hold_lock, probe_lock
+from tests.subproc import ROOT, free_port, hold_lock, probe_lock
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow."]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _patch_handler(name, make):
@@ -103,7 +97,7 @@ def gcs():
 
     _send_generation_headers()
     _honour_generation_preconditions()
-    port = _free_port()
+    port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bucket")
     server.start()
     # clients that hang up after reading (tensorstore) make the stdlib server print tracebacks
