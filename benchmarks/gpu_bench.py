@@ -10,8 +10,12 @@ checkpoint exists: the real networks, randomly initialised, weights prepared onc
 with play's ``setup_jax``. The engine times each stage (MLLM, DiT sampling, VAE) apart from JAX's
 compile events; s/turn is the median over the turns after the first (the first compiles). MFU =
 analytic FLOPs of one turn (benchmarks/cost_model.py, LoRA merged) / (s/turn x peak).
-Train: the phase (a2) DiT and phase (b) MLLM train steps (animegamer_jax/aot/pieces.py) at a per-device
-batch that fits one chip, compiled once, run ``--repeats`` times, if the time budget allows.
+Train: the train command's own steps of phases a2 and b as the compile tool builds them
+(``aot.programs.train_program``: ``train.model.phase_trainer``, the config's optimizer and remat) with
+precomputed T5 / CLIP features and latents in the batch (the frozen encoders out of the step), at a
+per-device batch that fits one chip, on random arrays of the phase's batch shapes
+(``data.batches.BatchKind.spec``), compiled once, run ``--repeats`` times, if the time budget allows.
+MFU = the step's model FLOPs (``train.model_flops``, counted on its jaxpr) / (s/step x peak).
 
 Self-checks (exit status 1 if any fails): the backend is a GPU (unless --allow_cpu), every output is
 finite, the decoded clip has the configured shape, implied MFU is below 100 %. A piece that fails
@@ -34,7 +38,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from animegamer_jax import parallel  # noqa: E402
-from animegamer_jax.aot import pieces  # noqa: E402
+from animegamer_jax.aot import programs  # noqa: E402
 from animegamer_jax.config import load_config  # noqa: E402
 from animegamer_jax.game.engine import GameEngine  # noqa: E402
 from animegamer_jax.inference.layout import apply_layout, setup_jax  # noqa: E402
@@ -55,21 +59,41 @@ def _finite(tree) -> bool:
     return ok
 
 
-def time_piece(piece, builder, repeats: int, chain=None):
-    """(compile_s, run_s median, last output). ``chain`` rebuilds donated args from the last output."""
+def random_batch(abstract: dict, seed: int = 0) -> dict:
+    """Host arrays of an abstract batch's shapes (``aot.programs.abstract_batch``): floats uniform in
+    [-1, 1], integers 0 (valid token ids and turn indices), booleans True, uint8 uniform."""
+    rng = np.random.default_rng(seed)
+
+    def fill(x):
+        dt = np.dtype(x.dtype)
+        if dt == np.bool_:
+            return np.ones(x.shape, dt)
+        if dt == np.uint8:
+            return rng.integers(0, 256, x.shape, dtype=np.uint8)
+        if np.issubdtype(dt, np.integer):
+            return np.zeros(x.shape, dt)
+        return rng.uniform(-1.0, 1.0, x.shape).astype(dt)
+
+    return {k: fill(v) for k, v in abstract.items()}
+
+
+def time_train_step(prog, repeats: int):
+    """(compile_s, run_s median, metrics of the last step) of a train program
+    (``aot.programs.train_program``) on a fresh train state and a random batch; the donated state
+    chains from step to step as in training."""
+    tr = prog.trainer
     t0 = time.perf_counter()
-    compiled = pieces.lower_piece(piece, builder).compile()
+    compiled = prog.lower().compile()
     compile_s = time.perf_counter() - t0
-    args = piece.args
-    out = jax.block_until_ready(compiled(*args))  # warm-up run
+    state, batch = tr.init(), tr.put_batch(random_batch(prog.batch))
+    step = jax.device_put(jnp.asarray(0, jnp.int32), tr.replicated)
+    state, metrics = jax.block_until_ready(compiled(state, batch, step))  # warm-up run
     times = []
     for _ in range(repeats):
-        if chain is not None:
-            args = chain(args, out)
         t0 = time.perf_counter()
-        out = jax.block_until_ready(compiled(*args))
+        state, metrics = jax.block_until_ready(compiled(state, batch, step))
         times.append(time.perf_counter() - t0)
-    return compile_s, median(times), out
+    return compile_s, median(times), metrics
 
 
 def main(argv=None) -> int:
@@ -80,8 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget_s", type=float, default=480.0, help="stop starting new pieces after this")
     ap.add_argument("--chip", default="", help="peak table key (default from the device kind)")
     ap.add_argument("--peak_tflops", type=float, default=0.0)
-    ap.add_argument("--dit_train_batch", type=int, default=2)
-    ap.add_argument("--mllm_train_batch", type=int, default=1)
+    ap.add_argument("--dit_train_batch", type=int, default=2, help="phase a2's batch")
+    ap.add_argument("--mllm_train_batch", type=int, default=1, help="phase b's batch")
     ap.add_argument("--skip_train", action="store_true")
     ap.add_argument("--turns", type=int, default=3, help="turns of play's game to time (the first compiles)")
     ap.add_argument("--allow_cpu", action="store_true")
@@ -98,32 +122,37 @@ def main(argv=None) -> int:
     print(f"device: {dev.device_kind} ({dev.platform}), jax {jax.__version__}; peak {peak / 1e12:.0f} TFLOP/s "
           f"({'--peak_tflops' if args.peak_tflops else chip})", flush=True)
     cfg = load_config(args.config, ["mesh.shape=(1,1,1,1)"])
-    mesh = parallel.make_mesh((1, 1, 1, 1), tuple(cfg.mesh.axes), devices=jax.devices()[:1])
-    b = pieces.Builder(cfg, mesh, abstract=False)
     results: dict[str, dict] = {}
 
     def left() -> float:
         return args.budget_s - (time.perf_counter() - t_start)
 
-    def run(name, make, chain=None, check=None):
+    def run_train(phase: str, batch: int) -> None:
+        """Times ``phase``'s train step at global batch ``batch`` on the first device."""
+        name = f"train_{phase}"
         if left() < 30:
             results[name] = {"status": f"skipped: time budget ({args.budget_s:.0f} s) used"}
             print(f"{name}: skipped (time budget)", flush=True)
-            return None
+            return
         try:
-            piece = make()
-            c, r, out = time_piece(piece, b, args.repeats, chain)
-            ok = _finite(out) and (check(out) if check else True)
-            results[name] = {"status": "ok" if ok else "FAILED check", "compile_s": c, "run_s": r, "note": piece.note}
-            checks[f"{name} finite/shape"] = ok
-            print(f"{name}: compile {c:.1f} s, run {r:.4f} s ({piece.note}){'' if ok else '  CHECK FAILED'}",
-                  flush=True)
-            return out
-        except Exception as e:  # a failing piece is reported, the others still run
+            tcfg = load_config(args.config, ["mesh.shape=(1,1,1,1)", f"train.global_batch_size={batch}",
+                                             "train.grad_accum_steps=1", "train.precomputed_features=True",
+                                             "train.encode_latents=False"])
+            prog = programs.train_program(tcfg, phase, jax.devices()[:1])
+            c, r, metrics = time_train_step(prog, args.repeats)
+            ok = _finite(metrics)
+            flops = prog.model_flops().model
+            res = {"status": "ok" if ok else "FAILED check", "compile_s": c, "run_s": r, "note": prog.note,
+                   "flops": flops, "mfu": cost_model.mfu(flops, r, peak), "loss": float(metrics["loss"])}
+            results[name] = res
+            checks[f"{name} finite"] = ok
+            checks[f"{name} MFU < 100 %"] = res["mfu"] < 1.0
+            print(f"{name}: compile {c:.1f} s, {r:.3f} s/step, MFU {100 * res['mfu']:.1f} %, loss {res['loss']:.4f} "
+                  f"({prog.note}){'' if ok else '  CHECK FAILED'}", flush=True)
+        except Exception as e:  # a failing step is reported, the others still run
             results[name] = {"status": f"error: {type(e).__name__}: {e}"[:400]}
             checks[f"{name} ran"] = False
             traceback.print_exc()
-            return None
 
     def play_turns():
         # play's program: setup_jax, the demo's random system, the latency layout, GameEngine.play
@@ -174,29 +203,8 @@ def main(argv=None) -> int:
     turn = results["turn"].get("s_per_turn")
 
     if not args.skip_train:
-        def train(name):
-            n = args.dit_train_batch if name == "train_a2_dit" else args.mllm_train_batch
-            return pieces.make_train_piece(cfg, b, name, batch=n)
-
-        def chain_train(args_, out):
-            params, opt, _ = out
-            return (params, args_[1], opt, args_[3])
-
-        for name in ("train_a2_dit", "train_b_mllm"):
-            out = run(name, lambda n=name: train(n), chain_train,
-                      check=lambda o: bool(jnp.isfinite(o[2])))
-            if out is not None and results[name]["status"] == "ok":
-                q = pieces.num_queries(cfg)
-                if name == "train_a2_dit":
-                    f = 3 * args.dit_train_batch * sum(cost_model.dit_forward_flops(cfg.dit, q).values())
-                else:
-                    f = 3 * args.mllm_train_batch * sum(cost_model.mistral_forward_flops(cfg.mllm, 1500).values())
-                results[name]["flops"] = f
-                results[name]["mfu"] = cost_model.mfu(f, results[name]["run_s"], peak)
-                results[name]["loss"] = float(out[2])
-                checks[f"{name} MFU < 100 %"] = results[name]["mfu"] < 1.0
-                print(f"{name}: {results[name]['run_s']:.3f} s/step, MFU {100 * results[name]['mfu']:.1f} %, "
-                      f"loss {results[name]['loss']:.4f}", flush=True)
+        run_train("a2", args.dit_train_batch)
+        run_train("b", args.mllm_train_batch)
 
     report = {"device": dev.device_kind, "platform": dev.platform, "jax": jax.__version__, "config": args.config,
               "peak_tflops": peak / 1e12, "pieces": results, "checks": checks,

@@ -405,8 +405,8 @@ def test_mllm_targets_encode_the_action_text(dataset):
         for k in range(int(ex["num_turns"][b])):
             action, instruction = str(ex["action"][b, k]), str(ex["instruction"][b, k])
             assert action and action in instruction and action != instruction
-            np.testing.assert_array_equal(batch["turn_t5_ids"][b, k], builder.t5_tok([action])[0])
-            assert (batch["turn_t5_ids"][b, k] != builder.t5_tok([instruction])[0]).any()
+            np.testing.assert_array_equal(batch["turn_t5_ids"][b, k], builder.tools["t5"]([action])[0])
+            assert (batch["turn_t5_ids"][b, k] != builder.tools["t5"]([instruction])[0]).any()
     assert batch["turn_t5_ids"].shape[:2] == (2, m)
     no_action = {k: v for k, v in ex.items() if k != "action"}
     with pytest.raises(KeyError, match="action"):

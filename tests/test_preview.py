@@ -48,18 +48,16 @@ def test_phase_preview_steps_train_only_the_preview(tmp_path):
     """Two phase-preview steps on 1-frame 16x24 clips: finite losses, only ``preview`` changes."""
     from animegamer_jax import parallel
     from animegamer_jax.data import batches
-    from animegamer_jax.train import loop, model, optim
+    from animegamer_jax.train import loop, model, phases
 
     cfg = _tiny_config()
-    spec = model.phase_spec(cfg)
-    assert spec.components == ("vae", "preview") and spec.outputs == ("preview",)
+    rec = phases.phase("preview")
+    assert rec.components_for(cfg) == ("vae", "preview") and rec.outputs == ("preview",)
     frames = np.random.default_rng(0).integers(0, 256, (2, 1, 16, 24, 3), dtype=np.uint8)
     batch = batches.BatchBuilder(cfg, "frames")({"frames": frames})
     assert set(batch) == {"frames"} and batch["frames"].dtype == np.float32
-    tx, sched = optim.make_optimizer(cfg.train)
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,
-                      compiler_options={"xla_backend_optimization_level": 0})
+    tr = model.phase_trainer(cfg, mesh, compiler_options={"xla_backend_optimization_level": 0})
     res = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path), num_steps=2, global_batch_size=2,
                    checkpoint_every=100, log_every=100, progress=False)
     assert all(np.isfinite(v) for v in res.losses.values()) and len(res.losses) == 2

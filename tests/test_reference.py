@@ -247,11 +247,11 @@ def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
     latent (fast); "frame" VAE-encodes the uint8 reference frame in the step (the tiny VAE's compile)."""
     from animegamer_jax import parallel
     from animegamer_jax.data import batches
-    from animegamer_jax.train import loop, model, optim
+    from animegamer_jax.train import loop, model, phases
 
     cfg = _r_config()
-    spec = model.phase_spec(cfg)
-    assert spec.components == ("shot_encoder", "dit", "vae", "reference") and spec.outputs == ("reference",)
+    rec = phases.phase("r")
+    assert rec.components_for(cfg) == ("shot_encoder", "dit", "vae", "reference") and rec.outputs == ("reference",)
     batch = batches.BatchBuilder(cfg, "reference")(_r_example(cfg))
     assert batch["reference_frame"].dtype == np.uint8 and batch["reference_frame"].shape == (2, 64, 96, 3)
     np.testing.assert_array_equal(batch["reference_frame"], _r_example(cfg)["first_frame"][[1, 0]])
@@ -259,10 +259,8 @@ def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
         lat = batch["latents"][:, :1]
         batch = {k: v for k, v in batch.items() if k != "reference_frame"}
         batch["reference_latent"] = lat[::-1].copy()
-    tx, sched = optim.make_optimizer(cfg.train)
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,
-                      compiler_options={"xla_backend_optimization_level": 0})
+    tr = model.phase_trainer(cfg, mesh, compiler_options={"xla_backend_optimization_level": 0})
     res = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path), num_steps=2, global_batch_size=2,
                    checkpoint_every=100, log_every=100, progress=False)
     assert all(np.isfinite(v) for v in res.losses.values()) and len(res.losses) == 2

@@ -10,7 +10,7 @@ import pytest
 from animegamer_jax import parallel
 from animegamer_jax.data import batches
 from animegamer_jax.models.mistral.mllm import num_queries
-from animegamer_jax.train import loop, model, optim
+from animegamer_jax.train import loop, model, optim, phases
 from tests.subproc import WORKER_JOIN, WORKER_REPORT, agreed_losses, run_processes
 from tests.train_helpers import SETUP, loader_example, phase_batch, phase_config
 
@@ -27,12 +27,13 @@ def _paths(state):
 def test_phase_trains_and_resumes(phase, tmp_path):
     cfg = phase_config(phase)
     cfg.train.dit_trainable = "paper"  # the paper's a2 set (tiny's "all": test_a2_dit_trainable_all_vs_paper)
-    spec = model.phase_spec(cfg)
     tx, sched = optim.make_optimizer(cfg.train)
     # A fixed key per step (same noise, timesteps, dropout every step) makes "loss goes down" exact.
-    loss_fn = lambda m, b, rng: spec.loss_fn(m, b, jax.random.key(1))  # noqa: E731
+    loss = phases.phase(phase).step_loss(cfg)
+    loss_fn = lambda m, b, rng: loss(m, b, jax.random.key(1))  # noqa: E731
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    tr = loop.Trainer(spec.model_fn, loss_fn, tx, spec.trainable, mesh, schedule=sched, compiler_options=FAST)
+    tr = loop.Trainer(model.phase_model(cfg), loss_fn, tx, model.phase_filter(cfg), mesh, schedule=sched,
+                      compiler_options=FAST)
     batch = phase_batch(cfg, phase)
     kw = dict(num_steps=6, global_batch_size=2, checkpoint_every=100, log_every=100, progress=False)
     full = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path / "full"), **kw)
@@ -66,10 +67,11 @@ def test_phase_trains_and_resumes(phase, tmp_path):
 def test_trainable_sets_and_errors():
     cfg = phase_config("b")
     with pytest.raises(ValueError, match="unknown training phase 'x'"):
-        model.phase_spec(cfg, "x")
-    assert model.phase_spec(cfg, "a1").components == ("shot_encoder", "dit")
+        model.phase_model(cfg, "x")
+    assert phases.phase("a1").components_for(cfg) == ("shot_encoder", "dit")
     cfg.train.precomputed_features, cfg.train.encode_latents = False, True
-    assert model.phase_spec(cfg, "c").components == ("mllm", "shot_encoder", "dit", "t5", "clip", "vae")
+    assert phases.phase("c").components_for(cfg) == ("mllm", "shot_encoder", "dit", "t5", "clip", "vae")
+    assert phases.phase("r").components_for(cfg) == ("shot_encoder", "dit", "t5", "clip", "vae", "reference")
     levels = np.array([1, 2, 3, 4, 5, 9, 0, -1])
     np.testing.assert_array_equal(batches.flow_values(levels, cfg.dit.flow_table),
                                   [0.5, 2.5, 10.0, 15.0, 40.0, 40.0, 40.0, 40.0])
@@ -85,15 +87,17 @@ def test_phase_table_is_the_one_list():
 
     from animegamer_jax import config as config_lib
     from animegamer_jax.aot import programs
-    from animegamer_jax.train import phases
 
     assert tuple(phases.PHASES) == config_lib.TRAIN_PHASES == programs.TRAIN_PROGRAMS
     for name, rec in phases.PHASES.items():
         assert rec.name == name and importlib.import_module(f"animegamer_jax.train.phases.{name}").PHASE is rec
-        assert rec.batch in batches.BATCH_KINDS and rec.loader == ("turns" if rec.batch.startswith("turns") else "clips")
-        assert set(rec.outputs) <= set(rec.components) and rec.trainable("paper", "full").keys() == set(rec.outputs)
-    assert [p for p, r in phases.PHASES.items() if r.encode_latents] == ["a1", "a2", "c", "d"]
-    assert phases.phase("c").schedule == (5e-5, 10_000) and phases.phase("vae").dataset_key == "vae_dataset_dir"
+        assert batches.KINDS[rec.batch.name] is rec.batch
+        assert rec.batch.loader == ("turns" if rec.batch.name.startswith("turns") else "clips")
+        assert set(rec.outputs) <= set(rec.components) and rec.outputs == tuple(rec.trainable)
+    assert [p for p, r in phases.PHASES.items() if r.batch.clip_target] == ["a1", "a2", "c", "d", "r"]
+    assert [p for p, r in phases.PHASES.items() if r.batch.loader == "turns"] == ["b", "c"]
+    assert phases.phase("c").schedule == (5e-5, 10_000) and phases.phase("vae").batch.dataset_key == "vae_dataset_dir"
+    assert phases.phase("a2").batch is phases.phase("a1").batch and phases.phase("a2").loss is phases.phase("a1").loss
     with pytest.raises(ValueError, match=r"^unknown training phase 'x'; use one of vae, a1, a2, b, c, d, r, preview$"):
         phases.phase("x")
     with pytest.raises(ValueError, match="unknown batch kind 'a1'"):
@@ -106,14 +110,13 @@ def test_a2_dit_trainable_all_vs_paper():
 
     cfg = phase_config("a2")
     assert cfg.train.dit_trainable == "all"
-    spec = model.phase_spec(cfg, "a2")
-    net = spec.model_fn()
+    net = model.phase_model(cfg, "a2")()
 
     def count(f):
         return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(net, f)))
 
     enc, dit = count(model._under("shot_encoder")), count(model._under("dit"))
-    assert count(spec.trainable) == enc + dit
+    assert count(model.phase_filter(cfg)) == enc + dit
     paper = count(model.trainable_filter("a2", "paper"))
     assert enc < paper < enc + dit
     for ph in ("a1", "c"):
@@ -151,13 +154,10 @@ def test_sample_motion_levels():
 
 _WORKER = SETUP + WORKER_JOIN + r'''
 from tests.train_helpers import phase_batch
-from animegamer_jax.train import loop, model, optim
+from animegamer_jax.train import loop, model
 cfg = phase_config("b")
-spec = model.phase_spec(cfg)
-tx, sched = optim.make_optimizer(cfg.train)
 mesh = parallel.make_mesh((-1, 1, 1, 1))
-tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched,
-                  compiler_options={"xla_backend_optimization_level": 0})
+tr = model.phase_trainer(cfg, mesh, compiler_options={"xla_backend_optimization_level": 0})
 full = phase_batch(cfg, "b")  # the global batch of 2; each process feeds its own row
 local = {k: v[pid:pid + 1] for k, v in full.items()}
 r = loop.fit(tr, iter(lambda: local, None), num_steps=3, workdir=workdir, global_batch_size=2,

@@ -10,7 +10,7 @@ from animegamer_jax import parallel
 from animegamer_jax.eval import vae as vae_eval
 from animegamer_jax.models.cogvideox import vae as cogvideox_vae
 from animegamer_jax.data import batches
-from animegamer_jax.train import loop, losses, model, optim
+from animegamer_jax.train import loop, losses, model, phases
 from configs import tiny
 from tests.dataset_helpers import index_only_dataset
 
@@ -58,11 +58,10 @@ def _paths(state):
 @pytest.mark.slow
 def test_vae_phase_trains_and_resumes(tmp_path):
     cfg = _config()
-    spec = model.phase_spec(cfg)
-    assert spec.components == ("vae",) and spec.outputs == ("vae",)
-    tx, sched = optim.make_optimizer(cfg.train)
+    rec = phases.phase("vae")
+    assert rec.components_for(cfg) == ("vae",) and rec.outputs == ("vae",)
     mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    tr = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, schedule=sched, compiler_options=FAST)
+    tr = model.phase_trainer(cfg, mesh, compiler_options=FAST)
     builder = batches.BatchBuilder(cfg, "vae")
     kw = dict(num_steps=8, global_batch_size=2, checkpoint_every=100, log_every=100, progress=False,
               batch_fn=builder)

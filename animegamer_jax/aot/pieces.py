@@ -1,13 +1,13 @@
-"""The compute of one AnimeGamer game turn and of the (a2) / (b) train steps, as pure jit-able functions.
+"""The compute of one AnimeGamer game turn, as pure jit-able functions.
 
 Compiled ahead of time by ``python -m animegamer_jax.commands.aot`` (the ``prefill`` ... ``vae_decode``
 programs) and run by the speed benchmarks (benchmarks/gpu_bench.py). Each piece is ``(fn, args)``
 where ``fn`` is a pure function of ``(params_state, *inputs)`` and ``args`` are either real arrays
 (``abstract=False``: random weights, random inputs) or ``jax.ShapeDtypeStruct`` with shardings
-(``abstract=True``: nothing allocated, for ahead-of-time lowering). Inference pieces use bf16
+(``abstract=True``: nothing allocated, for ahead-of-time lowering). Pieces use bf16
 weights with LoRA merged (``lora_rank=0``), as play does (``dit_sampling`` is play's own
-``inference.clip_sampler.dit_sampler`` on ``prepare_for_inference`` weights); train pieces keep the config's
-parameter dtype and LoRA.
+``inference.clip_sampler.dit_sampler`` on ``prepare_for_inference`` weights). The train steps are
+the train command's own (``aot.programs.train_program``).
 
 Turn pieces (docs/overview.md#one-turn):
   mllm_prefill  pass A prompt: Mistral over the turn sequence with a KV cache (L from the window)
@@ -25,9 +25,6 @@ Turn pieces (docs/overview.md#one-turn):
                 reference's 1350 tokens join every DiT call (models/cogvideox/reference.py)
   reference_encode  one --character image uint8 [B, 480, 720, 3] -> its reference latent through the
                 VAE encoder (once per character per game, game/engine.py reference_latents)
-Train pieces (the models' real losses are in train/; here the standard objectives with the same
-compute): train_a2_dit (v-prediction MSE through the DiT, LoRA + adaLN + flow trained, AdamW),
-train_b_mllm (next-token CE over ``turns x 300`` tokens, LoRA + norms trained, AdamW).
 """
 
 from __future__ import annotations
@@ -38,14 +35,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
 
 from animegamer_jax.io import media
-from animegamer_jax.diffusion import losses, samplers
+from animegamer_jax.diffusion import samplers
 from animegamer_jax.inference.clip_sampler import dit_sampler, sampling_component
 from animegamer_jax.inference import mllm_turn
 from animegamer_jax.inference.mode import apply_mode
@@ -58,7 +54,6 @@ from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.tokenizers.mllm_tokenizer import AnimeGamerTokenizer
 from animegamer_jax.models.lora import quantize_int8
 from animegamer_jax.models.mistral.mllm import num_queries
-from animegamer_jax.train.model import trainable_filter
 
 
 def turn_length(cfg, text_tokens: int = 25) -> int:
@@ -173,7 +168,6 @@ def reference_tokens(cfg) -> int:
     (``(sample_height / patch_size) * (sample_width / patch_size)``; 1350 at 60 x 90, patch 2)."""
     p = int(cfg.dit.patch_size)
     return (int(cfg.dit.sample_height) // p) * (int(cfg.dit.sample_width) // p)
-TRAIN_PIECES = ("train_a2_dit", "train_b_mllm")
 
 
 def _cached(b: Builder, key: str, make):
@@ -338,97 +332,6 @@ def make_turn_piece(cfg, b: Builder, name: str, batch: int = 1, text_tokens: int
         return Piece(name, preview_decode, (p_state, b.array(lat_shape, jnp.float32)),
                      note=f"preview decoder, channels {tuple(cfg.preview.channels)}")
     raise KeyError(f"unknown turn piece {name!r}; known: {TURN_PIECES}")
-
-
-# ---------------------------------------------------------------- train pieces
-
-def _adamw_step(graphdef, loss_fn, lr: float):
-    """A jit-able (params, rest, opt_state, batch) -> (params, opt_state, loss) AdamW step."""
-    tx = optax.adamw(lr)
-
-    def step(params, rest, opt_state, batch):
-        def loss_of(p):
-            return loss_fn(nnx.merge(graphdef, p, rest), batch)
-
-        loss, grads = jax.value_and_grad(loss_of)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return tx, step
-
-
-def _split_train(b: Builder, make, trainable):
-    graphdef, state = b.module(make)
-    params = nnx.filter_state(state, trainable)
-    rest = nnx.filter_state(state, nnx.Not(trainable))
-    return graphdef, params, rest
-
-
-def make_train_piece(cfg, b: Builder, name: str, batch: int | None = None, turns: int = 5,
-                     tokens_per_turn: int = 300) -> Piece:
-    """Phase (a2) DiT or phase (b) MLLM train step (global batch default ``cfg.train.global_batch_size``).
-
-    Raises:
-      KeyError: unknown piece name (see TRAIN_PIECES).
-    """
-    n = batch or int(cfg.train.global_batch_size)
-    q, d = num_queries(cfg), int(cfg.rep.dim)
-    if name == "train_a2_dit":
-        # trained set = phase a2's paper set: LoRA + flow embedding + block adaLN (train/model.py)
-        graphdef, params, rest = _split_train(b, lambda: build_dit(cfg, inference=False),
-                                              trainable_filter("a2", component="dit"))
-
-        def dit_loss(model, batch):
-            a = losses.a_of(batch["t"])
-            x_t = losses.add_noise(batch["x0"], batch["noise"], a)
-            v = model(x_t, batch["cond"], batch["t"], batch["flow"])
-            return losses.v_prediction_loss(v.astype(jnp.float32), batch["x0"], batch["noise"], a)
-
-        tx, step = _adamw_step(graphdef, dit_loss, 2e-4)
-        lat = (n, int(cfg.dit.num_latent_frames), int(cfg.dit.in_channels), int(cfg.dit.sample_height),
-               int(cfg.dit.sample_width))
-        data = {"x0": b.array(lat, jnp.float32), "noise": b.array(lat, jnp.float32),
-                "cond": b.array((n, q, d), jnp.float32), "t": b.array((n,), jnp.int32, kind="timesteps"),
-                "flow": b.array((n,), jnp.float32)}
-        return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
-                     note=f"global batch {n}, remat {cfg.dit.remat}")
-    if name == "train_b_mllm":
-        # trained set = phase b's: LoRA + RMSNorms + embeddings (train/model.py)
-        graphdef, params, rest = _split_train(b, lambda: build_mistral(cfg, inference=False),
-                                              trainable_filter("b", component="mllm"))
-
-        def mllm_loss(model, batch):
-            logits = model(batch["ids"]).logits[:, :-1]
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["ids"][:, 1:]).mean()
-
-        tx, step = _adamw_step(graphdef, mllm_loss, 5e-5)
-        data = {"ids": b.array((n, turns * tokens_per_turn), jnp.int32, kind="ids")}
-        return Piece(name, step, (params, rest, _opt_state(b, tx, params), data), donate=(0, 2),
-                     note=f"global batch {n} x {turns * tokens_per_turn} tokens")
-    raise KeyError(f"unknown train piece {name!r}; known: {TRAIN_PIECES}")
-
-
-def _opt_state(b: Builder, tx, params):
-    """AdamW moments shaped and sharded like ``params`` (abstract or zeros).
-
-    Abstract: every optimizer leaf whose tree path ends with a parameter's path (``mu``/``nu``) takes
-    that parameter's sharding; the rest (step counts) are replicated.
-    """
-    if not b.abstract:
-        return jax.jit(tx.init)(params)
-    flat_p = jax.tree_util.tree_flatten_with_path(params)[0]
-    by_path = {tuple(path): leaf.sharding for path, leaf in flat_p}
-    abs_opt = jax.eval_shape(tx.init, params)
-
-    def shard(path, leaf):
-        path = tuple(path)
-        for n in range(len(path)):
-            s = by_path.get(path[n:])
-            if s is not None:
-                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s)
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=b.replicated)
-
-    return jax.tree_util.tree_map_with_path(shard, abs_opt)
 
 
 # ---------------------------------------------------------------- running

@@ -1,4 +1,4 @@
-"""The model a training phase trains: :class:`TrainModel`, its trainable set and its :class:`PhaseSpec`.
+"""The model a training phase trains: :class:`TrainModel`, its trainable set and its step (:func:`phase_trainer`).
 
 Every phase trains one composite :class:`TrainModel` holding the components its record names
 (``train.phases``: one module per phase, the table of components and trained sets in its docstring);
@@ -9,15 +9,17 @@ gradient and no optimizer memory.
 from __future__ import annotations
 
 import copy
-import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import ml_collections
 from flax import nnx
 
+from animegamer_jax import parallel
 from animegamer_jax.models import remat
 from animegamer_jax.models.registry import build_component
-from animegamer_jax.train import phases
+from animegamer_jax.parallel import xla_flags
+from animegamer_jax.train import loop, optim, phases
 
 
 #: ``train.remat="auto"``: the policies the compile tool compiles (animegamer-aot keeps the fastest roofline
@@ -104,7 +106,7 @@ def trainable_filter(phase: str, dit_trainable: str = "paper", *, component: str
         raise ValueError(f"train.dit_trainable={dit_trainable!r}; use 'paper' or 'all'")
     if distill_trainable not in ("full", "lora"):
         raise ValueError(f"train.distill_trainable={distill_trainable!r}; use 'full' or 'lora'")
-    filters = phases.phase(phase).trainable(dit_trainable, distill_trainable)
+    filters = phases.phase(phase).filters({"dit_trainable": dit_trainable, "distill_trainable": distill_trainable})
     if component is not None:
         if component not in filters:
             raise ValueError(f"phase {phase!r} trains {tuple(filters)}, not {component!r}")
@@ -113,42 +115,49 @@ def trainable_filter(phase: str, dit_trainable: str = "paper", *, component: str
     return under[0] if len(under) == 1 else nnx.Any(*under)
 
 
-@dataclasses.dataclass
-class PhaseSpec:
-    """Everything :func:`animegamer_jax.train.loop.Trainer` needs for one phase."""
-
-    phase: str
-    components: tuple[str, ...]
-    model_fn: Any
-    loss_fn: Any
-    trainable: Any
-    outputs: tuple[str, ...]
-
-
-def phase_spec(config: ml_collections.ConfigDict, phase: str | None = None, seed: int | None = None) -> PhaseSpec:
-    """The model builder, loss and trainable filter of ``phase`` (default ``config.train.phase``).
-
-    With ``config.train.encode_latents`` the VAE joins the decoder phases (frames are encoded in the
-    step); otherwise batches must carry ``latents``. With ``config.train.precomputed_features`` T5 and
-    CLIP stay out of the model and batches carry ``f_md`` / ``f_v`` (``turn_f_md`` / ``turn_f_v``).
+def phase_model(config: ml_collections.ConfigDict, phase: str | None = None,
+                seed: int | None = None) -> Callable[[], TrainModel]:
+    """``() -> TrainModel`` of ``phase`` (default ``config.train.phase``): the components its record holds
+    under ``config`` (``Phase.components_for``), built from :func:`training_config`, each call with fresh
+    ``nnx.Rngs(seed)`` (default ``config.seed``), so every call makes the same initial weights.
 
     Raises:
       ValueError: unknown phase.
     """
-    rec = phases.phase(str(phase or config.train.phase))
-    phase = rec.name
-    comps = rec.components
-    if bool(config.train.precomputed_features):
-        comps = tuple(c for c in comps if c not in ("t5", "clip"))
-    if rec.encode_latents and bool(config.train.encode_latents):
-        comps = comps + ("vae",)
+    comps = phases.phase(str(phase or config.train.phase)).components_for(config)
     tcfg = training_config(config)
     seed = int(config.seed if seed is None else seed)
-    loss = rec.loss
-    return PhaseSpec(
-        phase=phase, components=comps,
-        model_fn=lambda: TrainModel(tcfg, comps, rngs=nnx.Rngs(seed)),
-        loss_fn=lambda model, batch, rng: loss(model, batch, rng, config),
-        trainable=trainable_filter(phase, str(config.train.get("dit_trainable", "paper")),
-                                   distill_trainable=str(config.train.get("distill_trainable", "full"))),
-        outputs=rec.outputs)
+
+    def build() -> TrainModel:
+        return TrainModel(tcfg, comps, rngs=nnx.Rngs(seed))
+
+    return build
+
+
+def phase_filter(config: ml_collections.ConfigDict, phase: str | None = None) -> Any:
+    """:func:`trainable_filter` of ``phase`` (default ``config.train.phase``) with ``config``'s
+    ``train.dit_trainable`` and ``train.distill_trainable``."""
+    return trainable_filter(str(phase or config.train.phase), str(config.train.get("dit_trainable", "paper")),
+                            distill_trainable=str(config.train.get("distill_trainable", "full")))
+
+
+def phase_trainer(config: ml_collections.ConfigDict, mesh: Any, rules: Any = parallel.DEFAULT_RULES, *,
+                  compiler_options: dict[str, Any] | None = None) -> loop.Trainer:
+    """The train command's step of ``config.train.phase`` on ``mesh``: a ``loop.Trainer`` on
+    :func:`phase_model`, the phase's loss (``Phase.step_loss``), :func:`phase_filter` and the optimizer of
+    ``config.train`` (``optim.make_optimizer``), with ``train.grad_accum_steps``, ``config.seed`` and the
+    compile options of ``mesh`` (``parallel.xla_flags.train_compile_options``, then ``compiler_options``).
+
+    With ``config.train.encode_latents`` the VAE joins the phases whose batches carry a target clip
+    (frames are encoded in the step); otherwise batches must carry ``latents``. With
+    ``config.train.precomputed_features`` T5 and CLIP stay out of the model and batches carry ``f_md`` /
+    ``f_v`` (``turn_f_md`` / ``turn_f_v``).
+
+    Raises:
+      ValueError: unknown phase.
+    """
+    rec = phases.phase(str(config.train.phase))
+    tx, sched = optim.make_optimizer(config.train)
+    return loop.Trainer(phase_model(config), rec.step_loss(config), tx, phase_filter(config), mesh, rules, schedule=sched,
+                        grad_accum_steps=int(config.train.grad_accum_steps), seed=int(config.seed),
+                        compiler_options=xla_flags.train_compile_options(config, mesh, compiler_options))

@@ -33,18 +33,17 @@ from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, loader
-from animegamer_jax.parallel import distributed, xla_flags
+from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim, phases
 from animegamer_jax.train.loop import status
-from animegamer_jax.data.batches import BatchBuilder, mined_reference_frames
-from animegamer_jax.train.model import phase_spec, training_config
+from animegamer_jax.data import batches
+from animegamer_jax.train.model import phase_trainer, training_config
 from animegamer_jax.train.samples import sample_hook
 
 
 def _loader_kwargs(config: ml_collections.ConfigDict, phase: str, local_batch: int) -> dict[str, Any]:
-    if phases.phase(phase).loader == "clips":
-        return dict(mode="clips", batch_size=local_batch)
-    return dict(mode="turns", batch_size=local_batch, include_frames=True)
+    mode = phases.phase(phase).batch.loader
+    return dict(mode=mode, batch_size=local_batch, **({"include_frames": True} if mode == "turns" else {}))
 
 
 def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
@@ -59,9 +58,9 @@ def make_data(config: ml_collections.ConfigDict, phase: str, local_batch: int):
 
 def phase_dataset_dir(config: ml_collections.ConfigDict, phase: str) -> str:
     """The prepared dataset ``phase`` reads: ``config.data.dataset_dir``, or the ``config.train`` field
-    its record's ``dataset_key`` names when set (phase "vae": ``train.vae_dataset_dir``; as given: a
+    its batch kind's ``dataset_key`` names when set (phase "vae": ``train.vae_dataset_dir``; as given: a
     path or a URL)."""
-    key = phases.phase(phase).dataset_key
+    key = phases.phase(phase).batch.dataset_key
     if key and str(config.train.get(key, "")):
         return str(config.train[key])
     return str(config.data.dataset_dir)
@@ -73,7 +72,7 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
 
     * ``phase``, ``config`` (its name), ``learning_rate``, ``warmup_steps``, ``end_lr_factor``, ``seed``;
     * ``batch_settings``: the phase's settings of the host batches that its data stream and crops
-      depend on (its record's ``batch_settings``: VAE: ``train.vae_curriculum``, ``vae_windows_per_clip``,
+      depend on (its record's ``run_settings``: VAE: ``train.vae_curriculum``, ``vae_windows_per_clip``,
       ``vae_max_crop_scale``; b / c: ``data.max_turns``, ``mllm.history_window``; d: the distilled
       scales and grid). Not the padding length
       (``train.max_seq_len``: raising it to fit a longer sequence may resume), nor the model's own
@@ -87,7 +86,7 @@ def run_meta(config: ml_collections.ConfigDict, phase: str, dataset: bool = True
       datasets.DatasetError: ``dataset`` and no prepared dataset at :func:`phase_dataset_dir`.
     """
     t = config.train
-    settings = phases.phase(phase).batch_settings(config)
+    settings = phases.phase(phase).run_settings(config)
     meta = {"phase": phase, "config": str(config.name), "learning_rate": float(optim.phase_lr_and_steps(t)[0]),
             "warmup_steps": int(t.warmup_steps), "end_lr_factor": float(t.end_lr_factor), "seed": int(config.seed),
             "batch_settings": settings}
@@ -199,13 +198,10 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     micro = int(t.global_batch_size) // accum
     parallel.check_global_batch(micro, mesh, rules)
     _, steps = optim.phase_lr_and_steps(t)
-    spec = phase_spec(config, phase)
-    tx, sched = optim.make_optimizer(t)
-    trainer = loop.Trainer(spec.model_fn, spec.loss_fn, tx, spec.trainable, mesh, rules, schedule=sched,
-                           grad_accum_steps=accum, seed=int(config.seed),
-                           compiler_options=xla_flags.train_compile_options(config, mesh, compiler_options))
+    trainer = phase_trainer(config, mesh, rules, compiler_options=compiler_options)
+    components = rec.components_for(config)
     trained, total = trainer.num_trainable()
-    status("phase %s: %s, %d / %d parameters trained, mesh %s", phase, spec.components, trained, total,
+    status("phase %s: %s, %d / %d parameters trained, mesh %s", phase, components, trained, total,
                  dict(mesh.shape))
 
     def init_state() -> nnx.State:
@@ -217,14 +213,14 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
     ref_fn = None
-    if rec.batch == "reference" and data_given is False:
-        ref_fn, how = mined_reference_frames(phase_dataset_dir(config, phase), str(config.data.get("split", "train")),
+    if rec.batch is batches.REFERENCE and data_given is False:
+        ref_fn, how = batches.mined_reference_frames(phase_dataset_dir(config, phase), str(config.data.get("split", "train")),
                                              seed=int(config.seed))
         status("phase r references: %s", "another clip of the same character (mined over the dataset)"
                if how == "mined" else "within the batch (the dataset's clips carry no character labels)")
-    builder = BatchBuilder(config, rec.batch, reference_frames=ref_fn)
+    builder = batches.BatchBuilder(config, rec.batch, reference_frames=ref_fn)
     hooks = ()
-    if int(t.sample_every) > 0 and rec.samples and "vae" in spec.components:
+    if int(t.sample_every) > 0 and rec.samples and "vae" in components:
         hooks = (sample_hook(trainer, config, workdir, int(t.sample_every)),)
     result = loop.fit(
         trainer, data, num_steps=steps * accum, workdir=workdir, global_batch_size=micro,

@@ -6,19 +6,16 @@ The paper trains E_a only; the release code also trains flow and LoRA (docs/trai
 
 from flax import nnx
 
+from animegamer_jax.data import batches
 from animegamer_jax.train import losses
 from animegamer_jax.train.phases.base import Phase, path_has
 
 PHASE = Phase(
     name="a1",
     components=("shot_encoder", "dit", "t5", "clip"),
-    outputs=("shot_encoder", "dit"),
-    trainable=lambda dit_trainable, distill_trainable: {
-        "shot_encoder": nnx.Param, "dit": nnx.All(nnx.Param, path_has(("flow_embed",)))},
+    trainable={"shot_encoder": nnx.Param, "dit": nnx.All(nnx.Param, path_has(("flow_embed",)))},
     loss=losses.decoder_loss,
-    batch="decoder",
-    loader="clips",
+    batch=batches.DECODER,
     schedule=(2e-4, 10_000),
-    encode_latents=True,
     samples=True,
 )

@@ -4,26 +4,17 @@ batches with ``lm_loss_scale CE + rec_loss_scale MSE`` against the frozen E_a's 
 
 from flax import nnx
 
+from animegamer_jax.data import batches
 from animegamer_jax.models.lora import LoRAParam
 from animegamer_jax.models.mistral import model as mistral_model
 from animegamer_jax.train import losses
 from animegamer_jax.train.phases.base import Phase, path_has
 
-
-def turn_settings(config):
-    """The turn batches' settings a resume must agree on (phases b and c)."""
-    return {"max_turns": int(config.data.max_turns), "history_window": int(config.mllm.history_window)}
-
-
 PHASE = Phase(
     name="b",
     components=("mllm", "shot_encoder", "t5", "clip"),
-    outputs=("mllm",),
-    trainable=lambda dit_trainable, distill_trainable: {
-        "mllm": nnx.Any(LoRAParam, nnx.All(nnx.Param, path_has(mistral_model.TRAINABLE_NAMES)))},
+    trainable={"mllm": nnx.Any(LoRAParam, nnx.All(nnx.Param, path_has(mistral_model.TRAINABLE_NAMES)))},
     loss=losses.mllm_loss,
-    batch="turns",
-    loader="turns",
+    batch=batches.TURNS,
     schedule=(5e-5, 15_000),
-    batch_settings=turn_settings,
 )

@@ -2,20 +2,16 @@
 adaLN) trains conditioned on the frozen MLLM's predicted s_a; v-prediction MSE on turn batches that
 carry the target turn's clip."""
 
+from animegamer_jax.data import batches
 from animegamer_jax.train import losses
-from animegamer_jax.train.phases.b import turn_settings
 from animegamer_jax.train.phases.base import Phase, dit_set
 
 PHASE = Phase(
     name="c",
     components=("mllm", "shot_encoder", "dit", "t5", "clip"),
-    outputs=("dit",),
-    trainable=lambda dit_trainable, distill_trainable: {"dit": dit_set("adaptation")},
+    trainable={"dit": dit_set("adaptation")},
     loss=losses.adaptation_loss,
-    batch="turns_clip",
-    loader="turns",
+    batch=batches.TURNS_CLIP,
     schedule=(5e-5, 10_000),
-    encode_latents=True,
     samples=True,
-    batch_settings=turn_settings,
 )

@@ -5,9 +5,10 @@ block adaLN) on a1's clip batches. LCM trains its full-UNet student at 8e-6 for 
 
 from flax import nnx
 
+from animegamer_jax.data import batches
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.train import losses
-from animegamer_jax.train.phases.base import Phase, dit_set, path_has
+from animegamer_jax.train.phases.base import Choice, Phase, dit_set, path_has
 
 
 def _settings(config):
@@ -22,14 +23,11 @@ def _settings(config):
 PHASE = Phase(
     name="d",
     components=("shot_encoder", "dit", "student", "t5", "clip"),
-    outputs=("student",),
-    trainable=lambda dit_trainable, distill_trainable: {
-        "student": nnx.Param if distill_trainable == "full" else nnx.Any(
-            dit_set("adaptation"), nnx.All(nnx.Param, path_has(("guidance_embed",))))},
+    trainable={"student": Choice("distill_trainable", {
+        "full": nnx.Param,
+        "lora": nnx.Any(dit_set("adaptation"), nnx.All(nnx.Param, path_has(("guidance_embed",))))})},
     loss=losses.distill_loss,
-    batch="decoder",
-    loader="clips",
+    batch=batches.DECODER,
     schedule=(1e-5, 10_000),
-    encode_latents=True,
-    batch_settings=_settings,
+    settings=_settings,
 )

@@ -4,16 +4,15 @@ on whole clips' frames. TAESD-like decoders train at about 1e-3."""
 
 from flax import nnx
 
+from animegamer_jax.data import batches
 from animegamer_jax.train import losses
 from animegamer_jax.train.phases.base import Phase
 
 PHASE = Phase(
     name="preview",
     components=("vae", "preview"),
-    outputs=("preview",),
-    trainable=lambda dit_trainable, distill_trainable: {"preview": nnx.Param},
+    trainable={"preview": nnx.Param},
     loss=losses.preview_loss,
-    batch="frames",
-    loader="clips",
+    batch=batches.FRAMES,
     schedule=(1e-3, 10_000),
 )

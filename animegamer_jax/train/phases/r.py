@@ -5,16 +5,15 @@ Concat-ID-style adapters train at about 1e-4 for some 10k steps."""
 
 from flax import nnx
 
+from animegamer_jax.data import batches
 from animegamer_jax.train import losses
 from animegamer_jax.train.phases.base import Phase
 
 PHASE = Phase(
     name="r",
     components=("shot_encoder", "dit", "t5", "clip", "vae", "reference"),
-    outputs=("reference",),
-    trainable=lambda dit_trainable, distill_trainable: {"reference": nnx.Param},
+    trainable={"reference": nnx.Param},
     loss=losses.reference_loss,
-    batch="reference",
-    loader="clips",
+    batch=batches.REFERENCE,
     schedule=(1e-4, 10_000),
 )
