@@ -46,9 +46,9 @@ def test_config_errors():
 @pytest.mark.slow  # ~25 s on a loaded 2-core host (the step's compile)
 def test_phase_preview_steps_train_only_the_preview(tmp_path):
     """Two phase-preview steps on 1-frame 16x24 clips: finite losses, only ``preview`` changes."""
-    from animegamer_jax import parallel
     from animegamer_jax.data import batches
-    from animegamer_jax.train import loop, model, phases
+    from animegamer_jax.train import phases
+    from tests.train_helpers import train_phase
 
     cfg = _tiny_config()
     rec = phases.phase("preview")
@@ -56,18 +56,8 @@ def test_phase_preview_steps_train_only_the_preview(tmp_path):
     frames = np.random.default_rng(0).integers(0, 256, (2, 1, 16, 24, 3), dtype=np.uint8)
     batch = batches.BatchBuilder(cfg, "frames")({"frames": frames})
     assert set(batch) == {"frames"} and batch["frames"].dtype == np.float32
-    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    tr = model.phase_trainer(cfg, mesh, compiler_options={"xla_backend_optimization_level": 0})
-    res = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path), num_steps=2, global_batch_size=2,
-                   checkpoint_every=100, log_every=100, progress=False)
+    res, changed = train_phase(cfg, batch, tmp_path)
     assert all(np.isfinite(v) for v in res.losses.values()) and len(res.losses) == 2
-
-    def flat(state):
-        return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in
-                jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
-
-    final, init = flat(res.state[0]), flat(tr.init()[0])
-    changed = {k for k in final if not np.array_equal(final[k], init[k])}
     assert changed and all(k.startswith("preview/") for k in changed), sorted(changed)[:5]
     assert any(k.startswith("preview/conv_out") for k in changed)
 

@@ -245,9 +245,9 @@ def test_pick_reference_frames_pairs_other_clips_of_the_same_character():
 def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
     """Two phase-r steps: finite losses, only the adapter changes. "latent" hands the step a reference
     latent (fast); "frame" VAE-encodes the uint8 reference frame in the step (the tiny VAE's compile)."""
-    from animegamer_jax import parallel
     from animegamer_jax.data import batches
-    from animegamer_jax.train import loop, model, phases
+    from animegamer_jax.train import phases
+    from tests.train_helpers import train_phase
 
     cfg = _r_config()
     rec = phases.phase("r")
@@ -259,17 +259,7 @@ def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
         lat = batch["latents"][:, :1]
         batch = {k: v for k, v in batch.items() if k != "reference_frame"}
         batch["reference_latent"] = lat[::-1].copy()
-    mesh = parallel.make_mesh((1, 1, 1, 1), devices=jax.devices()[:1])
-    tr = model.phase_trainer(cfg, mesh, compiler_options={"xla_backend_optimization_level": 0})
-    res = loop.fit(tr, iter(lambda: batch, None), workdir=str(tmp_path), num_steps=2, global_batch_size=2,
-                   checkpoint_every=100, log_every=100, progress=False)
+    res, changed = train_phase(cfg, batch, tmp_path)
     assert all(np.isfinite(v) for v in res.losses.values()) and len(res.losses) == 2
-
-    def flat(state):
-        return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in
-                jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
-
-    final, init = flat(res.state[0]), flat(tr.init()[0])
-    changed = {k for k in final if not np.array_equal(final[k], init[k])}
     assert changed and all(k.startswith("reference/") for k in changed), sorted(changed)[:5]
     assert any(k.endswith("type_embed") for k in changed) and any(k.endswith("q_b") for k in changed)

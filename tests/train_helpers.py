@@ -4,9 +4,11 @@ config of each phase with fixed synthetic loader batches (``SETUP``)."""
 
 import jax
 
+import numpy as np
+
 from animegamer_jax import parallel
 from animegamer_jax.data import batches
-from animegamer_jax.train import phases
+from animegamer_jax.train import loop, model, phases
 from configs import tiny
 
 # Shared by this process and the subprocesses (8 fake devices, two jax.distributed processes).
@@ -98,3 +100,18 @@ exec(SETUP)  # noqa: S102  (defines phase_config, loader_example)
 def phase_batch(cfg, phase):
     """The model batch ``data.batches.BatchBuilder`` makes of :func:`loader_example` for ``phase``."""
     return batches.BatchBuilder(cfg, phases.phase(phase).batch)(loader_example(cfg, phase))
+
+
+def train_phase(cfg, batch, workdir, num_steps=2):
+    """``num_steps`` steps of ``cfg``'s phase (``train.model.phase_trainer``, one device, fast CPU
+    compiles) on the fixed ``batch`` of 2: ``(FitResult, the parameter paths whose values changed)``."""
+    tr = model.phase_trainer(cfg, one_device_mesh(), compiler_options={"xla_backend_optimization_level": 0})
+    res = loop.fit(tr, iter(lambda: batch, None), workdir=str(workdir), num_steps=num_steps, global_batch_size=2,
+                   checkpoint_every=100, log_every=100, progress=False)
+
+    def flat(state):
+        return {"/".join(str(getattr(k, "key", k)) for k in p): np.asarray(v) for p, v in
+                jax.tree_util.tree_flatten_with_path(state.to_pure_dict())[0]}
+
+    final, init = flat(res.state[0]), flat(tr.init()[0])
+    return res, {k for k in final if not np.array_equal(final[k], init[k])}

@@ -2,7 +2,7 @@
 
 Every loss is ``loss(model, batch, rng, config) -> (scalar, {metric: scalar})`` where ``model`` holds
 the phase's components as attributes (``train.model.TrainModel``) and ``batch`` is what
-``data.batches.BatchBuilder`` builds (its docstring lists the keys and shapes).
+a ``data.batches.BatchKind`` builds (its module docstring lists the keys and shapes).
 
 | phase  | loss                                         |
 |--------|----------------------------------------------|

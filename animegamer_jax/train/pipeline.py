@@ -36,7 +36,7 @@ from animegamer_jax.data import datasets, loader
 from animegamer_jax.parallel import distributed
 from animegamer_jax.train import loop, losses, optim, phases
 from animegamer_jax.train.loop import status
-from animegamer_jax.data import batches
+from animegamer_jax.data.batches import REFERENCE, BatchBuilder, mined_reference_frames
 from animegamer_jax.train.model import phase_trainer, training_config
 from animegamer_jax.train.samples import sample_hook
 
@@ -213,12 +213,12 @@ def run_phase(config: ml_collections.ConfigDict, workdir: str, *, system_out: st
     if data is None:
         data = make_data(config, phase, micro // jax.process_count())
     ref_fn = None
-    if rec.batch is batches.REFERENCE and data_given is False:
-        ref_fn, how = batches.mined_reference_frames(phase_dataset_dir(config, phase), str(config.data.get("split", "train")),
+    if rec.batch is REFERENCE and data_given is False:
+        ref_fn, how = mined_reference_frames(phase_dataset_dir(config, phase), str(config.data.get("split", "train")),
                                              seed=int(config.seed))
         status("phase r references: %s", "another clip of the same character (mined over the dataset)"
                if how == "mined" else "within the batch (the dataset's clips carry no character labels)")
-    builder = batches.BatchBuilder(config, rec.batch, reference_frames=ref_fn)
+    builder = BatchBuilder(config, rec.batch, reference_frames=ref_fn)
     hooks = ()
     if int(t.sample_every) > 0 and rec.samples and "vae" in components:
         hooks = (sample_hook(trainer, config, workdir, int(t.sample_every)),)
