@@ -14,8 +14,7 @@ from jax.sharding import Mesh
 from animegamer_jax.aot import hlo_cost, programs, report
 from animegamer_jax.config import load_config
 from animegamer_jax.parallel import target
-from animegamer_jax.train import model_flops
-from animegamer_jax.train.model import phase_trainer
+from animegamer_jax.train import model, model_flops, phases
 from tests.subproc import run_python
 from tests.tpu import fsdp_step_hlo, tpu_devices
 
@@ -95,9 +94,9 @@ def test_tiny_phase_counts_follow_the_trained_set_and_the_features():
         c = programs._with_phase(cfg, phase)
         for k, v in over.items():
             c.train[k] = v
-        tr = phase_trainer(c, mesh, ())
         batch = programs.abstract_batch(c, phase, 2, mesh, ())
-        return model_flops.train_flops(tr.model_fn, tr.loss_fn, tr.trainable, batch)
+        return model_flops.train_flops(model.phase_model(c), phases.phase(phase).step_loss(c), model.phase_filter(c),
+                                       batch)
 
     full, paper = count("a2", dit_trainable="all"), count("a2", dit_trainable="paper")
     assert full.forward == paper.forward > 0 and full.frozen == paper.frozen > 0
