@@ -83,7 +83,7 @@ def time_train_step(prog, repeats: int):
     chains from step to step as in training."""
     tr = prog.trainer
     t0 = time.perf_counter()
-    compiled = prog.lower().compile()
+    compiled = prog.lower().compile(compiler_options=prog.compiler_options)  # as the train command compiles
     compile_s = time.perf_counter() - t0
     state, batch = tr.init(), tr.put_batch(random_batch(prog.batch))
     step = jax.device_put(jnp.asarray(0, jnp.int32), tr.replicated)
