@@ -20,7 +20,7 @@ import pytest
 from flax import nnx
 
 from animegamer_jax.diffusion import samplers
-from animegamer_jax.models import lora as lora_lib
+from animegamer_jax.models import layers as lora_lib
 from animegamer_jax.models.cogvideox import dit_convert as conv
 from animegamer_jax.models.cogvideox.dit import (CogVideoXDiT, DiTBlock, DiTConfig, TRAINABLE_SETS, flow_value,
                                                  merge_lora)
@@ -313,7 +313,7 @@ def test_trainable_filters():
     assert names("a2", "all") == every
     with pytest.raises(ValueError, match="trains \\('dit',\\), not 'mllm'"):
         trainable_filter("c", component="mllm")
-    # The one LoRA (models/lora.py): a filter on lora.LoRAParam finds the DiT's factors too.
+    # The one LoRA (models/layers.py): a filter on lora.LoRAParam finds the DiT's factors too.
     assert {".".join(map(str, p)) for p, _ in nnx.state(model, lora_lib.LoRAParam).flat_state()} == lora
 
 
@@ -478,7 +478,7 @@ def test_migrate_system_checkpoint_end_to_end(tmp_path):
 def test_prepare_for_inference_merges_and_casts():
     """Play's one-time weight preparation: LoRA merged + cast; fp32 result equals the unmerged model."""
     from animegamer_jax.models.cogvideox.dit import prepare_for_inference
-    from animegamer_jax.models.lora import LoRAParam
+    from animegamer_jax.models.layers import LoRAParam
 
     cfg = dataclasses.replace(CFG, lora_rank=4, lora_alpha=2.0)
     model = CogVideoXDiT(cfg, rngs=nnx.Rngs(3))

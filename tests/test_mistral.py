@@ -17,7 +17,7 @@ from flax import nnx
 from animegamer_jax.models.mistral import convert as mistral_convert
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.weights import load_state_dict, restore_state, save_state
-from animegamer_jax.models.lora import LoRAParam, merge_lora
+from animegamer_jax.models.layers import LoRAParam, merge_lora
 from tests.random_weights import random_model
 from tests.convert_checks import assert_names_bad_keys
 
@@ -270,7 +270,7 @@ _FULL_SIZE = textwrap.dedent(
         total += v.size
         if v.size >= 2**24 and tuple(shard) == tuple(v.shape):
             unsharded.append(".".join(map(str, path)))
-    from animegamer_jax.models.lora import LoRAParam
+    from animegamer_jax.models.layers import LoRAParam
     print(json.dumps({
         "base_v0.1": count_params(nnx.state(m0, nnx.Param)),
         "mllm_total": count_params(st),

@@ -16,7 +16,7 @@ from animegamer_jax.weights import ConversionError, restore_state
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.models.mistral import mllm
 from animegamer_jax.train.model import trainable_filter
-from animegamer_jax.models.lora import LoRAParam
+from animegamer_jax.models.layers import LoRAParam
 from tests.random_weights import random_model
 
 V, D, REP, Q = 96, 64, 24, 6

@@ -93,7 +93,7 @@ def test_int8_paper_width_hidden_within_tolerance():
     llm = nnx.merge(*jax.jit(lambda: nnx.split(mistral.Mistral(cfg, rngs=nnx.Rngs(0))))())
     ids = jnp.asarray(np.random.default_rng(0).integers(3, 32000, (1, 32)), jnp.int32)
     h0 = jax.jit(lambda m, i: m(i, return_logits=False).hidden)(llm, ids)
-    from animegamer_jax.models.lora import quantize_int8
+    from animegamer_jax.models.layers import quantize_int8
     g, s = nnx.split(llm)
     q = nnx.merge(g, jax.tree.map(lambda a: a, s))
     quantize_int8(q.layers)

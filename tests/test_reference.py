@@ -262,4 +262,39 @@ def test_phase_r_step_trains_only_the_adapter(given, tmp_path):
     res, changed = train_phase(cfg, batch, tmp_path)
     assert all(np.isfinite(v) for v in res.losses.values()) and len(res.losses) == 2
     assert changed and all(k.startswith("reference/") for k in changed), sorted(changed)[:5]
-    assert any(k.endswith("type_embed") for k in changed) and any(k.endswith("q_b") for k in changed)
+    assert any(k.endswith("type_embed") for k in changed) and any(k.endswith("q/lora_b") for k in changed)
+
+
+def test_adapters_stored_with_flat_factor_names_load_unchanged(tmp_path):
+    """Systems written before the reference and character LoRAs held `LoRAFactors` store their factors as
+    `lora.q_a`, ... (checkpoints/tiny_system's reference among them): they load into today's
+    `lora.q.lora_a`, ... with every array unchanged; a layout that is neither still fails naming today's keys."""
+    from animegamer_jax import checkpoint
+    from animegamer_jax.models.cogvideox.character import CharacterLoRAs, CharacterSpec
+    from animegamer_jax.models.cogvideox.reference import flat_factor_keys, nested_factor_keys
+    from animegamer_jax.models.registry import build_component
+    from configs import tiny
+
+    config = tiny.get_config()
+    spec = CharacterSpec(("Ann", "Bo"), lora_rank=2, lora_alpha=2.0)
+    build_chars = lambda c, r: CharacterLoRAs(c.dit, spec, rngs=r)  # noqa: E731
+    made = {"reference": build_component("reference", config, nnx.Rngs(3)), "characters": build_chars(config, nnx.Rngs(4))}
+    for m in made.values():  # every factor non-zero and distinct from its init
+        nnx.update(m, jax.tree.map(lambda a: a + 0.25, nnx.state(m)))
+    new = {n: checkpoint.pure_dict(m) for n, m in made.items()}
+    old = {n: flat_factor_keys(p) for n, p in new.items()}
+    assert sorted(old["reference"]["lora"]) == ["k_a", "k_b", "out_a", "out_b", "q_a", "q_b", "v_a", "v_b"]
+    assert sorted(old["characters"]["loras"][1]) == sorted(old["reference"]["lora"])
+    assert jax.tree.structure(nested_factor_keys(old["reference"])) == jax.tree.structure(new["reference"])
+    for layout, stored in (("old", old), ("new", new)):
+        d = checkpoint.save_system(str(tmp_path / layout), stored, config)
+        loaded = checkpoint.load_system(d, builders={"characters": build_chars})
+        for n in made:
+            got = checkpoint.pure_dict(loaded[n])
+            assert jax.tree.structure(got) == jax.tree.structure(new[n])
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(new[n])):
+                assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    bad = dict(old["reference"], lora={k.upper(): v for k, v in old["reference"]["lora"].items()})
+    d = checkpoint.save_system(str(tmp_path / "bad"), {"reference": bad}, config)
+    with pytest.raises(checkpoint.SystemCheckpointError, match=r"missing keys \['lora/k/lora_a'"):
+        checkpoint.load_system(d)

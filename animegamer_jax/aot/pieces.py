@@ -52,7 +52,7 @@ from animegamer_jax.models.cogvideox.reference import encode_reference
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE, VAEConfig
 from animegamer_jax.models.mistral import model as mistral
 from animegamer_jax.tokenizers.mllm_tokenizer import AnimeGamerTokenizer
-from animegamer_jax.models.lora import quantize_int8
+from animegamer_jax.models.layers import quantize_int8
 from animegamer_jax.models.mistral.mllm import num_queries
 
 

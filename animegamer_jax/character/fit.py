@@ -7,7 +7,7 @@ length, VAE-encoded once (posterior mean, scaled). Training is phase a2's loss u
 (train/losses.py ``decoder_loss``: v-prediction MSE with E_a of the instruction ``Character: NAME;
 Motion: calmly stands still; Background: a plain background.`` and the clip's first frame, the same
 CFG dropouts) on the system's DiT with its own LoRA merged and a fresh LoRA of rank ``rank``
-(models/lora.py, q/k/v/out of every layer) as the only trained parameters (Adam).
+(models/layers.py, q/k/v/out of every layer) as the only trained parameters (Adam).
 
 The result is a NEW system folder ``out``: the input system's files copied byte for byte
 (checkpoint/add.py) with the component ``characters`` holding every stored character's LoRA
@@ -43,7 +43,7 @@ from animegamer_jax.game.characters import CharacterError, character_from_bytes,
 from animegamer_jax.models.cogvideox import dit as dit_lib
 from animegamer_jax.models.cogvideox.character import (COMPONENT, CharacterLoRAs, CharacterSpec, factors_from_dit)
 from animegamer_jax.models.cogvideox.reference import ReferenceConfig
-from animegamer_jax.models.lora import LoRAParam
+from animegamer_jax.models.layers import LoRAParam
 from animegamer_jax.train.losses import decoder_loss
 
 #: file name endings read from an --images folder

@@ -29,7 +29,7 @@ from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.config_json import config_from_json, config_to_json
 from animegamer_jax.checkpoint.errors import CheckpointIntegrityError, SystemCheckpointError, fix_hint
 from animegamer_jax.checkpoint.integrity import INTEGRITY_FILE, verify_checkpoint, write_integrity
-from animegamer_jax.models.registry import COMPONENT_BUILDERS, COMPONENTS, Builder
+from animegamer_jax.models.registry import COMPONENT_BUILDERS, COMPONENTS, STORED_LAYOUTS, Builder
 from animegamer_jax.weights import count_params
 
 #: ``manifest/metadata`` ``"format"``
@@ -276,6 +276,8 @@ def load_system(
       verify: :func:`verify_checkpoint` mode run first (``"fast"``, ``"full"``), or None when the
         caller has just verified it.
 
+    A component stored in an older key layout (``models.registry.STORED_LAYOUTS``) is read through it.
+
     Returns:
       ``{name: module}`` for every requested component.
 
@@ -303,8 +305,20 @@ def load_system(
     for name in names:
         graphdefs[name], targets[name], _ = abstract_component(name, config, mesh, rules, builders)
     pure_targets = {n: pure_dict(targets[n]) for n in names}
+    old_layout = set()
     for n in names:
-        check_component(directory, n, pure_targets[n])
+        try:
+            check_component(directory, n, pure_targets[n])
+        except SystemCheckpointError:
+            if n not in STORED_LAYOUTS:
+                raise
+            stored = STORED_LAYOUTS[n][0](pure_targets[n])
+            try:
+                check_component(directory, n, stored)
+            except SystemCheckpointError:
+                check_component(directory, n, pure_targets[n])  # raise naming today's keys
+            pure_targets[n] = stored
+            old_layout.add(n)
     args = {n: ocp.args.PyTreeRestore(item=t, restore_args=array_restore_args(t)) for n, t in pure_targets.items()}
     try:
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
@@ -313,7 +327,8 @@ def load_system(
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise CheckpointIntegrityError(f"{directory}: reading component(s) {names} failed ({type(e).__name__}: "
                                        f"{first[:200]}). {fix_hint(directory)}") from None
-    return {n: _restore_into(graphdefs[n], targets[n], restored[n]) for n in names}
+    return {n: _restore_into(graphdefs[n], targets[n],
+                             STORED_LAYOUTS[n][1](restored[n]) if n in old_layout else restored[n]) for n in names}
 
 
 def _restore_into(graphdef: nnx.GraphDef, target: nnx.State, pure: dict) -> nnx.Module:

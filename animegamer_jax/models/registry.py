@@ -18,7 +18,9 @@ from flax import nnx
 from animegamer_jax.models.clip.model import CLIP
 from animegamer_jax.models.cogvideox.dit import CogVideoXDiT, DiTConfig
 from animegamer_jax.models.cogvideox.preview import PreviewDecoder
-from animegamer_jax.models.cogvideox.reference import ReferenceAdapter, ReferenceConfig
+from animegamer_jax.models.cogvideox.character import COMPONENT as CHARACTERS
+from animegamer_jax.models.cogvideox.reference import (ReferenceAdapter, ReferenceConfig, flat_factor_keys,
+                                                       nested_factor_keys)
 from animegamer_jax.models.cogvideox.vae import CogVideoXVAE
 from animegamer_jax.models.mistral.mllm import GameStateMLLM
 from animegamer_jax.models.shot_encoder.model import ShotEncoder
@@ -101,6 +103,16 @@ OPTIONAL_COMPONENTS: tuple[str, ...] = ("student", "reference", "preview")
 
 #: the component names of a whole system, in the order above (the optional ones not counted)
 COMPONENTS: tuple[str, ...] = tuple(n for n in COMPONENT_BUILDERS if n not in OPTIONAL_COMPONENTS)
+
+
+#: components that systems written before a change of their key layout store otherwise: name ->
+#: (today's pure dict -> the stored layout, the stored layout -> today's); the checkpoint loader reads
+#: through it when a stored component's keys are not today's (the reference and character LoRAs' factors
+#: became ``LoRAFactors``: ``lora.q_a`` -> ``lora.q.lora_a``)
+STORED_LAYOUTS: dict[str, tuple[Callable, Callable]] = {
+    "reference": (flat_factor_keys, nested_factor_keys),
+    CHARACTERS: (flat_factor_keys, nested_factor_keys),
+}
 
 
 def build_component(name: str, config: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:

@@ -44,6 +44,7 @@ from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param as _param
+from animegamer_jax.models.layers import LayerNorm, stacked
 from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
@@ -117,23 +118,6 @@ _zeros = jax.nn.initializers.zeros
 _ones = jax.nn.initializers.ones
 
 
-class LayerNorm(nnx.Module):
-    """LayerNorm over the last axis, computed in fp32. scale/bias: [D] logical ``norm``."""
-
-    def __init__(self, dim: int, eps: float, *, rngs: nnx.Rngs):
-        self.eps = eps
-        self.scale = _param(rngs, _ones, (dim,), ("norm",))
-        self.bias = _param(rngs, _zeros, (dim,), ("norm",))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        dtype = x.dtype
-        x = x.astype(jnp.float32)
-        mean = x.mean(-1, keepdims=True)
-        var = jnp.square(x - mean).mean(-1, keepdims=True)
-        y = (x - mean) * jax.lax.rsqrt(var + self.eps)
-        return (y * self.scale[...] + self.bias[...]).astype(dtype)
-
-
 class Dense(nnx.Module):
     """y = x @ kernel + bias. kernel (in, out) with logical names ``names``."""
 
@@ -198,15 +182,10 @@ class ResidualBlock(nnx.Module):
         return constrain(x, ("act_batch", "act_length", "act_embed"))
 
 
-def _stacked_blocks(n: int, make, rngs: nnx.Rngs) -> nnx.Module:
-    """Creates ``n`` blocks with params stacked on a leading ``layers`` axis."""
-
-    @nnx.split_rngs(splits=n)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def create(r: nnx.Rngs):
-        return make(r)
-
-    return create(rngs)
+def _stacked_blocks(cfg: "CLIPConfig", n: int, width: int, heads: int, mlp_dim: int, rngs: nnx.Rngs) -> nnx.Module:
+    """``n`` :class:`ResidualBlock` of one tower stacked on a leading ``layers`` axis."""
+    return stacked(n, lambda r: ResidualBlock(width, heads, mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r,
+                                              attention_impl=cfg.attention_impl), rngs)
 
 
 def _run_blocks(blocks: nnx.Module, x: jax.Array, n: int, mask: attention.AttentionMask | None,
@@ -323,12 +302,7 @@ class CLIPVisionTransformer(nnx.Module):
         self.class_embedding = _param(rngs, _normal, (d,), ("embed",))
         self.positional_embedding = _param(rngs, _normal, (cfg.num_patches + 1, d), (None, "embed"))
         self.ln_pre = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
-        self.blocks = _stacked_blocks(
-            cfg.vision_layers,
-            lambda r: ResidualBlock(d, cfg.vision_heads, cfg.vision_mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r,
-                                    attention_impl=cfg.attention_impl),
-            rngs,
-        )
+        self.blocks = _stacked_blocks(cfg, cfg.vision_layers, d, cfg.vision_heads, cfg.vision_mlp_dim, rngs)
         self.ln_post = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
 
     def embed(self, pixels: jax.Array) -> jax.Array:
@@ -377,12 +351,7 @@ class CLIPTextTransformer(nnx.Module):
         d = cfg.text_width
         self.token_embedding = _param(rngs, _normal, (cfg.text_vocab_size, d), ("vocab", "embed"))
         self.positional_embedding = _param(rngs, _normal, (cfg.text_context_length, d), (None, "embed"))
-        self.blocks = _stacked_blocks(
-            cfg.text_layers,
-            lambda r: ResidualBlock(d, cfg.text_heads, cfg.text_mlp_dim, cfg.hidden_act, cfg.layer_norm_eps, rngs=r,
-                                    attention_impl=cfg.attention_impl),
-            rngs,
-        )
+        self.blocks = _stacked_blocks(cfg, cfg.text_layers, d, cfg.text_heads, cfg.text_mlp_dim, rngs)
         self.ln_final = LayerNorm(d, cfg.layer_norm_eps, rngs=rngs)
 
     def __call__(self, ids: jax.Array) -> jax.Array:

@@ -1,12 +1,12 @@
 """Named character LoRAs of the DiT: the checkpoint component ``characters`` (``character fit``).
 
 Each stored character is one low-rank update of the DiT's attention projections (q, k, v and the
-output projection of every layer), shaped as the DiT's own LoRA (SAT lora2, models/lora.py) and as
-the reference adapter's per-layer set: a stacked :class:`~animegamer_jax.models.cogvideox.reference.ReferenceLoRA`
-(``q_a`` [num_layers, D, r], ``q_b`` [num_layers, r, N, H], ..., ``out_a`` [num_layers, N, H, r],
-``out_b`` [num_layers, r, D]) with the scaling ``alpha / r``. A turn that names the character samples with the DiT whose attention kernels
-have that update folded in (:func:`merge_character`, the one LoRA formula ``models.lora.lora_delta``);
-every other turn samples with the DiT as it is.
+output projection of every layer), held as the reference adapter's per-layer set: a stacked
+:class:`~animegamer_jax.models.cogvideox.reference.ReferenceLoRA` of the one LoRA factor class
+(``q.lora_a`` [num_layers, D, r], ``q.lora_b`` [num_layers, r, N, H], ..., ``out.lora_a`` [num_layers, N, H, r],
+``out.lora_b`` [num_layers, r, D], scaling ``alpha / r``). A turn that names the character samples with
+the DiT whose attention kernels have that update folded in (:func:`merge_character`,
+``LoRAFactors.delta``); every other turn samples with the DiT as it is.
 
 The names, rank and alpha live in the system's manifest (``"characters": {"names": [...],
 "lora_rank": r, "lora_alpha": alpha}``, :class:`CharacterSpec`); character i is ``loras[i]``.
@@ -22,11 +22,11 @@ import jax.numpy as jnp
 from flax import nnx
 
 from animegamer_jax.models.cogvideox.reference import ReferenceConfig, ReferenceLoRA
-from animegamer_jax.models.lora import lora_delta
+from animegamer_jax.models.layers import stacked
 
 #: the checkpoint component and the manifest key
 COMPONENT = "characters"
-#: the DiT attention projections a character LoRA updates, and their ReferenceLoRA factor prefixes
+#: the DiT attention projections a character LoRA updates, and their ReferenceLoRA factors
 PROJECTIONS = (("to_q", "q"), ("to_k", "k"), ("to_v", "v"), ("to_out", "out"))
 
 
@@ -62,12 +62,7 @@ class CharacterSpec:
 
 
 def _stacked(cfg: ReferenceConfig, rngs: nnx.Rngs) -> ReferenceLoRA:
-    @nnx.split_rngs(splits=cfg.num_layers)
-    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-    def make(r: nnx.Rngs) -> ReferenceLoRA:
-        return ReferenceLoRA(cfg, rngs=r)
-
-    return make(rngs)
+    return stacked(cfg.num_layers, lambda r: ReferenceLoRA(cfg, rngs=r), rngs)
 
 
 class CharacterLoRAs(nnx.Module):
@@ -88,20 +83,18 @@ def factors_from_dit(dit: nnx.Module, cfg: ReferenceConfig) -> ReferenceLoRA:
     out = _stacked(cfg, nnx.Rngs(0))
     attn = dit.blocks.attn1
     for proj, short in PROJECTIONS:
-        m = getattr(attn, proj)
-        getattr(out, f"{short}_a")[...] = m.lora_a[...].astype(getattr(out, f"{short}_a")[...].dtype)
-        getattr(out, f"{short}_b")[...] = m.lora_b[...].astype(getattr(out, f"{short}_b")[...].dtype)
+        m, f = getattr(attn, proj), getattr(out, short)
+        f.lora_a[...] = m.lora_a[...].astype(f.lora_a[...].dtype)
+        f.lora_b[...] = m.lora_b[...].astype(f.lora_b[...].dtype)
     return out
 
 
 def merge_character(dit: nnx.Module, lora: ReferenceLoRA) -> None:
     """Folds character ``lora`` into the LoRA-free DiT ``dit`` in place: each attention kernel
-    ``W [num_layers, *in, *out]`` becomes ``W + (alpha/r) A . B`` (computed in fp32, stored in W's dtype).
+    ``W [num_layers, *in, *out]`` becomes ``W + (alpha/r) A . B`` (``LoRAFactors.delta``: fp32, stored in W's dtype).
     Traceable (play jits it once per stored character)."""
     attn = dit.blocks.attn1
     for proj, short in PROJECTIONS:
         k = getattr(attn, proj).kernel
-        d = lora_delta(getattr(lora, f"{short}_a")[...], getattr(lora, f"{short}_b")[...], lora.scaling,
-                       2 if short == "out" else 1)
-        k[...] = (k[...].astype(jnp.float32) + d).astype(k[...].dtype)
+        k[...] = (k[...].astype(jnp.float32) + getattr(lora, short).delta()).astype(k[...].dtype)
 

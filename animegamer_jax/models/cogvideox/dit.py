@@ -18,7 +18,7 @@ Architectural notes not obvious from the reference:
   * LayerNorm eps: block norms and `final_layernorm` use `norm_eps` (1e-5, SAT default), q/k norms use
     `qk_norm_eps` (1e-6); the final-layer norm uses `final_norm_eps` (SAT 1e-6, diffusers 1e-5).
   * LoRA with SAT `lora2` semantics (docs/dit.md#lora): separate A/B for q, k and v and for the output projection,
-    `out = W x + b + (alpha / r) * B A x`, through the one LoRA module (models/lora.py `LoRAEinsum`,
+    `out = W x + b + (alpha / r) * B A x`, through the one LoRA module (models/layers.py `LoRAEinsum`,
     `LoRAParam`); `merge_lora` folds it into the base weights for inference.
   * `DiTBlock` is an NNX module (submodules named after diffusers' `CogVideoXBlock`: norm1, norm2,
     attn1.{to_q,to_k,to_v,norm_q,norm_k,to_out}, ff.{proj_in,proj_out}, plus the 12-chunk `adaln`);
@@ -44,8 +44,8 @@ from flax import nnx
 from animegamer_jax.models import attention
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param as _param
-from animegamer_jax.models.lora import LoRAEinsum
-from animegamer_jax.models.lora import merge_lora as merge_lora_in_place
+from animegamer_jax.models.layers import LayerNorm, LoRAEinsum, layer_norm, stacked
+from animegamer_jax.models.layers import merge_lora as merge_lora_in_place
 from animegamer_jax.parallel import constrain
 
 Array = jax.Array
@@ -218,17 +218,6 @@ def sincos_pos_embed_3d(dim: int, frames: int, height: int, width: int, spatial_
     return table.reshape(frames * height * width, dim)
 
 
-def _layer_norm(x: Array, scale: Array | None, bias: Array | None, eps: float) -> Array:
-    """LayerNorm over the last axis in float32, returned in x's dtype."""
-    xf = x.astype(jnp.float32)
-    mean = xf.mean(-1, keepdims=True)
-    var = jnp.square(xf - mean).mean(-1, keepdims=True)
-    y = (xf - mean) * jax.lax.rsqrt(var + eps)
-    if scale is not None:
-        y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
-    return y.astype(x.dtype)
-
-
 class MLPEmbedder(nnx.Module):
     """Linear(D -> E), SiLU, Linear(E -> E) (SAT `time_embed` / `flow_embed`, diffusers `TimestepEmbedding`)."""
 
@@ -248,22 +237,9 @@ class MLPEmbedder(nnx.Module):
         return h @ self.linear_2_kernel[...].astype(dt) + self.linear_2_bias[...].astype(dt)
 
 
-class LayerNorm(nnx.Module):
-    """LayerNorm over the last axis with `scale` / `bias` [dim] (statistics in float32, see `_layer_norm`)."""
-
-    def __init__(self, dim: int, eps: float, *, param_dtype: Any):
-        self.eps = float(eps)
-        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=("norm",))
-        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), out_sharding=("norm",))
-
-    def __call__(self, x: Array) -> Array:
-        """x [..., dim] -> [..., dim] in x's dtype."""
-        return _layer_norm(x, self.scale[...], self.bias[...], self.eps)
-
-
 def _dense(cfg: DiTConfig, ins: tuple[int, ...], outs: tuple[int, ...], in_axes: tuple[str, ...],
            out_axes: tuple[str, ...], *, rngs: nnx.Rngs, lora: bool = False) -> LoRAEinsum:
-    """A biased projection of the DiT (the one LoRA module, models/lora.py); LoRA only where `lora`."""
+    """A biased projection of the DiT (the one LoRA module, models/layers.py); LoRA only where `lora`."""
     return LoRAEinsum(ins, outs, in_axes=in_axes, out_axes=out_axes, rank=cfg.lora_rank if lora else 0,
                       alpha=cfg.lora_alpha, use_bias=True, dtype=jnp.dtype(cfg.dtype),
                       param_dtype=jnp.dtype(cfg.param_dtype), kernel_init=_fan_in_normal(math.prod(ins)),
@@ -410,13 +386,7 @@ class CogVideoXDiT(nnx.Module):
             self.flow_embed = MLPEmbedder(D, E, zero_out=True, param_dtype=pd, rngs=rngs)
         if cfg.use_guidance:
             self.guidance_embed = MLPEmbedder(D, E, zero_out=True, param_dtype=pd, rngs=rngs)
-
-        @nnx.split_rngs(splits=cfg.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def make_blocks(r: nnx.Rngs) -> DiTBlock:
-            return DiTBlock(cfg, rngs=r)
-
-        self.blocks = make_blocks(nnx.Rngs(params=next(k)))
+        self.blocks = stacked(cfg.num_layers, lambda r: DiTBlock(cfg, rngs=r), nnx.Rngs(params=next(k)))
         self.final_norm_scale = _param(next(k), _ones, (D,), ("norm",), pd)
         self.final_norm_bias = _param(next(k), _zeros, (D,), ("norm",), pd)
         self.out_adaln_kernel = _param(next(k), _fan_in_normal(E), (E, 2, D), (None, None, "embed"), pd)
@@ -498,11 +468,11 @@ class CogVideoXDiT(nnx.Module):
             img = img[:, :lv]
 
         # The conditioning tokens are dropped after the (per-token) final_layernorm.
-        img = _layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
+        img = layer_norm(img, self.final_norm_scale[...], self.final_norm_bias[...], cfg.norm_eps)
         # C here: the output adaLN's 2 chunks (shift, scale), not channels
         mod = jnp.einsum("BE,ECD->BCD", jax.nn.silu(emb), self.out_adaln_kernel[...].astype(dt))
         mod = constrain(mod + self.out_adaln_bias[...].astype(dt)[None], ("act_batch", None, "act_embed"))
-        img = _layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)
+        img = layer_norm(img, self.out_norm_scale[...], self.out_norm_bias[...], cfg.final_norm_eps)
         img = img * (1 + mod[:, 1][:, None]) + mod[:, 0][:, None]
         out = img @ self.proj_out_kernel[...].astype(dt) + self.proj_out_bias[...].astype(dt)
         return einops.rearrange(out, "B (T h w) (C p q) -> B T C (h p) (w q)", T=T, h=h, w=w, p=p, q=p)

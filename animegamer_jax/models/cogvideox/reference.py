@@ -5,29 +5,29 @@ latents, :func:`encode_reference`), joins the DiT's sequence as extra video toke
 concatenation, docs/dit.md#reference-conditioning): it is patchified with the DiT's own patch
 embedding, gets the frame-0 spatial sin-cos position of the video tokens plus this adapter's learned
 ``type_embed`` [D], and is appended after the video tokens; the DiT drops those tokens before its
-output layer. While a reference is given, this adapter's own LoRA set (``lora`` per layer: q, k, v
-and the output projection, the one LoRA formula ``models.lora.low_rank_update``) is added to the
+output layer. While a reference is given, this adapter's own LoRA set (``lora`` per layer: the one
+LoRA factor class ``models.layers.LoRAFactors`` for q, k, v and the output projection) is added to the
 DiT's attention projections for every token. Without a reference the DiT never touches the adapter,
 so its output is exactly that of a DiT without one.
 
 Parameters (docs/design.md#dimension-letters: ``D`` width, ``N`` heads, ``H`` head dim, ``r`` =
-``reference_lora_rank``): ``type_embed`` [D]; ``lora.{q,k,v}_a`` [num_layers, D, r], ``lora.{q,k,v}_b``
-[num_layers, r, N, H], ``lora.out_a`` [num_layers, N, H, r], ``lora.out_b`` [num_layers, r, D]
-(``LoRAParam``; the B factors start at zero, so a fresh adapter changes the attention weights by
-nothing and the reference acts through attention alone).
+``reference_lora_rank``): ``type_embed`` [D]; ``lora.{q,k,v}.lora_a`` [num_layers, D, r],
+``lora.{q,k,v}.lora_b`` [num_layers, r, N, H], ``lora.out.lora_a`` [num_layers, N, H, r], ``lora.out.lora_b``
+[num_layers, r, D] (the B factors start at zero, so a fresh adapter changes the attention weights by
+nothing and the reference acts through attention alone). Systems stored before the factors were
+``LoRAFactors`` name them ``lora.q_a``, ...: they load through :func:`flat_factor_keys`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from animegamer_jax.models.lora import LoRAParam, low_rank_update
+from animegamer_jax.models.layers import LoRAFactors, stacked
 
 Array = jax.Array
 
@@ -58,30 +58,50 @@ class ReferenceConfig:
                    param_dtype=str(get("param_dtype", "float32")))
 
 
-def _uniform(key: Array, shape: tuple[int, ...], dtype: Any, fan_in: int) -> Array:
-    bound = 1.0 / math.sqrt(fan_in)
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
+#: the attention projections a reference or character LoRA updates (``q``, ``k``, ``v``: D -> N x H;
+#: ``out``: N x H -> D)
+PROJECTIONS = ("q", "k", "v", "out")
 
 
 class ReferenceLoRA(nnx.Module):
-    """One layer's reference LoRA factors on the attention's q, k, v (``D -> N x H``) and out (``N x H -> D``)."""
+    """One layer's LoRA of the DiT's attention: a :class:`~animegamer_jax.models.layers.LoRAFactors` per
+    projection of :data:`PROJECTIONS` (the reference adapter's, and each stored character's)."""
 
     def __init__(self, cfg: ReferenceConfig, *, rngs: nnx.Rngs):
-        D, N, H, r, pd = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.lora_rank, jnp.dtype(cfg.param_dtype)
-        self.scaling = cfg.scaling
-        ks = jax.random.split(rngs.params(), 4)
-        for i, name in enumerate(("q", "k", "v")):
-            setattr(self, f"{name}_a", LoRAParam(_uniform(ks[i], (D, r), pd, D), out_sharding=("embed", "lora")))
-            setattr(self, f"{name}_b", LoRAParam(jnp.zeros((r, N, H), pd),
-                                                 out_sharding=("lora", "heads", "head_dim")))
-        self.out_a = LoRAParam(_uniform(ks[3], (N, H, r), pd, N * H), out_sharding=("heads", "head_dim", "lora"))
-        self.out_b = LoRAParam(jnp.zeros((r, D), pd), out_sharding=("lora", "embed"))
+        D, N, H, pd = cfg.hidden_size, cfg.num_heads, cfg.head_dim, jnp.dtype(cfg.param_dtype)
+        embed, heads = ((D,), ("embed",)), ((N, H), ("heads", "head_dim"))
+        for key, name in zip(jax.random.split(rngs.params(), 4), PROJECTIONS):
+            (ins, in_axes), (outs, out_axes) = (heads, embed) if name == "out" else (embed, heads)
+            setattr(self, name, LoRAFactors(ins, outs, in_axes=in_axes, out_axes=out_axes, rank=cfg.lora_rank,
+                                            alpha=cfg.lora_alpha, param_dtype=pd, rngs=key))
 
     def update(self, name: str, x: Array, dtype: Any) -> Array:
         """The LoRA branch of projection ``name`` ("q", "k", "v": x [..., D] -> [..., N, H]; "out":
         x [..., N, H] -> [..., D]) in ``dtype``."""
-        a, b = getattr(self, f"{name}_a")[...], getattr(self, f"{name}_b")[...]
-        return low_rank_update(x, a, b, self.scaling, 2 if name == "out" else 1, dtype)
+        return getattr(self, name).update(x, dtype)
+
+
+def flat_factor_keys(tree: Any) -> Any:
+    """A pure dict of the ``reference`` or ``characters`` component in the layout stored before their
+    factors were :class:`LoRAFactors`: ``{"q": {"lora_a": A, "lora_b": B}, ...}`` -> ``{"q_a": A, "q_b": B,
+    ...}`` wherever it occurs (``models.registry.STORED_LAYOUTS``: the checkpoint loader reads such
+    systems through it)."""
+    if not isinstance(tree, dict):
+        return tree
+    if set(tree) == set(PROJECTIONS) and all(isinstance(v, dict) and set(v) == {"lora_a", "lora_b"}
+                                             for v in tree.values()):
+        return {f"{n}_{s}": tree[n][f"lora_{s}"] for n in PROJECTIONS for s in "ab"}
+    return {k: flat_factor_keys(v) for k, v in tree.items()}
+
+
+def nested_factor_keys(tree: Any) -> Any:
+    """The inverse of :func:`flat_factor_keys`: ``{"q_a": A, "q_b": B, ...}`` -> ``{"q": {"lora_a": A,
+    "lora_b": B}, ...}`` wherever it occurs."""
+    if not isinstance(tree, dict):
+        return tree
+    if set(tree) == {f"{n}_{s}" for n in PROJECTIONS for s in "ab"}:
+        return {n: {f"lora_{s}": tree[f"{n}_{s}"] for s in "ab"} for n in PROJECTIONS}
+    return {k: nested_factor_keys(v) for k, v in tree.items()}
 
 
 class ReferenceAdapter(nnx.Module):
@@ -94,13 +114,7 @@ class ReferenceAdapter(nnx.Module):
         k_type, k_lora = jax.random.split(rngs.params())
         self.type_embed = nnx.Param(0.02 * jax.random.normal(k_type, (cfg.hidden_size,), jnp.dtype(cfg.param_dtype)),
                                     out_sharding=("embed",))
-
-        @nnx.split_rngs(splits=cfg.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def make(r: nnx.Rngs) -> ReferenceLoRA:
-            return ReferenceLoRA(cfg, rngs=r)
-
-        self.lora = make(nnx.Rngs(params=k_lora))
+        self.lora = stacked(cfg.num_layers, lambda r: ReferenceLoRA(cfg, rngs=r), nnx.Rngs(params=k_lora))
 
 
 def encode_reference(vae: nnx.Module, images: Array, scaling_factor: float) -> Array:

@@ -40,8 +40,8 @@ from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import MLLM_QUANTIZE
 from animegamer_jax.models import attention as attn
 from animegamer_jax.models.mistral import model as mistral_model
-from animegamer_jax.models import lora as lora_lib
-from animegamer_jax.models.lora import LoRAEinsum
+from animegamer_jax.models import layers as lora_lib
+from animegamer_jax.models.layers import LoRAEinsum
 from animegamer_jax.parallel import mesh as pmesh
 
 IGNORE_INDEX = -100
@@ -337,7 +337,7 @@ def quantize_weights(mllm: "GameStateMLLM", mode: str) -> "GameStateMLLM":
     """The MLLM with its Mistral decoder's linear weights (q/k/v/o, gate/up/down) quantized, jitted.
 
     ``mode`` "int8": weight-only int8 with one float32 scale per output channel
-    (:meth:`~animegamer_jax.models.lora.LoRAEinsum.quantize_int8`, LoRA merged first); activations stay
+    (:meth:`~animegamer_jax.models.layers.LoRAEinsum.quantize_int8`, LoRA merged first); activations stay
     in ``mllm.dtype`` and the dots are XLA's int8 x bf16 ``dot_general`` with fp32 accumulation. Embeddings,
     ``lm_head``, norms and the resamplers keep their dtype. "none" returns ``mllm`` unchanged. Returns a new
     module (``mllm`` is not modified).

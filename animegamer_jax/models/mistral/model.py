@@ -46,7 +46,7 @@ from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models import attention as attn
-from animegamer_jax.models.lora import LoRAEinsum
+from animegamer_jax.models.layers import LoRAEinsum, RMSNorm
 from animegamer_jax.parallel import mesh as pmesh
 from animegamer_jax.parallel import target
 
@@ -134,19 +134,9 @@ class MistralOutput:
     cache: KVCache | None
 
 
-class RMSNorm(nnx.Module):
-    """HF MistralRMSNorm: ``w * (x / sqrt(mean(x^2) + eps))`` with fp32 statistics; x [..., D]."""
-
-    def __init__(self, dim: int, eps: float, *, param_dtype: Any = jnp.float32):
-        self.eps = float(eps)
-        self.weight = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=("norm",))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        dt = x.dtype
-        xf = x.astype(jnp.float32)
-        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        # HF casts the normalized activations back before the weight multiply.
-        return self.weight[...].astype(dt) * xf.astype(dt)
+def _rms_norm(dim: int, eps: float, param_dtype: Any) -> RMSNorm:
+    """HF MistralRMSNorm: the one RMSNorm with HF's weight name and its cast before the weight multiply."""
+    return RMSNorm(dim, eps, param_name="weight", cast_first=True, param_dtype=param_dtype)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
@@ -206,8 +196,8 @@ class DecoderLayer(nnx.Module):
                 dropout=cfg.lora_dropout, dtype=dt, param_dtype=pdt, rngs=rngs,
             )
 
-        self.input_layernorm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
-        self.post_attention_layernorm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
+        self.input_layernorm = _rms_norm(d, cfg.rms_norm_eps, pdt)
+        self.post_attention_layernorm = _rms_norm(d, cfg.rms_norm_eps, pdt)
         self.q_proj = lin("q_proj", (d,), (n, h), ("embed",), ("heads", "head_dim"))
         self.k_proj = lin("k_proj", (d,), (kv, h), ("embed",), ("kv_heads", "head_dim"))
         self.v_proj = lin("v_proj", (d,), (kv, h), ("embed",), ("kv_heads", "head_dim"))
@@ -299,7 +289,7 @@ class Mistral(nnx.Module):
             return DecoderLayer(cfg, rngs=nnx.Rngs(params=key))
 
         self.layers = make_layers(layer_keys)
-        self.norm = RMSNorm(d, cfg.rms_norm_eps, param_dtype=pdt)
+        self.norm = _rms_norm(d, cfg.rms_norm_eps, pdt)
         self.lm_head = nnx.Param(
             jax.random.normal(rngs.params(), (d, v), pdt) * 0.02, out_sharding=("embed", "vocab")
         )

@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from animegamer_jax.models.clip.model import Dense, LayerNorm
+from animegamer_jax.models.clip.model import Dense
+from animegamer_jax.models.layers import LayerNorm
 from animegamer_jax.parallel import constrain
 
 

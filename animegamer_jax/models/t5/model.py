@@ -31,6 +31,7 @@ from flax import nnx
 
 from animegamer_jax.models import remat as remat_lib
 from animegamer_jax.models.common import param
+from animegamer_jax.models.layers import RMSNorm, stacked
 from animegamer_jax.models import attention
 from animegamer_jax.parallel import constrain
 
@@ -86,20 +87,6 @@ def relative_position_buckets(q_len: int, k_len: int, num_buckets: int, max_dist
 def _param(rngs, shape, names, std=1.0):
     """N(0, std) float32 parameter (``models/common.param``)."""
     return param(rngs, jax.nn.initializers.normal(std), shape, names)
-
-
-class RMSNorm(nnx.Module):
-    """T5 layer norm: x * rsqrt(mean(x^2) + eps) * scale (fp32 statistics, no mean, no bias)."""
-
-    def __init__(self, dim: int, eps: float, *, rngs: nnx.Rngs):
-        self.eps = eps
-        ones = nnx.with_partitioning(jax.nn.initializers.ones, ("norm",))
-        self.scale = nnx.Param(ones(rngs.params(), (dim,), jnp.float32))
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        xf = x.astype(jnp.float32)
-        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...]).astype(x.dtype)
 
 
 class T5Attention(nnx.Module):
@@ -165,13 +152,7 @@ class T5Encoder(nnx.Module):
         self.shared = _param(rngs, (cfg.vocab_size, cfg.d_model), ("vocab", "embed"))
         self.relative_attention_bias = _param(rngs, (cfg.relative_attention_num_buckets, cfg.num_heads),
                                               (None, "heads"))
-
-        @nnx.split_rngs(splits=cfg.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
-        def create(r: nnx.Rngs):
-            return T5Block(cfg, rngs=r)
-
-        self.blocks = create(rngs)
+        self.blocks = stacked(cfg.num_layers, lambda r: T5Block(cfg, rngs=r), rngs)
         self.final_layer_norm = RMSNorm(cfg.d_model, cfg.layer_norm_eps, rngs=rngs)
 
     @classmethod

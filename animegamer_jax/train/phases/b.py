@@ -5,7 +5,7 @@ batches with ``lm_loss_scale CE + rec_loss_scale MSE`` against the frozen E_a's 
 from flax import nnx
 
 from animegamer_jax.data import batches
-from animegamer_jax.models.lora import LoRAParam
+from animegamer_jax.models.layers import LoRAParam
 from animegamer_jax.models.mistral import model as mistral_model
 from animegamer_jax.train import losses
 from animegamer_jax.train.phases.base import Phase, path_has

@@ -17,7 +17,7 @@ from flax import nnx
 
 from animegamer_jax.data.batches import BatchKind
 from animegamer_jax.models.cogvideox import dit as cogvideox_dit
-from animegamer_jax.models.lora import LoRAParam
+from animegamer_jax.models.layers import LoRAParam
 from animegamer_jax.train.losses import LossFn
 
 

@@ -1,25 +1,17 @@
-"""Generic LoRA: a linear / einsum parameter set with optional low-rank adapters.
+"""The layers every model family shares: one LayerNorm, one RMSNorm, the einsum projection with its LoRA.
 
-A :class:`LoRAEinsum` maps ``x[..., *in_features] -> y[..., *out_features]`` with a kernel of shape
-``[*in_features, *out_features]`` (so multi-head projections keep their head axes, gemma style) and,
-when ``rank > 0``, adds the LoRA update of Hu et al. 2021 as implemented by ``peft`` (the reference
-of AnimeGamer's MLLM, docs/mllm.md#lora)::
-
-    y = x . W  +  (alpha / rank) * (dropout(x) . A) . B
-
-with ``A: [*in_features, rank]`` (peft ``lora_A.weight`` transposed, kaiming-uniform init) and
-``B: [rank, *out_features]`` (peft ``lora_B.weight`` transposed, zero init), so a fresh adapter is
-an exact no-op. :func:`merge_lora` folds ``scaling * A . B`` into ``W`` for inference.
-
-Nothing here knows a model: Mistral's projections and the DiT's (attention q/k/v/out with LoRA,
-adaLN and MLP without) are all this module. Modules created under ``nnx.vmap`` (stacked
-layers) carry leading axes on every parameter; :func:`merge_lora` handles them.
+:class:`LoRAEinsum` maps ``x[..., *in_features] -> y[..., *out_features]`` with a kernel
+``[*in_features, *out_features]`` (multi-head projections keep their head axes) plus, when ``rank > 0``,
+the LoRA update of Hu et al. 2021 as ``peft`` implements it (docs/mllm.md#lora):
+``y = x . W + (alpha / rank) * (dropout(x) . A) . B``, with ``A [*in, r]`` (kaiming-uniform) and
+``B [r, *out]`` (zero: a fresh adapter is an exact no-op). The factors are :class:`LoRAFactors`, the one
+LoRA factor class, which the DiT's reference adapter and character LoRAs store too.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -27,6 +19,82 @@ import jax.numpy as jnp
 from flax import nnx
 
 Axes = Sequence[str | None]
+
+
+def stacked(n: int, make: Callable[[nnx.Rngs], nnx.Module], rngs: nnx.Rngs) -> nnx.Module:
+    """``n`` modules ``make(rngs_i)`` (``rngs`` split ``n`` ways) as one module whose every parameter has a
+    leading axis of size ``n``, logical name ``layers``: the layer stacks a scan runs."""
+
+    @nnx.split_rngs(splits=n)
+    @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+    def create(r: nnx.Rngs) -> nnx.Module:
+        return make(r)
+
+    return create(rngs)
+
+
+def _draw(rngs: nnx.Rngs | None, n: int) -> None:
+    """Draws ``n`` keys of the ``params`` stream of ``rngs`` (none when None): a norm built with ``rngs``
+    takes one per parameter, as CLIP's and T5's did, so the random weights built after it keep their
+    values (the norms' own weights are ones and zeros)."""
+    for _ in range(n if rngs is not None else 0):
+        rngs.params()
+
+
+def layer_norm(x: jax.Array, scale: jax.Array | None, bias: jax.Array | None, eps: float) -> jax.Array:
+    """LayerNorm over the last axis with statistics in float32, returned in x's dtype; ``scale`` / ``bias``
+    [D] applied in float32 when given (None: no affine, the DiT's adaLN norms)."""
+    xf = x.astype(jnp.float32)
+    mean = xf.mean(-1, keepdims=True)
+    var = jnp.square(xf - mean).mean(-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    if scale is not None:
+        y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """The one LayerNorm: :func:`layer_norm` with ``scale`` (ones) and ``bias`` (zeros) [D], logical axis
+    ``norm``, stored in ``param_dtype``. x [..., D] -> [..., D] in x's dtype. ``rngs``: see :func:`_draw`."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype: Any = jnp.float32, rngs: nnx.Rngs | None = None):
+        self.eps = float(eps)
+        _draw(rngs, 2)
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=("norm",))
+        self.bias = nnx.Param(jnp.zeros((dim,), param_dtype), out_sharding=("norm",))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return layer_norm(x, self.scale[...], self.bias[...], self.eps)
+
+
+class RMSNorm(nnx.Module):
+    """The one RMSNorm: ``w * x / sqrt(mean(x^2) + eps)`` over the last axis, statistics in float32, no
+    mean, no bias. x [..., D] -> [..., D] in x's dtype.
+
+    Args:
+      dim, eps: the width D and epsilon.
+      param_name: the weight's name, ``scale`` (T5) or ``weight`` (Mistral: HF's name, kept in checkpoints).
+      cast_first: cast the normalized x to x's dtype before the weight multiply (HF MistralRMSNorm);
+        False multiplies in float32 and casts after (T5).
+      param_dtype: the weight's storage dtype; rngs: see :func:`_draw`.
+    """
+
+    def __init__(self, dim: int, eps: float, *, param_name: str = "scale", cast_first: bool = False,
+                 param_dtype: Any = jnp.float32, rngs: nnx.Rngs | None = None):
+        self.eps = float(eps)
+        _draw(rngs, 1)
+        self.param_name = param_name
+        self.cast_first = bool(cast_first)
+        setattr(self, param_name, nnx.Param(jnp.ones((dim,), param_dtype), out_sharding=("norm",)))
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = x.dtype
+        w = getattr(self, self.param_name)[...]
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.cast_first:
+            return w.astype(dt) * xf.astype(dt)
+        return (xf * w.astype(jnp.float32)).astype(dt)
 
 
 class LoRAParam(nnx.Param):
@@ -42,9 +110,7 @@ def _uniform_fan_in(key: jax.Array, shape: Sequence[int], dtype: Any, fan_in: in
 def low_rank_update(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scaling: float, n_in: int,
                     dtype: Any) -> jax.Array:
     """The LoRA branch ``scaling * (x . A) . B`` in ``dtype``: ``x [..., *in]``, ``A [*in, r]``,
-    ``B [r, *out]`` -> ``[..., *out]``; ``n_in`` = number of contracted input dims. The one LoRA
-    formula: :class:`LoRAEinsum` adds it to its base map, the DiT's reference adapter
-    (models/cogvideox/reference.py) adds it to the DiT's attention projections."""
+    ``B [r, *out]`` -> ``[..., *out]``; ``n_in`` = number of contracted input dims."""
     low = jnp.tensordot(x.astype(dtype), lora_a.astype(dtype), axes=n_in)
     return scaling * jnp.tensordot(low, lora_b.astype(dtype), axes=1)
 
@@ -52,8 +118,7 @@ def low_rank_update(x: jax.Array, lora_a: jax.Array, lora_b: jax.Array, scaling:
 def lora_delta(lora_a: jax.Array, lora_b: jax.Array, scaling: float, n_in: int) -> jax.Array:
     """``scaling * A . B`` in fp32, the weight update a LoRA adds: ``A (*lead, *in, r)``, ``B (*lead, r,
     *out)`` -> ``(*lead, *in, *out)`` (leading stacked axes, e.g. "layers", kept); ``n_in`` = number of
-    input dims. :meth:`LoRAEinsum.delta` and the DiT's character LoRAs (models/cogvideox/character.py)
-    merge with it."""
+    input dims."""
     a = lora_a.astype(jnp.float32)
     b = lora_b.astype(jnp.float32)
     rank = a.shape[-1]
@@ -64,7 +129,55 @@ def lora_delta(lora_a: jax.Array, lora_b: jax.Array, scaling: float, n_in: int) 
     return (jnp.matmul(a2, b2) * scaling).reshape(lead + ins + outs)
 
 
-class LoRAEinsum(nnx.Module):
+class LoRAFactors(nnx.Module):
+    """The one LoRA factor class: ``lora_a [*in, r]`` (kaiming-uniform ``U(+-1/sqrt(fan_in))``) and
+    ``lora_b [r, *out]`` (zeros), :class:`LoRAParam`, LoRA rank axis named ``"lora"``; ``rank`` 0 holds
+    none (both None). The update is ``(alpha / rank) * (x . A) . B`` (:meth:`update`), its weight
+    :meth:`delta`. :class:`LoRAEinsum` holds its adapter as these factors; the DiT's reference adapter
+    and character LoRAs hold one per attention projection.
+
+    Args:
+      in_features / out_features, in_axes / out_axes: the projection's dims and their logical names.
+      rank, alpha: LoRA rank and alpha (peft scaling ``alpha / rank``, not rsLoRA).
+      param_dtype: storage dtype.
+      rngs: an ``nnx.Rngs`` (its ``params`` stream drawn once) or the PRNG key of ``lora_a``.
+    """
+
+    def __init__(self, in_features: Sequence[int], out_features: Sequence[int], *, in_axes: Axes, out_axes: Axes,
+                 rank: int, alpha: float, param_dtype: Any = jnp.float32, rngs: nnx.Rngs | jax.Array):
+        self._init_factors(tuple(int(d) for d in in_features), tuple(int(d) for d in out_features), in_axes,
+                           out_axes, rank, alpha, param_dtype, rngs)
+
+    def _init_factors(self, ins: tuple[int, ...], outs: tuple[int, ...], in_axes: Axes, out_axes: Axes, rank: int,
+                      alpha: float, param_dtype: Any, rngs: nnx.Rngs | jax.Array) -> None:
+        self.rank = int(rank)
+        self.alpha = float(alpha)
+        self.n_in = len(ins)
+        if self.rank > 0:
+            key = rngs.params() if isinstance(rngs, nnx.Rngs) else rngs
+            self.lora_a = LoRAParam(_uniform_fan_in(key, ins + (self.rank,), param_dtype, math.prod(ins)),
+                                    out_sharding=tuple(in_axes) + ("lora",))
+            self.lora_b = LoRAParam(jnp.zeros((self.rank,) + outs, param_dtype),
+                                    out_sharding=("lora",) + tuple(out_axes))
+        else:
+            self.lora_a = None
+            self.lora_b = None
+
+    @property
+    def scaling(self) -> float:
+        """``alpha / rank`` (peft's default scaling); 0 without factors."""
+        return self.alpha / self.rank if self.rank else 0.0
+
+    def update(self, x: jax.Array, dtype: Any) -> jax.Array:
+        """The LoRA branch ``x [..., *in] -> [..., *out]`` in ``dtype`` (:func:`low_rank_update`)."""
+        return low_rank_update(x, self.lora_a[...], self.lora_b[...], self.scaling, self.n_in, dtype)
+
+    def delta(self) -> jax.Array:
+        """``scaling * A . B`` with the kernel's shape (leading stacked axes kept), in fp32 (:func:`lora_delta`)."""
+        return lora_delta(self.lora_a[...], self.lora_b[...], self.scaling, self.n_in)
+
+
+class LoRAEinsum(LoRAFactors):
     """Linear map over several input / output axes with optional LoRA and bias.
 
     Args:
@@ -81,8 +194,8 @@ class LoRAEinsum(nnx.Module):
       dtype: computation dtype (inputs and params are cast to it); param_dtype: storage dtype.
       rngs: ``nnx.Rngs`` with a ``params`` stream.
 
-    Parameters: ``kernel (*in, *out)``, optional ``bias (*out)``, ``lora_a (*in, r)`` and
-    ``lora_b (r, *out)`` (:class:`LoRAParam`, LoRA rank axis named ``"lora"``).
+    Parameters: ``kernel (*in, *out)``, optional ``bias (*out)``, and its :class:`LoRAFactors`
+    ``lora_a (*in, r)``, ``lora_b (r, *out)``.
     """
 
     def __init__(
@@ -108,8 +221,6 @@ class LoRAEinsum(nnx.Module):
                 f"LoRAEinsum: axes {tuple(in_axes)}/{tuple(out_axes)} do not match features "
                 f"{self.in_features}/{self.out_features}"
             )
-        self.rank = int(rank)
-        self.alpha = float(alpha)
         self.dropout = float(dropout)
         self.dtype = dtype
         fan_in = math.prod(self.in_features)
@@ -122,23 +233,8 @@ class LoRAEinsum(nnx.Module):
         self.bias = (
             nnx.Param(jnp.zeros(self.out_features, param_dtype), out_sharding=tuple(out_axes)) if use_bias else None
         )
-        if self.rank > 0:
-            self.lora_a = LoRAParam(
-                _uniform_fan_in(rngs.params(), self.in_features + (self.rank,), param_dtype, fan_in),
-                out_sharding=tuple(in_axes) + ("lora",),
-            )
-            self.lora_b = LoRAParam(
-                jnp.zeros((self.rank,) + self.out_features, param_dtype), out_sharding=("lora",) + tuple(out_axes)
-            )
-        else:
-            self.lora_a = None
-            self.lora_b = None
+        self._init_factors(self.in_features, self.out_features, in_axes, out_axes, rank, alpha, param_dtype, rngs)
         self.kernel_scale = None  # set by quantize_int8
-
-    @property
-    def scaling(self) -> float:
-        """``alpha / rank`` (peft's default scaling)."""
-        return self.alpha / self.rank if self.rank else 0.0
 
     def __call__(self, x: jax.Array, *, dropout_rng: jax.Array | None = None) -> jax.Array:
         """``x [..., *in] -> y [..., *out]`` in ``self.dtype``.
@@ -164,12 +260,8 @@ class LoRAEinsum(nnx.Module):
             if dropout_rng is not None and self.dropout > 0.0:
                 keep = jax.random.bernoulli(dropout_rng, 1.0 - self.dropout, h.shape)
                 h = jnp.where(keep, h / (1.0 - self.dropout), 0.0).astype(self.dtype)
-            y = y + low_rank_update(h, self.lora_a[...], self.lora_b[...], self.scaling, n_in, self.dtype)
+            y = y + self.update(h, self.dtype)
         return y
-
-    def delta(self) -> jax.Array:
-        """``scaling * A . B`` with the kernel's shape (leading stacked axes kept), in fp32 (:func:`lora_delta`)."""
-        return lora_delta(self.lora_a[...], self.lora_b[...], self.scaling, len(self.in_features))
 
     def merge(self) -> None:
         """Folds the adapter into ``kernel`` (in place) and removes the LoRA params (rank -> 0)."""
@@ -180,7 +272,6 @@ class LoRAEinsum(nnx.Module):
         self.lora_a = None
         self.lora_b = None
         self.rank = 0
-
 
     def quantize_int8(self) -> None:
         """Weight-only int8, in place: ``kernel`` becomes int8 ``round(W / s)`` with ``kernel_scale`` s =
