@@ -278,7 +278,8 @@ def test_adapters_stored_with_flat_factor_names_load_unchanged(tmp_path):
     config = tiny.get_config()
     spec = CharacterSpec(("Ann", "Bo"), lora_rank=2, lora_alpha=2.0)
     build_chars = lambda c, r: CharacterLoRAs(c.dit, spec, rngs=r)  # noqa: E731
-    made = {"reference": build_component("reference", config, nnx.Rngs(3)), "characters": build_chars(config, nnx.Rngs(4))}
+    made = {"reference": build_component("reference", config, nnx.Rngs(3)),
+            "characters": build_chars(config, nnx.Rngs(4))}
     for m in made.values():  # every factor non-zero and distinct from its init
         nnx.update(m, jax.tree.map(lambda a: a + 0.25, nnx.state(m)))
     new = {n: checkpoint.pure_dict(m) for n, m in made.items()}

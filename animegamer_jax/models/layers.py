@@ -1,4 +1,5 @@
-"""The layers every model family shares: one LayerNorm, one RMSNorm, the einsum projection with its LoRA.
+"""The layers every model family shares: one LayerNorm, one RMSNorm, the einsum projection with its LoRA,
+and `stacked` (a module built n times, its parameters on a leading `layers` axis).
 
 :class:`LoRAEinsum` maps ``x[..., *in_features] -> y[..., *out_features]`` with a kernel
 ``[*in_features, *out_features]`` (multi-head projections keep their head axes) plus, when ``rank > 0``,
