@@ -9,10 +9,12 @@ type: ``int``, ``float``, ``bool``, ``str``, tuple ...).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
 
 import ml_collections
 from absl import flags
@@ -169,8 +171,43 @@ _AT_LEAST = (
 )
 
 
+class KeyChange(NamedTuple):
+    """One key the configs gained or lost after checkpoints were saved and games were fingerprinted.
+
+    Attributes:
+      key: ``"section.name"``.
+      added: True: the configs gained it; False: they lost it.
+      before: added: the value that behaves as before it; removed: the value configs had (a dict
+        ``{config name: value}`` with ``""`` for any other config).
+      checkpoints: a checkpoint's saved config is brought up to date: an added key filled in with
+        ``before`` (:func:`fill_added_keys`), a removed one dropped (:func:`drop_removed_keys`).
+      fingerprints: games' fingerprints stay as they were (game/folder/fingerprint.py): an added key
+        is left out while it equals ``before``, a removed one is put back as ``before``.
+    """
+
+    key: str
+    added: bool
+    before: Any
+    checkpoints: bool
+    fingerprints: bool
+
+
+#: the one table of config keys gained and lost over time (what checkpoints and game fingerprints
+#: made before each change need)
+KEY_CHANGES = (
+    KeyChange("mllm.quantize", True, "none", checkpoints=True, fingerprints=False),
+    KeyChange("game.decoder", True, "full", checkpoints=True, fingerprints=True),
+    KeyChange("train.preview_real_weight", True, 0.0, checkpoints=False, fingerprints=True),
+    KeyChange("dit.reference_drops_image", True, False, checkpoints=False, fingerprints=True),
+    KeyChange("train.reference_image_dropout", True, -1.0, checkpoints=False, fingerprints=True),
+    # output folders, now the commands' --out (a run argument); game.out_dir was never fingerprinted
+    KeyChange("game.out_dir", False, {"": "outputs/games"}, checkpoints=True, fingerprints=False),
+    KeyChange("eval.out_dir", False, {"tiny": "outputs/eval_tiny", "toy_world": "outputs/eval_toy_world",
+                                      "": "outputs/eval"}, checkpoints=True, fingerprints=True),
+)
+
 #: keys the configs gained after checkpoints were saved without them, with the value that behaves as before
-ADDED_KEYS = (("mllm.quantize", "none"), ("game.decoder", "full"))
+ADDED_KEYS = tuple((c.key, c.before) for c in KEY_CHANGES if c.added and c.checkpoints)
 
 
 def fill_added_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -185,9 +222,9 @@ def fill_added_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     return config
 
 
-#: keys the configs lost after checkpoints were saved with them: output folders, now the commands'
-#: ``--out`` (a run argument). :func:`drop_removed_keys` takes them out of a saved config.
-REMOVED_KEYS = ("game.out_dir", "eval.out_dir")
+#: keys the configs lost after checkpoints were saved with them: :func:`drop_removed_keys` takes them
+#: out of a saved config.
+REMOVED_KEYS = tuple(c.key for c in KEY_CHANGES if not c.added and c.checkpoints)
 
 
 def drop_removed_keys(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -200,6 +237,26 @@ def drop_removed_keys(config: ml_collections.ConfigDict) -> ml_collections.Confi
         if node is not _MISSING and hasattr(node, "keys") and last in node:
             del node[last]
     return config
+
+
+def config_to_json(config: ml_collections.ConfigDict) -> dict:
+    """JSON-safe dict of a config (the one config-to-JSON: a checkpoint's stored config, a game's
+    fingerprint, the saved executables' config hash); tuples become lists (restored to tuples by
+    :func:`config_from_json`)."""
+    return json.loads(config.to_json_best_effort())
+
+
+def config_from_json(d: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """Inverse of :func:`config_to_json`: lists become tuples again (every list field of ours is a tuple)."""
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return ml_collections.ConfigDict({k: fix(x) for k, x in v.items()})
+        if isinstance(v, list):
+            return tuple(fix(x) for x in v)
+        return v
+
+    return fix(dict(d))
 
 
 def _get(config, key: str):

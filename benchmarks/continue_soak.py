@@ -11,7 +11,7 @@ they end:
   turns) or was refused before playing (exit 2, one stderr line naming the holder's pid and host, no
   ``turn`` line);
 * game.json lists exactly the turns on disk (``turn_NNN.mp4`` 0..n-1, no ``.part`` file left), every
-  listed file intact (``writers.verify_game``), the lock file gone;
+  listed file intact (``layout.verify_game``), the lock file gone;
 
 and, after the last try, that the game continues (one more ``play --continue``). ``--busy N`` starts N
 CPU-bound processes beside the writers for the whole soak (the host's own load counts too). Prints
@@ -31,8 +31,7 @@ import sys
 import tempfile
 import time
 
-from animegamer_jax.game import writers
-
+from animegamer_jax.game.folder import layout
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
          "Character: Bunny; Motion: happily stretch in the sun; Background: day meadow.",
@@ -56,7 +55,7 @@ def _burn() -> None:
 
 
 def _check_folder(game: str, want: int) -> list[str]:
-    rec = json.load(open(os.path.join(game, writers.GAME_JSON)))
+    rec = json.load(open(os.path.join(game, layout.GAME_JSON)))
     names = os.listdir(game)
     problems = []
     if len(rec["turns"]) != want:
@@ -66,10 +65,10 @@ def _check_folder(game: str, want: int) -> list[str]:
         problems.append(f"turn videos on disk {videos} differ from game.json's {len(rec['turns'])} turns")
     if any(n.endswith(".part") for n in names):
         problems.append("a .part file was left")
-    why = writers.verify_game(game)
+    why = layout.verify_game(game)
     if why is not None:
         problems.append(f"verify_game: {why}")
-    if os.path.exists(writers.lock_path(game)):
+    if os.path.exists(layout.lock_path(game)):
         problems.append("the lock file was left")
     return problems
 

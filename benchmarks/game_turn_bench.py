@@ -33,7 +33,7 @@ from animegamer_jax.game.engine import GameEngine  # noqa: E402
 from animegamer_jax.commands.game_flags import CLI_ERRORS, parse_game_flags  # noqa: E402
 from animegamer_jax.inference.layout import setup_jax  # noqa: E402
 from animegamer_jax.game.loading import resolve_system  # noqa: E402
-from animegamer_jax.game.saving import save_game  # noqa: E402
+from animegamer_jax.game.folder.saves import save_game  # noqa: E402
 from animegamer_jax.game.script import load_script  # noqa: E402
 from animegamer_jax.inference.mode import apply_mode  # noqa: E402
 
@@ -66,7 +66,7 @@ def main() -> None:
         before_s = dict(engine.compile_s)
         r = engine.play([game])[0]
         t = time.perf_counter()
-        save_game(engine, r, out_dir, overwrite=True)  # each repeat replaces its own game
+        save_game(engine.config, engine.model, r, out_dir, overwrite=True)  # each repeat replaces its own game
         write_s = time.perf_counter() - t
         n = len(r["turns"])
         per = {s: [tm[f"{s}_s"] for tm in r["timings"]] for s in STAGES}

@@ -59,7 +59,7 @@ from animegamer_jax import checkpoint
 
 from animegamer_jax.io import fileio
 from animegamer_jax.data import datasets, sample
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.train import metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,22 +139,22 @@ def game_folders(out: Path) -> list[Path]:
 
 def game_hashes(folder: Path) -> dict[str, str]:
     """:func:`file_hashes` of a game folder without ``timings.json`` (wall times differ run to run)."""
-    return file_hashes(folder, skip=(writers.TIMINGS_JSON,))
+    return file_hashes(folder, skip=(layout.TIMINGS_JSON,))
 
 
 def game_turns(folder: Path) -> int:
     """Turns in a game folder's game.json (0 when it has none or cannot be read)."""
     try:
-        return len(json.loads((folder / writers.GAME_JSON).read_text())["turns"])
+        return len(json.loads((folder / layout.GAME_JSON).read_text())["turns"])
     except (OSError, ValueError, KeyError, TypeError):
         return 0
 
 
 def check_game_folders(out: Path, where: str) -> list[str]:
-    """Every game folder in ``out`` verifies (writers.verify_game: marker, game.json, sizes, sha256)."""
+    """Every game folder in ``out`` verifies (layout.verify_game: marker, game.json, sizes, sha256)."""
     fails = []
     for g in game_folders(out):
-        why = writers.verify_game(str(g))
+        why = layout.verify_game(str(g))
         if why is not None:
             fails.append(f"{where}: {g.name}/ at its final path is not a whole game: {why}")
     return fails
@@ -170,8 +170,8 @@ def game_prefix_matches(folder: Path, ref: Path, turns: int) -> list[str]:
             if (ref / name).is_file() and not whole:
                 fails.append(f"saved turn {k + 1} ({name}) differs from the uninterrupted game's")
     try:
-        got = json.loads((folder / writers.GAME_JSON).read_text())["turns"][:turns]
-        want = json.loads((ref / writers.GAME_JSON).read_text())["turns"][:turns]
+        got = json.loads((folder / layout.GAME_JSON).read_text())["turns"][:turns]
+        want = json.loads((ref / layout.GAME_JSON).read_text())["turns"][:turns]
         if got != want:
             fails.append(f"game.json's first {turns} turn record(s) differ from the uninterrupted game's")
     except (OSError, ValueError, KeyError) as e:
@@ -661,8 +661,8 @@ class GenerateCase(GameCase):
         return check_game_folders(out / "games", "after the kill")
 
     def reported_done(self, out: Path, child: Child, ref: Path) -> object:
-        return {g.name: (game_hashes(g), (g / writers.GAME_JSON).stat().st_mtime_ns)
-                for g in game_folders(out / "games") if writers.verify_game(str(g)) is None}
+        return {g.name: (game_hashes(g), (g / layout.GAME_JSON).stat().st_mtime_ns)
+                for g in game_folders(out / "games") if layout.verify_game(str(g)) is None}
 
     def compare(self, ref: Path, out: Path) -> list[str]:
         fails = []
@@ -678,7 +678,7 @@ class GenerateCase(GameCase):
         for name, (hashes, mtime) in done.items():
             g = out / "games" / name
             fails += diff_hashes(hashes, game_hashes(g), f"game {name} finished before the kill")
-            if g.is_dir() and (g / writers.GAME_JSON).stat().st_mtime_ns != mtime:
+            if g.is_dir() and (g / layout.GAME_JSON).stat().st_mtime_ns != mtime:
                 fails.append(f"game {name} was finished before the kill but the rerun replayed it")
         return fails
 
@@ -791,9 +791,9 @@ class ServeCase(GameCase):
 
     @staticmethod
     def _same_game(ref: Path, got: Path) -> list[str]:
-        skip = (writers.TIMINGS_JSON, writers.GAME_JSON, "index.html", writers.MARKER)
+        skip = (layout.TIMINGS_JSON, layout.GAME_JSON, "index.html", layout.MARKER)
         fails = diff_hashes(file_hashes(ref, skip), file_hashes(got, skip), "the replayed game")
-        a, b = (json.loads((d / writers.GAME_JSON).read_text()) for d in (ref, got))
+        a, b = (json.loads((d / layout.GAME_JSON).read_text()) for d in (ref, got))
         for rec in (a, b):
             rec.pop("game_id", None)
             rec.pop("files", None)
@@ -837,7 +837,7 @@ class ServeCase(GameCase):
         else:
             fails += self._same_game(ref_game, games / again.game_id)
         if killed_game and killed_game != again.game_id and (games / killed_game).is_dir():
-            why = writers.verify_game(str(games / killed_game))
+            why = layout.verify_game(str(games / killed_game))
             if why is not None:
                 fails.append(f"the killed game's folder is damaged after the restart: {why}")
         fails += [f"temp left after the final run: {p}" for p in temp_files(out)]

@@ -281,14 +281,14 @@ def test_play_continue_of_a_gcs_game_holds_its_lease(gcs, tmp_path, capsys):
     game's lease; over a dead holder's expired lease it continues the game (2 turns, verified) and
     deletes the lease it took."""
     from animegamer_jax.commands import play
-    from animegamer_jax.game import writers
+    from animegamer_jax.game.folder import layout
 
     (tmp_path / "g.txt").write_text(TEXTS[0] + "\n")
     (tmp_path / "more.txt").write_text(TEXTS[0].replace("slowly walk out of", "quickly run into") + "\n")
     assert play.main([str(tmp_path / "g.txt"), "--standin", "--out", "gs://bucket/leased"]) == 0
     game, key = "gs://bucket/leased/g", "bucket/leased/.lock-g"
-    assert writers.lock_path(game) == "gs://" + key and _object(gcs, key) is None
-    holder = hold_lock(writers.lock_path(game))
+    assert layout.lock_path(game) == "gs://" + key and _object(gcs, key) is None
+    holder = hold_lock(layout.lock_path(game))
     try:
         capsys.readouterr()
         assert play.main(["--continue", game, str(tmp_path / "more.txt"), "--standin"]) == 2
@@ -303,7 +303,7 @@ def test_play_continue_of_a_gcs_game_holds_its_lease(gcs, tmp_path, capsys):
     assert _object(gcs, key) is None  # taken over, then deleted by play as it let go
     gcs.invalidate_cache()
     assert len(json.loads(gcs.cat("bucket/leased/g/game.json"))["turns"]) == 2
-    assert writers.verify_game(game) is None
+    assert layout.verify_game(game) is None
 
 
 _OUTPUT_NAMES = {"game.json", "game.mp4", "turn_000.mp4", "contact_sheet.png", "commit_success.txt",
@@ -440,10 +440,9 @@ def test_train_kill_resume_then_play_all_on_gcs(gcs, tmp_path):
               if p.startswith("bucket/run/system/")}
     assert {"manifest", "config", "integrity.json", "mllm", "dit", "vae", "shot_encoder", "t5", "clip"} <= system
     assert not [p for p in objects if ".tmp" in p or "write-probe" in p]
-    from animegamer_jax.game import writers
-
-    assert writers.read_video("gs://bucket/games/duel/game.mp4").shape[0] > 0
-    assert writers.verify_game("gs://bucket/games/duel") is None  # sizes + sha256 of every file, read back
+    from animegamer_jax.game.folder import layout
+    assert layout.read_video("gs://bucket/games/duel/game.mp4").shape[0] > 0
+    assert layout.verify_game("gs://bucket/games/duel") is None  # sizes + sha256 of every file, read back
     assert checkpoint.verify_checkpoint(out, "full")  # integrity.json of the gs:// system
     # nothing on the local disk: the children's HOME, working directory and temp dir stay empty
     assert _local_snapshot(home) == set() and os.listdir(cwd) == [] and os.listdir(tmp) == []

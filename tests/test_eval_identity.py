@@ -9,9 +9,7 @@ import pytest
 from animegamer_jax.data import toy_sprites, toy_world
 from animegamer_jax.commands.eval import identity_main
 from animegamer_jax.eval import embedders, identity
-from animegamer_jax.game import writers
-
-
+from animegamer_jax.game.folder import hud
 def _refs():
     """3 toy characters on grey, 64x96."""
     chars = toy_sprites.make_characters(3)
@@ -117,8 +115,8 @@ def test_command_parts_games_scores_and_bad_inputs(tmp_path, capsys):
     assert s["per_character"] == {names[0]: 0.5, names[h]: 1.0}
     # a turn video's clip cut from under its HUD (frames enlarged 3x: 96 px wide < 240)
     clip = (np.arange(2 * 64 * 96 * 3) % 251).astype(np.uint8).reshape(2, 64, 96, 3)
-    hud = writers.draw_hud(clip, {"social": 1, "entertainment": 2, "stamina": 3}, "Character: Pip", 0)
-    assert np.array_equal(writers.clip_from_hud(hud, (64, 96)), clip)
+    with_hud = hud.draw_hud(clip, {"social": 1, "entertainment": 2, "stamina": 3}, "Character: Pip", 0)
+    assert np.array_equal(hud.clip_from_hud(with_hud, (64, 96)), clip)
     # bad inputs: one line, exit 2, nothing written
     out = str(tmp_path / "out")
     assert identity_main(["--system", "checkpoints/tiny_system", "--world", str(tmp_path / "none"), "--out", out]) == 2

@@ -9,7 +9,7 @@ import pytest
 
 from animegamer_jax.commands.eval import identity_main, played_clips
 from animegamer_jax.eval import identity
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.train import toy_world as toy_driver
 from configs import tiny
 from tests.subproc import ROOT
@@ -36,7 +36,7 @@ def test_identity_command_end_to_end(tmp_path, capsys):
             assert r["num_clips"] == {"all": 3, "seen": 2, "heldout": 1} and 0.0 <= r["all"] <= 1.0
             assert sorted(r["per_character"]) == sorted(names)
     for g in identity.toy_games(data["world"], 1, 1):
-        plain, ref = (writers.read_json(os.path.join(out, v, g["game_id"], "game.json")) for v in ("without", "with"))
+        plain, ref = (layout.read_json(os.path.join(out, v, g["game_id"], "game.json")) for v in ("without", "with"))
         assert plain["turns"][0]["instruction"] == ref["turns"][0]["instruction"] == g["turns"][0]
         a, b = (played_clips(os.path.join(out, v, g["game_id"]))[0] for v in ("without", "with"))
         assert a.shape == b.shape == (17, 64, 96, 3) and not np.array_equal(a, b)  # the reference changed the turn

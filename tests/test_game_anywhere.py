@@ -2,7 +2,7 @@
 made in the web app (with an uploaded character, downloaded as a zip and unzipped elsewhere)
 continue with ``play --continue``, and their turn files equal, byte for byte, the same game played
 in one go by ``play``. Play runs the latency layout, generate and the web app the config's mesh:
-the device layout is not part of a game's fingerprint (game/writers.py ``PLACEMENT_FIELDS``,
+the device layout is not part of a game's fingerprint (game/folder/fingerprint.py ``PLACEMENT_FIELDS``,
 ``same_making``)."""
 
 import base64
@@ -18,7 +18,7 @@ from PIL import Image
 from animegamer_jax.commands import generate, play
 from animegamer_jax.commands import web as web_command
 from animegamer_jax.commands.game_flags import parse_game_flags
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.web.app import create_app
 from animegamer_jax.web.server import build_server
 from tests.web_helpers import Client, HttpThread
@@ -58,7 +58,7 @@ def test_a_generated_game_continues_with_play_as_one_go(tmp_path, system, capsys
     game = tmp_path / "gen" / "gen"
     assert play.main(["--continue", str(game), str(tmp_path / "last.txt"), *system]) == 0
     assert _turn_files(game) == one
-    assert writers.verify_game(str(game)) is None
+    assert layout.verify_game(str(game)) is None
     rec = json.load(open(game / "game.json"))
     # what the game is, not where it ran: no mesh, sharding rules or layout in its fingerprint
     config = rec["fingerprint"]["parts"]["config"]
@@ -99,8 +99,8 @@ def test_a_web_game_downloaded_as_zip_continues_with_play_as_one_go(tmp_path):
     folder = os.path.join(server.out_dir, game_id)
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         # everything the folder holds: the marker and the character's picture too
-        assert z.namelist() == [f"{game_id}/{n}" for n in writers.folder_files(folder)]
-        assert f"{game_id}/{writers.MARKER}" in z.namelist()
+        assert z.namelist() == [f"{game_id}/{n}" for n in layout.folder_files(folder)]
+        assert f"{game_id}/{layout.MARKER}" in z.namelist()
         assert f"{game_id}/characters/Bunny.png" in z.namelist()
         z.extractall(tmp_path / "elsewhere")
     shutil.rmtree(server.out_dir)  # the download stands alone

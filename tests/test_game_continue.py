@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.commands import play
-from animegamer_jax.game import writers
-
+from animegamer_jax.game.folder import layout
 pytestmark = pytest.mark.slow  # its tests (or the fixtures they share) take over ~10 s each on a loaded 2-core host
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
@@ -50,10 +49,10 @@ def test_continue_gives_the_turns_of_one_go(games):
     ra, rb = (json.load(open(out / g / "game.json")) for g in ("a", "b"))
     assert rb["states"] == ra["states"] and rb["meters"] == ra["meters"] and rb["instructions"] == TEXTS
     assert rb["fingerprint"] == ra["fingerprint"] and rb["turns"] == ra["turns"]
-    assert writers.verify_game(str(out / "b")) is None
+    assert layout.verify_game(str(out / "b")) is None
     # the game video and contact sheet were remade for all three turns
-    assert rb["save"]["derived"]["turns"] == 3 and len(writers.read_video(str(out / "b" / "game.mp4"))) == \
-        len(writers.read_video(str(out / "a" / "game.mp4")))
+    assert rb["save"]["derived"]["turns"] == 3 and len(layout.read_video(str(out / "b" / "game.mp4"))) == \
+        len(layout.read_video(str(out / "a" / "game.mp4")))
     st = np.load(out / "b" / "turn_002.state.npz")
     assert int(st["turn"]) == 2 and int(st["seed"]) == 7 and list(st["states"]) == ra["states"][2]
     assert list(st["key"]) == ra["turns"][2]["turn_seed"]["key"]
@@ -72,7 +71,7 @@ def test_branch_from_turn_leaves_the_source_untouched(games, capsys):
                                                                    n.startswith("turn_000")}
     assert new["turn_001.mp4"] != before["turn_001.mp4"]
     rec = json.load(open(out / "a-from1" / "game.json"))
-    assert rec["instructions"] == [TEXTS[0], OTHER] and writers.verify_game(str(out / "a-from1")) is None
+    assert rec["instructions"] == [TEXTS[0], OTHER] and layout.verify_game(str(out / "a-from1")) is None
     # a branch never replaces a game, and says so (it does not suggest --overwrite, which would not apply)
     branch = out / "a-from1"
     kept = _bytes(branch)
@@ -97,7 +96,7 @@ def test_refusals_are_one_line(games, capsys, tmp_path):
 
     import shutil
     for name, edit in [("other", lambda r: r["fingerprint"]["parts"].__setitem__("system", "ckpt:abc")),
-                       ("newer", lambda r: r["save"].__setitem__("format", writers.SAVE_FORMAT + 1)),
+                       ("newer", lambda r: r["save"].__setitem__("format", layout.SAVE_FORMAT + 1)),
                        ("old", lambda r: r.pop("save"))]:
         g = tmp_path / name
         shutil.copytree(src, g)

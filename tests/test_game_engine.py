@@ -17,7 +17,7 @@ from animegamer_jax.io import fileio
 from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
 from animegamer_jax.game import engine as engine_mod
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import atomic, fingerprint, hud, layout
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.commands.game_flags import parse_game_flags
 from animegamer_jax.inference.standin_model import StandinTurnModel
@@ -179,7 +179,7 @@ def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
     check out, replays the others saying why; a user's folder of a game's name stops the run."""
     jl, out = tmp_path / "games.jsonl", tmp_path / "out"
     _jsonl(jl, [0, 1, 2])
-    real_gif, gifs = writers.write_gif, []
+    real_gif, gifs = hud.write_gif, []
 
     def killing_gif(*a, **k):
         gifs.append(a[0])
@@ -187,15 +187,15 @@ def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
             raise KeyboardInterrupt  # Ctrl-C while writing the second game
         return real_gif(*a, **k)
 
-    monkeypatch.setattr(writers, "write_gif", killing_gif)
+    monkeypatch.setattr(atomic, "write_gif", killing_gif)
     assert generate.main([str(jl), "--standin", "--out", str(out)]) == 130
     assert "rerun the same command to resume" in capsys.readouterr().err
     assert os.listdir(out) == ["g0"]  # the interrupted write left no temp folder
-    monkeypatch.setattr(writers, "write_gif", real_gif)
+    monkeypatch.setattr(atomic, "write_gif", real_gif)
     (out / "g1").mkdir()  # an empty folder: nothing to lose, written
     stale = out / ".tmp-g1-deadbeef"  # what a SIGKILL mid-write leaves
     stale.mkdir()
-    (stale / writers.TMP_MARKER).write_bytes(b"")
+    (stale / layout.TMP_MARKER).write_bytes(b"")
     done_mtime = os.path.getmtime(out / "g0" / "game.json")
     played = []
     real_play = GameEngine.play
@@ -231,49 +231,49 @@ def test_generate_resumes_verified(tmp_path, monkeypatch, capsys):
     assert "replaying g1: file turn_001.mp4 is missing" in text
     assert "replaying g2: game.json is missing or damaged" in text
     for g in ("g0", "g1", "g2"):
-        assert writers.verify_game(str(out / g)) is None
+        assert layout.verify_game(str(out / g)) is None
 
 
 def test_fingerprint_names_mode_and_override_changes():
     base = load_config("configs/tiny.py")
     ref = load_config("configs/tiny.py", ["game.mode=reference"])
     ref2 = load_config("configs/tiny.py", ["game.mode=reference", "game.fps=12", "game.checkpoint=/elsewhere"])
-    a = writers.game_fingerprint(apply_mode(base), TEXTS[:2], 3, "sys")
-    b = writers.game_fingerprint(apply_mode(ref), TEXTS[:2], 3, "sys")
-    c = writers.game_fingerprint(apply_mode(ref2), TEXTS[:2], 3, "sys")
-    changes = writers.fingerprint_changes(a["parts"], b["parts"])
+    a = fingerprint.game_fingerprint(apply_mode(base), TEXTS[:2], 3, "sys")
+    b = fingerprint.game_fingerprint(apply_mode(ref), TEXTS[:2], 3, "sys")
+    c = fingerprint.game_fingerprint(apply_mode(ref2), TEXTS[:2], 3, "sys")
+    changes = fingerprint.fingerprint_changes(a["parts"], b["parts"])
     assert changes[0] == 'mode "default" -> "reference"' and "config.mllm.history_window 3 -> 1" in changes
     assert not any("game.mode" in c for c in changes)
-    assert writers.fingerprint_changes(b["parts"], c["parts"]) == ["config.game.fps 8 -> 12"]  # checkpoint path ignored
+    assert fingerprint.fingerprint_changes(b["parts"], c["parts"]) == ["config.game.fps 8 -> 12"]  # checkpoint path ignored
     # the configs lost eval.out_dir (eval's --out); a fingerprint holds the value each config had, so
     # games fingerprinted before keep their fingerprints (and game.json its bytes)
     assert a["parts"]["config"]["eval"]["out_dir"] == "outputs/eval_tiny" and "out_dir" not in a["parts"]["config"]["game"]
-    full = writers.game_fingerprint(load_config("configs/animegamer_2b_7b.py"), TEXTS[:2], 3, "sys")
+    full = fingerprint.game_fingerprint(load_config("configs/animegamer_2b_7b.py"), TEXTS[:2], 3, "sys")
     assert full["parts"]["config"]["eval"]["out_dir"] == "outputs/eval"
-    assert writers.fingerprint_changes(a["parts"], writers.game_fingerprint(
+    assert fingerprint.fingerprint_changes(a["parts"], fingerprint.game_fingerprint(
         apply_mode(base), TEXTS[1:3], 3, "sys")["parts"]) == ["instructions changed"]
 
 
 def test_fingerprint_leaves_out_the_device_layout_and_old_games_still_match():
     """Where a game ran (mesh, sharding rules, play's layout) is no part of what it is: play's latency
     layout and generate's / the web app's mesh give one fingerprint, and a game saved when the
-    fingerprint held them (every game before issue 53) matches by writers.same_making."""
+    fingerprint held them (every game before issue 53) matches by fingerprint.same_making."""
     from animegamer_jax.inference.layout import apply_layout
 
     base = apply_mode(load_config("configs/tiny.py"))
-    fp = writers.game_fingerprint(base, TEXTS[:2], 3, "sys")
-    latency = writers.game_fingerprint(apply_layout(base, "latency", 4), TEXTS[:2], 3, "sys")
+    fp = fingerprint.game_fingerprint(base, TEXTS[:2], 3, "sys")
+    latency = fingerprint.game_fingerprint(apply_layout(base, "latency", 4), TEXTS[:2], 3, "sys")
     assert latency == fp and "mesh" not in fp["parts"]["config"] and "sharding_rules" not in fp["parts"]["config"]
     assert not {"play_layout", "latency_weights"} & set(fp["parts"]["config"]["game"])
     old = json.loads(json.dumps(fp["parts"]))
     old["config"]["mesh"] = {"axes": ["data", "fsdp", "tensor", "context"], "shape": [-1, 1, 1, 1]}
     old["config"]["sharding_rules"] = [["embed", "fsdp"]]
     old["config"]["game"]["play_layout"] = "latency"
-    saved = writers.fingerprint(old)
-    assert saved["sha256"] != fp["sha256"] and writers.same_making(saved, fp) is None
+    saved = fingerprint.fingerprint(old)
+    assert saved["sha256"] != fp["sha256"] and fingerprint.same_making(saved, fp) is None
     old["config"]["game"]["fps"] = 12
-    assert writers.same_making(writers.fingerprint(old), fp) == ["config.game.fps 12 -> 8"]
-    assert writers.same_making(None, fp) == writers.same_making({"sha256": "x"}, fp) == ["fingerprint differs"]
+    assert fingerprint.same_making(fingerprint.fingerprint(old), fp) == ["config.game.fps 12 -> 8"]
+    assert fingerprint.same_making(None, fp) == fingerprint.same_making({"sha256": "x"}, fp) == ["fingerprint differs"]
 
 
 def test_generate_checks_every_game_before_playing(tmp_path, capsys, monkeypatch):
@@ -360,7 +360,7 @@ def test_play_interrupt_before_any_turn_is_a_clean_exit(tmp_path, monkeypatch, c
 def test_play_ctrl_c_during_a_save_waits_for_it(tmp_path, monkeypatch, capsys):
     """A Ctrl-C (a real SIGINT) that arrives while turn 2 is being written: the write finishes, the
     turn is counted as saved and not printed, and nothing else is played."""
-    real_write, calls = writers.append_turn, []
+    real_write, calls = atomic.append_turn, []
 
     def append_turn(*a, **k):  # turn 2's save (turn 1 makes the folder)
         calls.append(1)
@@ -368,7 +368,7 @@ def test_play_ctrl_c_during_a_save_waits_for_it(tmp_path, monkeypatch, capsys):
             signal.raise_signal(signal.SIGINT)  # delivered at once without the held section
         return real_write(*a, **k)
 
-    monkeypatch.setattr(writers, "append_turn", append_turn)
+    monkeypatch.setattr(atomic, "append_turn", append_turn)
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(TEXTS[:3]) + "\n"))
     out = tmp_path / "o"
     assert play.main(["-", "--standin", "--out", str(out), "--game-id", "g"]) == 130

@@ -1,4 +1,4 @@
-"""One writer per game folder (game/writers.py ``game_lock``): a second writer of a game folder
+"""One writer per game folder (game/folder/layout.py ``game_lock``): a second writer of a game folder
 gets one line naming the holder's pid and host and exit status 2 before it plays anything; the
 lock of a killed process does not block the next run; temp names differ per process; three
 concurrent ``play --continue`` of one game leave it whole and continuable.
@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from animegamer_jax.commands import generate, play
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import atomic, layout
 from animegamer_jax.io import fileio
 from tests.subproc import ROOT, child_env, hold_lock, probe_lock
 
@@ -26,7 +26,7 @@ TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: d
 
 def _holder(game_dir: str) -> subprocess.Popen:
     """A process holding ``game_dir``'s lock (returns once it holds it)."""
-    return hold_lock(writers.lock_path(game_dir))
+    return hold_lock(layout.lock_path(game_dir))
 
 
 def _snapshot(folder) -> dict:
@@ -71,11 +71,11 @@ def test_a_second_writer_is_refused_with_one_line_before_playing(game, capsys):
     finally:
         holder.communicate("")
     assert holder.returncode == 0
-    assert not os.path.exists(writers.lock_path(str(g)))  # the holder removed its lock file as it let go
+    assert not os.path.exists(layout.lock_path(str(g)))  # the holder removed its lock file as it let go
     # released: the same command plays
     assert play.main(["--continue", str(g), str(d / "more.txt"), "--standin"]) == 0
-    assert _turns(g) == 2 and writers.verify_game(str(g)) is None
-    assert not os.path.exists(writers.lock_path(str(g)))
+    assert _turns(g) == 2 and layout.verify_game(str(g)) is None
+    assert not os.path.exists(layout.lock_path(str(g)))
 
 
 def test_the_lock_of_a_killed_process_does_not_block(game, capsys):
@@ -84,13 +84,13 @@ def test_the_lock_of_a_killed_process_does_not_block(game, capsys):
     holder.send_signal(signal.SIGKILL)
     holder.wait()
     assert holder.returncode == -signal.SIGKILL
-    lock = writers.lock_path(str(g))
+    lock = layout.lock_path(str(g))
     assert open(lock).read().split()[:2] == [socket.gethostname(), str(holder.pid)]  # its stale stamp is left
     # a .part file a killed writer left in the folder is removed by the next writer
     stale = g / f"turn_001.mp4.{holder.pid}-0123abcd.part"
     stale.write_bytes(b"half a video")
     assert play.main(["--continue", str(g), str(d / "more.txt"), "--standin"]) == 0
-    assert _turns(g) == 2 and writers.verify_game(str(g)) is None
+    assert _turns(g) == 2 and layout.verify_game(str(g)) is None
     assert not stale.exists() and not os.path.exists(lock)
 
 
@@ -108,15 +108,15 @@ def test_the_lock_is_reentrant_in_a_process_and_exclusive_between_processes(tmp_
 
 
 def test_temp_names_differ_per_process(tmp_path):
-    here = writers.part_path(str(tmp_path / "turn_000.mp4"))
-    code = "import sys\nfrom animegamer_jax.game import writers\nprint(writers.part_path(sys.argv[1]))\n"
+    here = atomic.part_path(str(tmp_path / "turn_000.mp4"))
+    code = "import sys\nfrom animegamer_jax.game.folder import atomic\nprint(atomic.part_path(sys.argv[1]))\n"
     there = subprocess.run([sys.executable, "-c", code, str(tmp_path / "turn_000.mp4")], capture_output=True,
                            text=True, env=child_env(), cwd=ROOT, check=True).stdout.strip()
     child_pid = int(there.rsplit(".", 2)[1].split("-")[0])
     assert here.startswith(str(tmp_path / "turn_000.mp4.")) and here.endswith(".part")
     assert here.rsplit(".", 2)[1].split("-")[0] == str(os.getpid())
     assert child_pid != os.getpid() and there != here
-    assert writers.part_path(str(tmp_path / "turn_000.mp4")) != here  # and per write
+    assert atomic.part_path(str(tmp_path / "turn_000.mp4")) != here  # and per write
 
 
 @pytest.mark.slow
@@ -149,6 +149,6 @@ def test_three_concurrent_continues_leave_the_game_whole(game):
         assert sorted(n for n in os.listdir(g) if n.startswith("turn_") and n.endswith(".mp4")) == \
             [f"turn_{k:03d}.mp4" for k in range(want)]
         assert not [n for n in os.listdir(g) if n.endswith(".part")]
-        assert writers.verify_game(str(g)) is None and not os.path.exists(writers.lock_path(str(g)))
+        assert layout.verify_game(str(g)) is None and not os.path.exists(layout.lock_path(str(g)))
     assert play.main(["--continue", str(g), str(d / "more.txt"), "--standin"]) == 0
-    assert _turns(g) == want + 1 and writers.verify_game(str(g)) is None
+    assert _turns(g) == want + 1 and layout.verify_game(str(g)) is None

@@ -149,7 +149,7 @@ def test_no_preview_component_is_one_line(tmp_path):
 
 def test_fingerprint_leaves_out_the_preview_keys_only_while_unused():
     from animegamer_jax.config import load_config
-    from animegamer_jax.game.writers import game_fingerprint
+    from animegamer_jax.game.folder.fingerprint import game_fingerprint
 
     cfg = load_config("configs/tiny.py")
     old = load_config("configs/tiny.py")  # a config from before the preview decoder

@@ -200,7 +200,7 @@ def test_phase_r_image_dropout_rate_and_condition(monkeypatch):
 
 def test_fingerprint_leaves_out_the_image_dropout_keys_only_at_their_defaults():
     from animegamer_jax.config import load_config
-    from animegamer_jax.game.writers import game_fingerprint
+    from animegamer_jax.game.folder.fingerprint import game_fingerprint
 
     cfg = load_config("configs/tiny.py")
     old = load_config("configs/tiny.py")  # a config from before the keys: games keep their fingerprints

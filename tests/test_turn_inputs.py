@@ -6,10 +6,10 @@ import pytest
 from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.tokenizers import mllm_tokenizer
 from animegamer_jax.config import load_config
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.game.engine import batches
 from animegamer_jax.game.run import GameRun, Meters
-from animegamer_jax.game.saving import pending_games
+from animegamer_jax.game.folder.saves import pending_games
 from animegamer_jax.inference.mode import apply_mode
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError, WindowSpec, encode_instruction
 from animegamer_jax.models.mistral.mllm import build_sequence
@@ -165,11 +165,11 @@ def test_generate_splits_games_over_processes_and_skips_finished(tmp_path):
     turn = parse_instruction(TEXTS[0])
     games = tuple(Game(f"g{i}", (turn,) * (1 + i % 2), i) for i in range(5))
     (tmp_path / "g2").mkdir()  # a finished game of ours (marker, game.json listing its files)
-    (tmp_path / "g2" / writers.MARKER).write_text("{}")
+    (tmp_path / "g2" / layout.MARKER).write_text("{}")
     (tmp_path / "g2" / "game.json").write_text('{"files": {}, "fingerprint": null}')
     (tmp_path / "g4").mkdir()  # empty: played
     (tmp_path / ".tmp-g0-1234abcd").mkdir()  # a killed run's temp folder
-    (tmp_path / ".tmp-g0-1234abcd" / writers.TMP_MARKER).write_text("")
+    (tmp_path / ".tmp-g0-1234abcd" / layout.TMP_MARKER).write_text("")
     p0, done0, replay0 = pending_games(games, str(tmp_path), 0, 2)
     p1, done1, replay1 = pending_games(games, str(tmp_path), 1, 2)
     assert [g.game_id for g in p0] == ["g0", "g4"] and done0 == 1 and replay0 == {}

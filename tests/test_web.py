@@ -24,7 +24,7 @@ from PIL import Image
 from animegamer_jax import checkpoint
 from animegamer_jax.commands.game_flags import OUT_DIR
 from animegamer_jax.config import load_config
-from animegamer_jax.game import saving, writers
+from animegamer_jax.game.folder import layout, saves
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.inference.standin_model import StandinTurnModel
 from animegamer_jax.inference.turn_model import ChunkedDecode
@@ -129,7 +129,7 @@ def test_two_games_at_once(served):
         assert rec["states"][0] == list(s["turns"][0]["states"].values())
     # the streamed frames are the clip's frames (the saved MP4 holds them enlarged above the HUD)
     streamed = [f for e in ev_a if e["event"] == "frames" for f in e["frames"]]
-    clip = writers.read_video(os.path.join(server.out_dir, sa["game_id"], "turn_000.mp4"))
+    clip = layout.read_video(os.path.join(server.out_dir, sa["game_id"], "turn_000.mp4"))
     for k in (0, 8, 9, 16):  # first and last frame of both VAE chunks
         img = np.asarray(Image.open(io.BytesIO(base64.b64decode(streamed[k].split(",", 1)[1]))))
         h, w, _ = img.shape
@@ -162,7 +162,7 @@ def test_failed_turn_leaves_the_game_as_it_was(served, monkeypatch):
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(saving, "save_game", full_disk)
+    monkeypatch.setattr(saves, "save_game", full_disk)
     ev = Client.events(c.open_turn(body))
     assert ev[-1]["event"] == "error" and "could not be saved" in ev[-1]["message"]
     state = c.json("/api/state")[1]
@@ -273,7 +273,7 @@ def test_browser_plays_two_turns_undo_restart(served_in_a_checkout, browser, tmp
     wait(d, f"return !document.querySelector('#info').textContent.includes('{game_id}') && "
              "document.querySelectorAll('#history figure').length === 0", 30, "restart")
     assert {n: v[0] for n, v in _page_meters(d).items()} == start
-    assert writers.is_finished(os.path.join(server.out_dir, game_id))
+    assert layout.is_finished(os.path.join(server.out_dir, game_id))
 
     # everything came from this server (the page works offline), and no script error
     urls = d.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
@@ -375,7 +375,7 @@ def test_browser_undo_branch_and_continue_after_a_restart(served, browser, tmp_p
     seed = json.load(open(os.path.join(folder, "game.json")))["seed"]
     assert seed == srv.seed
     one_go = Game("one-go", tuple(instruction_from_fields(*t) for t in (turns[0], turns[2], turns[3])), seed)
-    ref, _ = saving.save_game(engine, engine.play([one_go])[0], str(tmp_path / "ref"))
+    ref, _ = saves.save_game(engine.config, engine.model, engine.play([one_go])[0], str(tmp_path / "ref"))
     got, want = _files(folder), _files(ref)
     assert len(want) == 9 and sorted(got) == sorted(want)
     assert [n for n in want if got[n] != want[n]] == []

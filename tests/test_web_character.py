@@ -13,7 +13,8 @@ import urllib.request
 import pytest
 from PIL import Image
 
-from animegamer_jax.game import characters, saving
+from animegamer_jax.game import characters
+from animegamer_jax.game.folder import saves
 from animegamer_jax.inference.instructions import Game, parse_instruction
 from animegamer_jax.web.app import create_app
 from animegamer_jax.web.routes import CHARACTER_MAX_BODY
@@ -66,14 +67,15 @@ def test_upload_starts_a_game_with_the_character_equal_to_plays(served, tmp_path
     # the same game through play / generate's path (all turns at once): the same turn files
     game = Game("same", tuple(parse_instruction(x, "t") for x in lines), st["seed"], (char,))
     result = server.engine.play([game])[0]
-    other, _ = saving.save_game(server.engine, result, str(tmp_path))
+    other, _ = saves.save_game(server.engine.config, server.engine.model, result, str(tmp_path))
     files = sorted(n for n in os.listdir(folder) if n.startswith("turn_") and n.endswith(TURN_FILES))
     assert len(files) == 9
     for n in files:
         assert open(os.path.join(folder, n), "rb").read() == open(os.path.join(other, n), "rb").read(), n
     # the reference changed the Bunny turns: the game without the character differs there only
-    plain = saving.save_game(server.engine, server.engine.play([Game("plain", game.turns, game.seed)])[0],
-                             str(tmp_path))[0]
+    engine = server.engine
+    plain = saves.save_game(engine.config, engine.model, engine.play([Game("plain", game.turns, game.seed)])[0],
+                            str(tmp_path))[0]
     same = [open(os.path.join(folder, f"turn_{k:03d}.state.npz"), "rb").read()
             == open(os.path.join(plain, f"turn_{k:03d}.state.npz"), "rb").read() for k in range(3)]
     differ = [open(os.path.join(folder, f"turn_{k:03d}.mp4"), "rb").read()

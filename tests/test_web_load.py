@@ -24,7 +24,7 @@ import weakref
 import pytest
 
 from animegamer_jax.config import load_config
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.commands import web as web_main
 from starlette.requests import Request
 
@@ -74,7 +74,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
     assert 0 < idle_kib <= peak_kib < idle_kib + 200 * 1024, (idle_kib, peak_kib)
     out_text = "".join(server.lines)
     assert f"serving on http://127.0.0.1:{server.port}/" in out_text and "no authentication" not in out_text
-    # the command prints every saved turn (the server's on_turn hook, saving.print_turn)
+    # the command prints every saved turn (the server's on_turn hook, game/run.py print_turn)
     assert out_text.count("\n  states ML=") == PLAYERS * TURNS, out_text[-2000:]
     assert rc == 0, out_text[-2000:]
     # only the 16 games, finished, and the sessions' record under the games folder; nothing beside it
@@ -82,7 +82,7 @@ def test_sixteen_players_three_turns_each(tmp_path):
     games = sorted(os.listdir(out))
     assert games.pop(0) == SESSIONS_FILE
     assert len(games) == PLAYERS and all(g.startswith("web-") for g in games), games
-    assert all(writers.is_finished(out / g) for g in games)
+    assert all(layout.is_finished(out / g) for g in games)
     assert sorted(r["state"]["game_id"] for r in results) == games
 
 

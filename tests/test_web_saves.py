@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from animegamer_jax.game import saving, writers
+from animegamer_jax.game.folder import layout, saves
+from animegamer_jax.game.folder.load import load_game
 from animegamer_jax.game.turn_by_turn import instruction_from_fields
 from animegamer_jax.inference.instructions import Game
 from tests.web_helpers import standin_server
@@ -73,22 +74,22 @@ def test_save_work_per_turn_does_not_grow_and_equals_one_go(server, n):
     # the new turn's media: the same size class at turn 40 as at turn 2 (no earlier turn rewritten)
     assert media_bytes[-1] < 2 * max(media_bytes[1:5])
     # game.mp4 / contact sheet: made once on demand, covering every turn
-    rec = writers.read_json(os.path.join(folder, writers.GAME_JSON))
+    rec = layout.read_json(os.path.join(folder, layout.GAME_JSON))
     assert rec["save"]["derived"]["turns"] == 1
     assert server.sessions.finish_game(s, s.game.game_id) == folder
-    rec = writers.read_json(os.path.join(folder, writers.GAME_JSON))
+    rec = layout.read_json(os.path.join(folder, layout.GAME_JSON))
     assert rec["save"]["derived"]["turns"] == n
-    assert len(writers.read_video(os.path.join(folder, "game.mp4"))) == sum(
-        len(writers.read_video(os.path.join(folder, f"turn_{k:03d}.mp4"))) for k in range(n))
+    assert len(layout.read_video(os.path.join(folder, "game.mp4"))) == sum(
+        len(layout.read_video(os.path.join(folder, f"turn_{k:03d}.mp4"))) for k in range(n))
     # the same game in one go (same engine, same batch shape): every turn file equal
     game = Game("one-go", tuple(s.game.turns), s.game.seed)
-    one_go, _ = saving.save_game(server.engine, server.engine.play([game])[0],
+    one_go, _ = saves.save_game(server.engine.config, server.engine.model, server.engine.play([game])[0],
                                 os.path.join(server.out_dir, f"ref-{n}"))
     ref, got = turn_files(one_go), turn_files(folder)
     assert len(ref) == 3 * n and ref.keys() == got.keys()
     assert [k for k in ref if ref[k] != got[k]] == []
     # and it loads back as a game to continue
-    loaded, _ = saving.load_game(server.engine, folder)
+    loaded, _ = load_game(server.engine, folder)
     assert len(loaded) == n and loaded.results[-1].meters == s.game.results[-1].meters
 
 
@@ -126,7 +127,7 @@ def test_undo_takes_the_last_turn_off_the_save(server):
     state = server.sessions.undo(s)
     assert len(state["turns"]) == 2
     assert not any(n.startswith("turn_002") for n in os.listdir(folder))
-    loaded, rec = saving.load_game(server.engine, folder)
+    loaded, rec = load_game(server.engine, folder)
     assert len(loaded) == 2 and len(rec["files"]) == 6
     play(server, s, fields(7))  # the replacement third turn
     alone = server.sessions.new()
@@ -134,7 +135,7 @@ def test_undo_takes_the_last_turn_off_the_save(server):
         play(server, alone, fields(i))
     assert turn_files(folder) == turn_files(os.path.join(server.out_dir, alone.game.game_id))
     server.sessions.finish_game(s, s.game.game_id)
-    assert writers.read_json(os.path.join(folder, writers.GAME_JSON))["save"]["derived"]["turns"] == 3
+    assert layout.read_json(os.path.join(folder, layout.GAME_JSON))["save"]["derived"]["turns"] == 3
 
 
 def test_server_restart_loses_no_game(server, tmp_path):
@@ -187,7 +188,8 @@ def test_server_restart_loses_no_game(server, tmp_path):
         http.stop()
         srv.stop()
     one_go = Game("one-go", tuple(instruction_from_fields(**fields(i)) for i in range(3)), server.seed)
-    ref, _ = saving.save_game(server.engine, server.engine.play([one_go])[0], str(tmp_path / "ref"))
+    engine = server.engine
+    ref, _ = saves.save_game(engine.config, engine.model, engine.play([one_go])[0], str(tmp_path / "ref"))
     assert turn_files(ref) == turn_files(os.path.join(out, game_id))
 
 

@@ -1,7 +1,7 @@
 """One orbax directory holding a whole AnimeGamer system, and a training run's checkpoints (docs/checkpoints.md)."""
 
 from animegamer_jax.checkpoint.cast import cast_system
-from animegamer_jax.checkpoint.config_json import config_from_json, config_to_json
+from animegamer_jax.config import config_from_json, config_to_json
 from animegamer_jax.checkpoint.errors import CheckpointIntegrityError, SystemCheckpointError
 from animegamer_jax.checkpoint.integrity import (FULL_HASH_BELOW, INTEGRITY_FILE, SAMPLE_BLOCK, SAMPLE_BLOCKS,
                                                  checkpoint_identity, integrity_manifest, read_integrity,

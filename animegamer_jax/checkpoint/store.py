@@ -22,11 +22,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from animegamer_jax import parallel
 
-from animegamer_jax.config import drop_removed_keys
 from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
-from animegamer_jax.checkpoint.config_json import config_from_json, config_to_json
+from animegamer_jax.config import config_from_json, config_to_json, drop_removed_keys
 from animegamer_jax.checkpoint.errors import CheckpointIntegrityError, SystemCheckpointError, fix_hint
 from animegamer_jax.checkpoint.integrity import INTEGRITY_FILE, verify_checkpoint, write_integrity
 from animegamer_jax.models.registry import COMPONENT_BUILDERS, COMPONENTS, STORED_LAYOUTS, Builder

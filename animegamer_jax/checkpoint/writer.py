@@ -20,7 +20,7 @@ import tensorstore
 from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
-from animegamer_jax.checkpoint.config_json import config_to_json
+from animegamer_jax.config import config_to_json
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.checkpoint.integrity import write_integrity
 from animegamer_jax.checkpoint.store import FORMAT_VERSION, pure_dict

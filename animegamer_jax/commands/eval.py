@@ -55,12 +55,12 @@ from animegamer_jax.eval.table1 import render_markdown, run_benchmark
 from animegamer_jax.eval.table1_games import BenchmarkError, load_benchmark
 from animegamer_jax.commands import eval_game
 from animegamer_jax.commands.eval_game import play_games, played_clips
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.game.characters import load_characters
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
-from animegamer_jax.game.saving import save_game
+from animegamer_jax.game.folder.saves import save_game
 from animegamer_jax.game.script import load_jsonl, load_script
 from animegamer_jax.inference.clip_sampler import sampling_component
 from animegamer_jax.inference.instructions import GameScriptError
@@ -116,7 +116,7 @@ def run_table1(config, benchmark_path: str, out_dir: str, *, system=None, checkp
     """
     t_start = time.perf_counter()
     bench = load_benchmark(benchmark_path)
-    writers.check_writable(out_dir)
+    layout.check_writable(out_dir)
     if system is None:
         system = build_system(config, checkpoint, standin)
     engine = GameEngine(config, system)
@@ -125,7 +125,7 @@ def run_table1(config, benchmark_path: str, out_dir: str, *, system=None, checkp
         games_dir = str(paths.as_path(paths.join(out_dir, "games")))  # absolute, as logged
 
         def save(result: dict) -> None:
-            save_game(engine, result, games_dir, overwrite=True)  # a rerun replaces its own games
+            save_game(engine.config, engine.model, result, games_dir, overwrite=True)  # a rerun replaces its own games
 
     return run_benchmark(engine, bench, out_dir, batches, save=save, embedder=embedder, dreamsim=dreamsim,
                          games=games, scope_fn=scope_fn, log=log, t_start=t_start)

@@ -40,12 +40,12 @@ from animegamer_jax.config import load_config as load_config_file
 from animegamer_jax.data import toy_motion, toy_world
 from animegamer_jax.eval import referee
 from animegamer_jax.eval import vae as eval_vae
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import hud, layout
 from animegamer_jax.game.characters import load_characters
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.errors import GAME_ERRORS
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.saving import fingerprint, pending_games, save_game
+from animegamer_jax.game.folder.saves import fingerprint_of, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
@@ -60,29 +60,29 @@ KINDS = ("system", "ground_truth", "standin", "retrieval")
 
 def played_clips(game_dir: str) -> list[np.ndarray]:
     """Every turn's clip of a saved game, uint8 [T, h, w, 3] (turn videos cut from under the HUD)."""
-    rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
-    return [writers.clip_from_hud(writers.read_video(paths.join(game_dir, t["video"])), rec["save"]["frame_size"])
+    rec = layout.read_json(paths.join(game_dir, layout.GAME_JSON))
+    return [hud.clip_from_hud(layout.read_video(paths.join(game_dir, t["video"])), rec["save"]["frame_size"])
             for t in rec["turns"]]
 
 
 def played_states(game_dir: str) -> list[tuple[int, int, int]]:
     """Every turn's predicted (SC, ET, ST) of a saved game (game.json)."""
-    rec = writers.read_json(paths.join(game_dir, writers.GAME_JSON))
+    rec = layout.read_json(paths.join(game_dir, layout.GAME_JSON))
     return [(int(t["states"]["SC"]), int(t["states"]["ET"]), int(t["states"]["ST"])) for t in rec["turns"]]
 
 
 def play_games(engine: GameEngine, games, out_dir: str) -> int:
     """Plays every pending game of ``games`` into ``out_dir`` (generate's loop: finished games are kept);
     returns how many were played."""
-    writers.check_writable(out_dir, keep=False)
+    layout.check_writable(out_dir, keep=False)
     validate_games(games, engine.spec, engine.tok)
     seeds = {g.game_id: engine.game_seed(g) for g in games}
-    todo, done, replay = pending_games(games, out_dir, 0, 1, lambda g: fingerprint(engine, g, seeds[g.game_id]),
+    todo, done, replay = pending_games(games, out_dir, 0, 1, lambda g: fingerprint_of(engine.config, engine.model, g, seeds[g.game_id]),
                                        False)
     print(f"{out_dir}: {len(todo)} games to play, {done} already finished", flush=True)
     for group in batches(todo, engine.batch_size):
         for result in engine.play(group):
-            save_game(engine, result, out_dir, overwrite=result["game"].game_id in replay)
+            save_game(engine.config, engine.model, result, out_dir, overwrite=result["game"].game_id in replay)
     return len(todo)
 
 

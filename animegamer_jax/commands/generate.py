@@ -16,8 +16,8 @@ them on a mesh of its local devices, so processes never wait for each other. Eve
 instructions are checked (fields, token length, file:line) before the first turn. Resumable and
 verified: a game is skipped only when its folder is a finished game of this project made from the
 same instructions, seed, mode, config and system (the fingerprint in its game.json) with every file
-intact (sizes and sha256 recorded there; game/saving.py ``pending_games``); any other is
-replayed, and the run says which and why. One writer per game folder (game/writers.py
+intact (sizes and sha256 recorded there; game/folder/saves.py ``pending_games``); any other is
+replayed, and the run says which and why. One writer per game folder (game/folder/layout.py
 ``game_lock``): a batch's games are locked before it plays, so a game another process is writing
 stops the run with one line (its pid and host, exit 2) before that batch plays; the batches saved
 before it are kept, and a rerun resumes.
@@ -42,12 +42,12 @@ from tqdm import tqdm
 from animegamer_jax import parallel
 from animegamer_jax.io import paths
 from animegamer_jax.cli import UsageError, interrupt_exit
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import layout
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.characters import check_used, load_characters
 from animegamer_jax.commands.game_flags import character_flag, run_game_command
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.saving import fingerprint, pending_games, save_game
+from animegamer_jax.game.folder.saves import fingerprint_of, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
@@ -77,7 +77,7 @@ def _generate(f, config, *rest: str) -> int:
         raise UsageError(f"expected one JSONL file of games, got {list(rest) or 'none'}")
     try:
         out_dir = f.out
-        writers.check_writable(out_dir, keep=False)  # created when a game is written
+        layout.check_writable(out_dir, keep=False)  # created when a game is written
         games = load_jsonl(rest[0])
         characters = load_characters(f.character)
         if characters:  # every game gets them; each turn naming one is decoded with its reference
@@ -91,7 +91,7 @@ def _generate(f, config, *rest: str) -> int:
         validate_games(games, engine.spec, engine.tok)  # every game, before the first turn
         seeds = {g.game_id: engine.game_seed(g) for g in games}
         todo, done, replay = pending_games(games, out_dir, jax.process_index(), jax.process_count(),
-                                           lambda g: fingerprint(engine, g, seeds[g.game_id]), f.overwrite)
+                                           lambda g: fingerprint_of(engine.config, engine.model, g, seeds[g.game_id]), f.overwrite)
         if f.limit:
             todo = todo[: f.limit]
             replay = {g.game_id: replay[g.game_id] for g in todo if g.game_id in replay}
@@ -104,10 +104,10 @@ def _generate(f, config, *rest: str) -> int:
             for group in batches(todo, engine.batch_size):
                 with contextlib.ExitStack() as held:  # the batch's game folders: one writer each
                     for g in group:
-                        held.enter_context(writers.game_lock(paths.join(out_dir, g.game_id)))
+                        held.enter_context(layout.game_lock(paths.join(out_dir, g.game_id)))
                     for result in engine.play(group):
                         gid = result["game"].game_id
-                        save_game(engine, result, out_dir, overwrite=gid in replay)
+                        save_game(engine.config, engine.model, result, out_dir, overwrite=gid in replay)
                         bar.update(1)
     except KeyboardInterrupt as e:
         print("interrupted: finished games are kept; rerun the same command to resume", file=sys.stderr)

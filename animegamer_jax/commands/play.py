@@ -15,7 +15,7 @@ booleans ``--overwrite`` / ``--nooverwrite``); the shared ones are game_flags.py
 ``--config.a.b=value`` overrides a field of the ``--config`` file or, without one, of the config
 saved in ``--checkpoint`` (unknown keys are errors; the game seed is ``--config.game.seed``, the
 mode ``--config.game.mode``). Outputs go to ``<out>/<game_id>/`` (``--out``, default outputs/games)
-(game/saving.py, game/writers.py); the command prints the folder, the states and meters of every
+(game/folder/); the command prints the folder, the states and meters of every
 turn and the per-stage wall times, compilation apart. ``--game-id`` must be a plain folder name;
 a folder of that name that this program did not write is never touched, and a finished game of an
 earlier run is kept unless ``--overwrite``. Every instruction of a script is checked (fields, token
@@ -32,7 +32,7 @@ are decoded with IMAGE as the reference (a system with phase r's adapter); the g
 the image (``characters/<NAME>.png``, game.json ``characters``) and ``--continue`` reuses it. A NAME
 that no turn of the script names is refused (one line); typed games (``-``) are not checked.
 
-One writer per game folder: play holds the game folder's lock (game/writers.py ``game_lock``) from
+One writer per game folder: play holds the game folder's lock (game/folder/layout.py ``game_lock``) from
 before the system loads to the end of the session; while another process writes that folder, play
 is refused with one line naming its pid and host (exit 2) before anything is played.
 """
@@ -51,13 +51,14 @@ from animegamer_jax.io import paths
 from animegamer_jax.io.fileio import signals_held
 from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit
 from animegamer_jax.config import ConfigError
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import atomic, layout
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.characters import check_used, load_characters
 from animegamer_jax.commands.game_flags import character_flag, config_overrides, run_game_command
 from animegamer_jax.game.loading import resolve_system
-from animegamer_jax.game.saving import (branch_game, finish_session, load_game, print_turn, save_game, save_turn,
-                                        summary)
+from animegamer_jax.game.folder.load import load_game
+from animegamer_jax.game.folder.saves import branch_game, finish_session, save_game, save_turn, summary
+from animegamer_jax.game.run import print_turn
 from animegamer_jax.game.script import load_script
 from animegamer_jax.inference.instructions import Game, GameScriptError, parse_instruction
 from animegamer_jax.inference.layout import apply_layout, setup_jax
@@ -181,7 +182,7 @@ def _play(f, config, *rest: str) -> int:
       UsageError: more than one positional argument, ``--from_turn`` without ``--continue``,
         ``--game-id`` with a plain ``--continue``, a ``--config.game.seed`` override other than the
         continued game's seed; any of game_flags.py's
-        ``CLI_ERRORS`` (a saved game that cannot be continued: ``writers.SavedGameError``).
+        ``CLI_ERRORS`` (a saved game that cannot be continued: ``layout.SavedGameError``).
     """
     if len(rest) > 1:
         raise UsageError(f"unexpected arguments {list(rest[1:])}; play takes one script (or - for stdin)")
@@ -195,10 +196,10 @@ def _play(f, config, *rest: str) -> int:
                          "--game-id, or add --from_turn N to start a new game of that id")
     try:
         if f.game_id is not None:
-            writers.check_game_id(f.game_id)
+            layout.check_game_id(f.game_id)
         out_dir = f.out
         if source is None or from_turn is not None:
-            writers.check_writable(out_dir, keep=False)  # created when a game is written
+            layout.check_writable(out_dir, keep=False)  # created when a game is written
         game = load_script(script, f.game_id) if script != "-" else None
         characters = load_characters(f.character)
         if characters and source is not None:
@@ -212,10 +213,10 @@ def _play(f, config, *rest: str) -> int:
             game_id = source.rstrip("/").rsplit("/", 1)[-1]
         else:
             game_id = f.game_id or f"{source.rstrip('/').rsplit('/', 1)[-1]}-from{from_turn}"
-        writers.check_game_id(game_id, "--game-id (default: the script's file name)")
+        layout.check_game_id(game_id, "--game-id (default: the script's file name)")
         # one writer per game folder: another process writing it refuses this one here, before anything plays
         target = paths.join(out_dir, game_id) if source is None or from_turn is not None else source.rstrip("/")
-        with writers.game_lock(target):
+        with layout.game_lock(target):
             folder, record = _play_locked(f, config, script, game, characters, source, from_turn, game_id, out_dir)
             if record is None:
                 return folder
@@ -229,26 +230,26 @@ def _play(f, config, *rest: str) -> int:
 
 def _play_locked(f, config, script: str, game: Game | None, characters, source: str | None, from_turn: int | None,
                  game_id: str, out_dir: str) -> tuple:
-    """The part of :func:`_play` run holding the game folder's lock (``writers.game_lock``): loads the
+    """The part of :func:`_play` run holding the game folder's lock (``layout.game_lock``): loads the
     system and plays. Returns ``(folder, record)`` of a script's game saved whole, or ``(exit status,
     None)`` of a game saved turn by turn (interactive, ``--continue``), which printed its own summary."""
     if source is None or from_turn is not None:
-        writers.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
+        atomic.clean_stale_temp(out_dir, game_id)  # a killed rewrite's game is put back before the check
         if source is None:
-            writers.check_target(out_dir, game_id, f.overwrite)
+            layout.check_target(out_dir, game_id, f.overwrite)
         else:
-            writers.check_branch_target(out_dir, game_id)  # never replaced, --overwrite or not
+            layout.check_branch_target(out_dir, game_id)  # never replaced, --overwrite or not
     # one game on every device (latency layout) unless --config.game.play_layout=batch
-    layout = str(config.game.get("play_layout", "latency"))
+    play_layout = str(config.game.get("play_layout", "latency"))
     try:
-        config = apply_layout(config, layout, jax.device_count())
+        config = apply_layout(config, play_layout, jax.device_count())
     except ValueError as e:
         raise ConfigError(f"{e}. Fix: --config.game.play_layout=latency or =batch") from None
     mesh = parallel.mesh_from_config(config)
     system = resolve_system(apply_mode(config), f.checkpoint, f.standin, mesh=mesh,
                             random_fallback=f.demo, verify=f.verify_checkpoint,
                             need_references=bool(characters))
-    engine = GameEngine(config, system, mesh=mesh, latency=layout == "latency")
+    engine = GameEngine(config, system, mesh=mesh, latency=play_layout == "latency")
     if game is not None:
         validate_games([game], engine.spec, engine.tok)
     if source is not None:
@@ -261,7 +262,7 @@ def _play_locked(f, config, script: str, game: Game | None, characters, source: 
 
         def save(g):
             # the first write honours --overwrite; later ones add a turn to this session's own folder
-            save_turn(engine, g, out_dir, new_folder=len(g) == 1, overwrite=f.overwrite)
+            save_turn(engine.config, engine.model, g, out_dir, new_folder=len(g) == 1, overwrite=f.overwrite)
 
         return _session_end(engine, tbt, paths.join(out_dir, game_id), _interactive(engine, tbt, save),
                             played=0), None
@@ -273,7 +274,7 @@ def _play_locked(f, config, script: str, game: Game | None, characters, source: 
             print_turn(k, game.turns[k].text, r["turns"][k], r["timings"][k])
 
     result = engine.play([game], on_turn=on_turn)[0]
-    return save_game(engine, result, out_dir, overwrite=f.overwrite)
+    return save_game(engine.config, engine.model, result, out_dir, overwrite=f.overwrite)
 
 
 def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id: str, out_dir: str,
@@ -290,7 +291,7 @@ def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id
         folder = source.rstrip("/")
         out_dir = folder.rsplit("/", 1)[0] if "/" in folder else "."
     else:
-        folder = branch_game(source, tbt, engine, out_dir)
+        folder = branch_game(engine.config, engine.model, source, tbt, out_dir)
     played = len(tbt)
     print(f"system: {engine.model.label}\nconfig {engine.config.name}, mode {engine.config.game.mode}, window "
           f"{engine.spec.window}, seed {tbt.seed}\n"
@@ -298,7 +299,7 @@ def _continue(engine: GameEngine, f, source: str, from_turn: int | None, game_id
           flush=True)
 
     def save(g):
-        save_turn(engine, g, out_dir, new_folder=False)
+        save_turn(engine.config, engine.model, g, out_dir, new_folder=False)
 
     if script is not None:
         turns = [(t, encode_instruction(t.text, engine.spec, engine.tok)) for t in script.turns]
@@ -329,7 +330,7 @@ def _session_end(engine: GameEngine, game: TurnByTurnGame, folder: str, stop: Ke
     record = None
     try:
         with signals_held():  # a Ctrl-C now ends the command once the files are made
-            record = finish_session(engine, folder)
+            record = finish_session(engine.config, folder)
     except KeyboardInterrupt as e:
         stop = stop or e
     if record is not None:

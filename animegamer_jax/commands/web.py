@@ -17,7 +17,7 @@ The page has character / motion / background fields (or one whole instruction li
 Undo and Restart, the current clip in a video player (its frames shown as the VAE decodes them),
 the meters as bars with this turn's changes, the history strip and a download of the game folder.
 Every turn is the ``play`` command's engine step, and the game is saved after every turn in the
-``play`` layout (``<out>/<game_id>/``, game/writers.py). At most ``--max_queue`` turns wait; past
+``play`` layout (``<out>/<game_id>/``, game/folder/layout.py). At most ``--max_queue`` turns wait; past
 that a turn gets HTTP 503 with ``Retry-After`` and "the server is busy ... try again in N s"; at
 most ``--max_sessions`` players hold games, past that a new player gets 503. The server binds to
 loopback and answers only to loopback ``Host`` names unless ``--host`` says otherwise; any other
@@ -34,7 +34,7 @@ from absl import flags
 
 from animegamer_jax.cli import UsageError, define_verbosity
 from animegamer_jax.commands.game_flags import run_game_command
-from animegamer_jax.game.saving import print_turn
+from animegamer_jax.game.run import print_turn
 from animegamer_jax.web.app import check_port, check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
 

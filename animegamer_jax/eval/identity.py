@@ -15,7 +15,7 @@ Then it scores every turn's clip (read back from its turn video, cut from under 
 and (``--decoder_clips`` > 0) the decoder PSNR without and with a reference on ``--dataset`` (default
 the system config's ``data.dataset_dir``, its training clips: seen characters; eval/decoder.py
 ``decoder_psnr``, ``reference``). Writes ``OUT/report.json`` and ``OUT/report.md``. Rerunning resumes:
-finished games are kept (generate's check, game/saving.py ``pending_games``).
+finished games are kept (generate's check, game/folder/saves.py ``pending_games``).
 
   python -m animegamer_jax.commands.eval identity --ground_truth --world DIR [--out DIR]
 

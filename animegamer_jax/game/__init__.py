@@ -1,1 +1,1 @@
-"""Game generation: the turn engine playing an ``inference`` TurnModel, scripts, runs, saves and writers."""
+"""Game generation: the turn engine playing an ``inference`` TurnModel, scripts, runs, and the game folder (game/folder/)."""

@@ -10,7 +10,7 @@ One turn (docs/overview.md#one-turn, paper §3.2 "Inference"):
    embedding, docs/encoders.md#unconditional-embedding, docs/diffusion.md#guidance) -> latents.
 3. **VAE** (``model.decode``): latents -> frames float ``[T, 8h, 8w, 3]`` in [0, 1]
    (docs/diffusion.md#latent-scale).
-4. **Writing** (game/writers.py): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
+4. **Writing** (game/folder/): per-turn MP4/GIF with the meters HUD, game video, game.json, gallery.
 
 The three stages are ``jax.jit`` functions of (params, inputs) whose input shapes depend only on
 the game shape (batch B = the mesh's data-parallel size, padded sequence length L, Q, D), so each
@@ -413,9 +413,9 @@ class GameEngine:
     def play(self, games: Sequence[Game], on_turn: Callable[[int, list], None] = _ignore) -> list[dict]:
         """Plays up to ``batch_size`` games together; returns one result dict per game.
 
-        Each result: ``{"game": Game, "seed": int, "turns": [TurnResult...], "timings": {...}}``
-        with per-turn stage timings (seconds, wall of the batched call, compile excluded) and
-        the compile seconds of this call.
+        Each result: ``{"game": Game, "seed": int, "turns": [TurnResult...], "timings": {...},
+        "text_ids": [ids per turn]}`` with per-turn stage timings (seconds, wall of the batched call,
+        compile excluded), each turn's instruction ids and the compile seconds of this call.
 
         Raises:
           ValueError: more games than the batch size, or no game.
@@ -430,7 +430,8 @@ class GameEngine:
         text_ids = [[encode_instruction(t.text, self.spec, self.tok) for t in g.turns] for g in rows]
         runs = [self.new_run() for _ in rows]
         seeds = [self.game_seed(g) for g in rows]
-        results = [{"game": g, "seed": s, "turns": [], "timings": []} for g, s in zip(games, seeds)]
+        results = [{"game": g, "seed": s, "turns": [], "timings": [], "text_ids": [tuple(i) for i in ids]}
+                   for g, s, ids in zip(games, seeds, text_ids)]
         n_turns = max(len(g.turns) for g in games)
         ref_latents = [self.reference_latents(g.characters) for g in games]  # once per game
         ref_latents += [ref_latents[0]] * (len(rows) - len(games))

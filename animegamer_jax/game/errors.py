@@ -6,7 +6,7 @@ from __future__ import annotations
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game.characters import CharacterError
 from animegamer_jax.game.loading import CheckpointError
-from animegamer_jax.game.writers import OutputError
+from animegamer_jax.game.folder.layout import OutputError
 from animegamer_jax.inference.executables import ExecutablesError
 from animegamer_jax.inference.instructions import GameScriptError
 from animegamer_jax.inference.turn_inputs import InstructionTooLongError

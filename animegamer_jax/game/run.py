@@ -109,3 +109,16 @@ class TurnResult:
     rep: np.ndarray
     frames: np.ndarray
     meters: dict[str, int]
+
+
+def print_turn(k: int, text: str, tr: TurnResult, timing: dict) -> None:
+    """Prints turn ``k``'s instruction, states, meters, stage wall times and the time to first frame /
+    turn time from the turn's start, compiles included (two lines, stdout)."""
+    ml, sc, et, st = tr.states
+    m = tr.meters
+    print(f"turn {k + 1}: {text}\n  states ML={ml} SC={sc:+d} ET={et:+d} ST={st:+d} | social {m['social']} "
+          f"entertainment {m['entertainment']} stamina {m['stamina']} | mllm {timing['mllm_s']:.2f}s "
+          f"sampling {timing['sampling_s']:.2f}s vae {timing['vae_s']:.2f}s"
+          + (f" (preview {timing['preview_s']:.2f}s)" if "preview_s" in timing else "")
+          + (f" | first frame {timing['ttff_s']:.2f}s turn {timing['turn_s']:.2f}s" if "ttff_s" in timing else ""),
+          flush=True)

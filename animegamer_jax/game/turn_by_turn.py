@@ -7,8 +7,8 @@ meters). The model runs elsewhere: a caller batches the pending turns of several
 :meth:`undo` drops the last turn and rebuilds the window and meters from the turns kept (no model
 call: a turn's states and representation are stored), so undoing turn k and playing it again with
 the same instruction gives the same output (turn k's PRNG key is ``turn_key(seed, k)``).
-:meth:`result` is the dict ``GameEngine.play`` returns per game, which ``saving.save_game``
-(game/saving.py) writes in the layout of game/writers.py.
+:meth:`result` is the dict ``GameEngine.play`` returns per game, which ``save_game``
+(game/folder/saves.py) writes in the layout of game/folder/layout.py.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class TurnByTurnGame:
         return self.engine.new_run().meters.as_dict()
 
     def result(self) -> dict:
-        """The ``GameEngine.play``-style result of the turns so far (for ``saving.save_game``)."""
+        """The ``GameEngine.play``-style result of the turns so far (for game/folder/saves.py ``save_game``)."""
         return {"game": Game(self.game_id, tuple(self.turns), self.seed, self.characters), "seed": self.seed,
                 "turns": list(self.results), "timings": list(self.timings), "text_ids": list(self.text_ids),
                 "compile_s": dict(self.engine.compile_s)}

@@ -34,6 +34,7 @@ import jaxlib
 from jax._src import compilation_cache as jax_cache  # reset_cache: no public equivalent
 from jax.experimental import serialize_executable
 
+from animegamer_jax.config import config_to_json
 from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
@@ -48,8 +49,8 @@ class ExecutablesError(ValueError):
 
 def config_hash(config: Any) -> str:
     """sha256 (first 16 hex digits) of ``config``'s JSON (keys sorted)."""
-    text = config.to_json_best_effort(sort_keys=True) if hasattr(config, "to_json_best_effort") else \
-        json.dumps(config, sort_keys=True, default=str)
+    text = json.dumps(config_to_json(config) if hasattr(config, "to_json_best_effort") else config,
+                      sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import gallery, layout
 from animegamer_jax.web.queue import QueueFull
 from animegamer_jax.web.server import GameServer
 from animegamer_jax.web.sessions import MAX_CHARACTER_BYTES, BadInput, Busy, ServerFull, Session, session_id_ok
@@ -179,7 +179,7 @@ async def index(site: Site, request: Request) -> Response:
 async def static(site: Site, request: Request) -> Response:
     name = request.path_params["name"]
     if name == "gallery.css":
-        return Response(writers.GALLERY_CSS, media_type="text/css")
+        return Response(gallery.GALLERY_CSS, media_type="text/css")
     if name not in site.static_files:
         return error(404, f"no such static file; the page's files are {['gallery.css', *site.static_files]}")
     return FileResponse(site.static_files[name])
@@ -281,7 +281,7 @@ async def game_file(site: Site, request: Request) -> Response:
     s, folder = own_game(site, request)
     if folder is None or not _SAFE_NAME.match(name):
         return error(404, "no such game file in this session")
-    if name in writers.DERIVED_FILES[:2]:  # game.mp4, the contact sheet: made on demand
+    if name in layout.DERIVED_FILES[:2]:  # game.mp4, the contact sheet: made on demand
         folder = await asyncio.to_thread(site.server.sessions.finish_game, s, request.path_params["game_id"])
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
@@ -301,7 +301,7 @@ async def game_zip(site: Site, request: Request) -> Response:
     def pack() -> bytes:
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
-            for name in writers.folder_files(folder):
+            for name in layout.folder_files(folder):
                 z.write(os.path.join(folder, *name.split("/")), f"{game_id}/{name}")
         return buf.getvalue()
 

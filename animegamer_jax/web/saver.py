@@ -8,7 +8,7 @@ import threading
 import traceback
 from collections.abc import Callable
 
-from animegamer_jax.game import saving, writers
+from animegamer_jax.game.folder import layout, saves
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
 from animegamer_jax.io import fileio
@@ -75,15 +75,15 @@ class Saver:
             return self._locks.setdefault(game_id, threading.Lock())
 
     def save_turn(self, game: TurnByTurnGame) -> None:
-        """Saves ``game``'s last turn (``saving.save_turn``: its first turn makes the folder, ids being
+        """Saves ``game``'s last turn (``saves.save_turn``: its first turn makes the folder, ids being
         unique per server; a later one adds its own files), holding the folder's lock and the signals."""
         with self.disk_lock(game.game_id), fileio.signals_held():
-            saving.save_turn(self.engine, game, self.out_dir, new_folder=len(game) == 1)
+            saves.save_turn(self.engine.config, self.engine.model, game, self.out_dir, new_folder=len(game) == 1)
 
     def finish(self, folder: str, game_id: str) -> None:
         """Makes ``game.mp4`` and the contact sheet of game ``game_id`` in ``folder`` cover every saved
-        turn (``saving.finish_session``; nothing to do when they do, or when ``folder`` holds no
+        turn (``saves.finish_session``; nothing to do when they do, or when ``folder`` holds no
         finished game), holding the folder's lock and the signals."""
         with self.disk_lock(game_id), fileio.signals_held():
-            if writers.is_finished(folder):
-                saving.finish_session(self.engine, folder)
+            if layout.is_finished(folder):
+                saves.finish_session(self.engine.config, folder)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from animegamer_jax import parallel
-from animegamer_jax.game import writers
+from animegamer_jax.game.folder import atomic, layout
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.run import TurnResult
@@ -50,7 +50,7 @@ class GameServer:
       max_queue: turns that may wait in the queue (running ones not counted); a turn past that is
         refused with queue.py's ``QueueFull``.
       on_turn: called after each turn is saved with ``(k, instruction text, TurnResult, timing
-        dict)`` on a writer thread (the command prints the turn's lines, ``saving.print_turn``);
+        dict)`` on a writer thread (the command prints the turn's lines, game/run.py ``print_turn``);
         None: nothing.
 
     Raises:
@@ -68,9 +68,9 @@ class GameServer:
                   "idle_s": idle_s}
         if any(v < 1 for v in limits.values()):
             raise ValueError(f"{limits} must each be at least 1")
-        writers.check_writable(out_dir)
+        layout.check_writable(out_dir)
         # temp folders of web games whose server was killed mid-save (a finished one is put back)
-        for name in writers.clean_orphaned_temp(out_dir, "web-"):
+        for name in atomic.clean_orphaned_temp(out_dir, "web-"):
             log.info("removed %s (left by a killed server)", name)
         self.engine = engine
         self.out_dir = out_dir

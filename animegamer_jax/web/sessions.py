@@ -19,7 +19,8 @@ import traceback
 from typing import Any
 
 from animegamer_jax.game import characters as characters_lib
-from animegamer_jax.game import saving, writers
+from animegamer_jax.game.folder import layout, saves
+from animegamer_jax.game.folder.load import load_game
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.run import METER_NAMES
 from animegamer_jax.game.turn_by_turn import TurnByTurnGame
@@ -168,7 +169,7 @@ class Sessions:
             game_id, s.resume = s.resume, None
             try:
                 self.load(s, game_id)
-            except (BadInput, writers.OutputError) as e:
+            except (BadInput, layout.OutputError) as e:
                 log.warning("session's game %s cannot be continued: %s", game_id, e)
 
     # -- live sessions ------------------------------------------------------------------------------
@@ -232,19 +233,19 @@ class Sessions:
         return s.game
 
     def load(self, s: Session, game_id: str) -> TurnByTurnGame:
-        """Makes ``s``'s current game its saved game ``game_id``, read back with ``saving.load_game``
+        """Makes ``s``'s current game its saved game ``game_id``, read back with ``load_game``
         (checked; frames stay on disk).
 
         Raises:
           BadInput: ``s`` did not play ``game_id`` or it is not on disk.
-          writers.SavedGameError: the save cannot be continued (message names why and the fix).
+          layout.SavedGameError: the save cannot be continued (message names why and the fix).
         """
         folder = self.game_dir(s, game_id)
         if folder is None:
             raise BadInput(f"no saved game {game_id!r} in this session. Fix: pick one of the page's saved games "
                            f"(state's saved_games)")
         with self.saver.disk_lock(game_id):
-            game, _ = saving.load_game(self.engine, folder, game_id=game_id)
+            game, _ = load_game(self.engine, folder, game_id=game_id)
         s.game = game
         return game
 
@@ -279,7 +280,7 @@ class Sessions:
                 n = len(s.game)
             else:
                 try:
-                    n = len(writers.read_json(os.path.join(folder, writers.GAME_JSON))["turns"])
+                    n = len(layout.read_json(os.path.join(folder, layout.GAME_JSON))["turns"])
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
             out.append({"game_id": g, "turns": n, "current": s.game is not None and s.game.game_id == g})
@@ -343,7 +344,7 @@ class Sessions:
                 raise IndexError("there is no turn to undo")
             game = s.game
             folder = os.path.join(self.out_dir, game.game_id)
-            if not writers.is_finished(folder):
+            if not layout.is_finished(folder):
                 raise BadInput(f"game {game.game_id}'s folder is no longer in {self.out_dir} (removed outside "
                                f"the server), so its turns cannot be undone there. Fix: restart for a new game")
             with self.saver.disk_lock(game.game_id), fileio.signals_held():
@@ -351,8 +352,8 @@ class Sessions:
                 # under the lock: no turn of this session can start while the folder is rewritten
                 try:
                     if len(game):
-                        saving.drop_turn(self.engine, game, self.out_dir)
-                    elif game.game_id in s.games and writers.is_finished(folder):
+                        saves.drop_turn(self.engine.config, self.engine.model, game, self.out_dir)
+                    elif game.game_id in s.games and layout.is_finished(folder):
                         shutil.rmtree(folder)
                         self.persist(s)
                 except Exception:
@@ -435,7 +436,7 @@ class Sessions:
             old = s.game
             try:
                 self.load(s, game_id)
-            except writers.OutputError as e:
+            except layout.OutputError as e:
                 raise BadInput(str(e)) from None
             if old is not None and old.game_id != game_id:
                 self.finish_later(s, old)
@@ -445,7 +446,7 @@ class Sessions:
 
     def branch(self, s: Session, turns: Any = None) -> dict:
         """A new game holding the first ``turns`` turns of ``s``'s current game (default: all of
-        them), in its own folder (``saving.branch_game``: the turns' files copied, the source only
+        them), in its own folder (``saves.branch_game``: the turns' files copied, the source only
         read); it becomes ``s``'s current game, the source stays saved. Returns the new state.
 
         Raises:
@@ -467,10 +468,10 @@ class Sessions:
             game_id = new_game_id()
             with self.saver.disk_lock(src.game_id), fileio.signals_held():
                 try:
-                    game, _ = saving.load_game(self.engine, folder, upto=k, game_id=game_id)
-                except writers.SavedGameError as e:  # a turn file damaged on disk, say: one line, the fix
+                    game, _ = load_game(self.engine, folder, upto=k, game_id=game_id)
+                except layout.SavedGameError as e:  # a turn file damaged on disk, say: one line, the fix
                     raise BadInput(str(e)) from None
-                saving.branch_game(folder, game, self.engine, self.out_dir)
+                saves.branch_game(self.engine.config, self.engine.model, folder, game, self.out_dir)
             s.games.add(game_id)
             s.game = game
             self.finish_later(s, src)

@@ -12,7 +12,7 @@ function esc(s) {
   return String(s).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
 }
 
-// the same markup as writers.meters_html
+// the same markup as game/folder/gallery.py meters_html
 function metersHtml(meters, deltas) {
   return '<div class="meters">' + METERS.map((n) => {
     const v = meters[n];
