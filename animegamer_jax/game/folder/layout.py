@@ -147,8 +147,10 @@ def game_lock(game_dir: str) -> Iterator[None]:
     never blocks the next run. On entry with the lock newly taken, the ``*.part`` files that a killed
     writer left in the folder are removed (no other writer can be running). The parent folder is
     created when missing, and removed again at the end when nothing was written into it.
-    A ``gs://`` game folder's lock is a lease object (``fileio.exclusive_lock``); other URL schemes
-    are written unguarded, and a network file system without working ``flock`` gives no protection.
+    A ``gs://`` game folder's lock is a lease object (``fileio.exclusive_lock``): a killed holder's
+    lease blocks until it expires (up to ``fileio.LEASE_S``, 60 s), then the next writer takes it
+    over. Other URL schemes are written unguarded, and a network file system without working
+    ``flock`` gives no protection.
 
     Raises:
       GameLockedError: another process holds the lock (the message names its pid and host).
