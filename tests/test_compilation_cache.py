@@ -7,7 +7,7 @@ import os
 import jax
 import pytest
 
-from animegamer_jax import cli
+from animegamer_jax.commands import cli
 from tests.subproc import run_python
 
 #: a child that plays one turn with the stand-in through play's command line and prints the

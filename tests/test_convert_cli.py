@@ -68,7 +68,7 @@ def test_bad_command_lines_are_one_line_errors(tmp_path, capsys):
 
 def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):
     """`--config.x=y` without `--config` overrides the converter's default config (paper sizes)."""
-    from animegamer_jax import cli as cli_lib
+    from animegamer_jax.commands import cli as cli_lib
 
     f, rest = cli_lib.parse_flags(["release", "src", "dst", "--config.dit.num_layers=3", "--allow-pickle"],
                                   cli._release_flags, positional=("SRC", "DST"))

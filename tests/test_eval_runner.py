@@ -10,7 +10,7 @@ import pytest
 
 from animegamer_jax.config import load_config
 from animegamer_jax.commands import eval as cli
-from animegamer_jax.cli import run_subcommand
+from animegamer_jax.commands.cli import run_subcommand
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.table1_games import BenchmarkError
 from animegamer_jax.inference.turn_model import TurnModel

@@ -9,7 +9,7 @@ import jax
 import pytest
 from ml_collections import config_flags
 
-from animegamer_jax import cli
+from animegamer_jax.commands import cli
 from animegamer_jax.commands import play
 
 from animegamer_jax.io import paths

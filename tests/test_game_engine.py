@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from animegamer_jax import cli
+from animegamer_jax.commands import cli
 from animegamer_jax.commands import generate, play
 from animegamer_jax.io import fileio
 
@@ -532,7 +532,7 @@ def test_ctrl_c_after_the_command_returned_exits_130_at_once():
     """A SIGINT in the interpreter's shutdown after play returned (summary printed, files written):
     exit 130 with one line, not a KeyboardInterrupt traceback and status -2."""
     code = ("import os, signal, time\n"
-            "from animegamer_jax import cli\n"
+            "from animegamer_jax.commands import cli\n"
             "import atexit\n"
             "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
             "print('summary', flush=True)\n"

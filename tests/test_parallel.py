@@ -117,7 +117,7 @@ def test_stage_lines_before_distributed_initialize_leave_the_backend_alone():
     out = run_python("""
         import jax
         from jax._src import xla_bridge
-        from animegamer_jax import cli
+        from animegamer_jax.commands import cli
         cli._console["on"] = True
         cli.status("building %s ...", "the model")
         print(xla_bridge.backends_are_initialized())

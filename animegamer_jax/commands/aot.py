@@ -58,7 +58,7 @@ from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
 from animegamer_jax.aot import programs, report
-from animegamer_jax.cli import UsageError, compilation_cache, run_command
+from animegamer_jax.commands.cli import UsageError, compilation_cache, run_command
 from animegamer_jax.game.stage_executables import save_engine_stages
 from animegamer_jax.parallel import target
 

@@ -19,7 +19,7 @@ import functools
 
 from absl import flags
 
-from animegamer_jax import cli as cli_lib
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax.character.fit import FitError, fit_character, read_images
 from animegamer_jax.checkpoint.errors import SystemCheckpointError
 from animegamer_jax.game.characters import CharacterError, check_name

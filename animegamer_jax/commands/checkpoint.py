@@ -22,7 +22,7 @@ import time
 
 from absl import flags
 
-from animegamer_jax import cli as cli_lib
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax.io import fileio
 from animegamer_jax.io import paths
 from animegamer_jax.checkpoint.add import add_components

@@ -34,7 +34,7 @@ from animegamer_jax import checkpoint, parallel
 from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
-from animegamer_jax import cli as cli_lib
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax.convert import check_release, migrate, release
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.loading import CheckpointError, load_game_system

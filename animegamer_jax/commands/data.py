@@ -9,8 +9,7 @@ Commands (each takes ``--help``, which prints its module's docstring and flags):
   extract-features  the shot encoder's CLIP / T5 inputs per clip (data/extract_features.py)
   tiny-t5-spiece    the tiny T5 sentencepiece of configs/tiny.py (data/tiny_t5_spiece.py)
 
-Console scripts (pyproject.toml): ``animegamer-sample``, ``animegamer-caption``, ``animegamer-prepare``,
-``animegamer-extract-features`` and ``animegamer-tiny-t5-spiece`` run the command of the same name.
+Console script (pyproject.toml): ``animegamer-data <command> [flags]``.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import cli as cli_lib
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax.io import paths
 from animegamer_jax.config import load_config
 from animegamer_jax.data import beam_util, caption, datasets, extract_features, label_schema, prepare, sample
@@ -131,7 +130,7 @@ def _sample(f) -> int:
 def sample_main(argv: Sequence[str] | None = None) -> int:
     """``data sample``: writes the sample film, its variants (+ labels), the held-out benchmark or the toy
     world; returns the exit status (2 with one line on a bad command line or a toy world's bad flag /
-    foreign folder). Console script ``animegamer-sample``."""
+    foreign folder)."""
     return cli_lib.run_command(f"{PROG} sample", argv, _sample_flags, sample.__doc__, (), _sample)
 
 
@@ -181,8 +180,7 @@ def _caption(f) -> int:
 
 def caption_main(argv: Sequence[str] | None = None) -> int:
     """``data caption``: labels the films' clips and prints the summary; returns the exit status (1 when a
-    film failed, 2 with a one-line message on a bad command line or a bad input). Console script
-    ``animegamer-caption``."""
+    film failed, 2 with a one-line message on a bad command line or a bad input)."""
     return cli_lib.run_command(f"{PROG} caption", argv, _caption_flags, caption.__doc__, (), _caption,
                                (FileNotFoundError, FileExistsError, ValueError))
 
@@ -224,7 +222,7 @@ def _prepare(f) -> int:
 
 def prepare_main(argv: Sequence[str] | None = None) -> int:
     """``data prepare``: builds the dataset and prints the report; returns the exit status (2 with a one-line
-    message on a bad command line or a bad input). Console script ``animegamer-prepare``."""
+    message on a bad command line or a bad input)."""
     return cli_lib.run_command(f"{PROG} prepare", argv, _prepare_flags, prepare.__doc__, (), _prepare,
                                (FileNotFoundError, FileExistsError, ValueError))
 
@@ -278,8 +276,7 @@ def _extract_features(f) -> int:
 
 def extract_features_main(argv: Sequence[str] | None = None) -> int:
     """``data extract-features``: builds the feature dataset and prints the report; returns the exit status (2
-    with a one-line message on a bad command line or a bad input). Console script
-    ``animegamer-extract-features``."""
+    with a one-line message on a bad command line or a bad input)."""
     return cli_lib.run_command(f"{PROG} extract-features", argv, _extract_features_flags, extract_features.__doc__,
                                (), _extract_features, (FileNotFoundError, FileExistsError, ValueError),
                                interrupted="a killed build leaves only tfds' incomplete folder; rerun to start over")
@@ -303,7 +300,7 @@ def _tiny_t5_spiece(f) -> int:
 
 def tiny_t5_spiece_main(argv: Sequence[str] | None = None) -> int:
     """``data tiny-t5-spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]``; returns the exit status
-    (2 with a one-line message on a bad command line). Console script ``animegamer-tiny-t5-spiece``."""
+    (2 with a one-line message on a bad command line)."""
     return cli_lib.run_command(f"{PROG} tiny-t5-spiece", argv, _tiny_t5_spiece_flags,
                                "Train the tiny T5 sentencepiece used by configs/tiny.py.", (), _tiny_t5_spiece)
 
@@ -324,5 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return cli_lib.run_subcommand(argv, COMMANDS, __doc__)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """Console script ``animegamer-data`` (pyproject.toml)."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

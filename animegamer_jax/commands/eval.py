@@ -38,7 +38,7 @@ from absl import flags
 from ml_collections import config_flags
 from PIL import Image
 
-from animegamer_jax import cli as cli_lib
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax import parallel
 from animegamer_jax.io import fileio
 from animegamer_jax.io import paths
@@ -519,21 +519,6 @@ def _vae_run(f) -> int:
         with open(f.json, "w") as fh:
             json.dump(res, fh, indent=1)
     return 0
-
-
-def vae_cli() -> None:
-    """Console script ``animegamer-eval-vae`` (pyproject.toml)."""
-    sys.exit(vae_main())
-
-
-def decoder_cli() -> None:
-    """Console script ``animegamer-eval-decoder`` (pyproject.toml)."""
-    sys.exit(decoder_main())
-
-
-def representation_cli() -> None:
-    """Console script ``animegamer-eval-representation`` (pyproject.toml)."""
-    sys.exit(representation_main())
 
 
 SUBCOMMANDS = {"table1": table1_main, "identity": identity_main, "representation": representation_main,

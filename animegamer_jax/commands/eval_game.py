@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from animegamer_jax import cli as cli_lib
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax import parallel
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
 from animegamer_jax.config import ConfigError

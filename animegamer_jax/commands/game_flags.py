@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from absl import flags
 from ml_collections import config_flags
 
-from animegamer_jax import cli
+from animegamer_jax.commands import cli
 
 from animegamer_jax.io import fileio
 

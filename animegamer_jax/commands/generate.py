@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 from animegamer_jax import parallel
 from animegamer_jax.io import paths
-from animegamer_jax.cli import UsageError, interrupt_exit
+from animegamer_jax.commands.cli import UsageError, interrupt_exit
 from animegamer_jax.game.folder import layout
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.characters import check_used, load_characters

@@ -49,7 +49,7 @@ from animegamer_jax import parallel
 
 from animegamer_jax.io import paths
 from animegamer_jax.io.fileio import signals_held
-from animegamer_jax.cli import UsageError, exit_finished, interrupt_exit
+from animegamer_jax.commands.cli import UsageError, exit_finished, interrupt_exit
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game.folder import atomic, layout
 from animegamer_jax.game.engine import GameEngine

@@ -30,7 +30,7 @@ from ml_collections import config_flags
 from animegamer_jax import checkpoint, parallel
 
 from animegamer_jax.io import paths
-from animegamer_jax.cli import define_verbosity, run_command, status
+from animegamer_jax.commands.cli import define_verbosity, run_command, status
 from animegamer_jax.data import datasets
 from animegamer_jax.parallel import distributed
 from animegamer_jax.checkpoint import training as train_checkpoint

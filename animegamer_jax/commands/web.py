@@ -32,7 +32,7 @@ import sys
 
 from absl import flags
 
-from animegamer_jax.cli import UsageError, define_verbosity
+from animegamer_jax.commands.cli import UsageError, define_verbosity
 from animegamer_jax.commands.game_flags import run_game_command
 from animegamer_jax.game.run import print_turn
 from animegamer_jax.web.app import check_port, check_token, create_app, no_auth_warning, uvicorn_settings

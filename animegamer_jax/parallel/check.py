@@ -8,7 +8,6 @@ line per process and fails when the collective misses a process.
 
 from __future__ import annotations
 
-import sys
 
 import jax
 import numpy as np
@@ -31,10 +30,3 @@ def gather_processes() -> dict:
     return {"process": jax.process_index(), "processes": jax.process_count(),
             "local_devices": jax.local_device_count(), "devices": jax.device_count(),
             "gathered": [int(v) for v in np.asarray(gathered).ravel()], "backend": jax.default_backend()}
-
-
-if __name__ == "__main__":
-    # A launcher's old MODULE=animegamer_jax.parallel.check must not pass silently.
-    print("error: the multi-host smoke test moved: run `python -m animegamer_jax.commands.check` "
-          "(launchers: MODULE=animegamer_jax.commands.check)", file=sys.stderr)
-    raise SystemExit(2)

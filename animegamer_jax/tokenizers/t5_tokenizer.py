@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import os
-import sys
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -106,10 +105,3 @@ def train_spiece(texts: Iterable[str], vocab_size: int, model_type: str = "bpe",
         normalization_rule_name=normalization,
     )
     return buf.getvalue()
-
-
-if __name__ == "__main__":
-    # The tiny sentencepiece's corpus is the data package's (a layer above), so its command lives there.
-    print("error: the tiny T5 sentencepiece command moved: run `python -m animegamer_jax.commands.data tiny-t5-spiece` "
-          "(same flags; console script animegamer-tiny-t5-spiece)", file=sys.stderr)
-    sys.exit(2)
