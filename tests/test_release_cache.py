@@ -12,7 +12,7 @@ def test_remote_files_go_through_fsspec_filecache(tmp_path, monkeypatch):
     import fsspec
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from animegamer_jax.convert.release import LocalCache
+    from animegamer_jax.convert.release_files import LocalCache
 
     remote = fsspec.filesystem("memory")
     url = "memory://release_cache_test/vae/3d-vae.pt"
