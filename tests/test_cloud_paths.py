@@ -479,12 +479,12 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
 
     from animegamer_jax import checkpoint
     from animegamer_jax.convert import check_release
-    from animegamer_jax.commands.convert import release_main
+    from animegamer_jax.commands.convert import main as convert_main
 
     config = os.path.join(ROOT, "configs", "release_tiny.py")
     gcs.put(os.path.join(RELEASE_FIXTURE, "release"), "bucket/release", recursive=True)
     cache = tmp_path / "cache"
-    assert release_main(["gs://bucket/release", "gs://bucket/converted", "--config", config,
+    assert convert_main(["release", "gs://bucket/release", "gs://bucket/converted", "--config", config,
                          f"--cache_dir={cache}"]) == 0
     out = capsys.readouterr().out
     assert "copying gs://bucket/release/AnimeGamer/VDM_Decoder-Qiqi/10000/mp_rank_00_model_states.pt (" in out
@@ -494,7 +494,7 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
     assert (cache / "cache").is_file() and len(os.listdir(cache)) > 2  # a user-given cache is kept (fsspec filecache: metadata + copies, reused by a rerun)
 
     local = str(tmp_path / "local")
-    assert release_main([os.path.join(RELEASE_FIXTURE, "release"), local, "--config", config]) == 0
+    assert convert_main(["release", os.path.join(RELEASE_FIXTURE, "release"), local, "--config", config]) == 0
     assert "copying" not in capsys.readouterr().out  # local files are memory-mapped in place
     remote_files = checkpoint.verify_checkpoint("gs://bucket/converted", "fast")["files"]
     local_files = checkpoint.verify_checkpoint(local, "fast")["files"]
@@ -509,13 +509,13 @@ def test_convert_release_from_and_to_gcs(gcs, tmp_path, monkeypatch, capsys):
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     paper = os.path.join(ROOT, "configs", "animegamer_2b_7b.py")  # sizes that do not fit the tiny weights
-    assert release_main(["gs://bucket/release", "gs://bucket/bad", "--config", paper]) == 1
+    assert convert_main(["release", "gs://bucket/release", "gs://bucket/bad", "--config", paper]) == 1
     err = capsys.readouterr().err
     assert "error: gs://bucket/release/AnimeGamer/MLLM-Qiqi/pytorch_model.bin: key" in err
     assert "nothing written at gs://bucket/bad" in err
     gcs.invalidate_cache()
     assert not gcs.exists("bucket/bad") and os.listdir(tmp) == []
-    assert release_main(["gs://bucket/nope", "gs://bucket/bad2", "--config", config]) == 2
+    assert convert_main(["release", "gs://bucket/nope", "gs://bucket/bad2", "--config", config]) == 2
     assert "error: gs://bucket/nope: release folder not found" in capsys.readouterr().err
 
     # check-release reads a case from a URL too (its noise floors beside the cases folder)

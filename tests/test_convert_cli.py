@@ -11,8 +11,9 @@ from animegamer_jax.commands import convert as cli
 
 def test_every_kind_has_a_cli():
     assert set(cli.KINDS) == {"mistral", "animegamer-mllm", "clip", "t5", "dit", "vae", "release", "check-release"}
-    for kind, run in cli.KINDS.items():
-        assert callable(run), kind
+    for kind, command in cli.KINDS.items():
+        assert command.body is not None and command.doc, kind
+    assert set(cli.KINDS["dit"].subcommands) == {"migrate"}
 
 
 def test_unknown_kind_and_help(capsys):
@@ -81,10 +82,10 @@ def test_config_overrides_apply_to_the_default_config(tmp_path, capsys):
 
 
 def test_t5_tokenizer_cli(tmp_path, capsys):
-    from animegamer_jax.commands.data import tiny_t5_spiece_main
+    from animegamer_jax.commands.data import main as data_main
     from animegamer_jax.tokenizers.t5_tokenizer import T5Tokenizer
 
     out = tmp_path / "spm.model"
-    assert tiny_t5_spiece_main([f"--out={out}", "--vocab_size=128"]) == 0
+    assert data_main(["tiny-t5-spiece", f"--out={out}", "--vocab_size=128"]) == 0
     assert f"wrote {out} (" in capsys.readouterr().out and T5Tokenizer(str(out)).vocab_size <= 128
-    assert tiny_t5_spiece_main(["extra"]) == 2 and "expected" in capsys.readouterr().err
+    assert data_main(["tiny-t5-spiece", "extra"]) == 2 and "expected" in capsys.readouterr().err

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from animegamer_jax.data import loader, prepare, sample
-from animegamer_jax.commands.eval import decoder_main, representation_main
+from animegamer_jax.commands.eval import main as eval_main
 from animegamer_jax.eval import decoder
 from configs import tiny
 from tests.subproc import ROOT
@@ -39,17 +39,17 @@ def test_shipped_system_draws_its_training_clips(sample_clips, tmp_path, capsys)
     within a few dB of the VAE's own reconstructions (a DiT that draws latent-block mosaics scores far
     below 18 dB here)."""
     out = str(tmp_path / "r.json")
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "3", "--json", out]) == 0
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "3", "--json", out]) == 0
     res = json.load(open(out))
     assert [c["index"] for c in res["clips"]] == decoder.clip_indices(len(loader.ClipSource(sample_clips)), 3)
     assert [c["film_id"] for c in res["clips"]] == ["sample_film"] * 3
     for c in res["clips"]:
         assert c["sample"] > 18.0 and c["reconstruction"] - c["sample"] < 4.0, c
     assert "decoder sample PSNR" in capsys.readouterr().out
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "0"]) == 2
-    assert decoder_main(["--checkpoint", CKPT, "stray"]) == 2
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "0"]) == 2
+    assert eval_main(["decoder", "--checkpoint", CKPT, "stray"]) == 2
     assert "unexpected arguments ['stray']" in capsys.readouterr().err
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", str(tmp_path / "none")]) == 2
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", str(tmp_path / "none")]) == 2
     assert "not a prepared dataset (no <name>/<config>/<version>/dataset_info.json)" in capsys.readouterr().err
 
 
@@ -62,7 +62,7 @@ def test_shipped_student_draws_them_in_4_steps(sample_clips, tmp_path, capsys):
     got = {}
     for name, extra in (("teacher", []), ("student", ["--config.diffusion.sampler=student", "--config.diffusion.num_sampling_steps=4"])):
         out = str(tmp_path / f"{name}.json")
-        assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "3", "--json", out,
+        assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "3", "--json", out,
                              *extra]) == 0
         got[name] = json.load(open(out))
     text = capsys.readouterr().out
@@ -85,10 +85,10 @@ def test_dataset_of_another_size_is_refused_before_loading(sample_clips, tmp_pat
         meta = json.loads(meta_file.read_text())
         meta["config"].update(change)
         meta_file.write_text(json.dumps(meta))
-        assert decoder_main(["--checkpoint", CKPT, "--dataset", str(d)]) == 2
+        assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", str(d)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "the system's config makes {'height': 64, 'width': 96, 'num_frames': 17}" in err
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--json", str(tmp_path / "no" / "r.json")]) == 2
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--json", str(tmp_path / "no" / "r.json")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
 
 
@@ -100,9 +100,9 @@ def test_sheet_shows_frame_reconstruction_and_sample(sample_clips, tmp_path, cap
     from PIL import Image
 
     out = str(tmp_path / "sheet.png")
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--sheet", out]) == 0
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--sheet", out]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--sheet", str(tmp_path / "no" / "s.png")]) == 2
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--sheet", str(tmp_path / "no" / "s.png")]) == 2
     assert "its folder does not exist" in capsys.readouterr().err
     img = np.asarray(Image.open(out).convert("RGB")).astype(np.float32)
     h, w = 64, 96
@@ -153,7 +153,7 @@ def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys
                     "Character: Driver; Motion: steadily talk on phone in car; Background: day car.\n"
                     "Character: Bunny; Motion: quickly chase a butterfly; Background: day forest.\n")
     out = str(tmp_path / "r.json")
-    assert representation_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--game", str(game),
+    assert eval_main(["representation", "--checkpoint", CKPT, "--dataset", sample_clips, "--game", str(game),
                                 "--json", out]) == 0
     turns = json.load(open(out))["turns"]
     assert [t["clips"] for t in turns] == [1, 1, 0]
@@ -163,9 +163,9 @@ def test_played_turns_land_on_their_actions_clips(sample_clips, tmp_path, capsys
         assert t["nearest"]["mse"] < t["nearest_other_action"]["mse"], t
     assert turns[2]["nearest"] is None and turns[2]["nearest_other_action"] is not None
     assert "turn 3 'quickly chase a butterfly': 0 clip(s) with this action" in capsys.readouterr().out
-    assert representation_main(["--checkpoint", CKPT, "--dataset", sample_clips]) == 2
+    assert eval_main(["representation", "--checkpoint", CKPT, "--dataset", sample_clips]) == 2
     assert "--game is required" in capsys.readouterr().err
-    assert representation_main(["--checkpoint", CKPT, "--game", str(tmp_path / "none.txt")]) == 2
+    assert eval_main(["representation", "--checkpoint", CKPT, "--game", str(tmp_path / "none.txt")]) == 2
     assert capsys.readouterr().err.startswith("error: ")
 
 
@@ -176,8 +176,8 @@ def test_reference_decodes_with_another_clip_of_the_same_character(sample_clips,
     (data/references.py) through the reference adapter; the samples change, the VAE reconstruction does not."""
     from animegamer_jax.data import references
     paths = {k: str(tmp_path / f"{k}.json") for k in ("plain", "ref")}
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--json", paths["plain"]]) == 0
-    assert decoder_main(["--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--reference",
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--json", paths["plain"]]) == 0
+    assert eval_main(["decoder", "--checkpoint", CKPT, "--dataset", sample_clips, "--clips", "2", "--reference",
                          "--json", paths["ref"]]) == 0
     assert "with a reference image" in capsys.readouterr().out
     plain, ref = (json.load(open(p)) for p in paths.values())

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.data import toy_sprites, toy_world
-from animegamer_jax.commands.eval import identity_main
+from animegamer_jax.commands.eval import main as eval_main
 from animegamer_jax.eval import embedders, identity
 from animegamer_jax.game.folder import hud
 def _refs():
@@ -119,12 +119,12 @@ def test_command_parts_games_scores_and_bad_inputs(tmp_path, capsys):
     assert np.array_equal(hud.clip_from_hud(with_hud, (64, 96)), clip)
     # bad inputs: one line, exit 2, nothing written
     out = str(tmp_path / "out")
-    assert identity_main(["--system", "checkpoints/tiny_system", "--world", str(tmp_path / "none"), "--out", out]) == 2
+    assert eval_main(["identity", "--system", "checkpoints/tiny_system", "--world", str(tmp_path / "none"), "--out", out]) == 2
     assert "no toy world" in capsys.readouterr().err and not os.path.exists(out)
-    assert identity_main(["--world", world, "--out", out]) == 2
+    assert eval_main(["identity", "--world", world, "--out", out]) == 2
     assert "--system is required" in capsys.readouterr().err
     # --ground_truth: the world's own films, no system
-    assert identity_main(["--ground_truth", "--world", world, "--out", out]) == 0
+    assert eval_main(["identity", "--ground_truth", "--world", world, "--out", out]) == 0
     gt = json.load(open(os.path.join(out, "ground_truth.json")))
     assert gt["identity"]["crop"]["all"] == 1.0 and gt["identity"]["crop"]["num_clips"]["heldout"] >= 1
     assert "| crop | 100.0 % | 100.0 % | 100.0 % |" in capsys.readouterr().out

@@ -7,7 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from animegamer_jax.commands.eval import identity_main, played_clips
+from animegamer_jax.commands.eval import main as eval_main
+from animegamer_jax.eval.games import played_clips
 from animegamer_jax.eval import identity
 from animegamer_jax.game.folder import layout
 from animegamer_jax.train import toy_world as toy_driver
@@ -26,7 +27,7 @@ def test_identity_command_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "out")
     argv = ["--system", CKPT, "--world", data["world"], "--out", out, "--games_per_character", "1", "--turns", "1",
             "--decoder_clips", "1", "--dataset", data["train"]]
-    assert identity_main(argv) == 0
+    assert eval_main(["identity", *argv]) == 0
     rep = json.load(open(os.path.join(out, "report.json")))
     names = list(rep["characters"])
     assert len(names) == 3 and sum(rep["characters"].values()) == 1 and rep["chance"] == pytest.approx(1 / 3)
@@ -48,12 +49,12 @@ def test_identity_command_end_to_end(tmp_path, capsys):
     assert "| crop | with |" in open(os.path.join(out, "report.md")).read()
     capsys.readouterr()
     # rerun: every game is finished, nothing is played again, the same figures
-    assert identity_main(argv + ["--decoder_clips", "0"]) == 0
+    assert eval_main(["identity", *argv + ["--decoder_clips", "0"]]) == 0
     assert "0 games to play, 3 already finished" in capsys.readouterr().out
     again = json.load(open(os.path.join(out, "report.json")))
     assert again["identity"] == rep["identity"] and "decoder" not in again
     # other settings into the same folder are refused, nothing is overwritten
     before = open(os.path.join(out, "games.jsonl")).read()
-    assert identity_main(argv[:6] + ["--turns", "2"]) == 2
+    assert eval_main(["identity", *argv[:6] + ["--turns", "2"]]) == 2
     assert "games of other settings" in capsys.readouterr().err
     assert open(os.path.join(out, "games.jsonl")).read() == before

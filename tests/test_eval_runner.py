@@ -11,6 +11,7 @@ import pytest
 from animegamer_jax.config import load_config
 from animegamer_jax.commands import eval as cli
 from animegamer_jax.commands.cli import run_subcommand
+from animegamer_jax.eval import games
 from animegamer_jax.eval import metrics
 from animegamer_jax.eval.table1_games import BenchmarkError
 from animegamer_jax.inference.turn_model import TurnModel
@@ -64,7 +65,7 @@ def test_runner_writes_report_with_table1_columns(tmp_path):
     path, src = _small_benchmark(tmp_path)
     config = load_config("configs/tiny.py", ["game.write_gif=False"])
     out = str(tmp_path / "eval")
-    report = cli.run_table1(config, path, out, system=_cheap_system(config), write_games=True, log=lambda *_: None)
+    report = games.run_table1(config, path, out, system=_cheap_system(config), write_games=True, log=lambda *_: None)
     on_disk = json.load(open(os.path.join(out, "report.json")))
     assert on_disk["metrics"] == pytest.approx(report["metrics"])
     md = open(os.path.join(out, "report.md")).read()
@@ -94,7 +95,7 @@ def test_cli_reports_a_bad_benchmark_before_generating(tmp_path, capsys):
     assert "'characters' must map each character name" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "o" / "report.json")
     with pytest.raises(BenchmarkError):
-        cli.run_table1(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
+        games.run_table1(load_config("configs/tiny.py"), str(bad), str(tmp_path / "o"), standin=True)
     rc = cli.main(["--standin", "--config.eval.nope=1"])
     assert rc == 2 and "unknown config key" in capsys.readouterr().err
     # the same through the named subcommand; an unknown one is one line

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.skipif(not os.path.isdir(RELEASE),
 
 
 def _convert(src: str, dst: str, config: str = CONFIG) -> int:
-    from animegamer_jax.commands.convert import release_main
+    from animegamer_jax.commands.convert import main as convert_main
 
-    return release_main([src, dst, "--config", config])
+    return convert_main(["release", src, dst, "--config", config])
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from animegamer_jax import parallel
 
 from animegamer_jax.io import paths
 from animegamer_jax.data import datasets, extract_features, loader, prepare, sample
-from animegamer_jax.commands.data import extract_features_main
+from animegamer_jax.commands.data import main as data_main
 from animegamer_jax.data.clip_dataset import features as features_lib
 from animegamer_jax.models.clip.model import CLIPConfig, CLIPVisionTransformer
 from animegamer_jax.models.t5.model import T5Config, T5Encoder
@@ -103,9 +103,9 @@ def test_features_read_through_the_loader_equal_the_models(clip_dataset, built):
 def test_refused_without_overwrite_replaced_with_it(clip_dataset, built, tmp_path, capsys):
     out, _ = built
     args = [f"--dataset={clip_dataset}", f"--out={out}", "--random_init"]
-    assert extract_features_main(args) == 2
+    assert data_main(["extract-features", *args]) == 2
     assert "pass --overwrite" in capsys.readouterr().err
-    assert extract_features_main([f"--dataset={clip_dataset}", f"--out={tmp_path / 'x'}"]) == 2
+    assert data_main(["extract-features", f"--dataset={clip_dataset}", f"--out={tmp_path / 'x'}"]) == 2
     assert "--clip_weights is required" in capsys.readouterr().err
     cfg32 = extract_features.features_config(tiny.get_config())
     for bad_out, kwargs, match in ((clip_dataset, {}, "other datasets"), (str(tmp_path / "y"), {"text_field": "nope"},

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from animegamer_jax.data import clips, datasets, label_schema, prepare, references, toy_motion, toy_sprites, toy_world
-from animegamer_jax.commands.data import sample_main
+from animegamer_jax.commands.data import main as data_main
 from configs import tiny
 
 #: a small world: 4 characters (1 held out), 2 films each of 3 two-second scenes, 128x96 at 10 fps (films
@@ -140,19 +140,19 @@ def test_command(tmp_path, capsys):
     args = ["--world=toy", f"--out_dir={out}", "--num_characters=3", "--num_heldout=1", "--films_per_character=1",
             "--scenes_per_film=2", "--scene_seconds=2", "--width=32", "--height=32", "--fps=8", "--seed=5",
             "--clip_stride_seconds=0"]
-    assert sample_main(args) == 0
+    assert data_main(["sample", *args]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["complete"] and manifest["size"] == [32, 32] and len(manifest["films"]) == 3
     assert "held out" in capsys.readouterr().out
-    assert sample_main(args) == 0  # its own folder: written again
+    assert data_main(["sample", *args]) == 0  # its own folder: written again
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep")
-    assert sample_main(["--world=toy", f"--out_dir={foreign}", "--num_characters=3", "--num_heldout=1"]) == 2
+    assert data_main(["sample", "--world=toy", f"--out_dir={foreign}", "--num_characters=3", "--num_heldout=1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --out_dir=") and err.count("\n") == 1
     assert os.listdir(foreign) == ["notes.txt"] and (foreign / "notes.txt").read_text() == "keep"
-    assert sample_main(["--world=toy", f"--out_dir={tmp_path / 'x'}", "--num_backgrounds=1"]) == 2
+    assert data_main(["sample", "--world=toy", f"--out_dir={tmp_path / 'x'}", "--num_backgrounds=1"]) == 2
     assert "--num_backgrounds=1" in capsys.readouterr().err
 
 

@@ -58,7 +58,7 @@ from animegamer_jax.io import fileio
 
 from animegamer_jax.io import paths
 from animegamer_jax.aot import programs, report
-from animegamer_jax.commands.cli import UsageError, compilation_cache, run_command
+from animegamer_jax.commands.cli import Command, UsageError, compilation_cache, run
 from animegamer_jax.game.stage_executables import save_engine_stages
 from animegamer_jax.parallel import target
 
@@ -303,13 +303,18 @@ def _compile_all(f: flags.FlagValues, topo: target.Topology) -> int:
     return 0 if all(r.status == "ok" for r in rows) else 1
 
 
+def _host_compiles() -> None:
+    """The host compiles; TPU / GPU devices are compile-only (set before any backend starts)."""
+    jax.config.update("jax_platforms", "cpu")
+
+
+#: ``aot [flags]``
+COMMAND = Command(_define, _run, __doc__, errors=(RuntimeError, FileNotFoundError), setup=_host_compiles)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.commands.aot [flags]``; returns the exit status."""
-    # the host compiles; TPU / GPU devices are compile-only (set before any backend starts)
-    jax.config.update("jax_platforms", "cpu")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return run_command("python -m animegamer_jax.commands.aot", argv, _define, __doc__, (), _run,
-                           errors=(RuntimeError, FileNotFoundError))
+    return run("python -m animegamer_jax.commands.aot", argv, COMMAND)
 
 
 def cli() -> None:

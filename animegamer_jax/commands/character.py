@@ -15,8 +15,6 @@ other turns decode exactly as with --checkpoint. --checkpoint is never modified;
 
 from __future__ import annotations
 
-import functools
-
 from absl import flags
 
 from animegamer_jax.commands import cli as cli_lib
@@ -63,20 +61,14 @@ def _fit(f) -> int:
     return 0
 
 
-#: subcommand -> (flag definitions, positional arguments, body, --help text)
-SUBCOMMANDS = {"fit": (_define_fit, (), _fit, __doc__.strip())}
-
-
-def _subcommand(name: str, argv: list[str]) -> int:
-    define, positional, body, doc = SUBCOMMANDS[name]
-    return cli_lib.run_command(f"{PROG} {name}", argv, define, doc, positional, body, errors=ERRORS)
+#: subcommand -> how it runs
+COMMANDS = {"fit": cli_lib.Command(_define_fit, _fit, __doc__.strip(), errors=ERRORS)}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m animegamer_jax.commands.character fit ...`` (module docstring); returns the exit status (2 with
     one ``error: ...`` line on a bad input)."""
-    commands = {name: functools.partial(_subcommand, name) for name in SUBCOMMANDS}
-    return cli_lib.run_subcommand(argv, commands, __doc__.strip())
+    return cli_lib.run(PROG, argv, COMMANDS, __doc__.strip())
 
 
 def cli() -> None:

@@ -16,22 +16,29 @@ from __future__ import annotations
 import json
 import sys
 
+from animegamer_jax.commands.cli import Command, no_flags, run
 from animegamer_jax.parallel.check import gather_processes
 
+PROG = "python -m animegamer_jax.commands.check"
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs the check; returns the exit status. It takes no flags (arguments: exit status 2)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        print(f"error: unexpected arguments {argv}; python -m animegamer_jax.commands.check takes none",
-              file=sys.stderr)
-        return 2
+
+def _check(f) -> int:
+    """Runs the check; prints one JSON line; 1 when the collective missed a process."""
     out = gather_processes()
     print(json.dumps(out), flush=True)
     if out["gathered"] != list(range(out["processes"])):
         print(f"collective saw processes {out['gathered']}, expected 0..{out['processes'] - 1}", file=sys.stderr)
         return 1
     return 0
+
+
+#: ``check`` (no flags of its own)
+COMMAND = Command(no_flags, _check, __doc__)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the check; returns the exit status (arguments: exit status 2 with one line)."""
+    return run(PROG, argv, COMMAND)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ settings that BASE lacks, its train section excepted). Each subcommand takes --h
 
 from __future__ import annotations
 
-import functools
 import time
 
 from absl import flags
@@ -38,10 +37,6 @@ ERRORS = (SystemCheckpointError, ValueError, TypeError)
 def _define_verify(fv, argv: list[str]) -> None:
     flags.DEFINE_bool("full", False, "sha256 of every byte (default --nofull: the fast check, sizes and "
                       "sampled hashes)", flag_values=fv)
-
-
-def _define_manifest(fv, argv: list[str]) -> None:
-    """No flags."""
 
 
 def _define_cast(fv, argv: list[str]) -> None:
@@ -104,26 +99,20 @@ def _add(f, base: str, dst: str) -> int:
     return 0
 
 
-#: subcommand -> (flag definitions, positional arguments, body, --help text)
-SUBCOMMANDS = {
-    "verify": (_define_verify, ("DIR",), _verify,
-               "Checks every file of the checkpoint DIR against its integrity.json."),
-    "manifest": (_define_manifest, ("DIR",), _manifest,
-                 "Writes DIR/integrity.json for the files there now (only for a checkpoint you trust)."),
-    "cast": (_define_cast, ("SRC", "DST"), _cast,
-             "Copies the checkpoint SRC to the new folder DST with the float32 arrays of --components stored as "
-             "--dtype (loading casts them back)."),
-    "add": (_define_add, ("BASE", "DST"), _add,
-            "Copies the checkpoint BASE to the new folder DST with the --components of --from added: every file "
-            "copied byte for byte, the manifest, config and integrity record rewritten (the config gains the "
-            "settings --from has and BASE lacks, its train section excepted)."),
+#: subcommand -> how it runs
+COMMANDS = {
+    "verify": cli_lib.Command(_define_verify, _verify, "Checks every file of the checkpoint DIR against its "
+                              "integrity.json.", ("DIR",), errors=ERRORS),
+    "manifest": cli_lib.Command(cli_lib.no_flags, _manifest, "Writes DIR/integrity.json for the files there now "
+                                "(only for a checkpoint you trust).", ("DIR",), errors=ERRORS),
+    "cast": cli_lib.Command(_define_cast, _cast, "Copies the checkpoint SRC to the new folder DST with the float32 "
+                            "arrays of --components stored as --dtype (loading casts them back).", ("SRC", "DST"),
+                            errors=ERRORS),
+    "add": cli_lib.Command(_define_add, _add, "Copies the checkpoint BASE to the new folder DST with the "
+                           "--components of --from added: every file copied byte for byte, the manifest, config and "
+                           "integrity record rewritten (the config gains the settings --from has and BASE lacks, its "
+                           "train section excepted).", ("BASE", "DST"), errors=ERRORS),
 }
-
-
-def _subcommand(name: str, argv: list[str]) -> int:
-    """Runs ``SUBCOMMANDS[name]`` on ``argv`` through cli.run_command; returns the exit status."""
-    define, positional, body, doc = SUBCOMMANDS[name]
-    return cli_lib.run_command(f"{PROG} {name}", argv, define, doc, positional, body, errors=ERRORS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     Returns the exit status (2 with a one-line message on a bad command line, an unknown subcommand or a
     damaged checkpoint; 0 for ``--help``).
     """
-    commands = {name: functools.partial(_subcommand, name) for name in SUBCOMMANDS}
-    return cli_lib.run_subcommand(argv, commands, __doc__.strip())
+    return cli_lib.run(PROG, argv, COMMANDS, __doc__.strip())
 
 
 def cli() -> None:

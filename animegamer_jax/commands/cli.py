@@ -1,27 +1,30 @@
 """What every command-line entry point shares: flag parsing, the ``main(argv)`` pattern, quiet logs.
 
-The pattern of a command (``python -m animegamer_jax.commands.<command>``, console script ``animegamer-...``)::
+The pattern of a command (``python -m animegamer_jax.commands.<command>``, console script ``animegamer-<command>``)::
 
-    def define_flags(fv, argv):            # the command's flags, on a private absl FlagValues
+    def _define(fv, argv):                 # the command's flags, on a private absl FlagValues
         config_flags.DEFINE_config_file("config", ..., flag_values=fv, sys_argv=argv)
         flags.DEFINE_string("out", "", "...", flag_values=fv)
 
     def _run(f, *positional) -> int:       # the command itself; raises UsageError for a bad flag
         ...
 
+    #: the table: one Command, or {subcommand: Command} (``<prog> SUBCOMMAND [args]``)
+    COMMANDS = {"x": cli.Command(_define, _run, __doc__, positional=("SRC",), errors=(XError,))}
+
     def main(argv=None) -> int:
-        return cli.run_command("animegamer-x", argv, define_flags, __doc__, (), _run, errors=(XError,))
+        return cli.run(PROG, argv, COMMANDS, __doc__)
 
     def cli() -> None:                     # the console script (pyproject.toml)
         sys.exit(main())
 
-:func:`run_command` parses with :func:`parse_flags`, prints ``error: <message>`` and returns 2 for a
+:func:`run` reads the table; each :class:`Command` runs through :func:`run_command`, which
+parses with :func:`parse_flags`, prints ``error: <message>`` and returns 2 for a
 bad command line or one of the command's input errors, returns 130 after Ctrl-C when the command
 says what an interruption leaves behind, and quiets library logs. Every command gets ``--verbosity``
 (:func:`define_verbosity`, added by :func:`parse_flags` where the command does not define it) and
 ``--compilation_cache_dir`` (:func:`define_compilation_cache`): the body runs with JAX's persistent
-compilation cache in that folder (:func:`compilation_cache`). :func:`run_subcommand` dispatches ``<prog> KIND ...`` to
-one such ``main`` per kind.
+compilation cache in that folder (:func:`compilation_cache`).
 
 Config paths: ``--config=configs/tiny.py`` works from any directory: a config path that does not
 exist from the working directory is looked up in the checkout / editable install
@@ -33,6 +36,7 @@ tensorstore are hidden at the default ``--verbosity=-1``; the command's results 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging as std_logging
 import os
 import signal
@@ -471,6 +475,69 @@ def run_command(prog: str, argv: Sequence[str] | None, define: Define, doc: str,
         return interrupt_exit(e)
     finally:
         _console["on"] = console
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One row of a command's table: how :func:`run` parses a command line and runs it.
+
+    Attributes:
+      define: ``define(flag_values, argv)``, the flags (:func:`parse_flags`).
+      body: the command itself, ``body(flag_values, *positional) -> exit status`` (None: 0); with
+        ``with_argv``, ``body(flag_values, argv, *positional)`` (argv: the arguments after the program).
+      doc: the ``--help`` text.
+      positional: the positional arguments' names (``("SRC", "DST")``; ``()``: none; None: any, the
+        body checks them).
+      errors: exception types reported as one ``error: ...`` line, exit status 2 (:func:`run_command`).
+      interrupted: what a Ctrl-C leaves behind (:func:`run_command`); None: Ctrl-C raises.
+      sigterm: SIGTERM stops the command as Ctrl-C does (:func:`sigterm_as_interrupt`).
+      setup: called before the command line is parsed (process-wide JAX options).
+      subcommands: a table of its own for a first argument that names one (``convert dit migrate``).
+    """
+
+    define: Define
+    body: Callable[..., int | None]
+    doc: str = ""
+    positional: Sequence[str] | None = ()
+    errors: tuple[type[BaseException], ...] = ()
+    interrupted: str | None = None
+    sigterm: bool = False
+    with_argv: bool = False
+    setup: Callable[[], object] | None = None
+    subcommands: Mapping[str, Command] | None = None
+
+
+def no_flags(fv: flags.FlagValues, argv: list[str]) -> None:
+    """The ``define`` of a command without flags of its own."""
+
+
+def run(prog: str, argv: Sequence[str] | None, table: Command | Mapping[str, Command], doc: str = "",
+        default: str | None = None) -> int:
+    """The ``main(argv)`` of every command: runs the row of ``table`` that ``argv`` names.
+
+    Args:
+      prog: the program as usage lines show it; a subcommand's is ``f"{prog} {name}"``.
+      argv: the arguments after the program; None: ``sys.argv[1:]``.
+      table: one :class:`Command` (the command has no subcommands), or ``{name: Command}``: the first
+        argument names the row (:func:`run_subcommand`: ``-h`` prints ``doc``; no name or an unknown one
+        is one ``error:`` line, exit status 2; ``default``: the row run when the first argument is a
+        flag or there is none).
+
+    Returns:
+      the row's exit status (:func:`run_command`).
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if isinstance(table, Command):
+        if table.subcommands and args and args[0] in table.subcommands:
+            return run(f"{prog} {args[0]}", args[1:], table.subcommands[args[0]])
+        if table.setup is not None:
+            table.setup()
+        body = (lambda f, *rest: table.body(f, args, *rest)) if table.with_argv else table.body
+        with sigterm_as_interrupt() if table.sigterm else contextlib.nullcontext():
+            return run_command(prog, args, table.define, table.doc, table.positional, body, table.errors,
+                               interrupted=table.interrupted)
+    rows = {name: (lambda rest, name=name: run(f"{prog} {name}", rest, table[name])) for name in table}
+    return run_subcommand(args, rows, doc, default=default)
 
 
 def run_subcommand(argv: Sequence[str] | None, commands: Mapping[str, Callable[[list[str]], int | None]],

@@ -286,21 +286,6 @@ def convert_family(kind: str, f: flags.FlagValues, src: str, dst: str) -> int:
     return 0
 
 
-def family_main(kind: str, argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.commands.convert KIND SRC DST [flags]`` for a kind of :data:`FAMILIES`
-    (``dit migrate OLD NEW`` too). Returns the exit status (2 with one ``error:`` line for a bad
-    command line, a missing SRC or weights that do not fit the config)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if kind == "dit" and argv[:1] == ["migrate"]:
-        return cli_lib.run_command(f"{PROG} dit migrate", argv[1:], lambda fv, argv: None, _MIGRATE_DOC,
-                                   ("SRC", "DST"), lambda _, src, dst: print(f"wrote {migrate.migrate_system_checkpoint(src, dst)}"),
-                                   errors=(ConversionError, checkpoint.SystemCheckpointError))
-    family = FAMILIES[kind]
-    return cli_lib.run_command(f"{PROG} {kind}", argv, functools.partial(_define_flags, family), family.doc,
-                               family.positional, functools.partial(convert_family, kind),
-                               errors=(ConversionError, FileNotFoundError))
-
-
 def _release_flags(fv: flags.FlagValues, argv: list[str]) -> None:
     """The flags of ``convert release``."""
     config_flags.DEFINE_config_file("config", release.DEFAULT_CONFIG, "Config with the sizes of the weights (default: "
@@ -315,21 +300,12 @@ def _release_flags(fv: flags.FlagValues, argv: list[str]) -> None:
                         "(default: a new temporary folder, removed afterwards).", flag_values=fv)
 
 
-def release_main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.commands.convert release SRC DST [--config=F] [--character=NAME]`` (convert/release.py).
-
-    SRC is the release's ``checkpoints/`` folder, local or a URL; DST a new system checkpoint (local or
-    gs://) that ``play --checkpoint``, ``generate``, ``eval`` and ``train --config.train.init_checkpoint``
-    read. Exit status 1 with one line per problem, 2 on a bad command line.
-    """
-    return cli_lib.run_command(f"{PROG} release", argv, _release_flags, release.__doc__, ("SRC", "DST"),
-                               _release_report)
-
-
 def _release_report(f, src: str, dst: str) -> int:
-    """Runs :func:`~animegamer_jax.convert.release.convert_release` on parsed flags ``f``, printing its
-    progress and the written line (or each problem and "nothing written"); the exit status of
-    :func:`release_main`."""
+    """``convert release SRC DST``: :func:`~animegamer_jax.convert.release.convert_release` on parsed flags
+    ``f``, printing its progress and the written line (or each problem and "nothing written"). SRC is the
+    release's ``checkpoints/`` folder, local or a URL; DST a new system checkpoint (local or gs://) that
+    ``play --checkpoint``, ``generate``, ``eval`` and ``train --config.train.init_checkpoint`` read. Exit
+    status 1 with one line per problem."""
     if not fileio.isdir(src):  # a bad command line, one line before anything is read
         raise cli_lib.UsageError(f"{src}: release folder not found. Fix: pass the folder that holds AnimeGamer/, "
                                  f"vae/, google/, laion/ (the release's checkpoints/)")
@@ -366,17 +342,9 @@ def reference_engine(dst: str) -> GameEngine:
     return GameEngine(config, load_game_system(dst, config, mesh=mesh), mesh=mesh)
 
 
-def check_release_main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.commands.convert check-release DST CASE.npz`` (convert/check_release.py);
-    exit 0 iff all stages hold (1: a stage fails, 2: a bad command line or input)."""
-    return cli_lib.run_command(f"{PROG} check-release", argv, lambda fv, argv: None,
-                               check_release.__doc__, ("DST", "CASE.npz"), _check_release_report,
-                               errors=(FileNotFoundError, CheckpointError))
-
-
 def _check_release_report(_, dst: str, case: str) -> int:
-    """Runs ``check_release`` on :func:`reference_engine` ``(dst)``, printing each stage's line and the
-    verdict line; the exit status of :func:`check_release_main`."""
+    """``convert check-release DST CASE.npz``: ``check_release`` on :func:`reference_engine` ``(dst)``,
+    printing each stage's line and the verdict line; exit status 0 iff all stages hold (1: a stage fails)."""
     stages = check_release.check_release(lambda: reference_engine(dst), case, log=print)
     ok = all(s.ok for s in stages)
     name = str(case).rstrip("/").rsplit("/", 1)[-1]
@@ -384,18 +352,29 @@ def _check_release_report(_, dst: str, case: str) -> int:
     return 0 if ok else 1
 
 
-#: kind -> the ``main(argv)`` that runs it
-KINDS: dict[str, Callable[[list[str]], int]] = {
-    **{kind: functools.partial(family_main, kind) for kind in FAMILIES},
-    "release": release_main,
-    "check-release": check_release_main,
+#: ``convert dit migrate OLD NEW``
+MIGRATE = cli_lib.Command(cli_lib.no_flags, lambda _, src, dst: print(f"wrote {migrate.migrate_system_checkpoint(src, dst)}"),
+                          _MIGRATE_DOC, ("SRC", "DST"), errors=(ConversionError, checkpoint.SystemCheckpointError))
+
+#: kind -> its command: the families of :data:`FAMILIES` (one run path, :func:`convert_family`), release,
+#: check-release
+KINDS: dict[str, cli_lib.Command] = {
+    **{kind: cli_lib.Command(functools.partial(_define_flags, family), functools.partial(convert_family, kind),
+                             family.doc, family.positional, errors=(ConversionError, FileNotFoundError),
+                             subcommands={"migrate": MIGRATE} if kind == "dit" else None)
+       for kind, family in FAMILIES.items()},
+    "release": cli_lib.Command(_release_flags, _release_report, release.__doc__, ("SRC", "DST")),
+    "check-release": cli_lib.Command(cli_lib.no_flags, _check_release_report, check_release.__doc__,
+                                     ("DST", "CASE.npz"), errors=(FileNotFoundError, CheckpointError)),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs ``KINDS[argv[0]](argv[1:])`` (cli_lib.run_subcommand: ``--help`` prints this
-    module's docstring, exit status 0; no kind or an unknown one is one ``error:`` line, exit status 2). Returns the exit status."""
-    return cli_lib.run_subcommand(argv, KINDS, __doc__)
+    """Runs the kind of :data:`KINDS` that ``argv[0]`` names on the rest (``--help`` prints this module's
+    docstring, exit status 0; no kind or an unknown one is one ``error:`` line, exit status 2); returns the
+    exit status (2 with one ``error:`` line for a bad command line, a missing SRC or weights that do not fit
+    the config)."""
+    return cli_lib.run(PROG, argv, KINDS, __doc__)
 
 
 def cli() -> None:

@@ -127,13 +127,6 @@ def _sample(f) -> int:
     return 0
 
 
-def sample_main(argv: Sequence[str] | None = None) -> int:
-    """``data sample``: writes the sample film, its variants (+ labels), the held-out benchmark or the toy
-    world; returns the exit status (2 with one line on a bad command line or a toy world's bad flag /
-    foreign folder)."""
-    return cli_lib.run_command(f"{PROG} sample", argv, _sample_flags, sample.__doc__, (), _sample)
-
-
 # ---- caption ------------------------------------------------------------------------------------------
 
 
@@ -178,13 +171,6 @@ def _caption(f) -> int:
     return 1 if report.failed else 0
 
 
-def caption_main(argv: Sequence[str] | None = None) -> int:
-    """``data caption``: labels the films' clips and prints the summary; returns the exit status (1 when a
-    film failed, 2 with a one-line message on a bad command line or a bad input)."""
-    return cli_lib.run_command(f"{PROG} caption", argv, _caption_flags, caption.__doc__, (), _caption,
-                               (FileNotFoundError, FileExistsError, ValueError))
-
-
 # ---- prepare ------------------------------------------------------------------------------------------
 
 
@@ -218,13 +204,6 @@ def _prepare(f) -> int:
                                      beam_pipeline_options=f.beam_pipeline_options, log=_stderr)
     print(report.summary())
     return 0
-
-
-def prepare_main(argv: Sequence[str] | None = None) -> int:
-    """``data prepare``: builds the dataset and prints the report; returns the exit status (2 with a one-line
-    message on a bad command line or a bad input)."""
-    return cli_lib.run_command(f"{PROG} prepare", argv, _prepare_flags, prepare.__doc__, (), _prepare,
-                               (FileNotFoundError, FileExistsError, ValueError))
 
 
 # ---- extract-features ---------------------------------------------------------------------------------
@@ -274,14 +253,6 @@ def _extract_features(f) -> int:
     return 0
 
 
-def extract_features_main(argv: Sequence[str] | None = None) -> int:
-    """``data extract-features``: builds the feature dataset and prints the report; returns the exit status (2
-    with a one-line message on a bad command line or a bad input)."""
-    return cli_lib.run_command(f"{PROG} extract-features", argv, _extract_features_flags, extract_features.__doc__,
-                               (), _extract_features, (FileNotFoundError, FileExistsError, ValueError),
-                               interrupted="a killed build leaves only tfds' incomplete folder; rerun to start over")
-
-
 # ---- tiny-t5-spiece -----------------------------------------------------------------------------------
 
 
@@ -298,27 +269,27 @@ def _tiny_t5_spiece(f) -> int:
     return 0
 
 
-def tiny_t5_spiece_main(argv: Sequence[str] | None = None) -> int:
-    """``data tiny-t5-spiece [--out=data/tiny_t5_spiece.model] [--vocab_size=384]``; returns the exit status
-    (2 with a one-line message on a bad command line)."""
-    return cli_lib.run_command(f"{PROG} tiny-t5-spiece", argv, _tiny_t5_spiece_flags,
-                               "Train the tiny T5 sentencepiece used by configs/tiny.py.", (), _tiny_t5_spiece)
-
-
-#: command -> its ``main(argv)``
+#: command -> how it runs (flags, body, --help text, input errors reported as one line)
 COMMANDS = {
-    "sample": sample_main,
-    "caption": caption_main,
-    "prepare": prepare_main,
-    "extract-features": extract_features_main,
-    "tiny-t5-spiece": tiny_t5_spiece_main,
+    "sample": cli_lib.Command(_sample_flags, _sample, sample.__doc__),
+    "caption": cli_lib.Command(_caption_flags, _caption, caption.__doc__,
+                               errors=(FileNotFoundError, FileExistsError, ValueError)),
+    "prepare": cli_lib.Command(_prepare_flags, _prepare, prepare.__doc__,
+                               errors=(FileNotFoundError, FileExistsError, ValueError)),
+    "extract-features": cli_lib.Command(
+        _extract_features_flags, _extract_features, extract_features.__doc__,
+        errors=(FileNotFoundError, FileExistsError, ValueError),
+        interrupted="a killed build leaves only tfds' incomplete folder; rerun to start over"),
+    "tiny-t5-spiece": cli_lib.Command(_tiny_t5_spiece_flags, _tiny_t5_spiece,
+                                      "Train the tiny T5 sentencepiece used by configs/tiny.py."),
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs ``COMMANDS[argv[0]](argv[1:])`` (cli_lib.run_subcommand: ``--help`` prints this module's
-    docstring, exit status 0; no command or an unknown one is one ``error:`` line, exit status 2)."""
-    return cli_lib.run_subcommand(argv, COMMANDS, __doc__)
+    """Runs the command of :data:`COMMANDS` that ``argv[0]`` names (``--help`` prints this module's
+    docstring, exit status 0; no command or an unknown one is one ``error:`` line, exit status 2); returns
+    its exit status (2 with one line on a bad command line or a bad input; caption: 1 when a film failed)."""
+    return cli_lib.run(PROG, argv, COMMANDS, __doc__)
 
 
 def cli() -> None:

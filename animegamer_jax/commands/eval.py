@@ -6,7 +6,7 @@ Usage::
     python -m animegamer_jax.commands.eval --standin --games=bunny-day          # random stand-in system, one game
     python -m animegamer_jax.commands.eval --checkpoint=DIR --config.eval.clip=/models/clip-vit-large-patch14 --out=outputs/eval
     python -m animegamer_jax.commands.eval identity --system DIR --world DIR --out DIR     # eval/identity.py
-    python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR         # the referee (eval_game.py)
+    python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR         # the referee (eval/referee_games.py)
     python -m animegamer_jax.commands.eval representation --game data/games/sample_tour.txt  # eval/representation.py
     python -m animegamer_jax.commands.eval decoder --checkpoint DIR                       # eval/decoder.py
     python -m animegamer_jax.commands.eval vae --checkpoint DIR                           # eval/vae.py
@@ -16,125 +16,47 @@ every benchmark game and writes the Table 1 report (eval/table1.py). Any ``--con
 overrides a config field (unknown keys are errors): the benchmark file ``--config.eval.benchmark``, the
 CLIP folder ``--config.eval.clip``, the mode ``--config.game.mode``. Writes ``<out>/report.md``, ``<out>/report.json``
 and (unless ``--config.eval.write_games=false``) ``<out>/games/<game_id>/``. ``eval KIND --help`` lists a subcommand's
-flags.
-
-This module is the command side: it parses flags, prints, builds the game systems and engines
-(game/), plays and saves games; the scoring modules it calls import no game module.
+flags. This module parses flags and prints; eval/games.py plays and saves the games.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
-import time
-from collections.abc import Sequence
 
-import jax
 import ml_collections
 import numpy as np
 from absl import flags
 from ml_collections import config_flags
 from PIL import Image
 
-from animegamer_jax.commands import cli as cli_lib
-from animegamer_jax import parallel
-from animegamer_jax.io import fileio
-from animegamer_jax.io import paths
-from animegamer_jax.io import media
 from animegamer_jax.checkpoint import SystemCheckpointError, load_config, load_system
+from animegamer_jax.commands import cli as cli_lib
 from animegamer_jax.config import ConfigError, SavedConfigError
-from animegamer_jax.data import datasets
+from animegamer_jax.data import datasets, toy_world
 from animegamer_jax.diffusion import samplers
 from animegamer_jax.eval import decoder as eval_decoder
-from animegamer_jax.eval import embedders, identity, representation
+from animegamer_jax.eval import embedders, games, identity, referee, referee_games, representation
 from animegamer_jax.eval import vae as eval_vae
-from animegamer_jax.eval.embedders import Embedder, embedder_from_config
-from animegamer_jax.eval.table1 import render_markdown, run_benchmark
-from animegamer_jax.eval.table1_games import BenchmarkError, load_benchmark
-from animegamer_jax.commands import eval_game
-from animegamer_jax.commands.eval_game import play_games, played_clips
-from animegamer_jax.game.folder import layout
-from animegamer_jax.game.characters import load_characters
-from animegamer_jax.game.engine import GameEngine, batches
+from animegamer_jax.eval.embedders import embedder_from_config
+from animegamer_jax.eval.table1 import render_markdown
+from animegamer_jax.eval.table1_games import BenchmarkError
 from animegamer_jax.game.errors import GAME_ERRORS
-from animegamer_jax.game.loading import CheckpointError, load_game_system, resolve_system
-from animegamer_jax.game.folder.saves import save_game
-from animegamer_jax.game.script import load_jsonl, load_script
+from animegamer_jax.game.loading import CheckpointError
+from animegamer_jax.game.script import load_script
 from animegamer_jax.inference.clip_sampler import sampling_component
 from animegamer_jax.inference.instructions import GameScriptError
 from animegamer_jax.inference.layout import setup_jax
 from animegamer_jax.inference.mode import apply_mode
-from animegamer_jax.inference.standin_model import StandinTurnModel
 from animegamer_jax.inference.vae_decode import FRAME_RANGE
+from animegamer_jax.io import fileio, media, paths
 
-
+PROG = "python -m animegamer_jax.commands.eval"
 #: the default ``--out`` of ``eval [table1]``: the report folder
 OUT_DIR = "outputs/eval"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``eval [KIND] ...``: runs the subcommand (``table1`` when the first argument is a flag or there is
-    none); returns its exit status (2 with one line on bad input)."""
-    return cli_lib.run_subcommand(argv, SUBCOMMANDS, __doc__, default="table1")
-
-
-def cli() -> None:
-    """Console script ``animegamer-eval`` (pyproject.toml)."""
-    sys.exit(main())
-
-
-def build_system(config, checkpoint: str = "", standin: bool = False):
-    """The game system to evaluate: a system checkpoint, or the labelled random stand-in.
-
-    Raises:
-      ValueError: neither given.
-    """
-    if standin:
-        return StandinTurnModel(config, seed=int(config.seed))
-    return resolve_system(config, checkpoint, False)
-
-
-def run_table1(config, benchmark_path: str, out_dir: str, *, system=None, checkpoint: str = "",
-               standin: bool = False, embedder: Embedder | None = None, dreamsim: Embedder | None = None,
-               games: Sequence[str] | None = None, write_games: bool = True, scope_fn=None,
-               log=print) -> dict:
-    """Builds the engine, plays every benchmark game (saving each under ``out_dir/games`` when
-    ``write_games``) and writes the Table 1 report (eval/table1.py ``run_benchmark``); returns the report.
-
-    Args:
-      config: full config (sections game, data, eval and the model sections).
-      benchmark_path: benchmark JSON (eval/table1_games.py format).
-      out_dir: report folder.
-      system: a ready ``TurnModel`` (inference/turn_model.py; tests); else from ``checkpoint`` / ``standin``.
-      embedder, dreamsim, games, scope_fn, log: as for ``table1.run_benchmark``.
-
-    Raises:
-      BenchmarkError: a malformed benchmark (before anything is generated).
-      OutputError / OSError: ``out_dir`` not writable.
-    """
-    t_start = time.perf_counter()
-    bench = load_benchmark(benchmark_path)
-    layout.check_writable(out_dir)
-    if system is None:
-        system = build_system(config, checkpoint, standin)
-    engine = GameEngine(config, system)
-    save = None
-    if write_games:
-        games_dir = str(paths.as_path(paths.join(out_dir, "games")))  # absolute, as logged
-
-        def save(result: dict) -> None:
-            save_game(engine.config, engine.model, result, games_dir, overwrite=True)  # a rerun replaces its own games
-
-    return run_benchmark(engine, bench, out_dir, batches, save=save, embedder=embedder, dreamsim=dreamsim,
-                         games=games, scope_fn=scope_fn, log=log, t_start=t_start)
-
-
-def table1_main(argv: list[str] | None = None) -> int:
-    """``eval [table1]``: runs the benchmark; returns the exit status (2 with a message on bad input)."""
-    return cli_lib.run_command("animegamer-eval", argv, _table1_flags, __doc__, (), _table1_run,
-                               (ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError))
+#: what a Ctrl-C leaves of the commands that play games
+KEPT = "finished games are kept; rerun the same command to resume"
 
 
 def _table1_flags(fv, argv: list[str]) -> None:
@@ -151,13 +73,13 @@ def _table1_flags(fv, argv: list[str]) -> None:
 
 
 def _table1_run(f) -> int:
-    """The body of :func:`table1_main` on parsed flags ``f``."""
+    """``eval [table1]`` on parsed flags ``f``: plays the benchmark, prints the report."""
     config = f.config
     embedder = embedder_from_config(config.eval.clip)
     if config.eval.dreamsim:
         raise ConfigError("DreamSim scoring needs its ensemble (DINO + CLIP + OpenCLIP ViTs + LoRA), which is "
                           "not ported. Fix: leave config.eval.dreamsim empty (the column reads n/a)")
-    report = run_table1(
+    report = games.run_table1(
         config, config.eval.benchmark, f.out,
         checkpoint=f.checkpoint, standin=f.standin, embedder=embedder, games=list(f.games) or None,
         write_games=bool(config.eval.write_games))
@@ -189,90 +111,38 @@ def _identity_flags(fv, argv: list[str]) -> None:
                         "data.dataset_dir, its training clips).", flag_values=fv)
 
 
-def _identity_games_file(out: str, games: list[dict]) -> str:
-    """Writes OUT/games.jsonl (atomically), or keeps the same one; another one there is refused."""
-    path = paths.join(out, "games.jsonl")
-    text = "".join(json.dumps({k: g[k] for k in ("game_id", "seed", "turns")}) + "\n" for g in games)
-    if fileio.exists(path):
-        if fileio.read_bytes(path).decode("utf-8") != text:
-            raise ValueError(f"{path}: games of other settings (--games_per_character, --turns, --seed or world); "
-                             f"pass another --out or the settings it was made with")
-        return path
+def _required(f, *names: str) -> None:
+    for name in names:
+        if not getattr(f, name):
+            raise cli_lib.UsageError(f"--{name} is required")
+
+
+def _write_report(out: str, report: dict, md: str) -> None:
+    """Writes OUT/report.json and OUT/report.md; prints the table and where they are."""
     fileio.makedirs(out)
-    fileio.write_text_atomic(path, text)
-    return path
+    fileio.write_text_atomic(paths.join(out, "report.json"), json.dumps(report, indent=1) + "\n")
+    fileio.write_text_atomic(paths.join(out, "report.md"), md)
+    print(md + f"wrote {paths.join(out, 'report.json')} and report.md")
 
 
 def _identity_run(f, *rest: str) -> int:
-    """The body of :func:`identity_main` on parsed flags ``f``."""
+    """``eval identity`` on parsed flags ``f``: plays and scores the identity games (eval/games.py)."""
     if rest:
         raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
     if f.ground_truth:
         return _identity_ground_truth(f)
-    for name in ("system", "world", "out"):
-        if not getattr(f, name):
-            raise cli_lib.UsageError(f"--{name} is required")
-    ckpt, world, out = paths.resource(f.system), f.world, f.out
-    names, refs, heldout = identity.toy_references(world)  # a missing world fails before the load
-    config = load_config(ckpt)
-    games = identity.toy_games(world, f.games_per_character, f.turns, f.seed)
-    games_path = _identity_games_file(out, games)
-    character_of = {g["game_id"]: names.index(g["character"]) for g in games}
-    refs_flags = [f"{n}={paths.join(world, 'characters', n, 'reference.png')}" for n in names]
-    variants = {"without": load_jsonl(games_path)}
-    chars = load_characters(refs_flags)
-    variants["with"] = tuple(dataclasses.replace(g, characters=chars) for g in variants["without"])
-    mesh = parallel.mesh_from_config(config, devices=jax.local_devices())
-    system = resolve_system(apply_mode(config), ckpt, mesh=mesh, need_references=True)
-    engine = GameEngine(config, system, mesh=mesh, rows=f.max_batch)
-    for v in identity.VARIANTS:
-        play_games(engine, variants[v], paths.join(out, v))
-    features = {"crop": identity.crop_feature, "standin": embedders.standin_embedder().image}
-    by_feature = {feat: {} for feat in features}
-    for v in identity.VARIANTS:
-        clips, named = [], []
-        for g in variants[v]:
-            for clip in played_clips(paths.join(out, v, g.game_id)):
-                clips.append(clip)
-                named.append(character_of[g.game_id])
-        for feat, embed in features.items():
-            by_feature[feat][v] = identity.score_games(clips, named, refs, heldout, names, embed,
-                                                       f.frames_per_clip)
-    chance = 1.0 / len(names)
-    crop = by_feature["crop"]
-    report = {"system": ckpt, "world": world, "num_characters": len(names), "chance": chance,
-              "games_per_character": f.games_per_character, "turns": f.turns, "seed": f.seed,
-              "characters": {n: h for n, h in zip(names, heldout)}, "identity": by_feature}
-    acc = {"heldout_with": crop["with"]["heldout"], "heldout_without": crop["without"]["heldout"]}
-    acc["heldout_3x_chance"] = acc["heldout_with"] is not None and acc["heldout_with"] >= 3 * chance
-    acc["heldout_2x_without"] = acc["heldout_with"] is not None and acc["heldout_with"] >= 2 * acc["heldout_without"]
-    if f.decoder_clips:
-        dataset = paths.resource(f.dataset or str(config.data.dataset_dir))
-        dconfig = apply_mode(config)
-        eval_decoder.check_dataset(dataset, dconfig)
-        dit = sampling_component(dconfig)
-        comps = load_system(ckpt, dconfig, names=["shot_encoder", dit, "vae", "t5", "clip", "reference"])
-        comps["dit"] = comps.pop(dit)
-        res = {v: eval_decoder.decoder_psnr(comps, dconfig, dataset, f.decoder_clips, f.seed, reference=v == "with")
-               for v in identity.VARIANTS}
-        report["decoder"] = {"dataset": dataset, "clips": len(res["with"]["clips"]),
-                             "without": res["without"]["sample"],
-                             "with": res["with"]["sample"], "reconstruction": res["with"]["reconstruction"],
-                             "per_clip": {v: res[v]["clips"] for v in identity.VARIANTS}}
-        acc["decoder_drop_db"] = res["with"]["sample"] - res["without"]["sample"]
-        acc["decoder_ok"] = acc["decoder_drop_db"] >= -0.5
-    report["acceptance"] = acc
-    md = identity.render_markdown(report)
-    fileio.write_text_atomic(paths.join(out, "report.json"), json.dumps(report, indent=1) + "\n")
-    fileio.write_text_atomic(paths.join(out, "report.md"), md)
-    print(md + f"wrote {paths.join(out, 'report.json')} and report.md")
+    _required(f, "system", "world", "out")
+    report = games.identity_report(paths.resource(f.system), f.world, f.out,
+                                   games_per_character=f.games_per_character, turns=f.turns, seed=f.seed,
+                                   frames_per_clip=f.frames_per_clip, max_batch=f.max_batch,
+                                   decoder_clips=f.decoder_clips, dataset=f.dataset)
+    _write_report(f.out, report, identity.render_markdown(report))
     return 0
 
 
 def _identity_ground_truth(f) -> int:
     """``--ground_truth``: both features on the world's own films; prints a table, writes OUT/ground_truth.json."""
-    if not f.world:
-        raise cli_lib.UsageError("--world is required")
+    _required(f, "world")
     names, refs, heldout = identity.toy_references(f.world)
     clips, named = identity.ground_truth_clips(f.world)
     features = {"crop": identity.crop_feature, "standin": embedders.standin_embedder().image}
@@ -290,15 +160,85 @@ def _identity_ground_truth(f) -> int:
     return 0
 
 
-def identity_main(argv: list[str] | None = None) -> int:
-    """``eval identity``: identity accuracy (eval/identity.py); returns the exit status (2 with one line on
-    bad input)."""
-    setup_jax()
-    return cli_lib.run_command("python -m animegamer_jax.commands.eval identity", argv, _identity_flags,
-                               identity.__doc__, None, _identity_run,
-                               (*GAME_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError,
-                                datasets.DatasetError, ValueError, OSError),
-                               interrupted="finished games are kept; rerun the same command to resume")
+def _game_flags(fv, argv: list[str]) -> None:
+    """The flags of ``eval game`` on ``fv`` (absl)."""
+    del argv
+    flags.DEFINE_string("system", None, "System checkpoint trained on the toy world.", flag_values=fv)
+    flags.DEFINE_string("world", None, "The toy world folder (manifest.json, games/, characters/).", flag_values=fv)
+    flags.DEFINE_string("out", None, "Output folder: games/<split>/, report.json, report.md.", flag_values=fv)
+    flags.DEFINE_bool("ground_truth", False, "Score the engine's own render of every turn (with --system: "
+                      "encoded and decoded by its VAE).", flag_values=fv)
+    flags.DEFINE_bool("standin", False, "Play the random stand-in system (configs/toy_world.py, or --system's "
+                      "config).", flag_values=fv)
+    flags.DEFINE_bool("retrieval", False, "Score the training clip nearest each instruction (no system).",
+                      flag_values=fv)
+    flags.DEFINE_integer("games", 32, "Games of each split (the first N of its script; the long split has one).",
+                         lower_bound=1, flag_values=fv)
+    flags.DEFINE_list("splits", list(toy_world.SPLITS), "Splits to play and score.", flag_values=fv)
+    flags.DEFINE_bool("references", True, "Play each game with --character NAME=its reference image.",
+                      flag_values=fv)
+    flags.DEFINE_bool("pixels", True, "Score PSNR / SSIM against the engine's render.", flag_values=fv)
+    flags.DEFINE_integer("max_batch", 1, "Games per batched model call (generate's --max_batch).", lower_bound=1,
+                         flag_values=fv)
+
+
+def _kind(f) -> str:
+    chosen = [k for k in referee_games.KINDS[1:] if getattr(f, k)]
+    if len(chosen) > 1:
+        raise cli_lib.UsageError(f"pass one of --ground_truth, --standin, --retrieval (got {chosen})")
+    if not chosen and not f.system:
+        raise cli_lib.UsageError("pass --system DIR (or --ground_truth, --standin or --retrieval)")
+    if chosen and chosen[0] == "retrieval" and f.system:
+        raise cli_lib.UsageError("--retrieval plays no system; drop --system")
+    return chosen[0] if chosen else "system"
+
+
+def _game_run(f, *rest: str) -> int:
+    """``eval game`` on parsed flags ``f``: the referee's report (eval/referee_games.py)."""
+    if rest:
+        raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
+    _required(f, "world", "out")
+    kind = _kind(f)
+    bad = sorted(set(f.splits) - set(toy_world.SPLITS))
+    if bad or not f.splits:
+        raise cli_lib.UsageError(f"--splits: unknown {bad or 'none given'}; choose from {list(toy_world.SPLITS)}")
+    world, out = (str(paths.as_path(p)).rstrip("/") for p in (f.world, f.out))
+    if paths.is_url(world) == paths.is_url(out) and not paths.is_url(world):
+        world, out = os.path.realpath(world), os.path.realpath(out)
+    if out == world or out.startswith(world + "/"):
+        raise cli_lib.UsageError(f"--out {f.out} is inside the world {f.world}; pass a folder outside it")
+    report = referee_games.referee_report(f.world, f.out, kind, f.splits, f.games,
+                                          checkpoint=paths.resource(f.system) if f.system else "",
+                                          references=f.references, pixels=f.pixels, max_batch=f.max_batch)
+    _write_report(f.out, report, referee.render_markdown(report))
+    return 0
+
+
+#: ``eval game --help``
+_GAME_DOC = """``python -m animegamer_jax.commands.eval game``: the referee (eval/referee.py) on a toy world's game scripts
+(eval/referee_games.py).
+
+Usage::
+
+    python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR   # a trained system
+    python -m animegamer_jax.commands.eval game --ground_truth --world DIR --out DIR # the engine's own clips: the ceiling
+    python -m animegamer_jax.commands.eval game --ground_truth --system DIR ...     # those clips through DIR's VAE
+    python -m animegamer_jax.commands.eval game --standin --world DIR --out DIR      # the random stand-in: a floor
+    python -m animegamer_jax.commands.eval game --retrieval --world DIR --out DIR    # the nearest training clip: a floor
+
+Plays the world's game scripts (``WORLD/games/<split>.jsonl``: seen, heldout_compositions,
+heldout_characters, long; ``--games`` of each, ``--splits``) as ``generate`` plays them (the same engine,
+``OUT/games/<split>/<game_id>/``; a rerun keeps finished games), with ``--character NAME=WORLD/characters/
+NAME/reference.png`` for each game's character unless ``--noreferences``; then scores every turn (its clip
+read back from the turn video, the HUD cut off; its states from game.json) against ``WORLD/games/
+truth.json``. ``--ground_truth`` scores the engine's own render of each turn made as a training clip is
+made (H.264 at the world's size, decoded, resized: ``Referee.film_clip``), ``--retrieval`` the training
+clip (of the world's train/ films) that matches the instruction best (character, then action, then
+background), rendered from that scene's own start: neither plays a system.
+
+Writes ``OUT/report.json`` (keys in eval/referee.py: ``splits.<split>.<column>``, ``chance.<column>``,
+``by_turn.<column>``; ``turns``: every scored turn) and ``OUT/report.md``; prints the table.
+"""
 
 
 def _representation_flags(fv, argv: list[str]) -> None:
@@ -310,17 +250,6 @@ def _representation_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
 
 
-def representation_main(argv: list[str] | None = None) -> int:
-    """``eval representation``: prints, per turn, where the predicted s_a lies among the clips' E_a s_a;
-    returns the exit status
-    (2 with a one-line message on bad input)."""
-    return cli_lib.run_command("animegamer-eval-representation", argv, _representation_flags,
-                               representation.__doc__, None,
-                               _representation_run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
-                                GameScriptError, CheckpointError, ValueError, OSError))
-
-
 def _fmt(c: dict | None, action: bool = False) -> str:
     if c is None:
         return "none"
@@ -328,8 +257,7 @@ def _fmt(c: dict | None, action: bool = False) -> str:
 
 
 def _representation_run(f, *rest: str) -> int:
-    """The body of :func:`representation_main` on parsed flags ``f`` (a bad input raises;
-    ``cli.run_command`` reports it)."""
+    """``eval representation`` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
     if rest:
         raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
     if not f.game:
@@ -344,10 +272,8 @@ def _representation_run(f, *rest: str) -> int:
     # E_a first: a checkpoint without T5 / CLIP fails before the game is played
     components = load_system(ckpt, config, names=["shot_encoder", "t5", "clip"])
     clip_reps, rows = representation.clip_representations(components, config, dataset)
-    engine = GameEngine(config, load_game_system(ckpt, config))
-    played = engine.play([game])[0]
-    res = representation.turn_distances([t.rep for t in played["turns"]], [t.motion for t in game.turns], clip_reps,
-                                        rows)
+    res = representation.turn_distances(games.script_reps(ckpt, config, game), [t.motion for t in game.turns],
+                                        clip_reps, rows)
     for k, (turn, r) in enumerate(zip(game.turns, res)):
         mean = "none" if r["mse_to_mean"] is None else f"{r['mse_to_mean']:.3f}"
         print(f"turn {k + 1} {turn.motion!r}: {r['clips']} clip(s) with this action; MSE to their mean {mean}, "
@@ -405,17 +331,8 @@ def _decoder_flags(fv, argv: list[str]) -> None:
                                     flag_values=fv, lock_config=False, sys_argv=argv)
 
 
-def decoder_main(argv: list[str] | None = None) -> int:
-    """``eval decoder``: prints the decoder PSNR per clip and on average; returns the exit status (2 with a
-    message on bad input)."""
-    return cli_lib.run_command("animegamer-eval-decoder", argv, _decoder_flags, eval_decoder.__doc__, None,
-                               _decoder_run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError,
-                                SavedConfigError, ValueError, OSError))
-
-
 def _decoder_run(f, *rest: str) -> int:
-    """The body of :func:`decoder_main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
+    """``eval decoder`` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
     if rest:
         raise cli_lib.UsageError(f"unexpected arguments {list(rest)}")
     if f.clips < 1:
@@ -474,15 +391,8 @@ def _vae_flags(fv, argv: list[str]) -> None:
     flags.DEFINE_string("json", "", "Also write the figures to this JSON file.", flag_values=fv)
 
 
-def vae_main(argv: list[str] | None = None) -> int:
-    """``eval vae``: prints the held-out reconstruction PSNR; returns the exit status (2 with a message on
-    bad input)."""
-    return cli_lib.run_command("animegamer-eval-vae", argv, _vae_flags, eval_vae.__doc__, (), _vae_run,
-                               (ConfigError, FileNotFoundError, SystemCheckpointError, KeyError, ValueError, OSError))
-
-
 def _vae_run(f) -> int:
-    """The body of :func:`vae_main` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
+    """``eval vae`` on parsed flags ``f`` (a bad input raises; ``cli.run_command`` reports it)."""
     if f.train_workdir:
         config = f.config
         vae, step = eval_vae.vae_from_train_workdir(f.train_workdir, config)
@@ -521,8 +431,38 @@ def _vae_run(f) -> int:
     return 0
 
 
-SUBCOMMANDS = {"table1": table1_main, "identity": identity_main, "representation": representation_main,
-               "decoder": decoder_main, "vae": vae_main, "game": eval_game.main}
+#: the subcommands: ``eval [table1] | identity | game | representation | decoder | vae``
+COMMANDS = {
+    "table1": cli_lib.Command(_table1_flags, _table1_run, __doc__, errors=(
+        ConfigError, BenchmarkError, FileNotFoundError, KeyError, ValueError, OSError)),
+    "identity": cli_lib.Command(_identity_flags, _identity_run, identity.__doc__, positional=None, errors=(
+        *GAME_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError, ValueError,
+        OSError), interrupted=KEPT, setup=setup_jax),
+    "game": cli_lib.Command(_game_flags, _game_run, _GAME_DOC, positional=None, errors=(
+        *GAME_ERRORS, ConfigError, FileNotFoundError, SystemCheckpointError, ValueError, OSError), interrupted=KEPT,
+        setup=setup_jax),
+    "representation": cli_lib.Command(_representation_flags, _representation_run, representation.__doc__,
+                                      positional=None, errors=(
+        ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError, GameScriptError,
+        CheckpointError, ValueError, OSError)),
+    "decoder": cli_lib.Command(_decoder_flags, _decoder_run, eval_decoder.__doc__, positional=None, errors=(
+        ConfigError, FileNotFoundError, SystemCheckpointError, datasets.DatasetError, SavedConfigError, ValueError,
+        OSError)),
+    "vae": cli_lib.Command(_vae_flags, _vae_run, eval_vae.__doc__, errors=(
+        ConfigError, FileNotFoundError, SystemCheckpointError, KeyError, ValueError, OSError)),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``eval [KIND] ...``: runs the subcommand of :data:`COMMANDS` (``table1`` when the first argument is a flag
+    or there is none); returns its exit status (2 with one line on bad input)."""
+    return cli_lib.run(PROG, argv, COMMANDS, __doc__, default="table1")
+
+
+def cli() -> None:
+    """Console script ``animegamer-eval`` (pyproject.toml)."""
+    sys.exit(main())
+
 
 if __name__ == "__main__":
     cli()

@@ -7,7 +7,7 @@ shipped checkpoints/tiny_system, when it exists: :func:`demo_checkpoint`), else 
 ``--config.game.seed=3``): what the config holds is set only that way, and the flags are the run's
 arguments (input and output paths, ``--demo``, ``--overwrite``, ...).
 
-* :func:`run_game_command` is a game command's ``main(argv)`` (``cli.run_command`` with these flags);
+* :func:`game_command` is a game command's row for ``cli.run`` (these flags, the errors it reports);
 * :func:`parse_game_flags` parses a game command line for library use (tests, benchmarks);
 * :func:`game_flags` is the ``define(fv, argv)`` both hand to ``cli.parse_flags``;
 * :data:`CLI_ERRORS` are the errors a game command reports as one line (exit status 2).
@@ -16,8 +16,6 @@ The process-wide JAX options the game commands set are inference/layout.py ``set
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import re
 from collections.abc import Callable, Sequence
@@ -210,26 +208,25 @@ def parse_game_flags(prog: str, argv: Sequence[str], define: Callable[[object], 
     return f, rest, f.config
 
 
-def run_game_command(prog: str, argv: Sequence[str] | None, define: Callable[[object], None] | None, doc: str,
-                     body: Callable[..., int], exclude: Sequence[str] = (), interrupted: str | None = None) -> int:
-    """The ``main(argv)`` of a game command: ``cli.run_command`` with :func:`game_flags`.
+def game_command(define: Callable[[object], None] | None, body: Callable[..., int], doc: str,
+                 exclude: Sequence[str] = (), interrupted: str | None = None,
+                 setup: Callable[[], object] | None = None) -> cli.Command:
+    """A game command's row for ``cli.run``: its flags are :func:`game_flags` ``(define, exclude)``.
 
     Args:
-      prog, doc: as for ``cli.run_command``; argv: the arguments after the program (None:
-        ``sys.argv[1:]``); define, exclude: as for :func:`game_flags`.
-      body: ``(flag values, config, *positional) -> exit status``; the config is ``f.config``.
+      body: ``(flag values, config, *positional) -> exit status``; the config is ``f.config``; it runs
+        with ``--executables`` in use.
+      doc: the ``--help`` text; setup: called before parsing (process-wide JAX options).
       interrupted: with it, SIGTERM stops the command like Ctrl-C (``cli.sigterm_as_interrupt``), and
         an interruption that ``body`` does not handle itself (during flag parsing or loading) prints
         ``interrupted: <interrupted>`` with exit status 130 (143 for SIGTERM). None: neither.
 
-    Returns:
-      ``body``'s exit status, or 2 after one ``error: ...`` line on stderr for a bad command line,
-      a bad checkpoint or any of :data:`CLI_ERRORS` raised by ``body``.
+    The command returns ``body``'s exit status, or 2 after one ``error: ...`` line on stderr for a bad
+    command line, a bad checkpoint or any of :data:`CLI_ERRORS` raised by ``body``.
     """
-    with cli.sigterm_as_interrupt() if interrupted is not None else contextlib.nullcontext():
-        return cli.run_command(prog, argv, game_flags(define, exclude), doc, None,
-                               lambda f, *rest: _with_executables(f, body, *rest),
-                               errors=(*CLI_ERRORS, SavedConfigError), interrupted=interrupted)
+    return cli.Command(game_flags(define, exclude), lambda f, *rest: _with_executables(f, body, *rest), doc,
+                       positional=None, errors=(*CLI_ERRORS, SavedConfigError), interrupted=interrupted,
+                       sigterm=interrupted is not None, setup=setup)
 
 
 def _with_executables(f, body, *rest):

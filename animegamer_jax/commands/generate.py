@@ -41,11 +41,11 @@ from tqdm import tqdm
 
 from animegamer_jax import parallel
 from animegamer_jax.io import paths
-from animegamer_jax.commands.cli import UsageError, interrupt_exit
+from animegamer_jax.commands.cli import UsageError, interrupt_exit, run
 from animegamer_jax.game.folder import layout
 from animegamer_jax.game.engine import GameEngine, batches
 from animegamer_jax.game.characters import check_used, load_characters
-from animegamer_jax.commands.game_flags import character_flag, run_game_command
+from animegamer_jax.commands.game_flags import character_flag, game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.folder.saves import fingerprint_of, pending_games, save_game
 from animegamer_jax.game.script import load_jsonl
@@ -117,14 +117,21 @@ def _generate(f, config, *rest: str) -> int:
     return 0
 
 
+def _setup() -> None:
+    distributed.initialize()
+    setup_jax()
+
+
+#: ``generate GAMES.jsonl --flag ...``
+COMMAND = game_command(define_flags, _generate, __doc__,
+                       interrupted="finished games are kept; rerun the same command to resume", setup=_setup)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Plays every pending game of the JSONL file of ``argv`` (``GAMES.jsonl --flag ...``); returns
     the exit status (2 with a one-line message on bad input, 130 on Ctrl-C, 143 on SIGTERM, which stops
     generate like Ctrl-C: a game whose save has begun is saved first)."""
-    distributed.initialize()
-    setup_jax()
-    return run_game_command("animegamer-generate", argv, define_flags, __doc__, _generate,
-                            interrupted="finished games are kept; rerun the same command to resume")
+    return run("animegamer-generate", argv, COMMAND)
 
 
 def cli() -> None:

@@ -49,12 +49,12 @@ from animegamer_jax import parallel
 
 from animegamer_jax.io import paths
 from animegamer_jax.io.fileio import signals_held
-from animegamer_jax.commands.cli import UsageError, exit_finished, interrupt_exit
+from animegamer_jax.commands.cli import UsageError, exit_finished, interrupt_exit, run
 from animegamer_jax.config import ConfigError
 from animegamer_jax.game.folder import atomic, layout
 from animegamer_jax.game.engine import GameEngine
 from animegamer_jax.game.characters import check_used, load_characters
-from animegamer_jax.commands.game_flags import character_flag, config_overrides, run_game_command
+from animegamer_jax.commands.game_flags import character_flag, config_overrides, game_command
 from animegamer_jax.game.loading import resolve_system
 from animegamer_jax.game.folder.load import load_game
 from animegamer_jax.game.folder.saves import branch_game, finish_session, save_game, save_turn, summary
@@ -341,12 +341,14 @@ def _session_end(engine: GameEngine, game: TurnByTurnGame, folder: str, stop: Ke
     return 0
 
 
+#: ``play [SCRIPT|-] --flag ...``
+COMMAND = game_command(define_flags, _play, __doc__, interrupted="nothing written for this game", setup=setup_jax)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Plays the game of ``argv`` (``[SCRIPT|-] --flag ...``); returns the exit status (2 with a
     one-line message on bad input, 130 on Ctrl-C, 143 on SIGTERM, which stops play like Ctrl-C)."""
-    setup_jax()
-    return run_game_command("animegamer-play", argv, define_flags, __doc__, _play,
-                            interrupted="nothing written for this game")
+    return run("animegamer-play", argv, COMMAND)
 
 
 def cli() -> None:

@@ -30,7 +30,7 @@ from ml_collections import config_flags
 from animegamer_jax import checkpoint, parallel
 
 from animegamer_jax.io import paths
-from animegamer_jax.commands.cli import define_verbosity, run_command, status
+from animegamer_jax.commands.cli import Command, define_verbosity, run, status
 from animegamer_jax.data import datasets
 from animegamer_jax.parallel import distributed
 from animegamer_jax.checkpoint import training as train_checkpoint
@@ -75,22 +75,6 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.commands.train [flags]``; returns the exit status: 0 when trained or when SIGTERM /
-    SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared dataset, a bad
-    ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume from or a
-    missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C. ``toy-world`` as the first
-    argument runs :func:`toy_world_main` on the rest."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "toy-world":
-        return toy_world_main(args[1:])
-    return run_command(PROG, args, define_flags, __doc__, (), lambda f: _run(f, args),
-                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError,
-                               train_checkpoint.CheckpointResumeError, datasets.DatasetError),
-                       interrupted="stopped at once, without saving the step in progress; rerun the same "
-                                   "command to resume from the newest checkpoint (WORKDIR/checkpoints)")
-
-
 def _toy_world_flags(fv: flags.FlagValues, argv: list[str]) -> None:
     """The flags of ``python -m animegamer_jax.commands.train toy-world`` on ``fv``."""
     config_flags.DEFINE_config_file("config", paths.resource("configs/toy_world.py"), "Config file.",
@@ -117,16 +101,24 @@ def _toy_world(f: flags.FlagValues, argv: list[str]) -> int:
     return 0
 
 
-def toy_world_main(argv: list[str] | None = None) -> int:
-    """``python -m animegamer_jax.commands.train toy-world [flags]`` (train/toy_world.py's docstring); returns the exit
-    status (0 also when SIGTERM / SIGINT stopped it at a saved step, 2 with one line for a bad input, 130 after
-    a second Ctrl-C)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    return run_command(TOY_WORLD_PROG, args, _toy_world_flags, toy_world.__doc__, (), lambda f: _toy_world(f, args),
-                       errors=(loop.ResumeMismatchError, checkpoint.SystemCheckpointError, datasets.DatasetError,
-                               train_checkpoint.CheckpointResumeError, FileExistsError),
-                       interrupted="stopped at once, without saving the step in progress; rerun the same "
-                                   "command to resume from the newest checkpoint")
+#: what is left after a second Ctrl-C
+_STOPPED = "stopped at once, without saving the step in progress; rerun the same command to resume from the newest checkpoint"
+_ERRORS = (loop.ResumeMismatchError, checkpoint.SystemCheckpointError, train_checkpoint.CheckpointResumeError,
+           datasets.DatasetError)
+
+#: ``train [flags]`` and ``train toy-world [flags]`` (train/toy_world.py's docstring)
+COMMAND = Command(define_flags, _run, __doc__, errors=_ERRORS, interrupted=_STOPPED + " (WORKDIR/checkpoints)",
+                  with_argv=True, subcommands={"toy-world": Command(
+                      _toy_world_flags, _toy_world, toy_world.__doc__, errors=(*_ERRORS, FileExistsError),
+                      interrupted=_STOPPED, with_argv=True)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m animegamer_jax.commands.train [toy-world] [flags]``; returns the exit status: 0 when trained or
+    when SIGTERM / SIGINT stopped it at a saved step, 2 with one line for a bad command line, a missing prepared
+    dataset, a bad ``--config.train.init_checkpoint``, a workdir of another run, no intact checkpoint to resume
+    from or a missing / damaged ``--config.train.resume_step``, 130 after a second Ctrl-C."""
+    return run(PROG, argv, COMMAND)
 
 
 def cli() -> None:

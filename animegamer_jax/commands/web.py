@@ -32,8 +32,8 @@ import sys
 
 from absl import flags
 
-from animegamer_jax.commands.cli import UsageError, define_verbosity
-from animegamer_jax.commands.game_flags import run_game_command
+from animegamer_jax.commands.cli import UsageError, define_verbosity, run
+from animegamer_jax.commands.game_flags import game_command
 from animegamer_jax.game.run import print_turn
 from animegamer_jax.web.app import check_port, check_token, create_app, no_auth_warning, uvicorn_settings
 from animegamer_jax.web.server import MAX_BATCH, MAX_QUEUE, MAX_SESSIONS, build_server
@@ -100,10 +100,14 @@ def _serve(f, config, *rest: str) -> int:
     return 0
 
 
+#: ``web --flag ...`` (no ``--overwrite``: a session's games are its own)
+COMMAND = game_command(define_flags, _serve, __doc__, exclude=("overwrite",))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serves the game of ``argv`` (flags only) until Ctrl-C; returns the exit status (2 with a
     one-line message on bad input)."""
-    return run_game_command("animegamer-web", argv, define_flags, __doc__, _serve, exclude=("overwrite",))
+    return run("animegamer-web", argv, COMMAND)
 
 
 def cli() -> None:

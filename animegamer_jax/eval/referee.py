@@ -1,6 +1,6 @@
 """The referee: scores every turn of a game on the toy world against the world's own truth.
 
-Command (``eval game``: commands/eval_game.py plays the games; this module only scores)::
+Command (``eval game``: eval/referee_games.py plays the games; this module only scores)::
 
   python -m animegamer_jax.commands.eval game --system DIR --world DIR --out DIR
   python -m animegamer_jax.commands.eval game --ground_truth|--standin|--retrieval --world DIR --out DIR

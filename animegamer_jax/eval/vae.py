@@ -143,7 +143,7 @@ def reconstruction_psnr(vae, held: Sequence[HeldOut], num_frames: int = 17) -> d
 def roundtrip(vae):
     """A function uint8 clip [T, H, W, 3] -> uint8 [T, H, W, 3]: ``vae`` (a ``CogVideoXVAE``) encodes it (posterior
     mean) and decodes it with its default decode plan, jitted once per shape (the referee's ceiling of a
-    system's decoder, commands/eval_game.py)."""
+    system's decoder, eval/referee_games.py)."""
     recon = nnx.jit(lambda m, x: m.decode(m.encode(x).mean))
 
     def run(frames: np.ndarray) -> np.ndarray:
