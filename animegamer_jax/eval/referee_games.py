@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from animegamer_jax.checkpoint import load_config, load_system
 from animegamer_jax.config import load_config as load_config_file
-from animegamer_jax.data import toy_world
+from animegamer_jax.data import toy_motion, toy_world
 from animegamer_jax.eval import referee
 from animegamer_jax.eval import vae as eval_vae
 from animegamer_jax.eval.games import engine_for, play_games, played_clips, played_states
@@ -78,7 +78,7 @@ def _unplayed(kind: str, manifest: dict, chosen: dict, ref: referee.Referee, tim
                 else:
                     c, s = retrieve(scenes, g["character"], t)
                     cs.append(ref.truth_clip(s, c, times))
-                    ss.append(toy_world.state_changes(s["motion"], bool(s["quick"])))
+                    ss.append(toy_motion.state_changes(s["motion"], bool(s["quick"])))
             clips[split].append(cs)
             states[split].append(ss)
     return clips, states
@@ -104,7 +104,7 @@ def referee_report(world: str, out: str, kind: str, splits: Sequence[str], games
     config = load_config(checkpoint) if checkpoint else load_config_file(paths.resource(WORLD_CONFIG))
     ref = referee.Referee(manifest, int(config.data.height), int(config.data.width))
     plan = truth["clip_plan"]
-    times = toy_world.turn_times(float(truth["seconds"]), int(plan["num_frames"]), float(plan["fps"]),
+    times = toy_motion.turn_times(float(truth["seconds"]), int(plan["num_frames"]), float(plan["fps"]),
                                  float(truth["fps"]))
     if kind in ("system", "standin"):
         if (int(config.data.num_frames), float(config.data.fps)) != (int(plan["num_frames"]), float(plan["fps"])):
