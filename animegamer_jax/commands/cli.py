@@ -383,6 +383,21 @@ def parse_flags(argv: Sequence[str], define: Define, doc: str = "",
     return fv, rest[1:]
 
 
+def probe_flags(define: Callable[[flags.FlagValues], None], argv: Sequence[str]) -> flags.FlagValues | None:
+    """The flags ``define(fv)`` defines, read from ``argv`` (unknown flags skipped) before the full parse:
+    what a command's ``--config`` default depends on (the config saved in ``--checkpoint``). None for
+    ``--help`` or a command line that does not parse (the full parse reports it)."""
+    if any(a in HELP_ARGS for a in argv[1:]):
+        return None
+    probe = flags.FlagValues()
+    define(probe)
+    try:
+        probe(list(argv), known_only=True)
+    except flags.Error:
+        return None
+    return probe
+
+
 def _config_paths(argv: Sequence[str]) -> list[str]:
     """The ``--config=PATH`` / ``--config PATH`` values of ``argv``."""
     out = []

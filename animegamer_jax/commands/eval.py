@@ -314,18 +314,12 @@ def _decoder_flags(fv, argv: list[str]) -> None:
     """
     _decoder_own_flags(fv)
     saved = ml_collections.ConfigDict()
-    if not any(a in cli_lib.HELP_ARGS for a in argv[1:]):
-        probe = flags.FlagValues()  # only to read --checkpoint before --config exists
-        _decoder_own_flags(probe)
+    probe = cli_lib.probe_flags(_decoder_own_flags, argv)  # --checkpoint, before --config exists
+    if probe is not None:
         try:
-            probe(argv, known_only=True)
-        except flags.Error:
-            pass  # reported by the full parse
-        else:
-            try:
-                saved = load_config(paths.resource(probe.checkpoint))
-            except (SystemCheckpointError, ConfigError, OSError) as e:
-                raise SavedConfigError(str(e)) from None
+            saved = load_config(paths.resource(probe.checkpoint))
+        except (SystemCheckpointError, ConfigError, OSError) as e:
+            raise SavedConfigError(str(e)) from None
     config_flags.DEFINE_config_dict("config", saved, "The config saved in --checkpoint; --config.a.b=value "
                                     "overrides a field, e.g. --config.diffusion.sampler=student.",
                                     flag_values=fv, lock_config=False, sys_argv=argv)

@@ -153,22 +153,17 @@ def game_flags(define: Callable[[object], None] | None = None,
     def define_all(fv, argv: list[str]) -> None:
         own(fv)
         saved = None
-        if not _config_given(argv) and not any(a in cli.HELP_ARGS for a in argv[1:]):
-            probe = flags.FlagValues()  # only to read --checkpoint / --verify_checkpoint before --config exists
-            own(probe)
-            try:
-                probe(argv, known_only=True)
-            except flags.Error:
-                pass  # reported by the full parse
-            else:
-                demo = demo_checkpoint(argv) if probe.demo and not probe.checkpoint else ""
-                if probe.checkpoint or demo:
-                    try:
-                        saved = checkpoint_config(probe.checkpoint or demo, probe.verify_checkpoint)
-                    except ConfigError as e:
-                        raise SavedConfigError(str(e)) from None
-                    if demo:
-                        saved.game.checkpoint = demo  # what resolve_system loads (not fingerprinted)
+        # --checkpoint / --verify_checkpoint / --demo, read before --config exists
+        probe = None if _config_given(argv) else cli.probe_flags(own, argv)
+        if probe is not None:
+            demo = demo_checkpoint(argv) if probe.demo and not probe.checkpoint else ""
+            if probe.checkpoint or demo:
+                try:
+                    saved = checkpoint_config(probe.checkpoint or demo, probe.verify_checkpoint)
+                except ConfigError as e:
+                    raise SavedConfigError(str(e)) from None
+                if demo:
+                    saved.game.checkpoint = demo  # what resolve_system loads (not fingerprinted)
         if saved is not None:
             config_flags.DEFINE_config_dict("config", saved, CONFIG_HELP, flag_values=fv, lock_config=False,
                                             sys_argv=argv)

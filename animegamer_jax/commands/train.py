@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Callable
 
 from absl import flags
 from ml_collections import config_flags
@@ -59,17 +60,21 @@ def _run(f: flags.FlagValues, argv: list[str]) -> int:
     for phase in phases:  # a missing dataset is one line before any model is built
         datasets.find(pipeline.phase_dataset_dir(config, phase))
     status("animegamer-train: phase %s, workdir %s (building the model) ...", config.train.phase, f.workdir)
-    parallel.initialize()  # before the guard: jax.distributed's preemption service is its first choice
     opts = {"xla_backend_optimization_level": 0} if f.fast_compile else None
+    run = pipeline.run_all if str(config.train.phase) == "all" else pipeline.run_phase
+    return _until_preempted(lambda: run(config, f.workdir, compiler_options=opts), f"{PROG} {shlex.join(argv)}")
+
+
+def _until_preempted(train: Callable[[], str], resume: str) -> int:
+    """Starts ``jax.distributed`` (before the guard: its preemption service is the guard's first choice), runs
+    ``train`` under the preemption guard and prints what it returns (the system checkpoint); on SIGTERM /
+    SIGINT prints where it stopped and ``resume``, the command that resumes. Returns 0."""
+    parallel.initialize()
     with distributed.preemption_guard():
         try:
-            if str(config.train.phase) == "all":
-                out = pipeline.run_all(config, f.workdir, compiler_options=opts)
-            else:
-                out = pipeline.run_phase(config, f.workdir, compiler_options=opts)
+            out = train()
         except loop.Preempted as e:
-            print(f"preempted: {e}; resume with the same command: {PROG} {shlex.join(argv)}",
-                  file=sys.stderr, flush=True)
+            print(f"preempted: {e}; resume with the same command: {resume}", file=sys.stderr, flush=True)
             return 0
     print(out)
     return 0
@@ -89,16 +94,8 @@ def _toy_world_flags(fv: flags.FlagValues, argv: list[str]) -> None:
 def _toy_world(f: flags.FlagValues, argv: list[str]) -> int:
     """Makes the toy world's data and trains its pipeline (``toy_world.run``); prints the system checkpoint, or
     on SIGTERM / SIGINT where it stopped and the command (``argv``) that resumes, and returns 0."""
-    parallel.initialize()
-    with distributed.preemption_guard():
-        try:
-            out = toy_world.run(f.config, f.data_dir, f.workdir)
-        except loop.Preempted as e:
-            print(f"preempted: {e}; resume with the same command: {TOY_WORLD_PROG} {shlex.join(argv)}",
-                  file=sys.stderr, flush=True)
-            return 0
-    print(out)
-    return 0
+    return _until_preempted(lambda: toy_world.run(f.config, f.data_dir, f.workdir),
+                            f"{TOY_WORLD_PROG} {shlex.join(argv)}")
 
 
 #: what is left after a second Ctrl-C
