@@ -119,3 +119,34 @@ def test_run_subcommand_default_takes_flags_and_no_arguments(capsys):
     assert run_subcommand([], commands, "doc") == 2 and "expected a kind" in capsys.readouterr().err
     assert run_subcommand(["--help"], commands, "the doc") == 0 and "the doc" in capsys.readouterr().err
     assert len(calls) == 4
+
+
+def test_run_reads_a_table_of_commands(capsys):
+    """``cli.run``: a row's flags, positional names, errors, ``with_argv`` and nested ``subcommands``."""
+    from absl import flags
+
+    from animegamer_jax.commands.cli import Command, run
+
+    calls = []
+
+    def define(fv, argv):
+        flags.DEFINE_integer("n", 1, "a number", flag_values=fv)
+
+    def body(f, *rest):
+        calls.append((f.n, rest))
+        if f.n < 0:
+            raise LookupError("negative n")
+        return f.n
+
+    inner = Command(define, lambda f, argv, src: calls.append(("inner", argv, src)), "inner doc", ("SRC",),
+                    with_argv=True)
+    table = {"x": Command(define, body, "x doc", ("SRC", "DST"), errors=(LookupError,), subcommands={"in": inner})}
+    assert run("prog", ["x", "a", "b", "--n=4"], table, "the doc") == 4
+    assert run("prog", ["x", "a", "b", "--n=-1"], table, "the doc") == 2
+    assert capsys.readouterr().err == "error: negative n\n"
+    assert run("prog", ["x", "a"], table, "the doc") == 2
+    assert "expected SRC DST, got ['a']. Usage: prog x SRC DST [flags]" in capsys.readouterr().err
+    assert run("prog", ["x", "in", "s", "--n=2"], table, "the doc") == 0
+    assert run("prog", ["y"], table, "the doc") == 2 and "unknown kind 'y'" in capsys.readouterr().err
+    assert run("prog", ["a", "b", "--n=5"], table["x"]) == 5  # one Command: no kind to name
+    assert calls == [(4, ("a", "b")), (-1, ("a", "b")), ("inner", ["s", "--n=2"], "s"), (5, ("a", "b"))]
