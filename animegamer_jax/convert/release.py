@@ -53,26 +53,24 @@ collected first and reported together, one line each, naming the file, the key a
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 import os
 import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import fsspec
 import jax
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
 
 from animegamer_jax import checkpoint
-
+from animegamer_jax.convert import release_files
+from animegamer_jax.convert.release_files import (CLIP_FILE, MISTRAL_DIR, T5_DIR, VAE_FILE, ReleaseError, ReleaseFiles,
+                                                  absolute, drop_file_pages, find_files, load_folder_lazy,
+                                                  load_torch_lazy, locate, one_line, relative)
 from animegamer_jax.io import fileio
-
 from animegamer_jax.io import paths
 from animegamer_jax.models.clip import convert as clip_convert
 from animegamer_jax.models.clip.model import CLIPConfig
