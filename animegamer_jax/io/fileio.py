@@ -17,7 +17,7 @@ path kept relative, so messages name the path as given), one code path for local
 the atomic writes (locally a temp file and ``os.replace``; on object stores a single object upload,
 atomic by itself), :func:`rename` (locally ``os.replace``; on object stores a copy then a delete, so
 callers that need a folder to appear whole write a marker or a manifest last and verify it, as
-game/writers.py and the checkpoint package do), :func:`walk_files`' one listing request on object
+game/folder/ and the checkpoint package do), :func:`walk_files`' one listing request on object
 stores, :func:`stamp`'s version (local mtime in ns, an object's generation), the best-effort local
 :func:`rmtree`, and the owner stamps of temp folders. A missing path raises ``FileNotFoundError``
 unless the function says otherwise.
@@ -473,7 +473,7 @@ class _Lease:
 @contextlib.contextmanager
 def exclusive_lock(path: PathLike) -> Iterator[int]:
     """Holds the lock of lock path ``path`` inside the body, so that one process at a time does what
-    it guards (game/writers.py ``game_lock``: writing one game folder). Nothing waits: another
+    it guards (game/folder/layout.py ``game_lock``: writing one game folder). Nothing waits: another
     process's hold is refused at once with :class:`LockHeldError` naming it (its :func:`owner_stamp`).
     The lock is re-entrant within this process (nested holds, any thread, share the first one's;
     threads of one process are not kept apart).
