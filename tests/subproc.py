@@ -86,13 +86,13 @@ def run_processes(code: str, workdir: str, n: int = 2, devices: int = 1, timeout
     return json_results(procs, timeout)
 
 
-#: a child that takes the lock argv[1] (``fileio.exclusive_lock``: a local lock file or a gs:// lease),
+#: a child that takes the lock argv[1] (``locks.exclusive_lock``: a local lock file or a gs:// lease),
 #: prints "held" and holds it until its stdin closes (or it is killed); refused, it prints
 #: "refused: pid N on host H" (whose the lock is) and exits 3
-LOCK_HOLDER = ("import sys\nfrom animegamer_jax.io import fileio\n"
-               "try:\n    with fileio.exclusive_lock(sys.argv[1]):\n        print('held', flush=True)\n"
+LOCK_HOLDER = ("import sys\nfrom animegamer_jax.io import locks\n"
+               "try:\n    with locks.exclusive_lock(sys.argv[1]):\n        print('held', flush=True)\n"
                "        sys.stdin.read()\n"
-               "except fileio.LockHeldError as e:\n    print('refused:', e.holder_words())\n    sys.exit(3)\n")
+               "except locks.LockHeldError as e:\n    print('refused:', e.holder_words())\n    sys.exit(3)\n")
 
 
 def child_env() -> dict:

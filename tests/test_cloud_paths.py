@@ -185,31 +185,31 @@ def _object(gcs, key):
 
 
 def test_gcs_lock_is_a_lease_object_a_second_holder_is_refused(gcs):
-    """`fileio.exclusive_lock` on gs://: a lease object naming this process with an expiry LEASE_S s on,
+    """`locks.exclusive_lock` on gs://: a lease object naming this process with an expiry LEASE_S s on,
     shared by nested holds; another process is refused with the holder's pid and host, and this one
     is refused while another process holds it; the release deletes the object."""
-    from animegamer_jax.io import fileio
+    from animegamer_jax.io import locks
 
     url, key, me = "gs://bucket/locks/.lock-a", "bucket/locks/.lock-a", f"pid {os.getpid()} on host {socket.gethostname()}"
     before = time.time()
-    with fileio.exclusive_lock(url) as first:
-        with fileio.exclusive_lock(url) as second:
+    with locks.exclusive_lock(url) as first:
+        with locks.exclusive_lock(url) as second:
             assert (first, second) == (1, 2)
         lease = _object(gcs, key)
         assert lease["holder"].split()[:2] == [socket.gethostname(), str(os.getpid())]
-        assert before + fileio.LEASE_S <= lease["expires"] <= time.time() + fileio.LEASE_S
+        assert before + locks.LEASE_S <= lease["expires"] <= time.time() + locks.LEASE_S
         assert probe_lock(url) == (3, f"refused: {me}\n")
     assert _object(gcs, key) is None
     holder = hold_lock(url)
     try:
-        with pytest.raises(fileio.LockHeldError) as e:
-            with fileio.exclusive_lock(url):
+        with pytest.raises(locks.LockHeldError) as e:
+            with locks.exclusive_lock(url):
                 pass
         assert e.value.holder_words() == f"pid {holder.pid} on host {socket.gethostname()}"
     finally:
         holder.communicate("")
     assert holder.returncode == 0 and _object(gcs, key) is None
-    with fileio.exclusive_lock("memory://locks/.lock-a") as depth:
+    with locks.exclusive_lock("memory://locks/.lock-a") as depth:
         assert depth == 0  # no conditional writes there: no lock (documented)
 
 
@@ -218,21 +218,21 @@ def test_gcs_stale_lease_is_taken_over_by_exactly_one_taker(gcs):
     takers that read the same stale lease, by the first to write (the second's precondition on the
     generation they read fails, and it is then refused, the winner named). A damaged lease object
     is taken over too."""
-    from animegamer_jax.io import fileio
+    from animegamer_jax.io import locks
 
     url, key = "gs://bucket/locks/.lock-b", "bucket/locks/.lock-b"
     _dead_lease(gcs, key)
-    with fileio.exclusive_lock(url) as depth:
+    with locks.exclusive_lock(url) as depth:
         assert depth == 1 and _object(gcs, key)["holder"].split()[1] == str(os.getpid())
     assert _object(gcs, key) is None
 
     _dead_lease(gcs, key)
-    a, b = fileio._Lease(url), fileio._Lease(url)
+    a, b = locks._Lease(url), locks._Lease(url)
     seen = a.read()
     assert seen == b.read() and seen[0]["token"] == "dead"
     assert a.claim(seen) is True
     assert b.claim(seen) is False  # the same observed generation: only one write can match it
-    with pytest.raises(fileio.LockHeldError) as e:
+    with pytest.raises(locks.LockHeldError) as e:
         b.take()
     assert e.value.holder_words() == f"pid {os.getpid()} on host {socket.gethostname()}"
     gcs.invalidate_cache()
@@ -243,7 +243,7 @@ def test_gcs_stale_lease_is_taken_over_by_exactly_one_taker(gcs):
     assert _object(gcs, key) is None
 
     _dead_lease(gcs, key, b"not a lease")
-    with fileio.exclusive_lock(url):
+    with locks.exclusive_lock(url):
         assert _object(gcs, key)["holder"].split()[1] == str(os.getpid())
     assert _object(gcs, key) is None
 
@@ -252,21 +252,21 @@ def test_gcs_lease_renewal_moves_the_expiry_and_a_lost_lease_is_left_to_its_take
     """Driven by an injected clock, no waiting: renew() rewrites the expiry (a new generation); a lease
     not renewed past its expiry is taken over, its old holder's renew() then says it is lost and its
     release leaves the new holder's object."""
-    from animegamer_jax.io import fileio
+    from animegamer_jax.io import locks
 
     url, key, now = "gs://bucket/locks/.lock-c", "bucket/locks/.lock-c", [1000.0]
-    a = fileio._Lease(url, clock=lambda: now[0])
+    a = locks._Lease(url, clock=lambda: now[0])
     a.take()
-    assert _object(gcs, key)["expires"] == 1000.0 + fileio.LEASE_S
+    assert _object(gcs, key)["expires"] == 1000.0 + locks.LEASE_S
     first = a.generation
     now[0] = 1030.0
     assert a.renew() is True and a.generation != first
-    assert _object(gcs, key)["expires"] == 1030.0 + fileio.LEASE_S
-    b = fileio._Lease(url, clock=lambda: now[0])
-    now[0] = 1030.0 + fileio.LEASE_S - 1  # renewed: still a's
-    with pytest.raises(fileio.LockHeldError):
+    assert _object(gcs, key)["expires"] == 1030.0 + locks.LEASE_S
+    b = locks._Lease(url, clock=lambda: now[0])
+    now[0] = 1030.0 + locks.LEASE_S - 1  # renewed: still a's
+    with pytest.raises(locks.LockHeldError):
         b.take()
-    now[0] = 1030.0 + fileio.LEASE_S + 1  # a stopped renewing: expired
+    now[0] = 1030.0 + locks.LEASE_S + 1  # a stopped renewing: expired
     b.take()
     assert _object(gcs, key)["token"] == b.token
     assert a.renew() is False and a.lost

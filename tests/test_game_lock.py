@@ -17,7 +17,7 @@ import pytest
 
 from animegamer_jax.commands import generate, play
 from animegamer_jax.game.folder import atomic, layout
-from animegamer_jax.io import fileio
+from animegamer_jax.io import locks
 from tests.subproc import ROOT, child_env, hold_lock, probe_lock
 
 TEXTS = ["Character: Bunny; Motion: slowly walk out of the burrow; Background: day meadow.",
@@ -96,14 +96,14 @@ def test_the_lock_of_a_killed_process_does_not_block(game, capsys):
 
 def test_the_lock_is_reentrant_in_a_process_and_exclusive_between_processes(tmp_path):
     lock = str(tmp_path / ".lock-x")
-    with fileio.exclusive_lock(lock) as first:
-        with fileio.exclusive_lock(lock) as second:
+    with locks.exclusive_lock(lock) as first:
+        with locks.exclusive_lock(lock) as second:
             assert (first, second) == (1, 2)
             assert open(lock).read().split()[:2] == [socket.gethostname(), str(os.getpid())]
         assert probe_lock(lock) == (3, f"refused: pid {os.getpid()} on host {socket.gethostname()}\n")
     assert not os.path.exists(lock)
     assert probe_lock(lock) == (0, "held\n")
-    with fileio.exclusive_lock("memory://games/.lock-x") as depth:
+    with locks.exclusive_lock("memory://games/.lock-x") as depth:
         assert depth == 0  # no lock on stores without conditional writes (documented; gs:// leases: test_cloud_paths)
 
 

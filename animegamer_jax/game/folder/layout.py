@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from animegamer_jax.io import fileio
+from animegamer_jax.io import fileio, locks
 from animegamer_jax.io import media
 from animegamer_jax.io import paths
 from animegamer_jax.game.folder.fingerprint import same_making
@@ -139,7 +139,7 @@ def lock_path(game_dir: str) -> str:
 @contextlib.contextmanager
 def game_lock(game_dir: str) -> Iterator[None]:
     """Holds the writer's lock of game folder ``game_dir`` inside the body: one process at a time
-    writes a game folder (``fileio.exclusive_lock`` on :func:`lock_path`).
+    writes a game folder (``locks.exclusive_lock`` on :func:`lock_path`).
 
     Re-entrant in a process (a command holds it for a session, the writers here take it again per
     write). Another process holding it is refused at once, nothing waits. A process that dies
@@ -147,8 +147,8 @@ def game_lock(game_dir: str) -> Iterator[None]:
     never blocks the next run. On entry with the lock newly taken, the ``*.part`` files that a killed
     writer left in the folder are removed (no other writer can be running). The parent folder is
     created when missing, and removed again at the end when nothing was written into it.
-    A ``gs://`` game folder's lock is a lease object (``fileio.exclusive_lock``): a killed holder's
-    lease blocks until it expires (up to ``fileio.LEASE_S``, 60 s), then the next writer takes it
+    A ``gs://`` game folder's lock is a lease object (``locks.exclusive_lock``): a killed holder's
+    lease blocks until it expires (up to ``locks.LEASE_S``, 60 s), then the next writer takes it
     over. Other URL schemes are written unguarded, and a network file system without working
     ``flock`` gives no protection.
 
@@ -164,8 +164,8 @@ def game_lock(game_dir: str) -> Iterator[None]:
         try:
             if created:
                 fileio.makedirs(parent)
-            depth = stack.enter_context(fileio.exclusive_lock(lock))
-        except fileio.LockHeldError as e:
+            depth = stack.enter_context(locks.exclusive_lock(lock))
+        except locks.LockHeldError as e:
             raise GameLockedError(f"{game_dir} is being written by another process ({e.holder_words()}); a "
                                   f"game folder has one writer at a time. Fix: wait for that process to end (or "
                                   f"stop it), or write to another --out or --game-id") from None
