@@ -342,7 +342,7 @@ print(json.dumps({"pid": jax.process_index(), "devices": jax.device_count(), "lo
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow
+@pytest.mark.paper  # a second variant of test_two_process_training_agrees (make test-paper)
 def test_two_processes_of_4_devices_train_as_one_process_of_8(tmp_path):
     """Issue 56: FSDP + data + tensor parallel over 2 local processes x 4 CPU devices gives the losses and
     weights of 1 process x 8 devices on the same global batches (rows process-major; the toy loss's
