@@ -25,7 +25,7 @@ __all__ = ["LEASE_S", "LEASE_SCHEMES", "LockHeldError", "exclusive_lock"]
 
 class LockHeldError(OSError):
     """:func:`exclusive_lock`'s lock is held by another process; ``holder`` is that process's
-    :func:`owner_stamp` as it wrote it into the lock file or lease object (``""`` when not yet written)."""
+    :func:`animegamer_jax.io.fileio.owner_stamp` as it wrote it into the lock file or lease object (``""`` when not yet written)."""
 
     def __init__(self, path: str, holder: str):
         super().__init__(errno.EWOULDBLOCK, "held by another process", path)
@@ -236,7 +236,7 @@ class _Lease:
 def exclusive_lock(path: PathLike) -> Iterator[int]:
     """Holds the lock of lock path ``path`` inside the body, so that one process at a time does what
     it guards (game/folder/layout.py ``game_lock``: writing one game folder). Nothing waits: another
-    process's hold is refused at once with :class:`LockHeldError` naming it (its :func:`owner_stamp`).
+    process's hold is refused at once with :class:`LockHeldError` naming it (its :func:`animegamer_jax.io.fileio.owner_stamp`).
     The lock is re-entrant within this process (nested holds, any thread, share the first one's;
     threads of one process are not kept apart).
 
